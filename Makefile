@@ -1,0 +1,29 @@
+# kvsched — the two Quick-start commands (`make demo`, `make test`) set everything up on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba-cache
+
+.PHONY: demo test bench bench-quick install clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Replay the bundled Mooncake slice through a real daemon, simulated fleet and router processes.
+demo: $(STAMP)
+	$(BIN)/kvsched replay kvsched/data/mooncake_slice.jsonl --routers 4 --workers 4 --speedup 20 --out out/demo
+
+## Run the test suite (unit, property and multi-process tests).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .numba-cache out .pytest_cache

@@ -1,0 +1,257 @@
+"""The configuration tree: one TOML file, env `KVSCHED_<SECTION>_<KEY>` and a few flags on top.
+
+`load_config(path, env, overrides)` is the only loader (defaults < file < env < flags). Every table is a
+`Section` (unknown keys are errors naming their path). `examples/kvsched.toml` is kept equal to the
+defaults (a test checks it). Discovery of endpoints follows SPEC §1 (`data_endpoint`, `admin_endpoint`).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Mapping
+
+import msgspec
+from msgspec import Meta
+
+from .errors import ConfigError
+
+
+class Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base of every TOML table: an unknown key is an error, not a silent default."""
+
+
+class AdmissionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """`admission = {type = "session_cap", ...}`: the policy name plus its options (checked by the
+    policy's factory in `kvsched.core.admission`)."""
+
+    type: Literal["session_cap", "kv_pressure"]
+    max_active_per_session: Annotated[int, Meta(ge=1)] = 1  # session_cap: K
+    high_water_frac: Annotated[float, Meta(gt=0, le=1)] = 0.9  # kv_pressure: defer above this
+    low_water_frac: Annotated[float, Meta(gt=0, le=1)] = 0.7  # kv_pressure: resume below this
+
+
+class ClassConfig(Section):
+    """One policy class (SPEC §4)."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=64)]
+    quantum: Annotated[int, Meta(gt=0)] = 1024  # DRR weight, uncached prompt tokens per turn
+    ordering: Literal["fcfs", "priority", "wspt"] = "fcfs"
+    prefill_busy_threshold: Annotated[int, Meta(ge=0)] | None = None  # tokens; busy above this
+    prefill_busy_threshold_frac: Annotated[float, Meta(gt=0)] | None = None  # of max_num_batched_tokens
+    busy_worker_ratio: Annotated[float, Meta(gt=0, le=1)] = 1.0  # queue when this share is busy
+    request_queue_limit_per_worker: Annotated[int, Meta(ge=0)] | None = None  # requests
+    isl_token_queue_limit_per_worker: Annotated[int, Meta(ge=0)] | None = None  # tokens
+    queue_timeout_s: Annotated[float, Meta(gt=0)] | None = None  # seconds
+    admission: AdmissionConfig | None = None
+
+
+def _default_classes() -> list[ClassConfig]:
+    return [ClassConfig(name="default", prefill_busy_threshold_frac=1.0)]
+
+
+class WorkerConfig(Section):
+    """One engine instance with `dp_size` data-parallel ranks (ranks 0..dp_size-1)."""
+
+    worker_id: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
+    dp_size: Annotated[int, Meta(ge=1, le=1024)] = 1
+    total_kv_blocks: Annotated[int, Meta(ge=1)] = 8192  # KV blocks per rank
+    max_num_batched_tokens: Annotated[int, Meta(ge=1)] = 8192  # per-step token budget per rank
+    kv_events_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5557 (port + dp_rank per rank)
+    kv_replay_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5558 (port + dp_rank per rank)
+    kv_events_topic: str = ""  # SUB topic filter ("" = all)
+
+
+class SelectorConfig(Section):
+    """Worker selection (SPEC §4 "Selection cost")."""
+
+    type: Literal["kv", "round_robin", "random", "least_loaded", "power_of_two"] = "kv"
+    prefill_load_scale: Annotated[float, Meta(ge=0)] = 1.0  # weight of the prefill term
+    overlap_credit: Annotated[float, Meta(ge=0)] = 1.0  # blocks of credit per overlapping block
+    temperature: Annotated[float, Meta(ge=0)] = 0.0  # 0 = argmin with random tie-break
+    approx_ttl_s: Annotated[float, Meta(gt=0)] = 120.0  # approximate index entry lifetime (s)
+    seed: int | None = None  # RNG seed for tie-breaks / softmax (None = random)
+
+
+class OverloadConfig(Section):
+    """Per-worker overload thresholds (SPEC §4): an overloaded worker is not eligible."""
+
+    overload_active_blocks_frac: Annotated[float, Meta(gt=0)] | None = None  # of total_kv_blocks
+    overload_prefill_tokens: Annotated[int, Meta(ge=0)] | None = None  # active prefill tokens
+
+
+class DaemonConfig(Section):
+    """Process, sockets and capacities of `kvsched-daemon`."""
+
+    instance: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "default"
+    endpoint: str = ""  # data socket; "" = discovery (SPEC §1)
+    admin_endpoint: str = ""  # admin socket; "" = discovery
+    curve_secret_key_file: str | None = None  # required for a non-loopback TCP endpoint
+    block_size: Annotated[int, Meta(ge=1, le=1 << 20)] = 16  # tokens per KV block
+    max_workers: Annotated[int, Meta(ge=1, le=4096)] = 64  # worker rows in the ledger
+    max_slots: Annotated[int, Meta(ge=1, le=1 << 22)] = 8192  # concurrent leases
+    max_blocks_per_request: Annotated[int, Meta(ge=1, le=1 << 20)] = 1024  # hashes kept per lease
+    heartbeat_ms: Annotated[int, Meta(ge=10)] = 1000  # client heartbeat period when idle
+    liveness_timeout_ms: Annotated[int, Meta(ge=50)] = 5000  # silent connection = dead
+    frame_budget_per_wake: Annotated[int, Meta(ge=1)] = 512  # frames read per reader wake
+    inflight_cap_per_connection: Annotated[int, Meta(ge=1)] = 4096  # outstanding Enqueues
+    max_frame_bytes: Annotated[int, Meta(ge=1024)] = 1 << 20  # ZMQ_MAXMSGSIZE
+    progress_fold_ms: Annotated[int, Meta(ge=1, le=1000)] = 10  # fold progress words at least this often
+    shutdown_timeout_s: Annotated[float, Meta(ge=0)] = 5.0
+    metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 0  # Prometheus HTTP; 0 = off
+    metrics_host: str = "127.0.0.1"
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Config(Section):
+    """The whole file. `[[classes]]` + `default_class` form the scheduling profile."""
+
+    daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
+    selector: SelectorConfig = msgspec.field(default_factory=SelectorConfig)
+    overload: OverloadConfig = msgspec.field(default_factory=OverloadConfig)
+    workers: list[WorkerConfig] = msgspec.field(default_factory=list)
+    default_class: str = "default"
+    classes: list[ClassConfig] = msgspec.field(default_factory=_default_classes)
+    include: str | None = None  # another TOML file holding `default_class` + `[[classes]]`
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate class names in [[classes]]: {names}")
+        if self.default_class not in names:
+            raise ValueError(f"default_class {self.default_class!r} is not one of the classes {names}")
+        keys = [w.worker_id for w in self.workers]
+        if len(set(keys)) != len(keys):
+            raise ValueError("duplicate worker_id in [[workers]]")
+        ranks = sum(w.dp_size for w in self.workers)
+        if ranks > self.daemon.max_workers:
+            raise ValueError(f"[[workers]] declare {ranks} ranks, more than daemon.max_workers={self.daemon.max_workers}")
+
+
+_ENV_PREFIX = "KVSCHED_"
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """`KVSCHED_<SECTION>_<KEY>=value` → {section: {key: value}} for the scalar sections."""
+    out: dict[str, dict[str, Any]] = {}
+    sections = {"daemon": DaemonConfig, "selector": SelectorConfig, "overload": OverloadConfig}
+    for name, value in env.items():
+        if not name.startswith(_ENV_PREFIX):
+            continue
+        rest = name[len(_ENV_PREFIX):].lower()
+        for section, cls in sections.items():
+            if rest.startswith(section + "_"):
+                key = rest[len(section) + 1:]
+                if key not in cls.__struct_fields__:
+                    raise ConfigError(f"environment {name}: unknown key {section}.{key}")
+                out.setdefault(section, {})[key] = _parse_scalar(value)
+    return out
+
+
+def _parse_scalar(value: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Load and validate the configuration (defaults < file < env < overrides).
+
+    Args:
+        path: TOML file, or None for defaults only. An `include = "profile.toml"` key (relative to
+            the file) supplies `default_class` / `[[classes]]` unless the file sets them itself.
+        env: environment mapping (default `os.environ`); `KVSCHED_DAEMON_BLOCK_SIZE=512` etc.
+        overrides: nested dict from CLI flags, e.g. {"daemon": {"instance": "pool-a"}}.
+    Returns:
+        A validated `Config`.
+    Raises:
+        ConfigError: naming the file, key path and reason.
+    """
+    raw: dict[str, Any] = {}
+    where = "defaults"
+    if path is not None:
+        p = Path(path)
+        where = str(p)
+        raw = _read_toml(p)
+        inc = raw.get("include")
+        if isinstance(inc, str):
+            inc_raw = _read_toml((p.parent / inc).resolve())
+            for key in ("default_class", "classes"):
+                if key in inc_raw and key not in raw:
+                    raw[key] = inc_raw[key]
+    raw = _deep_merge(raw, _env_overrides(os.environ if env is None else env))
+    if overrides:
+        raw = _deep_merge(raw, overrides)
+    return config_from_dict(raw, where)
+
+
+def config_from_dict(raw: Mapping[str, Any], where: str = "config") -> Config:
+    """Validate a plain dict (as parsed from TOML) into a `Config`; errors name `where` and the path."""
+    try:
+        return msgspec.convert(raw, Config, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    except ValueError as exc:  # __post_init__ cross-field checks
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# Discovery (SPEC §1)
+# --------------------------------------------------------------------------------------------
+
+
+def runtime_dir(env: Mapping[str, str] | None = None) -> Path:
+    """`/run/kvsched` if it exists, else `$XDG_RUNTIME_DIR/kvsched`, else `/tmp/kvsched-<uid>`."""
+    env = os.environ if env is None else env
+    if Path("/run/kvsched").is_dir():
+        return Path("/run/kvsched")
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "kvsched"
+    return Path(f"/tmp/kvsched-{os.getuid()}")
+
+
+def data_endpoint(instance: str = "default", configured: str = "", env: Mapping[str, str] | None = None) -> str:
+    """The data socket endpoint: `KVSCHED_ENDPOINT`, else the configured one, else ipc discovery."""
+    env = os.environ if env is None else env
+    if env.get("KVSCHED_ENDPOINT"):
+        return env["KVSCHED_ENDPOINT"]
+    if configured:
+        return configured
+    return f"ipc://{runtime_dir(env)}/{instance}.sock"
+
+
+def admin_endpoint(instance: str = "default", configured: str = "", env: Mapping[str, str] | None = None) -> str:
+    """The admin socket endpoint: `KVSCHED_ADMIN_ENDPOINT`, else configured, else `<instance>-admin.sock`."""
+    env = os.environ if env is None else env
+    if env.get("KVSCHED_ADMIN_ENDPOINT"):
+        return env["KVSCHED_ADMIN_ENDPOINT"]
+    if configured:
+        return configured
+    return f"ipc://{runtime_dir(env)}/{instance}-admin.sock"

@@ -1,0 +1,117 @@
+"""Plain value types shared by the core, the daemon and the simulator (no I/O, no policy).
+
+`RequestSpec` is what the actor builds from an `Enqueue`; the core answers with small frozen
+records (`Admit`, `Reject`) that the actor turns into frames, log lines and metrics (STYLE §4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+
+class WorkerKey(NamedTuple):
+    """One worker = (engine instance id, data-parallel rank)."""
+
+    worker_id: int  # u32
+    dp_rank: int  # u16
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}:{self.dp_rank}"
+
+
+EMPTY_HASHES = np.zeros(0, dtype=np.uint64)
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """A request as the scheduler sees it (from one `Enqueue` frame).
+
+    Attributes:
+        request_id: unique among live requests of one daemon (<= 128 UTF-8 bytes).
+        isl_tokens: prompt tokens (>= 1).
+        block_hashes: uint64[n], chained prefix-block hashes, n <= ceil(isl_tokens / block_size).
+        policy_class: class name as sent ("" = default class).
+        priority: jump in seconds (fcfs/wspt) or vLLM priority (priority classes).
+        strict_priority: higher first; outranks every score.
+        session_id / lora_name: opaque tags used by admission policies.
+        expected_osl: expected output tokens, or None.
+        pinned: the one worker the request must run on, or None.
+        allowed_workers: worker ids (all ranks) the request may run on, or None for any.
+        do_not_queue: reject `do_not_queue` instead of waiting.
+        deadline_us: absolute time (µs, scheduler clock) after which a waiting request times out.
+        owner: opaque id of the connection that sent it (the actor's peer id); 0 = in-process.
+    """
+
+    request_id: str
+    isl_tokens: int
+    block_hashes: np.ndarray = field(default_factory=lambda: EMPTY_HASHES)
+    policy_class: str = ""
+    priority: int = 0
+    strict_priority: int = 0
+    session_id: str | None = None
+    expected_osl: int | None = None
+    pinned: WorkerKey | None = None
+    allowed_workers: frozenset[int] | None = None
+    do_not_queue: bool = False
+    deadline_us: int | None = None
+    lora_name: str | None = None
+    owner: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CostSnapshot:
+    """Prefill cost taken at enqueue (SPEC §4): drives WSPT and DRR; not recomputed while waiting
+    (except when an admission policy pins the request).
+
+    Attributes:
+        isl_tokens: raw prompt tokens.
+        cached_tokens: prompt tokens cached on the pinned worker, else on the best eligible worker.
+        uncached_tokens: isl_tokens - cached_tokens.
+        cost: max(1, uncached_tokens), in tokens.
+    """
+
+    isl_tokens: int
+    cached_tokens: int
+    uncached_tokens: int
+    cost: int
+
+    @staticmethod
+    def of(isl_tokens: int, cached_tokens: int) -> "CostSnapshot":
+        cached = max(0, min(cached_tokens, isl_tokens))
+        uncached = isl_tokens - cached
+        return CostSnapshot(isl_tokens, cached, uncached, max(1, uncached))
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Decision: `request_id` runs on `worker` under lease (slot, generation)."""
+
+    request_id: str
+    owner: int
+    worker: WorkerKey
+    slot: int
+    generation: int
+    overlap_blocks: int  # prompt blocks cached on the chosen worker
+    cached_tokens: int  # prompt tokens cached on the chosen worker
+    queued_us: int  # time spent waiting in the scheduler (µs)
+    policy_class: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Decision: `request_id` will not run. `reason` is a SPEC §2 rejection reason."""
+
+    request_id: str
+    owner: int
+    reason: str
+    detail: str = ""
+    policy_class: str = ""
+    limit_kind: str | None = None
+    current: int | None = None
+    limit: int | None = None
+
+
+Outcome = Admit | Reject

@@ -1,0 +1,139 @@
+"""Exception hierarchy of kvsched (STYLE §8).
+
+Inside the core a rejection is a value (`RejectReason`), never an exception; these classes are the
+faces errors take at the edges: config loading, the wire, shared memory and the client API.
+"""
+
+from __future__ import annotations
+
+
+class KvschedError(Exception):
+    """Base of every error kvsched raises on purpose."""
+
+
+class ConfigError(KvschedError):
+    """A config file, environment variable or flag is invalid; the message names the key path."""
+
+
+class ProtocolError(KvschedError):
+    """An undecodable, oversized or out-of-order frame, or a protocol version outside the window."""
+
+
+class ShmLayoutError(KvschedError):
+    """A shared-memory segment's magic, layout version or capacities do not match what was expected."""
+
+
+class DaemonUnavailable(KvschedError):
+    """The daemon could not be reached (connect or reply timeout); the message names the endpoint."""
+
+
+class LeaseError(KvschedError):
+    """A lease was used after release, or released twice with different outcomes."""
+
+
+class RequestRejected(KvschedError):
+    """Client-side face of a `Rejected` frame (SPEC §2).
+
+    Attributes:
+        request_id: the request that was rejected.
+        reason: one of the SPEC §2 rejection reasons (str).
+        detail: human-readable explanation from the daemon.
+        policy_class: the class the request resolved to ("" if unknown).
+        limit_kind / current / limit: for `queue_full`, which limit was hit and its figures.
+    """
+
+    reason = "rejected"
+
+    def __init__(
+        self,
+        request_id: str,
+        detail: str = "",
+        policy_class: str = "",
+        limit_kind: str | None = None,
+        current: int | None = None,
+        limit: int | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.detail = detail
+        self.policy_class = policy_class
+        self.limit_kind = limit_kind
+        self.current = current
+        self.limit = limit
+        msg = f"request {request_id!r} rejected: {self.reason}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+
+class QueueFull(RequestRejected):
+    reason = "queue_full"
+
+
+class DoNotQueue(RequestRejected):
+    reason = "do_not_queue"
+
+
+class DuplicateRequest(RequestRejected):
+    reason = "duplicate_request"
+
+
+class NoEndpoints(RequestRejected):
+    reason = "no_endpoints"
+
+
+class PinnedNotAllowed(RequestRejected):
+    reason = "pinned_not_allowed"
+
+
+class AllOverloaded(RequestRejected):
+    reason = "all_overloaded"
+
+
+class QueueTimeout(RequestRejected):
+    reason = "timeout"
+
+
+class DaemonOverloaded(RequestRejected):
+    reason = "overloaded"
+
+
+class InvalidRequest(RequestRejected):
+    reason = "invalid"
+
+
+class ShuttingDown(RequestRejected):
+    reason = "shutting_down"
+
+
+REJECTION_CLASSES: dict[str, type[RequestRejected]] = {
+    cls.reason: cls
+    for cls in (
+        QueueFull,
+        DoNotQueue,
+        DuplicateRequest,
+        NoEndpoints,
+        PinnedNotAllowed,
+        AllOverloaded,
+        QueueTimeout,
+        DaemonOverloaded,
+        InvalidRequest,
+        ShuttingDown,
+    )
+}
+
+
+def rejection_error(
+    request_id: str,
+    reason: str,
+    detail: str = "",
+    policy_class: str = "",
+    limit_kind: str | None = None,
+    current: int | None = None,
+    limit: int | None = None,
+) -> RequestRejected:
+    """Build the `RequestRejected` subclass for `reason` (falls back to the base class)."""
+    cls = REJECTION_CLASSES.get(reason, RequestRejected)
+    err = cls(request_id, detail, policy_class, limit_kind, current, limit)
+    if cls is RequestRejected:
+        err.reason = reason
+    return err
