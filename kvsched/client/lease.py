@@ -1,0 +1,149 @@
+"""`Lease`: the router's handle on one admitted request, used as a guard (SPEC §5, seed 000 lifecycle).
+
+`async with lease:` — a normal exit sends `Release(completed, context_tokens = isl + output tokens)`;
+an exception or cancellation sends `Release(aborted)`. A lease garbage-collected without being closed
+is aborted through the client's cleanup path, never leaked. Progress of local routers is one aligned
+8-byte store into the slot's progress word (no frame); remote routers send `Update(progress)`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .. import protocol as p
+from ..core.types import WorkerKey
+from ..errors import LeaseError
+
+if TYPE_CHECKING:
+    from .client import SchedulerClient
+
+log = logging.getLogger(__name__)
+
+
+class Lease:
+    """One admitted request.
+
+    Attributes:
+        request_id: the request.
+        worker: WorkerKey(worker_id, dp_rank) to send it to.
+        slot / generation: the lease key the daemon knows it by.
+        cached_tokens / overlap_blocks: prompt tokens / blocks already cached on that worker.
+        queued_us: time it waited in the daemon (µs).
+        isl_tokens: prompt tokens (for the completed context count).
+        degraded: True for a lease made locally because the daemon was unavailable
+            (`on_unavailable="bypass"`): nothing is reported for it.
+        output_tokens: output tokens reported so far.
+        outcome: None while open; then "completed" / "aborted" / "requeued".
+    """
+
+    __slots__ = ("request_id", "worker", "slot", "generation", "cached_tokens", "overlap_blocks", "queued_us",
+                 "isl_tokens", "degraded", "output_tokens", "outcome", "_client", "_dispatched", "__weakref__")
+
+    def __init__(self, client: "SchedulerClient | None", request_id: str, worker: WorkerKey, slot: int,
+                 generation: int, cached_tokens: int, overlap_blocks: int, queued_us: int, isl_tokens: int,
+                 degraded: bool = False) -> None:
+        self._client = client
+        self.request_id = request_id
+        self.worker = worker
+        self.slot = slot
+        self.generation = generation
+        self.cached_tokens = cached_tokens
+        self.overlap_blocks = overlap_blocks
+        self.queued_us = queued_us
+        self.isl_tokens = isl_tokens
+        self.degraded = degraded
+        self.output_tokens = 0
+        self.outcome: str | None = None
+        self._dispatched = False
+
+    def __repr__(self) -> str:
+        return (f"Lease({self.request_id!r}, worker={self.worker}, slot={self.slot}, gen={self.generation}, "
+                f"cached_tokens={self.cached_tokens}, outcome={self.outcome})")
+
+    @property
+    def closed(self) -> bool:
+        return self.outcome is not None
+
+    def _check_open(self, what: str) -> None:
+        if self.outcome is not None:
+            raise LeaseError(f"{what} on lease {self.request_id!r} after it was {self.outcome}")
+
+    def dispatched(self) -> None:
+        """The backend accepted the request (sent at most once)."""
+        self._check_open("dispatched()")
+        if self._dispatched or self.degraded or self._client is None:
+            return
+        self._dispatched = True
+        self._client._send(p.Update(self.request_id, self.slot, self.generation, "dispatched"))
+
+    def prefill_done(self) -> None:
+        """The first output token was seen: the request's prefill load leaves the worker."""
+        self._check_open("prefill_done()")
+        if self.degraded or self._client is None:
+            return
+        self._client._send(p.Update(self.request_id, self.slot, self.generation, "prefill_done"))
+
+    def add_output_tokens(self, n: int) -> None:
+        """Report `n` more output tokens (cumulative count kept here).
+
+        Local routers: one aligned 8-byte store into the slot's progress word (no frame). Routers that
+        could not map the progress segment send `Update(progress)`.
+        """
+        self._check_open("add_output_tokens()")
+        if n < 0:
+            raise ValueError("output token count cannot decrease")
+        self.output_tokens += n
+        if self.degraded or self._client is None:
+            return
+        self._client._report_progress(self)
+
+    def release(self, outcome: str = "completed", context_tokens: int | None = None) -> None:
+        """Close the lease (idempotent for the same outcome).
+
+        Raises:
+            LeaseError: closing again with a different outcome.
+        """
+        if self.outcome is not None:
+            if self.outcome != outcome:
+                raise LeaseError(f"lease {self.request_id!r} already {self.outcome}, cannot be {outcome}")
+            return
+        self.outcome = outcome
+        if self.degraded or self._client is None:
+            return
+        ctx = self.isl_tokens + self.output_tokens if context_tokens is None else context_tokens
+        self._client._send(p.Release(self.request_id, self.slot, self.generation, outcome, ctx))
+        self._client._forget_lease(self)
+
+    async def requeue(self) -> "Lease":
+        """Dispatch failed or the engine preempted the request: give the booking back and wait for a
+        new admission (same request, original queue position). Returns the new lease.
+
+        Raises:
+            RequestRejected: the daemon rejected the re-admission.
+        """
+        self._check_open("requeue()")
+        if self.degraded or self._client is None:
+            raise LeaseError("a degraded lease cannot be requeued")
+        self.outcome = "requeued"
+        self._client._forget_lease(self)
+        return await self._client._requeue(self)
+
+    async def __aenter__(self) -> "Lease":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if self.outcome is None:
+            self.release("completed" if exc_type is None else "aborted")
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.outcome is None:
+            self.release("completed" if exc_type is None else "aborted")
+
+    def __del__(self) -> None:
+        if self.outcome is None and not self.degraded and self._client is not None:
+            self.outcome = "aborted"
+            self._client._release_from_gc(self.request_id, self.slot, self.generation)

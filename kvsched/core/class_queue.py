@@ -1,0 +1,282 @@
+"""PolicyClassQueue: the ready storage of one policy class (seed 000 "Per-class ready storage").
+
+```
+PolicyClassQueue("agents")
+├── admission        AdmissionPolicy | None (driven by the Scheduler)
+├── deferred         request_id -> QueueEntry, held by the admission policy
+├── pending          RequestQueue: WorkerPlacement::Any (the selector may choose any eligible worker)
+├── lanes            WorkerKey -> RequestQueue of requests pinned to that worker (removed when empty)
+├── blocked_workers  lanes whose worker was found full; skipped until on_capacity_change(worker)
+└── lane heads       ordered index (lazy heap) of the head of every unblocked lane
+```
+
+Only roots are inspected. A full worker blocks only its own lane; a blocked lane is re-checked once
+per capacity change of that worker, not once per pop. The class owns no worker configuration,
+capacity or scoring state: the caller passes `worker_ready` / `shared_ready` predicates.
+
+Known limitation kept from the seed (SPEC §4): a shared-heap head whose allowed workers are all busy
+stalls the shared heap of its class until one frees (only roots are inspected); pinned lanes and
+other classes keep flowing.
+
+Source: seed 000 "Per-class ready storage"; SPEC §4 "Per-class storage", "Limits", "Anti-bypass".
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+from ..config import ClassConfig
+from .ordering import QueueEntry
+from .request_queue import RequestQueue, create_request_queue
+from .types import WorkerKey
+
+WorkerReady = Callable[[WorkerKey], bool]  # may this lane's worker take its head now?
+SharedReady = Callable[[QueueEntry], bool]  # may the shared root run now (some allowed worker free)?
+
+
+@dataclass(frozen=True, slots=True)
+class LimitExceeded:
+    """A class limit that refuses one more waiting request (becomes Reject "queue_full")."""
+
+    limit_kind: str  # "requests" | "isl_tokens"
+    current: int  # requests, or prompt tokens, waiting (ready + deferred) before this one
+    limit: int  # per-worker limit x registered worker ids
+
+
+class PolicyClassQueue:
+    """Ordering and accounting of one class.
+
+    Invariants: every ready entry is in exactly one of `pending` / `lanes[w]`; `n_waiting` and
+    `isl_waiting` count ready + deferred entries; `deficit` >= 0 (DRR credit, uncached tokens).
+    """
+
+    __slots__ = ("config", "index", "admission", "pending", "lanes", "blocked_workers", "deferred",
+                 "deficit", "n_waiting", "isl_waiting", "_heads", "_head_of")
+
+    def __init__(self, config: ClassConfig, index: int, admission: object = None) -> None:
+        self.config = config
+        self.index = index
+        self.admission = admission
+        self.pending: RequestQueue = create_request_queue(config.ordering)
+        self.lanes: dict[WorkerKey, RequestQueue] = {}
+        self.blocked_workers: set[WorkerKey] = set()
+        self.deferred: dict[str, QueueEntry] = {}
+        self.deficit = 0
+        self.n_waiting = 0  # ready + deferred requests
+        self.isl_waiting = 0  # ready + deferred prompt tokens
+        self._heads: list[tuple] = []  # (key, seq, worker) lazy heap of unblocked lane heads
+        self._head_of: dict[WorkerKey, int] = {}  # worker -> seq of its valid heap item
+
+    # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def n_ready(self) -> int:
+        """Ready entries (pending + lanes); the anti-bypass backlog."""
+        return self.n_waiting - len(self.deferred)
+
+    def has_ready(self) -> bool:
+        return self.n_waiting > len(self.deferred)
+
+    def iter_ready(self) -> Iterator[QueueEntry]:
+        yield from self.pending
+        for lane in self.lanes.values():
+            yield from lane
+
+    def iter_all(self) -> Iterator[QueueEntry]:
+        yield from self.iter_ready()
+        yield from self.deferred.values()
+
+    # ---- limits ------------------------------------------------------------------------------
+    def check_limits(self, isl_tokens: int, n_worker_ids: int) -> LimitExceeded | None:
+        """Limits are checked BEFORE adding: the request that crosses a limit is accepted, the
+        next one refused. Limits scale with the number of registered worker ids (SPEC §4)."""
+        cfg = self.config
+        if cfg.request_queue_limit_per_worker is not None:
+            limit = cfg.request_queue_limit_per_worker * n_worker_ids
+            if self.n_waiting >= limit:
+                return LimitExceeded("requests", self.n_waiting, limit)
+        if cfg.isl_token_queue_limit_per_worker is not None:
+            limit = cfg.isl_token_queue_limit_per_worker * n_worker_ids
+            if self.isl_waiting >= limit:
+                return LimitExceeded("isl_tokens", self.isl_waiting, limit)
+        return None
+
+    # ---- adding ------------------------------------------------------------------------------
+    def add(self, entry: QueueEntry, prepend: bool = False) -> None:
+        """Add a ready entry to `pending` or to the lane of `entry.placement`. `prepend` is the
+        requeue path (FCFS: head; priority / WSPT: by key)."""
+        entry.class_idx = self.index
+        self._container_add(entry, prepend)
+        self.n_waiting += 1
+        self.isl_waiting += entry.isl_tokens
+
+    def defer(self, entry: QueueEntry) -> None:
+        """Hold an entry for the admission policy (counts toward limits, not the ready backlog)."""
+        if entry.request_id in self.deferred:
+            raise ValueError(f"request {entry.request_id!r} is already deferred")
+        entry.class_idx = self.index
+        self.deferred[entry.request_id] = entry
+        self.n_waiting += 1
+        self.isl_waiting += entry.isl_tokens
+
+    def make_ready(self, request_id: str, placement: WorkerKey | None) -> QueueEntry | None:
+        """Release a deferred entry into `pending` (placement None) or a worker lane; or move a
+        ready shared entry into a lane. Limits are not re-applied. Returns the moved entry, or
+        None when the id is unknown / already where asked (ignored). The caller re-snapshots the
+        cost of an exact placement before calling (entry.cost)."""
+        entry = self.deferred.pop(request_id, None)
+        if entry is not None:
+            entry.placement = placement if placement is not None else entry.placement
+            self._container_add(entry, False)
+            return entry
+        if placement is None or request_id not in self.pending:
+            return None
+        entry = self.pending.remove_request(request_id)
+        entry.placement = placement
+        self._container_add(entry, False)
+        return entry
+
+    def find(self, request_id: str) -> QueueEntry | None:
+        """The waiting entry with this id (deferred first), or None. O(1)."""
+        entry = self.deferred.get(request_id)
+        if entry is not None:
+            return entry
+        item = self.pending._live_index().get(request_id)  # noqa: SLF001 - same package
+        if item is not None:
+            return item[2]
+        for lane in self.lanes.values():
+            item = lane._live_index().get(request_id)  # noqa: SLF001
+            if item is not None:
+                return item[2]
+        return None
+
+    def _container_add(self, entry: QueueEntry, prepend: bool) -> None:
+        worker = entry.placement
+        if worker is None:
+            (self.pending.prepend_request if prepend else self.pending.add_request)(entry)
+            return
+        lane = self.lanes.get(worker)
+        if lane is None:
+            lane = self.lanes[worker] = create_request_queue(self.config.ordering)
+        (lane.prepend_request if prepend else lane.add_request)(entry)
+        self._reindex(worker)
+
+    # ---- removing ----------------------------------------------------------------------------
+    def remove(self, entry: QueueEntry) -> bool:
+        """Remove one waiting entry (ready or deferred). Returns False when it is not here."""
+        return bool(self.remove_many([entry]))
+
+    def remove_many(self, entries: Iterable[QueueEntry]) -> list[QueueEntry]:
+        """Remove waiting entries in one batch: at most one compaction per container."""
+        removed: list[QueueEntry] = []
+        by_lane: dict[WorkerKey | None, list[QueueEntry]] = {}
+        for entry in entries:
+            if self.deferred.get(entry.request_id) is entry:
+                del self.deferred[entry.request_id]
+                removed.append(entry)
+            else:
+                by_lane.setdefault(entry.placement, []).append(entry)
+        for worker, group in by_lane.items():
+            lane = self.pending if worker is None else self.lanes.get(worker)
+            if lane is None:
+                continue
+            got = lane.remove_requests([e for e in group if _holds(lane, e)])
+            removed.extend(got)
+            if worker is not None and got:
+                self._lane_changed(worker)
+        for entry in removed:
+            self.n_waiting -= 1
+            self.isl_waiting -= entry.isl_tokens
+        return removed
+
+    def pop(self, entry: QueueEntry) -> None:
+        """Remove `entry`, which must be the root of its container (as returned by
+        `next_dispatchable`)."""
+        worker = entry.placement
+        lane = self.pending if worker is None else self.lanes[worker]
+        got = lane.pop_request()
+        assert got is entry, "pop() of an entry that is not its container's root"
+        self.n_waiting -= 1
+        self.isl_waiting -= entry.isl_tokens
+        if worker is not None:
+            self._lane_changed(worker)
+
+    def drop_lane(self, worker: WorkerKey) -> list[QueueEntry]:
+        """Remove and return every entry of one worker's lane (worker removed)."""
+        lane = self.lanes.get(worker)
+        if lane is None:
+            return []
+        return self.remove_many(list(lane))
+
+    # ---- the lane-head index -----------------------------------------------------------------
+    def _lane_changed(self, worker: WorkerKey) -> None:
+        lane = self.lanes.get(worker)
+        if lane is not None and not lane:
+            del self.lanes[worker]
+            self.blocked_workers.discard(worker)
+            self._head_of.pop(worker, None)
+            return
+        self._reindex(worker)
+
+    def _reindex(self, worker: WorkerKey) -> None:
+        """(Re)publish the head of an unblocked lane in the ordered index (lazy heap)."""
+        if worker in self.blocked_workers:
+            return
+        head = self.lanes[worker].peek_request()
+        seq = self._head_of.get(worker, 0) + 1
+        self._head_of[worker] = seq
+        heapq.heappush(self._heads, (head.key, seq, worker))
+        if len(self._heads) > 4 * len(self.lanes) + 64:
+            self._heads = [it for it in self._heads if self._head_of.get(it[2]) == it[1]]
+            heapq.heapify(self._heads)
+
+    def on_capacity_change(self, worker: WorkerKey) -> None:
+        """The worker's capacity changed: its blocked lane (if any) is checked again once."""
+        if worker in self.blocked_workers:
+            self.blocked_workers.discard(worker)
+            if worker in self.lanes:
+                self._reindex(worker)
+
+    def unblock_all(self) -> None:
+        """Re-check every blocked lane (config reload, progress folding of unknown rows)."""
+        for worker in list(self.blocked_workers):
+            self.on_capacity_change(worker)
+
+    # ---- dispatch ----------------------------------------------------------------------------
+    def next_dispatchable(self, worker_ready: WorkerReady, shared_ready: SharedReady) -> QueueEntry | None:
+        """The entry this class would dispatch next, or None; does not remove it.
+
+        Compares the shared root (if `shared_ready(root)`) with the best unblocked lane head. Lane
+        heads whose worker is not ready are moved to `blocked_workers` until that worker's next
+        `on_capacity_change`, so each blocked lane is checked once per capacity change.
+        """
+        lane_head = self._best_lane_head(worker_ready)
+        if self.pending:
+            root = self.pending.peek_request()
+            if (lane_head is None or root.key < lane_head.key) and shared_ready(root):
+                return root
+        return lane_head
+
+    def _best_lane_head(self, worker_ready: WorkerReady) -> QueueEntry | None:
+        heads = self._heads
+        while heads:
+            key, seq, worker = heads[0]
+            if self._head_of.get(worker) != seq:
+                heapq.heappop(heads)  # superseded by a newer head of the same lane
+                continue
+            if worker_ready(worker):
+                return self.lanes[worker].peek_request()
+            heapq.heappop(heads)
+            del self._head_of[worker]
+            self.blocked_workers.add(worker)
+        return None
+
+
+def _holds(lane: RequestQueue, entry: QueueEntry) -> bool:
+    item = lane._live_index().get(entry.request_id)  # noqa: SLF001 - same package
+    return item is not None and item[2] is entry

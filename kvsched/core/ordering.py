@@ -1,0 +1,97 @@
+"""Queue entries and the ordering keys of the three class orderings (SPEC §4 "Orderings").
+
+Every key is a tuple compared ascending (the smallest key runs first), shaped
+`(band, -strict_priority, score_part..., enqueue_seq)`:
+
+* `band` is 0 for entries put back with `prepend_request` on an FCFS queue (they go to the head,
+  most recently prepended first, as seed 003's `appendleft`), 1 otherwise;
+* `strict_priority` first (higher wins);
+* the score: FCFS score = jump - arrival offset (s), WSPT score = (1 + jump) / cost, with
+  jump = max(0, priority) seconds of virtual earlier arrival and cost = max(1, uncached tokens)
+  from the enqueue `CostSnapshot`; `priority` ordering = vLLM's (lower `priority` value first,
+  then arrival time);
+* `enqueue_seq` last (earlier wins), so two live entries never compare equal.
+
+Source: SPEC §4 "Orderings", seed 000 "Per-class ready storage" (`PolicyQueueEntry`: priority key,
+enqueue sequence, token snapshot), seed 003 (`Request.__lt__`: priority, then arrival_time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .types import WorkerKey
+
+US_PER_S = 1_000_000
+BAND_PREPENDED = 0
+BAND_NORMAL = 1
+
+Key = tuple
+
+
+@dataclass(slots=True, eq=False)
+class QueueEntry:
+    """One waiting request plus its ordering inputs and accounting snapshot (seed 000
+    `PolicyQueueEntry`).
+
+    Attributes:
+        request_id: unique among live requests.
+        enqueue_seq: scheduler-wide arrival counter; kept across requeues (SPEC §2 `requeue`).
+        arrival_us: enqueue time (µs, scheduler clock); the FCFS / priority arrival.
+        priority: jump in seconds (fcfs / wspt) or vLLM priority (priority ordering).
+        strict_priority: higher first; outranks every score.
+        cost: max(1, uncached prompt tokens) from the enqueue snapshot; tokens (WSPT, DRR).
+        isl_tokens: raw prompt tokens (ISL limit accounting).
+        placement: the worker lane this entry waits in, or None for the class's shared heap.
+        class_idx: index of its class in the PolicyQueue.
+        payload: caller data (the Scheduler stores its request record here).
+        key: ordering key, assigned by the RequestQueue that holds the entry.
+    """
+
+    request_id: str
+    enqueue_seq: int = 0
+    arrival_us: int = 0
+    priority: int = 0
+    strict_priority: int = 0
+    cost: int = 1
+    isl_tokens: int = 1
+    placement: WorkerKey | None = None
+    class_idx: int = 0
+    payload: object = None
+    key: Key = ()
+
+
+def jump_s(priority: int) -> int:
+    """The jump of fcfs / wspt orderings: max(0, priority), seconds of virtual earlier arrival."""
+    return priority if priority > 0 else 0
+
+
+def fcfs_key(e: QueueEntry) -> Key:
+    """FCFS: score = jump - arrival offset; higher score first, i.e. smaller (arrival - jump) µs."""
+    return (BAND_NORMAL, -e.strict_priority, e.arrival_us - jump_s(e.priority) * US_PER_S, e.enqueue_seq)
+
+
+def priority_key(e: QueueEntry) -> Key:
+    """vLLM's order: lower `priority` value first, then earlier arrival (seed 003)."""
+    return (BAND_NORMAL, -e.strict_priority, e.priority, e.arrival_us, e.enqueue_seq)
+
+
+def wspt_key(e: QueueEntry) -> Key:
+    """WSPT: score = (1 + jump) / cost (cost = max(1, uncached tokens)); higher score first."""
+    return (BAND_NORMAL, -e.strict_priority, -(1 + jump_s(e.priority)) / max(1, e.cost), e.enqueue_seq)
+
+
+KEY_FUNCS: dict[str, Callable[[QueueEntry], Key]] = {
+    "fcfs": fcfs_key,
+    "priority": priority_key,
+    "wspt": wspt_key,
+}
+
+
+def key_func(ordering: str) -> Callable[[QueueEntry], Key]:
+    """The key function of an ordering name. Raises ValueError for an unknown ordering."""
+    try:
+        return KEY_FUNCS[ordering]
+    except KeyError:
+        raise ValueError(f"unknown queue ordering {ordering!r}; expected one of {sorted(KEY_FUNCS)}") from None

@@ -1,0 +1,159 @@
+"""PolicyQueue: every class queue plus deficit round robin (DRR) across classes.
+
+DRR is in uncached prompt tokens (an entry's `cost`). `pop_next` does, in order:
+
+1. **carry**: the last winner keeps spending its credit while its next dispatchable head is
+   affordable (seed 000 `carry_class`);
+2. **spend existing credit** before granting a quantum: the first class from the round cursor whose
+   candidate's cost is within its credit wins;
+3. **one quantum per ring visit**: walking the ring from the cursor, each class with a candidate earns
+   its quantum; the first one that can then afford its candidate wins;
+4. **whole rounds**: if nothing is affordable after one visit, every class that has a candidate is
+   granted the minimum number r of whole rounds (r x quantum) at once that lets some class afford its
+   candidate; then the first affordable class from the cursor wins.
+
+The cursor moves to winner + 1. A class with no ready entry has its credit reset to 0; a class
+whose heads are all blocked (ready entries but no candidate) keeps its credit but earns none.
+A single-class profile still goes through here; DRR then has no cross-class effect.
+
+Source: seed 000 "Queue hierarchy" (PolicyQueue, DRR), "Per-class ready storage" (`round_cursor`,
+`carry_class`); SPEC §4 "DRR across classes".
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from ..config import ClassConfig
+from .class_queue import LimitExceeded, PolicyClassQueue
+from .ordering import QueueEntry
+from .types import WorkerKey
+
+ClassWorkerReady = Callable[[int, WorkerKey], bool]  # (class_idx, worker) -> lane may dispatch
+ClassSharedReady = Callable[[int, QueueEntry], bool]  # (class_idx, shared root) -> may dispatch
+
+
+class PolicyQueue:
+    """All class queues of one scheduler and the DRR state.
+
+    Invariants: `classes[i].index == i`; `0 <= cursor < len(classes)`; `carry` is None or the
+    index of the last winner.
+    """
+
+    __slots__ = ("classes", "cursor", "carry")
+
+    def __init__(self, classes: list[ClassConfig] | list[PolicyClassQueue]) -> None:
+        self.classes: list[PolicyClassQueue] = [
+            c if isinstance(c, PolicyClassQueue) else PolicyClassQueue(c, i) for i, c in enumerate(classes)
+        ]
+        for i, cq in enumerate(self.classes):
+            cq.index = i
+            for entry in cq.iter_all():
+                entry.class_idx = i
+        self.cursor = 0
+        self.carry: int | None = None
+
+    # ---- adding ------------------------------------------------------------------------------
+    def enqueue(self, class_idx: int, entry: QueueEntry, n_worker_ids: int) -> LimitExceeded | None:
+        """Limit-check then add a ready entry. Returns the exceeded limit (nothing added) or None."""
+        cq = self.classes[class_idx]
+        over = cq.check_limits(entry.isl_tokens, n_worker_ids)
+        if over is None:
+            cq.add(entry)
+        return over
+
+    def defer(self, class_idx: int, entry: QueueEntry, n_worker_ids: int) -> LimitExceeded | None:
+        """Limit-check then hold for the class's admission policy."""
+        cq = self.classes[class_idx]
+        over = cq.check_limits(entry.isl_tokens, n_worker_ids)
+        if over is None:
+            cq.defer(entry)
+        return over
+
+    def requeue(self, entry: QueueEntry) -> None:
+        """Put an entry back (original enqueue_seq; FCFS head, else by key); no limit check."""
+        self.classes[entry.class_idx].add(entry, prepend=True)
+
+    def remove(self, entry: QueueEntry) -> bool:
+        """Remove one waiting (ready or deferred) entry; resets an emptied class's credit."""
+        cq = self.classes[entry.class_idx]
+        ok = cq.remove(entry)
+        self._reset_if_empty(cq)
+        return ok
+
+    # ---- sizes -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Ready entries over all classes (deferred excluded)."""
+        return sum(c.n_ready for c in self.classes)
+
+    @property
+    def n_deferred(self) -> int:
+        return sum(len(c.deferred) for c in self.classes)
+
+    def __iter__(self) -> Iterator[QueueEntry]:
+        for cq in self.classes:
+            yield from cq.iter_ready()
+
+    def on_capacity_change(self, worker: WorkerKey) -> None:
+        """A worker's capacity changed: re-check its blocked lanes in every class."""
+        for cq in self.classes:
+            if worker in cq.blocked_workers:
+                cq.on_capacity_change(worker)
+
+    # ---- DRR ---------------------------------------------------------------------------------
+    def pop_next(self, worker_ready: ClassWorkerReady, shared_ready: ClassSharedReady) -> QueueEntry | None:
+        """Remove and return the DRR winner's next dispatchable entry, or None when no class has
+        one. The caller admits it (or drops it) — it is no longer queued."""
+        classes = self.classes
+        if self.carry is not None:
+            cq = classes[self.carry]
+            cand = self._candidate(cq, worker_ready, shared_ready)
+            if cand is not None and cand.cost <= cq.deficit:
+                return self._take(cq, cand)
+            self.carry = None
+        n = len(classes)
+        order = [(self.cursor + k) % n for k in range(n)]
+        cands: dict[int, QueueEntry] = {}
+        for i in order:
+            cand = self._candidate(classes[i], worker_ready, shared_ready)
+            if cand is not None:
+                cands[i] = cand
+        if not cands:
+            return None
+        for i, cand in cands.items():  # spend existing credit (dict keeps ring order)
+            if cand.cost <= classes[i].deficit:
+                return self._take(classes[i], cand)
+        for i, cand in cands.items():  # one quantum per ring visit
+            cq = classes[i]
+            cq.deficit += cq.config.quantum
+            if cand.cost <= cq.deficit:
+                return self._take(cq, cand)
+        rounds = min(-(-(c.cost - classes[i].deficit) // classes[i].config.quantum) for i, c in cands.items())
+        for i in cands:  # minimum number of whole rounds, granted to every class with a candidate
+            classes[i].deficit += rounds * classes[i].config.quantum
+        for i, cand in cands.items():
+            if cand.cost <= classes[i].deficit:
+                return self._take(classes[i], cand)
+        raise AssertionError("DRR: whole-round grant left nothing affordable")
+
+    def _candidate(self, cq: PolicyClassQueue, worker_ready: ClassWorkerReady,
+                   shared_ready: ClassSharedReady) -> QueueEntry | None:
+        if not cq.has_ready():
+            cq.deficit = 0
+            return None
+        idx = cq.index
+        return cq.next_dispatchable(lambda w: worker_ready(idx, w), lambda e: shared_ready(idx, e))
+
+    def _take(self, cq: PolicyClassQueue, cand: QueueEntry) -> QueueEntry:
+        cq.pop(cand)
+        cq.deficit -= cand.cost
+        self.cursor = (cq.index + 1) % len(self.classes)
+        self.carry = cq.index
+        self._reset_if_empty(cq)
+        return cand
+
+    def _reset_if_empty(self, cq: PolicyClassQueue) -> None:
+        if not cq.has_ready():
+            cq.deficit = 0
+            if self.carry == cq.index:
+                self.carry = None

@@ -1,0 +1,324 @@
+"""The actor: the one owner of scheduling state, driven by reader callbacks and timers on one loop.
+
+I/O pattern (SPEC §8): each ROUTER socket's FD is registered with `loop.add_reader`; a wake drains at
+most `frame_budget_per_wake` frames with NOBLOCK, feeds the `Scheduler`, runs one `drain_cleanup`, then
+sends every reply of the wake. No frame is bounced through a queue or a task. An `Admitted` that
+cannot be delivered (ROUTER_MANDATORY raises EHOSTUNREACH, or the owner is known dead) is released
+at once (seed 000 guardrail). The actor holds no policy: every decision comes from the Scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+import msgspec
+import numpy as np
+import zmq
+
+from .. import protocol as p
+from ..core.types import Admit, Reject, RequestSpec, WorkerKey
+from .connections import Connection, ConnectionTable
+from .metrics import Metrics
+from .ratelimit import RateLimitedLog
+
+log = logging.getLogger(__name__)
+
+
+def now_us() -> int:
+    """The scheduler clock: monotonic µs."""
+    return time.monotonic_ns() // 1000
+
+
+class Actor:
+    """Reads frames, drives the Scheduler, answers peers. Create, then `start()`; `stop()` at the end.
+
+    Args:
+        loop: the running (uvloop) event loop.
+        scheduler: `kvsched.core.scheduler.Scheduler`.
+        data_sock: bound ROUTER socket for routers.
+        welcome: the `Welcome` frame sent in answer to a valid `Hello`.
+        daemon_cfg: `DaemonConfig` (budgets, caps, timers).
+        metrics: `Metrics`.
+        admin_handler: `(AdminRequest, now_us) -> (AdminReply, list[Admit|Reject])`, or None.
+        admin_sock: bound ROUTER socket for the admin CLI, or None.
+    """
+
+    def __init__(self, loop, scheduler, data_sock: zmq.Socket, welcome: p.Welcome, daemon_cfg,
+                 metrics: Metrics, admin_handler: Callable | None = None,
+                 admin_sock: zmq.Socket | None = None) -> None:
+        self.loop = loop
+        self.scheduler = scheduler
+        self.data_sock = data_sock
+        self.admin_sock = admin_sock
+        self.admin_handler = admin_handler
+        self.welcome = welcome
+        self.cfg = daemon_cfg
+        self.metrics = metrics
+        self.conns = ConnectionTable(daemon_cfg.liveness_timeout_ms * 1000)
+        scheduler.owner_alive = self.conns.owner_alive
+        self.enc = p.make_encoder()
+        self.dec = p.make_router_decoder()
+        self.admin_dec = p.make_admin_request_decoder()
+        self.warn = RateLimitedLog(log)
+        self.accepting = True
+        self.started_us = now_us()
+        self._timer: asyncio.TimerHandle | None = None
+        self._next_liveness_us = 0
+        self._last_tick_s = 0.0
+        self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.loop.add_reader(self.data_sock.getsockopt(zmq.FD), self._on_data)
+        if self.admin_sock is not None:
+            self.loop.add_reader(self.admin_sock.getsockopt(zmq.FD), self._on_admin)
+        self._last_tick_s = time.monotonic()
+        self._schedule_tick()
+        self.loop.call_soon(self._on_data)
+
+    def stop_reading(self) -> None:
+        self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
+        if self.admin_sock is not None:
+            self.loop.remove_reader(self.admin_sock.getsockopt(zmq.FD))
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def begin_shutdown(self) -> None:
+        """Stop accepting Enqueues; answer every waiting request `shutting_down`."""
+        self.accepting = False
+        self._deliver(self.scheduler.shutdown(now_us()), now_us())
+
+    # ------------------------------------------------------------------ data socket
+    def _on_data(self) -> None:
+        budget = self.cfg.frame_budget_per_wake
+        t = now_us()
+        n = 0
+        while n < budget:
+            try:
+                identity, payload = self.data_sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except ValueError:  # not exactly [identity, payload]: a DEALER sent several parts
+                self.metrics.malformed.labels(code="MALFORMED").inc()
+                continue
+            n += 1
+            self._handle_data(identity, payload, t)
+        if n:
+            self.metrics.frames.inc(n)
+            self._deliver(self.scheduler.drain_cleanup(t), t)
+        self._rearm(self.data_sock, self._on_data, more=(n == budget))
+
+    def _rearm(self, sock: zmq.Socket, cb: Callable[[], None], more: bool) -> None:
+        # The ZMQ FD is edge-like: after a partial drain or a send, re-check EVENTS ourselves.
+        if more or sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.loop.call_soon(cb)
+
+    def _handle_data(self, identity: bytes, payload: bytes, t: int) -> None:
+        conn = self.conns.get(identity)
+        if conn is None:
+            conn = self.conns.open(identity, t)
+            self.metrics.connections.set(len(self.conns))
+        conn.last_seen_us = t
+        try:
+            frame = self.dec.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            code = p.ErrorCode.ADMIN_ON_DATA_SOCKET if p.looks_like_admin(payload) else p.ErrorCode.MALFORMED
+            msg = "admin frames are accepted on the admin socket only" if code == p.ErrorCode.ADMIN_ON_DATA_SOCKET else str(exc)[:300]
+            self._error(conn, code, msg)
+            return
+        if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
+            self._error(conn, p.ErrorCode.NOT_HELLO, "send Hello first", getattr(frame, "request_id", None))
+            return
+        match frame:
+            case p.Enqueue():
+                self._on_enqueue(conn, frame, t)
+            case p.Release():
+                self.scheduler.release(frame.request_id, frame.slot, frame.generation, frame.outcome,
+                                       frame.context_tokens, t)
+            case p.Update():
+                self._on_update(conn, frame, t)
+            case p.Heartbeat():
+                self._send(conn, p.HeartbeatAck(frame.seq))
+            case p.Hello():
+                self._on_hello(conn, frame)
+            case p.Reattach():
+                self._on_reattach(conn, frame, t)
+
+    def _on_hello(self, conn: Connection, frame: p.Hello) -> None:
+        if not (p.PROTOCOL_MIN <= frame.protocol_version <= p.PROTOCOL_MAX):
+            self._error(conn, p.ErrorCode.VERSION,
+                        f"protocol {frame.protocol_version} not in [{p.PROTOCOL_MIN}, {p.PROTOCOL_MAX}]")
+            return
+        self.conns.hello(conn, frame.protocol_version, frame.pid, frame.client_name, frame.host)
+        log.info("router connected owner=%d client=%s pid=%d host=%s", conn.owner, frame.client_name,
+                 frame.pid, frame.host)
+        self._send(conn, self.welcome)
+
+    def _on_enqueue(self, conn: Connection, f: p.Enqueue, t: int) -> None:
+        reject = self._precheck_enqueue(conn, f)
+        if reject is not None:
+            self._send_reject(conn, f.request_id, reject[0], reject[1], f.policy_class)
+            return
+        conn.inflight += 1
+        spec = RequestSpec(
+            request_id=f.request_id, isl_tokens=f.isl_tokens,
+            block_hashes=np.frombuffer(f.block_hashes, dtype="<u8"), policy_class=f.policy_class,
+            priority=f.priority, strict_priority=f.strict_priority, session_id=f.session_id,
+            expected_osl=f.expected_osl, pinned=WorkerKey(*f.pinned) if f.pinned else None,
+            allowed_workers=frozenset(f.allowed_workers) if f.allowed_workers is not None else None,
+            do_not_queue=f.do_not_queue,
+            deadline_us=t + f.deadline_ms * 1000 if f.deadline_ms is not None else None,
+            lora_name=f.lora_name, owner=conn.owner,
+        )
+        self._deliver(self.scheduler.enqueue(spec, t), t)
+
+    def _precheck_enqueue(self, conn: Connection, f: p.Enqueue) -> tuple[str, str] | None:
+        if not self.accepting:
+            return "shutting_down", "the daemon is stopping"
+        if conn.inflight >= self.cfg.inflight_cap_per_connection:
+            return "overloaded", f"in-flight cap {self.cfg.inflight_cap_per_connection} reached on this connection"
+        if len(f.request_id.encode()) > p.MAX_REQUEST_ID_BYTES:
+            return "invalid", f"request_id longer than {p.MAX_REQUEST_ID_BYTES} UTF-8 bytes"
+        if len(f.block_hashes) % 8:
+            return "invalid", "block_hashes length is not a multiple of 8 bytes"
+        return None
+
+    def _on_update(self, conn: Connection, f: p.Update, t: int) -> None:
+        try:
+            outcomes = self.scheduler.update(f.request_id, f.slot, f.generation, f.kind, f.output_tokens, t)
+        except KeyError:
+            self._error(conn, p.ErrorCode.UNKNOWN_REQUEST,
+                        f"no lease ({f.request_id}, slot={f.slot}, generation={f.generation})", f.request_id)
+            return
+        if f.kind == "requeue":
+            conn.inflight += 1
+        self._deliver(outcomes, t)
+
+    def _on_reattach(self, conn: Connection, f: p.Reattach, t: int) -> None:
+        adopt = getattr(self.scheduler, "adopt_lease", None)
+        kept, lost = [], []
+        for ref in f.leases:
+            if adopt is not None and adopt(ref.request_id, ref.slot, ref.generation, conn.owner, t):
+                kept.append(ref.request_id)
+            else:
+                lost.append(ref.request_id)
+        self._send(conn, p.Reattached(kept=kept, lost=lost))
+        for enq in f.pending:
+            self._on_enqueue(conn, enq, t)
+
+    # ------------------------------------------------------------------ replies
+    def _deliver(self, outcomes: list, t: int) -> None:
+        """Send Admitted/Rejected for scheduler outcomes; release what cannot be delivered."""
+        while outcomes:
+            released = False
+            for o in outcomes:
+                conn = self.conns.by_owner(o.owner)
+                if isinstance(o, Admit):
+                    ok = conn is not None and conn.alive and self._send(conn, p.Admitted(
+                        o.request_id, o.worker.worker_id, o.worker.dp_rank, o.slot, o.generation,
+                        o.overlap_blocks, o.cached_tokens, o.queued_us))
+                    if ok:
+                        conn.inflight -= 1
+                        self.metrics.decisions.labels(policy_class=o.policy_class).inc()
+                        self.metrics.queue_wait.observe(o.queued_us / 1e6)
+                    elif o.owner != 0:
+                        self.metrics.undeliverable.inc()
+                        self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
+                        released = True
+                elif isinstance(o, Reject):
+                    self.metrics.rejections.labels(reason=o.reason).inc()
+                    if conn is not None and conn.alive:
+                        conn.inflight -= 1
+                        self._send(conn, p.Rejected(o.request_id, o.reason, o.detail, o.policy_class,
+                                                    o.limit_kind, o.current, o.limit))
+            outcomes = self.scheduler.drain_cleanup(t) if released else []
+
+    def _send_reject(self, conn: Connection, request_id: str, reason: str, detail: str, policy_class: str) -> None:
+        self.metrics.rejections.labels(reason=reason).inc()
+        self._send(conn, p.Rejected(request_id, reason, detail, policy_class))
+
+    def _error(self, conn: Connection, code: p.ErrorCode, message: str, request_id: str | None = None) -> None:
+        self.metrics.malformed.labels(code=code.name).inc()
+        self.warn.warning(f"bad-frame-{code.name}", "frame rejected owner=%d code=%s detail=%s",
+                          conn.owner, code.name, message[:200])
+        self._send(conn, p.Error(int(code), message, request_id))
+
+    def _send(self, conn: Connection, frame) -> bool:
+        """Send one frame to a peer. False when the peer is unknown to ZeroMQ or its queue is full."""
+        try:
+            self.data_sock.send_multipart((conn.identity, self.enc.encode(frame)), zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or EAGAIN (peer HWM)
+            self.warn.warning("undeliverable", "reply undeliverable owner=%d errno=%s", conn.owner, exc.errno)
+            return False
+
+    # ------------------------------------------------------------------ admin socket
+    def _on_admin(self) -> None:
+        assert self.admin_sock is not None
+        n = 0
+        t = now_us()
+        while n < 64:
+            try:
+                identity, payload = self.admin_sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except ValueError:
+                continue
+            n += 1
+            reply, outcomes = self._admin_reply(payload, t)
+            try:
+                self.admin_sock.send_multipart((identity, self.enc.encode(reply)), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            self._deliver(outcomes, t)
+        if n:
+            self._deliver(self.scheduler.drain_cleanup(t), t)
+        self._rearm(self.admin_sock, self._on_admin, more=(n == 64))
+
+    def _admin_reply(self, payload: bytes, t: int):
+        try:
+            req = self.admin_dec.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.metrics.malformed.labels(code="MALFORMED").inc()
+            return p.AdminError(code=int(p.ErrorCode.MALFORMED), message=str(exc)[:300]), []
+        if self.admin_handler is None:
+            return p.AdminError(code=int(p.ErrorCode.INTERNAL), message="admin not available"), []
+        try:
+            return self.admin_handler(req, t)
+        except Exception as exc:  # an admin bug must not kill the actor; the operator sees it
+            log.exception("admin request failed request=%s", type(req).__name__)
+            return p.AdminError(code=int(p.ErrorCode.INTERNAL), message=f"{type(exc).__name__}: {exc}"), []
+
+    # ------------------------------------------------------------------ timers
+    def _schedule_tick(self) -> None:
+        self._timer = self.loop.call_later(self.cfg.progress_fold_ms / 1000, self._on_tick)
+
+    def _on_tick(self) -> None:
+        now_s = time.monotonic()
+        self.metrics.loop_lag.observe(max(0.0, now_s - self._last_tick_s - self.cfg.progress_fold_ms / 1000))
+        self._last_tick_s = now_s
+        t = now_us()
+        try:
+            outcomes = self.scheduler.tick(t)
+            if t >= self._next_liveness_us:
+                self._next_liveness_us = t + 100_000
+                self._reap_dead(t)
+            outcomes += self.scheduler.drain_cleanup(t)
+            self._deliver(outcomes, t)
+            for cb in self.on_tick:
+                cb()
+        finally:
+            self._schedule_tick()
+        self._rearm(self.data_sock, self._on_data, more=False)
+
+    def _reap_dead(self, t: int) -> None:
+        for conn in self.conns.find_dead(t):
+            log.warning("router dead owner=%d client=%s pid=%d silent_ms=%d", conn.owner, conn.client_name,
+                        conn.pid, (t - conn.last_seen_us) // 1000)
+            self.metrics.dead_connections.inc()
+            self.conns.close(conn)
+            self.scheduler.cancel_owner(conn.owner, t)
+        self.metrics.connections.set(len(self.conns))

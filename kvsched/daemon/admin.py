@@ -1,0 +1,140 @@
+"""Admin socket handlers: one function per admin command, each `(request, ctx, now_us) -> (reply, outcomes)`.
+
+The admin socket is a separate ROUTER (mode 0600). Handlers run on the actor like every other
+mutation, so admin operations are serialized with scheduling (STYLE §6). Reload re-reads the profile
+through `load_config` and hands it to `Scheduler.reload`, which refuses (keeping the old profile) when
+a class holding requests would disappear.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .. import protocol as p
+from ..config import load_config
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class AdminContext:
+    """What admin handlers may read besides the scheduler.
+
+    Attributes:
+        scheduler: the `Scheduler`.
+        instance / endpoint / block_size / daemon_epoch: identity shown by `status`.
+        config_path: the file `reload` re-reads (None = defaults only).
+        started_s: monotonic start time (s), for uptime.
+        connections: callable returning the number of live router connections.
+        stale_rows: callable returning the set of worker rows marked stale by the KV-event subscriber.
+    """
+
+    scheduler: object
+    instance: str
+    endpoint: str
+    block_size: int
+    daemon_epoch: int
+    config_path: str | None
+    started_s: float = field(default_factory=time.monotonic)
+    connections: Callable[[], int] = lambda: 0
+    decisions_window: list = field(default_factory=lambda: [time.monotonic(), 0])
+    config_overrides: dict | None = None
+
+
+def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
+    """Dispatch one admin request. Returns (AdminReply, list of scheduler outcomes to deliver)."""
+    s = ctx.scheduler
+    match req:
+        case p.Status():
+            return _status(ctx), []
+        case p.Queues():
+            rows = s.queues(now_us)
+            if req.policy_class is not None:
+                rows = [r for r in rows if r.name == req.policy_class]
+                if not rows:
+                    return _err(p.ErrorCode.NOT_FOUND, f"no class named {req.policy_class!r}"), []
+            return p.QueuesReply(classes=rows), []
+        case p.Workers():
+            return p.WorkersReply(workers=s.workers()), []
+        case p.Leases():
+            rows = s.leases(now_us, worker_id=req.worker_id, policy_class=req.policy_class, limit=req.limit)
+            return p.LeasesReply(leases=rows, total=s.active_leases), []
+        case p.Drain() | p.Undrain():
+            drained = isinstance(req, p.Drain)
+            try:
+                outcomes = s.set_drained(req.worker_id, req.dp_rank, drained, now_us)
+            except KeyError:
+                return _err(p.ErrorCode.NOT_FOUND, f"unknown worker {_w(req)}"), []
+            log.info("%s worker=%s", "drained" if drained else "undrained", _w(req))
+            return p.OkReply(message=f"{'drained' if drained else 'undrained'} {_w(req)}"), outcomes
+        case p.AddWorker():
+            from ..core.types import WorkerKey
+
+            try:
+                s.add_worker(WorkerKey(req.worker_id, req.dp_rank), req.total_kv_blocks, req.max_num_batched_tokens)
+            except ValueError as exc:
+                return _err(p.ErrorCode.INVALID, str(exc)), []
+            log.info("worker added worker=%d:%d", req.worker_id, req.dp_rank)
+            return p.OkReply(message=f"added {req.worker_id}:{req.dp_rank}"), s.drain_cleanup(now_us)
+        case p.RemoveWorker():
+            try:
+                outcomes = s.remove_worker(req.worker_id, req.dp_rank, now_us)
+            except KeyError:
+                return _err(p.ErrorCode.NOT_FOUND, f"unknown worker {_w(req)}"), []
+            log.info("worker removed worker=%s", _w(req))
+            return p.OkReply(message=f"removed {_w(req)}"), outcomes
+        case p.Cancel():
+            found = s.cancel(req.request_id, now_us)
+            if not found:
+                return _err(p.ErrorCode.NOT_FOUND, f"no queued request or lease {req.request_id!r}"), []
+            return p.OkReply(message=f"cancelled {req.request_id}"), s.drain_cleanup(now_us)
+        case p.Reload():
+            return _reload(req, ctx), s.drain_cleanup(now_us)
+        case p.Explain():
+            reply = s.explain(req.request_id)
+            if reply is None:
+                return _err(p.ErrorCode.NOT_FOUND, f"no recent decision for {req.request_id!r}"), []
+            return reply, []
+    return _err(p.ErrorCode.INVALID, f"unsupported admin request {type(req).__name__}"), []
+
+
+def _status(ctx: AdminContext) -> p.StatusReply:
+    s = ctx.scheduler
+    now = time.monotonic()
+    t0, d0 = ctx.decisions_window
+    total = s.decisions_total
+    rate = (total - d0) / (now - t0) if now > t0 else 0.0
+    if now - t0 > 10:
+        ctx.decisions_window[:] = [now, total]
+    return p.StatusReply(
+        instance=ctx.instance, daemon_epoch=ctx.daemon_epoch, uptime_s=now - ctx.started_s,
+        workers=len(s.workers()), active_leases=s.active_leases, queued=s.queued, deferred=s.deferred,
+        decisions_total=total, decisions_per_s=rate, connections=ctx.connections(),
+        endpoint=ctx.endpoint, block_size=ctx.block_size,
+    )
+
+
+def _reload(req: p.Reload, ctx: AdminContext):
+    path = req.path or ctx.config_path
+    if path is None:
+        return _err(p.ErrorCode.INVALID, "the daemon was started without --config; give a path")
+    try:
+        cfg = load_config(path, overrides=ctx.config_overrides)
+        ctx.scheduler.reload(cfg)
+    except (ConfigError, ValueError) as exc:
+        log.warning("reload refused path=%s reason=%s", path, exc)
+        return _err(p.ErrorCode.INVALID, f"reload refused, old profile kept: {exc}")
+    log.info("profile reloaded path=%s classes=%d", path, len(cfg.classes))
+    return p.OkReply(message=f"reloaded {path}: {len(cfg.classes)} classes")
+
+
+def _err(code: p.ErrorCode, message: str) -> p.AdminError:
+    return p.AdminError(code=int(code), message=message)
+
+
+def _w(req) -> str:
+    return f"{req.worker_id}" if req.dp_rank is None else f"{req.worker_id}:{req.dp_rank}"

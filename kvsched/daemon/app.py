@@ -1,0 +1,219 @@
+"""`kvsched-daemon`: the process lifecycle — start (segments, kernels, sockets, READY), serve, stop.
+
+`Daemon.run()` awaits `start()` → `serve()` → `stop()` (STYLE §7). Signal handlers only set flags;
+the actor's loop notices them. Segments outlive the process; they are unlinked only on a clean stop
+with no live lease, or by `--purge`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+import zmq
+
+from .. import protocol as p
+from ..config import Config, admin_endpoint, data_endpoint, load_config
+from ..errors import ConfigError, KvschedError, ShmLayoutError
+from .logging_setup import setup_logging
+
+log = logging.getLogger(__name__)
+
+
+class Daemon:
+    """One daemon instance. Create with a validated `Config`; call `asyncio.run(d.run())` (uvloop).
+
+    Args:
+        config: the validated configuration.
+        config_path: the file `reload` re-reads (None = defaults only).
+        overrides: flag overrides re-applied on reload.
+    """
+
+    def __init__(self, config: Config, config_path: str | None = None, overrides: dict | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.overrides = overrides
+        d = config.daemon
+        self.endpoint = data_endpoint(d.instance, d.endpoint)
+        self.admin_endpoint = admin_endpoint(d.instance, d.admin_endpoint)
+        self.should_exit = False
+        self.force_exit = False
+        self.ctx: zmq.Context | None = None
+        self.segments = None
+        self.actor = None
+        self.notifier = None
+
+    async def run(self) -> None:
+        await self.start()
+        try:
+            await self.serve()
+        finally:
+            await self.stop()
+
+    async def start(self) -> None:
+        """Create/attach segments, build the scheduler, warm kernels, bind sockets, then READY=1."""
+        from ..shm.kernels import warm_kernels
+        from .actor import Actor
+        from .admin import AdminContext, handle
+        from .metrics import Metrics
+        from .notify import Notifier
+        from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret
+        from ..shm.layout import ledger_name, progress_name
+        from .wiring import build_scheduler, open_segments
+
+        cfg = self.config
+        d = cfg.daemon
+        loop = asyncio.get_running_loop()
+        self.notifier = Notifier()
+        self.notifier.status("warming kernels")
+        t0 = time.monotonic()
+        warm_kernels()
+        log.info("kernels warm seconds=%.2f", time.monotonic() - t0)
+        self.segments, restarted = open_segments(cfg)
+        self.scheduler = build_scheduler(cfg, self.segments, restarted)
+        self.ctx = zmq.Context()
+        curve = load_curve_secret(d.curve_secret_key_file)
+        self.data_sock = bind_router(self.ctx, self.endpoint, mode=DATA_SOCKET_MODE,
+                                     max_frame_bytes=d.max_frame_bytes, curve_secret_key=curve,
+                                     heartbeat_ms=d.heartbeat_ms)
+        self.admin_sock = bind_router(self.ctx, self.admin_endpoint, mode=ADMIN_SOCKET_MODE,
+                                      max_frame_bytes=d.max_frame_bytes, curve_secret_key=curve,
+                                      heartbeat_ms=d.heartbeat_ms)
+        epoch = int(self.segments.ledger.epoch)
+        welcome = p.Welcome(
+            daemon_epoch=epoch, protocol_min=p.PROTOCOL_MIN, protocol_max=p.PROTOCOL_MAX,
+            block_size=d.block_size, shm_ledger=ledger_name(d.instance), shm_progress=progress_name(d.instance),
+            heartbeat_ms=d.heartbeat_ms, liveness_timeout_ms=d.liveness_timeout_ms,
+        )
+        self.metrics = Metrics()
+        self.admin_ctx = AdminContext(
+            scheduler=self.scheduler, instance=d.instance, endpoint=self.endpoint, block_size=d.block_size,
+            daemon_epoch=epoch, config_path=self.config_path, config_overrides=self.overrides,
+        )
+        self.actor = Actor(loop, self.scheduler, self.data_sock, welcome, d, self.metrics,
+                           admin_handler=lambda req, t: handle(req, self.admin_ctx, t), admin_sock=self.admin_sock)
+        self.admin_ctx.connections = lambda: len(self.actor.conns)
+        self.actor.on_tick.append(self.notifier.watchdog_tick)
+        self.actor.start()
+        if d.metrics_port:
+            self.metrics.serve(d.metrics_port, d.metrics_host)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        status = f"serving {self.endpoint} epoch={epoch} workers={len(self.scheduler.workers())}"
+        self.notifier.ready(status)
+        log.info("ready endpoint=%s admin=%s epoch=%d restarted=%s", self.endpoint, self.admin_endpoint,
+                 epoch, restarted)
+        # A line on stdout that wrappers (DaemonProcess, scripts) can wait for.
+        print(f"KVSCHED_READY {self.endpoint} {self.admin_endpoint}", flush=True)
+
+    def _on_signal(self, sig: int) -> None:
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
+        log.info("signal received signal=%s", signal.Signals(sig).name)
+
+    async def serve(self) -> None:
+        while not self.should_exit:
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        """STOPPING=1, stop accepting, answer waiting requests `shutting_down`, close sockets,
+        unlink segments when no lease is live."""
+        from .sockets import close_socket
+
+        if self.notifier is not None:
+            self.notifier.stopping()
+        if self.actor is not None:
+            self.actor.begin_shutdown()
+            self.actor.stop_reading()
+        if self.ctx is not None:
+            close_socket(self.data_sock, self.endpoint)
+            close_socket(self.admin_sock, self.admin_endpoint)
+            self.ctx.term()
+            self.ctx = None
+        if self.segments is not None:
+            live = self.scheduler.active_leases
+            self.segments.close()
+            if live == 0:
+                self.segments.unlink()
+                log.info("stopped; segments unlinked")
+            else:
+                log.info("stopped; segments kept for restart live_leases=%d", live)
+            self.segments = None
+        if self.notifier is not None:
+            self.notifier.close()
+
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None)
+
+
+@app.command()
+def daemon_main(
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file (see examples/kvsched.toml).")] = None,
+    instance: Annotated[Optional[str], typer.Option(help="Instance name (sockets, segments); default from config or 'default'.")] = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", help="Shortcut: register N workers (ids 0..N-1, dp_rank 0) with default capacities, when the config lists none.")] = None,
+    endpoint: Annotated[Optional[str], typer.Option(help="Data socket endpoint (overrides discovery).")] = None,
+    admin_endpoint_opt: Annotated[Optional[str], typer.Option("--admin-endpoint", help="Admin socket endpoint.")] = None,
+    check_config: Annotated[Optional[Path], typer.Option("--check-config", help="Validate FILE and exit (0 ok, 2 invalid).")] = None,
+    purge: Annotated[bool, typer.Option("--purge", help="Unlink this instance's shared-memory segments and exit.")] = False,
+    log_level: Annotated[Optional[str], typer.Option(help="debug | info | warning | error")] = None,
+    log_format: Annotated[Optional[str], typer.Option(help="text | json")] = None,
+) -> None:
+    """Run the kvsched scheduling daemon (one per worker pool).
+
+    Routers connect to the data socket (discovery: $KVSCHED_ENDPOINT, else
+    ipc://<rundir>/<instance>.sock); the `kvsched` CLI talks to the admin socket.
+    Under systemd (Type=notify) it sends READY=1 once sockets are bound and kernels warm.
+    """
+    if check_config is not None:
+        try:
+            cfg = load_config(check_config)
+        except ConfigError as exc:
+            typer.echo(f"invalid: {exc}", err=True)
+            raise typer.Exit(2)
+        typer.echo(f"ok: {check_config}: {len(cfg.classes)} classes, {len(cfg.workers)} workers")
+        raise typer.Exit(0)
+    overrides: dict = {"daemon": {}}
+    for key, value in (("instance", instance), ("endpoint", endpoint), ("admin_endpoint", admin_endpoint_opt),
+                       ("log_level", log_level), ("log_format", log_format)):
+        if value is not None:
+            overrides["daemon"][key] = value
+    try:
+        cfg = load_config(config, overrides=overrides)
+        if workers is not None and not cfg.workers:
+            cfg = load_config(config, overrides={**overrides, "workers": [{"worker_id": i} for i in range(workers)]})
+    except ConfigError as exc:
+        typer.echo(f"kvsched-daemon: {exc}", err=True)
+        raise typer.Exit(2)
+    setup_logging(cfg.daemon.log_level, cfg.daemon.log_format)
+    if purge:
+        from ..shm.layout import unlink_segments
+
+        unlink_segments(cfg.daemon.instance)
+        typer.echo(f"purged segments of instance {cfg.daemon.instance}")
+        raise typer.Exit(0)
+    daemon = Daemon(cfg, str(config) if config else None, overrides)
+    try:
+        import uvloop
+
+        uvloop.run(daemon.run())
+    except (KvschedError, ShmLayoutError) as exc:
+        log.error("daemon failed: %s", exc)
+        typer.echo(f"kvsched-daemon: {exc}", err=True)
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Console-script entry point of `kvsched-daemon`."""
+    app(prog_name="kvsched-daemon")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

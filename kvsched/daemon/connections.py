@@ -1,0 +1,115 @@
+"""Peers of the data socket: identity → connection, liveness (heartbeats and pid watch), ownership.
+
+Liveness, never wall-clock age of a lease, ends a router's leases (SPEC §5): a connection is dead
+when nothing arrived from it for `liveness_timeout_ms`, or when the local process named in its
+`Hello.pid` no longer exists. The actor then calls `Scheduler.cancel_owner(owner)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+_HOSTNAME = socket.gethostname()
+
+
+@dataclass(slots=True)
+class Connection:
+    """One router connection (one DEALER socket in one router process).
+
+    Attributes:
+        identity: the ROUTER routing id of the peer (bytes).
+        owner: small int the core uses as the owner of requests and leases.
+        protocol_version: from Hello; 0 until Hello arrived.
+        pid: the peer's pid when it is a local process (pid watch on), else 0.
+        client_name / host: from Hello, for logs and `kvsched status`.
+        last_seen_us: monotonic time of the last frame received (µs).
+        inflight: Enqueues answered by neither Admitted nor Rejected yet.
+    """
+
+    identity: bytes
+    owner: int
+    protocol_version: int = 0
+    pid: int = 0
+    client_name: str = ""
+    host: str = ""
+    last_seen_us: int = 0
+    inflight: int = 0
+    alive: bool = True
+    request_ids: set[str] = field(default_factory=set)
+
+
+class ConnectionTable:
+    """All known data-socket peers; owner ids are never reused within one daemon run."""
+
+    def __init__(self, liveness_timeout_us: int) -> None:
+        self.liveness_timeout_us = liveness_timeout_us
+        self._by_identity: dict[bytes, Connection] = {}
+        self._by_owner: dict[int, Connection] = {}
+        self._next_owner = 1
+
+    def __len__(self) -> int:
+        return len(self._by_identity)
+
+    def get(self, identity: bytes) -> Connection | None:
+        return self._by_identity.get(identity)
+
+    def by_owner(self, owner: int) -> Connection | None:
+        return self._by_owner.get(owner)
+
+    def open(self, identity: bytes, now_us: int) -> Connection:
+        """Register a peer (first frame seen). Returns the new connection."""
+        conn = Connection(identity=identity, owner=self._next_owner, last_seen_us=now_us)
+        self._next_owner += 1
+        self._by_identity[identity] = conn
+        self._by_owner[conn.owner] = conn
+        return conn
+
+    def close(self, conn: Connection) -> None:
+        """Forget a peer; its owner id stays unused forever."""
+        conn.alive = False
+        self._by_identity.pop(conn.identity, None)
+        self._by_owner.pop(conn.owner, None)
+
+    def owner_alive(self, owner: int) -> bool:
+        """Predicate handed to the Scheduler (`admit_one` skips dead requesters). Owner 0 is the
+        daemon itself (e.g. leases re-adopted after a restart) and always alive."""
+        if owner == 0:
+            return True
+        conn = self._by_owner.get(owner)
+        return conn is not None and conn.alive
+
+    def hello(self, conn: Connection, version: int, pid: int, client_name: str, host: str) -> None:
+        """Record a Hello; the pid is watched only for peers on this host."""
+        conn.protocol_version = version
+        conn.client_name = client_name
+        conn.host = host
+        conn.pid = pid if (pid > 0 and host in ("", _HOSTNAME)) else 0
+
+    def find_dead(self, now_us: int) -> list[Connection]:
+        """Connections silent past the liveness timeout or whose local process is gone."""
+        dead = []
+        for conn in self._by_identity.values():
+            if now_us - conn.last_seen_us > self.liveness_timeout_us:
+                dead.append(conn)
+            elif conn.pid and not _pid_exists(conn.pid):
+                dead.append(conn)
+        return dead
+
+    def __iter__(self):
+        return iter(list(self._by_identity.values()))
+
+
+def _pid_exists(pid: int) -> bool:
+    """`kill(pid, 0)`: True when the process exists (EPERM means it exists but is not ours)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

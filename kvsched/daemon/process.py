@@ -1,0 +1,141 @@
+"""Run `kvsched-daemon` as a child process (tests, `kvsched replay`, scripts).
+
+The child prints `KVSCHED_READY <endpoint> <admin_endpoint>` on stdout once it is ready (the same
+moment it sends READY=1 to systemd); `DaemonProcess.start` waits for that line. Logs go to
+`<runtime_dir>/<instance>.log`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..errors import DaemonUnavailable
+
+
+class DaemonProcess:
+    """Handle on a running daemon child.
+
+    Attributes:
+        endpoint / admin_endpoint: the sockets it bound (ipc paths inside `runtime_dir`).
+        pid: process id. log_path: its stderr log.
+    """
+
+    def __init__(self, proc: subprocess.Popen, endpoint: str, admin_endpoint: str, log_path: Path,
+                 argv: list[str], env: dict[str, str]) -> None:
+        self.proc = proc
+        self.endpoint = endpoint
+        self.admin_endpoint = admin_endpoint
+        self.log_path = log_path
+        self.argv = argv
+        self.env = env
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @classmethod
+    def start(
+        cls,
+        config_path: str | os.PathLike[str] | None,
+        *,
+        instance: str,
+        runtime_dir: Path,
+        extra_args: list[str] | tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        ready_timeout_s: float = 60.0,
+    ) -> "DaemonProcess":
+        """Start a daemon with private ipc endpoints in `runtime_dir` and wait until it is ready.
+
+        Raises:
+            DaemonUnavailable: it exited or did not become ready within `ready_timeout_s` (the
+                message includes the tail of its log).
+        """
+        runtime_dir = Path(runtime_dir)
+        runtime_dir.mkdir(parents=True, exist_ok=True)
+        endpoint = f"ipc://{runtime_dir}/{instance}.sock"
+        admin = f"ipc://{runtime_dir}/{instance}-admin.sock"
+        argv = [sys.executable, "-m", "kvsched.daemon.app", "--instance", instance,
+                "--endpoint", endpoint, "--admin-endpoint", admin, *extra_args]
+        if config_path is not None:
+            argv += ["--config", str(config_path)]
+        child_env = dict(os.environ if env is None else env)
+        child_env.pop("KVSCHED_ENDPOINT", None)
+        child_env.pop("KVSCHED_ADMIN_ENDPOINT", None)
+        log_path = runtime_dir / f"{instance}.log"
+        handle = cls(cls._spawn(argv, child_env, log_path), endpoint, admin, log_path, argv, child_env)
+        handle.wait_ready(ready_timeout_s)
+        return handle
+
+    @staticmethod
+    def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+        log_fh = open(log_path, "ab")
+        try:
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_fh, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+        finally:
+            log_fh.close()
+
+    def restart(self, ready_timeout_s: float = 60.0) -> None:
+        """Start the same command again (after `kill()` or `stop()`), and wait until ready."""
+        self.proc = self._spawn(self.argv, self.env, self.log_path)
+        self.wait_ready(ready_timeout_s)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Block until the child printed its ready line."""
+        box: list[bytes] = []
+
+        def reader() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                if line.startswith(b"KVSCHED_READY"):
+                    box.append(line)
+                    return
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if not box:
+            self.kill()
+            raise DaemonUnavailable(
+                f"daemon did not become ready within {timeout_s:.0f}s (exit={self.proc.poll()}); "
+                f"log {self.log_path}:\n{self.log_tail()}"
+            )
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM and wait; SIGKILL after `timeout_s`. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL (crash simulation): segments and socket files stay behind."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "DaemonProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        time.sleep(0)

@@ -1,0 +1,124 @@
+"""ZeroMQ endpoints of the daemon: bind, socket options, file modes of ipc sockets, CURVE.
+
+No policy here: the actor decides what to do with frames; this module only opens and closes sockets.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+import zmq
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DATA_SOCKET_MODE = 0o660  # routers' group may connect
+ADMIN_SOCKET_MODE = 0o600  # only the daemon's user
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    """The filesystem path of an `ipc://` endpoint, else None."""
+    if endpoint.startswith("ipc://"):
+        return Path(endpoint[len("ipc://"):])
+    return None
+
+
+def is_loopback_tcp(endpoint: str) -> bool:
+    """True for `tcp://127.x`, `tcp://[::1]` and `tcp://localhost` endpoints."""
+    parsed = urlparse(endpoint)
+    host = parsed.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_router(
+    ctx: zmq.Context,
+    endpoint: str,
+    *,
+    mode: int,
+    max_frame_bytes: int,
+    curve_secret_key: bytes | None = None,
+    heartbeat_ms: int = 1000,
+) -> zmq.Socket:
+    """Bind a ROUTER socket the daemon's actor will read with NOBLOCK.
+
+    Sets `ROUTER_MANDATORY` (an unroutable reply raises EHOSTUNREACH, so the actor can release an
+    undeliverable `Admitted`), `MAXMSGSIZE` (oversized frames drop the peer), ZMTP heartbeats, and
+    high water marks large enough that a burst never silently drops a reply.
+
+    Args:
+        endpoint: `ipc://PATH` or `tcp://HOST:PORT`.
+        mode: file mode applied to an ipc socket file (0o660 data, 0o600 admin).
+        max_frame_bytes: ZMQ_MAXMSGSIZE, bytes.
+        curve_secret_key: z85 secret key; required for a non-loopback TCP endpoint.
+    Raises:
+        ConfigError: a non-loopback TCP endpoint without CURVE keys, or a bind failure.
+    """
+    if endpoint.startswith("tcp://") and not is_loopback_tcp(endpoint) and curve_secret_key is None:
+        raise ConfigError(
+            f"endpoint {endpoint}: a TCP endpoint not bound to loopback requires "
+            "daemon.curve_secret_key_file (CURVE keys)"
+        )
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_ms * 3)
+    if curve_secret_key is not None:
+        sock.curve_secretkey = curve_secret_key
+        sock.curve_publickey = zmq.curve_public(curve_secret_key)
+        sock.curve_server = True
+    path = ipc_path(endpoint)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if path.exists():  # a stale socket file from a crashed daemon; binding replaces it
+            path.unlink()
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        raise ConfigError(f"cannot bind {endpoint}: {exc}") from exc
+    if path is not None:
+        os.chmod(path, mode)
+    log.info("bound endpoint=%s mode=%o", endpoint, mode)
+    return sock
+
+
+def close_socket(sock: zmq.Socket, endpoint: str) -> None:
+    """Close a socket and remove its ipc file (only if it is still ours)."""
+    sock.close(0)
+    path = ipc_path(endpoint)
+    if path is not None:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def load_curve_secret(path: str | None) -> bytes | None:
+    """Read a z85 CURVE secret key (the 40-char key, or a pyzmq `.key_secret` certificate file)."""
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"daemon.curve_secret_key_file {path}: {exc.strerror}") from exc
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("secret-key"):
+            return line.split("=", 1)[1].strip().strip('"').encode()
+        if len(line) == 40:
+            return line.encode()
+    raise ConfigError(f"daemon.curve_secret_key_file {path}: no z85 secret key found")

@@ -1,0 +1,270 @@
+"""Numba kernels over the ledger arrays (SPEC §3): refcount index, projection + cost, progress fold.
+
+Every kernel is `@njit(cache=True, nogil=True)`, takes arrays and scalars only (dtypes fixed in
+`layout.py`), writes results into caller-owned `out` arrays and allocates nothing. Each has twins
+with the same name and signature in `reference.py` (`numpy_twin.<name>`, `python_twin.<name>`);
+property tests require equal outputs. `warm_kernels()` compiles them all before READY.
+
+Refcount index (one row per worker, `C` entries, C a power of two): open addressing with linear
+probing from `mix64(hash) & (C-1)`, at most `MAX_PROBE` probes, backward-shift deletion (no
+tombstones). An entry is occupied iff its count > 0, so any u64 (0 included) is a valid key.
+Full window: `ref_add` counts the hash as newly live but does not store it, and `ref_remove` of a
+hash it cannot find counts it as going 1 -> 0; the two mirror each other, so a booking always
+returns exactly what it added and counts never go negative. A projection then sees such a block as
+not live (one block over-estimated) — the documented graceful degradation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+MAX_PROBE = 128  # probes per lookup in the refcount index
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+
+
+@njit(cache=True, nogil=True)
+def mix64(key):
+    """splitmix64 finalizer: u64 -> well-mixed u64 (dense small keys spread over the table)."""
+    z = np.uint64(key)
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+@njit(cache=True, nogil=True)
+def _home(key, mask):
+    return np.int64(mix64(key) & np.uint64(mask))
+
+
+@njit(cache=True, nogil=True)
+def _find(keys_row, counts_row, h, mask, limit):
+    """Entry index holding `h`, or -1 (probe stops at an empty entry or after `limit`)."""
+    i = _home(h, mask)
+    for _ in range(limit):
+        if counts_row[i] == 0:
+            return -1
+        if keys_row[i] == h:
+            return i
+        i = (i + 1) & mask
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _delete(keys_row, counts_row, i, mask):
+    """Empty entry `i` and shift later cluster members back (keeps every key reachable)."""
+    counts_row[i] = 0
+    j = i
+    for _ in range(mask):
+        j = (j + 1) & mask
+        if counts_row[j] == 0:
+            return
+        k = _home(keys_row[j], mask)
+        if ((j - k) & mask) >= ((j - i) & mask):
+            keys_row[i] = keys_row[j]
+            counts_row[i] = counts_row[j]
+            counts_row[j] = 0
+            i = j
+
+
+@njit(cache=True, nogil=True)
+def ref_add(keys_row, counts_row, hashes):
+    """Increment the refcount of each hash in one worker's row.
+
+    Args:
+        keys_row: uint64[C], keys of one worker row (C a power of two).
+        counts_row: int32[C], refcounts; 0 = empty entry.
+        hashes: uint64[n], block hashes of one booking.
+    Returns:
+        int: how many hashes went 0 -> 1 (became live), including ones the full table could not store.
+    """
+    mask = keys_row.shape[0] - 1
+    limit = min(keys_row.shape[0], MAX_PROBE)
+    became = 0
+    for k in range(hashes.shape[0]):
+        h = hashes[k]
+        i = _home(h, mask)
+        placed = False
+        for _ in range(limit):
+            c = counts_row[i]
+            if c == 0:
+                keys_row[i] = h
+                counts_row[i] = 1
+                became += 1
+                placed = True
+                break
+            if keys_row[i] == h:
+                counts_row[i] = c + 1
+                placed = True
+                break
+            i = (i + 1) & mask
+        if not placed:
+            became += 1
+    return became
+
+
+@njit(cache=True, nogil=True)
+def ref_remove(keys_row, counts_row, hashes):
+    """Decrement the refcount of each hash (the inverse of `ref_add` for the same hashes).
+
+    Returns:
+        int: how many hashes went 1 -> 0, counting hashes not found (see module docstring).
+    """
+    mask = keys_row.shape[0] - 1
+    limit = min(keys_row.shape[0], MAX_PROBE)
+    died = 0
+    for k in range(hashes.shape[0]):
+        i = _find(keys_row, counts_row, hashes[k], mask, limit)
+        if i < 0:
+            died += 1
+        elif counts_row[i] > 1:
+            counts_row[i] -= 1
+        else:
+            _delete(keys_row, counts_row, i, mask)
+            died += 1
+    return died
+
+
+@njit(cache=True, nogil=True)
+def ref_live_count(keys_row, counts_row, hashes):
+    """Number of `hashes` (uint64[n]) live (count > 0) in one worker row. Returns int."""
+    mask = keys_row.shape[0] - 1
+    limit = min(keys_row.shape[0], MAX_PROBE)
+    live = 0
+    for k in range(hashes.shape[0]):
+        if _find(keys_row, counts_row, hashes[k], mask, limit) >= 0:
+            live += 1
+    return live
+
+
+@njit(cache=True, nogil=True)
+def project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_counts, hashes, isl_tokens, block_size, overlap_blocks, prefill_load_scale, overlap_credit, out_blocks, out_prefill, out_cost):
+    """Projected load and selection cost of one request on every worker row (one call per decision).
+
+    Args:
+        w_active_blocks: int64[W], active unique blocks per row.
+        w_active_prefill: int64[W], outstanding prefill tokens per row.
+        eligible: uint8[W], nonzero where the request may run.
+        ref_keys / ref_counts: uint64[W, C] / int32[W, C], refcount index.
+        hashes: uint64[n], the request's chained block hashes.
+        isl_tokens: prompt tokens (>= 1); block_size: tokens per block (B).
+        overlap_blocks: int32[W], prefix blocks cached on each row (from the overlap index).
+        prefill_load_scale / overlap_credit: float, SPEC §4 weights.
+        out_blocks: int64[W], written: active + ceil(isl/B) - hashes live on the row; -1 if ineligible.
+        out_prefill: int64[W], written: active prefill + isl - min(isl, overlap*B) tokens; -1 if ineligible.
+        out_cost: float64[W], written: scale*max(0, (prefill+isl)/B - credit*overlap) + out_blocks;
+            +inf if ineligible.
+    Source: SPEC §4 "Selection cost".
+    """
+    n_rows = w_active_blocks.shape[0]
+    mask = ref_keys.shape[1] - 1
+    limit = min(ref_keys.shape[1], MAX_PROBE)
+    for w in range(n_rows):
+        out_blocks[w] = 0  # live-hash accumulator first
+    for k in range(hashes.shape[0]):
+        h = hashes[k]
+        home = _home(h, mask)
+        for w in range(n_rows):
+            if eligible[w] == 0:
+                continue
+            i = home
+            for _ in range(limit):
+                if ref_counts[w, i] == 0:
+                    break
+                if ref_keys[w, i] == h:
+                    out_blocks[w] += 1
+                    break
+                i = (i + 1) & mask
+    request_blocks = (isl_tokens + block_size - 1) // block_size
+    for w in range(n_rows):
+        if eligible[w] == 0:
+            out_blocks[w] = -1
+            out_prefill[w] = -1
+            out_cost[w] = np.inf
+            continue
+        blocks = w_active_blocks[w] + request_blocks - out_blocks[w]
+        ob = overlap_blocks[w]
+        cached = min(isl_tokens, ob * block_size)
+        out_blocks[w] = blocks
+        out_prefill[w] = w_active_prefill[w] + isl_tokens - cached
+        pre = (w_active_prefill[w] + isl_tokens) / block_size - overlap_credit * ob
+        if pre < 0.0:
+            pre = 0.0
+        out_cost[w] = prefill_load_scale * pre + blocks
+
+
+@njit(cache=True, nogil=True)
+def apply_output_tokens(slot, n, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+    """Set one booked slot's output tokens to `n` (>= 0) and adjust its worker's aggregates.
+
+    Decode blocks = ceil((isl + n)/B) - ceil(isl/B) (grow or shrink with n); n > 0 clears the slot's
+    outstanding prefill from `w_active_prefill` and moves the slot to state 3 (prefill_done).
+    Returns:
+        bool: True if anything changed.
+    """
+    old = s_output_tokens[slot]
+    if n == old:
+        return False
+    isl = s_isl[slot]
+    row = s_worker_row[slot]
+    delta = (isl + n + block_size - 1) // block_size - (isl + old + block_size - 1) // block_size
+    w_active_blocks[row] += delta
+    s_extra_blocks[slot] += delta
+    s_output_tokens[slot] = n
+    if n > 0:
+        w_active_prefill[row] -= s_prefill[slot]
+        s_prefill[slot] = 0
+        if s_state[slot] < 3:
+            s_state[slot] = 3
+    return True
+
+
+@njit(cache=True, nogil=True)
+def fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+    """Fold progress words (generation << 32 | output tokens) into slots and worker aggregates.
+
+    Args:
+        progress: uint64[S], progress words; a word whose generation != s_generation is ignored.
+        s_*: slot table arrays (layout.py dtypes), length S; free slots (state 0) are skipped.
+        w_active_blocks / w_active_prefill: int64[W], updated in place.
+        block_size: tokens per block.
+    Returns:
+        int: number of slots whose output tokens changed.
+    """
+    changed = 0
+    for s in range(progress.shape[0]):
+        if s_state[s] == 0:
+            continue
+        word = progress[s]
+        if (word >> _S32) != s_generation[s]:
+            continue
+        n = np.int64(word & _LOW32)
+        if apply_output_tokens(s, n, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+            changed += 1
+    return changed
+
+
+def warm_kernels() -> None:
+    """Compile (or load from NUMBA_CACHE_DIR) every kernel for the argument types the ledger and
+    the overlap index use, on tiny arrays. Called before the daemon says READY."""
+    from .layout import LedgerArrays
+    from .overlap import warm_overlap_kernels
+
+    a = LedgerArrays.private(2, 2, 4, 16, 4)
+    hashes = np.arange(3, dtype=np.uint64)
+    ro_hashes = np.frombuffer(hashes.tobytes(), dtype="<u8")  # read-only, as decoded from frames
+    for h in (hashes, ro_hashes):
+        ref_add(a.ref_keys[0], a.ref_counts[0], h)
+        ref_live_count(a.ref_keys[0], a.ref_counts[0], h)
+        ref_remove(a.ref_keys[0], a.ref_counts[0], h)
+        elig = np.ones(2, np.uint8)
+        ob = np.zeros(2, np.int32)
+        ob_, op_, oc_ = np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.float64)
+        project_and_cost(a.w_active_blocks, a.w_active_prefill, elig, a.ref_keys, a.ref_counts, h, 5, 4, ob, 1.0, 1.0, ob_, op_, oc_)
+    progress = np.zeros(2, np.uint64)
+    fold_progress(progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
+    apply_output_tokens(0, 0, a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
+    warm_overlap_kernels()

@@ -1,0 +1,316 @@
+"""Numpy and pure-Python twins of the kernels in `kernels.py` and `overlap.py` (SPEC §3).
+
+Naming: `numpy_twin.<kernel>` and `python_twin.<kernel>` have the kernel's name and signature and
+write the same outputs (property tests in tests/shm/test_kernels.py; ratios in bench/bench_kernels.py).
+Covered: mix64, ref_add, ref_remove, ref_live_count, project_and_cost, apply_output_tokens,
+fold_progress, overlap_depth. The numpy twins vectorise over workers/hashes/slots where the algorithm
+allows; inserts and deletes in the open-addressing table are sequential by nature, so their numpy
+twins only vectorise each probe window.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from .kernels import MAX_PROBE
+from .overlap import WINDOW
+
+_M64 = (1 << 64) - 1
+_U = np.uint64
+
+
+# --------------------------------------------------------------------------------------------
+# pure Python
+# --------------------------------------------------------------------------------------------
+
+
+def _py_mix64(z: int) -> int:
+    z = int(z) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _py_find(keys_row, counts_row, h: int, mask: int, limit: int) -> int:
+    i = _py_mix64(h) & mask
+    for _ in range(limit):
+        if int(counts_row[i]) == 0:
+            return -1
+        if int(keys_row[i]) == h:
+            return i
+        i = (i + 1) & mask
+    return -1
+
+
+def _py_delete(keys_row, counts_row, i: int, mask: int) -> None:
+    counts_row[i] = 0
+    j = i
+    for _ in range(mask):
+        j = (j + 1) & mask
+        if int(counts_row[j]) == 0:
+            return
+        k = _py_mix64(int(keys_row[j])) & mask
+        if ((j - k) & mask) >= ((j - i) & mask):
+            keys_row[i] = keys_row[j]
+            counts_row[i] = counts_row[j]
+            counts_row[j] = 0
+            i = j
+
+
+def _py_ref_add(keys_row, counts_row, hashes) -> int:
+    mask = keys_row.shape[0] - 1
+    limit = min(keys_row.shape[0], MAX_PROBE)
+    became = 0
+    for h in (int(x) for x in hashes):
+        i = _py_mix64(h) & mask
+        for _ in range(limit):
+            c = int(counts_row[i])
+            if c == 0:
+                keys_row[i] = h
+                counts_row[i] = 1
+                became += 1
+                break
+            if int(keys_row[i]) == h:
+                counts_row[i] = c + 1
+                break
+            i = (i + 1) & mask
+        else:
+            became += 1
+    return became
+
+
+def _py_ref_remove(keys_row, counts_row, hashes) -> int:
+    mask = keys_row.shape[0] - 1
+    limit = min(keys_row.shape[0], MAX_PROBE)
+    died = 0
+    for h in (int(x) for x in hashes):
+        i = _py_find(keys_row, counts_row, h, mask, limit)
+        if i < 0:
+            died += 1
+        elif int(counts_row[i]) > 1:
+            counts_row[i] -= 1
+        else:
+            _py_delete(keys_row, counts_row, i, mask)
+            died += 1
+    return died
+
+
+def _py_ref_live_count(keys_row, counts_row, hashes) -> int:
+    mask = keys_row.shape[0] - 1
+    limit = min(keys_row.shape[0], MAX_PROBE)
+    return sum(1 for h in hashes if _py_find(keys_row, counts_row, int(h), mask, limit) >= 0)
+
+
+def _py_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_counts, hashes, isl_tokens, block_size, overlap_blocks, prefill_load_scale, overlap_credit, out_blocks, out_prefill, out_cost) -> None:
+    request_blocks = (isl_tokens + block_size - 1) // block_size
+    for w in range(w_active_blocks.shape[0]):
+        if not eligible[w]:
+            out_blocks[w] = -1
+            out_prefill[w] = -1
+            out_cost[w] = float("inf")
+            continue
+        live = _py_ref_live_count(ref_keys[w], ref_counts[w], hashes)
+        blocks = int(w_active_blocks[w]) + request_blocks - live
+        ob = int(overlap_blocks[w])
+        prefill = int(w_active_prefill[w])
+        out_blocks[w] = blocks
+        out_prefill[w] = prefill + isl_tokens - min(isl_tokens, ob * block_size)
+        pre = max(0.0, (prefill + isl_tokens) / block_size - overlap_credit * ob)
+        out_cost[w] = prefill_load_scale * pre + blocks
+
+
+def _py_apply_output_tokens(slot, n, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size) -> bool:
+    old = int(s_output_tokens[slot])
+    if n == old:
+        return False
+    isl = int(s_isl[slot])
+    row = int(s_worker_row[slot])
+    delta = (isl + n + block_size - 1) // block_size - (isl + old + block_size - 1) // block_size
+    w_active_blocks[row] += delta
+    s_extra_blocks[slot] += delta
+    s_output_tokens[slot] = n
+    if n > 0:
+        w_active_prefill[row] -= s_prefill[slot]
+        s_prefill[slot] = 0
+        if s_state[slot] < 3:
+            s_state[slot] = 3
+    return True
+
+
+def _py_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size) -> int:
+    changed = 0
+    for s in range(progress.shape[0]):
+        if s_state[s] == 0:
+            continue
+        word = int(progress[s])
+        if word >> 32 != int(s_generation[s]):
+            continue
+        if _py_apply_output_tokens(s, word & 0xFFFFFFFF, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+            changed += 1
+    return changed
+
+
+def _py_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out) -> None:
+    mask = keys.shape[0] - 1
+    limit = min(keys.shape[0], WINDOW)
+    entries = []
+    for h in (int(x) for x in hashes):
+        i = _py_mix64(h) & mask
+        found = -1
+        for _ in range(limit):
+            if used[i] and int(keys[i]) == h:
+                found = i
+                break
+            i = (i + 1) & mask
+        entries.append(found)
+    for r in range(out.shape[0]):
+        wd, bit = divmod(r, 64)
+        d = 0
+        for e in entries:
+            if e < 0:
+                break
+            held = (int(perm[e, wd]) >> bit) & 1 or (int(ttl_exp[e]) > now_us and (int(ttlm[e, wd]) >> bit) & 1)
+            if not held:
+                break
+            d += 1
+        out[r] = d
+
+
+# --------------------------------------------------------------------------------------------
+# numpy
+# --------------------------------------------------------------------------------------------
+
+
+def _np_mix64(keys: np.ndarray) -> np.ndarray:
+    z = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    z = (z ^ (z >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> _U(27))) * _U(0x94D049BB133111EB)
+    return z ^ (z >> _U(31))
+
+
+def _np_window(keys_row, counts_row, h: int, mask: int, limit: int):
+    pos = (int(_np_mix64(np.array([h], np.uint64))[0] & _U(mask)) + np.arange(limit)) & mask
+    return pos, counts_row[pos], keys_row[pos]
+
+
+def _np_ref_add(keys_row, counts_row, hashes) -> int:
+    mask = keys_row.shape[0] - 1
+    limit = min(keys_row.shape[0], MAX_PROBE)
+    became = 0
+    for h in np.asarray(hashes, np.uint64):
+        pos, c, k = _np_window(keys_row, counts_row, int(h), mask, limit)
+        stop = np.flatnonzero((c == 0) | (k == h))
+        if stop.size == 0:
+            became += 1
+            continue
+        i = pos[stop[0]]
+        if c[stop[0]] == 0:
+            keys_row[i] = h
+            counts_row[i] = 1
+            became += 1
+        else:
+            counts_row[i] += 1
+    return became
+
+
+def _np_ref_remove(keys_row, counts_row, hashes) -> int:
+    mask = keys_row.shape[0] - 1
+    limit = min(keys_row.shape[0], MAX_PROBE)
+    died = 0
+    for h in np.asarray(hashes, np.uint64):
+        pos, c, k = _np_window(keys_row, counts_row, int(h), mask, limit)
+        stop = np.flatnonzero((c == 0) | (k == h))
+        if stop.size == 0 or c[stop[0]] == 0:
+            died += 1
+        elif c[stop[0]] > 1:
+            counts_row[pos[stop[0]]] -= 1
+        else:
+            _py_delete(keys_row, counts_row, int(pos[stop[0]]), mask)
+            died += 1
+    return died
+
+
+def _np_live_matrix(ref_keys, ref_counts, rows, hashes) -> np.ndarray:
+    """int64[len(rows)]: hashes live on each of `rows` (vectorised probing, all rows x hashes)."""
+    mask = ref_keys.shape[1] - 1
+    limit = min(ref_keys.shape[1], MAX_PROBE)
+    h = np.asarray(hashes, np.uint64)
+    live = np.zeros(len(rows), np.int64)
+    if h.size == 0 or len(rows) == 0:
+        return live
+    homes = (_np_mix64(h) & _U(mask)).astype(np.int64)
+    pending = np.ones((len(rows), h.size), bool)
+    r = rows[:, None]
+    for p in range(limit):
+        pos = (homes + p) & mask
+        c = ref_counts[r, pos[None, :]]
+        hit = pending & (c != 0) & (ref_keys[r, pos[None, :]] == h[None, :])
+        live += hit.sum(axis=1)
+        pending &= (c != 0) & ~hit
+        if not pending.any():
+            break
+    return live
+
+
+def _np_ref_live_count(keys_row, counts_row, hashes) -> int:
+    return int(_np_live_matrix(keys_row[None, :], counts_row[None, :], np.zeros(1, np.int64), hashes)[0])
+
+
+def _np_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_counts, hashes, isl_tokens, block_size, overlap_blocks, prefill_load_scale, overlap_credit, out_blocks, out_prefill, out_cost) -> None:
+    rows = np.flatnonzero(eligible)
+    live = _np_live_matrix(ref_keys, ref_counts, rows, hashes)
+    request_blocks = (isl_tokens + block_size - 1) // block_size
+    out_blocks[:] = -1
+    out_prefill[:] = -1
+    out_cost[:] = np.inf
+    blocks = w_active_blocks[rows] + request_blocks - live
+    ob = overlap_blocks[rows].astype(np.int64)
+    prefill = w_active_prefill[rows]
+    out_blocks[rows] = blocks
+    out_prefill[rows] = prefill + isl_tokens - np.minimum(isl_tokens, ob * block_size)
+    pre = np.maximum(0.0, (prefill + isl_tokens) / block_size - overlap_credit * ob)
+    out_cost[rows] = prefill_load_scale * pre + blocks
+
+
+def _np_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size) -> int:
+    gen = progress >> _U(32)
+    n = (progress & _U(0xFFFFFFFF)).astype(np.int64)
+    idx = np.flatnonzero((s_state != 0) & (gen == s_generation) & (n != s_output_tokens))
+    if idx.size == 0:
+        return 0
+    isl, old, new, rows = s_isl[idx], s_output_tokens[idx], n[idx], s_worker_row[idx]
+    delta = (isl + new + block_size - 1) // block_size - (isl + old + block_size - 1) // block_size
+    np.add.at(w_active_blocks, rows, delta)
+    s_extra_blocks[idx] += delta
+    s_output_tokens[idx] = new
+    first = idx[new > 0]
+    np.subtract.at(w_active_prefill, s_worker_row[first], s_prefill[first])
+    s_prefill[first] = 0
+    s_state[first] = np.maximum(s_state[first], 3)
+    return int(idx.size)
+
+
+def _np_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out) -> None:
+    h = np.asarray(hashes, np.uint64)
+    if h.size == 0:
+        out[:] = 0
+        return
+    mask = keys.shape[0] - 1
+    limit = min(keys.shape[0], WINDOW)
+    win = ((_np_mix64(h) & _U(mask)).astype(np.int64)[:, None] + np.arange(limit)) & mask
+    match = (used[win] != 0) & (keys[win] == h[:, None])
+    e = np.where(match.any(axis=1), win[np.arange(h.size), match.argmax(axis=1)], -1)
+    present = np.zeros((h.size, perm.shape[1]), np.uint64)
+    ok = e >= 0
+    ent = e[ok]
+    present[ok] = perm[ent] | np.where((ttl_exp[ent] > now_us)[:, None], ttlm[ent], _U(0))
+    bits = np.unpackbits(present.view(np.uint8), axis=1, bitorder="little")[:, : out.shape[0]]
+    out[:] = np.cumprod(bits, axis=0, dtype=np.int64).sum(axis=0)
+
+
+_NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "project_and_cost", "apply_output_tokens", "fold_progress", "overlap_depth")
+
+python_twin = SimpleNamespace(**{name: globals()[f"_py_{name}"] for name in _NAMES})
+numpy_twin = SimpleNamespace(**{name: globals().get(f"_np_{name}", globals()[f"_py_{name}"]) for name in _NAMES})

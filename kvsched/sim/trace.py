@@ -1,0 +1,191 @@
+"""Request traces for replay: Mooncake JSON Lines and Azure LLM inference CSV → one `Trace`.
+
+Mooncake (`conversation_trace.jsonl`, FAST'25 release): one JSON object per line with `timestamp`
+(ms since the trace start), `input_length`, `output_length` and `hash_ids` (one id per 512-token
+chained prefix block; two requests sharing leading ids share that KV prefix). Ids are mapped to u64
+block hashes with SplitMix64 (a bijection on u64, so distinct ids stay distinct) — the daemon's and
+the engine's hash tables then see well-spread, non-zero keys, as with real chained hashes.
+
+Azure (`AzureLLMInferenceTrace_*.csv`): header `TIMESTAMP,ContextTokens,GeneratedTokens`, wall-clock
+timestamps; no prefix information, so every request has an empty hash list.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+MOONCAKE_BLOCK_SIZE = 512  # tokens per `hash_ids` entry in the Mooncake traces
+AZURE_BLOCK_SIZE = 16  # no hashes in the Azure traces; vLLM's default block size
+
+_U64 = np.uint64
+
+
+class _MooncakeRow(msgspec.Struct):
+    timestamp: float  # ms since the start of the trace
+    input_length: int
+    output_length: int
+    hash_ids: list[int] = []
+
+
+def splitmix64(ids: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser of `ids` + 1 (uint64 → uint64, a bijection): trace block id → block hash."""
+    with np.errstate(over="ignore"):
+        z = ids.astype(_U64) + _U64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
+        return z ^ (z >> _U64(31))
+
+
+@dataclass(slots=True)
+class Trace:
+    """A request trace as struct-of-arrays (row i = request i, arrival order).
+
+    Attributes:
+        arrival_us: int64[n], arrival time relative to the first request (µs, non-decreasing).
+        isl: int64[n], prompt tokens (>= 1).
+        osl: int64[n], output tokens (>= 1).
+        hash_offsets: int64[n + 1]; request i's hashes are hashes[hash_offsets[i]:hash_offsets[i+1]].
+        hashes: uint64[total], chained prefix-block hashes.
+        block_size: tokens per hashed block (512 for Mooncake).
+        source: file the trace came from.
+        first_row: row number (0-based, data rows) of request 0 in the source file.
+    """
+
+    arrival_us: np.ndarray
+    isl: np.ndarray
+    osl: np.ndarray
+    hash_offsets: np.ndarray
+    hashes: np.ndarray
+    block_size: int
+    source: str = ""
+    first_row: int = 0
+
+    def __len__(self) -> int:
+        return int(self.arrival_us.shape[0])
+
+    def hashes_of(self, i: int) -> np.ndarray:
+        """uint64[k] block hashes of request i (a view)."""
+        return self.hashes[self.hash_offsets[i] : self.hash_offsets[i + 1]]
+
+    def head(self, limit: int | None) -> "Trace":
+        """The first `limit` requests (all when None)."""
+        if limit is None or limit >= len(self):
+            return self
+        end = int(self.hash_offsets[limit])
+        return Trace(
+            self.arrival_us[:limit].copy(),
+            self.isl[:limit].copy(),
+            self.osl[:limit].copy(),
+            self.hash_offsets[: limit + 1].copy(),
+            self.hashes[:end].copy(),
+            self.block_size,
+            self.source,
+            self.first_row,
+        )
+
+    def scaled_arrivals_us(self, scale: float) -> np.ndarray:
+        """int64[n] arrivals with the timeline compressed by `scale` (> 1 = more load)."""
+        if scale <= 0:
+            raise ValueError("scale must be > 0")
+        return (self.arrival_us / scale).astype(np.int64)
+
+    def infinite_cache_hit_tokens(self) -> int:
+        """Prompt tokens a single infinite prefix cache would serve (upper bound of any fleet)."""
+        seen: set[int] = set()
+        total = 0
+        bs = self.block_size
+        for i in range(len(self)):
+            hs = self.hashes_of(i).tolist()
+            hit = 0
+            for h in hs:
+                if h not in seen:
+                    break
+                hit += 1
+            total += min(hit * bs, int(self.isl[i]) - 1)
+            seen.update(hs)
+        return total
+
+
+def load_trace(path: str | Path, limit: int | None = None) -> Trace:
+    """Load a Mooncake `.jsonl` or an Azure `.csv` trace (by extension); first `limit` rows."""
+    p = Path(path)
+    if p.suffix == ".jsonl":
+        return load_mooncake(p, limit)
+    if p.suffix == ".csv":
+        return load_azure(p, limit)
+    raise ValueError(f"{p}: unknown trace format (expected .jsonl Mooncake or .csv Azure)")
+
+
+def load_mooncake(path: str | Path, limit: int | None = None) -> Trace:
+    """Mooncake JSON Lines → `Trace` (block_size 512, hashes = splitmix64(hash_ids))."""
+    decoder = msgspec.json.Decoder(_MooncakeRow)
+    rows: list[_MooncakeRow] = []
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh):
+            if limit is not None and len(rows) >= limit:
+                break
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(decoder.decode(line))
+            except msgspec.ValidationError as exc:
+                raise ValueError(f"{path}:{n + 1}: {exc}") from exc
+    counts = np.fromiter((len(r.hash_ids) for r in rows), dtype=np.int64, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    ids = np.fromiter((h for r in rows for h in r.hash_ids), dtype=np.int64, count=int(offsets[-1]))
+    if ids.size and ids.min() < 0:
+        raise ValueError(f"{path}: negative hash id")
+    ts = np.array([r.timestamp for r in rows], dtype=np.float64)
+    return Trace(
+        arrival_us=_relative_us(ts * 1000.0),
+        isl=np.maximum(1, np.array([r.input_length for r in rows], dtype=np.int64)),
+        osl=np.maximum(1, np.array([r.output_length for r in rows], dtype=np.int64)),
+        hash_offsets=offsets,
+        hashes=splitmix64(ids),
+        block_size=MOONCAKE_BLOCK_SIZE,
+        source=str(path),
+    )
+
+
+def load_azure(path: str | Path, limit: int | None = None) -> Trace:
+    """Azure LLM inference CSV → `Trace` (no hashes; block_size 16)."""
+    stamps: list[str] = []
+    isl: list[int] = []
+    osl: list[int] = []
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: missing columns {sorted(missing)}")
+        for row in reader:
+            if limit is not None and len(stamps) >= limit:
+                break
+            stamps.append(row["TIMESTAMP"].strip())
+            isl.append(int(row["ContextTokens"]))
+            osl.append(int(row["GeneratedTokens"]))
+    t = np.array(stamps, dtype="datetime64[us]").astype(np.int64).astype(np.float64)
+    order = np.argsort(t, kind="stable")
+    n = len(stamps)
+    return Trace(
+        arrival_us=_relative_us(t[order]),
+        isl=np.maximum(1, np.array(isl, dtype=np.int64)[order]),
+        osl=np.maximum(1, np.array(osl, dtype=np.int64)[order]),
+        hash_offsets=np.zeros(n + 1, dtype=np.int64),
+        hashes=np.zeros(0, dtype=np.uint64),
+        block_size=AZURE_BLOCK_SIZE,
+        source=str(path),
+    )
+
+
+def _relative_us(t_us: np.ndarray) -> np.ndarray:
+    if t_us.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    rel = np.maximum.accumulate(t_us - t_us[0])  # never decreasing, even if the file jitters
+    return np.round(rel).astype(np.int64)

@@ -1,0 +1,1 @@
+"""Pure unit and property tests of kvsched.core (STYLE §10)."""

@@ -1,0 +1,157 @@
+"""A deliberately simple reference model of PolicyQueue (plain lists, full scans, no indexes).
+
+Used by the hypothesis state machines in test_policy_queue_model.py: the real PolicyQueue must
+produce the same dispatch sequence. Worker readiness is instantaneous here; the real queue's
+blocked-lane bookkeeping must be invisible as long as every readiness change is followed by
+`on_capacity_change(worker)` (the Scheduler's contract). SPEC §4 is the only source.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+US_PER_S = 1_000_000
+
+
+@dataclass
+class MEntry:
+    request_id: str
+    seq: int
+    arrival_us: int
+    priority: int
+    strict: int
+    cost: int
+    isl: int
+    placement: object = None  # worker or None
+    key: tuple = ()
+
+
+@dataclass
+class MClass:
+    quantum: int
+    ordering: str
+    ready: list[MEntry] = field(default_factory=list)
+    deferred: list[MEntry] = field(default_factory=list)
+    deficit: int = 0
+
+
+def model_key(ordering: str, e: MEntry) -> tuple:
+    jump = max(0, e.priority)
+    if ordering == "fcfs":
+        return (1, -e.strict, e.arrival_us - jump * US_PER_S, e.seq)
+    if ordering == "priority":
+        return (1, -e.strict, e.priority, e.arrival_us, e.seq)
+    return (1, -e.strict, -(1 + jump) / max(1, e.cost), e.seq)
+
+
+class ModelPolicyQueue:
+    def __init__(self, classes: list[tuple[int, str]]) -> None:
+        self.classes = [MClass(q, o) for q, o in classes]
+        self.cursor = 0
+        self.carry: int | None = None
+        self._prepends = itertools.count(1)
+
+    def add(self, c: int, e: MEntry, deferred: bool = False) -> None:
+        e.key = model_key(self.classes[c].ordering, e)
+        (self.classes[c].deferred if deferred else self.classes[c].ready).append(e)
+
+    def requeue(self, c: int, e: MEntry) -> None:
+        if self.classes[c].ordering == "fcfs":
+            e.key = (0, -next(self._prepends))
+        else:
+            e.key = model_key(self.classes[c].ordering, e)
+        self.classes[c].ready.append(e)
+
+    def make_ready(self, c: int, rid: str, placement: object) -> bool:
+        cl = self.classes[c]
+        for e in cl.deferred:
+            if e.request_id == rid:
+                cl.deferred.remove(e)
+                if placement is not None:
+                    e.placement = placement
+                cl.ready.append(e)
+                return True
+        for e in cl.ready:
+            if e.request_id == rid and e.placement is None and placement is not None:
+                cl.ready.remove(e)
+                e.placement = placement
+                cl.ready.append(e)
+                return True
+        return False
+
+    def cancel(self, c: int, rid: str) -> bool:
+        cl = self.classes[c]
+        for lst in (cl.ready, cl.deferred):
+            for e in lst:
+                if e.request_id == rid:
+                    lst.remove(e)
+                    if not cl.ready:
+                        cl.deficit = 0
+                        if self.carry == c:
+                            self.carry = None
+                    return True
+        return False
+
+    def candidate(self, c: int, worker_ready, shared_ok) -> MEntry | None:
+        cl = self.classes[c]
+        if not cl.ready:
+            cl.deficit = 0
+            return None
+        shared = [e for e in cl.ready if e.placement is None]
+        root = min(shared, key=lambda e: e.key) if shared else None
+        lane_heads = []
+        for w in {e.placement for e in cl.ready if e.placement is not None}:
+            if worker_ready(c, w):
+                lane_heads.append(min((e for e in cl.ready if e.placement == w), key=lambda e: e.key))
+        best = min(lane_heads, key=lambda e: e.key) if lane_heads else None
+        if root is not None and (best is None or root.key < best.key) and shared_ok(c, root):
+            return root
+        return best
+
+    def pop_next(self, worker_ready, shared_ok) -> MEntry | None:
+        n = len(self.classes)
+        if self.carry is not None:
+            cand = self.candidate(self.carry, worker_ready, shared_ok)
+            if cand is not None and cand.cost <= self.classes[self.carry].deficit:
+                return self._take(self.carry, cand)
+            self.carry = None
+        ring = [(self.cursor + k) % n for k in range(n)]
+        cands = {c: self.candidate(c, worker_ready, shared_ok) for c in ring}
+        cands = {c: e for c, e in cands.items() if e is not None}
+        if not cands:
+            return None
+        for c in ring:
+            if c in cands and cands[c].cost <= self.classes[c].deficit:
+                return self._take(c, cands[c])
+        for c in ring:
+            if c in cands:
+                self.classes[c].deficit += self.classes[c].quantum
+                if cands[c].cost <= self.classes[c].deficit:
+                    return self._take(c, cands[c])
+        r = None
+        for c in cands:
+            cl = self.classes[c]
+            need = cands[c].cost - cl.deficit
+            k = (need + cl.quantum - 1) // cl.quantum
+            r = k if r is None else min(r, k)
+        for c in cands:
+            self.classes[c].deficit += r * self.classes[c].quantum
+        for c in ring:
+            if c in cands and cands[c].cost <= self.classes[c].deficit:
+                return self._take(c, cands[c])
+        raise AssertionError("model: nothing affordable")
+
+    def _take(self, c: int, e: MEntry) -> MEntry:
+        cl = self.classes[c]
+        cl.ready.remove(e)
+        cl.deficit -= e.cost
+        self.cursor = c
+        self.carry = c
+        if not cl.ready:
+            cl.deficit = 0
+            self.carry = None
+        return e
+
+    def waiting_ids(self) -> set[str]:
+        return {e.request_id for cl in self.classes for e in cl.ready + cl.deferred}
