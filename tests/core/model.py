@@ -146,7 +146,7 @@ class ModelPolicyQueue:
         cl = self.classes[c]
         cl.ready.remove(e)
         cl.deficit -= e.cost
-        self.cursor = c
+        self.cursor = (c + 1) % len(self.classes)
         self.carry = c
         if not cl.ready:
             cl.deficit = 0

@@ -1,0 +1,388 @@
+"""Ledger: worker rows and bookings (slot, generation) over the shared-memory arrays (SPEC §3, §4).
+
+Pure: no I/O, no clock (time comes in as `now_us`). The actor is the only writer of the ledger
+segment; routers read it and write only their own progress words.
+
+Aggregates per worker row are kept incrementally — never rescanned per decision:
+* `w_active_blocks` = distinct live hashes booked on the row (refcount index, so a prefix shared by
+  concurrent requests counts once) + every booking's `s_extra_blocks` (prompt blocks without a
+  stored hash + decode blocks, ceil((isl + output)/B) - ceil(isl/B)).
+* `w_active_prefill` = sum of the bookings' outstanding prefill tokens (isl - cached until the first
+  output token or `prefill_done`).
+* `w_active_requests` = live bookings.
+
+Hashes: at most `min(max_blocks_per_request, ceil(isl/B))` hashes of a request are stored in its
+arena range and deduplicated; the rest of its prompt blocks count as unique (`s_extra_blocks`).
+Hashes within one request are assumed distinct (they are chained).
+
+Invariant: releasing every booking returns every aggregate and every refcount to zero.
+Invariant: `s_generation` of a slot only grows (1..2**32-1, wrapping past 0); a (slot, generation)
+pair names at most one booking, so stale releases and stale progress words are no-ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import OverloadConfig
+from ..shm.kernels import apply_output_tokens, fold_progress, project_and_cost, ref_add, ref_remove
+from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, REQUEST_ID_BYTES, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
+from .types import WorkerKey
+
+_U32_MAX = 0xFFFF_FFFF
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """One booking as read from the slot table (tokens, µs)."""
+
+    request_id: str
+    generation: int
+    row: int
+    state: int  # 0 free, 1 admitted, 2 dispatched, 3 prefill_done
+    isl: int
+    cached: int
+    prefill: int  # outstanding prefill tokens
+    output_tokens: int
+    expected_osl: int  # -1 = unknown
+    class_idx: int
+    admit_us: int
+    enqueue_us: int
+    owner_pid: int
+
+
+class Ledger:
+    """Worker rows + bookings with incremental per-worker aggregates.
+
+    Args:
+        arrays: the ledger views (shared segment, writable, or `LedgerArrays.private`). Existing rows
+            and bookings in it are adopted (daemon restart); call `rebuild_aggregates()` to recompute
+            the aggregates from the slot table.
+        progress: uint64[max_slots] progress words, or None (no local routers / simulator).
+        overload: per-worker overload thresholds (None fields = off).
+    Maps: WorkerKey -> row; request_id -> slot.
+    """
+
+    def __init__(self, arrays: LedgerArrays, progress: np.ndarray | None = None, overload: OverloadConfig | None = None) -> None:
+        self.arrays = arrays
+        self.progress = progress
+        self.overload = overload if overload is not None else OverloadConfig()
+        self.block_size = arrays.block_size
+        self._stride = arrays.max_blocks_per_request
+        w = arrays.max_workers
+        self._out_blocks = np.zeros(w, np.int64)
+        self._out_prefill = np.zeros(w, np.int64)
+        self._out_cost = np.zeros(w, np.float64)
+        self._rows = np.arange(w)
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """Rebuild the Python-side maps (rows, free slots, request ids) from the arrays."""
+        a = self.arrays
+        self._row_of: dict[WorkerKey, int] = {}
+        self._ids: dict[int, int] = {}  # worker_id -> registered rows
+        for row in np.flatnonzero(a.w_present).tolist():
+            self._index_row(row, WorkerKey(int(a.w_worker_id[row]), int(a.w_dp_rank[row])))
+        self._slot_of: dict[str, int] = {}
+        for slot in np.flatnonzero(a.s_state).tolist():
+            self._slot_of[a.s_request_id[slot].decode()] = slot
+        self._free: list[int] = np.flatnonzero(a.s_state == SLOT_FREE)[::-1].tolist()  # pop() = lowest
+
+    def _index_row(self, row: int, key: WorkerKey) -> None:
+        self._row_of[key] = row
+        self._ids[key.worker_id] = self._ids.get(key.worker_id, 0) + 1
+
+    # -- workers ------------------------------------------------------------------------------
+    def add_worker(self, key: WorkerKey, total_kv_blocks: int, max_num_batched_tokens: int) -> int:
+        """Register `key` in the lowest free row; returns the row. Bumps the row's w_generation.
+
+        Raises:
+            ValueError: `key` is already registered, or every row is taken ("max_workers=N reached").
+        """
+        a = self.arrays
+        if key in self._row_of:
+            raise ValueError(f"worker {key} is already registered")
+        free = np.flatnonzero(a.w_present == 0)
+        if free.size == 0:
+            raise ValueError(f"max_workers={a.max_workers} reached")
+        row = int(free[0])
+        a.w_worker_id[row] = key.worker_id
+        a.w_dp_rank[row] = key.dp_rank
+        a.w_generation[row] = (int(a.w_generation[row]) + 1) & _U32_MAX
+        a.w_total_kv_blocks[row] = total_kv_blocks
+        a.w_max_batched_tokens[row] = max_num_batched_tokens
+        a.w_active_blocks[row] = a.w_active_prefill[row] = a.w_active_requests[row] = 0
+        a.w_flags[row] = 0
+        a.w_present[row] = 1
+        self._index_row(row, key)
+        return row
+
+    def remove_worker_row(self, row: int) -> list[int]:
+        """Release every booking on `row`, then free the row. Returns the released slots."""
+        a = self.arrays
+        self._check_row(row)
+        slots = np.flatnonzero((a.s_state != SLOT_FREE) & (a.s_worker_row == row)).tolist()
+        for slot in slots:
+            self.release(slot, int(a.s_generation[slot]))
+        key = self.key_of(row)
+        a.w_present[row] = 0
+        a.w_active_blocks[row] = a.w_active_prefill[row] = a.w_active_requests[row] = 0
+        a.w_flags[row] = 0
+        a.ref_counts[row, :] = 0
+        del self._row_of[key]
+        self._ids[key.worker_id] -= 1
+        if self._ids[key.worker_id] == 0:
+            del self._ids[key.worker_id]
+        return slots
+
+    def _check_row(self, row: int) -> None:
+        if not (0 <= row < self.arrays.max_workers and self.arrays.w_present[row]):
+            raise KeyError(f"no worker in row {row}")
+
+    def row_of(self, key: WorkerKey) -> int | None:
+        return self._row_of.get(key)
+
+    def rows_of_worker_id(self, worker_id: int) -> list[int]:
+        return sorted(r for k, r in self._row_of.items() if k.worker_id == worker_id)
+
+    def key_of(self, row: int) -> WorkerKey:
+        self._check_row(row)
+        a = self.arrays
+        return WorkerKey(int(a.w_worker_id[row]), int(a.w_dp_rank[row]))
+
+    def live_rows(self) -> np.ndarray:
+        """int64[k], rows holding a registered worker, ascending."""
+        return np.flatnonzero(self.arrays.w_present)
+
+    def n_worker_ids(self) -> int:
+        """Distinct registered worker ids (limits are scaled by this, SPEC §4)."""
+        return len(self._ids)
+
+    def _set_flag(self, row: int, flag: int, on: bool) -> None:
+        a = self.arrays
+        cur = int(a.w_flags[row])
+        a.w_flags[row] = (cur | flag) if on else (cur & (0xFF ^ flag))
+
+    def set_drained(self, row: int, drained: bool) -> None:
+        self._check_row(row)
+        self._set_flag(row, FLAG_DRAINED, drained)
+
+    def is_drained(self, row: int) -> bool:
+        return bool(self.arrays.w_flags[row] & FLAG_DRAINED)
+
+    def set_stale(self, row: int, stale: bool) -> None:
+        """KV-event stream of `row` silent past its timeout (overlap falls back to the approximate index)."""
+        self._check_row(row)
+        self._set_flag(row, FLAG_STALE, stale)
+
+    def is_stale(self, row: int) -> bool:
+        return bool(self.arrays.w_flags[row] & FLAG_STALE)
+
+    def is_overloaded(self, row: int) -> bool:
+        return bool(self.arrays.w_flags[row] & FLAG_OVERLOADED)
+
+    def update_overload(self, row: int) -> bool:
+        """Recompute `row`'s overloaded flag from its CURRENT load (SPEC §4); returns the flag."""
+        a, ov = self.arrays, self.overload
+        over = False
+        if ov.overload_active_blocks_frac is not None:
+            over = bool(a.w_active_blocks[row] > ov.overload_active_blocks_frac * a.w_total_kv_blocks[row])
+        if not over and ov.overload_prefill_tokens is not None:
+            over = bool(a.w_active_prefill[row] > ov.overload_prefill_tokens)
+        self._set_flag(row, FLAG_OVERLOADED, over)
+        return over
+
+    def _overload_enabled(self) -> bool:
+        return self.overload.overload_active_blocks_frac is not None or self.overload.overload_prefill_tokens is not None
+
+    def eligible_mask(self, pinned: WorkerKey | None, allowed: frozenset[int] | None, out: np.ndarray) -> int:
+        """Write uint8[max_workers] `out`: present, not drained, not overloaded, allowed / pinned.
+
+        Args:
+            pinned: the only worker the request may use, or None.
+            allowed: worker ids (all ranks) the request may use, or None for any.
+        Returns:
+            int: number of eligible rows.
+        """
+        a = self.arrays
+        ok = (a.w_present != 0) & ((a.w_flags & (FLAG_DRAINED | FLAG_OVERLOADED)) == 0)
+        if allowed is not None:
+            ok &= np.isin(a.w_worker_id, np.fromiter(allowed, np.int64, len(allowed)))
+        if pinned is not None:
+            row = self._row_of.get(pinned)
+            keep = row is not None and bool(ok[row])
+            ok[:] = False
+            if keep:
+                ok[row] = True
+        out[:] = ok
+        return int(np.count_nonzero(ok))
+
+    # -- bookings -----------------------------------------------------------------------------
+    def reserve(self, request_id: str, row: int, isl_tokens: int, hashes: np.ndarray, cached_tokens: int, expected_osl: int | None, class_idx: int, enqueue_us: int, now_us: int, owner_pid: int = 0) -> tuple[int, int] | None:
+        """Book `request_id` on `row`; returns (slot, generation), or None when no slot is free.
+
+        Args:
+            isl_tokens: prompt tokens (>= 1); hashes: uint64[n] chained block hashes.
+            cached_tokens: prompt tokens already cached on `row` (outstanding prefill = isl - cached).
+            expected_osl: expected output tokens or None; class_idx: policy class index.
+            enqueue_us / now_us: enqueue and admission times (µs).
+        Raises:
+            ValueError: request_id already booked or longer than 128 UTF-8 bytes.
+            KeyError: no worker in `row`.
+        """
+        self._check_row(row)
+        rid = request_id.encode()
+        if len(rid) > REQUEST_ID_BYTES:
+            raise ValueError(f"request_id longer than {REQUEST_ID_BYTES} bytes")
+        if request_id in self._slot_of:
+            raise ValueError(f"request {request_id!r} is already booked")
+        if not self._free:
+            return None
+        a, b = self.arrays, self.block_size
+        slot = self._free.pop()
+        gen = int(a.s_generation[slot]) % _U32_MAX + 1
+        request_blocks = (isl_tokens + b - 1) // b
+        h = np.asarray(hashes, dtype=np.uint64)
+        nh = min(h.shape[0], self._stride, request_blocks)
+        off = slot * self._stride
+        a.arena[off:off + nh] = h[:nh]
+        became = ref_add(a.ref_keys[row], a.ref_counts[row], a.arena[off:off + nh])
+        cached = max(0, min(cached_tokens, isl_tokens))
+        extra = request_blocks - nh
+        a.s_worker_row[slot], a.s_worker_generation[slot] = row, a.w_generation[row]
+        a.s_isl[slot], a.s_cached[slot], a.s_prefill[slot] = isl_tokens, cached, isl_tokens - cached
+        a.s_expected_osl[slot] = -1 if expected_osl is None else expected_osl
+        a.s_output_tokens[slot], a.s_extra_blocks[slot], a.s_class[slot] = 0, extra, class_idx
+        a.s_enqueue_us[slot], a.s_admit_us[slot], a.s_owner_pid[slot] = enqueue_us, now_us, owner_pid
+        a.s_arena_off[slot], a.s_arena_len[slot], a.s_request_id[slot] = off, nh, rid
+        a.w_active_blocks[row] += became + extra
+        a.w_active_prefill[row] += isl_tokens - cached
+        a.w_active_requests[row] += 1
+        a.s_generation[slot] = gen
+        a.s_state[slot] = SLOT_ADMITTED
+        self._slot_of[request_id] = slot
+        if self._overload_enabled():
+            self.update_overload(row)
+        return slot, gen
+
+    def _live(self, slot: int, generation: int) -> bool:
+        a = self.arrays
+        return 0 <= slot < a.max_slots and a.s_state[slot] != SLOT_FREE and int(a.s_generation[slot]) == generation
+
+    def release(self, slot: int, generation: int) -> bool:
+        """Free booking (slot, generation) and take its load off its worker. False (no-op) if stale/free."""
+        if not self._live(slot, generation):
+            return False
+        a = self.arrays
+        row = int(a.s_worker_row[slot])
+        off, nh = int(a.s_arena_off[slot]), int(a.s_arena_len[slot])
+        died = ref_remove(a.ref_keys[row], a.ref_counts[row], a.arena[off:off + nh])
+        a.w_active_blocks[row] -= died + a.s_extra_blocks[slot]
+        a.w_active_prefill[row] -= a.s_prefill[slot]
+        a.w_active_requests[row] -= 1
+        a.s_state[slot] = SLOT_FREE
+        a.s_prefill[slot] = a.s_extra_blocks[slot] = a.s_arena_len[slot] = 0
+        self._slot_of.pop(a.s_request_id[slot].decode(), None)
+        self._free.append(slot)
+        if self._overload_enabled():
+            self.update_overload(row)
+        return True
+
+    def dispatched(self, slot: int, generation: int) -> bool:
+        """The backend accepted the request (state admitted -> dispatched). False if stale."""
+        if not self._live(slot, generation):
+            return False
+        a = self.arrays
+        if a.s_state[slot] == SLOT_ADMITTED:
+            a.s_state[slot] = SLOT_DISPATCHED
+        return True
+
+    def prefill_done(self, slot: int, generation: int) -> bool:
+        """First output token seen: the booking's outstanding prefill leaves its worker. False if stale."""
+        if not self._live(slot, generation):
+            return False
+        a = self.arrays
+        row = int(a.s_worker_row[slot])
+        a.w_active_prefill[row] -= a.s_prefill[slot]
+        a.s_prefill[slot] = 0
+        a.s_state[slot] = SLOT_PREFILL_DONE
+        if self._overload_enabled():
+            self.update_overload(row)
+        return True
+
+    def set_output_tokens(self, slot: int, generation: int, n: int) -> bool:
+        """Output tokens so far (Update(progress)); same effect as a folded progress word. False if stale."""
+        if not self._live(slot, generation):
+            return False
+        a = self.arrays
+        apply_output_tokens(slot, max(0, int(n)), a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size)
+        if self._overload_enabled():
+            self.update_overload(int(a.s_worker_row[slot]))
+        return True
+
+    def fold_progress(self) -> int:
+        """Fold the progress segment into the slots and aggregates (one kernel call). Returns slots changed."""
+        if self.progress is None:
+            return 0
+        a = self.arrays
+        changed = fold_progress(self.progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size)
+        if changed and self._overload_enabled():
+            for row in self.live_rows().tolist():
+                self.update_overload(row)
+        return int(changed)
+
+    # -- decisions ----------------------------------------------------------------------------
+    def project(self, hashes: np.ndarray, isl_tokens: int, overlap_blocks: np.ndarray, eligible: np.ndarray, prefill_load_scale: float, overlap_credit: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Projected blocks int64[W], prefill tokens int64[W] and cost float64[W] (one kernel call).
+
+        The returned arrays are reused by the next call: copy them to keep them. Ineligible rows
+        hold -1 / -1 / +inf. overlap_blocks: int32[W]; eligible: uint8[W].
+        """
+        a = self.arrays
+        project_and_cost(a.w_active_blocks, a.w_active_prefill, eligible, a.ref_keys, a.ref_counts, np.asarray(hashes, dtype=np.uint64), int(isl_tokens), self.block_size, overlap_blocks, float(prefill_load_scale), float(overlap_credit), self._out_blocks, self._out_prefill, self._out_cost)
+        return self._out_blocks, self._out_prefill, self._out_cost
+
+    # -- introspection ------------------------------------------------------------------------
+    def slot_of(self, request_id: str) -> int | None:
+        return self._slot_of.get(request_id)
+
+    def slot_info(self, slot: int) -> SlotInfo:
+        a = self.arrays
+        return SlotInfo(
+            request_id=a.s_request_id[slot].decode(), generation=int(a.s_generation[slot]), row=int(a.s_worker_row[slot]),
+            state=int(a.s_state[slot]), isl=int(a.s_isl[slot]), cached=int(a.s_cached[slot]), prefill=int(a.s_prefill[slot]),
+            output_tokens=int(a.s_output_tokens[slot]), expected_osl=int(a.s_expected_osl[slot]), class_idx=int(a.s_class[slot]),
+            admit_us=int(a.s_admit_us[slot]), enqueue_us=int(a.s_enqueue_us[slot]), owner_pid=int(a.s_owner_pid[slot]),
+        )
+
+    def live_slots(self) -> list[int]:
+        return np.flatnonzero(self.arrays.s_state).tolist()
+
+    def n_free_slots(self) -> int:
+        return len(self._free)
+
+    def rebuild_aggregates(self) -> None:
+        """Recompute w_active_* and the refcount index from the slot table + arena (daemon restart).
+
+        Bookings on rows that no longer hold a worker are freed.
+        """
+        a = self.arrays
+        a.w_active_blocks[:] = a.w_active_prefill[:] = a.w_active_requests[:] = 0
+        for row in range(a.max_workers):
+            if a.ref_counts[row].any():
+                a.ref_counts[row, :] = 0
+        for slot in np.flatnonzero(a.s_state).tolist():
+            row = int(a.s_worker_row[slot])
+            if not (0 <= row < a.max_workers and a.w_present[row]):
+                a.s_state[slot] = SLOT_FREE
+                continue
+            off, nh = int(a.s_arena_off[slot]), int(a.s_arena_len[slot])
+            a.w_active_blocks[row] += ref_add(a.ref_keys[row], a.ref_counts[row], a.arena[off:off + nh]) + a.s_extra_blocks[slot]
+            a.w_active_prefill[row] += a.s_prefill[slot]
+            a.w_active_requests[row] += 1
+        self._adopt()
+        if self._overload_enabled():
+            for row in self.live_rows().tolist():
+                self.update_overload(row)

@@ -1,0 +1,144 @@
+"""WorkerSelector: cost vector -> one worker row (SPEC §4 "Selection cost"); side-effect free.
+
+A selector never reserves or touches a queue: the only state it changes is its own RNG and, for
+round robin, its cursor. `create_selector(cfg)` picks the implementation named by `cfg.type`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from ..config import SelectorConfig
+
+
+class WorkerSelector(ABC):
+    """Choose one eligible worker row.
+
+    Args (of `select`):
+        costs: float64[W], SPEC §4 cost per row (lower wins); only read at eligible rows.
+        eligible: uint8[W], nonzero where the request may run.
+        active_requests: int64[W], live bookings per row (baselines).
+    Returns:
+        int: the chosen row, or -1 when no row is eligible.
+    """
+
+    name: str = ""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    @abstractmethod
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+        """See the class docstring."""
+
+    def _pick(self, rows: np.ndarray) -> int:
+        """Uniformly random element of a non-empty row array."""
+        if rows.size == 1:
+            return int(rows[0])
+        return int(rows[self.rng.integers(rows.size)])
+
+
+class KvSelector(WorkerSelector):
+    """Lowest cost. temperature 0: argmin with a uniformly random tie-break among equal minima;
+    temperature T > 0: softmax of -(cost normalised to [0, 1] over the eligible rows) / T."""
+
+    name = "kv"
+
+    def __init__(self, temperature: float = 0.0, seed: int | None = None) -> None:
+        super().__init__(seed)
+        self.temperature = float(temperature)
+
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+        rows = np.flatnonzero(eligible)
+        if rows.size == 0:
+            return -1
+        c = costs[rows]
+        finite = np.isfinite(c)
+        if not finite.all():
+            if not finite.any():
+                return self._pick(rows)
+            rows, c = rows[finite], c[finite]
+        lo = c.min()
+        if self.temperature <= 0.0:
+            return self._pick(rows[c == lo])
+        span = c.max() - lo
+        if span <= 0.0:
+            return self._pick(rows)
+        weights = np.exp(-((c - lo) / span) / self.temperature)
+        cdf = np.cumsum(weights)
+        i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        return int(rows[min(i, rows.size - 1)])
+
+
+class RoundRobinSelector(WorkerSelector):
+    """The next eligible row at or after the cursor (cyclic); the cursor moves past the pick."""
+
+    name = "round_robin"
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__(seed)
+        self.cursor = 0
+
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+        rows = np.flatnonzero(eligible)
+        if rows.size == 0:
+            return -1
+        i = int(np.searchsorted(rows, self.cursor))
+        row = int(rows[i % rows.size])
+        self.cursor = row + 1
+        return row
+
+
+class RandomSelector(WorkerSelector):
+    """A uniformly random eligible row."""
+
+    name = "random"
+
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+        rows = np.flatnonzero(eligible)
+        return -1 if rows.size == 0 else self._pick(rows)
+
+
+class LeastLoadedSelector(WorkerSelector):
+    """Fewest active requests; random tie-break."""
+
+    name = "least_loaded"
+
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+        rows = np.flatnonzero(eligible)
+        if rows.size == 0:
+            return -1
+        load = active_requests[rows]
+        return self._pick(rows[load == load.min()])
+
+
+class PowerOfTwoSelector(WorkerSelector):
+    """Two distinct random eligible rows; fewer active requests wins (tie: the first drawn)."""
+
+    name = "power_of_two"
+
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+        rows = np.flatnonzero(eligible)
+        if rows.size <= 1:
+            return int(rows[0]) if rows.size else -1
+        i = int(self.rng.integers(rows.size))
+        j = int(self.rng.integers(rows.size - 1))
+        j += j >= i
+        a, b = int(rows[i]), int(rows[j])
+        return b if active_requests[b] < active_requests[a] else a
+
+
+def create_selector(cfg: SelectorConfig) -> WorkerSelector:
+    """The selector named by `cfg.type`, seeded from `cfg.seed`.
+
+    Raises:
+        ValueError: unknown `cfg.type`.
+    """
+    if cfg.type == "kv":
+        return KvSelector(cfg.temperature, cfg.seed)
+    simple = {cls.name: cls for cls in (RoundRobinSelector, RandomSelector, LeastLoadedSelector, PowerOfTwoSelector)}
+    if cfg.type not in simple:
+        raise ValueError(f"unknown selector type {cfg.type!r}; expected one of {['kv', *simple]}")
+    return simple[cfg.type](cfg.seed)

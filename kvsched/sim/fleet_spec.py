@@ -1,0 +1,114 @@
+"""`FleetSpec`: the simulated fleet's shape, shared by both drivers and the daemon's config.
+
+One description yields the engines (`make_engines`), the in-process `Config` (`build_config`) and
+the TOML file a replay daemon starts from (`config_toml`), so the scheduler always knows the same
+capacities the engines have. Workers are `worker_id` 0..workers-1, one rank each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import Config, config_from_dict
+from ..core.types import WorkerKey
+from .engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineProfile, SimEngine, kv_blocks_for
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    """Shape of a simulated fleet.
+
+    Attributes:
+        workers: engines (worker ids 0..workers-1, dp_rank 0).
+        block_size: tokens per KV block (512 for the Mooncake trace).
+        kv_blocks: KV blocks per engine; None = the H100/Llama-3-8B default for this block size.
+        max_num_batched_tokens: per-step token budget per engine.
+        max_blocks_per_request: hashes the daemon keeps per lease (>= the trace's longest request).
+        max_slots: concurrent leases in the daemon.
+        profile: step-time coefficients.
+    """
+
+    workers: int = 4
+    block_size: int = 512
+    kv_blocks: int | None = None
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_blocks_per_request: int = 256
+    max_slots: int = 4096
+    profile: EngineProfile = field(default_factory=EngineProfile)
+
+    @property
+    def blocks_per_engine(self) -> int:
+        return self.kv_blocks if self.kv_blocks is not None else kv_blocks_for(self.block_size)
+
+    def keys(self) -> list[WorkerKey]:
+        return [WorkerKey(w, 0) for w in range(self.workers)]
+
+
+def make_engines(spec: FleetSpec, max_macro_us: int = 1_000_000) -> dict[WorkerKey, SimEngine]:
+    """One `SimEngine` per worker of `spec`."""
+    return {
+        key: SimEngine(
+            spec.blocks_per_engine,
+            spec.block_size,
+            spec.max_num_batched_tokens,
+            profile=spec.profile,
+            max_macro_us=max_macro_us,
+        )
+        for key in spec.keys()
+    }
+
+
+def config_dict(spec: FleetSpec, selector: str = "kv", seed: int | None = None) -> dict[str, Any]:
+    """The config as a plain dict (the shape TOML parses to)."""
+    sel: dict[str, Any] = {"type": selector}
+    if seed is not None:
+        sel["seed"] = seed
+    return {
+        "daemon": {
+            "block_size": spec.block_size,
+            "max_workers": max(1, spec.workers),
+            "max_slots": spec.max_slots,
+            "max_blocks_per_request": spec.max_blocks_per_request,
+        },
+        "selector": sel,
+        "workers": [
+            {
+                "worker_id": w,
+                "dp_size": 1,
+                "total_kv_blocks": spec.blocks_per_engine,
+                "max_num_batched_tokens": spec.max_num_batched_tokens,
+            }
+            for w in range(spec.workers)
+        ],
+    }
+
+
+def build_config(spec: FleetSpec, selector: str = "kv", seed: int | None = None) -> Config:
+    """A validated `Config` for `spec` (the same one `config_toml` writes for the daemon)."""
+    return config_from_dict(config_dict(spec, selector, seed), where="replay fleet")
+
+
+def config_toml(spec: FleetSpec, selector: str = "kv", seed: int | None = None) -> str:
+    """TOML text of `config_dict` (flat tables of scalars and one array of tables)."""
+    raw = config_dict(spec, selector, seed)
+    lines: list[str] = ["# written by kvsched replay: the simulated fleet's capacities", ""]
+    for table in ("daemon", "selector"):
+        lines.append(f"[{table}]")
+        lines.extend(f"{k} = {_toml_scalar(v)}" for k, v in raw[table].items())
+        lines.append("")
+    for w in raw["workers"]:
+        lines.append("[[workers]]")
+        lines.extend(f"{k} = {_toml_scalar(v)}" for k, v in w.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"unsupported TOML value {v!r}")

@@ -1,0 +1,239 @@
+"""The virtual-time discrete-event driver: trace arrivals → in-process `Scheduler` → `SimEngine`s.
+
+No sockets, no clock: one loop pops the earliest of (next arrival, next engine step end, next
+scheduler tick), feeds the scheduler exactly what a router would send (`enqueue`, `update`
+dispatched / prefill_done / progress, `release` completed), calls `drain_cleanup` once per event
+batch, and submits every `Admit` to its engine at that instant. Deterministic for a given seed, and
+fast enough for the whole conversation trace in well under a minute: the engines advance per event,
+not per token (see `engine.py`, macro steps). Policy comparisons (`SelectorConfig.type` = kv |
+round_robin | random | least_loaded | power_of_two) use this driver.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..config import Config
+from ..core.types import Admit, Reject, RequestSpec, WorkerKey
+from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
+from .fleet_spec import FleetSpec, build_config, make_engines
+from .summary import ABORTED, COMPLETED, REJECTED, UNFINISHED, RequestResult
+from .trace import Trace
+
+INF = np.iinfo(np.int64).max
+OWNER = 1  # the one in-process "connection" that owns every request
+TICK_US = 50_000  # scheduler tick period while work is outstanding (virtual µs)
+PROGRESS_EVERY_TOKENS = 32  # report decode progress to the scheduler in steps of at least this
+IDLE_TICKS_BEFORE_GIVING_UP = 200  # ticks with queued requests, nothing running and no arrivals left
+
+
+def make_inprocess_scheduler(config: Config):
+    """A `Scheduler` over private (process-memory) ledger arrays, with the config's workers added.
+
+    Mirrors the daemon's wiring (`daemon/wiring.py`) minus shared memory and sockets.
+    """
+    from ..core.ledger import Ledger
+    from ..core.scheduler import Scheduler
+    from ..core.selector import create_selector
+    from ..daemon.wiring import OVERLAP_CAPACITY_PER_WORKER
+    from ..shm.layout import LedgerArrays
+    from ..shm.overlap import OverlapIndex
+
+    d = config.daemon
+    arrays = LedgerArrays.private(d.max_workers, d.max_slots, d.max_blocks_per_request, None, d.block_size)
+    ledger = Ledger(arrays, progress=None, overload=config.overload)
+    overlap = OverlapIndex(d.max_workers, OVERLAP_CAPACITY_PER_WORKER * max(1, min(d.max_workers, 64)))
+    scheduler = Scheduler(config, ledger, overlap, create_selector(config.selector))
+    for w in config.workers:
+        for rank in range(w.dp_size):
+            scheduler.add_worker(WorkerKey(w.worker_id, rank), w.total_kv_blocks, w.max_num_batched_tokens)
+    return scheduler
+
+
+@dataclass(slots=True)
+class _Live:
+    result: RequestResult
+    slot: int
+    generation: int
+    admit_us: int
+    reported: int = 0  # output tokens last reported as progress
+
+
+@dataclass(slots=True)
+class VirtualRun:
+    """Outcome of `run_virtual`: per-request results, the scheduler (for ledger checks) and engines."""
+
+    results: list[RequestResult]
+    scheduler: object
+    engines: dict[WorkerKey, SimEngine]
+    wall_time_s: float
+    events: int
+
+
+class VirtualDriver:
+    """Discrete-event loop over one trace (module docstring). Use `run_virtual()`."""
+
+    def __init__(self, trace: Trace, spec: FleetSpec, config: Config, load_scale: float = 1.0,
+                 progress: Callable[[int], None] | None = None) -> None:
+        self.trace = trace
+        self.spec = spec
+        self.scheduler = make_inprocess_scheduler(config)
+        self.engines = make_engines(spec)
+        self.arrivals = trace.scaled_arrivals_us(load_scale)
+        self.results = [
+            RequestResult(index=i, request_id=f"r{i}", arrival_us=int(self.arrivals[i]),
+                          isl=int(trace.isl[i]), osl=int(trace.osl[i]))
+            for i in range(len(trace))
+        ]
+        self.by_id = {r.request_id: r for r in self.results}
+        self.live: dict[str, _Live] = {}
+        self.waiting: set[str] = set()  # enqueued, not yet admitted or rejected
+        self.finished = 0
+        self.events = 0
+        self._progress = progress
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        n = len(self.trace)
+        i = 0
+        next_tick = TICK_US
+        idle_ticks = 0
+        while True:
+            t_arr = int(self.arrivals[i]) if i < n else INF
+            t_eng = min((t for t in (e.next_step_end() for e in self.engines.values()) if t is not None), default=INF)
+            t = min(t_arr, t_eng)
+            outstanding = bool(self.waiting or self.live)
+            if outstanding:
+                while next_tick < min(t, INF) and next_tick + TICK_US <= t and not self.waiting:
+                    next_tick += TICK_US  # nothing queued: skip ticks nobody needs
+                t = min(t, next_tick)
+            if t == INF:
+                break
+            self.events += 1
+            outs: list = []
+            if t_eng == t:
+                for key, engine in self.engines.items():
+                    if engine.next_step_end() == t:
+                        self._on_engine_events(key, engine, engine.step(), t)
+            while i < n and self.arrivals[i] == t:
+                outs.extend(self._enqueue(i, t))
+                i += 1
+            if next_tick == t:
+                outs.extend(self.scheduler.tick(t))
+                next_tick += TICK_US
+                idle = i >= n and not self.live and self.waiting
+                idle_ticks = idle_ticks + 1 if idle else 0
+                if idle_ticks > IDLE_TICKS_BEFORE_GIVING_UP:
+                    self._give_up(t)
+            outs.extend(self.scheduler.drain_cleanup(t))
+            self._apply(outs, t)
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def _enqueue(self, i: int, now_us: int) -> list:
+        r = self.results[i]
+        spec = RequestSpec(request_id=r.request_id, isl_tokens=r.isl, block_hashes=self.trace.hashes_of(i), owner=OWNER)
+        self.waiting.add(r.request_id)
+        t0 = time.perf_counter_ns()
+        outs = self.scheduler.enqueue(spec, now_us)
+        r.admission_latency_us = (time.perf_counter_ns() - t0) / 1000.0 if outs else -1.0
+        return outs
+
+    def _apply(self, outs: list, now_us: int) -> None:
+        while outs:
+            more: list = []
+            for o in outs:
+                if isinstance(o, Admit):
+                    more.extend(self._admit(o, now_us))
+                elif isinstance(o, Reject):
+                    self._reject(o)
+            outs = more
+
+    def _admit(self, a: Admit, now_us: int) -> list:
+        r = self.by_id[a.request_id]
+        self.waiting.discard(a.request_id)
+        r.worker = str(a.worker)
+        r.queued_us = r.queue_wait_us = int(a.queued_us)
+        r.predicted_cached_tokens = int(a.cached_tokens)
+        self.live[a.request_id] = _Live(r, a.slot, a.generation, now_us)
+        engine = self.engines.get(WorkerKey(*a.worker))
+        if engine is None:
+            r.outcome, r.detail = ABORTED, f"no simulated engine for worker {a.worker}"
+            del self.live[a.request_id]
+            self.scheduler.release(a.request_id, a.slot, a.generation, "aborted", r.isl, now_us)
+            self.finished += 1
+            return []
+        hashes = tuple(self.trace.hashes_of(r.index).tolist())
+        engine.submit(SimRequest(a.request_id, r.isl, r.osl, hashes), now_us)
+        return list(self.scheduler.update(a.request_id, a.slot, a.generation, "dispatched", None, now_us) or [])
+
+    def _reject(self, rj: Reject) -> None:
+        r = self.by_id[rj.request_id]
+        self.waiting.discard(rj.request_id)
+        if r.request_id in self.live:  # a requeue that was rejected
+            del self.live[r.request_id]
+        r.outcome, r.reason, r.detail = REJECTED, rj.reason, rj.detail
+        self._done_one()
+
+    def _give_up(self, now_us: int) -> None:
+        for rid in sorted(self.waiting):
+            self.scheduler.release(rid, -1, 0, "cancelled", 0, now_us)
+            self.by_id[rid].outcome = UNFINISHED
+            self.by_id[rid].detail = "still queued after the trace ended with an idle fleet"
+        self.waiting.clear()
+
+    def _done_one(self) -> None:
+        self.finished += 1
+        if self._progress is not None:
+            self._progress(self.finished)
+
+    # ------------------------------------------------------------------ engine side
+
+    def _on_engine_events(self, key: WorkerKey, engine: SimEngine, events: list[tuple[int, SeqRecord]], now_us: int) -> None:
+        sched = self.scheduler
+        for kind, rec in events:
+            rid = rec.request.request_id
+            lv = self.live[rid]
+            r = lv.result
+            if kind == FIRST_TOKEN:
+                r.ttft_us = rec.first_token_us - r.arrival_us
+                r.cached_tokens = rec.cached_tokens
+                sched.update(rid, lv.slot, lv.generation, "prefill_done", None, now_us)
+            elif kind == DONE:
+                r.e2e_us = rec.done_us - r.arrival_us
+                r.output_tokens = rec.output_tokens
+                r.outcome = COMPLETED
+                sched.release(rid, lv.slot, lv.generation, "completed", r.isl + rec.output_tokens, now_us)
+                del self.live[rid]
+                self._done_one()
+        for rec in engine.running():
+            lv = self.live.get(rec.request.request_id)
+            if lv is not None and rec.output_tokens - lv.reported >= PROGRESS_EVERY_TOKENS:
+                lv.reported = rec.output_tokens
+                sched.update(rec.request.request_id, lv.slot, lv.generation, "progress", rec.output_tokens, now_us)
+
+
+def run_virtual(trace: Trace, spec: FleetSpec, *, selector: str = "kv", load_scale: float = 1.0,
+                seed: int | None = 0, config: Config | None = None,
+                progress: Callable[[int], None] | None = None) -> VirtualRun:
+    """Replay `trace` through an in-process scheduler and simulated engines in virtual time.
+
+    Args:
+        trace: requests (arrival order).
+        spec: fleet shape; `config` (default: `build_config(spec, selector, seed)`) must declare the
+            same workers.
+        load_scale: arrivals compressed by this factor (> 1 = more load); engine speed unchanged.
+        progress: called with the number of finished requests after each one finishes.
+    Returns:
+        A `VirtualRun` with one `RequestResult` per trace request.
+    """
+    cfg = config if config is not None else build_config(spec, selector, seed)
+    driver = VirtualDriver(trace, spec, cfg, load_scale, progress)
+    t0 = time.perf_counter()
+    driver.run()
+    return VirtualRun(driver.results, driver.scheduler, driver.engines, time.perf_counter() - t0, driver.events)

@@ -1,0 +1,82 @@
+"""Shared fixtures: a NUMBA cache shared by every test process, a running daemon, wait_until."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba-cache"))
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.02) -> bool:
+    """Poll `pred` until it is true; returns False at timeout (assert on the result)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval_s)
+    return bool(pred())
+
+
+def unique_instance(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def start_daemon(tmp_path: Path, config_text: str = "", *, instance: str | None = None, extra_args=()):
+    """Start a real `kvsched-daemon` child with private ipc sockets under `tmp_path`."""
+    from kvsched.daemon.process import DaemonProcess
+
+    instance = instance or unique_instance()
+    cfg = None
+    if config_text:
+        cfg = write_config(tmp_path / f"{instance}.toml", config_text)
+    return DaemonProcess.start(cfg, instance=instance, runtime_dir=tmp_path, extra_args=list(extra_args))
+
+
+def purge(instance: str) -> None:
+    from kvsched.shm.layout import unlink_segments
+
+    unlink_segments(instance)
+
+
+TWO_WORKERS = """
+[daemon]
+block_size = 16
+liveness_timeout_ms = 1500
+heartbeat_ms = 200
+
+[[workers]]
+worker_id = 1
+total_kv_blocks = 1000
+max_num_batched_tokens = 1000
+
+[[workers]]
+worker_id = 2
+total_kv_blocks = 1000
+max_num_batched_tokens = 1000
+
+[[classes]]
+name = "default"
+prefill_busy_threshold = 1000
+"""
+
+
+@pytest.fixture(scope="session")
+def session_daemon(tmp_path_factory):
+    """One daemon for the read-mostly tests of a session (two workers, busy at 1000 prefill tokens)."""
+    tmp = tmp_path_factory.mktemp("daemon")
+    d = start_daemon(tmp, TWO_WORKERS)
+    yield d
+    d.stop()
+    purge(d.argv[d.argv.index("--instance") + 1])

@@ -1,0 +1,112 @@
+"""Every frame round-trips; hostile bytes fail at decode with msgspec errors, never anything else."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsched import protocol as p
+
+ROUTER_FRAMES = [
+    p.Hello(p.PROTOCOL_VERSION, "r", 123, "host"),
+    p.Enqueue("r1", 100, p.hashes_to_bytes([1, 2, 3]), "batch", 2, 1, "s", 50, (3, 1), [3, 4], True, 500, "lora"),
+    p.Update("r1", 5, 7, "prefill_done"),
+    p.Update("r1", 5, 7, "progress", 42),
+    p.Release("r1", 5, 7, "completed", 142),
+    p.Release("r1"),
+    p.Heartbeat(9),
+    p.Reattach([p.LeaseRef("r1", 5, 7)], [p.Enqueue("r2", 10)]),
+]
+DAEMON_FRAMES = [
+    p.Welcome(1, 1, 1, 16, "kvsched-x-ledger", "kvsched-x-progress", 1000, 5000),
+    p.Admitted("r1", 3, 1, 5, 7, 2, 32, 1500),
+    p.Rejected("r1", "queue_full", "limit", "batch", "requests", 10, 10),
+    p.Error(int(p.ErrorCode.MALFORMED), "bad", None),
+    p.HeartbeatAck(9),
+    p.Reattached(["a"], ["b"]),
+]
+ADMIN_FRAMES = [p.Status(), p.Queues(policy_class="x"), p.Workers(), p.Leases(worker_id=1), p.Drain(worker_id=1),
+                p.Undrain(worker_id=1, dp_rank=0), p.AddWorker(worker_id=4), p.RemoveWorker(worker_id=4),
+                p.Cancel(request_id="r"), p.Reload(), p.Explain(request_id="r")]
+
+
+@pytest.mark.parametrize("frame", ROUTER_FRAMES, ids=lambda f: type(f).__name__)
+def test_router_frame_round_trips_when_encoded(frame):
+    assert p.make_router_decoder().decode(p.make_encoder().encode(frame)) == frame
+
+
+@pytest.mark.parametrize("frame", DAEMON_FRAMES, ids=lambda f: type(f).__name__)
+def test_daemon_frame_round_trips_when_encoded(frame):
+    assert p.make_daemon_decoder().decode(p.make_encoder().encode(frame)) == frame
+
+
+@pytest.mark.parametrize("frame", ADMIN_FRAMES, ids=lambda f: type(f).__name__)
+def test_admin_frame_round_trips_when_encoded(frame):
+    raw = p.make_encoder().encode(frame)
+    assert p.make_admin_request_decoder().decode(raw) == frame
+    assert p.looks_like_admin(raw)
+
+
+def test_hashes_travel_as_little_endian_u64_when_given_ints_array_or_bytes():
+    ints = [0, 1, 2**64 - 1]
+    raw = p.hashes_to_bytes(ints)
+    assert raw == b"".join(h.to_bytes(8, "little") for h in ints)
+    assert p.hashes_to_bytes(np.array(ints, dtype=np.uint64)) == raw
+    assert p.hashes_to_bytes(raw) == raw
+    assert p.hashes_from_bytes(raw).tolist() == ints
+    with pytest.raises(ValueError):
+        p.hashes_to_bytes(b"123")
+    with pytest.raises(ValueError):
+        p.hashes_to_bytes([2**64])
+
+
+@pytest.mark.parametrize("bad", [
+    p.make_encoder().encode(["enqueue", "r", 0]),  # isl below 1
+    p.make_encoder().encode(["enqueue", "x" * 200, 5]),  # request id too long
+    p.make_encoder().encode(["update", "r", -1, 0, "progress"]),  # negative slot
+    p.make_encoder().encode(["update", "r", 1, 2**40, "progress"]),  # generation past u32
+    p.make_encoder().encode(["release", "r", 1, 1, "exploded"]),  # unknown outcome
+    p.make_encoder().encode(["teleport", "r"]),  # unknown tag
+    p.make_encoder().encode({"t": "status"}),  # admin frame on the data decoder
+    b"\x9e\xa7enqueue",  # truncated
+])
+def test_hostile_frame_fails_decode_with_msgspec_error_when_out_of_bounds(bad):
+    with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+        p.make_router_decoder().decode(bad)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=256))
+def test_random_bytes_never_raise_anything_but_msgspec_errors(raw):
+    try:
+        p.make_router_decoder().decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+
+
+def test_mutated_valid_frames_never_raise_anything_but_msgspec_errors():
+    rng = random.Random(7)
+    enc = p.make_encoder()
+    dec = p.make_router_decoder()
+    seeds = [enc.encode(f) for f in ROUTER_FRAMES]
+    for _ in range(5000):
+        raw = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 4)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            raw = raw[: rng.randrange(len(raw))]
+        try:
+            dec.decode(bytes(raw))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+
+
+def test_every_reject_reason_has_a_client_exception():
+    from kvsched.errors import REJECTION_CLASSES
+
+    assert set(p.REJECT_REASONS) == set(REJECTION_CLASSES)

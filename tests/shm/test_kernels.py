@@ -1,0 +1,247 @@
+"""Numba kernels == numpy twins == pure-Python twins on hypothesis-generated states (SPEC §3)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsched.shm import kernels
+from kvsched.shm.overlap import INT64_MAX, OverlapIndex, overlap_depth
+from kvsched.shm.reference import numpy_twin, python_twin
+
+IMPLS = {"numba": kernels, "numpy": numpy_twin, "python": python_twin}
+FAST = settings(max_examples=60, deadline=None)
+
+hash_lists = st.lists(st.integers(0, 40), min_size=0, max_size=12, unique=True)
+
+
+def _table(cap):
+    return np.zeros(cap, np.uint64), np.zeros(cap, np.int32)
+
+
+def test_mix64_twins_agree_on_edge_keys():
+    keys = np.array([0, 1, 2, 2**63, 2**64 - 1, 0xDEADBEEF], np.uint64)
+    want = [int(kernels.mix64(k)) for k in keys]
+    assert [python_twin.mix64(int(k)) for k in keys] == want
+    assert numpy_twin.mix64(keys).tolist() == want
+
+
+@FAST
+@given(cap_log=st.integers(1, 6), ops=st.lists(st.tuples(st.booleans(), hash_lists), max_size=25), query=hash_lists)
+def test_ref_ops_agree_and_balance_when_random_bookings(cap_log, ops, query):
+    cap = 1 << cap_log
+    tables = {name: _table(cap) for name in IMPLS}
+    booked: list[np.ndarray] = []
+    live_total = 0
+    for add, hs in ops:
+        if add or not booked:
+            h = np.array(hs, np.uint64)
+            res = {name: IMPLS[name].ref_add(*tables[name], h) for name in IMPLS}
+            booked.append(h)
+            live_total += res["numba"]
+        else:
+            h = booked.pop(len(hs) % len(booked))
+            res = {name: IMPLS[name].ref_remove(*tables[name], h) for name in IMPLS}
+            live_total -= res["numba"]
+        assert len(set(res.values())) == 1, res
+        for name in IMPLS:
+            assert np.array_equal(tables[name][0][tables[name][1] > 0], tables["numba"][0][tables["numba"][1] > 0])
+            assert np.array_equal(tables[name][1], tables["numba"][1])
+        assert (tables["numba"][1] >= 0).all()
+        q = np.array(query, np.uint64)
+        counts = {name: IMPLS[name].ref_live_count(*tables[name], q) for name in IMPLS}
+        assert len(set(counts.values())) == 1, counts
+    # live_total equals distinct booked hashes whenever the table never overflowed
+    distinct = len(set(int(x) for h in booked for x in h))
+    stored = int(np.count_nonzero(tables["numba"][1]))
+    assert live_total >= distinct
+    if stored == distinct:
+        assert live_total == distinct
+    for h in booked:
+        kernels.ref_remove(*tables["numba"], h)
+    assert not tables["numba"][1].any()
+
+
+@FAST
+@given(
+    n_rows=st.integers(1, 6),
+    cap_log=st.integers(2, 5),
+    bookings=st.lists(st.tuples(st.integers(0, 5), hash_lists), max_size=12),
+    hashes=hash_lists,
+    extra_tokens=st.integers(1, 40),
+    seed=st.integers(0, 2**32 - 1),
+    scale=st.sampled_from([0.0, 0.5, 1.0, 3.0]),
+    credit=st.sampled_from([0.0, 1.0, 2.5]),
+)
+def test_project_and_cost_agree_when_random_state(n_rows, cap_log, bookings, hashes, extra_tokens, seed, scale, credit):
+    rng = np.random.default_rng(seed)
+    cap, bs = 1 << cap_log, 4
+    keys = np.zeros((n_rows, cap), np.uint64)
+    counts = np.zeros((n_rows, cap), np.int32)
+    for row, hs in bookings:
+        kernels.ref_add(keys[row % n_rows], counts[row % n_rows], np.array(hs, np.uint64))
+    active_blocks = rng.integers(0, 1000, n_rows).astype(np.int64)
+    active_prefill = rng.integers(0, 5000, n_rows).astype(np.int64)
+    eligible = rng.integers(0, 2, n_rows).astype(np.uint8)
+    overlap = rng.integers(0, len(hashes) + 1, n_rows).astype(np.int32)
+    h = np.array(hashes, np.uint64)
+    isl = len(hashes) * bs + extra_tokens
+    outs = {}
+    for name, impl in IMPLS.items():
+        ob, op, oc = np.zeros(n_rows, np.int64), np.zeros(n_rows, np.int64), np.zeros(n_rows, np.float64)
+        impl.project_and_cost(active_blocks, active_prefill, eligible, keys, counts, h, isl, bs, overlap, scale, credit, ob, op, oc)
+        outs[name] = (ob, op, oc)
+    for name in ("numpy", "python"):
+        assert np.array_equal(outs[name][0], outs["numba"][0])
+        assert np.array_equal(outs[name][1], outs["numba"][1])
+        np.testing.assert_allclose(outs[name][2], outs["numba"][2], rtol=1e-12)
+    ob, op, oc = outs["numba"]
+    for w in range(n_rows):
+        if not eligible[w]:
+            assert ob[w] == -1 and op[w] == -1 and oc[w] == np.inf
+        else:
+            live = kernels.ref_live_count(keys[w], counts[w], h)
+            assert ob[w] == active_blocks[w] + -(-isl // bs) - live
+
+
+@FAST
+@given(
+    n_slots=st.integers(1, 12),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_fold_progress_agrees_when_random_words(n_slots, seed):
+    rng = np.random.default_rng(seed)
+    n_rows, bs = 3, 4
+    state = rng.integers(0, 4, n_slots).astype(np.uint8)
+    gen = rng.integers(1, 4, n_slots).astype(np.uint32)
+    rows = rng.integers(0, n_rows, n_slots).astype(np.int32)
+    isl = rng.integers(1, 50, n_slots).astype(np.int64)
+    prefill = (isl * rng.integers(0, 2, n_slots)).astype(np.int64)
+    out_tok = rng.integers(0, 3, n_slots).astype(np.int64)
+    extra = rng.integers(0, 5, n_slots).astype(np.int64)
+    word_gen = np.where(rng.random(n_slots) < 0.7, gen, gen + 1).astype(np.uint64)
+    progress = (word_gen << np.uint64(32)) | rng.integers(0, 20, n_slots).astype(np.uint64)
+    wb = rng.integers(100, 200, n_rows).astype(np.int64)
+    wp = rng.integers(100, 200, n_rows).astype(np.int64)
+    results = {}
+    for name, impl in IMPLS.items():
+        arrs = [a.copy() for a in (state, gen, rows, isl, prefill, out_tok, extra, wb, wp)]
+        changed = impl.fold_progress(progress.copy(), *arrs[:7], arrs[7], arrs[8], bs)
+        results[name] = (changed, arrs)
+    for name in ("numpy", "python"):
+        assert results[name][0] == results["numba"][0]
+        for got, want in zip(results[name][1], results["numba"][1]):
+            assert np.array_equal(got, want)
+    # stale words never change a slot
+    stale = (word_gen != gen) | (state == 0)
+    assert np.array_equal(results["numba"][1][5][stale], out_tok[stale])
+
+
+class _OverlapModel:
+    """Exact model of OverlapIndex without eviction: per-hash perm/ttl holder sets + one expiry."""
+
+    def __init__(self):
+        self.perm: dict[int, set[int]] = {}
+        self.ttl: dict[int, set[int]] = {}
+        self.exp: dict[int, int] = {}
+
+    def _entry(self, h):
+        if not (self.perm.get(h) or self.ttl.get(h)):
+            self.perm[h], self.ttl[h], self.exp[h] = set(), set(), 0
+
+    def insert(self, hs, row, now, ttl):
+        for h in hs:
+            self._entry(h)
+            if ttl is None:
+                self.perm[h].add(row)
+            else:
+                if self.exp[h] <= now:
+                    self.ttl[h] = set()
+                self.ttl[h].add(row)
+                self.exp[h] = max(self.exp[h], now + ttl)
+
+    def remove(self, hs, row):
+        for h in hs:
+            self.perm.get(h, set()).discard(row)
+            self.ttl.get(h, set()).discard(row)
+
+    def clear(self, row):
+        self.remove(list(self.perm), row)
+
+    def depth(self, hashes, now, n_rows):
+        out = []
+        for r in range(n_rows):
+            d = 0
+            for h in hashes:
+                held = r in self.perm.get(h, ()) or (r in self.ttl.get(h, ()) and self.exp[h] > now)
+                if not held:
+                    break
+                d += 1
+            out.append(d)
+        return out
+
+
+@FAST
+@given(
+    n_rows=st.sampled_from([1, 3, 64, 70, 130]),
+    ops=st.lists(st.tuples(st.sampled_from(["perm", "ttl", "remove", "clear"]), st.integers(0, 129), hash_lists, st.integers(0, 100)), max_size=20),
+    query=st.lists(st.integers(0, 40), max_size=12, unique=True),
+    now=st.integers(0, 150),
+)
+def test_overlap_depth_agrees_with_twins_and_model(n_rows, ops, query, now):
+    idx = OverlapIndex(n_rows, 1024)  # large: no eviction, so the exact model applies
+    model = _OverlapModel()
+    for t, (kind, row, hs, ttl) in enumerate(ops):
+        row %= n_rows
+        h = np.array(hs, np.uint64)
+        if kind == "perm":
+            idx.insert(h, row, t, None)
+            model.insert(hs, row, t, None)
+        elif kind == "ttl":
+            idx.insert(h, row, t, ttl + 1)
+            model.insert(hs, row, t, ttl + 1)
+        elif kind == "remove":
+            idx.remove(h, row)
+            model.remove(hs, row)
+        else:
+            idx.clear_row(row)
+            model.clear(row)
+    q = np.array(query, np.uint64)
+    outs = {}
+    for name, fn in (("numba", overlap_depth), ("numpy", numpy_twin.overlap_depth), ("python", python_twin.overlap_depth)):
+        out = np.full(n_rows, -7, np.int32)
+        fn(idx.keys, idx.used, idx.perm, idx.ttlm, idx.ttl_exp, q, now, np.zeros(idx.words, np.uint64), out)
+        outs[name] = out
+    assert np.array_equal(outs["numpy"], outs["numba"])
+    assert np.array_equal(outs["python"], outs["numba"])
+    assert outs["numba"].tolist() == model.depth(query, now, n_rows)
+
+
+def test_overlap_evicts_earliest_expiry_when_window_full():
+    idx = OverlapIndex(2, 16)  # window = whole table
+    idx.insert(np.arange(16, dtype=np.uint64), 0, 0, 1000)
+    idx.insert(np.array([3], np.uint64), 1, 0, 5000)  # hash 3 now expires last among TTL entries
+    idx.insert(np.array([100], np.uint64), 0, 0, None)
+    assert idx.evictions == 1 and len(idx) == 16
+    out = np.zeros(2, np.int32)
+    idx.depth(np.array([100], np.uint64), 10, out)
+    assert out.tolist() == [1, 0]
+    idx.depth(np.array([3], np.uint64), 10, out)
+    assert out.tolist() == [1, 1]
+
+
+def test_overlap_ttl_inserts_evict_one_permanent_entry_when_window_full():
+    idx = OverlapIndex(1, 16)
+    idx.insert(np.arange(16, dtype=np.uint64), 0, 0, None)
+    idx.insert(np.arange(100, 120, dtype=np.uint64), 0, 0, 10)  # later TTL inserts evict TTL entries
+    out = np.zeros(1, np.int32)
+    held = 0
+    for h in range(16):
+        idx.depth(np.array([h], np.uint64), 5, out)
+        held += int(out[0])
+    assert held == 15 and len(idx) == 16 and idx.evictions == 20
+
+
+def test_warm_kernels_runs():
+    kernels.warm_kernels()

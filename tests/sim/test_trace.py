@@ -1,0 +1,74 @@
+"""Trace loaders: Mooncake JSONL and Azure CSV on small fixtures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvsched.sim.trace import load_trace, splitmix64
+
+MOONCAKE = (
+    '{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}\n'
+    '{"timestamp": 0, "input_length": 1500, "output_length": 7, "hash_ids": [0, 1, 2]}\n'
+    "\n"
+    '{"timestamp": 2500, "input_length": 300, "output_length": 0, "hash_ids": [5]}\n'
+)
+AZURE = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    "2023-11-16 18:15:46.6805900,374,44\n"
+    "2023-11-16 18:15:50.9951690,396,109\n"
+    "2023-11-16 18:15:51.0000000,20,1\n"
+)
+
+
+def test_mooncake_rows_become_arrays_when_loaded(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(MOONCAKE)
+    t = load_trace(p)
+    assert len(t) == 3 and t.block_size == 512
+    assert t.arrival_us.tolist() == [0, 0, 2_500_000]
+    assert t.isl.tolist() == [1000, 1500, 300]
+    assert t.osl.tolist() == [5, 7, 1]  # 0 output tokens clamps to 1
+    assert t.hashes.dtype == np.uint64
+    assert t.hashes_of(1)[:2].tolist() == t.hashes_of(0).tolist()  # shared prefix ids -> equal hashes
+    assert t.hashes_of(2).tolist() == splitmix64(np.array([5])).tolist()
+    assert len(set(t.hashes.tolist())) == 4 and 0 not in t.hashes.tolist()
+
+
+def test_mooncake_limit_and_head_when_truncated(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(MOONCAKE)
+    assert len(load_trace(p, limit=2)) == 2
+    h = load_trace(p).head(1)
+    assert len(h) == 1 and h.hashes.size == 2 and h.hash_offsets.tolist() == [0, 2]
+
+
+def test_infinite_cache_bound_counts_prefix_hits(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(MOONCAKE)
+    assert load_trace(p).infinite_cache_hit_tokens() == 2 * 512
+
+
+def test_azure_csv_has_no_hashes_when_loaded(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text(AZURE)
+    t = load_trace(p)
+    assert len(t) == 3 and t.hashes.size == 0 and t.hashes_of(2).size == 0
+    assert t.arrival_us.tolist() == [0, 4_314_579, 4_319_410]
+    assert t.isl.tolist() == [374, 396, 20]
+
+
+def test_unknown_extension_is_refused(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text("x")
+    with pytest.raises(ValueError, match="unknown trace format"):
+        load_trace(p)
+
+
+def test_bundled_slice_loads_with_block_size_512():
+    from importlib.resources import files
+
+    path = files("kvsched") / "data" / "mooncake_slice.jsonl"
+    t = load_trace(str(path))
+    assert len(t) >= 100 and t.block_size == 512
+    assert all(len(t.hashes_of(i)) == -(-int(t.isl[i]) // 512) for i in range(len(t)))
