@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from ..config import ClassConfig
-from .ordering import QueueEntry
+from .ordering import BAND_PREPENDED, QueueEntry
 from .request_queue import RequestQueue, create_request_queue
 from .types import WorkerKey
 
@@ -128,7 +128,8 @@ class PolicyClassQueue:
         """Release a deferred entry into `pending` (placement None) or a worker lane; or move a
         ready shared entry into a lane. Limits are not re-applied. Returns the moved entry, or
         None when the id is unknown / already where asked (ignored). The caller re-snapshots the
-        cost of an exact placement before calling (entry.cost)."""
+        cost of an exact placement before calling (entry.cost); a moved entry is re-keyed, except a
+        requeued FCFS head (prepend band), which keeps its key."""
         entry = self.deferred.pop(request_id, None)
         if entry is not None:
             entry.placement = placement if placement is not None else entry.placement
@@ -138,7 +139,12 @@ class PolicyClassQueue:
             return None
         entry = self.pending.remove_request(request_id)
         entry.placement = placement
-        self._container_add(entry, False)
+        if entry.key and entry.key[0] == BAND_PREPENDED:  # a requeued head stays a head
+            lane = self._lane(placement)
+            lane._push(entry, entry.key)  # noqa: SLF001 - same package
+            self._reindex(placement)
+        else:
+            self._container_add(entry, False)
         return entry
 
     def find(self, request_id: str) -> QueueEntry | None:
@@ -160,11 +166,15 @@ class PolicyClassQueue:
         if worker is None:
             (self.pending.prepend_request if prepend else self.pending.add_request)(entry)
             return
+        lane = self._lane(worker)
+        (lane.prepend_request if prepend else lane.add_request)(entry)
+        self._reindex(worker)
+
+    def _lane(self, worker: WorkerKey) -> RequestQueue:
         lane = self.lanes.get(worker)
         if lane is None:
             lane = self.lanes[worker] = create_request_queue(self.config.ordering)
-        (lane.prepend_request if prepend else lane.add_request)(entry)
-        self._reindex(worker)
+        return lane
 
     # ---- removing ----------------------------------------------------------------------------
     def remove(self, entry: QueueEntry) -> bool:

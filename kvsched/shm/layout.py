@@ -208,10 +208,13 @@ class LedgerArrays:
 
     @classmethod
     def private(cls, max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int | None = None, block_size: int = 16, epoch: int = 1) -> "LedgerArrays":
-        """A ledger over a zeroed private buffer (tests, the virtual-time simulator)."""
+        """A ledger over a zeroed, 64-byte-aligned private numpy buffer (tests, the virtual-time simulator)."""
         if ref_capacity is None:
             ref_capacity = default_ref_capacity(max_workers, max_slots, max_blocks_per_request)
-        buf = bytearray(cls.nbytes(max_workers, max_slots, max_blocks_per_request, ref_capacity))
+        n = cls.nbytes(max_workers, max_slots, max_blocks_per_request, ref_capacity)
+        raw = np.zeros(n + _ALIGN, np.uint8)  # zeroed; sliced so the base is 64-byte aligned like a mapping
+        start = (-raw.ctypes.data) % _ALIGN
+        buf = raw[start:start + n]
         arrays = cls(buf, max_workers=max_workers, max_slots=max_slots, max_blocks_per_request=max_blocks_per_request, ref_capacity=ref_capacity, block_size=block_size)
         arrays.write_header(epoch)
         return arrays

@@ -77,6 +77,8 @@ class Summary(msgspec.Struct, kw_only=True):
     lifecycles_per_s: float  # finished requests (completed + rejected + aborted) per wall second
     admission_latency_us_p50: float | None
     admission_latency_us_p99: float | None
+    admission_latency_unqueued_us_p50: float | None  # only requests the scheduler admitted at once
+    admission_latency_unqueued_us_p99: float | None
     queue_wait_ms_p50: float | None  # simulated ms
     queue_wait_ms_p99: float | None
     ttft_ms_p50: float | None  # simulated ms
@@ -121,6 +123,7 @@ def summarize(
     sim_s = (max(ends) - min(r.arrival_us for r in rs)) / 1e6 if ends else 0.0
     finished = len(rs) - unfinished
     lat = [r.admission_latency_us for r in rs if r.admission_latency_us >= 0]
+    lat0 = [r.admission_latency_us for r in rs if r.admission_latency_us >= 0 and r.queued_us == 0]
     qw = [r.queue_wait_us / 1000.0 for r in rs if r.queue_wait_us >= 0]
     ttft = [r.ttft_us / 1000.0 for r in done if r.ttft_us >= 0]
     isl_all = sum(r.isl for r in rs)
@@ -142,6 +145,8 @@ def summarize(
         lifecycles_per_s=round(finished / wall_time_s, 1) if wall_time_s > 0 else 0.0,
         admission_latency_us_p50=_round(_pct(lat, 50)),
         admission_latency_us_p99=_round(_pct(lat, 99)),
+        admission_latency_unqueued_us_p50=_round(_pct(lat0, 50)),
+        admission_latency_unqueued_us_p99=_round(_pct(lat0, 99)),
         queue_wait_ms_p50=_round(_pct(qw, 50)),
         queue_wait_ms_p99=_round(_pct(qw, 99)),
         ttft_ms_p50=_round(_pct(ttft, 50)),
@@ -220,6 +225,7 @@ def summary_table(summary: Summary):
         ("simulated time (s)", summary.simulated_time_s),
         ("lifecycles/s (wall)", summary.lifecycles_per_s),
         ("admission latency p50 / p99 (µs)", f"{fmt(summary.admission_latency_us_p50)} / {fmt(summary.admission_latency_us_p99)}"),
+        ("  of requests not queued", f"{fmt(summary.admission_latency_unqueued_us_p50)} / {fmt(summary.admission_latency_unqueued_us_p99)}"),
         ("queue wait p50 / p99 (sim ms)", f"{fmt(summary.queue_wait_ms_p50)} / {fmt(summary.queue_wait_ms_p99)}"),
         ("TTFT p50 / p99 (sim ms)", f"{fmt(summary.ttft_ms_p50)} / {fmt(summary.ttft_ms_p99)}"),
         ("prefix hit ratio (cached / ISL)", summary.prefix_hit_ratio),

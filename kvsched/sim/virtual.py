@@ -46,7 +46,8 @@ def make_inprocess_scheduler(config: Config):
     d = config.daemon
     arrays = LedgerArrays.private(d.max_workers, d.max_slots, d.max_blocks_per_request, None, d.block_size)
     ledger = Ledger(arrays, progress=None, overload=config.overload)
-    overlap = OverlapIndex(d.max_workers, OVERLAP_CAPACITY_PER_WORKER * max(1, min(d.max_workers, 64)))
+    want = OVERLAP_CAPACITY_PER_WORKER * max(1, min(d.max_workers, 64))
+    overlap = OverlapIndex(d.max_workers, 1 << (want - 1).bit_length())  # a power of two
     scheduler = Scheduler(config, ledger, overlap, create_selector(config.selector))
     for w in config.workers:
         for rank in range(w.dp_size):
@@ -78,10 +79,10 @@ class VirtualDriver:
     """Discrete-event loop over one trace (module docstring). Use `run_virtual()`."""
 
     def __init__(self, trace: Trace, spec: FleetSpec, config: Config, load_scale: float = 1.0,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 progress: Callable[[int], None] | None = None, scheduler=None) -> None:
         self.trace = trace
         self.spec = spec
-        self.scheduler = make_inprocess_scheduler(config)
+        self.scheduler = scheduler if scheduler is not None else make_inprocess_scheduler(config)
         self.engines = make_engines(spec)
         self.arrivals = trace.scaled_arrivals_us(load_scale)
         self.results = [
@@ -101,16 +102,16 @@ class VirtualDriver:
     def run(self) -> None:
         n = len(self.trace)
         i = 0
-        next_tick = TICK_US
+        now = 0
+        next_tick = INF
         idle_ticks = 0
         while True:
             t_arr = int(self.arrivals[i]) if i < n else INF
             t_eng = min((t for t in (e.next_step_end() for e in self.engines.values()) if t is not None), default=INF)
             t = min(t_arr, t_eng)
-            outstanding = bool(self.waiting or self.live)
-            if outstanding:
-                while next_tick < min(t, INF) and next_tick + TICK_US <= t and not self.waiting:
-                    next_tick += TICK_US  # nothing queued: skip ticks nobody needs
+            if self.waiting:  # ticks only matter while something waits (timeouts); skip them otherwise
+                if next_tick <= now or next_tick == INF:
+                    next_tick = now + TICK_US
                 t = min(t, next_tick)
             if t == INF:
                 break
@@ -123,7 +124,7 @@ class VirtualDriver:
             while i < n and self.arrivals[i] == t:
                 outs.extend(self._enqueue(i, t))
                 i += 1
-            if next_tick == t:
+            if self.waiting and next_tick == t:
                 outs.extend(self.scheduler.tick(t))
                 next_tick += TICK_US
                 idle = i >= n and not self.live and self.waiting
@@ -132,6 +133,7 @@ class VirtualDriver:
                     self._give_up(t)
             outs.extend(self.scheduler.drain_cleanup(t))
             self._apply(outs, t)
+            now = t
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -220,7 +222,7 @@ class VirtualDriver:
 
 def run_virtual(trace: Trace, spec: FleetSpec, *, selector: str = "kv", load_scale: float = 1.0,
                 seed: int | None = 0, config: Config | None = None,
-                progress: Callable[[int], None] | None = None) -> VirtualRun:
+                progress: Callable[[int], None] | None = None, scheduler=None) -> VirtualRun:
     """Replay `trace` through an in-process scheduler and simulated engines in virtual time.
 
     Args:
@@ -229,11 +231,13 @@ def run_virtual(trace: Trace, spec: FleetSpec, *, selector: str = "kv", load_sca
             same workers.
         load_scale: arrivals compressed by this factor (> 1 = more load); engine speed unchanged.
         progress: called with the number of finished requests after each one finishes.
+        scheduler: an object with the `Scheduler` methods the driver calls (default:
+            `make_inprocess_scheduler(config)`); tests pass stand-ins.
     Returns:
         A `VirtualRun` with one `RequestResult` per trace request.
     """
     cfg = config if config is not None else build_config(spec, selector, seed)
-    driver = VirtualDriver(trace, spec, cfg, load_scale, progress)
+    driver = VirtualDriver(trace, spec, cfg, load_scale, progress, scheduler)
     t0 = time.perf_counter()
     driver.run()
     return VirtualRun(driver.results, driver.scheduler, driver.engines, time.perf_counter() - t0, driver.events)

@@ -22,3 +22,49 @@ def make_entry(request_id: str | None = None, **overrides) -> QueueEntry:
 def make_class(name: str = "default", **overrides) -> ClassConfig:
     """A ClassConfig; override any field by keyword."""
     return ClassConfig(name=name, **overrides)
+
+
+def make_request(request_id: str = "r1", **overrides):
+    """A RequestSpec (isl 100 tokens, no hashes); override any field by keyword."""
+    import numpy as np
+
+    from kvsched.core.types import RequestSpec
+
+    fields = dict(request_id=request_id, isl_tokens=100)
+    fields.update(overrides)
+    if "block_hashes" in fields and not isinstance(fields["block_hashes"], np.ndarray):
+        fields["block_hashes"] = np.asarray(fields["block_hashes"], dtype=np.uint64)
+    return RequestSpec(**fields)
+
+
+def make_config(classes=None, **overrides):
+    """A Config with the given classes (default: one fcfs class busy above 100% of the token budget)."""
+    from kvsched.config import Config, SelectorConfig
+
+    fields = dict(selector=SelectorConfig(seed=0))
+    if classes is not None:
+        fields["classes"] = classes
+        fields.setdefault("default_class", classes[0].name)
+    fields.update(overrides)
+    return Config(**fields)
+
+
+def make_scheduler(config=None, workers=((1, 0),), total_kv_blocks: int = 1000, max_num_batched_tokens: int = 1000,
+                   max_workers: int = 8, max_slots: int = 64, owner_alive=None, **config_overrides):
+    """A Scheduler over a private LedgerArrays with `workers` (worker_id, dp_rank) registered."""
+    from kvsched.config import OverloadConfig
+    from kvsched.core.ledger import Ledger
+    from kvsched.core.scheduler import Scheduler
+    from kvsched.core.selector import create_selector
+    from kvsched.core.types import WorkerKey
+    from kvsched.shm.layout import LedgerArrays
+    from kvsched.shm.overlap import OverlapIndex
+
+    config = config or make_config(**config_overrides)
+    arrays = LedgerArrays.private(max_workers, max_slots, 64, block_size=config.daemon.block_size)
+    ledger = Ledger(arrays, overload=config.overload or OverloadConfig())
+    kwargs = {} if owner_alive is None else {"owner_alive": owner_alive}
+    s = Scheduler(config, ledger, OverlapIndex(max_workers, 1024), create_selector(config.selector), **kwargs)
+    for wid, rank in workers:
+        s.add_worker(WorkerKey(wid, rank), total_kv_blocks, max_num_batched_tokens)
+    return s

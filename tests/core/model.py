@@ -76,6 +76,8 @@ class ModelPolicyQueue:
             if e.request_id == rid and e.placement is None and placement is not None:
                 cl.ready.remove(e)
                 e.placement = placement
+                if e.key[0] != 0:  # a requeued FCFS head keeps its key
+                    e.key = model_key(cl.ordering, e)
                 cl.ready.append(e)
                 return True
         return False

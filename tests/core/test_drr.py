@@ -31,8 +31,8 @@ def test_drr_share_follows_quanta_when_both_classes_backlogged():
 def test_drr_share_is_equal_when_quanta_equal():
     a, b = _share([128, 128])
     assert abs(a - b) <= 2, (a, b)
-    a, b = _share([2048, 2048], cost=300)
-    assert abs(a - b) <= 2, (a, b)
+    a, b = _share([2048, 2048], cost=300)  # carry: bursts of up to ceil(2048 / 300) = 7
+    assert abs(a - b) <= 8, (a, b)
 
 
 def test_drr_grants_whole_rounds_when_nothing_affordable_after_one_visit():
@@ -44,26 +44,19 @@ def test_drr_grants_whole_rounds_when_nothing_affordable_after_one_visit():
 
 
 def test_blocked_class_keeps_credit_and_earns_none_when_heads_blocked():
-    w7 = WorkerKey(7, 0)
     pq = PolicyQueue([make_class("a", quantum=128), make_class("b", quantum=128)])
     pq.enqueue(1, make_entry("b1", cost=200), 1)
     pq.enqueue(1, make_entry("b2", cost=200), 1)
     assert pq.pop_next(ALWAYS, ALWAYS).request_id == "b1"
     credit = pq.classes[1].deficit
-    assert credit > 0
-    pq.classes[1].pop(pq.classes[1].pending.peek_request())  # empty the shared heap by hand
-    pq.classes[1].n_waiting += 0
-    pq.enqueue(1, make_entry("b_pinned", cost=50, placement=w7), 1)
-    pq.classes[1].deficit = credit
+    assert credit == 2 * 128 - 200
     for _ in range(20):
         pq.enqueue(0, make_entry(cost=128), 1)
-    blocked = lambda c, w: w != w7  # noqa: E731 - worker 7 is full
+    b_blocked = lambda c, e: c != 1  # noqa: E731 - every worker b's head may use is busy
     for _ in range(20):
-        assert pq.pop_next(blocked, ALWAYS).class_idx == 0
+        assert pq.pop_next(ALWAYS, b_blocked).class_idx == 0
     assert pq.classes[1].deficit == credit  # kept, not grown
-    assert w7 in pq.classes[1].blocked_workers
-    pq.on_capacity_change(w7)
-    assert pq.pop_next(ALWAYS, ALWAYS).request_id == "b_pinned"
+    assert pq.pop_next(ALWAYS, ALWAYS).request_id == "b2"
 
 
 def test_emptied_class_resets_deficit_when_last_entry_leaves():

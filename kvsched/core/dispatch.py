@@ -1,0 +1,267 @@
+"""The dispatch half of the Scheduler: readiness predicates, cost snapshots, `admit_one` and the
+dispatch pass (seed 000 "Guardrails": admit_one is the only path to a worker).
+
+`admit_one` = project (one `Ledger.project` kernel call) → select (pure selector; pinned → that
+worker) → skip if the owner is known gone → reserve (`Ledger.reserve`) → `Admit` record; then the
+request's hashes are written to the approximate overlap index for the chosen row with
+ttl = `selector.approx_ttl_s`. The actor delivers the record and, if delivery fails, calls
+`Scheduler.release(..., "aborted")` (seed 000: a failed delivery must release).
+
+Busy / overload are read from CURRENT load (never projected, SPEC §4), so an oversized request is
+never stuck forever.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..config import ClassConfig, Config
+from ..protocol import ExplainReply, ExplainRow
+from ..shm.layout import FLAG_DRAINED
+from ..shm.overlap import OverlapIndex
+from .admission import Aborted, Event, FleetView
+from .ledger import Ledger
+from .ordering import QueueEntry
+from .policy_queue import PolicyQueue
+from .selector import WorkerSelector
+from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
+
+READY, DEFERRED, LEASED = "ready", "deferred", "leased"
+EXPLAIN_RING = 1024
+
+
+@dataclass(slots=True, eq=False)
+class Live:
+    """One live request (waiting, deferred or leased); `entry.payload is self`.
+
+    Attributes:
+        spec: the request as enqueued.
+        entry: its queue entry (ordering inputs, cost, placement = effective pin, class index).
+        state: "ready" (queued), "deferred" (held by the admission policy) or "leased".
+        slot / generation: the lease while leased, else -1 / 0.
+        tracked: the class's admission policy receives this request's events.
+        told_dispatched: Dispatched was already sent to the policy (at most once).
+        deadline_us: absolute queue-wait deadline (µs), or None.
+        wait_token: bumps on every (re)queue so stale timeout heap items are skipped.
+    """
+
+    spec: RequestSpec
+    entry: QueueEntry
+    state: str = READY
+    slot: int = -1
+    generation: int = 0
+    tracked: bool = False
+    told_dispatched: bool = False
+    deadline_us: int | None = None
+    wait_token: int = 0
+
+
+class Dispatch:
+    """Mixin of `Scheduler`: attributes are created by `Scheduler.__init__`."""
+
+    config: Config
+    ledger: Ledger
+    overlap: OverlapIndex
+    selector: WorkerSelector
+    owner_alive: Callable[[int], bool]
+    pq: PolicyQueue
+    _live: dict[str, Live]
+    _by_slot: dict[int, Live]
+    _by_owner: dict[int, set[str]]
+    _events: list[tuple[int, Event]]
+    _dirty: bool
+    decisions_total: int
+
+    def _init_dispatch(self, max_workers: int) -> None:
+        self._elig = np.zeros(max_workers, np.uint8)
+        self._depth = np.zeros(max_workers, np.int32)
+        self._explain: deque[tuple] = deque(maxlen=EXPLAIN_RING)
+        self._ttl_us = int(self.config.selector.approx_ttl_s * 1_000_000)
+
+    # ---- busy / eligibility (current load) ---------------------------------------------------
+    def _busy_rows(self, cls: ClassConfig) -> np.ndarray | None:
+        """bool[W]: rows whose active prefill tokens exceed the class threshold; None = never busy."""
+        a = self.ledger.arrays
+        busy = None
+        if cls.prefill_busy_threshold is not None:
+            busy = a.w_active_prefill > cls.prefill_busy_threshold
+        if cls.prefill_busy_threshold_frac is not None:
+            frac = a.w_active_prefill > cls.prefill_busy_threshold_frac * a.w_max_batched_tokens
+            busy = frac if busy is None else busy | frac
+        return busy
+
+    def _class_busy(self, cls: ClassConfig, elig: np.ndarray, n_elig: int) -> bool:
+        """True when at least busy_worker_ratio of the eligible rows are busy (SPEC §4)."""
+        busy = self._busy_rows(cls)
+        if busy is None or n_elig == 0:
+            return False
+        n_busy = int(np.count_nonzero(busy & (elig != 0)))
+        return n_busy >= cls.busy_worker_ratio * n_elig - 1e-9
+
+    def _lane_ready(self, class_idx: int, worker: WorkerKey) -> bool:
+        """May the lane of `worker` (class `class_idx`) dispatch its head now?"""
+        row = self.ledger.row_of(worker)
+        if row is None or self.ledger.eligible_mask(worker, None, self._elig) == 0:
+            return False
+        busy = self._busy_rows(self.pq.classes[class_idx].config)
+        return busy is None or not bool(busy[row])
+
+    def _shared_ready(self, class_idx: int, entry: QueueEntry) -> bool:
+        """May the shared root run now: some allowed worker eligible and the class not busy?"""
+        spec: RequestSpec = entry.payload.spec
+        n = self.ledger.eligible_mask(None, spec.allowed_workers, self._elig)
+        return n > 0 and not self._class_busy(self.pq.classes[class_idx].config, self._elig, n)
+
+    def _base_count(self, pinned: WorkerKey | None, allowed: frozenset[int] | None) -> int:
+        """Workers that are present, not drained, allowed / pinned (overload ignored)."""
+        a = self.ledger.arrays
+        ok = (a.w_present != 0) & ((a.w_flags & FLAG_DRAINED) == 0)
+        if allowed is not None:
+            ok &= np.isin(a.w_worker_id, np.fromiter(allowed, np.int64, len(allowed)))
+        if pinned is not None:
+            row = self.ledger.row_of(pinned)
+            return int(row is not None and bool(ok[row]))
+        return int(np.count_nonzero(ok))
+
+    def _snapshot(self, spec: RequestSpec, pinned: WorkerKey | None, now_us: int) -> CostSnapshot:
+        """Cached tokens on the pinned worker, else on the best eligible worker (SPEC §4)."""
+        hashes = spec.block_hashes
+        if len(hashes) == 0:
+            return CostSnapshot.of(spec.isl_tokens, 0)
+        if self.ledger.eligible_mask(pinned, spec.allowed_workers, self._elig) == 0 and pinned is None:
+            return CostSnapshot.of(spec.isl_tokens, 0)
+        self.overlap.depth(hashes, now_us, self._depth)
+        if pinned is not None:
+            row = self.ledger.row_of(pinned)
+            depth = int(self._depth[row]) if row is not None else 0
+        else:
+            depth = int(self._depth[self._elig != 0].max())
+        return CostSnapshot.of(spec.isl_tokens, depth * self.ledger.block_size)
+
+    def _fleet(self) -> FleetView:
+        a = self.ledger.arrays
+        present = a.w_present != 0
+        return FleetView(int(a.w_active_blocks[present].sum()), int(a.w_total_kv_blocks[present].sum()),
+                         self.ledger.block_size)
+
+    # ---- admit_one ---------------------------------------------------------------------------
+    def _admit_one(self, live: Live, now_us: int) -> Admit | Reject | None:
+        """The only path to a worker. Returns Admit, Reject("overloaded": slot table full), or None
+        (no eligible worker: the caller keeps the request; or owner gone: request dropped)."""
+        spec, entry = live.spec, live.entry
+        pin = entry.placement
+        if self.ledger.eligible_mask(pin, spec.allowed_workers, self._elig) == 0:
+            return None
+        hashes = spec.block_hashes if len(spec.block_hashes) else EMPTY_HASHES
+        blocks, prefill, costs = self._project(hashes, spec.isl_tokens, now_us)
+        row = self._select(pin, costs)
+        if row < 0:
+            return None
+        if not self.owner_alive(spec.owner):
+            self._drop(live, abort=True)
+            return None
+        return self._reserve(live, row, hashes, blocks, prefill, costs, now_us)
+
+    def _project(self, hashes: np.ndarray, isl_tokens: int, now_us: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if len(hashes):
+            self.overlap.depth(hashes, now_us, self._depth)
+        else:
+            self._depth[:] = 0
+        sel = self.config.selector
+        return self.ledger.project(hashes, isl_tokens, self._depth, self._elig, sel.prefill_load_scale, sel.overlap_credit)
+
+    def _select(self, pin: WorkerKey | None, costs: np.ndarray) -> int:
+        if pin is not None:
+            row = self.ledger.row_of(pin)
+            return -1 if row is None else row
+        return self.selector.select(costs, self._elig, self.ledger.arrays.w_active_requests)
+
+    def _reserve(self, live: Live, row: int, hashes: np.ndarray, blocks: np.ndarray, prefill: np.ndarray,
+                 costs: np.ndarray, now_us: int) -> Admit | Reject:
+        spec, entry = live.spec, live.entry
+        bs = self.ledger.block_size
+        overlap_blocks = int(self._depth[row])
+        cached = min(spec.isl_tokens, overlap_blocks * bs)
+        cls_name = self.pq.classes[entry.class_idx].name
+        got = self.ledger.reserve(spec.request_id, row, spec.isl_tokens, hashes, cached, spec.expected_osl,
+                                  entry.class_idx, entry.arrival_us, now_us, spec.owner)
+        if got is None:
+            self._drop(live, abort=True)
+            return self._reject(spec, "overloaded", "slot table full", cls_name)
+        live.state, (live.slot, live.generation) = LEASED, got
+        self._by_slot[live.slot] = live
+        if len(hashes):
+            self.overlap.insert(hashes, row, now_us, self._ttl_us)
+        a = self.ledger.arrays
+        self._explain.append((spec.request_id, row, now_us, self._elig.copy(), self._depth.copy(), blocks.copy(),
+                              prefill.copy(), costs.copy(), a.w_worker_id.copy(), a.w_dp_rank.copy(), a.w_present.copy()))
+        self.decisions_total += 1
+        return Admit(spec.request_id, spec.owner, self.ledger.key_of(row), live.slot, live.generation,
+                     overlap_blocks, cached, max(0, now_us - entry.arrival_us), cls_name)
+
+    def _reject(self, spec: RequestSpec, reason: str, detail: str, cls_name: str, **figures) -> Reject:
+        self.decisions_total += 1
+        return Reject(spec.request_id, spec.owner, reason, detail, cls_name, **figures)
+
+    # ---- the dispatch pass -------------------------------------------------------------------
+    def _dispatch(self, now_us: int) -> list[Admit | Reject]:
+        """While some class has a dispatchable head (DRR picks the class), admit_one it."""
+        out: list[Admit | Reject] = []
+        while self.ledger.n_free_slots() > 0:  # slot table full: keep waiting, not reject
+            entry = self.pq.pop_next(self._lane_ready, self._shared_ready)
+            if entry is None:
+                break
+            live: Live = entry.payload
+            got = self._admit_one(live, now_us)
+            if got is not None:
+                out.append(got)
+            elif live.state == READY and live.spec.request_id in self._live:
+                self.pq.requeue(entry)  # nothing eligible after all: keep it, stop this pass
+                break
+        self._dirty = False
+        return out
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+    def _register(self, live: Live) -> None:
+        self._live[live.spec.request_id] = live
+        self._by_owner.setdefault(live.spec.owner, set()).add(live.spec.request_id)
+
+    def _drop(self, live: Live, abort: bool) -> None:
+        """Forget a live request (its queue entry / lease must already be gone)."""
+        rid = live.spec.request_id
+        if self._live.get(rid) is live:
+            del self._live[rid]
+            ids = self._by_owner.get(live.spec.owner)
+            if ids is not None:
+                ids.discard(rid)
+                if not ids:
+                    del self._by_owner[live.spec.owner]
+        if live.state == LEASED:
+            self._by_slot.pop(live.slot, None)
+        live.state = "gone"
+        if abort and live.tracked:
+            self._events.append((live.entry.class_idx, Aborted(rid)))
+
+    def _capacity_changed(self, row: int) -> None:
+        self.pq.on_capacity_change(self.ledger.key_of(row))
+        self._dirty = True
+
+    # ---- explain -----------------------------------------------------------------------------
+    def explain(self, request_id: str) -> ExplainReply | None:
+        """Per-worker rows of the most recent admission of `request_id` (last ~1024 decisions)."""
+        for rec in reversed(self._explain):
+            if rec[0] != request_id:
+                continue
+            _, row, now_us, elig, depth, blocks, prefill, costs, wid, rank, present = rec
+            rows = [ExplainRow(worker_id=int(wid[r]), dp_rank=int(rank[r]), eligible=bool(elig[r]),
+                               overlap_blocks=int(depth[r]), potential_blocks=int(blocks[r]),
+                               potential_prefill_tokens=int(prefill[r]),
+                               cost=float(costs[r]) if np.isfinite(costs[r]) else -1.0)
+                    for r in np.flatnonzero(present).tolist()]
+            return ExplainReply(request_id=request_id, chosen_worker_id=int(wid[row]), chosen_dp_rank=int(rank[row]),
+                                decided_at_s=now_us / 1e6, rows=rows)
+        return None

@@ -1,0 +1,484 @@
+"""Scheduler: the only object the daemon actor and the virtual-time simulator drive (seed 000's
+`SchedulerQueueActor` state). Pure and synchronous; time comes in as `now_us` (µs).
+
+Every mutator returns a list of `Admit` / `Reject` records for the caller to deliver.
+
+Decisions taken here (SPEC §4, §5; documented for users):
+* Validation order: `invalid` (len(block_hashes) > ceil(isl / B) or isl < 1) → `pinned_not_allowed`
+  → `duplicate_request` → `no_endpoints` (no present, undrained, allowed/pinned worker).
+* When every eligible worker is overloaded the request waits (overload is transient); with
+  `do_not_queue` it is rejected `all_overloaded`; when its class is full it is rejected `queue_full`.
+* A request waits when its class is busy (>= busy_worker_ratio of its eligible workers busy, on
+  current prefill tokens), when every eligible worker is overloaded, or when its class has a ready
+  backlog (anti-bypass: a new arrival never jumps its own class; it enters the queue and the
+  dispatch pass that follows takes the class's entries in order). `do_not_queue` → Reject whenever
+  it would wait.
+* Releases: `release()` frees the ledger booking / removes the queued entry at once (lazy deletion,
+  so a batch costs at most one compaction per class) and buffers the admission-policy events;
+  `drain_cleanup()` tells the policies and runs ONE dispatch pass. Keyed by (request_id, slot,
+  generation): stale or repeated releases are no-ops. `slot == -1` only cancels a queued/deferred
+  request (ignored for a leased one).
+* Timeouts: deadline = min(deadline_us, enqueue + class queue_timeout_s), for ready and deferred
+  requests; a requeued request's wait restarts at the requeue (class timeout only).
+* A drained worker keeps its pinned lanes waiting (blocked) until undrained, removed or timed out;
+  a removed worker's pinned lanes are rejected `no_endpoints`.
+* `decisions_total` counts every Admit and Reject produced.
+
+Source: seed 000 (queue hierarchy, lifecycle, guardrails); SPEC §4, §5.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Callable
+
+import numpy as np
+
+from ..config import ClassConfig, Config
+from ..protocol import ClassRow, LeaseRow, WorkerRow
+from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE
+from ..shm.overlap import OverlapIndex
+from .admission import (Aborted, Bypass, Completed, Defer, Dispatched, MakeReady, Ready, Reconcile,
+                        create_admission_policy)
+from .class_queue import PolicyClassQueue
+from .dispatch import DEFERRED, LEASED, READY, Dispatch, Live
+from .ledger import Ledger
+from .ordering import QueueEntry
+from .policy_queue import PolicyQueue
+from .selector import WorkerSelector
+from .types import Admit, Reject, RequestSpec, WorkerKey
+
+Outcomes = list[Admit | Reject]
+_STATE_NAMES = {1: "admitted", 2: "dispatched", 3: "prefill_done"}
+
+
+class Scheduler(Dispatch):
+    """Queues, admission policies and leases of one daemon instance.
+
+    Args:
+        config: the whole config (classes, selector, overload, daemon.block_size).
+        ledger / overlap / selector: collaborators (shm-backed or private).
+        owner_alive: owner id -> False when the requester is known gone (admit_one then skips it).
+    Maps: request_id -> Live; slot -> Live (leased); owner -> request ids.
+    """
+
+    def __init__(self, config: Config, ledger: Ledger, overlap: OverlapIndex, selector: WorkerSelector,
+                 owner_alive: Callable[[int], bool] = lambda owner: True) -> None:
+        self.config, self.ledger, self.overlap, self.selector = config, ledger, overlap, selector
+        self.owner_alive = owner_alive
+        self.pq = PolicyQueue([PolicyClassQueue(c, i, create_admission_policy(c.admission))
+                               for i, c in enumerate(config.classes)])
+        self._class_index = {c.name: i for i, c in enumerate(config.classes)}
+        self._default = self._class_index[config.default_class]
+        self._live: dict[str, Live] = {}
+        self._by_slot: dict[int, Live] = {}
+        self._by_owner: dict[int, set[str]] = {}
+        self._events: list = []  # (class_idx, admission event) buffered until drain_cleanup
+        self._timeouts: list[tuple[int, int, str, int]] = []  # (deadline_us, token, request_id, token)
+        self._tokens = itertools.count(1)
+        self._seq = itertools.count(1)
+        self._dirty = False
+        self._shutting_down = False
+        self.decisions_total = 0
+        self._init_dispatch(ledger.arrays.max_workers)
+
+    # ---- workers -----------------------------------------------------------------------------
+    def add_worker(self, key: WorkerKey, total_kv_blocks: int, max_num_batched_tokens: int) -> None:
+        """Register a worker rank. Raises ValueError when full or already registered."""
+        row = self.ledger.add_worker(key, total_kv_blocks, max_num_batched_tokens)
+        self.overlap.clear_row(row)
+        self._capacity_changed(row)
+
+    def _rows(self, worker_id: int, dp_rank: int | None) -> list[int]:
+        if dp_rank is None:
+            rows = self.ledger.rows_of_worker_id(worker_id)
+        else:
+            row = self.ledger.row_of(WorkerKey(worker_id, dp_rank))
+            rows = [] if row is None else [row]
+        if not rows:
+            raise KeyError(f"unknown worker {worker_id}:{'*' if dp_rank is None else dp_rank}")
+        return rows
+
+    def remove_worker(self, worker_id: int, dp_rank: int | None, now_us: int) -> Outcomes:
+        """Remove a worker (all ranks when dp_rank is None): its bookings are released (policies told
+        Aborted) and its pinned lanes rejected `no_endpoints`. Raises KeyError for an unknown worker."""
+        out: Outcomes = []
+        for row in self._rows(worker_id, dp_rank):
+            key = self.ledger.key_of(row)
+            for slot in self.ledger.remove_worker_row(row):
+                live = self._by_slot.get(slot)
+                if live is not None:
+                    self._drop(live, abort=True)
+            self.overlap.clear_row(row)
+            for cq in self.pq.classes:
+                for entry in cq.drop_lane(key):
+                    self._drop(entry.payload, abort=True)
+                    out.append(self._reject(entry.payload.spec, "no_endpoints", f"worker {key} removed", cq.name))
+                self.pq._reset_if_empty(cq)  # noqa: SLF001 - same package
+        self._dirty = True
+        return out
+
+    def set_drained(self, worker_id: int, dp_rank: int | None, drained: bool, now_us: int) -> Outcomes:
+        """Drain (no new admissions; leases finish) or undrain. Raises KeyError for an unknown worker."""
+        for row in self._rows(worker_id, dp_rank):
+            self.ledger.set_drained(row, drained)
+            if not drained:
+                self._capacity_changed(row)
+        return [] if drained else self._dispatch(now_us)
+
+    # ---- enqueue -----------------------------------------------------------------------------
+    def enqueue(self, spec: RequestSpec, now_us: int) -> Outcomes:
+        """Decide one request: immediate admission, queue, defer, or Reject. [] = waiting."""
+        c = self._class_index.get(spec.policy_class, self._default) if spec.policy_class else self._default
+        cq = self.pq.classes[c]
+        bad = self._validate(spec, cq.name)
+        if bad is not None:
+            return [bad]
+        n_elig = self.ledger.eligible_mask(spec.pinned, spec.allowed_workers, self._elig)
+        if n_elig == 0 and self._base_count(spec.pinned, spec.allowed_workers) == 0:
+            return [self._reject(spec, "no_endpoints", "no eligible worker", cq.name)]
+        snap = self._snapshot(spec, spec.pinned, now_us)
+        entry = QueueEntry(spec.request_id, next(self._seq), now_us, spec.priority, spec.strict_priority, snap.cost,
+                           spec.isl_tokens, spec.pinned, c)
+        live = Live(spec, entry)
+        entry.payload = live
+        decision = cq.admission.decide(spec.request_id, spec, self._fleet(), now_us) if cq.admission else Bypass()
+        live.tracked = not isinstance(decision, Bypass)
+        if isinstance(decision, Defer):
+            return self._hold(live, cq, n_elig == 0, now_us, defer=True)
+        if isinstance(decision, Ready) and decision.placement is not None:
+            self._place(live, decision.placement, now_us)
+            n_elig = self.ledger.eligible_mask(entry.placement, spec.allowed_workers, self._elig)
+        busy = n_elig == 0 or cq.has_ready() or self._class_busy(cq.config, self._elig, n_elig)
+        if busy:
+            return self._hold(live, cq, n_elig == 0, now_us, defer=False)
+        self._register(live)
+        got = self._admit_one(live, now_us)
+        return [] if got is None else [got]
+
+    def _validate(self, spec: RequestSpec, cls_name: str) -> Reject | None:
+        bs = self.ledger.block_size
+        if spec.isl_tokens < 1 or len(spec.block_hashes) > -(-spec.isl_tokens // bs):
+            return self._reject(spec, "invalid", f"{len(spec.block_hashes)} block hashes for {spec.isl_tokens} "
+                                f"tokens (block size {bs})", cls_name)
+        if spec.pinned is not None and spec.allowed_workers is not None and spec.pinned.worker_id not in spec.allowed_workers:
+            return self._reject(spec, "pinned_not_allowed", f"pinned worker {spec.pinned} not in allowed_workers", cls_name)
+        if spec.request_id in self._live:
+            return self._reject(spec, "duplicate_request", "request id is live", cls_name)
+        if self._shutting_down:
+            return self._reject(spec, "shutting_down", "scheduler is shutting down", cls_name)
+        return None
+
+    def _hold(self, live: Live, cq: PolicyClassQueue, all_overloaded: bool, now_us: int, defer: bool) -> Outcomes:
+        """Put a request in its class's queue (or deferred map) after do_not_queue and limits."""
+        spec = live.spec
+        if spec.do_not_queue:
+            reason = "all_overloaded" if all_overloaded else "do_not_queue"
+            self._abort_untracked(live)
+            return [self._reject(spec, reason, "the request would wait", cq.name)]
+        had_backlog = cq.has_ready()
+        n_ids = self.ledger.n_worker_ids()
+        over = (self.pq.defer if defer else self.pq.enqueue)(cq.index, live.entry, n_ids)
+        if over is not None:
+            self._abort_untracked(live)
+            return [self._reject(spec, "queue_full", f"class {cq.name!r} {over.limit_kind} limit", cq.name,
+                                 limit_kind=over.limit_kind, current=over.current, limit=over.limit)]
+        live.state = DEFERRED if defer else READY
+        self._register(live)
+        self._arm_timeout(live, now_us, spec.deadline_us)
+        return self._dispatch(now_us) if had_backlog and not defer else []
+
+    def _abort_untracked(self, live: Live) -> None:
+        """A request rejected after its policy decided: tell the policy Aborted."""
+        if live.tracked:
+            self._events.append((live.entry.class_idx, Aborted(live.spec.request_id)))
+
+    def _place(self, live: Live, worker: WorkerKey, now_us: int) -> None:
+        """Exact placement by an admission policy: lane of `worker`, cost re-snapshotted."""
+        live.entry.placement = worker
+        live.entry.cost = self._snapshot(live.spec, worker, now_us).cost
+
+    def _arm_timeout(self, live: Live, now_us: int, deadline_us: int | None) -> None:
+        timeout_s = self.pq.classes[live.entry.class_idx].config.queue_timeout_s
+        if timeout_s is not None:
+            t = now_us + int(timeout_s * 1_000_000)
+            deadline_us = t if deadline_us is None else min(deadline_us, t)
+        live.deadline_us = deadline_us
+        live.wait_token = next(self._tokens)
+        if deadline_us is not None:
+            heapq.heappush(self._timeouts, (deadline_us, live.wait_token, live.spec.request_id, live.wait_token))
+
+    # ---- leases ------------------------------------------------------------------------------
+    def _lease(self, request_id: str, slot: int, generation: int) -> Live:
+        live = self._by_slot.get(slot)
+        if live is None or live.spec.request_id != request_id or live.generation != generation:
+            raise KeyError(f"no lease ({request_id!r}, slot={slot}, generation={generation})")
+        return live
+
+    def update(self, request_id: str, slot: int, generation: int, kind: str, output_tokens: int | None,
+               now_us: int) -> Outcomes:
+        """Router progress on a lease. Raises KeyError for an unknown lease, ValueError for a bad kind.
+        `requeue` releases the booking, re-enters the class (original enqueue_seq) and runs a
+        dispatch pass whose records are returned."""
+        live = self._lease(request_id, slot, generation)
+        row = int(self.ledger.arrays.s_worker_row[slot])
+        if kind == "dispatched":
+            self.ledger.dispatched(slot, generation)
+            if live.tracked and not live.told_dispatched:
+                live.told_dispatched = True
+                self._events.append((live.entry.class_idx, Dispatched(request_id)))
+        elif kind == "prefill_done":
+            if self.ledger.prefill_done(slot, generation):
+                self._capacity_changed(row)
+        elif kind == "progress":
+            if self.ledger.set_output_tokens(slot, generation, output_tokens or 0):
+                self._capacity_changed(row)
+        elif kind == "requeue":
+            return self._requeue(live, row, now_us)
+        else:
+            raise ValueError(f"unknown update kind {kind!r}")
+        return []
+
+    def _requeue(self, live: Live, row: int, now_us: int) -> Outcomes:
+        self.ledger.release(live.slot, live.generation)
+        self._by_slot.pop(live.slot, None)
+        live.state, live.slot, live.generation = READY, -1, 0
+        self.pq.requeue(live.entry)
+        self._arm_timeout(live, now_us, None)
+        self._capacity_changed(row)
+        return self._dispatch(now_us)
+
+    def release(self, request_id: str, slot: int, generation: int, outcome: str, context_tokens: int,
+                now_us: int) -> None:
+        """End of a request (idempotent; stale keys ignored). Policies are told at drain_cleanup."""
+        live = self._live.get(request_id)
+        if live is None:
+            return
+        if slot == -1:
+            if outcome == "cancelled" and live.state in (READY, DEFERRED):
+                self.pq.remove(live.entry)
+                self._drop(live, abort=True)
+                self._dirty = True
+            return
+        if live.state != LEASED or live.slot != slot or live.generation != generation:
+            return
+        row = int(self.ledger.arrays.s_worker_row[slot])
+        self.ledger.release(slot, generation)
+        self._capacity_changed(row)
+        self._drop(live, abort=outcome != "completed")
+        if outcome == "completed" and live.tracked:
+            self._events.append((live.entry.class_idx, Completed(request_id, context_tokens)))
+
+    def cancel_owner(self, owner: int, now_us: int) -> None:
+        """Router death: every lease and waiting request of `owner` is aborted (batched)."""
+        for rid in list(self._by_owner.get(owner, ())):
+            live = self._live[rid]
+            if live.state == LEASED:
+                self.release(rid, live.slot, live.generation, "aborted", 0, now_us)
+            else:
+                self.release(rid, -1, 0, "cancelled", 0, now_us)
+
+    def cancel(self, request_id: str, now_us: int) -> bool:
+        """Admin cancel: remove a waiting request or abort a lease. False when unknown."""
+        live = self._live.get(request_id)
+        if live is None:
+            return False
+        if live.state == LEASED:
+            self.release(request_id, live.slot, live.generation, "aborted", 0, now_us)
+        else:
+            self.release(request_id, -1, 0, "cancelled", 0, now_us)
+        return True
+
+    # ---- periodic ----------------------------------------------------------------------------
+    def drain_cleanup(self, now_us: int) -> Outcomes:
+        """Tell the policies about buffered releases, apply their MakeReady, then ONE dispatch pass."""
+        self._tell_policies(now_us)
+        return self._dispatch(now_us) if self._dirty else []
+
+    def _tell_policies(self, now_us: int) -> None:
+        while self._events:
+            events, self._events = self._events, []
+            fleet = self._fleet()
+            for c, event in events:
+                policy = self.pq.classes[c].admission if c < len(self.pq.classes) else None
+                if policy is not None:
+                    self._apply_make_ready(c, policy.notify(event, fleet, now_us), now_us)
+
+    def _apply_make_ready(self, c: int, answers: list[MakeReady], now_us: int) -> None:
+        for mr in answers:
+            live = self._live.get(mr.request_id)
+            if live is None or live.entry.class_idx != c or live.state not in (READY, DEFERRED):
+                continue
+            if mr.placement is not None:
+                if live.state == READY and live.entry.placement is not None:
+                    continue  # already in a worker lane: ignored
+                live.entry.cost = self._snapshot(live.spec, mr.placement, now_us).cost  # before re-keying
+            elif live.state == READY:
+                continue  # already ready: duplicate answer, ignored
+            moved = self.pq.classes[c].make_ready(mr.request_id, mr.placement)
+            if moved is not None:
+                live.state = READY
+                self._dirty = True
+
+    def tick(self, now_us: int) -> Outcomes:
+        """Fold progress, time out waiting requests, reconcile policies, dispatch if needed."""
+        if self.ledger.fold_progress():
+            for cq in self.pq.classes:
+                cq.unblock_all()
+            self._dirty = True
+        out = self._expire(now_us)
+        fleet = None
+        for cq in self.pq.classes:
+            if cq.admission is not None:
+                fleet = fleet or self._fleet()
+                self._apply_make_ready(cq.index, cq.admission.notify(Reconcile(), fleet, now_us), now_us)
+        self._tell_policies(now_us)
+        if self._dirty:
+            out += self._dispatch(now_us)
+        return out
+
+    def _expire(self, now_us: int) -> Outcomes:
+        out: Outcomes = []
+        heap = self._timeouts
+        while heap and heap[0][0] <= now_us:
+            _, _, rid, token = heapq.heappop(heap)
+            live = self._live.get(rid)
+            if live is None or live.wait_token != token or live.state not in (READY, DEFERRED):
+                continue
+            cq = self.pq.classes[live.entry.class_idx]
+            self.pq.remove(live.entry)
+            self._drop(live, abort=True)
+            waited = (now_us - live.entry.arrival_us) / 1e6
+            out.append(self._reject(live.spec, "timeout", f"waited {waited:.3f} s", cq.name))
+            self._dirty = True
+        return out
+
+    def shutdown(self, now_us: int) -> list[Reject]:
+        """Every waiting / deferred request → Reject "shutting_down"; later enqueues too."""
+        self._shutting_down = True
+        out = []
+        for cq in self.pq.classes:
+            entries = list(cq.iter_all())
+            cq.remove_many(entries)
+            self.pq._reset_if_empty(cq)  # noqa: SLF001 - same package
+            for entry in entries:
+                self._drop(entry.payload, abort=True)
+                out.append(self._reject(entry.payload.spec, "shutting_down", "scheduler is shutting down", cq.name))
+        self._tell_policies(now_us)
+        return out
+
+    # ---- reload ------------------------------------------------------------------------------
+    def reload(self, config: Config) -> None:
+        """Apply a new scheduling profile (SPEC §4 reload rules). Raises ValueError (old profile
+        kept) when a class holding requests would be removed/renamed, or an admission policy that
+        tracks requests would be replaced by another type."""
+        old = {cq.name: cq for cq in self.pq.classes}
+        new_names = {c.name for c in config.classes}
+        leased = {lv.entry.class_idx for lv in self._by_slot.values()}
+        for name, cq in old.items():
+            if name not in new_names and (cq.n_waiting or cq.index in leased):
+                raise ValueError(f"reload refused: class {name!r} holds requests and is not in the new profile")
+        for c in config.classes:
+            cq = old.get(c.name)
+            if cq is None or cq.admission is None:
+                continue
+            same = c.admission is not None and c.admission.type == cq.config.admission.type
+            if not same and cq.admission.tracked():
+                raise ValueError(f"reload refused: class {c.name!r} admission policy tracks requests")
+        self._apply_reload(config, old)
+
+    def _apply_reload(self, config: Config, old: dict[str, PolicyClassQueue]) -> None:
+        remap: dict[int, int] = {}
+        queues = []
+        for i, c in enumerate(config.classes):
+            cq = old.get(c.name)
+            if cq is None:
+                cq = PolicyClassQueue(c, i, create_admission_policy(c.admission))
+            else:
+                remap[cq.index] = i
+                if c.admission is None:
+                    cq.admission = None
+                elif cq.admission is not None and cq.config.admission.type == c.admission.type:
+                    cq.admission.reconfigure(c.admission)
+                else:
+                    cq.admission = create_admission_policy(c.admission)
+                if c.ordering != cq.config.ordering:
+                    cq = _reorder(cq, c, i)
+                cq.config = c
+                cq.unblock_all()
+            queues.append(cq)
+        for live in self._live.values():
+            live.entry.class_idx = remap.get(live.entry.class_idx, live.entry.class_idx)
+        self._events = [(remap[c], e) for c, e in self._events if c in remap]
+        self.pq = PolicyQueue(queues)
+        self.config = config
+        self._class_index = {c.name: i for i, c in enumerate(config.classes)}
+        self._default = self._class_index[config.default_class]
+        self._ttl_us = int(config.selector.approx_ttl_s * 1_000_000)
+        self._timeouts = []
+        for live in self._live.values():
+            if live.state in (READY, DEFERRED):
+                self._arm_timeout(live, live.entry.arrival_us, live.spec.deadline_us)
+        self._dirty = True
+
+    # ---- introspection -----------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        """Ready requests waiting in class queues (deferred excluded)."""
+        return len(self.pq)
+
+    @property
+    def deferred(self) -> int:
+        return self.pq.n_deferred
+
+    @property
+    def active_leases(self) -> int:
+        return len(self._by_slot)
+
+    def queues(self, now_us: int) -> list[ClassRow]:
+        rows = []
+        for cq in self.pq.classes:
+            oldest = min((e.arrival_us for e in cq.iter_all()), default=now_us)
+            rows.append(ClassRow(name=cq.name, ordering=cq.config.ordering, quantum=cq.config.quantum,
+                                 depth=cq.n_ready, deferred=len(cq.deferred), isl_tokens=cq.isl_waiting,
+                                 oldest_wait_s=max(0, now_us - oldest) / 1e6, deficit=cq.deficit,
+                                 blocked_lanes=len(cq.blocked_workers)))
+        return rows
+
+    def workers(self) -> list[WorkerRow]:
+        a = self.ledger.arrays
+        return [WorkerRow(worker_id=int(a.w_worker_id[r]), dp_rank=int(a.w_dp_rank[r]),
+                          total_kv_blocks=int(a.w_total_kv_blocks[r]), max_num_batched_tokens=int(a.w_max_batched_tokens[r]),
+                          active_blocks=int(a.w_active_blocks[r]), active_prefill_tokens=int(a.w_active_prefill[r]),
+                          active_requests=int(a.w_active_requests[r]), drained=bool(a.w_flags[r] & FLAG_DRAINED),
+                          overloaded=bool(a.w_flags[r] & FLAG_OVERLOADED), stale=bool(a.w_flags[r] & FLAG_STALE))
+                for r in self.ledger.live_rows().tolist()]
+
+    def leases(self, now_us: int, worker_id: int | None = None, policy_class: str | None = None,
+               limit: int = 1000) -> list[LeaseRow]:
+        out = []
+        for slot, live in self._by_slot.items():
+            info = self.ledger.slot_info(slot)
+            key = self.ledger.key_of(info.row)
+            name = self.pq.classes[live.entry.class_idx].name
+            if (worker_id is not None and key.worker_id != worker_id) or (policy_class not in (None, name)):
+                continue
+            out.append(LeaseRow(request_id=live.spec.request_id, worker_id=key.worker_id, dp_rank=key.dp_rank, slot=slot,
+                                generation=info.generation, policy_class=name, isl_tokens=info.isl, cached_tokens=info.cached,
+                                output_tokens=info.output_tokens, age_s=max(0, now_us - info.admit_us) / 1e6,
+                                state=_STATE_NAMES.get(info.state, "free")))
+            if len(out) >= limit:
+                break
+        return out
+
+
+def _reorder(cq: PolicyClassQueue, c: ClassConfig, index: int) -> PolicyClassQueue:
+    """A copy of `cq` whose containers use the new ordering (entries re-keyed)."""
+    fresh = PolicyClassQueue(c, index, cq.admission)
+    for entry in list(cq.iter_ready()):
+        fresh.add(entry)
+    for entry in cq.deferred.values():
+        fresh.defer(entry)
+    fresh.deficit = cq.deficit
+    return fresh

@@ -1,0 +1,237 @@
+"""A replay router process: every R-th trace request → `schedule()` → fleet → lease released.
+
+Router k of R takes trace rows k, k+R, k+2R, ...; waits for each arrival (trace time / (load_scale
+× speedup) wall seconds after the shared `t0`), asks the daemon through `SchedulerClient`, submits
+the admitted request to the fleet worker named by the lease, reports `dispatched`, `prefill_done`
+at the first token and output tokens as they stream, and leaves the lease context at the last token
+(Release completed; any error → aborted). One `RequestResult` per request goes to its results file
+(msgspec JSON Lines) when the router finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from .fleet import SimBatch, SimDone, SimError, SimFirstToken, SimProgress, SimSubmit
+from .summary import ABORTED, COMPLETED, REJECTED, RequestResult, write_results
+from .trace import Trace, load_trace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterParams:
+    """What one router process needs (picklable, for multiprocessing spawn)."""
+
+    index: int  # k in 0..routers-1
+    routers: int  # R
+    trace_path: str
+    limit: int | None
+    endpoint: str  # daemon data socket
+    fleet_endpoint: str
+    results_path: str
+    speedup: float = 1.0
+    load_scale: float = 1.0
+    run_tag: str = "r"  # request ids are f"{run_tag}-{row}"
+    block_size: int | None = None  # None = the trace's
+
+
+class _FleetAbort(Exception):
+    """The fleet could not run the request."""
+
+
+@dataclass(slots=True)
+class _InFlight:
+    lease: object
+    result: RequestResult
+    done: asyncio.Future
+
+
+class Router:
+    """One router's async work (module docstring)."""
+
+    def __init__(self, params: RouterParams, trace: Trace, on_finished=None) -> None:
+        self.p = params
+        self.trace = trace
+        self.arrivals = trace.scaled_arrivals_us(params.load_scale)
+        self.rows = list(range(params.index, len(trace), params.routers))
+        self.results: list[RequestResult] = []
+        self.inflight: dict[str, _InFlight] = {}
+        self._on_finished = on_finished
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(SimBatch)
+        self._ctx = zmq.Context()
+        self.fleet = self._ctx.socket(zmq.DEALER)
+        self.fleet.setsockopt(zmq.LINGER, 0)
+        self.fleet.setsockopt(zmq.SNDHWM, 100_000)
+        self.fleet.setsockopt(zmq.RCVHWM, 100_000)
+        self.client = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._poll_handle: asyncio.TimerHandle | None = None
+
+    async def connect(self) -> None:
+        from ..client import SchedulerClient
+
+        self.loop = asyncio.get_running_loop()
+        self.fleet.connect(self.p.fleet_endpoint)
+        self.loop.add_reader(self.fleet.getsockopt(zmq.FD), self._on_fleet)
+        self._poll_handle = self.loop.call_later(0.02, self._poll_fleet)
+        self.client = SchedulerClient(self.p.endpoint, client_name=f"replay-{self.p.run_tag}-r{self.p.index}")
+        await self.client.connect()
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        if self._poll_handle is not None:
+            self._poll_handle.cancel()
+        if self.loop is not None and not self.fleet.closed:
+            self.loop.remove_reader(self.fleet.getsockopt(zmq.FD))
+        self.fleet.close(0)
+        self._ctx.term()
+
+    async def run(self, t0: float) -> list[RequestResult]:
+        """Replay this router's rows against `t0` (monotonic seconds of simulated time 0)."""
+        tasks: set[asyncio.Task] = set()
+        scale = 1e6 * self.p.speedup
+        for i in self.rows:
+            delay = t0 + self.arrivals[i] / scale - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(self._one(i))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        while tasks:
+            await asyncio.gather(*list(tasks))
+        return self.results
+
+    async def _one(self, i: int) -> None:
+        from ..errors import KvschedError, RequestRejected
+
+        rid = f"{self.p.run_tag}-{i}"
+        r = RequestResult(index=i, request_id=rid, arrival_us=int(self.arrivals[i]),
+                          isl=int(self.trace.isl[i]), osl=int(self.trace.osl[i]))
+        hashes = self.trace.hashes_of(i)
+        t_a = time.perf_counter_ns()
+        try:
+            lease = await self.client.schedule(rid, r.isl, hashes)
+        except RequestRejected as exc:
+            r.admission_latency_us = (time.perf_counter_ns() - t_a) / 1000.0
+            r.outcome, r.reason, r.detail = REJECTED, exc.reason, exc.detail
+            return self._finish(r)
+        except KvschedError as exc:
+            r.outcome, r.detail = ABORTED, f"schedule: {type(exc).__name__}: {exc}"
+            return self._finish(r)
+        r.admission_latency_us = (time.perf_counter_ns() - t_a) / 1000.0
+        r.worker = str(lease.worker)
+        r.queued_us = int(lease.queued_us)
+        r.queue_wait_us = int(lease.queued_us * self.p.speedup)
+        r.predicted_cached_tokens = int(lease.cached_tokens)
+        try:
+            async with lease:
+                fut = self.loop.create_future()
+                self.inflight[rid] = _InFlight(lease, r, fut)
+                w = lease.worker
+                self._send(SimSubmit(rid, w.worker_id, w.dp_rank, r.isl, r.osl, hashes.astype("<u8").tobytes()))
+                lease.dispatched()
+                await fut
+            r.outcome = COMPLETED
+        except _FleetAbort as exc:
+            r.outcome, r.detail = ABORTED, f"fleet: {exc}"
+        except KvschedError as exc:
+            r.outcome, r.detail = ABORTED, f"lease: {type(exc).__name__}: {exc}"
+        finally:
+            self.inflight.pop(rid, None)
+        self._finish(r)
+
+    def _finish(self, r: RequestResult) -> None:
+        self.results.append(r)
+        if self._on_finished is not None:
+            self._on_finished()
+
+    # ------------------------------------------------------------------ fleet socket
+
+    def _send(self, frame: SimSubmit) -> None:
+        self.fleet.send(self._enc.encode(frame))
+        # A send can consume the edge of ZeroMQ's level-less FD: look for input right away.
+        self.loop.call_soon(self._on_fleet)
+
+    def _poll_fleet(self) -> None:
+        """Safety net for the edge-triggered FD: drain every 20 ms whatever happened."""
+        self._on_fleet()
+        self._poll_handle = self.loop.call_later(0.02, self._poll_fleet)
+
+    def _on_fleet(self) -> None:
+        if self.fleet.closed:
+            return
+        while self.fleet.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                raw = self.fleet.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            for item in self._dec.decode(raw).items:
+                self._on_event(item)
+
+    def _on_event(self, ev) -> None:
+        st = self.inflight.get(ev.request_id)
+        if st is None or st.done.done():
+            return
+        lease, r = st.lease, st.result
+        if isinstance(ev, SimFirstToken):
+            r.ttft_us = ev.t_us - r.arrival_us
+            r.cached_tokens = ev.cached_tokens
+            lease.prefill_done()
+            self._add_tokens(lease, 1)
+        elif isinstance(ev, SimProgress):
+            self._add_tokens(lease, ev.output_tokens)
+        elif isinstance(ev, SimDone):
+            self._add_tokens(lease, ev.output_tokens)
+            r.e2e_us = ev.t_us - r.arrival_us
+            r.output_tokens = ev.output_tokens
+            st.done.set_result(None)
+        elif isinstance(ev, SimError):
+            st.done.set_exception(_FleetAbort(ev.message))
+
+    @staticmethod
+    def _add_tokens(lease, total: int) -> None:
+        delta = total - lease.output_tokens
+        if delta > 0:
+            lease.add_output_tokens(delta)
+
+
+def router_main(params: RouterParams, ready, go, t0_value, done_counter) -> None:
+    """Process entry (multiprocessing spawn): load the trace, connect, signal `ready`, wait for
+    `go`, replay, write the results file. `done_counter`: a multiprocessing Value('i') incremented
+    per finished request (the orchestrator's progress bar)."""
+    import uvloop
+
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s router{params.index} %(levelname)s %(message)s")
+    trace = load_trace(params.trace_path, params.limit)
+    if params.block_size is not None:
+        trace.block_size = params.block_size
+
+    def bump() -> None:
+        with done_counter.get_lock():
+            done_counter.value += 1
+
+    async def main() -> None:
+        router = Router(params, trace, bump)
+        try:
+            await router.connect()
+            ready.set()
+            while not go.is_set():
+                await asyncio.sleep(0.01)
+            await router.run(t0_value.value)
+        finally:
+            write_results(router.results, Path(params.results_path))
+            await router.close()
+
+    uvloop.run(main())
+
