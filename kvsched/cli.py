@@ -26,7 +26,7 @@ EXIT_UNREACHABLE = 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Inspect and operate a kvsched daemon; replay request traces through one.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 _opts: dict = {"admin_endpoint": None, "instance": "default", "timeout_s": 5.0}
 
 

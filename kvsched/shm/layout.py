@@ -277,7 +277,14 @@ class Segments:
             try:
                 handle.close()
             except BufferError:
-                pass
+                # numpy views still export the mapping: drop our reference (the mapping is unmapped
+                # when the last view goes) so SharedMemory.__del__ does not retry and warn at exit.
+                if getattr(handle, "_mmap", None) is not None:
+                    handle._mmap = None
+                fd = getattr(handle, "_fd", -1)
+                if isinstance(fd, int) and fd >= 0:
+                    os.close(fd)
+                    handle._fd = -1
         self._handles = []
 
     def unlink(self) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import Config, config_from_dict
+from ..config import Config, SelectorConfig, config_from_dict
 from ..core.types import WorkerKey
-from .engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineProfile, SimEngine, kv_blocks_for
+from .engine import SimEngine
+from .profile import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineProfile, kv_blocks_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +60,18 @@ def make_engines(spec: FleetSpec, max_macro_us: int = 1_000_000) -> dict[WorkerK
     }
 
 
-def config_dict(spec: FleetSpec, selector: str = "kv", seed: int | None = None) -> dict[str, Any]:
-    """The config as a plain dict (the shape TOML parses to)."""
+def config_dict(spec: FleetSpec, selector: str = "kv", seed: int | None = None,
+                time_scale: float = 1.0) -> dict[str, Any]:
+    """The config as a plain dict (the shape TOML parses to).
+
+    `time_scale` (the replay's speedup) divides the wall-clock durations the daemon applies
+    (`selector.approx_ttl_s`), so they mean the same span of simulated time.
+    """
     sel: dict[str, Any] = {"type": selector}
     if seed is not None:
         sel["seed"] = seed
+    if time_scale != 1.0:
+        sel["approx_ttl_s"] = SelectorConfig().approx_ttl_s / time_scale
     return {
         "daemon": {
             "block_size": spec.block_size,
@@ -84,14 +92,14 @@ def config_dict(spec: FleetSpec, selector: str = "kv", seed: int | None = None) 
     }
 
 
-def build_config(spec: FleetSpec, selector: str = "kv", seed: int | None = None) -> Config:
+def build_config(spec: FleetSpec, selector: str = "kv", seed: int | None = None, time_scale: float = 1.0) -> Config:
     """A validated `Config` for `spec` (the same one `config_toml` writes for the daemon)."""
-    return config_from_dict(config_dict(spec, selector, seed), where="replay fleet")
+    return config_from_dict(config_dict(spec, selector, seed, time_scale), where="replay fleet")
 
 
-def config_toml(spec: FleetSpec, selector: str = "kv", seed: int | None = None) -> str:
+def config_toml(spec: FleetSpec, selector: str = "kv", seed: int | None = None, time_scale: float = 1.0) -> str:
     """TOML text of `config_dict` (flat tables of scalars and one array of tables)."""
-    raw = config_dict(spec, selector, seed)
+    raw = config_dict(spec, selector, seed, time_scale)
     lines: list[str] = ["# written by kvsched replay: the simulated fleet's capacities", ""]
     for table in ("daemon", "selector"):
         lines.append(f"[{table}]")

@@ -186,7 +186,7 @@ def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs) -> tuple[
     from ..daemon.process import DaemonProcess
 
     cfg = procs.runtime_dir / "replay.toml"
-    cfg.write_text(config_toml(spec, opts.selector, opts.seed))
+    cfg.write_text(config_toml(spec, opts.selector, opts.seed, time_scale=opts.speedup))
     procs.daemon = DaemonProcess.start(cfg, instance=f"replay-{os.getpid()}", runtime_dir=procs.runtime_dir)
     return procs.daemon.endpoint, procs.daemon.admin_endpoint
 

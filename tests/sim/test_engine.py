@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-from kvsched.sim.engine import (
-    DONE,
-    FIRST_TOKEN,
-    EngineProfile,
-    SimEngine,
-    SimRequest,
-    decode_step_us,
-    prefill_time_us,
-)
+from kvsched.sim.engine import DONE, FIRST_TOKEN, SimEngine, SimRequest
+from kvsched.sim.profile import EngineProfile, decode_step_us, prefill_time_us
 
 BS = 4
 

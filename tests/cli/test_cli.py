@@ -1,0 +1,73 @@
+"""Every admin CLI command against a real daemon: tables render, --json parses, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsched.cli import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_UNREACHABLE, app
+
+pytestmark = pytest.mark.timeout(60)
+runner = CliRunner()
+
+
+def run(daemon, *args: str):
+    return runner.invoke(app, ["--admin-endpoint", daemon.admin_endpoint, *args])
+
+
+@pytest.mark.parametrize("command", ["status", "queues", "workers", "leases"])
+def test_read_command_prints_table_and_json_when_daemon_runs(session_daemon, command):
+    table = run(session_daemon, command)
+    assert table.exit_code == EXIT_OK, table.output
+    assert "─" in table.output or "━" in table.output
+    as_json = run(session_daemon, command, "--json")
+    assert as_json.exit_code == EXIT_OK
+    assert json.loads(as_json.output)["t"].endswith("_reply")
+
+
+def test_workers_json_lists_configured_workers(session_daemon):
+    out = json.loads(run(session_daemon, "workers", "--json").output)
+    assert sorted((w["worker_id"], w["dp_rank"]) for w in out["workers"]) == [(1, 0), (2, 0)]
+
+
+def test_drain_and_undrain_flip_the_worker_flag(session_daemon):
+    assert run(session_daemon, "drain", "2").exit_code == EXIT_OK
+    rows = {w["worker_id"]: w for w in json.loads(run(session_daemon, "workers", "--json").output)["workers"]}
+    assert rows[2].get("drained") is True
+    assert run(session_daemon, "undrain", "2:0").exit_code == EXIT_OK
+    rows = {w["worker_id"]: w for w in json.loads(run(session_daemon, "workers", "--json").output)["workers"]}
+    assert not rows[2].get("drained", False)
+
+
+def test_add_and_remove_worker_change_the_worker_list(session_daemon):
+    assert run(session_daemon, "add-worker", "9", "--total-kv-blocks", "100").exit_code == EXIT_OK
+    ids = {w["worker_id"] for w in json.loads(run(session_daemon, "workers", "--json").output)["workers"]}
+    assert 9 in ids
+    assert run(session_daemon, "remove-worker", "9").exit_code == EXIT_OK
+    ids = {w["worker_id"] for w in json.loads(run(session_daemon, "workers", "--json").output)["workers"]}
+    assert 9 not in ids
+
+
+def test_unknown_things_exit_with_daemon_error(session_daemon):
+    assert run(session_daemon, "cancel", "no-such-request").exit_code == EXIT_DAEMON_ERROR
+    assert run(session_daemon, "explain", "no-such-request").exit_code == EXIT_DAEMON_ERROR
+    assert run(session_daemon, "drain", "4242").exit_code == EXIT_DAEMON_ERROR
+
+
+def test_bad_worker_spec_is_a_usage_error(session_daemon):
+    assert run(session_daemon, "drain", "x:y").exit_code == 2
+
+
+def test_unreachable_daemon_exits_3_naming_the_endpoint(tmp_path):
+    endpoint = f"ipc://{tmp_path}/absent-admin.sock"
+    result = runner.invoke(app, ["--admin-endpoint", endpoint, "--timeout-s", "0.3", "status"])
+    assert result.exit_code == EXIT_UNREACHABLE
+    assert "absent-admin.sock" in result.output
+
+
+def test_top_renders_once(session_daemon):
+    result = run(session_daemon, "top", "--iterations", "1")
+    assert result.exit_code == EXIT_OK
+    assert "queues" in result.output and "workers" in result.output
