@@ -14,6 +14,13 @@ log = logging.getLogger(__name__)
 OVERLAP_CAPACITY_PER_WORKER = 1 << 15  # approximate-index entries budgeted per worker row
 
 
+def overlap_capacity(max_workers: int) -> int:
+    """Entries of the overlap index: `OVERLAP_CAPACITY_PER_WORKER` per row (rows past 64 share the
+    budget of 64), rounded up to a power of two as the open-addressing table requires."""
+    want = OVERLAP_CAPACITY_PER_WORKER * max(1, min(max_workers, 64))
+    return 1 << (want - 1).bit_length()
+
+
 def segment_capacities(cfg: Config) -> dict[str, int]:
     """The capacities written in (and validated against) the ledger header."""
     from ..shm.layout import default_ref_capacity
@@ -59,7 +66,7 @@ def build_scheduler(cfg: Config, segments, restarted: bool):
     from ..shm.overlap import OverlapIndex
 
     ledger = Ledger(segments.ledger, segments.progress, cfg.overload)
-    overlap = OverlapIndex(cfg.daemon.max_workers, OVERLAP_CAPACITY_PER_WORKER * max(1, min(cfg.daemon.max_workers, 64)))
+    overlap = OverlapIndex(cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers))
     scheduler = Scheduler(cfg, ledger, overlap, create_selector(cfg.selector))
     if restarted and hasattr(scheduler, "restore_after_restart"):
         scheduler.restore_after_restart(time.monotonic_ns() // 1000, cfg.daemon.liveness_timeout_ms * 1000)
