@@ -24,6 +24,7 @@ Source: seed 000 "Per-class ready storage"; SPEC §4 "Per-class storage", "Limit
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -32,6 +33,7 @@ from .ordering import BAND_PREPENDED, QueueEntry
 from .request_queue import RequestQueue, create_request_queue
 from .types import WorkerKey
 
+_HEAD_SEQ = itertools.count(1)
 WorkerReady = Callable[[WorkerKey], bool]  # may this lane's worker take its head now?
 SharedReady = Callable[[QueueEntry], bool]  # may the shared root run now (some allowed worker free)?
 
@@ -238,7 +240,7 @@ class PolicyClassQueue:
         if worker in self.blocked_workers:
             return
         head = self.lanes[worker].peek_request()
-        seq = self._head_of.get(worker, 0) + 1
+        seq = next(_HEAD_SEQ)  # never reused, so a stale item of a dropped lane stays stale
         self._head_of[worker] = seq
         heapq.heappush(self._heads, (head.key, seq, worker))
         if len(self._heads) > 4 * len(self.lanes) + 64:

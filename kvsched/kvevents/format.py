@@ -262,3 +262,18 @@ def seq_from_bytes(b: bytes, signed: bool = False) -> int:
 
 
 END_SEQ = seq_to_bytes(-1)  # b"\xff" * 8
+
+
+def offset_endpoint(endpoint: str, dp_rank: int) -> str:
+    """The endpoint of data-parallel rank `dp_rank`: tcp port + rank; ipc/inproc path + `_dp<rank>`.
+
+    Rank 0 keeps the endpoint unchanged (as vLLM does). ValueError for a tcp endpoint without a port.
+    """
+    if dp_rank == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        base, sep, port = endpoint.rpartition(":")
+        if not sep or not port.isdigit() or base == "tcp":
+            raise ValueError(f"tcp endpoint without a port: {endpoint!r}")
+        return f"{base}:{int(port) + dp_rank}"
+    return f"{endpoint}_dp{dp_rank}"

@@ -1,0 +1,179 @@
+"""Chained block hashes of a prompt, for `Enqueue.block_hashes` (SPEC §6; docs/KV_EVENTS.md).
+
+`block_hashes(token_ids, block_size, mode=...)` hashes every *complete* block of `block_size` tokens
+(a last partial block is left out, as engines only cache full blocks), each hash chained on the one
+before, and returns them as uint64[n_blocks]. Two modes:
+
+* ``"vllm"`` — the integer hashes vLLM puts in its KV events, so the daemon's event-fed index matches
+  what routers send. For vLLM V1 engines run with ``--prefix-caching-hash-algo sha256_cbor``:
+  ``NONE_HASH = sha256(cbor(seed))`` where seed is the engine's ``PYTHONHASHSEED`` string (pass it as
+  `hash_seed`; None = ``"vllm-none-hash"``, the fixed seed recent vLLM releases use when
+  ``PYTHONHASHSEED`` is unset); block i's digest is ``sha256(cbor((parent, tuple(tokens_i),
+  extra_i)))`` with parent = the previous block's full 32-byte digest (NONE_HASH for block 0), CBOR
+  canonical (RFC 7049 §3.9, as ``cbor2.dumps(..., canonical=True)``); the event's hash is the digest's
+  low 64 bits, big-endian (``int.from_bytes(digest, "big") & (2**64 - 1)``), which is what vLLM sends
+  with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`` (its default), and what the daemon derives from the
+  bytes it sends otherwise.
+* ``"xxhash"`` (default) — fast, for fleets that do not publish KV events (the approximate index only
+  needs routers to agree among themselves): ``h_i = xxh64(le64(h_{i-1}) || le32(tokens_i) ||
+  cbor(extra_i) if extra_i is not None, seed)`` with ``h_{-1} = 0`` and seed = `hash_seed` (int as is,
+  str -> ``xxh64(utf8)``, None -> 0). Token ids must fit in 32 bits.
+
+`extra_keys`, when given, holds one entry per complete block (a tuple such as vLLM's
+``(lora_name, mm_hash, cache_salt...)``, or None for a block without extra keys).
+
+The CBOR encoder here is a small canonical one for the types block keys use (int, bytes, str, None,
+bool, float, tuple/list); tests check it byte for byte against ``cbor2``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import xxhash
+
+U64_MASK = (1 << 64) - 1
+DEFAULT_VLLM_SEED = "vllm-none-hash"  # vLLM's DEFAULT_NONE_HASH_SEED (PYTHONHASHSEED unset, sha256*)
+
+
+def _head(major: int, n: int) -> bytes:
+    if n < 24:
+        return bytes((major << 5 | n,))
+    if n < 1 << 8:
+        return bytes((major << 5 | 24, n))
+    if n < 1 << 16:
+        return bytes((major << 5 | 25,)) + n.to_bytes(2, "big")
+    if n < 1 << 32:
+        return bytes((major << 5 | 26,)) + n.to_bytes(4, "big")
+    if n < 1 << 64:
+        return bytes((major << 5 | 27,)) + n.to_bytes(8, "big")
+    raise ValueError("integers beyond 64 bits are not supported in block keys")
+
+
+def _float(v: float) -> bytes:
+    if math.isnan(v):
+        return b"\xf9\x7e\x00"
+    if math.isinf(v):
+        return b"\xf9\x7c\x00" if v > 0 else b"\xf9\xfc\x00"
+    for code, fmt in ((0xF9, ">e"), (0xFA, ">f")):
+        try:
+            packed = struct.pack(fmt, v)
+        except OverflowError:
+            continue
+        if struct.unpack(fmt, packed)[0] == v:
+            return bytes((code,)) + packed
+    return b"\xfb" + struct.pack(">d", v)
+
+
+def canonical_cbor(obj: Any) -> bytes:
+    """Canonical CBOR of `obj` (int, bytes, str, None, bool, float, tuple/list). TypeError otherwise."""
+    out = bytearray()
+    _encode(obj, out)
+    return bytes(out)
+
+
+def _encode(obj: Any, out: bytearray) -> None:
+    if obj is None:
+        out += b"\xf6"
+    elif obj is True:
+        out += b"\xf5"
+    elif obj is False:
+        out += b"\xf4"
+    elif isinstance(obj, int):
+        out += _head(0, obj) if obj >= 0 else _head(1, -1 - obj)
+    elif isinstance(obj, (bytes, bytearray, memoryview)):
+        b = bytes(obj)
+        out += _head(2, len(b)) + b
+    elif isinstance(obj, str):
+        b = obj.encode("utf-8")
+        out += _head(3, len(b)) + b
+    elif isinstance(obj, float):
+        out += _float(obj)
+    elif isinstance(obj, (tuple, list)):
+        out += _head(4, len(obj))
+        for item in obj:
+            _encode(item, out)
+    else:
+        raise TypeError(f"cannot encode {type(obj).__name__} in a block key")
+
+
+def vllm_none_hash(hash_seed: str | None = None) -> bytes:
+    """vLLM's NONE_HASH for sha256_cbor: sha256(cbor(seed)); seed None -> "vllm-none-hash"."""
+    seed = DEFAULT_VLLM_SEED if hash_seed is None else str(hash_seed)
+    return hashlib.sha256(canonical_cbor(seed)).digest()
+
+
+def _extra(extra_keys: Sequence[Any] | None, n_blocks: int) -> Sequence[Any]:
+    if extra_keys is None:
+        return [None] * n_blocks
+    if len(extra_keys) < n_blocks:
+        raise ValueError(f"extra_keys has {len(extra_keys)} entries for {n_blocks} complete blocks")
+    return extra_keys
+
+
+def _vllm(tokens: list[int], block_size: int, n: int, hash_seed: Any, extra: Sequence[Any]) -> np.ndarray:
+    out = np.empty(n, dtype=np.uint64)
+    parent = vllm_none_hash(hash_seed)
+    for i in range(n):
+        block = tuple(tokens[i * block_size:(i + 1) * block_size])
+        parent = hashlib.sha256(canonical_cbor((parent, block, extra[i]))).digest()
+        out[i] = int.from_bytes(parent, "big") & U64_MASK
+    return out
+
+
+def _xxhash_seed(hash_seed: Any) -> int:
+    if hash_seed is None:
+        return 0
+    if isinstance(hash_seed, int):
+        return hash_seed & U64_MASK
+    return xxhash.xxh64_intdigest(str(hash_seed).encode("utf-8"))
+
+
+def _xxhash(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequence[Any]) -> np.ndarray:
+    arr = np.asarray(token_ids)
+    if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF_FFFF):
+        raise ValueError("xxhash mode needs token ids in [0, 2**32)")
+    data = arr[: n * block_size].astype("<u4").tobytes()
+    step = 4 * block_size
+    seed = _xxhash_seed(hash_seed)
+    out = np.empty(n, dtype=np.uint64)
+    h = 0
+    for i in range(n):
+        msg = h.to_bytes(8, "little") + data[i * step:(i + 1) * step]
+        if extra[i] is not None:
+            msg += canonical_cbor(extra[i])
+        h = xxhash.xxh64_intdigest(msg, seed)
+        out[i] = h
+    return out
+
+
+def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int,
+                 mode: Literal["xxhash", "vllm"] = "xxhash", hash_seed: str | int | None = None,
+                 extra_keys: Sequence[Any] | None = None) -> np.ndarray:
+    """Chained hashes of the complete blocks of `token_ids` (module docstring for both modes).
+
+    Args:
+        token_ids: the prompt's token ids.
+        block_size: tokens per KV block (the engine's `--block-size`, = `daemon.block_size`).
+        mode: "xxhash" (fast, self-consistent) or "vllm" (equal to vLLM's KV-event hashes).
+        hash_seed: vllm: the engine's PYTHONHASHSEED (str); xxhash: the seed (int or str).
+        extra_keys: one entry per complete block (tuple or None), or None.
+    Returns:
+        uint64[len(token_ids) // block_size]; pass to the client's `schedule(block_hashes=...)`.
+    Raises:
+        ValueError: block_size < 1, an unknown mode, too few extra_keys, token ids out of range.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    n = len(token_ids) // block_size
+    extra = _extra(extra_keys, n)
+    if mode == "vllm":
+        tokens = [int(t) for t in token_ids[: n * block_size]]
+        return _vllm(tokens, block_size, n, hash_seed, extra)
+    if mode == "xxhash":
+        return _xxhash(token_ids, block_size, n, hash_seed, extra)
+    raise ValueError(f"unknown hashing mode {mode!r} (expected 'xxhash' or 'vllm')")

@@ -1,0 +1,360 @@
+"""KV-event subscriber: one SUB (+ replay DEALER) per worker rank, driven by the actor's loop (SPEC §6).
+
+I/O only; every decision about seqs, gaps, replays and the indexes is `kvevents.apply.KvEventApplier`'s.
+
+* One SUB per (worker, dp_rank) — endpoint port + dp_rank (`kvevents.format.offset_endpoint`) —
+  subscribed to the worker's topic; its FD is registered with `loop.add_reader`; a wake drains at
+  most `frame_budget` messages with NOBLOCK and re-checks `zmq.EVENTS` afterwards (the FD is
+  edge-like), exactly like the actor's data socket. Reconnection with exponential backoff is
+  ZeroMQ's own (`RECONNECT_IVL` 100 ms doubling to `RECONNECT_IVL_MAX` 5 s).
+* Replay: when the applier asks, a DEALER (created on demand, same backoff options) sends
+  `[b"", start_seq]` to the rank's replay endpoint; replies `[b"", seq, payload]` or
+  `[b"", topic, seq, payload]` are fed to the applier until the end marker (seq -1). No end marker
+  within `replay_timeout_s`: the DEALER is closed (late replies dropped with it) and the request is
+  re-sent after a backoff (0.1 s doubling, at most 5 s), `replay_retries` times; then the missing
+  seqs are given up. A restart (seq decrease) also drops the DEALER in flight.
+* Staleness: every row starts stale; its first live batch makes it fresh; a disconnect (socket
+  monitor) or `stale_after_s` without any live batch makes it stale again. Transitions only are
+  reported through `mark_stale(row, bool)` (the daemon passes `Ledger.set_stale`). An idle engine
+  publishes nothing, so it turns stale too: harmless, the scheduler then relies on the approximate
+  index for that row until the next event.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from ..kvevents.apply import KvEventApplier
+from ..kvevents.format import offset_endpoint, seq_from_bytes, seq_to_bytes
+from ..shm.overlap import OverlapIndex
+from .ratelimit import RateLimitedLog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventSource:
+    """Where one worker row's events come from (endpoints already offset by dp_rank)."""
+
+    row: int  # ledger worker row
+    endpoint: str  # the engine's PUB endpoint (we connect)
+    replay_endpoint: str | None = None  # the engine's replay ROUTER, or None (no replay)
+    topic: str = ""  # SUB prefix filter ("" = every topic)
+
+
+def sources_for_worker(worker_cfg, rows_by_rank: dict[int, int]) -> list[KvEventSource]:
+    """The sources of one `WorkerConfig` (none without `kv_events_endpoint`).
+
+    Args:
+        worker_cfg: `kvsched.config.WorkerConfig`.
+        rows_by_rank: dp_rank -> ledger row, for the ranks registered in the ledger.
+    """
+    if not worker_cfg.kv_events_endpoint:
+        return []
+    out = []
+    for rank, row in sorted(rows_by_rank.items()):
+        replay = worker_cfg.kv_replay_endpoint
+        out.append(KvEventSource(row, offset_endpoint(worker_cfg.kv_events_endpoint, rank),
+                                 offset_endpoint(replay, rank) if replay else None, worker_cfg.kv_events_topic))
+    return out
+
+
+def _now_us() -> int:
+    return time.monotonic_ns() // 1000
+
+
+class _Stream:
+    """Sockets and timers of one source."""
+
+    __slots__ = ("src", "sub", "mon", "dealer", "last_msg_s", "stale", "replay_deadline_s",
+                 "replay_attempts", "retry_at_s", "retry_from")
+
+    def __init__(self, src: KvEventSource) -> None:
+        self.src = src
+        self.sub: zmq.Socket | None = None
+        self.mon: zmq.Socket | None = None
+        self.dealer: zmq.Socket | None = None
+        self.last_msg_s = 0.0
+        self.stale = True
+        self.replay_deadline_s: float | None = None  # end marker expected before this
+        self.replay_attempts = 0
+        self.retry_at_s: float | None = None  # re-send a failed replay request at this time
+        self.retry_from = 0
+
+
+def _backoff_s(attempt: int) -> float:
+    return min(5.0, 0.1 * (2 ** max(0, attempt - 1)))
+
+
+class KvEventSubscriber:
+    """Feeds vLLM KV events of every configured worker rank into the overlap indexes.
+
+    Args:
+        loop: the running event loop (the actor's).
+        ctx: zmq.Context for the sockets.
+        sources: one `KvEventSource` per worker row with an event endpoint (`sources_for_worker`).
+        device: OverlapIndex of device (GPU) blocks, fed with permanent entries.
+        offload: OverlapIndex of other tiers (CPU, disk, ...), or None to ignore those.
+        mark_stale: `(row, stale)` called on every staleness transition (and once per row at start).
+        stale_after_s: silence (no live batch) after which a row is stale (s).
+        replay_timeout_s: time allowed for a replay to reach its end marker (s).
+        replay_retries: re-sends of a replay request that timed out before giving up.
+        frame_budget: messages read per socket per wake.
+        max_frame_bytes: ZMQ_MAXMSGSIZE of the sockets (a bigger message drops the connection).
+        clock: monotonic seconds (tests may pass a fake).
+    """
+
+    def __init__(self, loop, ctx: zmq.Context, sources: Iterable[KvEventSource], device: OverlapIndex,
+                 offload: OverlapIndex | None = None, *, mark_stale: Callable[[int, bool], None] | None = None,
+                 stale_after_s: float = 30.0, replay_timeout_s: float = 2.0, replay_retries: int = 3,
+                 frame_budget: int = 256, max_frame_bytes: int = 64 << 20,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.loop = loop
+        self.ctx = ctx
+        self.streams = [_Stream(s) for s in sources]
+        rows = [s.src.row for s in self.streams]
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"two KV-event sources for one worker row: {rows}")
+        self.applier = KvEventApplier(device, offload)
+        self.mark_stale = mark_stale
+        self.stale_after_s = stale_after_s
+        self.replay_timeout_s = replay_timeout_s
+        self.replay_retries = replay_retries
+        self.frame_budget = frame_budget
+        self.max_frame_bytes = max_frame_bytes
+        self.clock = clock
+        self.tick_s = max(0.01, min(0.25, stale_after_s / 4))
+        self.malformed_frames = 0  # multipart messages of the wrong shape
+        self.disconnects = 0  # SUB disconnects seen by the socket monitor
+        self.warn = RateLimitedLog(log)
+        self._timer = None
+        self._running = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Connect every SUB, register readers, report every row stale, start the timer."""
+        if self._running:
+            raise RuntimeError("KvEventSubscriber already started; call stop() first")
+        self._running = True
+        now = self.clock()
+        for st in self.streams:
+            self._open_sub(st)
+            st.last_msg_s = now
+            st.stale = True
+            if self.mark_stale is not None:
+                self.mark_stale(st.src.row, True)
+        self._timer = self.loop.call_later(self.tick_s, self._on_timer)
+        log.info("kv events subscribed sources=%d", len(self.streams))
+
+    def stop(self) -> None:
+        """Unregister and close every socket (linger 0); the indexes keep what they hold."""
+        if not self._running:
+            return
+        self._running = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for st in self.streams:
+            self._close_dealer(st)
+            if st.mon is not None:
+                self.loop.remove_reader(st.mon.getsockopt(zmq.FD))
+                assert st.sub is not None
+                st.sub.disable_monitor()
+                st.mon.close(0)
+                st.mon = None
+            if st.sub is not None:
+                self.loop.remove_reader(st.sub.getsockopt(zmq.FD))
+                st.sub.close(0)
+                st.sub = None
+
+    def _options(self, sock: zmq.Socket) -> None:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
+
+    def _open_sub(self, st: _Stream) -> None:
+        sub = self.ctx.socket(zmq.SUB)
+        self._options(sub)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.SUBSCRIBE, st.src.topic.encode())
+        sub.connect(st.src.endpoint)
+        st.sub = sub
+        st.mon = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.loop.add_reader(sub.getsockopt(zmq.FD), self._on_sub, st)
+        self.loop.add_reader(st.mon.getsockopt(zmq.FD), self._on_monitor, st)
+        self.loop.call_soon(self._on_sub, st)
+
+    def _open_dealer(self, st: _Stream) -> zmq.Socket:
+        assert st.src.replay_endpoint is not None
+        dealer = self.ctx.socket(zmq.DEALER)
+        self._options(dealer)
+        dealer.connect(st.src.replay_endpoint)
+        st.dealer = dealer
+        self.loop.add_reader(dealer.getsockopt(zmq.FD), self._on_dealer, st)
+        return dealer
+
+    def _close_dealer(self, st: _Stream) -> None:
+        st.replay_deadline_s = None
+        if st.dealer is not None:
+            self.loop.remove_reader(st.dealer.getsockopt(zmq.FD))
+            st.dealer.close(0)
+            st.dealer = None
+
+    # ------------------------------------------------------------------ live stream
+    def _on_sub(self, st: _Stream) -> None:
+        sub = st.sub
+        if sub is None:
+            return
+        n = 0
+        while n < self.frame_budget:
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            n += 1
+            if len(frames) != 3 or len(frames[1]) != 8:
+                self._malformed(st, "live", len(frames))
+                continue
+            self._on_live(st, seq_from_bytes(frames[1]), frames[2])
+        if st.sub is sub and (n == self.frame_budget or sub.getsockopt(zmq.EVENTS) & zmq.POLLIN):
+            self.loop.call_soon(self._on_sub, st)
+
+    def _on_live(self, st: _Stream, seq: int, payload: bytes) -> None:
+        row = st.src.row
+        st.last_msg_s = self.clock()
+        self._set_stale(st, False)
+        res = self.applier.on_live(row, seq, payload, _now_us())
+        if res.restarted:
+            log.warning("kv events restart row=%d seq=%d: worker index cleared", row, seq)
+            self._close_dealer(st)
+            st.replay_attempts = 0
+            st.retry_at_s = None
+        if res.replay_from is not None:
+            self._request_replay(st, res.replay_from)
+
+    def _malformed(self, st: _Stream, what: str, parts: int) -> None:
+        self.malformed_frames += 1
+        self.warn.warning(f"kv-malformed-{st.src.row}", "kv event frame malformed row=%d socket=%s parts=%d",
+                          st.src.row, what, parts)
+
+    # ------------------------------------------------------------------ replay
+    def _request_replay(self, st: _Stream, start: int) -> None:
+        if st.src.replay_endpoint is None:  # nowhere to ask: the missing seqs are lost
+            self.applier.replay_failed(st.src.row, retry=False)
+            return
+        dealer = st.dealer or self._open_dealer(st)
+        try:
+            dealer.send_multipart((b"", seq_to_bytes(start)), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # EAGAIN (HWM) etc.: treat as a timed-out attempt
+            self.warn.warning(f"kv-replay-send-{st.src.row}", "kv replay request failed row=%d errno=%s",
+                              st.src.row, exc.errno)
+        st.replay_deadline_s = self.clock() + self.replay_timeout_s
+        st.retry_at_s = None
+        log.debug("kv replay requested row=%d from=%d", st.src.row, start)
+        self.loop.call_soon(self._on_dealer, st)
+
+    def _on_dealer(self, st: _Stream) -> None:
+        dealer = st.dealer
+        if dealer is None:
+            return
+        n = 0
+        while n < self.frame_budget and st.dealer is dealer:
+            try:
+                frames = dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            n += 1
+            self._on_replay_frames(st, frames)
+        if st.dealer is dealer and (n == self.frame_budget or dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN):
+            self.loop.call_soon(self._on_dealer, st)
+
+    def _on_replay_frames(self, st: _Stream, frames: list[bytes]) -> None:
+        if frames and frames[0] == b"":
+            frames = frames[1:]
+        if len(frames) == 3:  # [topic, seq, payload]
+            frames = frames[1:]
+        if len(frames) != 2 or len(frames[0]) != 8:
+            self._malformed(st, "replay", len(frames))
+            return
+        seq = seq_from_bytes(frames[0], signed=True)
+        row = st.src.row
+        if seq == -1:
+            st.replay_deadline_s = None
+            st.replay_attempts = 0
+            nxt = self.applier.on_replay_end(row)
+            if nxt is not None:
+                self._request_replay(st, nxt)
+            return
+        if seq < 0:
+            self._malformed(st, "replay", 2)
+            return
+        self.applier.on_replay(row, seq, frames[1], _now_us())
+
+    # ------------------------------------------------------------------ timers
+    def _on_monitor(self, st: _Stream) -> None:
+        mon = st.mon
+        while mon is not None:
+            try:
+                msg = recv_monitor_message(mon, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if msg["event"] == zmq.EVENT_DISCONNECTED:
+                self.disconnects += 1
+                log.info("kv events disconnected row=%d endpoint=%s", st.src.row, st.src.endpoint)
+                self._set_stale(st, True)
+        if st.mon is not None and st.mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.loop.call_soon(self._on_monitor, st)
+
+    def _set_stale(self, st: _Stream, stale: bool) -> None:
+        if st.stale != stale:
+            st.stale = stale
+            if self.mark_stale is not None:
+                self.mark_stale(st.src.row, stale)
+
+    def _on_timer(self) -> None:
+        now = self.clock()
+        try:
+            for st in self.streams:
+                if not st.stale and now - st.last_msg_s > self.stale_after_s:
+                    self._set_stale(st, True)
+                if st.replay_deadline_s is not None and now > st.replay_deadline_s:
+                    self._replay_timed_out(st, now)
+                if st.retry_at_s is not None and now >= st.retry_at_s:
+                    st.retry_at_s = None
+                    self._request_replay(st, st.retry_from)
+        finally:
+            if self._running:
+                self._timer = self.loop.call_later(self.tick_s, self._on_timer)
+
+    def _replay_timed_out(self, st: _Stream, now: float) -> None:
+        self._close_dealer(st)  # drops late replies of this attempt
+        st.replay_attempts += 1
+        retry = st.replay_attempts <= self.replay_retries
+        nxt = self.applier.replay_failed(st.src.row, retry)
+        self.warn.warning(f"kv-replay-timeout-{st.src.row}", "kv replay timed out row=%d attempt=%d retry=%s",
+                          st.src.row, st.replay_attempts, nxt is not None)
+        if nxt is None:
+            st.replay_attempts = 0
+            return
+        st.retry_from = nxt
+        st.retry_at_s = now + _backoff_s(st.replay_attempts)
+
+    # ------------------------------------------------------------------ introspection
+    def stale_rows(self) -> list[int]:
+        return [st.src.row for st in self.streams if st.stale]
+
+    def counters(self) -> dict[str, int]:
+        """Counters for metrics: applied, replayed, unknown_types, unknown_fields, gaps, restarts,
+        stale_workers (a gauge), plus the applier's other counters, malformed_frames, disconnects."""
+        out = self.applier.counters.as_dict()
+        out["stale_workers"] = sum(1 for st in self.streams if st.stale)
+        out["malformed_frames"] = self.malformed_frames
+        out["disconnects"] = self.disconnects
+        return out

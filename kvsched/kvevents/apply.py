@@ -1,0 +1,322 @@
+"""Per-worker-row KV-event stream state, applied to the overlap indexes (pure; SPEC §6).
+
+One `KvEventApplier` serves every worker row. The I/O layer (`daemon/kv_events.py`) hands it each
+live batch (`on_live`), each replayed batch (`on_replay`) and each replay end marker
+(`on_replay_end`); the applier says when a replay must be requested and from which seq.
+
+Rules (per row):
+
+* **In order**: live seq N after last seq L. N == L + 1: apply. N > L + 1: seqs [L+1, N) are
+  *missing* (a gap; counted), N is applied at once and a replay from L+1 is requested (one replay in
+  flight per row; gaps found meanwhile are asked for when it ends).
+* **Restart**: N <= L means the engine's publisher restarted (its seq starts again at 0): both
+  indexes forget the row, the state is reset, then N is handled as the first batch.
+* **First batch** (at start, or after a restart) with N > 0: seqs [0, N) are missing and a replay from
+  0 is requested (`replay_on_first`), so a daemon that starts after its engines learns their caches
+  from the publisher's ring buffer.
+* **Replay**: a replayed batch is applied only if its seq is still missing (duplicates, and seqs
+  the live stream will deliver, are skipped). While anything is missing, every live event leaves a
+  *tombstone* `(key, tier) -> (seq, stored?)` and a live `AllBlocksCleared` records its seq; a
+  replayed event older than the tombstone of a key (or than that clear) is skipped for that key, so
+  a replay **never resurrects a block a newer live event removed** (nor removes one a newer live
+  event stored). A replayed `AllBlocksCleared` clears the row, then re-applies the newer live stores.
+* **End of replay**: seqs still missing that existed when the request was sent are lost (the
+  publisher's buffer no longer has them; counted); tombstones are dropped once nothing is missing.
+
+Tiers: `Stored`/`Removed` with medium GPU (or no medium) go to the `device` index; any other medium
+(CPU, disk, ...) to the `offload` index (ignored when None). `AllBlocksCleared` clears both.
+Entries are permanent (`ttl_us=None`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from ..shm.overlap import OverlapIndex
+from .format import Cleared, DecodedBatch, KvEventFormatError, Removed, Stored, decode_batch
+
+
+@dataclass(slots=True)
+class KvEventCounters:
+    """Monotonic counters for metrics (`kvsched_kv_events_*`)."""
+
+    applied: int = 0  # events applied from the live stream
+    replayed: int = 0  # events applied from replay replies
+    unknown_types: int = 0  # events skipped: unknown tag
+    unknown_fields: int = 0  # fields skipped: unknown map key / extra array position
+    malformed_events: int = 0  # events skipped: a known field had the wrong type
+    malformed_batches: int = 0  # payloads that were not an event batch (seq still consumed)
+    gaps: int = 0  # seq gaps seen on live streams
+    restarts: int = 0  # seq decreases (engine restarted): row cleared
+    replay_requests: int = 0  # replay requests asked for
+    replay_lost: int = 0  # missing batches the replay could not supply
+    replay_duplicates: int = 0  # replayed batches skipped (not missing)
+    resurrect_skipped: int = 0  # replayed block updates skipped: a newer live event won
+    tombstone_overflows: int = 0  # replays abandoned because too many tombstones piled up
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class LiveResult:
+    """What `on_live` did."""
+
+    applied: int  # events applied from this batch
+    replay_from: int | None  # send a replay request for seqs >= this now (None = nothing to ask)
+    restarted: bool  # the seq went backwards: the row was cleared first (drop any replay in flight)
+    first: bool  # first batch on this row since start, reset or restart
+
+
+@dataclass(slots=True)
+class RowStream:
+    """Stream state of one worker row. Invariant: `missing` is sorted, disjoint, every hi <= last_seq."""
+
+    last_seq: int = -1  # highest live seq applied; -1 = none yet
+    missing: list[list[int]] = field(default_factory=list)  # [lo, hi) seq ranges not applied
+    replay_from: int | None = None  # start seq of the replay request in flight
+    replay_sent_at: int = -1  # last_seq when that request was sent
+    tombs: dict[tuple[int, bool], tuple[int, bool]] = field(default_factory=dict)  # (key, device) -> (seq, stored)
+    cleared_seq: int = -1  # seq of the newest live AllBlocksCleared while something is missing
+
+    def missing_count(self) -> int:
+        return sum(hi - lo for lo, hi in self.missing)
+
+    def take_missing(self, seq: int) -> bool:
+        """Mark `seq` as no longer missing; False if it was not missing."""
+        for i, (lo, hi) in enumerate(self.missing):
+            if lo <= seq < hi:
+                parts = [r for r in ([lo, seq], [seq + 1, hi]) if r[0] < r[1]]
+                self.missing[i:i + 1] = parts
+                return True
+            if seq < lo:
+                break
+        return False
+
+
+class KvEventApplier:
+    """Applies KV-event batches of many worker rows to a device and an offload `OverlapIndex`.
+
+    Args:
+        device: index of blocks in device (GPU) memory, KV-event entries (permanent).
+        offload: index of blocks in other tiers (CPU, disk, ...), or None to ignore those events.
+        replay_on_first: ask for seqs [0, N) when a row's first batch has seq N > 0.
+        max_tombstones: per row; past it the replay in flight is abandoned (missing seqs lost).
+    """
+
+    def __init__(self, device: OverlapIndex, offload: OverlapIndex | None = None, *,
+                 replay_on_first: bool = True, max_tombstones: int = 1 << 20) -> None:
+        self.device = device
+        self.offload = offload
+        self.replay_on_first = replay_on_first
+        self.max_tombstones = max_tombstones
+        self.counters = KvEventCounters()
+        self._rows: dict[int, RowStream] = {}
+
+    # ------------------------------------------------------------------ queries
+    def stream(self, row: int) -> RowStream:
+        """The row's stream state (created empty on first use)."""
+        st = self._rows.get(row)
+        if st is None:
+            st = self._rows[row] = RowStream()
+        return st
+
+    def replay_pending(self, row: int) -> bool:
+        st = self._rows.get(row)
+        return st is not None and st.replay_from is not None
+
+    # ------------------------------------------------------------------ live stream
+    def on_live(self, row: int, seq: int, payload: bytes, now_us: int) -> LiveResult:
+        """Apply one live batch `seq` of `row`; say whether to request a replay."""
+        st = self.stream(row)
+        restarted = st.last_seq >= 0 and seq <= st.last_seq
+        if restarted:
+            self.counters.restarts += 1
+            self.reset_row(row)
+            st = self.stream(row)
+        first = st.last_seq < 0
+        if first:
+            if seq > 0 and self.replay_on_first:
+                st.missing.append([0, seq])
+        elif seq > st.last_seq + 1:
+            self.counters.gaps += 1
+            st.missing.append([st.last_seq + 1, seq])
+        batch = self._decode(payload)
+        applied = 0
+        if batch is not None:
+            applied = self._apply_live(row, st, seq, batch, now_us)
+            self.counters.applied += applied
+        st.last_seq = seq
+        replay_from = None
+        if st.missing and st.replay_from is None:
+            replay_from = self._request(st)
+        return LiveResult(applied, replay_from, restarted, first)
+
+    def _decode(self, payload: bytes) -> DecodedBatch | None:
+        try:
+            batch = decode_batch(payload)
+        except KvEventFormatError:
+            self.counters.malformed_batches += 1
+            return None
+        self.counters.unknown_types += batch.unknown_types
+        self.counters.unknown_fields += batch.unknown_fields
+        self.counters.malformed_events += batch.malformed
+        return batch
+
+    def _request(self, st: RowStream) -> int:
+        st.replay_from = st.missing[0][0]
+        st.replay_sent_at = st.last_seq
+        self.counters.replay_requests += 1
+        return st.replay_from
+
+    def _index(self, device: bool) -> OverlapIndex | None:
+        return self.device if device else self.offload
+
+    def _apply_live(self, row: int, st: RowStream, seq: int, batch: DecodedBatch, now_us: int) -> int:
+        record = bool(st.missing)
+        n = 0
+        for ev in batch.events:
+            if isinstance(ev, Cleared):
+                self._clear(row)
+                if record:
+                    st.cleared_seq = seq
+                n += 1
+                continue
+            idx = self._index(ev.device)
+            if idx is None:
+                continue
+            stored = isinstance(ev, Stored)
+            if stored:
+                idx.insert(ev.keys, row, now_us, None)
+            else:
+                idx.remove(ev.keys, row)
+            if record:
+                dev = ev.device
+                for k in ev.keys.tolist():
+                    st.tombs[(k, dev)] = (seq, stored)
+            n += 1
+        if record and len(st.tombs) > self.max_tombstones:
+            self.counters.tombstone_overflows += 1
+            self._give_up(st)
+        return n
+
+    # ------------------------------------------------------------------ replay
+    def on_replay(self, row: int, seq: int, payload: bytes, now_us: int) -> int:
+        """Apply one replayed batch if `seq` is still missing. Returns events applied."""
+        st = self._rows.get(row)
+        if st is None or not st.take_missing(seq):
+            self.counters.replay_duplicates += 1
+            return 0
+        batch = self._decode(payload)
+        if batch is None:
+            return 0
+        n = 0
+        for ev in batch.events:
+            if seq < st.cleared_seq:  # a newer live clear wins over everything before it
+                self.counters.resurrect_skipped += 1
+                continue
+            if isinstance(ev, Cleared):
+                self._replayed_clear(row, st, seq, now_us)
+                n += 1
+                continue
+            idx = self._index(ev.device)
+            if idx is None:
+                continue
+            keys = self._not_overridden(st, ev, seq)
+            if keys.shape[0]:
+                if isinstance(ev, Stored):
+                    idx.insert(keys, row, now_us, None)
+                else:
+                    idx.remove(keys, row)
+            n += 1
+        self.counters.replayed += n
+        return n
+
+    def _not_overridden(self, st: RowStream, ev: Stored | Removed, seq: int) -> np.ndarray:
+        if not st.tombs:
+            return ev.keys
+        dev = ev.device
+        keep = [k for k in ev.keys.tolist() if st.tombs.get((k, dev), (-1, False))[0] < seq]
+        self.counters.resurrect_skipped += ev.keys.shape[0] - len(keep)
+        return np.array(keep, dtype=np.uint64)
+
+    def _replayed_clear(self, row: int, st: RowStream, seq: int, now_us: int) -> None:
+        self._clear(row)
+        for dev in (True, False):
+            idx = self._index(dev)
+            if idx is None:
+                continue
+            keys = [k for (k, d), (s, stored) in st.tombs.items() if d == dev and stored and s > seq]
+            if keys:
+                idx.insert(np.array(keys, dtype=np.uint64), row, now_us, None)
+
+    def on_replay_end(self, row: int) -> int | None:
+        """The end marker arrived. Returns the seq to request next (gaps found meanwhile) or None."""
+        st = self._rows.get(row)
+        if st is None or st.replay_from is None:
+            return None
+        old = [r for r in st.missing if r[0] <= st.replay_sent_at]
+        self.counters.replay_lost += sum(hi - lo for lo, hi in old)
+        st.missing = [r for r in st.missing if r[0] > st.replay_sent_at]
+        st.replay_from = None
+        if st.missing:
+            return self._request(st)
+        self._give_up(st)
+        return None
+
+    def replay_failed(self, row: int, retry: bool) -> int | None:
+        """The replay in flight got no end marker (timeout, socket error). Returns the seq to ask again
+        when `retry`, else abandons: whatever is missing is lost."""
+        st = self._rows.get(row)
+        if st is None or st.replay_from is None:
+            return None
+        if retry and st.missing:
+            return self._request(st)
+        self._give_up(st)
+        return None
+
+    def _give_up(self, st: RowStream) -> None:
+        self.counters.replay_lost += st.missing_count()
+        st.missing.clear()
+        st.replay_from = None
+        st.tombs.clear()
+        st.cleared_seq = -1
+
+    # ------------------------------------------------------------------ rows
+    def _clear(self, row: int) -> None:
+        self.device.clear_row(row)
+        if self.offload is not None:
+            self.offload.clear_row(row)
+
+    def reset_row(self, row: int) -> None:
+        """Forget the row: both indexes and its stream state (restart, worker removed)."""
+        self._clear(row)
+        self._rows.pop(row, None)
+
+
+def credited_overlap(device_depth: np.ndarray, offload_depth: np.ndarray | None, approx_depth: np.ndarray,
+                     stale: np.ndarray, offload_credit: float, out: np.ndarray) -> np.ndarray:
+    """Overlap blocks to credit per worker row, combining the event-fed and approximate indexes.
+
+    Non-stale rows: base = max(device, approx) (approx holds the short-TTL speculative entries written
+    at routing time), plus `offload_credit` per block of the offload-tier prefix beyond base.
+    Stale rows (no live event stream): approx only; their event-fed entries may be outdated.
+    The offload prefix is measured from block 0 in the offload index alone, which is exact when the
+    offload tier keeps a copy of what the device holds (write-through offloading, as vLLM's CPU
+    offloading does) and an underestimate otherwise.
+
+    Args:
+        device_depth / offload_depth / approx_depth: int32[R], prefix depth (blocks) per row from
+            `OverlapIndex.depth`; offload_depth None = no offload index.
+        stale: bool[R], True where the row's event stream is stale or absent.
+        offload_credit: credit of an offload-only block relative to a device block (0..1).
+        out: float64[R], written and returned.
+    """
+    base = np.maximum(device_depth, approx_depth)
+    np.copyto(out, base)
+    if offload_depth is not None and offload_credit > 0:
+        out += offload_credit * np.maximum(0, offload_depth.astype(np.int64) - base)
+    np.copyto(out, approx_depth, where=stale)
+    return out
