@@ -61,6 +61,8 @@ class WorkerConfig(Section):
     kv_events_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5557 (port + dp_rank per rank)
     kv_replay_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5558 (port + dp_rank per rank)
     kv_events_topic: str = ""  # SUB topic filter ("" = all)
+    # KV-event stream silent or disconnected longer than this (s) -> worker marked stale (approximate index)
+    kv_events_stale_after_s: Annotated[float, Meta(gt=0)] = 30.0
 
 
 class SelectorConfig(Section):
@@ -71,6 +73,8 @@ class SelectorConfig(Section):
     overlap_credit: Annotated[float, Meta(ge=0)] = 1.0  # blocks of credit per overlapping block
     temperature: Annotated[float, Meta(ge=0)] = 0.0  # 0 = argmin with random tie-break
     approx_ttl_s: Annotated[float, Meta(gt=0)] = 120.0  # approximate index entry lifetime (s)
+    # credit of a block held only in an offload tier (CPU/disk KV events), as a fraction of a device block's
+    offload_overlap_credit: Annotated[float, Meta(ge=0, le=1)] = 0.5
     seed: int | None = None  # RNG seed for tie-breaks / softmax (None = random)
 
 

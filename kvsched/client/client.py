@@ -1,9 +1,14 @@
 """`SchedulerClient`: one DEALER connection per router process, shared by its coroutines (SPEC §1, §5).
 
-I/O follows the daemon's own pattern: a plain (non-asyncio) ZeroMQ socket whose FD is registered with
-`loop.add_reader` and drained with NOBLOCK; each waiting `schedule()` is a future keyed by request_id.
-Cancelling a caller still waiting in `schedule()` sends `Release(cancelled)`; an `Admitted` that
-arrives for a request nobody waits for any more is released at once, so nothing leaks.
+I/O follows the daemon's own pattern (see `link.py`): a plain ZeroMQ socket whose FD is registered
+with `loop.add_reader`; each waiting `schedule()` is a future keyed by request_id. Cancelling a caller
+still waiting in `schedule()` sends `Release(cancelled)`; an `Admitted` that arrives for a request
+nobody waits for any more is released at once, so nothing leaks.
+
+After a daemon restart the link says Hello again and this client sends `Reattach` with its open
+leases and its waiting Enqueues; callers see an error only when the daemon stays away longer than
+`reconnect_deadline_s`. With `on_unavailable="bypass"`, `schedule()` returns a degraded lease on a
+locally chosen worker while no daemon answers.
 """
 
 from __future__ import annotations
@@ -11,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
+import random
 import time
 import weakref
-from typing import Iterable
+from typing import Iterable, Literal
 
-import msgspec
 import numpy as np
 import zmq
 
@@ -25,6 +29,7 @@ from ..config import data_endpoint
 from ..core.types import WorkerKey
 from ..errors import DaemonUnavailable, ProtocolError, rejection_error
 from .lease import Lease
+from .link import Link
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +41,13 @@ class SchedulerClient:
         endpoint: data socket; None = discovery (`KVSCHED_ENDPOINT`, else the ipc path of `instance`).
         instance: daemon instance name used by discovery.
         client_name: shown in the daemon's logs and `kvsched status`.
-        connect_timeout_s: seconds to wait for `Welcome` before raising `DaemonUnavailable`.
-        attach_progress: map the progress segment to report output tokens without frames (local
-            routers); falls back to `Update(progress)` frames when it cannot be mapped.
+        connect_timeout_s: seconds to wait for the first `Welcome`.
+        reconnect_deadline_s: after losing the daemon, waiting calls fail with `DaemonUnavailable`
+            only once the outage is this old (s).
+        on_unavailable: "fail" (raise `DaemonUnavailable`) or "bypass" (degraded lease on a random
+            worker of `bypass_workers`, flagged `degraded=True` and counted in `degraded_total`).
+        bypass_workers: (worker_id, dp_rank) pairs used in bypass mode.
+        attach_progress: map the progress segment to report output tokens without frames.
         ctx: a zmq.Context to use (default: a private one).
     Usage:
         async with SchedulerClient() as client:
@@ -48,63 +57,95 @@ class SchedulerClient:
     """
 
     def __init__(self, endpoint: str | None = None, *, instance: str = "default", client_name: str = "",
-                 connect_timeout_s: float = 5.0, attach_progress: bool = True, ctx: zmq.Context | None = None) -> None:
+                 connect_timeout_s: float = 5.0, reconnect_deadline_s: float = 30.0,
+                 on_unavailable: Literal["fail", "bypass"] = "fail",
+                 bypass_workers: Iterable[tuple[int, int]] = (), attach_progress: bool = True,
+                 ctx: zmq.Context | None = None) -> None:
+        if on_unavailable not in ("fail", "bypass"):
+            raise ValueError("on_unavailable must be 'fail' or 'bypass'")
         self.endpoint = endpoint or data_endpoint(instance)
         self.client_name = client_name or f"router-{os.getpid()}"
         self.connect_timeout_s = connect_timeout_s
+        self.reconnect_deadline_s = reconnect_deadline_s
+        self.on_unavailable = on_unavailable
+        self.bypass_workers = [WorkerKey(*w) for w in bypass_workers]
+        if on_unavailable == "bypass" and not self.bypass_workers:
+            raise ValueError("on_unavailable='bypass' needs bypass_workers")
         self.attach_progress = attach_progress
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
-        self._sock: zmq.Socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._enc = p.make_encoder()
-        self._dec = p.make_daemon_decoder()
-        self._pending: dict[str, asyncio.Future] = {}
+        self._link: Link | None = None
+        self._pending: dict[str, tuple[asyncio.Future, object, int]] = {}  # rid -> (future, frame, isl)
         self._leases: dict[str, weakref.ref] = {}
-        self._isl: dict[str, int] = {}
         self._welcome_fut: asyncio.Future | None = None
-        self.welcome: p.Welcome | None = None
         self._progress: np.ndarray | None = None
         self._segments = None
-        self._last_send = 0.0
-        self._hb_seq = 0
-        self._hb_handle: asyncio.TimerHandle | None = None
-        self.errors: list[p.Error] = []  # Error frames not tied to a waiting call (for diagnostics)
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self.degraded_total = 0
+        self.lost_leases: list[str] = []
+        self.errors: list[p.Error] = []  # Error frames not tied to a waiting call (diagnostics)
+
+    @property
+    def welcome(self) -> p.Welcome | None:
+        return self._link.welcome if self._link is not None else None
+
+    @property
+    def connected(self) -> bool:
+        return self._link is not None and self._link.connected
 
     # ------------------------------------------------------------------ connection
     async def connect(self) -> "SchedulerClient":
         """Open the DEALER, say Hello, wait for Welcome.
 
         Raises:
-            DaemonUnavailable: no Welcome within `connect_timeout_s` (names the endpoint).
+            DaemonUnavailable: no Welcome within `connect_timeout_s` (names the endpoint); in
+                bypass mode it does not raise and keeps trying in the background.
             ProtocolError: the daemon refused our protocol version.
         """
         self._loop = asyncio.get_running_loop()
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.connect(self.endpoint)
-        self._sock = sock
-        self._loop.add_reader(sock.getsockopt(zmq.FD), self._on_readable)
         self._welcome_fut = self._loop.create_future()
-        self._send(p.Hello(p.PROTOCOL_VERSION, self.client_name[:128], os.getpid(), socket.gethostname()[:128]))
+        self._link = Link(self._ctx, self.endpoint, self.client_name, self._on_frame, self._on_welcome)
+        self._link.open(self._loop)
         try:
-            self.welcome = await asyncio.wait_for(self._welcome_fut, self.connect_timeout_s)
+            await asyncio.wait_for(asyncio.shield(self._welcome_fut), self.connect_timeout_s)
         except asyncio.TimeoutError:
-            await self.close()
-            raise DaemonUnavailable(
-                f"no kvsched daemon answered at {self.endpoint} within {self.connect_timeout_s:.1f}s"
-            ) from None
+            if self.on_unavailable == "bypass":
+                log.warning("no daemon at %s; bypass mode until it answers", self.endpoint)
+            else:
+                await self.close()
+                raise DaemonUnavailable(
+                    f"no kvsched daemon answered at {self.endpoint} within {self.connect_timeout_s:.1f}s"
+                ) from None
         except ProtocolError:
             await self.close()
             raise
-        if self.attach_progress:
-            self._attach_progress(self.welcome)
-        self._schedule_heartbeat()
+        self._arm_deadline_timer()
         return self
 
+    def _on_welcome(self, welcome: p.Welcome, reconnected: bool) -> None:
+        if self._welcome_fut is not None and not self._welcome_fut.done():
+            self._welcome_fut.set_result(welcome)
+        if self.attach_progress:
+            self._attach_progress(welcome)
+        if reconnected:
+            leases = [p.LeaseRef(l.request_id, l.slot, l.generation) for l in self._open_leases()]
+            pending = [frame for (_, frame, _) in self._pending.values() if isinstance(frame, p.Enqueue)]
+            log.info("reconnected epoch=%d reattaching leases=%d pending=%d", welcome.daemon_epoch,
+                     len(leases), len(pending))
+            self._link.send(p.Reattach(leases, pending))
+
+    def _open_leases(self) -> list[Lease]:
+        out = []
+        for ref in self._leases.values():
+            lease = ref()
+            if lease is not None and lease.outcome is None:
+                out.append(lease)
+        return out
+
     def _attach_progress(self, welcome: p.Welcome) -> None:
+        if self._segments is not None:
+            return
         prefix, suffix = "kvsched-", "-ledger"
         name = welcome.shm_ledger
         if not (name.startswith(prefix) and name.endswith(suffix)):
@@ -120,29 +161,22 @@ class SchedulerClient:
 
     async def close(self) -> None:
         """Abort every open lease, fail every waiting call, close the socket."""
-        for ref in list(self._leases.values()):
-            lease = ref()
-            if lease is not None and lease.outcome is None:
-                lease.release("aborted")
-        for rid, fut in list(self._pending.items()):
+        for lease in self._open_leases():
+            lease.release("aborted")
+        for rid, (fut, _, _) in list(self._pending.items()):
             if not fut.done():
                 fut.set_exception(DaemonUnavailable(f"client closed while {rid!r} was waiting"))
         self._pending.clear()
-        if self._hb_handle is not None:
-            self._hb_handle.cancel()
-        if self._sock is not None:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
-            self._sock.close(0)
-            self._sock = None
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        if self._link is not None:
+            self._link.close()
+            self._link = None
         if self._segments is not None:
             self._progress = None
-            try:
-                self._segments.close()
-            except BufferError:  # a numpy view is still alive somewhere; the mapping goes with the process
-                pass
+            self._segments.close()
             self._segments = None
-        if self._own_ctx:
+        if self._own_ctx and not self._ctx.closed:
             self._ctx.term()
 
     async def __aenter__(self) -> "SchedulerClient":
@@ -165,16 +199,16 @@ class SchedulerClient:
             block_hashes: chained prefix-block hashes: uint64 array, list of ints, or little-endian
                 u64 bytes; at most ceil(isl_tokens / block_size) of them.
             pinned: (worker_id, dp_rank) the request must run on. allowed_workers: worker ids it may use.
-            deadline_ms: the longest it may wait in the queue.
+            deadline_ms: the longest it may wait in the queue (ms).
             (other options: SPEC §2 `Enqueue`.)
         Returns:
-            An open `Lease`.
+            An open `Lease` (degraded when bypassing an unavailable daemon).
         Raises:
             RequestRejected subclass: the daemon's reason (QueueFull, NoEndpoints, QueueTimeout, ...).
-            DaemonUnavailable: not connected.
-            ValueError: malformed block_hashes.
+            DaemonUnavailable: not connected, or the daemon stayed away past `reconnect_deadline_s`.
+            ValueError: malformed block_hashes, or request_id already waiting in this client.
         """
-        if self._sock is None or self._loop is None:
+        if self._link is None or self._loop is None:
             raise DaemonUnavailable(f"not connected to {self.endpoint}; call connect() first")
         frame = p.Enqueue(
             request_id, isl_tokens, p.hashes_to_bytes(block_hashes if block_hashes is not None else b""),
@@ -182,24 +216,39 @@ class SchedulerClient:
             tuple(pinned) if pinned is not None else None,
             list(allowed_workers) if allowed_workers is not None else None, do_not_queue, deadline_ms, lora_name,
         )
+        if not self._link.connected and self.on_unavailable == "bypass" and self._outage_expired():
+            return self._degraded_lease(request_id, isl_tokens, pinned)
         return await self._await_admission(request_id, isl_tokens, frame)
+
+    def _outage_expired(self) -> bool:
+        link = self._link
+        if link is None or link.connected:
+            return False
+        if not link.ever_connected:
+            return True
+        return time.monotonic() - (link.reconnecting_since or 0) > self.reconnect_deadline_s
+
+    def _degraded_lease(self, request_id: str, isl_tokens: int, pinned) -> Lease:
+        self.degraded_total += 1
+        worker = WorkerKey(*pinned) if pinned is not None else random.choice(self.bypass_workers)
+        return Lease(None, request_id, worker, -1, 0, 0, 0, 0, isl_tokens, degraded=True)
 
     async def _await_admission(self, request_id: str, isl_tokens: int, frame) -> Lease:
         if request_id in self._pending:
             raise ValueError(f"request {request_id!r} is already waiting in this client")
         fut = self._loop.create_future()
-        self._pending[request_id] = fut
-        self._isl[request_id] = isl_tokens
+        self._pending[request_id] = (fut, frame, isl_tokens)
         try:
-            self._send(frame)
+            # An Enqueue is not buffered while the link is down: Reattach re-sends every waiting one.
+            self._link.send(frame, buffer_when_down=not isinstance(frame, p.Enqueue))
             reply = await fut
         except asyncio.CancelledError:
-            if self._pending.pop(request_id, None) is fut and self._sock is not None:
-                self._send(p.Release(request_id, -1, 0, "cancelled", 0))
+            entry = self._pending.pop(request_id, None)
+            if entry is not None and entry[0] is fut and self._link is not None:
+                self._link.send(p.Release(request_id, -1, 0, "cancelled", 0))
             raise
         finally:
             self._pending.pop(request_id, None)
-            self._isl.pop(request_id, None)
         if isinstance(reply, p.Rejected):
             raise rejection_error(reply.request_id, reply.reason, reply.detail, reply.policy_class,
                                   reply.limit_kind, reply.current, reply.limit)
@@ -212,7 +261,25 @@ class SchedulerClient:
         frame = p.Update(lease.request_id, lease.slot, lease.generation, "requeue")
         return await self._await_admission(lease.request_id, lease.isl_tokens, frame)
 
+    def _arm_deadline_timer(self) -> None:
+        self._deadline_timer = self._loop.call_later(0.25, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        if self._link is None:
+            return
+        if self._pending and self._link.ever_connected and self._outage_expired():
+            err = f"daemon at {self.endpoint} unreachable for more than {self.reconnect_deadline_s:.0f}s"
+            for rid, (fut, _, _) in list(self._pending.items()):
+                if not fut.done():
+                    fut.set_exception(DaemonUnavailable(err))
+        self._arm_deadline_timer()
+
     # ------------------------------------------------------------------ lease callbacks
+    def _send(self, frame) -> None:
+        if self._link is None:
+            raise DaemonUnavailable(f"connection to {self.endpoint} is closed")
+        self._link.send(frame)
+
     def _report_progress(self, lease: Lease) -> None:
         if self._progress is not None:
             from ..shm.progress import write_progress
@@ -229,7 +296,7 @@ class SchedulerClient:
     def _release_from_gc(self, request_id: str, slot: int, generation: int) -> None:
         """A lease was collected while open: abort it on the loop thread (GC may run anywhere)."""
         loop = self._loop
-        if loop is None or loop.is_closed() or self._sock is None:
+        if loop is None or loop.is_closed() or self._link is None:
             return
         frame = p.Release(request_id, slot, generation, "aborted", 0)
         try:
@@ -238,71 +305,34 @@ class SchedulerClient:
             pass
 
     def _send_quiet(self, frame) -> None:
-        if self._sock is not None:
-            self._send(frame)
+        if self._link is not None:
+            self._link.send(frame)
 
-    # ------------------------------------------------------------------ wire
-    def _send(self, frame) -> None:
-        if self._sock is None:
-            raise DaemonUnavailable(f"connection to {self.endpoint} is closed")
-        try:
-            self._sock.send(self._enc.encode(frame), zmq.NOBLOCK)
-        except zmq.Again as exc:
-            raise DaemonUnavailable(f"send queue to {self.endpoint} is full") from exc
-        self._last_send = time.monotonic()
-        if self._loop is not None:  # sending can consume the FD's edge: re-check incoming
-            self._loop.call_soon(self._on_readable)
-
-    def _on_readable(self) -> None:
-        sock = self._sock
-        while sock is not None:
-            try:
-                raw = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            try:
-                frame = self._dec.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.warning("undecodable frame from daemon error=%s", exc)
-                continue
-            self._dispatch(frame)
-            sock = self._sock
-
-    def _dispatch(self, frame) -> None:
+    # ------------------------------------------------------------------ incoming
+    def _on_frame(self, frame) -> None:
         match frame:
             case p.Admitted() | p.Rejected():
-                fut = self._pending.get(frame.request_id)
-                if fut is not None and not fut.done():
-                    fut.set_result(frame)
+                entry = self._pending.get(frame.request_id)
+                if entry is not None and not entry[0].done():
+                    entry[0].set_result(frame)
                 elif isinstance(frame, p.Admitted):  # nobody waits (cancelled): give it back
                     self._send(p.Release(frame.request_id, frame.slot, frame.generation, "aborted", 0))
-            case p.Welcome():
-                if self._welcome_fut is not None and not self._welcome_fut.done():
-                    self._welcome_fut.set_result(frame)
+            case p.Reattached():
+                for rid in frame.lost:
+                    ref = self._leases.pop(rid, None)
+                    lease = ref() if ref is not None else None
+                    if lease is not None and lease.outcome is None:
+                        lease.outcome = "lost"
+                        self.lost_leases.append(rid)
+                        del self.lost_leases[:-1000]
+                if frame.lost:
+                    log.warning("daemon lost leases after restart count=%d", len(frame.lost))
             case p.Error():
-                fut = self._pending.get(frame.request_id) if frame.request_id else None
+                entry = self._pending.get(frame.request_id) if frame.request_id else None
                 if frame.code == p.ErrorCode.VERSION and self._welcome_fut and not self._welcome_fut.done():
                     self._welcome_fut.set_exception(ProtocolError(frame.message))
-                elif fut is not None and not fut.done():
-                    fut.set_exception(ProtocolError(f"daemon error {frame.code}: {frame.message}"))
+                elif entry is not None and not entry[0].done():
+                    entry[0].set_exception(ProtocolError(f"daemon error {frame.code}: {frame.message}"))
                 else:
                     self.errors.append(frame)
                     del self.errors[:-100]
-            case p.HeartbeatAck() | p.Reattached():
-                pass
-
-    def _schedule_heartbeat(self) -> None:
-        assert self.welcome is not None and self._loop is not None
-        period = self.welcome.heartbeat_ms / 1000
-        self._hb_handle = self._loop.call_later(period, self._heartbeat)
-
-    def _heartbeat(self) -> None:
-        if self._sock is None:
-            return
-        if time.monotonic() - self._last_send >= self.welcome.heartbeat_ms / 1000 * 0.9:
-            self._hb_seq += 1
-            try:
-                self._send(p.Heartbeat(self._hb_seq))
-            except DaemonUnavailable:
-                pass
-        self._schedule_heartbeat()

@@ -20,7 +20,6 @@ from typing import Callable
 import numpy as np
 
 from ..config import ClassConfig, Config
-from ..protocol import ExplainReply, ExplainRow
 from ..shm.layout import FLAG_DRAINED
 from ..shm.overlap import OverlapIndex
 from .admission import Aborted, Event, FleetView
@@ -249,19 +248,3 @@ class Dispatch:
     def _capacity_changed(self, row: int) -> None:
         self.pq.on_capacity_change(self.ledger.key_of(row))
         self._dirty = True
-
-    # ---- explain -----------------------------------------------------------------------------
-    def explain(self, request_id: str) -> ExplainReply | None:
-        """Per-worker rows of the most recent admission of `request_id` (last ~1024 decisions)."""
-        for rec in reversed(self._explain):
-            if rec[0] != request_id:
-                continue
-            _, row, now_us, elig, depth, blocks, prefill, costs, wid, rank, present = rec
-            rows = [ExplainRow(worker_id=int(wid[r]), dp_rank=int(rank[r]), eligible=bool(elig[r]),
-                               overlap_blocks=int(depth[r]), potential_blocks=int(blocks[r]),
-                               potential_prefill_tokens=int(prefill[r]),
-                               cost=float(costs[r]) if np.isfinite(costs[r]) else -1.0)
-                    for r in np.flatnonzero(present).tolist()]
-            return ExplainReply(request_id=request_id, chosen_worker_id=int(wid[row]), chosen_dp_rank=int(rank[row]),
-                                decided_at_s=now_us / 1e6, rows=rows)
-        return None

@@ -33,16 +33,14 @@ import heapq
 import itertools
 from typing import Callable
 
-import numpy as np
 
 from ..config import ClassConfig, Config
-from ..protocol import ClassRow, LeaseRow, WorkerRow
-from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE
 from ..shm.overlap import OverlapIndex
 from .admission import (Aborted, Bypass, Completed, Defer, Dispatched, MakeReady, Ready, Reconcile,
                         create_admission_policy)
 from .class_queue import PolicyClassQueue
 from .dispatch import DEFERRED, LEASED, READY, Dispatch, Live
+from .introspect import Introspect
 from .ledger import Ledger
 from .ordering import QueueEntry
 from .policy_queue import PolicyQueue
@@ -50,10 +48,9 @@ from .selector import WorkerSelector
 from .types import Admit, Reject, RequestSpec, WorkerKey
 
 Outcomes = list[Admit | Reject]
-_STATE_NAMES = {1: "admitted", 2: "dispatched", 3: "prefill_done"}
 
 
-class Scheduler(Dispatch):
+class Scheduler(Introspect, Dispatch):
     """Queues, admission policies and leases of one daemon instance.
 
     Args:
@@ -175,13 +172,13 @@ class Scheduler(Dispatch):
         spec = live.spec
         if spec.do_not_queue:
             reason = "all_overloaded" if all_overloaded else "do_not_queue"
-            self._abort_untracked(live)
+            self._tell_aborted(live)
             return [self._reject(spec, reason, "the request would wait", cq.name)]
         had_backlog = cq.has_ready()
         n_ids = self.ledger.n_worker_ids()
         over = (self.pq.defer if defer else self.pq.enqueue)(cq.index, live.entry, n_ids)
         if over is not None:
-            self._abort_untracked(live)
+            self._tell_aborted(live)
             return [self._reject(spec, "queue_full", f"class {cq.name!r} {over.limit_kind} limit", cq.name,
                                  limit_kind=over.limit_kind, current=over.current, limit=over.limit)]
         live.state = DEFERRED if defer else READY
@@ -189,7 +186,7 @@ class Scheduler(Dispatch):
         self._arm_timeout(live, now_us, spec.deadline_us)
         return self._dispatch(now_us) if had_backlog and not defer else []
 
-    def _abort_untracked(self, live: Live) -> None:
+    def _tell_aborted(self, live: Live) -> None:
         """A request rejected after its policy decided: tell the policy Aborted."""
         if live.tracked:
             self._events.append((live.entry.class_idx, Aborted(live.spec.request_id)))
@@ -421,56 +418,6 @@ class Scheduler(Dispatch):
             if live.state in (READY, DEFERRED):
                 self._arm_timeout(live, live.entry.arrival_us, live.spec.deadline_us)
         self._dirty = True
-
-    # ---- introspection -----------------------------------------------------------------------
-    @property
-    def queued(self) -> int:
-        """Ready requests waiting in class queues (deferred excluded)."""
-        return len(self.pq)
-
-    @property
-    def deferred(self) -> int:
-        return self.pq.n_deferred
-
-    @property
-    def active_leases(self) -> int:
-        return len(self._by_slot)
-
-    def queues(self, now_us: int) -> list[ClassRow]:
-        rows = []
-        for cq in self.pq.classes:
-            oldest = min((e.arrival_us for e in cq.iter_all()), default=now_us)
-            rows.append(ClassRow(name=cq.name, ordering=cq.config.ordering, quantum=cq.config.quantum,
-                                 depth=cq.n_ready, deferred=len(cq.deferred), isl_tokens=cq.isl_waiting,
-                                 oldest_wait_s=max(0, now_us - oldest) / 1e6, deficit=cq.deficit,
-                                 blocked_lanes=len(cq.blocked_workers)))
-        return rows
-
-    def workers(self) -> list[WorkerRow]:
-        a = self.ledger.arrays
-        return [WorkerRow(worker_id=int(a.w_worker_id[r]), dp_rank=int(a.w_dp_rank[r]),
-                          total_kv_blocks=int(a.w_total_kv_blocks[r]), max_num_batched_tokens=int(a.w_max_batched_tokens[r]),
-                          active_blocks=int(a.w_active_blocks[r]), active_prefill_tokens=int(a.w_active_prefill[r]),
-                          active_requests=int(a.w_active_requests[r]), drained=bool(a.w_flags[r] & FLAG_DRAINED),
-                          overloaded=bool(a.w_flags[r] & FLAG_OVERLOADED), stale=bool(a.w_flags[r] & FLAG_STALE))
-                for r in self.ledger.live_rows().tolist()]
-
-    def leases(self, now_us: int, worker_id: int | None = None, policy_class: str | None = None,
-               limit: int = 1000) -> list[LeaseRow]:
-        out = []
-        for slot, live in self._by_slot.items():
-            info = self.ledger.slot_info(slot)
-            key = self.ledger.key_of(info.row)
-            name = self.pq.classes[live.entry.class_idx].name
-            if (worker_id is not None and key.worker_id != worker_id) or (policy_class not in (None, name)):
-                continue
-            out.append(LeaseRow(request_id=live.spec.request_id, worker_id=key.worker_id, dp_rank=key.dp_rank, slot=slot,
-                                generation=info.generation, policy_class=name, isl_tokens=info.isl, cached_tokens=info.cached,
-                                output_tokens=info.output_tokens, age_s=max(0, now_us - info.admit_us) / 1e6,
-                                state=_STATE_NAMES.get(info.state, "free")))
-            if len(out) >= limit:
-                break
-        return out
 
 
 def _reorder(cq: PolicyClassQueue, c: ClassConfig, index: int) -> PolicyClassQueue:

@@ -189,7 +189,8 @@ class KvEventSubscriber:
         st.mon = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.loop.add_reader(sub.getsockopt(zmq.FD), self._on_sub, st)
         self.loop.add_reader(st.mon.getsockopt(zmq.FD), self._on_monitor, st)
-        self.loop.call_soon(self._on_sub, st)
+        self.loop.call_soon(self._on_sub, st)  # a ZMQ FD only signals after EVENTS has been read once
+        self.loop.call_soon(self._on_monitor, st)
 
     def _open_dealer(self, st: _Stream) -> zmq.Socket:
         assert st.src.replay_endpoint is not None

@@ -71,11 +71,14 @@ class KvEventPublisher:
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         (self.pub.bind if bind else self.pub.connect)(endpoint)
+        self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT) if bind else endpoint  # resolves tcp ":*"
         self.replay: zmq.Socket | None = None
+        self.replay_endpoint: str | None = None
         if replay_endpoint is not None:
             self.replay = ctx.socket(zmq.ROUTER)
             self.replay.setsockopt(zmq.LINGER, 0)
             self.replay.bind(replay_endpoint)
+            self.replay_endpoint = self.replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._loop = None
 
     # ------------------------------------------------------------------ events

@@ -104,12 +104,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "s"):
             return
         for _ in range(200):
+            self._absorb(self.s.drain_cleanup(self._tick()))
             if not self.leased:
                 break
             for rid, a in list(self.leased.items()):
                 del self.leased[rid]
                 self.s.release(rid, a.slot, a.generation, "completed", 0, self._tick())
-            self._absorb(self.s.drain_cleanup(self._tick()))
         assert not self.leased and not self.waiting, (self.leased, self.waiting)
         a = self.s.ledger.arrays
         assert a.w_active_blocks.sum() == a.w_active_prefill.sum() == a.w_active_requests.sum() == 0

@@ -1,0 +1,187 @@
+"""The client's connection to the daemon: one DEALER, Hello/Welcome, heartbeats, liveness, reconnect.
+
+`Link` owns the socket and nothing else. It tells its owner (the `SchedulerClient`) about every frame
+and about each `Welcome` (first connect or after a reconnect). The daemon is presumed gone when no
+frame arrived for `liveness_timeout_ms` although we sent heartbeats, or when it answers `Error(3)`
+("send Hello first": a restarted daemon does not know this connection). The link then opens a fresh
+DEALER and says Hello again with exponential backoff (0.05 s doubling to `max_backoff_s`) until a
+`Welcome` arrives; while reconnecting, lease frames are buffered (bounded) and flushed after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from typing import Callable
+
+import msgspec
+import zmq
+
+from .. import protocol as p
+
+log = logging.getLogger(__name__)
+
+MAX_BUFFERED_FRAMES = 100_000
+
+
+class Link:
+    """One DEALER connection with automatic re-Hello.
+
+    Args:
+        ctx: zmq.Context. endpoint: the daemon's data socket. client_name: for the daemon's logs.
+        on_frame: called with every decoded daemon frame except Welcome and HeartbeatAck.
+        on_welcome: called with (welcome, reconnected: bool) each time the daemon welcomes us.
+        max_backoff_s: ceiling of the reconnect backoff (s).
+    Attributes:
+        connected: a Welcome arrived and the daemon has not been presumed gone since.
+        reconnecting_since: monotonic time (s) the current outage began, or None.
+        welcome: the last Welcome.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, client_name: str,
+                 on_frame: Callable[[object], None], on_welcome: Callable[[p.Welcome, bool], None],
+                 max_backoff_s: float = 2.0) -> None:
+        self.ctx, self.endpoint, self.client_name = ctx, endpoint, client_name
+        self.on_frame, self.on_welcome = on_frame, on_welcome
+        self.max_backoff_s = max_backoff_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.sock: zmq.Socket | None = None
+        self.enc = p.make_encoder()
+        self.dec = p.make_daemon_decoder()
+        self.connected = False
+        self.ever_connected = False
+        self.reconnecting_since: float | None = None
+        self.welcome: p.Welcome | None = None
+        self._buffer: list[bytes] = []
+        self._last_send = self._last_recv = time.monotonic()
+        self._hb_seq = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._backoff_s = 0.05
+        self._next_hello = 0.0
+        self.closed = False
+
+    # ------------------------------------------------------------------ socket
+    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Create the DEALER, send Hello, start the timer (Welcome arrives via `on_welcome`)."""
+        self.loop = loop
+        self._new_socket()
+        self._next_hello = time.monotonic() + self._backoff_s
+        self._timer = loop.call_later(0.05, self._on_timer)
+
+    def _new_socket(self) -> None:
+        self._drop_socket()
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.RECONNECT_IVL, 50)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.max_backoff_s * 1000))
+        sock.connect(self.endpoint)
+        self.sock = sock
+        self.loop.add_reader(sock.getsockopt(zmq.FD), self._on_readable)
+        self._hello()
+
+    def _drop_socket(self) -> None:
+        if self.sock is not None:
+            if self.loop is not None and not self.loop.is_closed():
+                self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
+            self.sock.close(0)
+            self.sock = None
+
+    def _hello(self) -> None:
+        self._raw_send(self.enc.encode(p.Hello(p.PROTOCOL_VERSION, self.client_name[:128], os.getpid(),
+                                               socket.gethostname()[:128])))
+
+    def close(self) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self._drop_socket()
+
+    # ------------------------------------------------------------------ send / receive
+    def send(self, frame, *, buffer_when_down: bool = True) -> bool:
+        """Send a frame now, or buffer it while reconnecting (Release / Update frames). Returns False
+        when the frame was dropped (link down and not bufferable)."""
+        raw = self.enc.encode(frame)
+        if self.connected:
+            return self._raw_send(raw)
+        if buffer_when_down and len(self._buffer) < MAX_BUFFERED_FRAMES:
+            self._buffer.append(raw)
+            return True
+        return False
+
+    def _raw_send(self, raw: bytes) -> bool:
+        if self.sock is None:
+            return False
+        try:
+            self.sock.send(raw, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        self._last_send = time.monotonic()
+        self.loop.call_soon(self._on_readable)  # a send can consume the FD's edge: re-check
+        return True
+
+    def _on_readable(self) -> None:
+        while self.sock is not None:
+            try:
+                raw = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._last_recv = time.monotonic()
+            try:
+                frame = self.dec.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("undecodable frame from daemon error=%s", exc)
+                continue
+            self._dispatch(frame)
+
+    def _dispatch(self, frame) -> None:
+        match frame:
+            case p.Welcome():
+                reconnected = self.ever_connected
+                self.connected = self.ever_connected = True
+                self.reconnecting_since = None
+                self._backoff_s = 0.05
+                self.welcome = frame
+                self.on_welcome(frame, reconnected)
+                buffered, self._buffer = self._buffer, []
+                for raw in buffered:
+                    self._raw_send(raw)
+            case p.HeartbeatAck():
+                pass
+            case p.Error() if frame.code == p.ErrorCode.NOT_HELLO:
+                if self.connected:
+                    log.warning("daemon does not know this connection (restarted?); saying Hello again")
+                    self.link_down()
+            case _:
+                self.on_frame(frame)
+
+    # ------------------------------------------------------------------ liveness
+    def link_down(self) -> None:
+        """The daemon is presumed gone: reconnect with backoff."""
+        if self.connected:
+            self.connected = False
+            self.reconnecting_since = time.monotonic()
+            self._next_hello = 0.0
+
+    def _on_timer(self) -> None:
+        if self.closed:
+            return
+        now = time.monotonic()
+        if self.connected and self.welcome is not None:
+            hb_s = self.welcome.heartbeat_ms / 1000
+            if now - self._last_send >= hb_s * 0.9:
+                self._hb_seq += 1
+                self._raw_send(self.enc.encode(p.Heartbeat(self._hb_seq)))
+            if now - self._last_recv > self.welcome.liveness_timeout_ms / 1000:
+                log.warning("daemon silent for %.1fs endpoint=%s; reconnecting", now - self._last_recv, self.endpoint)
+                self.link_down()
+        if not self.connected and now >= self._next_hello:
+            self._new_socket()  # a fresh identity: the (new) daemon treats us as a new connection
+            self._next_hello = now + self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, self.max_backoff_s)
+        period = 0.05 if not self.connected else min(0.25, (self.welcome.heartbeat_ms / 1000) / 2)
+        self._timer = self.loop.call_later(period, self._on_timer)

@@ -1,0 +1,277 @@
+"""The daemon's KV-event subscriber against real sockets: replay, restarts, staleness (SPEC §6)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+
+import msgspec
+import numpy as np
+import pytest
+import zmq
+
+from kvsched.config import WorkerConfig
+from kvsched.daemon.kv_events import KvEventSource, KvEventSubscriber, sources_for_worker
+from kvsched.kvevents.format import END_SEQ, seq_from_bytes, seq_to_bytes
+from kvsched.kvevents.publisher import KvEventPublisher
+from kvsched.shm.overlap import OverlapIndex
+
+pytestmark = pytest.mark.timeout(60)
+enc = msgspec.msgpack.encode
+ROW = 2
+TOPIC = "kv-events"
+
+
+@pytest.fixture
+def ipc_dir():
+    d = tempfile.mkdtemp(prefix="kvev", dir="/tmp")  # short: ipc paths are limited to ~107 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+async def until(pred, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        await asyncio.sleep(0.01)
+    return bool(pred())
+
+
+def depth(idx: OverlapIndex, hashes) -> int:
+    out = np.zeros(idx.max_workers, np.int32)
+    idx.depth(np.array(hashes, dtype=np.uint64), 0, out)
+    return int(out[ROW])
+
+
+class Harness:
+    def __init__(self, ctx, ipc_dir, **kw):
+        self.ev = f"ipc://{ipc_dir}/ev"
+        self.rp = f"ipc://{ipc_dir}/rp"
+        self.dev, self.off = OverlapIndex(4, 1 << 10), OverlapIndex(4, 1 << 10)
+        self.stale_calls: list[tuple[int, bool]] = []
+        self.sub = KvEventSubscriber(asyncio.get_running_loop(), ctx, [KvEventSource(ROW, self.ev, self.rp, TOPIC)],
+                                     self.dev, self.off, mark_stale=lambda r, s: self.stale_calls.append((r, s)), **kw)
+
+    def last_seq(self) -> int:
+        return self.sub.applier.stream(ROW).last_seq
+
+    async def sync(self, publish_probe) -> None:
+        """Publish empty probe batches until the SUB has joined and any first-contact replay is done."""
+        seen = self.last_seq()
+        while self.last_seq() == seen:
+            publish_probe()
+            await asyncio.sleep(0.02)
+        assert await until(lambda: not self.sub.applier.replay_pending(ROW))
+
+
+def probe(pub: KvEventPublisher):
+    return lambda: pub.publish_raw(enc([time.time(), [], 0]))
+
+
+@pytest.mark.parametrize("encoding", ["array", "map"])
+async def test_gap_triggers_replay_from_the_publisher_router(ctx, ipc_dir, encoding):
+    h = Harness(ctx, ipc_dir)
+    pub = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC, encoding=encoding, hashes_as_bytes=encoding == "map")
+    pub.attach(asyncio.get_running_loop())
+    h.sub.start()
+    try:
+        await h.sync(probe(pub))
+        pub.block_stored([1, 2, 3], None, 16)
+        pub.block_stored([1, 2], None, 16, medium="CPU")
+        pub.flush(drop=True)  # lost on the live stream: only the replay has it
+        pub.block_removed([9])
+        pub.block_stored([4], 3, 16)
+        pub.flush()
+        assert await until(lambda: depth(h.dev, [1, 2, 3, 4]) == 4)
+        assert depth(h.off, [1, 2]) == 2
+        c = h.sub.counters()
+        assert c["gaps"] == 1 and c["replayed"] == 2 and c["replay_lost"] == 0
+        assert (ROW, False) in h.stale_calls and c["stale_workers"] == 0
+    finally:
+        h.sub.stop()
+        pub.close()
+
+
+async def test_replay_from_a_hand_written_server_with_topic_frames(ctx, ipc_dir):
+    """Replies in the `[b"", topic, seq, payload]` form, hand-built batches in both encodings."""
+    loop = asyncio.get_running_loop()
+    h = Harness(ctx, ipc_dir)
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(h.ev)
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(h.rp)
+    store: dict[int, bytes] = {}
+    requests: list[int] = []
+
+    def serve():
+        while True:
+            try:
+                ident, empty, start = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            requests.append(seq_from_bytes(start))
+            for seq in sorted(store):
+                if seq >= seq_from_bytes(start):
+                    router.send_multipart([ident, b"", TOPIC.encode(), seq_to_bytes(seq), store[seq]])
+            router.send_multipart([ident, b"", END_SEQ, b""])
+        if router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            loop.call_soon(serve)
+
+    loop.add_reader(router.getsockopt(zmq.FD), serve)
+    seq = 0
+
+    def live(payload: bytes) -> None:
+        nonlocal seq
+        store[seq] = payload
+        pub.send_multipart([TOPIC.encode(), seq_to_bytes(seq), payload])
+        seq += 1
+
+    h.sub.start()
+    try:
+        await h.sync(lambda: live(enc([time.time(), [], 0])))
+        requests.clear()
+        # Two batches only the replay server has, then a live one: a gap of two.
+        store[seq] = enc([1.0, [["BlockStored", [10, 20], None, [0] * 32, 16, None, "GPU"],
+                                ["BlockPinned", [10]]], 0])
+        store[seq + 1] = enc([2.0, [{"type": "BlockRemoved", "block_hashes": [(20).to_bytes(32, "big")],
+                                     "medium": "GPU", "future_field": 1}], 0])
+        seq += 2
+        live(enc([3.0, [{"type": "BlockStored", "block_hashes": [30], "parent_block_hash": 20,
+                         "token_ids": [0] * 16, "block_size": 16, "lora_id": None, "medium": "GPU",
+                         "lora_name": None}], 0]))
+        assert await until(lambda: depth(h.dev, [30]) == 1 and depth(h.dev, [10]) == 1)
+        assert await until(lambda: not h.sub.applier.replay_pending(ROW))
+        assert depth(h.dev, [20]) == 0 and depth(h.dev, [10, 20]) == 1
+        c = h.sub.counters()
+        assert requests == [seq - 3] and c["gaps"] == 1 and c["replayed"] == 2
+        assert c["unknown_types"] == 1 and c["unknown_fields"] == 1 and c["malformed_frames"] == 0
+    finally:
+        h.sub.stop()
+        loop.remove_reader(router.getsockopt(zmq.FD))
+        router.close(0)
+        pub.close(0)
+
+
+async def test_restart_of_the_engine_clears_the_worker(ctx, ipc_dir):
+    loop = asyncio.get_running_loop()
+    h = Harness(ctx, ipc_dir)
+    old = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC, first_seq=1000)  # a long-running engine
+    old.attach(loop)
+    h.sub.start()
+    new = None
+    try:
+        await h.sync(probe(old))
+        old.block_stored([1, 2], None, 16)
+        old.flush()
+        assert await until(lambda: depth(h.dev, [1, 2]) == 2)
+        old.close()
+        new = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC)  # the restarted engine: seq from 0 again
+        new.attach(loop)
+        await h.sync(probe(new))
+        new.block_stored([7], None, 16)
+        new.flush()
+        assert await until(lambda: depth(h.dev, [7]) == 1)
+        assert depth(h.dev, [1]) == 0 and h.sub.counters()["restarts"] == 1
+    finally:
+        h.sub.stop()
+        old.close()
+        if new is not None:
+            new.close()
+
+
+async def test_all_blocks_cleared_over_the_wire(ctx, ipc_dir):
+    h = Harness(ctx, ipc_dir)
+    pub = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC, encoding="map")
+    pub.attach(asyncio.get_running_loop())
+    h.sub.start()
+    try:
+        await h.sync(probe(pub))
+        pub.block_stored([5, 6], None, 16)
+        pub.block_stored([5], None, 16, medium="CPU")
+        pub.flush()
+        assert await until(lambda: depth(h.dev, [5, 6]) == 2 and depth(h.off, [5]) == 1)
+        pub.all_cleared()
+        pub.flush()
+        assert await until(lambda: depth(h.dev, [5]) == 0 and depth(h.off, [5]) == 0)
+    finally:
+        h.sub.stop()
+        pub.close()
+
+
+async def test_silence_marks_the_worker_stale_and_an_event_revives_it(ctx, ipc_dir):
+    h = Harness(ctx, ipc_dir, stale_after_s=0.3)
+    pub = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC)
+    pub.attach(asyncio.get_running_loop())
+    h.sub.start()
+    try:
+        assert h.stale_calls == [(ROW, True)]  # no stream yet
+        await h.sync(probe(pub))
+        assert h.stale_calls[-1] == (ROW, False)
+        assert await until(lambda: h.stale_calls[-1] == (ROW, True))
+        assert h.sub.stale_rows() == [ROW] and h.sub.counters()["stale_workers"] == 1
+        pub.block_stored([1], None, 16)
+        pub.flush()
+        assert await until(lambda: h.stale_calls[-1] == (ROW, False))
+    finally:
+        h.sub.stop()
+        pub.close()
+
+
+async def test_disconnect_marks_the_worker_stale(ctx, ipc_dir):
+    h = Harness(ctx, ipc_dir, stale_after_s=30.0)
+    pub = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC)
+    pub.attach(asyncio.get_running_loop())
+    h.sub.start()
+    try:
+        await h.sync(probe(pub))
+        assert h.stale_calls[-1] == (ROW, False)
+        pub.close()
+        assert await until(lambda: h.stale_calls[-1] == (ROW, True))
+        assert h.sub.counters()["disconnects"] >= 1
+    finally:
+        h.sub.stop()
+        pub.close()
+
+
+async def test_unanswered_replay_is_retried_then_given_up(ctx, ipc_dir):
+    h = Harness(ctx, ipc_dir, replay_timeout_s=0.1, replay_retries=1)
+    pub = KvEventPublisher(ctx, h.ev, None, topic=TOPIC)  # no replay service
+    mute = ctx.socket(zmq.ROUTER)  # accepts requests, never answers
+    mute.setsockopt(zmq.LINGER, 0)
+    mute.bind(h.rp)
+    h.sub.start()
+    try:
+        pub.block_stored([1], None, 16)
+        pub.flush()  # seq 0: probably lost to the slow joiner, which is fine either way
+        await h.sync(probe(pub))  # waits until the first-contact replay (if any) gave up
+        pub.flush(drop=True) if pub.block_stored([2], None, 16) is None else None
+        pub.block_stored([3], None, 16)
+        pub.flush()
+        assert await until(lambda: h.sub.counters()["replay_requests"] >= 2 and not h.sub.applier.replay_pending(ROW))
+        assert h.sub.counters()["replay_lost"] >= 1 and depth(h.dev, [3]) == 1
+    finally:
+        h.sub.stop()
+        mute.close(0)
+        pub.close()
+
+
+def test_sources_for_worker_offsets_ports_by_dp_rank():
+    w = WorkerConfig(worker_id=3, dp_size=2, kv_events_endpoint="tcp://10.0.0.5:5557",
+                     kv_replay_endpoint="tcp://10.0.0.5:6557", kv_events_topic="kv")
+    assert sources_for_worker(w, {0: 4, 1: 5}) == [
+        KvEventSource(4, "tcp://10.0.0.5:5557", "tcp://10.0.0.5:6557", "kv"),
+        KvEventSource(5, "tcp://10.0.0.5:5558", "tcp://10.0.0.5:6558", "kv"),
+    ]
+    assert sources_for_worker(WorkerConfig(worker_id=1), {0: 0}) == []
