@@ -44,13 +44,14 @@ from .introspect import Introspect
 from .ledger import Ledger
 from .ordering import QueueEntry
 from .policy_queue import PolicyQueue
+from .recovery import Recovery
 from .selector import WorkerSelector
 from .types import Admit, Reject, RequestSpec, WorkerKey
 
 Outcomes = list[Admit | Reject]
 
 
-class Scheduler(Introspect, Dispatch):
+class Scheduler(Introspect, Dispatch, Recovery):
     """Queues, admission policies and leases of one daemon instance.
 
     Args:
@@ -325,6 +326,8 @@ class Scheduler(Introspect, Dispatch):
                 cq.unblock_all()
             self._dirty = True
         out = self._expire(now_us)
+        if self._expire_orphans(now_us):
+            self._dirty = True
         fleet = None
         for cq in self.pq.classes:
             if cq.admission is not None:

@@ -136,8 +136,9 @@ class Actor:
             case p.Enqueue():
                 self._on_enqueue(conn, frame, t)
             case p.Release():
-                self.scheduler.release(frame.request_id, frame.slot, frame.generation, frame.outcome,
-                                       frame.context_tokens, t)
+                if self._owns(conn, frame.request_id):
+                    self.scheduler.release(frame.request_id, frame.slot, frame.generation, frame.outcome,
+                                           frame.context_tokens, t)
             case p.Update():
                 self._on_update(conn, frame, t)
             case p.Heartbeat():
@@ -186,7 +187,27 @@ class Actor:
             return "invalid", "block_hashes length is not a multiple of 8 bytes"
         return None
 
+    def _owns(self, conn: Connection, request_id: str) -> bool:
+        """Only the connection that owns a request may update or release it; others get an Error."""
+        owner = self.scheduler.owner_of(request_id)
+        if owner is None or owner == conn.owner:
+            return True
+        self._error(conn, p.ErrorCode.UNKNOWN_REQUEST, f"request {request_id!r} belongs to another connection",
+                    request_id)
+        return False
+
+    def _may_take_over(self, conn: Connection, request_id: str) -> bool:
+        """Reattach may claim a request owned by the daemon itself (re-adopted after a restart), by a
+        connection that is gone, or by an earlier connection of the same process (same pid and host)."""
+        owner = self.scheduler.owner_of(request_id)
+        if owner is None or owner in (0, conn.owner):
+            return True
+        old = self.conns.by_owner(owner)
+        return old is None or not old.alive or (old.pid != 0 and old.pid == conn.pid and old.host == conn.host)
+
     def _on_update(self, conn: Connection, f: p.Update, t: int) -> None:
+        if not self._owns(conn, f.request_id):
+            return
         try:
             outcomes = self.scheduler.update(f.request_id, f.slot, f.generation, f.kind, f.output_tokens, t)
         except KeyError:
@@ -198,16 +219,27 @@ class Actor:
         self._deliver(outcomes, t)
 
     def _on_reattach(self, conn: Connection, f: p.Reattach, t: int) -> None:
-        adopt = getattr(self.scheduler, "adopt_lease", None)
+        """A reconnected client claims its leases and re-sends its waiting Enqueues (SPEC §5)."""
         kept, lost = [], []
         for ref in f.leases:
-            if adopt is not None and adopt(ref.request_id, ref.slot, ref.generation, conn.owner, t):
+            if self._may_take_over(conn, ref.request_id) and self.scheduler.adopt_lease(
+                    ref.request_id, ref.slot, ref.generation, conn.owner, t):
                 kept.append(ref.request_id)
             else:
                 lost.append(ref.request_id)
+        log.info("reattach owner=%d kept=%d lost=%d pending=%d", conn.owner, len(kept), len(lost), len(f.pending))
         self._send(conn, p.Reattached(kept=kept, lost=lost))
         for enq in f.pending:
-            self._on_enqueue(conn, enq, t)
+            if not self._may_take_over(conn, enq.request_id):
+                self._on_enqueue(conn, enq, t)  # answered duplicate_request
+                continue
+            got = self.scheduler.adopt_waiting(enq.request_id, conn.owner)
+            if got is False:
+                self._on_enqueue(conn, enq, t)
+            else:
+                conn.inflight += 1
+                if isinstance(got, Admit):
+                    self._deliver([got], t)
 
     # ------------------------------------------------------------------ replies
     def _deliver(self, outcomes: list, t: int) -> None:

@@ -46,6 +46,7 @@ class KvEventSource:
     endpoint: str  # the engine's PUB endpoint (we connect)
     replay_endpoint: str | None = None  # the engine's replay ROUTER, or None (no replay)
     topic: str = ""  # SUB prefix filter ("" = every topic)
+    stale_after_s: float | None = None  # silence before stale (s); None = the subscriber's default
 
 
 def sources_for_worker(worker_cfg, rows_by_rank: dict[int, int]) -> list[KvEventSource]:
@@ -61,7 +62,8 @@ def sources_for_worker(worker_cfg, rows_by_rank: dict[int, int]) -> list[KvEvent
     for rank, row in sorted(rows_by_rank.items()):
         replay = worker_cfg.kv_replay_endpoint
         out.append(KvEventSource(row, offset_endpoint(worker_cfg.kv_events_endpoint, rank),
-                                 offset_endpoint(replay, rank) if replay else None, worker_cfg.kv_events_topic))
+                                 offset_endpoint(replay, rank) if replay else None, worker_cfg.kv_events_topic,
+                                 worker_cfg.kv_events_stale_after_s))
     return out
 
 
@@ -102,7 +104,7 @@ class KvEventSubscriber:
         device: OverlapIndex of device (GPU) blocks, fed with permanent entries.
         offload: OverlapIndex of other tiers (CPU, disk, ...), or None to ignore those.
         mark_stale: `(row, stale)` called on every staleness transition (and once per row at start).
-        stale_after_s: silence (no live batch) after which a row is stale (s).
+        stale_after_s: silence (no live batch) after which a row is stale (s), unless its source says.
         replay_timeout_s: time allowed for a replay to reach its end marker (s).
         replay_retries: re-sends of a replay request that timed out before giving up.
         frame_budget: messages read per socket per wake.
@@ -129,7 +131,8 @@ class KvEventSubscriber:
         self.frame_budget = frame_budget
         self.max_frame_bytes = max_frame_bytes
         self.clock = clock
-        self.tick_s = max(0.01, min(0.25, stale_after_s / 4))
+        shortest = min([stale_after_s] + [s.src.stale_after_s for s in self.streams if s.src.stale_after_s])
+        self.tick_s = max(0.01, min(0.25, shortest / 4))
         self.malformed_frames = 0  # multipart messages of the wrong shape
         self.disconnects = 0  # SUB disconnects seen by the socket monitor
         self.warn = RateLimitedLog(log)
@@ -161,17 +164,42 @@ class KvEventSubscriber:
             self._timer.cancel()
             self._timer = None
         for st in self.streams:
-            self._close_dealer(st)
-            if st.mon is not None:
-                self.loop.remove_reader(st.mon.getsockopt(zmq.FD))
-                assert st.sub is not None
-                st.sub.disable_monitor()
-                st.mon.close(0)
-                st.mon = None
-            if st.sub is not None:
-                self.loop.remove_reader(st.sub.getsockopt(zmq.FD))
-                st.sub.close(0)
-                st.sub = None
+            self._close(st)
+
+    def add_source(self, src: KvEventSource) -> None:
+        """Subscribe one more worker row (admin AddWorker); it starts stale."""
+        if any(st.src.row == src.row for st in self.streams):
+            raise ValueError(f"worker row {src.row} already has a KV-event source")
+        st = _Stream(src)
+        self.streams.append(st)
+        if src.stale_after_s:
+            self.tick_s = max(0.01, min(self.tick_s, src.stale_after_s / 4))
+        if self._running:
+            self._open_sub(st)
+            st.last_msg_s = self.clock()
+            if self.mark_stale is not None:
+                self.mark_stale(src.row, True)
+
+    def remove_source(self, row: int) -> None:
+        """Unsubscribe a worker row (admin RemoveWorker) and forget its entries in both indexes."""
+        for st in [s for s in self.streams if s.src.row == row]:
+            self._close(st)
+            self.streams.remove(st)
+        self.applier.reset_row(row)
+
+    def _close(self, st: _Stream) -> None:
+        self._close_dealer(st)
+        st.retry_at_s = None
+        if st.mon is not None:
+            self.loop.remove_reader(st.mon.getsockopt(zmq.FD))
+            assert st.sub is not None
+            st.sub.disable_monitor()
+            st.mon.close(0)
+            st.mon = None
+        if st.sub is not None:
+            self.loop.remove_reader(st.sub.getsockopt(zmq.FD))
+            st.sub.close(0)
+            st.sub = None
 
     def _options(self, sock: zmq.Socket) -> None:
         sock.setsockopt(zmq.LINGER, 0)
@@ -323,7 +351,8 @@ class KvEventSubscriber:
         now = self.clock()
         try:
             for st in self.streams:
-                if not st.stale and now - st.last_msg_s > self.stale_after_s:
+                limit = self.stale_after_s if st.src.stale_after_s is None else st.src.stale_after_s
+                if not st.stale and now - st.last_msg_s > limit:
                     self._set_stale(st, True)
                 if st.replay_deadline_s is not None and now > st.replay_deadline_s:
                     self._replay_timed_out(st, now)

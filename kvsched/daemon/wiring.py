@@ -68,8 +68,9 @@ def build_scheduler(cfg: Config, segments, restarted: bool):
     ledger = Ledger(segments.ledger, segments.progress, cfg.overload)
     overlap = OverlapIndex(cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers))
     scheduler = Scheduler(cfg, ledger, overlap, create_selector(cfg.selector))
-    if restarted and hasattr(scheduler, "restore_after_restart"):
-        scheduler.restore_after_restart(time.monotonic_ns() // 1000, cfg.daemon.liveness_timeout_ms * 1000)
+    if restarted:
+        n = scheduler.restore_after_restart(time.monotonic_ns() // 1000, cfg.daemon.liveness_timeout_ms * 1000)
+        log.info("re-adopted leases from the slot table count=%d grace_ms=%d", n, cfg.daemon.liveness_timeout_ms)
     for w in cfg.workers:
         for rank in range(w.dp_size):
             key = WorkerKey(w.worker_id, rank)

@@ -109,3 +109,12 @@ cbor_values = st.recursive(
 @given(cbor_values)
 def test_canonical_cbor_equals_cbor2(value):
     assert canonical_cbor(value) == cbor2.dumps(value, canonical=True)
+
+
+def test_vllm_mode_every_cbor_integer_width_and_the_generic_path():
+    tokens = [0, 23, 24, 255, 256, 65535, 65536, 2**32 - 1]
+    assert block_hashes(tokens, 4, mode="vllm", hash_seed="1").tolist() == vllm_reference(tokens, 4, "1")
+    arr = np.array(tokens * 2, dtype=np.uint32)
+    assert block_hashes(arr, 8, mode="vllm").tolist() == vllm_reference(tokens * 2, 8, "vllm-none-hash")
+    odd = [2**40, -3, 5, 7]  # outside the fast path's range: generic CBOR
+    assert block_hashes(odd, 2, mode="vllm").tolist() == vllm_reference(odd, 2, "vllm-none-hash")

@@ -206,7 +206,7 @@ async def test_ten_thousand_hostile_frames_change_nothing_for_a_good_client(daem
         # its connection goes silent and is reaped after the liveness timeout
         assert await asyncio.to_thread(
             wait_until, lambda: status(daemon).active_leases == 1, 10
-        ), status(daemon)
+        ), (status(daemon), loads(daemon))
         assert await asyncio.to_thread(loads, daemon) == before
         lease.add_output_tokens(3)
         lease.release()
