@@ -1,0 +1,70 @@
+"""Config loading: example file equals defaults, errors name file and key, env overrides, discovery."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvsched.config import Config, admin_endpoint, data_endpoint, load_config
+from kvsched.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_example_config_equals_the_defaults():
+    assert load_config(ROOT / "examples" / "kvsched.toml", env={}) == Config()
+
+
+def test_multiclass_example_profile_is_valid():
+    cfg = load_config(ROOT / "examples" / "profile-multiclass.toml", env={})
+    assert [c.name for c in cfg.classes] == ["latency", "agents", "batch"]
+    assert cfg.classes[1].admission.type == "session_cap"
+
+
+def test_unknown_key_is_an_error_naming_file_and_path(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon]\nblock_sise = 16\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml.*block_sise.*daemon"):
+        load_config(bad, env={})
+
+
+def test_out_of_range_value_is_an_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[classes]]\nname = 'default'\nquantum = 0\n")
+    with pytest.raises(ConfigError, match="quantum"):
+        load_config(bad, env={})
+
+
+def test_default_class_must_exist(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("default_class = 'nope'\n")
+    with pytest.raises(ConfigError, match="default_class"):
+        load_config(bad, env={})
+
+
+def test_env_overrides_file_and_flags_override_env(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("[daemon]\nblock_size = 32\n")
+    assert load_config(f, env={}).daemon.block_size == 32
+    assert load_config(f, env={"KVSCHED_DAEMON_BLOCK_SIZE": "64"}).daemon.block_size == 64
+    cfg = load_config(f, env={"KVSCHED_DAEMON_BLOCK_SIZE": "64"}, overrides={"daemon": {"block_size": 128}})
+    assert cfg.daemon.block_size == 128
+    with pytest.raises(ConfigError, match="KVSCHED_DAEMON_NOPE"):
+        load_config(f, env={"KVSCHED_DAEMON_NOPE": "1"})
+
+
+def test_include_supplies_the_profile(tmp_path):
+    (tmp_path / "profile.toml").write_text("default_class = 'a'\n[[classes]]\nname = 'a'\nquantum = 7\n")
+    main = tmp_path / "main.toml"
+    main.write_text("include = 'profile.toml'\n")
+    cfg = load_config(main, env={})
+    assert cfg.default_class == "a" and cfg.classes[0].quantum == 7
+
+
+def test_discovery_prefers_env_then_config_then_runtime_dir():
+    assert data_endpoint("x", "", {"KVSCHED_ENDPOINT": "tcp://127.0.0.1:1"}) == "tcp://127.0.0.1:1"
+    assert data_endpoint("x", "ipc:///a.sock", {}) == "ipc:///a.sock"
+    ep = data_endpoint("pool", "", {"XDG_RUNTIME_DIR": "/run/user/7"})
+    assert ep.endswith("/pool.sock")
+    assert admin_endpoint("pool", "", {"XDG_RUNTIME_DIR": "/run/user/7"}).endswith("/pool-admin.sock")
