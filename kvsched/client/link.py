@@ -107,7 +107,9 @@ class Link:
         when the frame was dropped (link down and not bufferable)."""
         raw = self.enc.encode(frame)
         if self.connected:
-            return self._raw_send(raw)
+            if self._raw_send(raw):
+                return True
+            self.link_down()  # no pipe to the daemon (it is gone): keep the frame for the next one
         if buffer_when_down and len(self._buffer) < MAX_BUFFERED_FRAMES:
             self._buffer.append(raw)
             return True
