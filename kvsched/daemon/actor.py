@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from typing import Callable
 
@@ -67,6 +69,8 @@ class Actor:
         self.started_us = now_us()
         self._timer: asyncio.TimerHandle | None = None
         self._next_liveness_us = 0
+        self._next_gauges_us = 0
+        self._releases_this_wake = 0
         self._last_tick_s = 0.0
         self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
 
@@ -76,8 +80,16 @@ class Actor:
         if self.admin_sock is not None:
             self.loop.add_reader(self.admin_sock.getsockopt(zmq.FD), self._on_admin)
         self._last_tick_s = time.monotonic()
+        stall_s = float(os.environ.get("KVSCHED_DEBUG_STALL_S", "0") or 0)
+        if stall_s > 0:  # operators' check of the watchdog wiring: `kill -USR2` freezes the loop
+            self.loop.add_signal_handler(signal.SIGUSR2, self._stall, stall_s)
         self._schedule_tick()
         self.loop.call_soon(self._on_data)
+
+    def _stall(self, seconds: float) -> None:
+        """Block the actor loop (debug aid, enabled by KVSCHED_DEBUG_STALL_S): the watchdog must fire."""
+        log.warning("stalling the actor loop on request seconds=%.1f", seconds)
+        time.sleep(seconds)
 
     def stop_reading(self) -> None:
         self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
@@ -108,6 +120,9 @@ class Actor:
             self._handle_data(identity, payload, t)
         if n:
             self.metrics.frames.inc(n)
+            if self._releases_this_wake:
+                self.metrics.cleanup_batch.observe(self._releases_this_wake)
+                self._releases_this_wake = 0
             self._deliver(self.scheduler.drain_cleanup(t), t)
         self._rearm(self.data_sock, self._on_data, more=(n == budget))
 
@@ -136,6 +151,7 @@ class Actor:
             case p.Enqueue():
                 self._on_enqueue(conn, frame, t)
             case p.Release():
+                self._releases_this_wake += 1
                 if self._owns(conn, frame.request_id):
                     self.scheduler.release(frame.request_id, frame.slot, frame.generation, frame.outcome,
                                            frame.context_tokens, t)
@@ -174,7 +190,10 @@ class Actor:
             deadline_us=t + f.deadline_ms * 1000 if f.deadline_ms is not None else None,
             lora_name=f.lora_name, owner=conn.owner,
         )
-        self._deliver(self.scheduler.enqueue(spec, t), t)
+        outcomes = self.scheduler.enqueue(spec, t)
+        self._deliver(outcomes, t)
+        if outcomes and isinstance(outcomes[0], Admit) and outcomes[0].request_id == f.request_id:
+            self.metrics.admission_latency.observe((now_us() - t) / 1e6)
 
     def _precheck_enqueue(self, conn: Connection, f: p.Enqueue) -> tuple[str, str] | None:
         if not self.accepting:
@@ -338,6 +357,9 @@ class Actor:
             if t >= self._next_liveness_us:
                 self._next_liveness_us = t + 100_000
                 self._reap_dead(t)
+            if t >= self._next_gauges_us:
+                self._next_gauges_us = t + 1_000_000
+                self._update_gauges(t)
             outcomes += self.scheduler.drain_cleanup(t)
             self._deliver(outcomes, t)
             for cb in self.on_tick:
@@ -345,6 +367,17 @@ class Actor:
         finally:
             self._schedule_tick()
         self._rearm(self.data_sock, self._on_data, more=False)
+
+    def _update_gauges(self, t: int) -> None:
+        """Queue and worker gauges, refreshed once a second from the scheduler's introspection."""
+        m = self.metrics
+        for row in self.scheduler.queues(t):
+            m.queue_depth.labels(policy_class=row.name).set(row.depth)
+            m.queue_oldest.labels(policy_class=row.name).set(row.oldest_wait_s)
+        for w in self.scheduler.workers():
+            label = f"{w.worker_id}:{w.dp_rank}"
+            m.worker_blocks.labels(worker=label).set(w.active_blocks)
+            m.worker_prefill.labels(worker=label).set(w.active_prefill_tokens)
 
     def _reap_dead(self, t: int) -> None:
         for conn in self.conns.find_dead(t):
