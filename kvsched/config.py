@@ -91,7 +91,8 @@ class DaemonConfig(Section):
     instance: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "default"
     endpoint: str = ""  # data socket; "" = discovery (SPEC §1)
     admin_endpoint: str = ""  # admin socket; "" = discovery
-    curve_secret_key_file: str | None = None  # required for a non-loopback TCP endpoint
+    curve_secret_key_file: str | None = None  # z85 server secret key; required for a non-loopback TCP endpoint
+    curve_authorized_keys_dir: str | None = None  # client public keys allowed (pyzmq certs); None = any client holding the server key
     block_size: Annotated[int, Meta(ge=1, le=1 << 20)] = 16  # tokens per KV block
     max_workers: Annotated[int, Meta(ge=1, le=4096)] = 64  # worker rows in the ledger
     max_slots: Annotated[int, Meta(ge=1, le=1 << 22)] = 8192  # concurrent leases

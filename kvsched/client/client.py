@@ -48,6 +48,9 @@ class SchedulerClient:
             worker of `bypass_workers`, flagged `degraded=True` and counted in `degraded_total`).
         bypass_workers: (worker_id, dp_rank) pairs used in bypass mode.
         attach_progress: map the progress segment to report output tokens without frames.
+        curve_server_key: the daemon's z85 CURVE public key, for a TCP endpoint off loopback.
+        curve_client_keys: (public, secret) z85 keys of this client (generated when omitted; give
+            fixed ones when the daemon restricts clients with `curve_authorized_keys_dir`).
         ctx: a zmq.Context to use (default: a private one).
     Usage:
         async with SchedulerClient() as client:
@@ -60,6 +63,8 @@ class SchedulerClient:
                  connect_timeout_s: float = 5.0, reconnect_deadline_s: float = 30.0,
                  on_unavailable: Literal["fail", "bypass"] = "fail",
                  bypass_workers: Iterable[tuple[int, int]] = (), attach_progress: bool = True,
+                 curve_server_key: str | bytes | None = None,
+                 curve_client_keys: tuple[bytes, bytes] | None = None,
                  ctx: zmq.Context | None = None) -> None:
         if on_unavailable not in ("fail", "bypass"):
             raise ValueError("on_unavailable must be 'fail' or 'bypass'")
@@ -72,6 +77,8 @@ class SchedulerClient:
         if on_unavailable == "bypass" and not self.bypass_workers:
             raise ValueError("on_unavailable='bypass' needs bypass_workers")
         self.attach_progress = attach_progress
+        self.curve_server_key = curve_server_key.encode() if isinstance(curve_server_key, str) else curve_server_key
+        self.curve_client_keys = curve_client_keys
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -105,7 +112,8 @@ class SchedulerClient:
         """
         self._loop = asyncio.get_running_loop()
         self._welcome_fut = self._loop.create_future()
-        self._link = Link(self._ctx, self.endpoint, self.client_name, self._on_frame, self._on_welcome)
+        self._link = Link(self._ctx, self.endpoint, self.client_name, self._on_frame, self._on_welcome,
+                          curve_server_key=self.curve_server_key, curve_client_keys=self.curve_client_keys)
         self._link.open(self._loop)
         try:
             await asyncio.wait_for(asyncio.shield(self._welcome_fut), self.connect_timeout_s)

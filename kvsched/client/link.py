@@ -35,6 +35,8 @@ class Link:
         on_frame: called with every decoded daemon frame except Welcome and HeartbeatAck.
         on_welcome: called with (welcome, reconnected: bool) each time the daemon welcomes us.
         max_backoff_s: ceiling of the reconnect backoff (s).
+        curve_server_key: the daemon's z85 CURVE public key (TCP endpoints off loopback), or None.
+        curve_client_keys: (public, secret) z85 keys of this client; generated when omitted.
     Attributes:
         connected: a Welcome arrived and the daemon has not been presumed gone since.
         reconnecting_since: monotonic time (s) the current outage began, or None.
@@ -43,10 +45,15 @@ class Link:
 
     def __init__(self, ctx: zmq.Context, endpoint: str, client_name: str,
                  on_frame: Callable[[object], None], on_welcome: Callable[[p.Welcome, bool], None],
-                 max_backoff_s: float = 2.0) -> None:
+                 max_backoff_s: float = 2.0, curve_server_key: bytes | None = None,
+                 curve_client_keys: tuple[bytes, bytes] | None = None) -> None:
         self.ctx, self.endpoint, self.client_name = ctx, endpoint, client_name
         self.on_frame, self.on_welcome = on_frame, on_welcome
         self.max_backoff_s = max_backoff_s
+        self.curve_server_key = curve_server_key
+        if curve_server_key is not None and curve_client_keys is None:
+            curve_client_keys = zmq.curve_keypair()  # (public, secret) for this process
+        self.curve_client_keys = curve_client_keys
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sock: zmq.Socket | None = None
         self.enc = p.make_encoder()
@@ -79,6 +86,9 @@ class Link:
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.RECONNECT_IVL, 50)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.max_backoff_s * 1000))
+        if self.curve_server_key is not None:
+            sock.curve_serverkey = self.curve_server_key
+            sock.curve_publickey, sock.curve_secretkey = self.curve_client_keys
         sock.connect(self.endpoint)
         self.sock = sock
         self.loop.add_reader(sock.getsockopt(zmq.FD), self._on_readable)

@@ -122,3 +122,27 @@ def load_curve_secret(path: str | None) -> bytes | None:
         if len(line) == 40:
             return line.encode()
     raise ConfigError(f"daemon.curve_secret_key_file {path}: no z85 secret key found")
+
+
+def start_curve_auth(ctx: zmq.Context, secret_key: bytes | None, authorized_keys_dir: str | None):
+    """Start pyzmq's CURVE authenticator for this context when a server key is configured.
+
+    Args:
+        secret_key: the server's z85 secret key, or None (no CURVE: returns None).
+        authorized_keys_dir: directory of client public-key certificates (pyzmq `*.key` files); None
+            lets any client that knows the server's public key connect.
+    Returns:
+        The running `ThreadAuthenticator` (call `.stop()` at shutdown), or None.
+    """
+    if secret_key is None:
+        return None
+    from zmq.auth.thread import ThreadAuthenticator
+
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    if authorized_keys_dir:
+        auth.configure_curve(domain="*", location=authorized_keys_dir)
+    else:
+        auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+    log.info("CURVE authentication on authorized_keys_dir=%s", authorized_keys_dir or "<any client with the server key>")
+    return auth
