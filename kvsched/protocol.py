@@ -270,12 +270,20 @@ class Undrain(Admin, tag="undrain"):
 
 
 class AddWorker(Admin, tag="add_worker"):
-    """Register a worker rank at runtime. Reply: `OkReply`."""
+    """Register a worker rank at runtime. Reply: `OkReply`.
+
+    With `kv_events_endpoint` the daemon subscribes to the rank's vLLM KV events (endpoints as in
+    `[[workers]]`: the rank's own, i.e. already offset by dp_rank, as vLLM binds them).
+    """
 
     worker_id: U32
     dp_rank: U16 = 0
     total_kv_blocks: Annotated[int, Meta(ge=1)] = 8192
     max_num_batched_tokens: Annotated[int, Meta(ge=1)] = 8192
+    kv_events_endpoint: str | None = None  # the engine's KV-event PUB endpoint (we connect)
+    kv_replay_endpoint: str | None = None  # its replay ROUTER endpoint, or None (no replay)
+    kv_events_topic: str = ""  # SUB topic filter ("" = all)
+    kv_events_stale_after_s: Annotated[float, Meta(gt=0)] | None = None  # None = the daemon's default (30 s)
 
 
 class RemoveWorker(Admin, tag="remove_worker"):

@@ -4,8 +4,24 @@ dispatch pass (seed 000 "Guardrails": admit_one is the only path to a worker).
 `admit_one` = project (one `Ledger.project` kernel call) → select (pure selector; pinned → that
 worker) → skip if the owner is known gone → reserve (`Ledger.reserve`) → `Admit` record; then the
 request's hashes are written to the approximate overlap index for the chosen row with
-ttl = `selector.approx_ttl_s`. The actor delivers the record and, if delivery fails, calls
+ttl = `selector.approx_ttl_s`, and, when the row is fed by KV events, to the speculative index
+with the short `speculative_ttl_s`. The actor delivers the record and, if delivery fails, calls
 `Scheduler.release(..., "aborted")` (seed 000: a failed delivery must release).
+
+Overlap (SPEC §6), one combination for the cost snapshot and for admit_one (`_overlap_depth`):
+
+* rows without a KV-event source, and rows whose stream is stale (`FLAG_STALE`): the approximate
+  index only (routing decisions, TTL `approx_ttl_s`);
+* event-fed rows that are fresh: `credited_overlap(device, offload, speculative)` =
+  max(device, speculative) + `offload_overlap_credit` per offload-only block beyond it. The long-TTL
+  approximate entries are NOT used for them: the events say what the engine really holds (evictions
+  included), the approximate index only guesses.
+* The speculative entry covers the time between the routing decision and the engine's
+  BlockStored (engine queueing + prefill + transport). Its TTL is `approx_ttl_s / 24` (5 s at the
+  default 120 s): long enough for a long prompt's prefill under load, short enough that a guess the
+  engine never confirms (rejected request, eviction) stops counting within seconds; tying it to
+  `approx_ttl_s` carries the replay's time scaling (`approx_ttl_s / speedup`) through.
+* The credited overlap is floored to whole blocks (the projection kernel takes int32 blocks).
 
 Busy / overload are read from CURRENT load (never projected, SPEC §4), so an oversized request is
 never stuck forever.
@@ -20,7 +36,8 @@ from typing import Callable
 import numpy as np
 
 from ..config import ClassConfig, Config
-from ..shm.layout import FLAG_DRAINED
+from ..kvevents.apply import credited_overlap
+from ..shm.layout import FLAG_DRAINED, FLAG_STALE
 from ..shm.overlap import OverlapIndex
 from .admission import Aborted, Event, FleetView
 from .ledger import Ledger
@@ -31,6 +48,7 @@ from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, Worke
 
 READY, DEFERRED, LEASED = "ready", "deferred", "leased"
 EXPLAIN_RING = 1024
+SPECULATIVE_TTL_FRACTION = 1 / 24  # speculative TTL = approx_ttl_s * this (5 s at the default 120 s)
 
 
 @dataclass(slots=True, eq=False)
@@ -65,6 +83,9 @@ class Dispatch:
     config: Config
     ledger: Ledger
     overlap: OverlapIndex
+    event_device: OverlapIndex | None
+    event_offload: OverlapIndex | None
+    speculative: OverlapIndex | None
     selector: WorkerSelector
     owner_alive: Callable[[int], bool]
     pq: PolicyQueue
@@ -79,7 +100,47 @@ class Dispatch:
         self._elig = np.zeros(max_workers, np.uint8)
         self._depth = np.zeros(max_workers, np.int32)
         self._explain: deque[tuple] = deque(maxlen=EXPLAIN_RING)
-        self._ttl_us = int(self.config.selector.approx_ttl_s * 1_000_000)
+        self._event_fed = np.zeros(max_workers, np.uint8)  # row -> 1 when a KV-event source feeds it
+        self._dev_depth = np.zeros(max_workers, np.int32)
+        self._off_depth = np.zeros(max_workers, np.int32)
+        self._spec_depth = np.zeros(max_workers, np.int32)
+        self._stale = np.zeros(max_workers, np.bool_)
+        self._credit = np.zeros(max_workers, np.float64)
+        self._set_ttls()
+
+    def _set_ttls(self) -> None:
+        """TTLs (µs) of the approximate and speculative entries, from `selector.approx_ttl_s`."""
+        approx_s = self.config.selector.approx_ttl_s
+        self._ttl_us = int(approx_s * 1_000_000)
+        spec_s = self._speculative_ttl_s if self._speculative_ttl_s is not None else approx_s * SPECULATIVE_TTL_FRACTION
+        self._spec_ttl_us = max(1, int(spec_s * 1_000_000))
+
+    # ---- overlap -----------------------------------------------------------------------------
+    def set_event_fed(self, row: int, fed: bool) -> None:
+        """Mark `row` as fed (or no longer fed) by a KV-event stream; unfed rows use the approximate index."""
+        self._event_fed[row] = 1 if fed else 0
+
+    def _overlap_depth(self, hashes: np.ndarray, now_us: int) -> np.ndarray:
+        """Write into `self._depth` the overlap blocks to credit per row (module docstring); returns it."""
+        self.overlap.depth(hashes, now_us, self._depth)
+        dev = self.event_device
+        if dev is None or not self._event_fed.any():
+            return self._depth
+        dev.depth(hashes, now_us, self._dev_depth)
+        off = None
+        if self.event_offload is not None:
+            self.event_offload.depth(hashes, now_us, self._off_depth)
+            off = self._off_depth
+        self.speculative.depth(hashes, now_us, self._spec_depth)
+        stale = self._stale
+        np.equal(self._event_fed, 0, out=stale)
+        stale |= (self.ledger.arrays.w_flags & FLAG_STALE) != 0
+        np.copyto(self._spec_depth, self._depth, where=stale)  # stale / unfed rows: approximate only
+        credited_overlap(self._dev_depth, off, self._spec_depth, stale,
+                         self.config.selector.offload_overlap_credit, self._credit)
+        np.floor(self._credit, out=self._credit)
+        self._depth[:] = self._credit
+        return self._depth
 
     # ---- busy / eligibility (current load) ---------------------------------------------------
     def _busy_rows(self, cls: ClassConfig) -> np.ndarray | None:
@@ -133,7 +194,7 @@ class Dispatch:
             return CostSnapshot.of(spec.isl_tokens, 0)
         if self.ledger.eligible_mask(pinned, spec.allowed_workers, self._elig) == 0 and pinned is None:
             return CostSnapshot.of(spec.isl_tokens, 0)
-        self.overlap.depth(hashes, now_us, self._depth)
+        self._overlap_depth(hashes, now_us)
         if pinned is not None:
             row = self.ledger.row_of(pinned)
             depth = int(self._depth[row]) if row is not None else 0
@@ -167,7 +228,7 @@ class Dispatch:
 
     def _project(self, hashes: np.ndarray, isl_tokens: int, now_us: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if len(hashes):
-            self.overlap.depth(hashes, now_us, self._depth)
+            self._overlap_depth(hashes, now_us)
         else:
             self._depth[:] = 0
         sel = self.config.selector
@@ -195,6 +256,8 @@ class Dispatch:
         self._by_slot[live.slot] = live
         if len(hashes):
             self.overlap.insert(hashes, row, now_us, self._ttl_us)
+            if self.speculative is not None and self._event_fed[row]:
+                self.speculative.insert(hashes, row, now_us, self._spec_ttl_us)
         a = self.ledger.arrays
         self._explain.append((spec.request_id, row, now_us, self._elig.copy(), self._depth.copy(), blocks.copy(),
                               prefill.copy(), costs.copy(), a.w_worker_id.copy(), a.w_dp_rank.copy(), a.w_present.copy()))

@@ -49,6 +49,7 @@ from .selector import WorkerSelector
 from .types import Admit, Reject, RequestSpec, WorkerKey
 
 Outcomes = list[Admit | Reject]
+SPECULATIVE_CAPACITY = 1 << 16  # entries of the speculative index (short-lived; few are live at once)
 
 
 class Scheduler(Introspect, Dispatch, Recovery):
@@ -56,15 +57,29 @@ class Scheduler(Introspect, Dispatch, Recovery):
 
     Args:
         config: the whole config (classes, selector, overload, daemon.block_size).
-        ledger / overlap / selector: collaborators (shm-backed or private).
+        ledger / overlap / selector: collaborators (shm-backed or private); `overlap` is the
+            approximate index, learnt from routing decisions (TTL `selector.approx_ttl_s`).
         owner_alive: owner id -> False when the requester is known gone (admit_one then skips it).
+        event_device / event_offload: KV-event-fed indexes (device tier, offload tiers), or None
+            when no worker publishes events. Rows count as event-fed once `set_event_fed(row, True)`.
+        speculative: short-TTL index of routing decisions on event-fed rows (created when
+            `event_device` is given and this is None).
+        speculative_ttl_s: TTL of the speculative entries (s); None = `approx_ttl_s / 24`.
+        See `dispatch.py` for how the indexes are combined.
     Maps: request_id -> Live; slot -> Live (leased); owner -> request ids.
     """
 
     def __init__(self, config: Config, ledger: Ledger, overlap: OverlapIndex, selector: WorkerSelector,
-                 owner_alive: Callable[[int], bool] = lambda owner: True) -> None:
+                 owner_alive: Callable[[int], bool] = lambda owner: True, *,
+                 event_device: OverlapIndex | None = None, event_offload: OverlapIndex | None = None,
+                 speculative: OverlapIndex | None = None, speculative_ttl_s: float | None = None) -> None:
         self.config, self.ledger, self.overlap, self.selector = config, ledger, overlap, selector
         self.owner_alive = owner_alive
+        self.event_device, self.event_offload = event_device, event_offload
+        if speculative is None and event_device is not None:
+            speculative = OverlapIndex(ledger.arrays.max_workers, SPECULATIVE_CAPACITY)
+        self.speculative = speculative
+        self._speculative_ttl_s = speculative_ttl_s
         self.pq = PolicyQueue([PolicyClassQueue(c, i, create_admission_policy(c.admission))
                                for i, c in enumerate(config.classes)])
         self._class_index = {c.name: i for i, c in enumerate(config.classes)}
@@ -85,8 +100,15 @@ class Scheduler(Introspect, Dispatch, Recovery):
     def add_worker(self, key: WorkerKey, total_kv_blocks: int, max_num_batched_tokens: int) -> None:
         """Register a worker rank. Raises ValueError when full or already registered."""
         row = self.ledger.add_worker(key, total_kv_blocks, max_num_batched_tokens)
-        self.overlap.clear_row(row)
+        self._forget_overlap(row)
         self._capacity_changed(row)
+
+    def _forget_overlap(self, row: int) -> None:
+        """Clear `row` from every overlap index; it is no longer event-fed (a new source re-marks it)."""
+        for idx in (self.overlap, self.event_device, self.event_offload, self.speculative):
+            if idx is not None:
+                idx.clear_row(row)
+        self.set_event_fed(row, False)
 
     def _rows(self, worker_id: int, dp_rank: int | None) -> list[int]:
         if dp_rank is None:
@@ -108,7 +130,7 @@ class Scheduler(Introspect, Dispatch, Recovery):
                 live = self._by_slot.get(slot)
                 if live is not None:
                     self._drop(live, abort=True)
-            self.overlap.clear_row(row)
+            self._forget_overlap(row)
             for cq in self.pq.classes:
                 for entry in cq.drop_lane(key):
                     self._drop(entry.payload, abort=True)
@@ -415,7 +437,7 @@ class Scheduler(Introspect, Dispatch, Recovery):
         self.config = config
         self._class_index = {c.name: i for i, c in enumerate(config.classes)}
         self._default = self._class_index[config.default_class]
-        self._ttl_us = int(config.selector.approx_ttl_s * 1_000_000)
+        self._set_ttls()
         self._timeouts = []
         for live in self._live.values():
             if live.state in (READY, DEFERRED):

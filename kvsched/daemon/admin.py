@@ -30,7 +30,7 @@ class AdminContext:
         config_path: the file `reload` re-reads (None = defaults only).
         started_s: monotonic start time (s), for uptime.
         connections: callable returning the number of live router connections.
-        stale_rows: callable returning the set of worker rows marked stale by the KV-event subscriber.
+        kv_events: the `KvEventSubscriber` (AddWorker / RemoveWorker add and remove its sources), or None.
     """
 
     scheduler: object
@@ -43,6 +43,7 @@ class AdminContext:
     connections: Callable[[], int] = lambda: 0
     decisions_window: list = field(default_factory=lambda: [time.monotonic(), 0])
     config_overrides: dict | None = None
+    kv_events: object | None = None
 
 
 def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
@@ -74,17 +75,27 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
         case p.AddWorker():
             from ..core.types import WorkerKey
 
+            key = WorkerKey(req.worker_id, req.dp_rank)
+            if req.kv_events_endpoint and ctx.kv_events is None:
+                return _err(p.ErrorCode.INVALID, "this daemon has no KV-event subscriber"), []
             try:
-                s.add_worker(WorkerKey(req.worker_id, req.dp_rank), req.total_kv_blocks, req.max_num_batched_tokens)
+                s.add_worker(key, req.total_kv_blocks, req.max_num_batched_tokens)
             except ValueError as exc:
                 return _err(p.ErrorCode.INVALID, str(exc)), []
-            log.info("worker added worker=%d:%d", req.worker_id, req.dp_rank)
+            if req.kv_events_endpoint:
+                _add_kv_source(ctx, req, s.ledger.row_of(key))
+            log.info("worker added worker=%d:%d kv_events=%s", req.worker_id, req.dp_rank,
+                     req.kv_events_endpoint or "-")
             return p.OkReply(message=f"added {req.worker_id}:{req.dp_rank}"), s.drain_cleanup(now_us)
         case p.RemoveWorker():
             try:
+                rows = s._rows(req.worker_id, req.dp_rank)  # noqa: SLF001 - the rows RemoveWorker frees
                 outcomes = s.remove_worker(req.worker_id, req.dp_rank, now_us)
             except KeyError:
                 return _err(p.ErrorCode.NOT_FOUND, f"unknown worker {_w(req)}"), []
+            if ctx.kv_events is not None:
+                for row in rows:
+                    ctx.kv_events.remove_source(row)
             log.info("worker removed worker=%s", _w(req))
             return p.OkReply(message=f"removed {_w(req)}"), outcomes
         case p.Cancel():
@@ -100,6 +111,16 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
                 return _err(p.ErrorCode.NOT_FOUND, f"no recent decision for {req.request_id!r}"), []
             return reply, []
     return _err(p.ErrorCode.INVALID, f"unsupported admin request {type(req).__name__}"), []
+
+
+def _add_kv_source(ctx: AdminContext, req: p.AddWorker, row: int) -> None:
+    """Subscribe to the new rank's KV events (the endpoints are the rank's own: no dp offset)."""
+    from .kv_events import KvEventSource
+
+    ctx.kv_events.remove_source(row)  # a row reused after RemoveWorker starts from a clean stream
+    ctx.kv_events.add_source(KvEventSource(row, req.kv_events_endpoint, req.kv_replay_endpoint or None,
+                                           req.kv_events_topic, req.kv_events_stale_after_s))
+    ctx.scheduler.set_event_fed(row, True)
 
 
 def _status(ctx: AdminContext) -> p.StatusReply:

@@ -48,6 +48,7 @@ class Daemon:
         self.ctx: zmq.Context | None = None
         self.segments = None
         self.actor = None
+        self.kv_events = None
         self.notifier = None
 
     async def run(self) -> None:
@@ -58,15 +59,16 @@ class Daemon:
             await self.stop()
 
     async def start(self) -> None:
-        """Create/attach segments, build the scheduler, warm kernels, bind sockets, then READY=1."""
+        """Create/attach segments, build the scheduler, warm kernels, bind sockets, start the actor
+        and the KV-event subscriber, then READY=1."""
         from ..shm.kernels import warm_kernels
         from .actor import Actor
         from .admin import AdminContext, handle
         from .metrics import Metrics
         from .notify import Notifier
-        from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret
+        from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, start_curve_auth
         from ..shm.layout import ledger_name, progress_name
-        from .wiring import build_scheduler, open_segments
+        from .wiring import build_kv_subscriber, build_scheduler, kv_metrics_tick, open_segments
 
         cfg = self.config
         d = cfg.daemon
@@ -80,6 +82,7 @@ class Daemon:
         self.scheduler = build_scheduler(cfg, self.segments, restarted)
         self.ctx = zmq.Context()
         curve = load_curve_secret(d.curve_secret_key_file)
+        self.auth = start_curve_auth(self.ctx, curve, d.curve_authorized_keys_dir)
         self.data_sock = bind_router(self.ctx, self.endpoint, mode=DATA_SOCKET_MODE,
                                      max_frame_bytes=d.max_frame_bytes, curve_secret_key=curve,
                                      heartbeat_ms=d.heartbeat_ms)
@@ -102,6 +105,10 @@ class Daemon:
         self.admin_ctx.connections = lambda: len(self.actor.conns)
         self.actor.on_tick.append(self.notifier.watchdog_tick)
         self.actor.start()
+        self.kv_events = build_kv_subscriber(cfg, self.scheduler, loop, self.ctx)
+        self.admin_ctx.kv_events = self.kv_events
+        self.actor.on_tick.append(kv_metrics_tick(self.kv_events, self.metrics))
+        self.kv_events.start()
         if d.metrics_port:
             self.metrics.serve(d.metrics_port, d.metrics_host)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -133,13 +140,19 @@ class Daemon:
         if self.actor is not None:
             self.actor.begin_shutdown()
             self.actor.stop_reading()
+        if self.kv_events is not None:
+            self.kv_events.stop()
+            self.kv_events = None
         if self.ctx is not None:
             close_socket(self.data_sock, self.endpoint)
             close_socket(self.admin_sock, self.admin_endpoint)
+            if getattr(self, "auth", None) is not None:
+                self.auth.stop()
             self.ctx.term()
             self.ctx = None
         if self.segments is not None:
-            live = self.scheduler.active_leases
+            scheduler = getattr(self, "scheduler", None)
+            live = scheduler.active_leases if scheduler is not None else 1  # unknown: keep segments
             self.segments.close()
             if live == 0:
                 self.segments.unlink()

@@ -1,5 +1,7 @@
-"""Build the daemon's state from the config: shared-memory segments, ledger, overlap index, selector
-and the Scheduler, plus the workers declared in `[[workers]]`. No I/O beyond creating segments."""
+"""Build the daemon's state from the config: shared-memory segments, ledger, overlap indexes, selector
+and the Scheduler, plus the workers declared in `[[workers]]`; and the KV-event subscriber that feeds
+the event indexes (`build_kv_subscriber`) with its metrics hook (`kv_metrics_tick`). No I/O beyond
+creating segments (the subscriber connects in its `start()`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from ..core.types import WorkerKey
 log = logging.getLogger(__name__)
 
 OVERLAP_CAPACITY_PER_WORKER = 1 << 15  # approximate-index entries budgeted per worker row
+# KV-event messages read per SUB wake: ~50 µs each (decode + index update), so one wake holds the
+# actor's loop at most a few ms and scheduling frames interleave with a heavy event stream.
+KV_EVENT_FRAME_BUDGET = 64
 
 
 def overlap_capacity(max_workers: int) -> int:
@@ -59,15 +64,22 @@ def open_segments(cfg: Config):
 
 
 def build_scheduler(cfg: Config, segments, restarted: bool):
-    """Wire Ledger + OverlapIndex + selector into a Scheduler and register the configured workers."""
+    """Wire Ledger + overlap indexes + selector into a Scheduler and register the configured workers.
+
+    Three indexes of `overlap_capacity(max_workers)` entries (numpy zeros: pages are committed only
+    when written): the approximate one (routing decisions) and the event-fed device and offload
+    ones, always built so that a worker added at runtime with an event endpoint can use them.
+    """
     from ..core.ledger import Ledger
     from ..core.scheduler import Scheduler
     from ..core.selector import create_selector
     from ..shm.overlap import OverlapIndex
 
     ledger = Ledger(segments.ledger, segments.progress, cfg.overload)
-    overlap = OverlapIndex(cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers))
-    scheduler = Scheduler(cfg, ledger, overlap, create_selector(cfg.selector))
+    w, cap = cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers)
+    overlap = OverlapIndex(w, cap)
+    scheduler = Scheduler(cfg, ledger, overlap, create_selector(cfg.selector),
+                          event_device=OverlapIndex(w, cap), event_offload=OverlapIndex(w, cap))
     if restarted:
         n = scheduler.restore_after_restart(time.monotonic_ns() // 1000, cfg.daemon.liveness_timeout_ms * 1000)
         log.info("re-adopted leases from the slot table count=%d grace_ms=%d", n, cfg.daemon.liveness_timeout_ms)
@@ -77,3 +89,48 @@ def build_scheduler(cfg: Config, segments, restarted: bool):
             if ledger.row_of(key) is None:
                 scheduler.add_worker(key, w.total_kv_blocks, w.max_num_batched_tokens)
     return scheduler
+
+
+def kv_event_sources(cfg: Config, scheduler) -> list:
+    """KV-event sources of the configured workers (rows looked up in the ledger); marks those rows
+    event-fed in the scheduler."""
+    from .kv_events import sources_for_worker
+
+    out = []
+    for w in cfg.workers:
+        rows = {r: scheduler.ledger.row_of(WorkerKey(w.worker_id, r)) for r in range(w.dp_size)}
+        srcs = sources_for_worker(w, {r: row for r, row in rows.items() if row is not None})
+        for src in srcs:
+            scheduler.set_event_fed(src.row, True)
+        out.extend(srcs)
+    return out
+
+
+def build_kv_subscriber(cfg: Config, scheduler, loop, ctx):
+    """The `KvEventSubscriber` feeding the scheduler's event indexes from every configured source.
+
+    Staleness goes to the ledger (`Ledger.set_stale`, shown by `kvsched workers`, read by the
+    overlap combination). Built even without sources, so AddWorker can add some at runtime.
+    """
+    from .kv_events import KvEventSubscriber
+
+    return KvEventSubscriber(loop, ctx, kv_event_sources(cfg, scheduler), scheduler.event_device,
+                             scheduler.event_offload, mark_stale=scheduler.ledger.set_stale,
+                             frame_budget=KV_EVENT_FRAME_BUDGET)
+
+
+def kv_metrics_tick(subscriber, metrics):
+    """An `Actor.on_tick` callback: add the subscriber's applied / replayed deltas to the counters
+    and set the stale-workers gauge."""
+    last = {"applied": 0, "replayed": 0}
+
+    def tick() -> None:
+        c = subscriber.counters()
+        for name, counter in (("applied", metrics.kv_events_applied), ("replayed", metrics.kv_events_replayed)):
+            delta = c[name] - last[name]
+            if delta > 0:
+                counter.inc(delta)
+                last[name] = c[name]
+        metrics.stale_workers.set(c["stale_workers"])
+
+    return tick

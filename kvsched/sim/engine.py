@@ -29,6 +29,11 @@ What is modelled (vLLM v1-like):
   not-yet-eligible arrival, or `max_macro_us`) in one call, with the exact arithmetic-series duration,
   so cost is per event, not per token.
 
+Cache changes can be observed (`cache_listener`, e.g. a `kvsched.kvevents.KvEventPublisher`):
+`block_stored(hashes, parent, block_size)` when blocks enter the prefix cache (at prefill end, one
+call per contiguous run of newly registered hashes) and `block_removed(hashes)` when blocks are
+evicted — the same changes vLLM publishes as BlockStored / BlockRemoved KV events.
+
 Step-time coefficients and capacities live in `sim/profile.py` (with their sources).
 """
 
@@ -151,6 +156,8 @@ class SimEngine:
         self._decode_ctx = 0  # context tokens (isl + output) of the decoding requests
         self._live: dict[str, _Seq] = {}
         self._plan: _Plan | None = None
+        # Observer of prefix-cache changes (module docstring), or None.
+        self.cache_listener = None
 
     # ---------------------------------------------------------------- public API
 
@@ -374,11 +381,15 @@ class SimEngine:
         seq.hits = seq.registered = hits
         need = seq.need_blocks - hits
         short = need - (self.kv_blocks - self.used_blocks)
+        evicted: list[int] = []
         while short > 0 and self._lru:
             h, _ = self._lru.popitem(last=False)
             del self._ref[h]
+            evicted.append(h)
             self.stats.evicted_blocks += 1
             short -= 1
+        if evicted and self.cache_listener is not None:
+            self.cache_listener.block_removed(evicted)
         seq.anon = need
         self._anon += need
         isl = seq.rec.request.isl
@@ -392,16 +403,30 @@ class SimEngine:
 
     def _register(self, seq: _Seq) -> None:
         """Prefill done: the request's newly computed prompt blocks become cache entries."""
-        for h in seq.hashes[seq.registered:]:
+        listener = self.cache_listener
+        run: list[int] = []  # newly cached hashes, contiguous in the request
+        parent: int | None = None
+        for i in range(seq.registered, len(seq.hashes)):
+            h = seq.hashes[i]
             seq.anon -= 1
             self._anon -= 1
             r = self._ref.get(h)
             if r is None:
                 self._ref[h] = 1
-            else:  # computed concurrently by another request: keep one copy
-                if r == 0:
-                    del self._lru[h]
-                self._ref[h] = r + 1
+                if listener is not None:
+                    if not run:
+                        parent = seq.hashes[i - 1] if i > 0 else None
+                    run.append(h)
+                continue
+            # computed concurrently by another request: keep one copy
+            if r == 0:
+                del self._lru[h]
+            self._ref[h] = r + 1
+            if run:
+                listener.block_stored(run, parent, self.block_size)
+                run = []
+        if run:
+            listener.block_stored(run, parent, self.block_size)
         seq.registered = len(seq.hashes)
 
     def _finish(self, seq: _Seq, now_us: int) -> None:

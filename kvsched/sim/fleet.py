@@ -8,6 +8,10 @@ shared by the orchestrator so routers and fleet agree on the timeline.
 
 CPU: one thread; it wakes on a frame or every `tick_ms`, advances every engine to "now" (macro
 steps, so cost is per event), and sends one batch per router per wake.
+
+KV events (`FleetParams.kv_events`): each engine publishes its prefix-cache changes as vLLM KV
+events (`KvEventPublisher`, encoding `kv_encoding`) on its own PUB socket with a replay ROUTER;
+the events of one wake go out as one batch per engine, and replay requests are answered every wake.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import zmq
 from msgspec import Meta
 
 from ..core.types import WorkerKey
+from ..kvevents.publisher import KvEventPublisher
 from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
 from .fleet_spec import FleetSpec, make_engines
 
@@ -93,6 +98,34 @@ class FleetParams:
     tick_ms: float = 5.0  # wall ms between engine advances when no frame arrives
     progress_ms: float = 100.0  # wall ms between progress reports per running request
     stats_path: str | None = None  # write engine counters here (JSON) on exit
+    # (pub, replay) endpoints per engine in `spec.keys()` order; () = no KV events (`kv_event_endpoints`)
+    kv_events: tuple[tuple[str, str | None], ...] = ()
+    kv_encoding: str = "array"  # "array" (older vLLM) | "map" (newer vLLM)
+
+
+def kv_event_endpoints(spec: FleetSpec, runtime_dir: str | Path, transport: str = "ipc") -> tuple[tuple[str, str], ...]:
+    """(pub, replay) endpoints per engine: ipc sockets in `runtime_dir`, or free tcp loopback ports.
+
+    tcp ports are found by binding port 0 and closing again (a small race, acceptable for a simulator).
+    """
+    if transport == "ipc":
+        return tuple((f"ipc://{runtime_dir}/kv-{k.worker_id}.pub", f"ipc://{runtime_dir}/kv-{k.worker_id}.replay")
+                     for k in spec.keys())
+    if transport != "tcp":
+        raise ValueError(f"unknown KV-event transport {transport!r} (expected 'ipc' or 'tcp')")
+    import socket
+
+    ports = []
+    socks = []
+    for _ in range(2 * spec.workers):
+        sk = socket.socket()
+        sk.bind(("127.0.0.1", 0))
+        socks.append(sk)
+        ports.append(sk.getsockname()[1])
+    for sk in socks:
+        sk.close()
+    return tuple((f"tcp://127.0.0.1:{ports[2 * i]}", f"tcp://127.0.0.1:{ports[2 * i + 1]}")
+                 for i in range(spec.workers))
 
 
 class Fleet:
@@ -109,6 +142,11 @@ class Fleet:
         self.sock.bind(params.endpoint)
         self._enc = msgspec.msgpack.Encoder()
         self._dec = msgspec.msgpack.Decoder(SimSubmit)
+        self.publishers: list[KvEventPublisher] = []
+        for key, (pub, replay) in zip(params.spec.keys(), params.kv_events):
+            publisher = KvEventPublisher(self._ctx, pub, replay, encoding=params.kv_encoding)  # type: ignore[arg-type]
+            self.engines[key].cache_listener = publisher
+            self.publishers.append(publisher)
         self._owner: dict[str, bytes] = {}  # request_id -> router identity
         self._reported: dict[str, int] = {}  # request_id -> output tokens last reported
         self._out: dict[bytes, list] = {}
@@ -135,6 +173,12 @@ class Fleet:
                 next_progress = mono + self.params.progress_ms / 1000.0
                 self._progress()
             self._flush()
+            self.publish_kv_events()
+
+    def publish_kv_events(self) -> None:
+        """One KV-event batch per engine with cache changes since the last call; answer replays."""
+        for publisher in self.publishers:
+            publisher.flush()
 
     def _drain(self) -> None:
         for _ in range(1024):
@@ -208,11 +252,15 @@ class Fleet:
                 "steps": s.steps, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
                 "evicted_blocks": s.evicted_blocks, "finished": s.finished, "live": e.num_live,
             }
-        return {"submitted": self.submitted, "completed": self.completed, "engines": per}
+        return {"submitted": self.submitted, "completed": self.completed, "engines": per,
+                "kv_event_batches": sum(p.seq for p in self.publishers),
+                "kv_replays_served": sum(p.replays_served for p in self.publishers)}
 
     def close(self) -> None:
         if self.params.stats_path:
             Path(self.params.stats_path).write_bytes(msgspec.json.encode(self.stats()))
+        for publisher in self.publishers:
+            publisher.close()
         self.sock.close(0)
 
 

@@ -61,17 +61,32 @@ def make_engines(spec: FleetSpec, max_macro_us: int = 1_000_000) -> dict[WorkerK
 
 
 def config_dict(spec: FleetSpec, selector: str = "kv", seed: int | None = None,
-                time_scale: float = 1.0) -> dict[str, Any]:
+                time_scale: float = 1.0, kv_events: tuple[tuple[str, str | None], ...] = ()) -> dict[str, Any]:
     """The config as a plain dict (the shape TOML parses to).
 
     `time_scale` (the replay's speedup) divides the wall-clock durations the daemon applies
-    (`selector.approx_ttl_s`), so they mean the same span of simulated time.
+    (`selector.approx_ttl_s`), so they mean the same span of simulated time. `kv_events`: (pub,
+    replay) endpoints per worker (`fleet.kv_event_endpoints`), written as `kv_events_endpoint` /
+    `kv_replay_endpoint`; () = no KV events.
     """
     sel: dict[str, Any] = {"type": selector}
     if seed is not None:
         sel["seed"] = seed
     if time_scale != 1.0:
         sel["approx_ttl_s"] = SelectorConfig().approx_ttl_s / time_scale
+    workers = [
+        {
+            "worker_id": w,
+            "dp_size": 1,
+            "total_kv_blocks": spec.blocks_per_engine,
+            "max_num_batched_tokens": spec.max_num_batched_tokens,
+        }
+        for w in range(spec.workers)
+    ]
+    for w, (pub, replay) in zip(workers, kv_events):
+        w["kv_events_endpoint"] = pub
+        if replay:
+            w["kv_replay_endpoint"] = replay
     return {
         "daemon": {
             "block_size": spec.block_size,
@@ -80,26 +95,20 @@ def config_dict(spec: FleetSpec, selector: str = "kv", seed: int | None = None,
             "max_blocks_per_request": spec.max_blocks_per_request,
         },
         "selector": sel,
-        "workers": [
-            {
-                "worker_id": w,
-                "dp_size": 1,
-                "total_kv_blocks": spec.blocks_per_engine,
-                "max_num_batched_tokens": spec.max_num_batched_tokens,
-            }
-            for w in range(spec.workers)
-        ],
+        "workers": workers,
     }
 
 
-def build_config(spec: FleetSpec, selector: str = "kv", seed: int | None = None, time_scale: float = 1.0) -> Config:
+def build_config(spec: FleetSpec, selector: str = "kv", seed: int | None = None, time_scale: float = 1.0,
+                 kv_events: tuple[tuple[str, str | None], ...] = ()) -> Config:
     """A validated `Config` for `spec` (the same one `config_toml` writes for the daemon)."""
-    return config_from_dict(config_dict(spec, selector, seed, time_scale), where="replay fleet")
+    return config_from_dict(config_dict(spec, selector, seed, time_scale, kv_events), where="replay fleet")
 
 
-def config_toml(spec: FleetSpec, selector: str = "kv", seed: int | None = None, time_scale: float = 1.0) -> str:
+def config_toml(spec: FleetSpec, selector: str = "kv", seed: int | None = None, time_scale: float = 1.0,
+                kv_events: tuple[tuple[str, str | None], ...] = ()) -> str:
     """TOML text of `config_dict` (flat tables of scalars and one array of tables)."""
-    raw = config_dict(spec, selector, seed, time_scale)
+    raw = config_dict(spec, selector, seed, time_scale, kv_events)
     lines: list[str] = ["# written by kvsched replay: the simulated fleet's capacities", ""]
     for table in ("daemon", "selector"):
         lines.append(f"[{table}]")

@@ -10,6 +10,7 @@ per-request `results.jsonl` in `out_dir`.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -17,8 +18,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .fleet_spec import FleetSpec, config_toml
+import msgspec
+
+from ..config import Config, config_from_dict, load_config
+from .classes import (ClassAssignment, assign_classes, check_class_names, parse_class_rule,
+                      read_class_column)
+from .fleet_spec import FleetSpec, config_dict, config_toml
 from .summary import RequestResult, Summary, read_results, summarize, write_results, write_summary
 from .trace import Trace, load_trace
 
@@ -50,6 +57,12 @@ class ReplayOptions:
     seed: int | None = 0
     keep_runtime_dir: bool = False
     notes: list[str] = field(default_factory=list)
+    profile: Path | None = None  # TOML with default_class + [[classes]] (+ [selector], [overload])
+    class_rule: str = "none"  # see classes.py / --class-rule
+    kv_events: bool = True  # engines publish KV events to the daemon (virtual: overlap_mode "events")
+    kv_encoding: str = "array"  # "array" | "map" (vLLM event encodings)
+    kv_transport: str = "ipc"  # KV-event sockets: "ipc" (runtime dir) | "tcp" (loopback)
+    overlap_mode: str | None = None  # virtual only: "events" | "approx" | "none"; None = from kv_events
 
 
 def fleet_spec_for(opts: ReplayOptions, trace: Trace) -> FleetSpec:
@@ -74,12 +87,14 @@ def run_replay(opts: ReplayOptions, console=None) -> Summary:
     if len(trace) == 0:
         raise ValueError(f"{opts.trace}: no requests")
     spec = fleet_spec_for(opts, trace)
+    profile = load_profile(opts.profile) if opts.profile is not None else None
+    classes = resolve_classes(opts, trace, profile)
     opts.out.mkdir(parents=True, exist_ok=True)
     if opts.virtual:
-        results, wall_s, ledger_zero = _run_virtual(opts, trace, spec, console)
+        results, wall_s, ledger_zero = _run_virtual(opts, trace, spec, console, profile, classes)
         routers = 0
     else:
-        results, wall_s, ledger_zero = _run_wall(opts, trace, spec, console)
+        results, wall_s, ledger_zero = _run_wall(opts, trace, spec, console, profile, classes)
         routers = opts.routers
     write_results(sorted(results, key=lambda r: r.index), opts.out / "results.jsonl")
     summary = summarize(
@@ -95,20 +110,128 @@ def run_replay(opts: ReplayOptions, console=None) -> Summary:
         infinite_cache_hit_tokens=trace.infinite_cache_hit_tokens(),
         ledger_zero=ledger_zero,
         notes=opts.notes,
+        profile=str(opts.profile) if opts.profile is not None else None,
+        class_rule=opts.class_rule,
+        class_order=profile_class_names(profile),
     )
     write_summary(summary, opts.out)
     return summary
 
 
+# ---------------------------------------------------------------------------- classes
+
+
+def load_profile(path: Path) -> Config:
+    """A scheduling profile (any kvsched config file; `include` honoured). Raises ConfigError."""
+    return load_config(path)
+
+
+def profile_class_names(profile: Config | None) -> list[str]:
+    """The profile's class names in order (no profile: the default config's single class)."""
+    return [c.name for c in (profile or Config()).classes]
+
+
+def resolve_classes(opts: ReplayOptions, trace: Trace, profile: Config | None) -> ClassAssignment:
+    """Every trace row's policy class under `opts.class_rule`.
+
+    Raises:
+        ClassRuleError: the rule does not parse, or names (or a trace column holds) a class the
+            profile does not define; the message lists the profile's classes.
+    """
+    known = profile_class_names(profile)
+    rule = parse_class_rule(opts.class_rule, known)
+    column = read_class_column(opts.trace, rule.column, opts.limit) if rule.kind == "column" else None
+    default = (profile or Config()).default_class
+    assignment = assign_classes(rule, trace.isl, default, column)
+    check_class_names(assignment.names, known)
+    return assignment
+
+
+def replay_config_dict(spec: FleetSpec, opts: ReplayOptions, profile: Config | None,
+                       time_scale: float = 1.0, kv_events: tuple = ()) -> dict[str, Any]:
+    """The replay's config with the profile merged in (the shape TOML parses to).
+
+    The replay's own `[daemon]` and `[[workers]]` always win (block size, capacities, endpoints come
+    from the simulated fleet; the profile's are ignored). From the profile: `default_class`,
+    `[[classes]]`, `[overload]` and `[selector]` except `type` (from --selector) and `seed` (from
+    --seed unless that is None). Wall-clock durations (`selector.approx_ttl_s`, each class's
+    `queue_timeout_s`) are divided by `time_scale` (the speedup) so they keep their simulated length.
+    """
+    raw = config_dict(spec, opts.selector, opts.seed, time_scale, kv_events)
+    if profile is None:
+        return raw
+    sel = _set_fields(profile.selector)
+    sel.pop("type", None)
+    if opts.seed is not None:
+        sel.pop("seed", None)
+    sel["approx_ttl_s"] = profile.selector.approx_ttl_s / time_scale
+    raw["selector"].update(sel)
+    overload = _set_fields(profile.overload)
+    if overload:
+        raw["overload"] = overload
+    raw["default_class"] = profile.default_class
+    raw["classes"] = []
+    for c in profile.classes:
+        d = _set_fields(c)
+        if c.queue_timeout_s is not None:
+            d["queue_timeout_s"] = c.queue_timeout_s / time_scale
+        raw["classes"].append(d)
+    return raw
+
+
+def _set_fields(struct: msgspec.Struct) -> dict[str, Any]:
+    """A struct as a dict without its None fields (TOML has no null), nested structs as dicts."""
+    return {k: v for k, v in msgspec.to_builtins(struct).items() if v is not None}
+
+
+def replay_config(spec: FleetSpec, opts: ReplayOptions, profile: Config | None, time_scale: float = 1.0) -> Config:
+    """`replay_config_dict` validated into a `Config` (the virtual driver's)."""
+    return config_from_dict(replay_config_dict(spec, opts, profile, time_scale), where="replay config")
+
+
+def config_dict_toml(raw: dict[str, Any]) -> str:
+    """TOML text of a config dict: top-level scalars, tables of scalars, arrays of tables (whose
+    values are scalars or one level of sub-tables, e.g. `[classes.admission]`)."""
+    lines = ["# written by kvsched replay: the simulated fleet's capacities + the --profile classes", ""]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in raw.items() if not isinstance(v, (dict, list))]
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            lines += ["", f"[{key}]", *(f"{k} = {_toml_value(v)}" for k, v in value.items())]
+        elif isinstance(value, list):
+            for item in value:
+                lines += ["", f"[[{key}]]"]
+                lines += [f"{k} = {_toml_value(v)}" for k, v in item.items() if not isinstance(v, dict)]
+                for sub, table in ((k, v) for k, v in item.items() if isinstance(v, dict)):
+                    lines += [f"[{key}.{sub}]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"cannot write {v!r} to the replay's TOML")
+        return repr(v)
+    if isinstance(v, str):
+        return msgspec.json.encode(v).decode()  # a JSON string is a valid TOML basic string
+    raise TypeError(f"unsupported TOML value {v!r}")
+
+
 # ---------------------------------------------------------------------------- virtual
 
 
-def _run_virtual(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console):
+def _run_virtual(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profile: Config | None,
+                 classes: ClassAssignment):
     from .virtual import run_virtual
 
+    config = replay_config(spec, opts, profile) if profile is not None else None
     with _progress_bar(console, len(trace), "virtual replay") as advance:
         run = run_virtual(trace, spec, selector=opts.selector, load_scale=opts.load_scale, seed=opts.seed,
-                          progress=advance)
+                          config=config, progress=advance, classes=classes,
+                          overlap_mode=opts.overlap_mode or ("events" if opts.kv_events else "approx"))
     return run.results, run.wall_time_s, ledger_is_zero_inprocess(run.scheduler)
 
 
@@ -135,20 +258,23 @@ class _Procs:
     fleet_stop: object | None = None
 
 
-def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console):
-    from .fleet import FleetParams, fleet_main
+def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profile: Config | None,
+              classes: ClassAssignment):
+    from .fleet import FleetParams, fleet_main, kv_event_endpoints
     from .router import RouterParams, router_main
 
     ctx = mp.get_context("spawn")
     procs = _Procs(Path(tempfile.mkdtemp(prefix="kvsched-replay-")))
     run_tag = f"{os.getpid():x}{int(time.time()) % 100000:x}"
     try:
-        endpoint, admin = _start_daemon(opts, spec, procs)
+        kv_eps = kv_event_endpoints(spec, procs.runtime_dir, opts.kv_transport) if opts.kv_events else ()
+        endpoint, admin = _start_daemon(opts, spec, procs, profile, kv_eps)
         fleet_ep = f"ipc://{procs.runtime_dir}/fleet.sock"
         go, t0, counter = ctx.Event(), ctx.Value("d", 0.0), ctx.Value("i", 0)
         procs.fleet_stop, fleet_ready = ctx.Event(), ctx.Event()
         tick_ms = min(5.0, max(1.0, 50.0 / opts.speedup))  # <= ~50 ms of simulated time per wake
-        fparams = FleetParams(fleet_ep, spec, opts.speedup, tick_ms=tick_ms, stats_path=str(opts.out / "fleet.json"))
+        fparams = FleetParams(fleet_ep, spec, opts.speedup, tick_ms=tick_ms, stats_path=str(opts.out / "fleet.json"),
+                              kv_events=kv_eps, kv_encoding=opts.kv_encoding)
         procs.fleet = ctx.Process(target=fleet_main, args=(fparams, fleet_ready, go, t0, procs.fleet_stop),
                                   name="kvsched-fleet", daemon=True)
         procs.fleet.start()
@@ -157,7 +283,7 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console):
             ready = ctx.Event()
             rp = RouterParams(k, opts.routers, str(opts.trace), opts.limit, endpoint, fleet_ep,
                               str(procs.runtime_dir / f"router-{k}.jsonl"), opts.speedup, opts.load_scale,
-                              run_tag, opts.block_size)
+                              run_tag, opts.block_size, classes.names, classes.codes.astype("<u4").tobytes())
             proc = ctx.Process(target=router_main, args=(rp, ready, go, t0, counter), name=f"kvsched-router-{k}",
                                daemon=True)
             proc.start()
@@ -173,20 +299,29 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console):
         if failure:
             opts.notes.append(failure)
         ledger_zero = _ledger_zero(admin) if admin else None
-        results = _merge(procs, opts.routers, trace, run_tag, opts.load_scale)
+        results = _merge(procs, opts.routers, trace, run_tag, opts.load_scale, classes)
         return results, wall_s, ledger_zero
     finally:
         _stop_all(procs, keep=opts.keep_runtime_dir)
 
 
-def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs) -> tuple[str, str | None]:
+def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: Config | None,
+                  kv_eps: tuple = ()) -> tuple[str, str | None]:
     if opts.endpoint:
         opts.notes.append(f"external daemon at {opts.endpoint}: its [[workers]] must be 0..{spec.workers - 1}")
+        if kv_eps:
+            opts.notes.append("external daemon: the fleet publishes KV events at "
+                              + ", ".join(pub for pub, _ in kv_eps) + " (list them in its [[workers]])")
         return opts.endpoint, opts.admin_endpoint
     from ..daemon.process import DaemonProcess
 
     cfg = procs.runtime_dir / "replay.toml"
-    cfg.write_text(config_toml(spec, opts.selector, opts.seed, time_scale=opts.speedup))
+    if profile is None:
+        cfg.write_text(config_toml(spec, opts.selector, opts.seed, time_scale=opts.speedup, kv_events=kv_eps))
+    else:
+        cfg.write_text(config_dict_toml(replay_config_dict(spec, opts, profile, time_scale=opts.speedup,
+                                                           kv_events=kv_eps)))
+        load_config(cfg, env={})  # fail here, naming the file, rather than in the daemon's log
     procs.daemon = DaemonProcess.start(cfg, instance=f"replay-{os.getpid()}", runtime_dir=procs.runtime_dir)
     return procs.daemon.endpoint, procs.daemon.admin_endpoint
 
@@ -239,7 +374,8 @@ def _ledger_zero(admin_endpoint: str) -> bool | None:
         time.sleep(0.1)
 
 
-def _merge(procs: _Procs, routers: int, trace: Trace, run_tag: str, load_scale: float) -> list[RequestResult]:
+def _merge(procs: _Procs, routers: int, trace: Trace, run_tag: str, load_scale: float,
+           classes: ClassAssignment) -> list[RequestResult]:
     """Results of every router; rows no router reported (a router died) count as unfinished."""
     by_index: dict[int, RequestResult] = {}
     for k in range(routers):
@@ -251,7 +387,7 @@ def _merge(procs: _Procs, routers: int, trace: Trace, run_tag: str, load_scale: 
     for i in range(len(trace)):
         if i not in by_index:
             by_index[i] = RequestResult(index=i, request_id=f"{run_tag}-{i}", arrival_us=int(arrivals[i]),
-                                        isl=int(trace.isl[i]), osl=int(trace.osl[i]),
+                                        isl=int(trace.isl[i]), osl=int(trace.osl[i]), policy_class=classes.name_of(i),
                                         detail="no result: its router exited early")
     return [by_index[i] for i in range(len(trace))]
 

@@ -11,6 +11,16 @@ EXIT_OK = 0
 EXIT_DAEMON_ERROR = 1
 EXIT_UNREACHABLE = 3
 
+CLASS_RULE_HELP = (
+    "How requests get a policy class (names must be the profile's classes): "
+    "'none' = every request in the profile's default_class; "
+    "'isl:latency<4096,agents<16384,batch' = ISL bands, the first band whose bound the ISL is below "
+    "(a last name without a bound takes the rest; 'isl' alone = the profile's classes in order with "
+    "bounds 4096, 16384, ... x4); "
+    "'hash:latency=60,agents=30,batch=10' = weighted, deterministic by request index; "
+    "'column:NAME' = a trace column holding the class name (empty = default class)."
+)
+
 
 def replay(
     trace: Annotated[Path, typer.Argument(help="Trace file: Mooncake .jsonl (hash_ids) or Azure .csv (no hashes).",
@@ -30,30 +40,62 @@ def replay(
     selector: Annotated[str, typer.Option(help="Worker selection: kv, round_robin, random, least_loaded, power_of_two.")] = "kv",
     seed: Annotated[int, typer.Option(help="Seed for the selector's tie-breaks.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the table.")] = False,
+    profile: Annotated[Optional[Path], typer.Option(
+        help="Scheduling profile (TOML): default_class + [[classes]], optional [selector] / [overload]. "
+             "The replay's own [daemon] / [[workers]] (block size, capacities) win; --selector / --seed win "
+             "over [selector] type / seed.", exists=True, dir_okay=False, readable=True)] = None,
+    class_rule: Annotated[str, typer.Option(help=CLASS_RULE_HELP)] = "none",
+    kv_events: Annotated[bool, typer.Option("--kv-events/--no-kv-events", help="Engines publish their cache changes as vLLM KV events the daemon subscribes to (--virtual: applied in process); off = the approximate index only.")] = True,
+    kv_encoding: Annotated[str, typer.Option(help="KV-event encoding: array (vLLM before PR #42892) | map (after).")] = "array",
+    kv_transport: Annotated[str, typer.Option(help="KV-event sockets: ipc (replay runtime dir) | tcp (loopback).")] = "ipc",
+    overlap_mode: Annotated[Optional[str], typer.Option(help="--virtual only: events | approx | none (default: events, or approx with --no-kv-events).")] = None,
 ) -> None:
     """Replay a request trace through the scheduler and a simulated fleet; print a summary.
 
     Starts a private daemon (unless --endpoint), a simulated fleet process (engines with a KV prefix cache, continuous batching and H100 / Llama-3-8B step times) and --routers router processes that replay the trace's arrivals: schedule through the daemon, stream from the fleet, release. With --virtual the same engine model and scheduler core run in process, in virtual time (fast and reproducible: use it for policy comparisons). Writes summary.json and results.jsonl to --out.
 
+    With --profile and --class-rule each request is sent with a policy class and the summary gains a per-class section (requests, rejections, queue wait and TTFT p50/p99, dispatch share, uncached-token share).
+
     Example: kvsched replay kvsched/data/mooncake_slice.jsonl --routers 4 --workers 4 --speedup 20
+
+    Example: kvsched replay TRACE --virtual --profile examples/profile-multiclass.toml --class-rule hash:latency=60,agents=30,batch=10
     """
     import msgspec
     from rich.console import Console
 
     from ..errors import DaemonUnavailable, KvschedError
-    from .replay import ReplayOptions, run_replay
-    from .summary import summary_table
+    from ..errors import ConfigError
+    from .classes import ClassRuleError, check_class_names, parse_class_rule
+    from .replay import ReplayOptions, load_profile, profile_class_names, run_replay
+    from .summary import class_table, summary_table
 
     if selector not in ("kv", "round_robin", "random", "least_loaded", "power_of_two"):
         raise typer.BadParameter(f"unknown selector {selector!r}", param_hint="--selector")
+    for name, value, allowed in (("--kv-encoding", kv_encoding, ("array", "map")), ("--kv-transport", kv_transport, ("ipc", "tcp")),
+                                 ("--overlap-mode", overlap_mode or "events", ("events", "approx", "none"))):
+        if value not in allowed:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}", param_hint=name)
+    try:
+        profile_cfg = load_profile(profile) if profile is not None else None
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--profile") from None
+    try:
+        rule = parse_class_rule(class_rule, profile_class_names(profile_cfg))
+        check_class_names(rule.names, profile_class_names(profile_cfg))
+    except ClassRuleError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--class-rule") from None
     console = Console(stderr=json_out)
     opts = ReplayOptions(
         trace=trace, routers=routers, workers=workers, speedup=speedup, load_scale=load_scale, limit=limit,
         virtual=virtual, endpoint=endpoint, admin_endpoint=admin_endpoint, out=out, block_size=block_size,
         kv_blocks=kv_blocks, max_num_batched_tokens=max_num_batched_tokens, selector=selector, seed=seed,
+        profile=profile, class_rule=class_rule,
+        kv_events=kv_events, kv_encoding=kv_encoding, kv_transport=kv_transport, overlap_mode=overlap_mode,
     )
     try:
         summary = run_replay(opts, console)
+    except ClassRuleError as exc:  # a column value naming an unknown class
+        raise typer.BadParameter(str(exc), param_hint="--class-rule") from None
     except DaemonUnavailable as exc:
         typer.echo(f"kvsched replay: {exc}", err=True)
         raise typer.Exit(EXIT_UNREACHABLE) from None
@@ -64,6 +106,8 @@ def replay(
         typer.echo(msgspec.json.encode(summary).decode())
     else:
         console.print(summary_table(summary))
+        if summary.classes:
+            console.print(class_table(summary))
         for note in summary.notes:
             console.print(f"note: {note}")
         console.print(f"summary: {out / 'summary.json'}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import zmq
 
 from .fleet import SimBatch, SimDone, SimError, SimFirstToken, SimProgress, SimSubmit
@@ -42,6 +43,8 @@ class RouterParams:
     load_scale: float = 1.0
     run_tag: str = "r"  # request ids are f"{run_tag}-{row}"
     block_size: int | None = None  # None = the trace's
+    class_names: tuple[str, ...] = ()  # policy classes; row i's is class_names[class_codes[i]]
+    class_codes: bytes = b""  # little-endian u32 per trace row (empty = every request sent without a class)
 
 
 class _FleetAbort(Exception):
@@ -63,6 +66,7 @@ class Router:
         self.trace = trace
         self.arrivals = trace.scaled_arrivals_us(params.load_scale)
         self.rows = list(range(params.index, len(trace), params.routers))
+        self.classes = np.frombuffer(params.class_codes, dtype="<u4") if params.class_codes else None
         self.results: list[RequestResult] = []
         self.inflight: dict[str, _InFlight] = {}
         self._on_finished = on_finished
@@ -117,11 +121,12 @@ class Router:
 
         rid = f"{self.p.run_tag}-{i}"
         r = RequestResult(index=i, request_id=rid, arrival_us=int(self.arrivals[i]),
-                          isl=int(self.trace.isl[i]), osl=int(self.trace.osl[i]))
+                          isl=int(self.trace.isl[i]), osl=int(self.trace.osl[i]),
+                          policy_class=self.p.class_names[self.classes[i]] if self.classes is not None else "")
         hashes = self.trace.hashes_of(i)
         t_a = time.perf_counter_ns()
         try:
-            lease = await self.client.schedule(rid, r.isl, hashes)
+            lease = await self.client.schedule(rid, r.isl, hashes, policy_class=r.policy_class)
         except RequestRejected as exc:
             r.admission_latency_us = (time.perf_counter_ns() - t_a) / 1000.0
             r.outcome, r.reason, r.detail = REJECTED, exc.reason, exc.detail

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import msgspec
 import numpy as np
@@ -36,6 +36,7 @@ class RequestResult(msgspec.Struct, kw_only=True, omit_defaults=True):
         ttft_us: first token − arrival (simulated µs). e2e_us: last token − arrival.
         cached_tokens: prompt tokens the engine served from its prefix cache.
         predicted_cached_tokens: what the scheduler expected on the chosen worker.
+        policy_class: the class the request was sent with ("" = the default class).
     """
 
     index: int
@@ -55,6 +56,30 @@ class RequestResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     cached_tokens: int = 0
     predicted_cached_tokens: int = 0
     output_tokens: int = 0
+    policy_class: str = ""
+
+
+class ClassSummary(msgspec.Struct, kw_only=True):
+    """The figures of one policy class (`summary.json` → `classes`). Admitted = given a worker.
+
+    Attributes:
+        dispatch_share: this class's admissions / all admissions (0 when nothing was admitted).
+        uncached_token_share: uncached prompt tokens admitted in this class (ISL − the scheduler's
+            cached estimate, i.e. what DRR charges) / the same over all classes.
+    """
+
+    requests: int
+    completed: int
+    rejected: dict[str, int]  # reason -> count
+    aborted: int
+    unfinished: int
+    admitted: int
+    queue_wait_ms_p50: float | None  # simulated ms, admitted requests
+    queue_wait_ms_p99: float | None
+    ttft_ms_p50: float | None  # simulated ms, completed requests
+    ttft_ms_p99: float | None
+    dispatch_share: float
+    uncached_token_share: float
 
 
 class Summary(msgspec.Struct, kw_only=True):
@@ -89,6 +114,9 @@ class Summary(msgspec.Struct, kw_only=True):
     requests_per_worker: dict[str, int]
     ledger_zero: bool | None = None  # all worker aggregates back to zero at the end (None = not checked)
     notes: list[str] = []
+    profile: str | None = None  # --profile file, if any
+    class_rule: str = "none"  # --class-rule as given
+    classes: dict[str, ClassSummary] = {}  # class name -> its figures, in the profile's order
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -111,8 +139,15 @@ def summarize(
     infinite_cache_hit_tokens: int | None = None,
     ledger_zero: bool | None = None,
     notes: list[str] | None = None,
+    profile: str | None = None,
+    class_rule: str = "none",
+    class_order: Sequence[str] = (),
 ) -> Summary:
-    """Fold per-request results into a `Summary`."""
+    """Fold per-request results into a `Summary`.
+
+    `class_order` lists the classes to report first, in order (the profile's); classes seen in the
+    results but not listed follow in order of appearance ("" = requests sent without a class).
+    """
     rs = list(results)
     done = [r for r in rs if r.outcome == COMPLETED]
     rejected = Counter(r.reason or "unknown" for r in rs if r.outcome == REJECTED)
@@ -159,7 +194,45 @@ def summarize(
         requests_per_worker=dict(sorted(Counter(r.worker for r in done).items(), key=_worker_order)),
         ledger_zero=ledger_zero,
         notes=list(notes or []),
+        profile=profile,
+        class_rule=class_rule,
+        classes=summarize_classes(rs, class_order),
     )
+
+
+def summarize_classes(results: Sequence[RequestResult], class_order: Sequence[str] = ()) -> dict[str, ClassSummary]:
+    """Per-class figures (see `ClassSummary`); every class in `class_order` is listed, even if empty."""
+    by_class: dict[str, list[RequestResult]] = {name: [] for name in class_order}
+    for r in results:
+        by_class.setdefault(r.policy_class, []).append(r)
+    admitted_all = sum(1 for r in results if r.worker)
+    uncached_all = sum(_uncached(r) for r in results if r.worker)
+    out: dict[str, ClassSummary] = {}
+    for name, rs in by_class.items():
+        admitted = [r for r in rs if r.worker]
+        qw = [r.queue_wait_us / 1000.0 for r in admitted if r.queue_wait_us >= 0]
+        ttft = [r.ttft_us / 1000.0 for r in rs if r.outcome == COMPLETED and r.ttft_us >= 0]
+        uncached = sum(_uncached(r) for r in admitted)
+        out[name] = ClassSummary(
+            requests=len(rs),
+            completed=sum(1 for r in rs if r.outcome == COMPLETED),
+            rejected=dict(sorted(Counter(r.reason or "unknown" for r in rs if r.outcome == REJECTED).items())),
+            aborted=sum(1 for r in rs if r.outcome == ABORTED),
+            unfinished=sum(1 for r in rs if r.outcome == UNFINISHED),
+            admitted=len(admitted),
+            queue_wait_ms_p50=_round(_pct(qw, 50)),
+            queue_wait_ms_p99=_round(_pct(qw, 99)),
+            ttft_ms_p50=_round(_pct(ttft, 50)),
+            ttft_ms_p99=_round(_pct(ttft, 99)),
+            dispatch_share=round(len(admitted) / admitted_all, 4) if admitted_all else 0.0,
+            uncached_token_share=round(uncached / uncached_all, 4) if uncached_all else 0.0,
+        )
+    return out
+
+
+def _uncached(r: RequestResult) -> int:
+    """Uncached prompt tokens as the scheduler costed them (what DRR charges), at least 1."""
+    return max(1, r.isl - r.predicted_cached_tokens)
 
 
 def _round(x: float | None) -> float | None:
@@ -199,6 +272,14 @@ def read_results(path: Path) -> list[RequestResult]:
     return out
 
 
+def _fmt(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+    return str(v)
+
+
 def summary_table(summary: Summary):
     """A rich Table of the summary's figures."""
     from rich.table import Table
@@ -206,13 +287,6 @@ def summary_table(summary: Summary):
     t = Table(title=f"kvsched replay ({summary.mode})", show_header=True)
     t.add_column("figure")
     t.add_column("value", justify="right")
-
-    def fmt(v: object) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
-        return str(v)
 
     rows = [
         ("requests", summary.requests),
@@ -224,10 +298,10 @@ def summary_table(summary: Summary):
         ("wall time (s)", summary.wall_time_s),
         ("simulated time (s)", summary.simulated_time_s),
         ("lifecycles/s (wall)", summary.lifecycles_per_s),
-        ("admission latency p50 / p99 (µs)", f"{fmt(summary.admission_latency_us_p50)} / {fmt(summary.admission_latency_us_p99)}"),
-        ("  of requests not queued", f"{fmt(summary.admission_latency_unqueued_us_p50)} / {fmt(summary.admission_latency_unqueued_us_p99)}"),
-        ("queue wait p50 / p99 (sim ms)", f"{fmt(summary.queue_wait_ms_p50)} / {fmt(summary.queue_wait_ms_p99)}"),
-        ("TTFT p50 / p99 (sim ms)", f"{fmt(summary.ttft_ms_p50)} / {fmt(summary.ttft_ms_p99)}"),
+        ("admission latency p50 / p99 (µs)", f"{_fmt(summary.admission_latency_us_p50)} / {_fmt(summary.admission_latency_us_p99)}"),
+        ("  of requests not queued", f"{_fmt(summary.admission_latency_unqueued_us_p50)} / {_fmt(summary.admission_latency_unqueued_us_p99)}"),
+        ("queue wait p50 / p99 (sim ms)", f"{_fmt(summary.queue_wait_ms_p50)} / {_fmt(summary.queue_wait_ms_p99)}"),
+        ("TTFT p50 / p99 (sim ms)", f"{_fmt(summary.ttft_ms_p50)} / {_fmt(summary.ttft_ms_p99)}"),
         ("prefix hit ratio (cached / ISL)", summary.prefix_hit_ratio),
         ("  scheduler's estimate", summary.predicted_hit_ratio),
         ("  infinite-cache bound", summary.infinite_cache_hit_ratio),
@@ -235,5 +309,32 @@ def summary_table(summary: Summary):
         ("ledger back to zero", summary.ledger_zero),
     ]
     for name, value in rows:
-        t.add_row(name, fmt(value))
+        t.add_row(name, _fmt(value))
+    return t
+
+
+def class_table(summary: Summary):
+    """A rich Table with one row per policy class (wait and TTFT in simulated ms, shares in %)."""
+    from rich.table import Table
+
+    title = f"per class: rule {summary.class_rule}" + (f", profile {summary.profile}" if summary.profile else "")
+    reasons = "; ".join(f"{name or '(none)'} " + ", ".join(f"{k}={v}" for k, v in c.rejected.items())
+                        for name, c in summary.classes.items() if c.rejected)
+    caption = ("wait / TTFT in simulated ms; disp = share of admissions; uncached = share of admitted "
+               "uncached prompt tokens" + (f"; rejected: {reasons}" if reasons else ""))
+    t = Table(title=title, caption=caption, show_header=True)
+    for name in ("class", "req", "done", "rejected", "wait p50", "wait p99", "TTFT p50", "TTFT p99", "disp",
+                 "uncached"):
+        t.add_column(name, justify="left" if name == "class" else "right")
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}"
+
+    for name, c in summary.classes.items():
+        t.add_row(
+            name or "(none)", str(c.requests), str(c.completed),
+            str(sum(c.rejected.values())),
+            ms(c.queue_wait_ms_p50), ms(c.queue_wait_ms_p99), ms(c.ttft_ms_p50), ms(c.ttft_ms_p99),
+            f"{100 * c.dispatch_share:.1f}%", f"{100 * c.uncached_token_share:.1f}%",
+        )
     return t

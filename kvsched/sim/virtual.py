@@ -7,6 +7,12 @@ batch, and submits every `Admit` to its engine at that instant. Deterministic fo
 fast enough for the whole conversation trace in well under a minute: the engines advance per event,
 not per token (see `engine.py`, macro steps). Policy comparisons (`SelectorConfig.type` = kv |
 round_robin | random | least_loaded | power_of_two) use this driver.
+
+Overlap modes (`overlap_mode`), the in-process equivalent of the daemon's KV-event path:
+"events" = each engine's prefix-cache changes are applied directly to the scheduler's event-fed
+device index (no sockets; every row fresh), plus the speculative entries at routing time;
+"approx" = the approximate index learnt from routing decisions only; "none" = no overlap index
+(every depth is 0).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 
 from ..config import Config
 from ..core.types import Admit, Reject, RequestSpec, WorkerKey
+from .classes import ClassAssignment
 from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
 from .fleet_spec import FleetSpec, build_config, make_engines
 from .summary import ABORTED, COMPLETED, REJECTED, UNFINISHED, RequestResult
@@ -31,11 +38,57 @@ PROGRESS_EVERY_TOKENS = 32  # report decode progress to the scheduler in steps o
 IDLE_TICKS_BEFORE_GIVING_UP = 200  # ticks with queued requests, nothing running and no arrivals left
 
 
-def make_inprocess_scheduler(config: Config):
+OVERLAP_MODES = ("events", "approx", "none")
+
+
+class _NoIndex:
+    """Stand-in for the approximate index in overlap mode "none": learns nothing, every depth 0."""
+
+    def __init__(self, max_workers: int) -> None:
+        self.max_workers = max_workers
+
+    def insert(self, hashes, row: int, now_us: int, ttl_us) -> None:
+        pass
+
+    def remove(self, hashes, row: int) -> None:
+        pass
+
+    def clear_row(self, row: int) -> None:
+        pass
+
+    def depth(self, hashes, now_us: int, out: np.ndarray) -> None:
+        out[:] = 0
+
+
+class EngineEventSink:
+    """An engine's `cache_listener` that applies its cache changes to an event-fed index row directly
+    (the virtual driver's equivalent of publisher → SUB → `KvEventApplier`)."""
+
+    __slots__ = ("index", "row", "applied")
+
+    def __init__(self, index, row: int) -> None:
+        self.index = index
+        self.row = row
+        self.applied = 0  # events applied
+
+    def block_stored(self, hashes, parent=None, block_size: int = 16) -> None:
+        self.index.insert(np.asarray(hashes, dtype=np.uint64), self.row, 0, None)
+        self.applied += 1
+
+    def block_removed(self, hashes) -> None:
+        self.index.remove(np.asarray(hashes, dtype=np.uint64), self.row)
+        self.applied += 1
+
+
+def make_inprocess_scheduler(config: Config, overlap_mode: str = "approx"):
     """A `Scheduler` over private (process-memory) ledger arrays, with the config's workers added.
 
-    Mirrors the daemon's wiring (`daemon/wiring.py`) minus shared memory and sockets.
+    Mirrors the daemon's wiring (`daemon/wiring.py`) minus shared memory and sockets. With
+    `overlap_mode="events"` the scheduler gets an event-fed device index and every row is marked
+    event-fed (attach the engines with `attach_engines`); "none" gives it an index that learns nothing.
     """
+    if overlap_mode not in OVERLAP_MODES:
+        raise ValueError(f"unknown overlap mode {overlap_mode!r} (expected one of {OVERLAP_MODES})")
     from ..core.ledger import Ledger
     from ..core.scheduler import Scheduler
     from ..core.selector import create_selector
@@ -47,12 +100,28 @@ def make_inprocess_scheduler(config: Config):
     arrays = LedgerArrays.private(d.max_workers, d.max_slots, d.max_blocks_per_request, None, d.block_size)
     ledger = Ledger(arrays, progress=None, overload=config.overload)
     want = OVERLAP_CAPACITY_PER_WORKER * max(1, min(d.max_workers, 64))
-    overlap = OverlapIndex(d.max_workers, 1 << (want - 1).bit_length())  # a power of two
-    scheduler = Scheduler(config, ledger, overlap, create_selector(config.selector))
+    cap = 1 << (want - 1).bit_length()  # a power of two
+    overlap = _NoIndex(d.max_workers) if overlap_mode == "none" else OverlapIndex(d.max_workers, cap)
+    device = OverlapIndex(d.max_workers, cap) if overlap_mode == "events" else None
+    scheduler = Scheduler(config, ledger, overlap, create_selector(config.selector), event_device=device)
     for w in config.workers:
         for rank in range(w.dp_size):
-            scheduler.add_worker(WorkerKey(w.worker_id, rank), w.total_kv_blocks, w.max_num_batched_tokens)
+            key = WorkerKey(w.worker_id, rank)
+            scheduler.add_worker(key, w.total_kv_blocks, w.max_num_batched_tokens)
+            if device is not None:
+                scheduler.set_event_fed(ledger.row_of(key), True)
     return scheduler
+
+
+def attach_engines(scheduler, engines: dict[WorkerKey, SimEngine]) -> None:
+    """Feed each engine's cache changes into the scheduler's event-fed device index (if it has one)."""
+    device = getattr(scheduler, "event_device", None)
+    if device is None:
+        return
+    for key, engine in engines.items():
+        row = scheduler.ledger.row_of(key)
+        if row is not None:
+            engine.cache_listener = EngineEventSink(device, row)
 
 
 @dataclass(slots=True)
@@ -79,15 +148,18 @@ class VirtualDriver:
     """Discrete-event loop over one trace (module docstring). Use `run_virtual()`."""
 
     def __init__(self, trace: Trace, spec: FleetSpec, config: Config, load_scale: float = 1.0,
-                 progress: Callable[[int], None] | None = None, scheduler=None) -> None:
+                 progress: Callable[[int], None] | None = None, scheduler=None,
+                 classes: ClassAssignment | None = None, overlap_mode: str = "approx") -> None:
         self.trace = trace
         self.spec = spec
-        self.scheduler = scheduler if scheduler is not None else make_inprocess_scheduler(config)
+        self.scheduler = scheduler if scheduler is not None else make_inprocess_scheduler(config, overlap_mode)
         self.engines = make_engines(spec)
+        attach_engines(self.scheduler, self.engines)
         self.arrivals = trace.scaled_arrivals_us(load_scale)
         self.results = [
             RequestResult(index=i, request_id=f"r{i}", arrival_us=int(self.arrivals[i]),
-                          isl=int(trace.isl[i]), osl=int(trace.osl[i]))
+                          isl=int(trace.isl[i]), osl=int(trace.osl[i]),
+                          policy_class=classes.name_of(i) if classes is not None else "")
             for i in range(len(trace))
         ]
         self.by_id = {r.request_id: r for r in self.results}
@@ -139,7 +211,8 @@ class VirtualDriver:
 
     def _enqueue(self, i: int, now_us: int) -> list:
         r = self.results[i]
-        spec = RequestSpec(request_id=r.request_id, isl_tokens=r.isl, block_hashes=self.trace.hashes_of(i), owner=OWNER)
+        spec = RequestSpec(request_id=r.request_id, isl_tokens=r.isl, block_hashes=self.trace.hashes_of(i),
+                           policy_class=r.policy_class, owner=OWNER)
         self.waiting.add(r.request_id)
         t0 = time.perf_counter_ns()
         outs = self.scheduler.enqueue(spec, now_us)
@@ -222,7 +295,8 @@ class VirtualDriver:
 
 def run_virtual(trace: Trace, spec: FleetSpec, *, selector: str = "kv", load_scale: float = 1.0,
                 seed: int | None = 0, config: Config | None = None,
-                progress: Callable[[int], None] | None = None, scheduler=None) -> VirtualRun:
+                progress: Callable[[int], None] | None = None, scheduler=None,
+                classes: ClassAssignment | None = None, overlap_mode: str = "approx") -> VirtualRun:
     """Replay `trace` through an in-process scheduler and simulated engines in virtual time.
 
     Args:
@@ -232,12 +306,15 @@ def run_virtual(trace: Trace, spec: FleetSpec, *, selector: str = "kv", load_sca
         load_scale: arrivals compressed by this factor (> 1 = more load); engine speed unchanged.
         progress: called with the number of finished requests after each one finishes.
         scheduler: an object with the `Scheduler` methods the driver calls (default:
-            `make_inprocess_scheduler(config)`); tests pass stand-ins.
+            `make_inprocess_scheduler(config, overlap_mode)`); tests pass stand-ins.
+        overlap_mode: "events" | "approx" | "none" (module docstring).
+        classes: each row's policy class (`classes.assign_classes`); None = every request sent
+            without a class (the config's default class). The names must be classes of `config`.
     Returns:
         A `VirtualRun` with one `RequestResult` per trace request.
     """
     cfg = config if config is not None else build_config(spec, selector, seed)
-    driver = VirtualDriver(trace, spec, cfg, load_scale, progress, scheduler)
+    driver = VirtualDriver(trace, spec, cfg, load_scale, progress, scheduler, classes, overlap_mode)
     t0 = time.perf_counter()
     driver.run()
     return VirtualRun(driver.results, driver.scheduler, driver.engines, time.perf_counter() - t0, driver.events)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 from importlib.resources import files
+from pathlib import Path
 
+import msgspec
 import pytest
 
 from kvsched.core.types import Admit, Reject, WorkerKey
+from kvsched.sim.classes import assign_classes, parse_class_rule
 from kvsched.sim.fleet_spec import FleetSpec
-from kvsched.sim.replay import ledger_is_zero_inprocess
-from kvsched.sim.summary import COMPLETED, REJECTED, summarize
+from kvsched.sim.replay import ReplayOptions, ledger_is_zero_inprocess, run_replay
+from kvsched.sim.summary import COMPLETED, REJECTED, Summary, read_results, summarize
 from kvsched.sim.trace import load_trace
 from kvsched.sim.virtual import run_virtual
 
@@ -115,3 +118,50 @@ def test_every_request_completes_or_is_rejected_when_replayed_in_virtual_time(se
                   infinite_cache_hit_tokens=trace.infinite_cache_hit_tokens())
     assert s.prefix_hit_ratio <= s.infinite_cache_hit_ratio
     assert sum(s.requests_per_worker.values()) == s.completed
+
+
+PROFILE = Path(__file__).resolve().parents[2] / "examples" / "profile-multiclass.toml"
+
+
+class RecordingScheduler(CappedRoundRobin):
+    """CappedRoundRobin that remembers the policy class of each Enqueue."""
+
+    def __init__(self, workers: int, **kw) -> None:
+        super().__init__(workers, **kw)
+        self.classes: dict[str, str] = {}
+
+    def enqueue(self, spec, now_us):
+        self.classes[spec.request_id] = spec.policy_class
+        return super().enqueue(spec, now_us)
+
+
+def test_driver_sends_each_rows_class_when_given_an_assignment():
+    trace = load_trace(SLICE, limit=100)
+    classes = assign_classes(parse_class_rule("hash:latency=60,agents=30,batch=10"), trace.isl, "latency")
+    fake = RecordingScheduler(2, cap=4)
+    run = run_virtual(trace, FleetSpec(workers=2), scheduler=fake, classes=classes)
+    for r in run.results:
+        assert fake.classes[r.request_id] == r.policy_class == classes.name_of(r.index)
+
+
+@pytest.mark.skipif(not HAVE_SCHEDULER, reason="kvsched.core.scheduler is not available")
+def test_per_class_figures_sum_to_the_total_when_replayed_with_the_example_profile(tmp_path):
+    opts = ReplayOptions(trace=Path(SLICE), limit=400, virtual=True, load_scale=3.0, out=tmp_path,
+                         profile=PROFILE, class_rule="hash:latency=60,agents=30,batch=10")
+    s = run_replay(opts)
+    assert list(s.classes) == ["latency", "agents", "batch"] and s.class_rule == opts.class_rule
+    per = s.classes.values()
+    assert sum(c.requests for c in per) == s.requests == 400
+    assert sum(c.completed for c in per) == s.completed
+    assert sum(sum(c.rejected.values()) for c in per) == sum(s.rejected.values())
+    assert all(c.requests > 0 for c in per)
+    admitted = sum(c.admitted for c in per)
+    assert admitted > 0
+    assert sum(c.dispatch_share for c in per) == pytest.approx(1.0, abs=1e-3)
+    assert sum(c.uncached_token_share for c in per) == pytest.approx(1.0, abs=1e-3)
+    for c in per:
+        assert c.dispatch_share == pytest.approx(c.admitted / admitted, abs=1e-4)
+    written = msgspec.json.decode((tmp_path / "summary.json").read_bytes(), type=Summary)
+    assert written.classes == s.classes
+    rows = read_results(tmp_path / "results.jsonl")
+    assert {r.policy_class for r in rows} == {"latency", "agents", "batch"}
