@@ -141,6 +141,19 @@ def ref_live_count(keys_row, counts_row, hashes):
 
 
 @njit(cache=True, nogil=True)
+def ref_live_prefix(keys_row, counts_row, hashes):
+    """Number of leading `hashes` (uint64[n]) live in one worker row: stops at the first miss. Returns int."""
+    mask = keys_row.shape[0] - 1
+    limit = min(keys_row.shape[0], MAX_PROBE)
+    live = 0
+    for k in range(hashes.shape[0]):
+        if _find(keys_row, counts_row, hashes[k], mask, limit) < 0:
+            break
+        live += 1
+    return live
+
+
+@njit(cache=True, nogil=True)
 def project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_counts, hashes, isl_tokens, block_size, overlap_blocks, prefill_load_scale, overlap_credit, out_blocks, out_prefill, out_cost):
     """Projected load and selection cost of one request on every worker row (one call per decision).
 
@@ -153,7 +166,10 @@ def project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_
         isl_tokens: prompt tokens (>= 1); block_size: tokens per block (B).
         overlap_blocks: int32[W], prefix blocks cached on each row (from the overlap index).
         prefill_load_scale / overlap_credit: float, SPEC §4 weights.
-        out_blocks: int64[W], written: active + ceil(isl/B) - hashes live on the row; -1 if ineligible.
+        out_blocks: int64[W], written: active + ceil(isl/B) - live prefix on the row; -1 if ineligible.
+            The live prefix is the number of leading hashes live on the row: hashes are chained, so
+            a live block implies its whole prefix is live and the scan stops at the first miss
+            (SPEC §3 "live-prefix dedup"); one probe for a row that shares nothing.
         out_prefill: int64[W], written: active prefill + isl - min(isl, overlap*B) tokens; -1 if ineligible.
         out_cost: float64[W], written: scale*max(0, (prefill+isl)/B - credit*overlap) + out_blocks;
             +inf if ineligible.
@@ -163,21 +179,13 @@ def project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_
     mask = ref_keys.shape[1] - 1
     limit = min(ref_keys.shape[1], MAX_PROBE)
     for w in range(n_rows):
-        out_blocks[w] = 0  # live-hash accumulator first
-    for k in range(hashes.shape[0]):
-        h = hashes[k]
-        home = _home(h, mask)
-        for w in range(n_rows):
-            if eligible[w] == 0:
-                continue
-            i = home
-            for _ in range(limit):
-                if ref_counts[w, i] == 0:
-                    break
-                if ref_keys[w, i] == h:
-                    out_blocks[w] += 1
-                    break
-                i = (i + 1) & mask
+        out_blocks[w] = 0  # live-prefix accumulator first
+        if eligible[w] == 0:
+            continue
+        for k in range(hashes.shape[0]):  # chained hashes: stop at the first block not live here
+            if _find(ref_keys[w], ref_counts[w], hashes[k], mask, limit) < 0:
+                break
+            out_blocks[w] += 1
     request_blocks = (isl_tokens + block_size - 1) // block_size
     for w in range(n_rows):
         if eligible[w] == 0:
@@ -259,6 +267,7 @@ def warm_kernels() -> None:
     for h in (hashes, ro_hashes):
         ref_add(a.ref_keys[0], a.ref_counts[0], h)
         ref_live_count(a.ref_keys[0], a.ref_counts[0], h)
+        ref_live_prefix(a.ref_keys[0], a.ref_counts[0], h)
         ref_remove(a.ref_keys[0], a.ref_counts[0], h)
         elig = np.ones(2, np.uint8)
         ob = np.zeros(2, np.int32)

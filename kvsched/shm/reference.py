@@ -2,7 +2,7 @@
 
 Naming: `numpy_twin.<kernel>` and `python_twin.<kernel>` have the kernel's name and signature and
 write the same outputs (property tests in tests/shm/test_kernels.py; ratios in bench/bench_kernels.py).
-Covered: mix64, ref_add, ref_remove, ref_live_count, project_and_cost, apply_output_tokens,
+Covered: mix64, ref_add, ref_remove, ref_live_count, ref_live_prefix, project_and_cost, apply_output_tokens,
 fold_progress, overlap_depth. The numpy twins vectorise over workers/hashes/slots where the algorithm
 allows; inserts and deletes in the open-addressing table are sequential by nature, so their numpy
 twins only vectorise each probe window.
@@ -103,6 +103,17 @@ def _py_ref_live_count(keys_row, counts_row, hashes) -> int:
     return sum(1 for h in hashes if _py_find(keys_row, counts_row, int(h), mask, limit) >= 0)
 
 
+def _py_ref_live_prefix(keys_row, counts_row, hashes) -> int:
+    mask = keys_row.shape[0] - 1
+    limit = min(keys_row.shape[0], MAX_PROBE)
+    live = 0
+    for h in hashes:
+        if _py_find(keys_row, counts_row, int(h), mask, limit) < 0:
+            break
+        live += 1
+    return live
+
+
 def _py_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_counts, hashes, isl_tokens, block_size, overlap_blocks, prefill_load_scale, overlap_credit, out_blocks, out_prefill, out_cost) -> None:
     request_blocks = (isl_tokens + block_size - 1) // block_size
     for w in range(w_active_blocks.shape[0]):
@@ -111,7 +122,7 @@ def _py_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, 
             out_prefill[w] = -1
             out_cost[w] = float("inf")
             continue
-        live = _py_ref_live_count(ref_keys[w], ref_counts[w], hashes)
+        live = _py_ref_live_prefix(ref_keys[w], ref_counts[w], hashes)
         blocks = int(w_active_blocks[w]) + request_blocks - live
         ob = int(overlap_blocks[w])
         prefill = int(w_active_prefill[w])
@@ -232,12 +243,21 @@ def _np_ref_remove(keys_row, counts_row, hashes) -> int:
     return died
 
 
-def _np_live_matrix(ref_keys, ref_counts, rows, hashes) -> np.ndarray:
-    """int64[len(rows)]: hashes live on each of `rows` (vectorised probing, all rows x hashes)."""
+def _np_live_matrix(ref_keys, ref_counts, rows, hashes, prefix: bool = False) -> np.ndarray:
+    """int64[len(rows)]: hashes live on each of `rows` (vectorised probing, all rows x hashes);
+    with `prefix`, only the leading run of live hashes counts."""
+    found = _np_found_matrix(ref_keys, ref_counts, rows, hashes)
+    if prefix:
+        return np.cumprod(found, axis=1).sum(axis=1).astype(np.int64)
+    return found.sum(axis=1).astype(np.int64)
+
+
+def _np_found_matrix(ref_keys, ref_counts, rows, hashes) -> np.ndarray:
+    """bool[len(rows), n]: whether each hash is live on each row."""
     mask = ref_keys.shape[1] - 1
     limit = min(ref_keys.shape[1], MAX_PROBE)
     h = np.asarray(hashes, np.uint64)
-    live = np.zeros(len(rows), np.int64)
+    live = np.zeros((len(rows), h.size), bool)
     if h.size == 0 or len(rows) == 0:
         return live
     homes = (_np_mix64(h) & _U(mask)).astype(np.int64)
@@ -247,7 +267,7 @@ def _np_live_matrix(ref_keys, ref_counts, rows, hashes) -> np.ndarray:
         pos = (homes + p) & mask
         c = ref_counts[r, pos[None, :]]
         hit = pending & (c != 0) & (ref_keys[r, pos[None, :]] == h[None, :])
-        live += hit.sum(axis=1)
+        live |= hit
         pending &= (c != 0) & ~hit
         if not pending.any():
             break
@@ -258,9 +278,13 @@ def _np_ref_live_count(keys_row, counts_row, hashes) -> int:
     return int(_np_live_matrix(keys_row[None, :], counts_row[None, :], np.zeros(1, np.int64), hashes)[0])
 
 
+def _np_ref_live_prefix(keys_row, counts_row, hashes) -> int:
+    return int(_np_live_matrix(keys_row[None, :], counts_row[None, :], np.zeros(1, np.int64), hashes, True)[0])
+
+
 def _np_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_counts, hashes, isl_tokens, block_size, overlap_blocks, prefill_load_scale, overlap_credit, out_blocks, out_prefill, out_cost) -> None:
     rows = np.flatnonzero(eligible)
-    live = _np_live_matrix(ref_keys, ref_counts, rows, hashes)
+    live = _np_live_matrix(ref_keys, ref_counts, rows, hashes, prefix=True)
     request_blocks = (isl_tokens + block_size - 1) // block_size
     out_blocks[:] = -1
     out_prefill[:] = -1
@@ -310,7 +334,7 @@ def _np_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, 
     out[:] = np.cumprod(bits, axis=0, dtype=np.int64).sum(axis=0)
 
 
-_NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "project_and_cost", "apply_output_tokens", "fold_progress", "overlap_depth")
+_NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "ref_live_prefix", "project_and_cost", "apply_output_tokens", "fold_progress", "overlap_depth")
 
 python_twin = SimpleNamespace(**{name: globals()[f"_py_{name}"] for name in _NAMES})
 numpy_twin = SimpleNamespace(**{name: globals().get(f"_np_{name}", globals()[f"_py_{name}"]) for name in _NAMES})

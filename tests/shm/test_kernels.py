@@ -101,7 +101,13 @@ def test_project_and_cost_agree_when_random_state(n_rows, cap_log, bookings, has
         if not eligible[w]:
             assert ob[w] == -1 and op[w] == -1 and oc[w] == np.inf
         else:
-            live = kernels.ref_live_count(keys[w], counts[w], h)
+            live = kernels.ref_live_prefix(keys[w], counts[w], h)
+            leading = 0
+            for x in h:  # independent check: leading hashes that ref_live_count sees one by one
+                if kernels.ref_live_count(keys[w], counts[w], np.array([x], np.uint64)) == 0:
+                    break
+                leading += 1
+            assert live == leading
             assert ob[w] == active_blocks[w] + -(-isl // bs) - live
 
 
