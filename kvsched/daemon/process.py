@@ -101,11 +101,10 @@ class DaemonProcess:
         t.start()
         t.join(timeout_s)
         if not box:
+            code = self.proc.poll()
             self.kill()
-            raise DaemonUnavailable(
-                f"daemon did not become ready within {timeout_s:.0f}s (exit={self.proc.poll()}); "
-                f"log {self.log_path}:\n{self.log_tail()}"
-            )
+            why = f"exited with code {code}" if code is not None else f"was not ready within {timeout_s:.0f}s"
+            raise DaemonUnavailable(f"daemon {why}; log {self.log_path}:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 20) -> str:
         try:

@@ -213,3 +213,31 @@ async def test_ten_thousand_hostile_frames_change_nothing_for_a_good_client(daem
         second = await good.schedule("good-2", isl_tokens=64, block_hashes=[7])
         second.release()
     assert wait_until(lambda: all(x == (0, 0, 0) for x in loads(daemon)))
+
+
+def test_hostile_admin_frames_get_admin_errors_and_the_daemon_keeps_serving(daemon):
+    """1. random bytes, truncated maps, wrong types and unknown tags go to the admin socket.
+    Result: each gets an AdminError (or a valid reply for a valid request); status still answers."""
+    rng = random.Random(11)
+    enc = p.make_encoder()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.admin_endpoint)
+    dec = p.make_admin_reply_decoder()
+    frames = [rng.randbytes(rng.randint(0, 40)) for _ in range(300)]
+    frames += [enc.encode({"t": "drain", "worker_id": -1}), enc.encode({"t": "teleport"}),
+               enc.encode({"t": "leases", "limit": 10**9}), enc.encode(["status"]), enc.encode({"t": "drain"}),
+               enc.encode({"t": "cancel", "request_id": "x" * 1000})]
+    try:
+        errors = 0
+        for raw in frames:
+            sock.send(raw)
+            assert sock.poll(5000), "admin socket stopped answering"
+            reply = dec.decode(sock.recv())
+            errors += isinstance(reply, p.AdminError)
+        assert errors == len(frames)
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert status(daemon).workers == 2

@@ -1,0 +1,42 @@
+"""Client behaviour when the daemon is absent: fail (default) or bypass with degraded leases."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsched.client import SchedulerClient
+from kvsched.errors import DaemonUnavailable, LeaseError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_fail_mode_raises_daemon_unavailable_naming_endpoint(tmp_path):
+    endpoint = f"ipc://{tmp_path}/absent.sock"
+    with pytest.raises(DaemonUnavailable, match="absent.sock"):
+        await SchedulerClient(endpoint, connect_timeout_s=0.2).connect()
+
+
+async def test_bypass_mode_returns_counted_degraded_leases_on_bypass_workers(tmp_path):
+    endpoint = f"ipc://{tmp_path}/absent.sock"
+    client = await SchedulerClient(endpoint, connect_timeout_s=0.2, on_unavailable="bypass",
+                                   bypass_workers=[(4, 0), (5, 1)]).connect()
+    try:
+        leases = [await client.schedule(f"b{i}", isl_tokens=100) for i in range(20)]
+        assert all(lease.degraded for lease in leases)
+        assert {lease.worker for lease in leases} <= {(4, 0), (5, 1)}
+        assert client.degraded_total == 20
+        pinned = await client.schedule("pinned", isl_tokens=10, pinned=(5, 1))
+        assert pinned.worker == (5, 1)
+        async with leases[0] as lease:
+            lease.dispatched()
+            lease.add_output_tokens(3)
+        assert lease.outcome == "completed"
+        with pytest.raises(LeaseError):
+            await leases[1].requeue()
+    finally:
+        await client.close()
+
+
+def test_bypass_needs_workers():
+    with pytest.raises(ValueError):
+        SchedulerClient("ipc:///nowhere", on_unavailable="bypass")

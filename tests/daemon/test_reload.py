@@ -1,0 +1,76 @@
+"""Live reload of the scheduling profile (SPEC §4 reload rules) against a real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvsched import protocol as p
+from kvsched.client import AdminClient, SchedulerClient
+from tests.conftest import purge, start_daemon
+
+pytestmark = pytest.mark.timeout(90)
+
+BASE = """
+default_class = "a"
+
+[daemon]
+block_size = 16
+
+[[workers]]
+worker_id = 1
+max_num_batched_tokens = 1000
+
+[[classes]]
+name = "a"
+quantum = 100
+prefill_busy_threshold = 500
+"""
+
+
+def test_reload_keeps_queued_requests_and_refuses_invalid_files(tmp_path):
+    """1. one lease makes the only worker busy and 20 requests queue in class `a`, 2. reload with a
+    new quantum and an added class `b`, 3. reload an invalid file, 4. reload a file without `a`.
+    Result: 2 applies and every queued request survives; 3 and 4 are refused and the old profile is
+    kept; releasing the lease dispatches all 20."""
+    d = start_daemon(tmp_path, BASE)
+    instance = d.argv[d.argv.index("--instance") + 1]
+    cfg = tmp_path / f"{instance}.toml"
+
+    async def scenario() -> None:
+        async with SchedulerClient(d.endpoint) as client:
+            first = await client.schedule("hold", isl_tokens=800)
+            waiting = [asyncio.create_task(client.schedule(f"q{i}", isl_tokens=10)) for i in range(20)]
+            await asyncio.sleep(0.3)
+            admin = AdminClient(d.admin_endpoint)
+            assert admin.call(p.Queues()).classes[0].depth == 20
+
+            cfg.write_text(BASE.replace("quantum = 100", "quantum = 300") + '\n[[classes]]\nname = "b"\n')
+            reply = admin.call(p.Reload())
+            assert isinstance(reply, p.OkReply), reply
+            rows = {c.name: c for c in admin.call(p.Queues()).classes}
+            assert rows["a"].quantum == 300 and rows["a"].depth == 20 and "b" in rows
+
+            cfg.write_text("this is [not toml")
+            bad = admin.call(p.Reload())
+            assert isinstance(bad, p.AdminError) and "old profile kept" in bad.message
+            cfg.write_text(BASE.replace('name = "a"', 'name = "z"').replace('default_class = "a"', 'default_class = "z"'))
+            gone = admin.call(p.Reload())
+            assert isinstance(gone, p.AdminError) and "a" in gone.message
+            rows = {c.name: c for c in admin.call(p.Queues()).classes}
+            assert rows["a"].quantum == 300 and rows["a"].depth == 20  # old profile kept
+
+            first.prefill_done()
+            first.release()
+            leases = await asyncio.wait_for(asyncio.gather(*waiting), 10)
+            assert len(leases) == 20
+            for lease in leases:
+                lease.release()
+            admin.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        d.stop()
+        purge(instance)
