@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -84,7 +85,7 @@ def replay(
         check_class_names(rule.names, profile_class_names(profile_cfg))
     except ClassRuleError as exc:
         raise typer.BadParameter(str(exc), param_hint="--class-rule") from None
-    console = Console(stderr=json_out)
+    console = Console(stderr=json_out, width=None if sys.stdout.isatty() else 160)
     opts = ReplayOptions(
         trace=trace, routers=routers, workers=workers, speedup=speedup, load_scale=load_scale, limit=limit,
         virtual=virtual, endpoint=endpoint, admin_endpoint=admin_endpoint, out=out, block_size=block_size,
