@@ -224,6 +224,7 @@ class KvEventSubscriber:
         assert st.src.replay_endpoint is not None
         dealer = self.ctx.socket(zmq.DEALER)
         self._options(dealer)
+        dealer.setsockopt(zmq.RCVHWM, 0)  # a replay answer may be the publisher's whole ring buffer
         dealer.connect(st.src.replay_endpoint)
         st.dealer = dealer
         self.loop.add_reader(dealer.getsockopt(zmq.FD), self._on_dealer, st)

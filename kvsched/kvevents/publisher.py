@@ -77,6 +77,9 @@ class KvEventPublisher:
         if replay_endpoint is not None:
             self.replay = ctx.socket(zmq.ROUTER)
             self.replay.setsockopt(zmq.LINGER, 0)
+            # A replay answer is up to the whole ring buffer plus the end marker; a ROUTER silently
+            # drops what exceeds its send high-water mark, so size it for that (0 = unlimited).
+            self.replay.setsockopt(zmq.SNDHWM, 0)
             self.replay.bind(replay_endpoint)
             self.replay_endpoint = self.replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._loop = None
