@@ -24,6 +24,15 @@ def wait_until(pred: Callable[[], bool], timeout_s: float = 10.0, interval_s: fl
     return bool(pred())
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def unique_instance(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 

@@ -35,7 +35,7 @@ def test_kv_tie_break_is_uniform_among_minima():
 
 
 def test_every_selector_returns_minus_one_when_none_eligible():
-    for kind in ("kv", "round_robin", "random", "least_loaded", "power_of_two"):
+    for kind in ("kv", "round_robin", "random", "least_loaded", "power_of_two", "cache_aware"):
         assert sel(kind).select(np.zeros(3), np.zeros(3, np.uint8), np.zeros(3, np.int64)) == -1
 
 
@@ -96,3 +96,37 @@ def test_create_selector_raises_for_unknown_type():
     cfg.type = "nope"  # bypasses config validation on purpose
     with pytest.raises(ValueError, match="unknown selector type"):
         create_selector(cfg)
+
+
+def test_cache_aware_prefers_longest_match_when_above_threshold():
+    s = sel("cache_aware")
+    elig = np.ones(4, np.uint8)
+    active = np.array([3, 0, 5, 1], np.int64)
+    depth = np.array([2, 0, 6, 1], np.int32)  # 6 of 10 blocks > 0.3
+    assert {s.select(np.zeros(4), elig, active, overlap_blocks=depth, request_blocks=10) for _ in range(20)} == {2}
+    # the longest match ties: fewer active requests wins
+    depth = np.array([6, 0, 6, 1], np.int32)
+    assert s.select(np.zeros(4), elig, active, overlap_blocks=depth, request_blocks=10) == 0
+
+
+def test_cache_aware_picks_smallest_cache_when_match_below_threshold():
+    s = sel("cache_aware")
+    elig = np.ones(3, np.uint8)
+    active = np.zeros(3, np.int64)
+    none = np.zeros(3, np.int32)
+    first = s.select(np.zeros(3), elig, active, overlap_blocks=none, request_blocks=10)
+    second = s.select(np.zeros(3), elig, active, overlap_blocks=none, request_blocks=10)
+    third = s.select(np.zeros(3), elig, active, overlap_blocks=none, request_blocks=10)
+    assert {first, second, third} == {0, 1, 2}  # each pick grows that row's cache
+    low = np.array([2, 0, 0], np.int32)  # 2 of 10 blocks: not above 0.3, so no cache affinity
+    assert s.select(np.zeros(3), elig, active, overlap_blocks=low, request_blocks=10) in (1, 2)
+
+
+def test_cache_aware_falls_back_to_least_loaded_when_imbalanced():
+    s = sel("cache_aware")
+    elig = np.array([1, 1, 1, 0], np.uint8)
+    depth = np.array([10, 0, 0, 0], np.int32)  # full match on row 0 ...
+    active = np.array([100, 20, 30, 0], np.int64)  # ... but 100 - 20 > 64 and 100 > 1.5 * 20
+    assert s.select(np.zeros(4), elig, active, overlap_blocks=depth, request_blocks=10) == 1
+    balanced = np.array([70, 20, 30, 0], np.int64)  # 70 - 20 <= 64: cache affinity again
+    assert s.select(np.zeros(4), elig, balanced, overlap_blocks=depth, request_blocks=10) == 0

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from kvsched.daemon.process import DaemonProcess
-from tests.conftest import purge, unique_instance
+from tests.conftest import free_port, purge, unique_instance
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,14 +28,6 @@ def _collect(sock: socket.socket, seconds: float) -> list[tuple[float, str]]:
     return out
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_ready_watchdog_and_stopping_reach_systemd_and_a_stuck_loop_stops_the_watchdog(tmp_path):
     """1. the daemon starts with NOTIFY_SOCKET and WATCHDOG_USEC=200000 (ping every 0.1 s), 2. READY=1
     and WATCHDOG=1 arrive, 3. SIGUSR2 blocks the loop for 1.5 s (KVSCHED_DEBUG_STALL_S), 4. SIGTERM.
@@ -44,7 +36,7 @@ def test_ready_watchdog_and_stopping_reach_systemd_and_a_stuck_loop_stops_the_wa
     path = str(tmp_path / "notify.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="200000", KVSCHED_DEBUG_STALL_S="1.5",
                KVSCHED_DAEMON_METRICS_PORT=str(port))
     instance = unique_instance()

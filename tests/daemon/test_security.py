@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import stat
 
 import pytest
@@ -12,30 +11,22 @@ import zmq
 from kvsched.client import SchedulerClient
 from kvsched.errors import DaemonUnavailable
 from kvsched.daemon.process import DaemonProcess
-from tests.conftest import purge, unique_instance
+from tests.conftest import free_port, purge, unique_instance
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_non_loopback_tcp_without_curve_key_refuses_to_start(tmp_path):
     with pytest.raises(DaemonUnavailable, match="CURVE"):
         DaemonProcess.start(None, instance=unique_instance(), runtime_dir=tmp_path, ready_timeout_s=20,
-                            extra_args=["--workers", "1", "--endpoint", f"tcp://0.0.0.0:{_port()}"])
+                            extra_args=["--workers", "1", "--endpoint", f"tcp://0.0.0.0:{free_port()}"])
 
 
 async def test_curve_rejects_a_keyless_client_and_admits_one_with_the_server_key(tmp_path):
     public, secret = zmq.curve_keypair()
     key_file = tmp_path / "server.key"
     key_file.write_bytes(secret + b"\n")
-    port = _port()
+    port = free_port()
     cfg = tmp_path / "curve.toml"
     cfg.write_text(f'[daemon]\ncurve_secret_key_file = "{key_file}"\n[[workers]]\nworker_id = 0\n')
     instance = unique_instance()
