@@ -17,6 +17,22 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+## Every benchmark (kernels, queue, transport vs echo vs Redis, routing quality), plots and
+## docs/BENCHMARKS.md tables from this machine (< 30 min on 2 cores; starts redis-server itself).
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/run_all.py
+
+## The same benches, shorter: out/bench/quick/ only, docs untouched (< 5 min).
+bench-quick: $(BENCH_STAMP)
+	$(BIN)/python bench/run_all.py --quick
+
 ## Replay the bundled Mooncake slice through a real daemon, simulated fleet and router processes.
 demo: $(STAMP)
 	$(BIN)/kvsched replay kvsched/data/mooncake_slice.jsonl --routers 4 --workers 4 --speedup 20 --out out/demo

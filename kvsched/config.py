@@ -68,7 +68,7 @@ class WorkerConfig(Section):
 class SelectorConfig(Section):
     """Worker selection (SPEC §4 "Selection cost")."""
 
-    type: Literal["kv", "round_robin", "random", "least_loaded", "power_of_two"] = "kv"
+    type: Literal["kv", "round_robin", "random", "least_loaded", "power_of_two", "cache_aware"] = "kv"
     prefill_load_scale: Annotated[float, Meta(ge=0)] = 1.0  # weight of the prefill term
     overlap_credit: Annotated[float, Meta(ge=0)] = 1.0  # blocks of credit per overlapping block
     temperature: Annotated[float, Meta(ge=0)] = 0.0  # 0 = argmin with random tie-break

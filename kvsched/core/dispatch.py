@@ -218,7 +218,7 @@ class Dispatch:
             return None
         hashes = spec.block_hashes if len(spec.block_hashes) else EMPTY_HASHES
         blocks, prefill, costs = self._project(hashes, spec.isl_tokens, now_us)
-        row = self._select(pin, costs)
+        row = self._select(pin, costs, len(hashes))
         if row < 0:
             return None
         if not self.owner_alive(spec.owner):
@@ -234,11 +234,12 @@ class Dispatch:
         sel = self.config.selector
         return self.ledger.project(hashes, isl_tokens, self._depth, self._elig, sel.prefill_load_scale, sel.overlap_credit)
 
-    def _select(self, pin: WorkerKey | None, costs: np.ndarray) -> int:
+    def _select(self, pin: WorkerKey | None, costs: np.ndarray, request_blocks: int = 0) -> int:
         if pin is not None:
             row = self.ledger.row_of(pin)
             return -1 if row is None else row
-        return self.selector.select(costs, self._elig, self.ledger.arrays.w_active_requests)
+        return self.selector.select(costs, self._elig, self.ledger.arrays.w_active_requests,
+                                    overlap_blocks=self._depth, request_blocks=request_blocks)
 
     def _reserve(self, live: Live, row: int, hashes: np.ndarray, blocks: np.ndarray, prefill: np.ndarray,
                  costs: np.ndarray, now_us: int) -> Admit | Reject:

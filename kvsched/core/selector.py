@@ -20,6 +20,9 @@ class WorkerSelector(ABC):
         costs: float64[W], SPEC §4 cost per row (lower wins); only read at eligible rows.
         eligible: uint8[W], nonzero where the request may run.
         active_requests: int64[W], live bookings per row (baselines).
+        overlap_blocks: int32[W] or None, prefix blocks of the request already cached (or believed
+            cached) on each row, as credited by the dispatcher; only read at eligible rows.
+        request_blocks: hashed prefix blocks of the request (the denominator of a match ratio).
     Returns:
         int: the chosen row, or -1 when no row is eligible.
     """
@@ -30,7 +33,8 @@ class WorkerSelector(ABC):
         self.rng = np.random.default_rng(seed)
 
     @abstractmethod
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
         """See the class docstring."""
 
     def _pick(self, rows: np.ndarray) -> int:
@@ -50,7 +54,8 @@ class KvSelector(WorkerSelector):
         super().__init__(seed)
         self.temperature = float(temperature)
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -81,7 +86,8 @@ class RoundRobinSelector(WorkerSelector):
         super().__init__(seed)
         self.cursor = 0
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -96,7 +102,8 @@ class RandomSelector(WorkerSelector):
 
     name = "random"
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
         rows = np.flatnonzero(eligible)
         return -1 if rows.size == 0 else self._pick(rows)
 
@@ -106,7 +113,8 @@ class LeastLoadedSelector(WorkerSelector):
 
     name = "least_loaded"
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -119,7 +127,8 @@ class PowerOfTwoSelector(WorkerSelector):
 
     name = "power_of_two"
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray) -> int:
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size <= 1:
             return int(rows[0]) if rows.size else -1
@@ -130,6 +139,53 @@ class PowerOfTwoSelector(WorkerSelector):
         return b if active_requests[b] < active_requests[a] else a
 
 
+class CacheAwareSelector(WorkerSelector):
+    """Baseline in the style of SGLang's cache-aware router, over block prefixes instead of text.
+
+    Per request: if the eligible rows' active requests are imbalanced (max − min > `balance_abs`
+    and max > `balance_rel` × min), the least-loaded row (random tie-break). Otherwise, if the best
+    prefix match covers more than `cache_threshold` of the request's blocks, the row with that
+    longest match (ties: fewer active requests); else the row with the smallest approximate cache,
+    where a row's cache grows by the blocks of each request routed to it that it did not match yet
+    (SGLang's per-worker tree size; its eviction at 2^26 characters is never reached here).
+    Defaults are SGLang's published ones (abs 64, rel 1.5, threshold 0.3).
+    State: the per-row cache sizes (blocks), updated by every pick.
+    """
+
+    name = "cache_aware"
+
+    def __init__(self, seed: int | None = None, cache_threshold: float = 0.3, balance_abs: int = 64,
+                 balance_rel: float = 1.5) -> None:
+        super().__init__(seed)
+        self.cache_threshold = cache_threshold
+        self.balance_abs = balance_abs
+        self.balance_rel = balance_rel
+        self.cache_blocks = np.zeros(0, np.int64)  # row -> approximate blocks cached (grows on demand)
+
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
+        rows = np.flatnonzero(eligible)
+        if rows.size == 0:
+            return -1
+        if self.cache_blocks.size < eligible.size:
+            self.cache_blocks = np.concatenate([self.cache_blocks, np.zeros(eligible.size - self.cache_blocks.size, np.int64)])
+        load = active_requests[rows]
+        lo, hi = int(load.min()), int(load.max())
+        depth = overlap_blocks[rows] if overlap_blocks is not None else np.zeros(rows.size, np.int64)
+        if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
+            row = self._pick(rows[load == lo])
+        elif request_blocks > 0 and depth.max() / request_blocks > self.cache_threshold:
+            best = rows[depth == depth.max()]
+            best_load = active_requests[best]
+            row = self._pick(best[best_load == best_load.min()])
+        else:
+            size = self.cache_blocks[rows]
+            row = self._pick(rows[size == size.min()])
+        matched = int(overlap_blocks[row]) if overlap_blocks is not None else 0
+        self.cache_blocks[row] += max(0, request_blocks - matched)
+        return row
+
+
 def create_selector(cfg: SelectorConfig) -> WorkerSelector:
     """The selector named by `cfg.type`, seeded from `cfg.seed`.
 
@@ -138,7 +194,8 @@ def create_selector(cfg: SelectorConfig) -> WorkerSelector:
     """
     if cfg.type == "kv":
         return KvSelector(cfg.temperature, cfg.seed)
-    simple = {cls.name: cls for cls in (RoundRobinSelector, RandomSelector, LeastLoadedSelector, PowerOfTwoSelector)}
+    simple = {cls.name: cls for cls in (RoundRobinSelector, RandomSelector, LeastLoadedSelector, PowerOfTwoSelector,
+                                        CacheAwareSelector)}
     if cfg.type not in simple:
         raise ValueError(f"unknown selector type {cfg.type!r}; expected one of {['kv', *simple]}")
     return simple[cfg.type](cfg.seed)

@@ -1,0 +1,351 @@
+"""Run every benchmark in order, collect the JSON, draw the plots, regenerate docs/BENCHMARKS.md tables.
+
+Order: kernels (`bench_kernels.py`), queue core (`bench_queue.py`), transport vs daemon vs Redis
+(`bench_transport.py`), routing quality (`bench_routing.py`). Each step's output goes to
+`<out>/<name>.log` and `<out>/<name>.json`; then `plots.py` draws the PNGs and the blocks between
+`<!-- generated:NAME -->` and `<!-- /generated:NAME -->` in `docs/BENCHMARKS.md` are rewritten from
+the JSON (the prose around them is left alone).
+
+    python bench/run_all.py            # full: out/bench/, docs/bench/*.png, docs/BENCHMARKS.md (< 30 min)
+    python bench/run_all.py --quick    # smoke: out/bench/quick/ only, docs untouched (< 5 min)
+    python bench/run_all.py --docs-only  # re-render plots + tables from existing JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DOC = ROOT / "docs" / "BENCHMARKS.md"
+STEPS = ("kernels", "queue", "transport", "routing")
+SCRIPTS = {"kernels": "bench_kernels.py", "queue": "bench_queue.py", "transport": "bench_transport.py",
+           "routing": "bench_routing.py"}
+
+
+# ---------------------------------------------------------------------------- running
+def ensure_redis() -> str | None:
+    """Install Debian's redis-server when missing and we are root; returns a note when it stays missing."""
+    if shutil.which("redis-server"):
+        return None
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return "redis-server missing and not root: Redis rows will be skipped (apt-get install redis-server)"
+    print("redis-server missing: apt-get install redis-server", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "install", "-y", "-q", "redis-server"], ["apt-get", "update", "-q"],
+                ["apt-get", "install", "-y", "-q", "redis-server"]):
+        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+        if shutil.which("redis-server"):
+            return None
+    return "apt-get install redis-server failed: Redis rows will be skipped"
+
+
+def run_step(name: str, out_dir: Path, quick: bool) -> dict:
+    argv = [sys.executable, str(ROOT / "bench" / SCRIPTS[name]), "--out", str(out_dir / f"{name}.json")]
+    if quick:
+        argv.append("--quick")
+    log = out_dir / f"{name}.log"
+    print(f"== {name}: {' '.join(argv[1:])}", flush=True)
+    t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            fh.write(line)
+        rc = proc.wait()
+    dt = time.perf_counter() - t0
+    print(f"== {name}: exit {rc} in {dt:.0f} s (log {log.relative_to(ROOT)})", flush=True)
+    return {"step": name, "rc": rc, "seconds": round(dt, 1), "loadavg_after": os.getloadavg()}
+
+
+def machine() -> dict:
+    cpu = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem_kib = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kib = int(line.split()[1])
+    import msgspec
+    import numba
+    import numpy
+    import zmq
+
+    redis_v = None
+    if shutil.which("redis-server"):
+        redis_v = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
+    try:
+        import redis as redis_py
+
+        redis_py_v = redis_py.__version__
+    except ImportError:
+        redis_py_v = None
+    return {"nproc": os.cpu_count(), "cpu_model": cpu, "ram_gib": round(mem_kib / 2**20, 1),
+            "kernel": platform.release(), "python": sys.version.split()[0], "numba": numba.__version__,
+            "numpy": numpy.__version__, "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
+            "msgspec": msgspec.__version__, "redis_server": redis_v, "redis_py": redis_py_v}
+
+
+# ---------------------------------------------------------------------------- tables
+def _f(v, fmt: str = ",.0f") -> str:
+    return "–" if v is None else format(v, fmt)
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def md_machine(m: dict, run: dict) -> str:
+    rows = [["CPU", f"{m['cpu_model']} — `nproc` = {m['nproc']}"], ["RAM", f"{m['ram_gib']} GiB"],
+            ["kernel", m["kernel"]], ["Python / numba / numpy", f"{m['python']} / {m['numba']} / {m['numpy']}"],
+            ["pyzmq / libzmq / msgspec", f"{m['pyzmq']} / {m['libzmq']} / {m['msgspec']}"],
+            ["Redis", f"{m['redis_server'] or 'not installed'}; redis-py {m['redis_py'] or '–'} (hiredis parser)"],
+            ["run", f"{run['started']} — {run['mode']}, {run['minutes']} min; 1-min load average at start "
+                    f"{run['loadavg_start'][0]:.2f} (other engineers' jobs share the 2 cores)"]]
+    return table(["", ""], rows)
+
+
+def md_transport(t: dict) -> str:
+    rows = [[r["backend"], r["routers"], r["window"], _f(r["lifecycles_per_s"]), _f(r["frames_per_s"]),
+             _f(r["select_us_p50"]), _f(r["select_us_p99"]), _f(r["server_cpu_us_per_lifecycle"], ",.1f"),
+             f"{r['loadavg_1m']:.1f}"] for r in t["rows"]]
+    return table(["backend", "routers", "window", "lifecycles/s", "frames/s", "select p50 µs", "select p99 µs",
+                  "server CPU µs / lifecycle", "load"], rows)
+
+
+def md_ratios(t: dict) -> str:
+    rows = [[r["routers"], r["window"], _f(r["daemon_over_echo_frames"], ".2f"), _f(r["daemon_p50_over_echo_p50"], ".2f"),
+             _f(r["daemon_over_redis_lifecycles"], ".2f"), _f(r["daemon_p99_us"]), _f(r["redis_p99_us"])] for r in t["ratios"]]
+    return table(["routers", "window", "daemon / echo frames/s", "daemon p50 / echo p50",
+                  "daemon / Redis lifecycles/s", "daemon p99 µs", "Redis p99 µs"], rows)
+
+
+def _peak(rows: list[dict], backend: str, routers: int) -> dict | None:
+    cand = [r for r in rows if r["backend"] == backend and r["routers"] == routers]
+    return max(cand, key=lambda r: r["lifecycles_per_s"]) if cand else None
+
+
+def md_alternatives(t: dict) -> str:
+    counts = sorted({r["routers"] for r in t["rows"]})
+    n = 8 if 8 in counts else counts[-1]
+    rows = []
+    for b, label in (("echo", "ZeroMQ echo (same frames, no scheduling)"), ("daemon", "kvsched daemon"),
+                     ("redis", "Redis + Lua"), ("ray", "Ray detached actor")):
+        r = _peak(t["rows"], b, n)
+        if r is None:
+            note = next((x for x in t["meta"]["notes"] if b in x.lower()), "not measured")
+            rows.append([label, "–", "–", "–", "–", "–", note])
+        else:
+            rows.append([label, r["window"], _f(r["lifecycles_per_s"]), _f(r["select_us_p50"]), _f(r["select_us_p99"]),
+                         _f(r["server_cpu_us_per_lifecycle"], ",.1f"), ""])
+    return (f"{n} router processes; each backend at its best window (highest lifecycles/s).\n\n"
+            + table(["backend", "window", "lifecycles/s", "select p50 µs", "select p99 µs", "server CPU µs / lifecycle",
+                     "note"], rows))
+
+
+def md_kernels(k: dict) -> str:
+    rows = []
+    for c in k["cases"]:
+        nb = c["project_numba_us"] + c["depth_numba_us"]
+        npy = c["project_numpy_us"] + c["depth_numpy_us"]
+        py = c["project_python_us"] + c["depth_python_us"]
+        rows.append([c["workers"], f"{c['active']:,}", f"{nb:.2f}", f"{npy:,.0f}", f"{py:,.0f}", f"{npy / nb:,.0f}×",
+                     f"{py / nb:,.0f}×", f"{c['ledger_project_us']:.2f}"])
+    return table(["workers", "active sequences", "numba µs", "numpy µs", "Python µs", "numpy / numba",
+                  "Python / numba", "Ledger.project µs (with Python glue)"], rows)
+
+
+def md_startup(k: dict | None, t: dict | None) -> str:
+    rows = []
+    if k:
+        rows += [["import numba + warm_kernels(), empty cache (cold compile)", f"{k['compile']['cold_compile_s']} s"],
+                 ["import numba + warm_kernels(), warm NUMBA_CACHE_DIR", f"{k['compile']['cached_load_s']} s"]]
+    if t:
+        rows += [["`kvsched-daemon` spawn → ready line, empty numba cache", f"{t['meta']['daemon_start_to_ready_cold_s']} s"],
+                 ["`kvsched-daemon` spawn → ready line, warm cache", f"{t['meta']['daemon_start_to_ready_warm_s']} s"]]
+    return table(["figure", "value"], rows)
+
+
+def md_queue(q: dict) -> str:
+    rows = [[f"enqueue + pop at {r['queued']:,} queued", f"{r['policy_queue_ops_s']:,.0f} /s", f"{r['naive_ops_s']:,.0f} /s",
+             f"{r['policy_queue_ops_s'] / r['naive_ops_s']:,.0f}×"] for r in q["depth"]]
+    rows += [[f"enqueue + pop, {r['lanes']} pinned lanes", f"{r['policy_queue_ops_s']:,.0f} /s", "", ""] for r in q["lanes"]]
+    rows += [[f"enqueue + pop, {r['classes']} classes (DRR)", f"{r['policy_queue_ops_s']:,.0f} /s", "", ""] for r in q["classes"]]
+    c = q["cancel"]
+    rows.append([f"cancel at {c['queued']:,} queued", f"{c['policy_queue_us_per_cancel']:.2f} µs", f"{c['naive_us_per_cancel']:,.0f} µs",
+                 f"{c['naive_us_per_cancel'] / c['policy_queue_us_per_cancel']:,.0f}×"])
+    return table(["figure", "PolicyQueue", "naive list", "ratio"], rows)
+
+
+def md_routing(r: dict) -> str:
+    parts = [f"Trace `{Path(r['meta']['trace']).name}` ({r['rows'][0]['requests']:,} requests); load scale = level × "
+             f"workers / 4; TTFT in simulated ms; imbalance = max / mean requests per worker."]
+    for w in sorted({x["workers"] for x in r["rows"]}):
+        rows = []
+        for x in (x for x in r["rows"] if x["workers"] == w):
+            rows.append([x["level"], f"{x['load_scale']:g}", ("**kv**" if x["policy"] == "kv" else x["policy"]),
+                         f"{x['prefix_hit_ratio']:.3f}", f"{x['infinite_cache_hit_ratio']:.3f}", _f(x["ttft_ms_p50"]),
+                         _f(x["ttft_ms_p99"]), f"{x['throughput_req_s']:.2f}", _f(x["throughput_out_tok_s"]),
+                         f"{x['imbalance_max_over_mean']:.2f}"])
+        parts.append(f"**{w} workers**\n\n" + table(["level", "load scale", "policy", "hit ratio", "infinite-cache bound",
+                                                     "TTFT p50", "TTFT p99", "req/s", "output tok/s", "imbalance"], rows))
+    return "\n\n".join(parts)
+
+
+def md_crosscheck(r: dict) -> str:
+    c = r.get("wall_crosscheck")
+    if not c:
+        return "_not run_"
+    w, v = c["wall"], c["virtual"]
+    rows = [[k, f"{w[k]:,.3f}" if isinstance(w[k], float) and w[k] < 10 else _f(w[k]),
+             f"{v[k]:,.3f}" if isinstance(v[k], float) and v[k] < 10 else _f(v[k])]
+            for k in ("prefix_hit_ratio", "ttft_ms_p50", "ttft_ms_p99", "throughput_req_s", "imbalance_max_over_mean",
+                      "completed")]
+    return (f"Policy `kv`, {c['workers']} workers, {c['requests']:,} requests, {c['routers']} router processes, "
+            f"speedup {c['speedup']:g}× (wall-clock: real daemon + simulated fleet process; admission latency "
+            f"p50/p99 {_f(w.get('admission_latency_us_p50'))}/{_f(w.get('admission_latency_us_p99'))} µs wall; "
+            f"ledger back to zero: {w.get('ledger_zero')}).\n\n" + table(["figure", "wall clock", "virtual time"], rows))
+
+
+def targets(t: dict | None, k: dict | None, r: dict | None) -> list[list[str]]:
+    """[target, measured, verdict] rows computed from the JSON."""
+    out = []
+    if t:
+        ratios = [x["daemon_over_echo_frames"] for x in t["ratios"] if x["daemon_over_echo_frames"] is not None]
+        if ratios:
+            out.append(["daemon frames/s ≥ 80 % of the same-frame echo (same run)",
+                        f"{min(ratios):.0%} – {max(ratios):.0%} over the grid", "met" if min(ratios) >= 0.8 else "missed"])
+        low = next((x for x in t["ratios"] if x["routers"] == 1 and x["window"] == 1), None)
+        if low and low["daemon_p50_over_echo_p50"] is not None:
+            out.append(["admission p50 at low load ≤ 1.3 × echo round trip (1 router, window 1)",
+                        f"{low['daemon_p50_over_echo_p50']:.2f}×", "met" if low["daemon_p50_over_echo_p50"] <= 1.3 else "missed"])
+        counts = sorted({x["routers"] for x in t["rows"]})
+        n = 8 if 8 in counts else counts[-1]
+        d, rd = _peak(t["rows"], "daemon", n), _peak(t["rows"], "redis", n)
+        if d and rd:
+            ratio = d["lifecycles_per_s"] / rd["lifecycles_per_s"]
+            out.append([f"≥ 2.5× Redis-Lua lifecycles/s at {n} routers (peak vs peak)", f"{ratio:.2f}×",
+                        "met" if ratio >= 2.5 else "missed"])
+            same = next((x for x in t["rows"] if x["backend"] == "redis" and x["routers"] == n and x["window"] == d["window"]), rd)
+            out.append([f"select p99 below Redis at {n} routers (window {d['window']})",
+                        f"{_f(d['select_us_p99'])} µs vs {_f(same['select_us_p99'])} µs",
+                        "met" if d["select_us_p99"] < same["select_us_p99"] else "missed"])
+        elif d:
+            out.append([f"≥ 2.5× Redis-Lua lifecycles/s at {n} routers", "Redis not measured", "not measured"])
+        out.append(["≥ 10× the Ray actor's lifecycles/s, p99 below it", "Ray not installed", "not measured"])
+    if k:
+        c64 = [c for c in k["cases"] if c["workers"] == 64]
+        if c64:
+            worst = max(c["project_numba_us"] + c["depth_numba_us"] for c in c64)
+            ratio = min((c["project_numpy_us"] + c["depth_numpy_us"]) / (c["project_numba_us"] + c["depth_numba_us"]) for c in c64)
+            out.append(["projection + overlap + cost ≤ 5 µs per decision at 64 workers",
+                        f"{worst:.2f} µs (worst of {len(c64)} sizes)", "met" if worst <= 5 else "missed"])
+            out.append(["≥ 10× the numpy version at 64 workers", f"{ratio:,.0f}× (smallest)", "met" if ratio >= 10 else "missed"])
+    if r:
+        top = max(x["level"] for x in r["rows"])
+        for w in sorted({x["workers"] for x in r["rows"]}):
+            rows = [x for x in r["rows"] if x["workers"] == w and x["level"] == top]
+            kv = next(x for x in rows if x["policy"] == "kv")
+            others = [x for x in rows if x["selector"] != "kv"]
+            best_other = min(others, key=lambda x: x["ttft_ms_p99"])
+            out.append([f"kv best TTFT p99 at the highest load ({w} workers, level {top})",
+                        f"kv {kv['ttft_ms_p99']:,.0f} ms; best baseline {best_other['policy']} {best_other['ttft_ms_p99']:,.0f} ms",
+                        "met" if kv["ttft_ms_p99"] < best_other["ttft_ms_p99"] else "missed"])
+            best_hit = max(others, key=lambda x: x["prefix_hit_ratio"])
+            out.append([f"kv best hit ratio ({w} workers, level {top})",
+                        f"kv {kv['prefix_hit_ratio']:.3f}; best baseline {best_hit['policy']} {best_hit['prefix_hit_ratio']:.3f}",
+                        "met" if kv["prefix_hit_ratio"] >= best_hit["prefix_hit_ratio"] else "missed"])
+    return out
+
+
+def render_doc(bench_dir: Path, run: dict | None) -> None:
+    """Rewrite the generated blocks of docs/BENCHMARKS.md from the JSON in `bench_dir`."""
+    load = lambda n: json.loads((bench_dir / f"{n}.json").read_text()) if (bench_dir / f"{n}.json").exists() else None  # noqa: E731
+    t, k, q, r = load("transport"), load("kernels"), load("queue"), load("routing")
+    run = run or load("run")
+    blocks = {}
+    if run:
+        blocks["machine"] = md_machine(run["machine"], run)
+    if t:
+        blocks["transport"] = md_transport(t)
+        blocks["ratios"] = md_ratios(t)
+        blocks["alternatives"] = md_alternatives(t)
+    if k:
+        blocks["kernels"] = md_kernels(k)
+    if k or t:
+        blocks["startup"] = md_startup(k, t)
+    if q:
+        blocks["queue"] = md_queue(q)
+    if r:
+        blocks["routing"] = md_routing(r)
+        blocks["crosscheck"] = md_crosscheck(r)
+    blocks["targets"] = table(["target", "measured", "verdict"], targets(t, k, r))
+    text = DOC.read_text()
+    for name, body in blocks.items():
+        pat = re.compile(rf"(<!-- generated:{name} -->\n)(?:.*?\n)?(<!-- /generated:{name} -->)", re.S)
+        if not pat.search(text):
+            print(f"docs/BENCHMARKS.md has no generated:{name} block; skipped")
+            continue
+        text = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+    DOC.write_text(text)
+    print(f"rewrote {DOC.relative_to(ROOT)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="Smoke run into out/bench/quick/; docs untouched unless --docs.")
+    ap.add_argument("--docs", action="store_true", help="With --quick: still write docs/bench and docs/BENCHMARKS.md.")
+    ap.add_argument("--docs-only", action="store_true", help="Only re-render plots and tables from existing JSON.")
+    ap.add_argument("--only", default=None, help="Comma-separated steps to run (default: all).")
+    args = ap.parse_args()
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba-cache"))
+    bench_dir = ROOT / "out" / "bench" / ("quick" if args.quick else "")
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    write_docs = not args.quick or args.docs
+    plot_dir = ROOT / "docs" / "bench" if write_docs else bench_dir / "plots"
+    from plots import make_plots  # noqa: E402  (bench/ is on sys.path when run as a script)
+
+    if args.docs_only:
+        for p in make_plots(bench_dir, plot_dir):
+            print(f"wrote {p.relative_to(ROOT)}")
+        render_doc(bench_dir, None)
+        return
+    t0 = time.perf_counter()
+    run = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "mode": "quick" if args.quick else "full",
+           "loadavg_start": os.getloadavg(), "machine": machine(), "steps": []}
+    note = ensure_redis()
+    if note:
+        print(note)
+        run["notes"] = [note]
+    run["machine"] = machine()
+    steps = args.only.split(",") if args.only else STEPS
+    for name in steps:
+        run["steps"].append(run_step(name, bench_dir, args.quick))
+    run["minutes"] = round((time.perf_counter() - t0) / 60, 1)
+    (bench_dir / "run.json").write_text(json.dumps(run, indent=1))
+    for p in make_plots(bench_dir, plot_dir):
+        print(f"wrote {p.relative_to(ROOT)}")
+    if write_docs:
+        render_doc(bench_dir, run)
+    failed = [s["step"] for s in run["steps"] if s["rc"] != 0]
+    print(f"all benches: {run['minutes']} min" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
