@@ -24,6 +24,9 @@ from .. import protocol as p
 
 log = logging.getLogger(__name__)
 
+# A plain int: pyzmq's enum flags cost an enum construction per call on the hot path.
+_NOBLOCK = int(zmq.NOBLOCK)
+
 MAX_BUFFERED_FRAMES = 100_000
 
 
@@ -129,7 +132,7 @@ class Link:
         if self.sock is None:
             return False
         try:
-            self.sock.send(raw, zmq.NOBLOCK)
+            self.sock.send(raw, _NOBLOCK)
         except zmq.Again:
             return False
         self._last_send = time.monotonic()
@@ -139,7 +142,7 @@ class Link:
     def _on_readable(self) -> None:
         while self.sock is not None:
             try:
-                raw = self.sock.recv(zmq.NOBLOCK)
+                raw = self.sock.recv(_NOBLOCK)
             except zmq.Again:
                 return
             self._last_recv = time.monotonic()

@@ -28,6 +28,11 @@ from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
+# Plain ints: pyzmq's enum flags cost an enum construction per call on the hot path.
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
 
 def now_us() -> int:
     """The scheduler clock: monotonic µs."""
@@ -71,6 +76,7 @@ class Actor:
         self._next_liveness_us = 0
         self._next_gauges_us = 0
         self._releases_this_wake = 0
+        self._decisions_by_class: dict[str, object] = {}
         self._last_tick_s = 0.0
         self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
 
@@ -110,7 +116,7 @@ class Actor:
         n = 0
         while n < budget:
             try:
-                identity, payload = self.data_sock.recv_multipart(zmq.NOBLOCK)
+                identity, payload = self.data_sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 break
             except ValueError:  # not exactly [identity, payload]: a DEALER sent several parts
@@ -128,7 +134,7 @@ class Actor:
 
     def _rearm(self, sock: zmq.Socket, cb: Callable[[], None], more: bool) -> None:
         # The ZMQ FD is edge-like: after a partial drain or a send, re-check EVENTS ourselves.
-        if more or sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if more or sock.getsockopt(_EVENTS) & _POLLIN:
             self.loop.call_soon(cb)
 
     def _handle_data(self, identity: bytes, payload: bytes, t: int) -> None:
@@ -273,7 +279,7 @@ class Actor:
                         o.overlap_blocks, o.cached_tokens, o.queued_us))
                     if ok:
                         conn.inflight -= 1
-                        self.metrics.decisions.labels(policy_class=o.policy_class).inc()
+                        self._decision_counter(o.policy_class).inc()
                         self.metrics.queue_wait.observe(o.queued_us / 1e6)
                     elif o.owner != 0:
                         self.metrics.undeliverable.inc()
@@ -286,6 +292,12 @@ class Actor:
                         self._send(conn, p.Rejected(o.request_id, o.reason, o.detail, o.policy_class,
                                                     o.limit_kind, o.current, o.limit))
             outcomes = self.scheduler.drain_cleanup(t) if released else []
+
+    def _decision_counter(self, policy_class: str):
+        child = self._decisions_by_class.get(policy_class)
+        if child is None:  # prometheus_client's labels() lookup is slow: keep one child per class
+            child = self._decisions_by_class[policy_class] = self.metrics.decisions.labels(policy_class=policy_class)
+        return child
 
     def _send_reject(self, conn: Connection, request_id: str, reason: str, detail: str, policy_class: str) -> None:
         self.metrics.rejections.labels(reason=reason).inc()
@@ -300,7 +312,7 @@ class Actor:
     def _send(self, conn: Connection, frame) -> bool:
         """Send one frame to a peer. False when the peer is unknown to ZeroMQ or its queue is full."""
         try:
-            self.data_sock.send_multipart((conn.identity, self.enc.encode(frame)), zmq.NOBLOCK)
+            self.data_sock.send_multipart((conn.identity, self.enc.encode(frame)), _NOBLOCK)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or EAGAIN (peer HWM)
             self.warn.warning("undeliverable", "reply undeliverable owner=%d errno=%s", conn.owner, exc.errno)
@@ -313,7 +325,7 @@ class Actor:
         t = now_us()
         while n < 64:
             try:
-                identity, payload = self.admin_sock.recv_multipart(zmq.NOBLOCK)
+                identity, payload = self.admin_sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 break
             except ValueError:
@@ -321,7 +333,7 @@ class Actor:
             n += 1
             reply, outcomes = self._admin_reply(payload, t)
             try:
-                self.admin_sock.send_multipart((identity, self.enc.encode(reply)), zmq.NOBLOCK)
+                self.admin_sock.send_multipart((identity, self.enc.encode(reply)), _NOBLOCK)
             except zmq.ZMQError:
                 pass
             self._deliver(outcomes, t)
