@@ -105,6 +105,12 @@ class ShuttingDown(RequestRejected):
     reason = "shutting_down"
 
 
+class RequestCancelled(RequestRejected):
+    """An operator cancelled the request (`kvsched cancel`)."""
+
+    reason = "cancelled"
+
+
 REJECTION_CLASSES: dict[str, type[RequestRejected]] = {
     cls.reason: cls
     for cls in (
@@ -118,6 +124,7 @@ REJECTION_CLASSES: dict[str, type[RequestRejected]] = {
         DaemonOverloaded,
         InvalidRequest,
         ShuttingDown,
+        RequestCancelled,
     )
 }
 

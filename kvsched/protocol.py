@@ -45,6 +45,7 @@ RejectReason = Literal[
     "overloaded",
     "invalid",
     "shutting_down",
+    "cancelled",  # an operator cancelled it (`kvsched cancel`); for a lease: revoked
 ]
 REJECT_REASONS: tuple[str, ...] = RejectReason.__args__  # type: ignore[attr-defined]
 

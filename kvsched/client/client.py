@@ -253,7 +253,11 @@ class SchedulerClient:
         except asyncio.CancelledError:
             entry = self._pending.pop(request_id, None)
             if entry is not None and entry[0] is fut and self._link is not None:
-                self._link.send(p.Release(request_id, -1, 0, "cancelled", 0))
+                answer = fut.result() if fut.done() and not fut.cancelled() and fut.exception() is None else None
+                if isinstance(answer, p.Admitted):  # admitted just before the cancel landed: give it back
+                    self._link.send(p.Release(request_id, answer.slot, answer.generation, "aborted", 0))
+                else:
+                    self._link.send(p.Release(request_id, -1, 0, "cancelled", 0))
             raise
         finally:
             self._pending.pop(request_id, None)
@@ -316,6 +320,17 @@ class SchedulerClient:
         if self._link is not None:
             self._link.send(frame)
 
+    def _revoke(self, request_id: str, why: str, outcome: str = "revoked") -> bool:
+        """The daemon no longer holds this lease (operator cancel, restart): close it locally; its
+        progress calls and release become no-ops so the caller's stream is not interrupted."""
+        ref = self._leases.pop(request_id, None)
+        lease = ref() if ref is not None else None
+        if lease is None or lease.outcome is not None:
+            return False
+        lease.outcome = outcome
+        log.warning("lease %s request_id=%s reason=%s", outcome, request_id, why)
+        return True
+
     # ------------------------------------------------------------------ incoming
     def _on_frame(self, frame) -> None:
         match frame:
@@ -325,12 +340,11 @@ class SchedulerClient:
                     entry[0].set_result(frame)
                 elif isinstance(frame, p.Admitted):  # nobody waits (cancelled): give it back
                     self._send(p.Release(frame.request_id, frame.slot, frame.generation, "aborted", 0))
+                else:
+                    self._revoke(frame.request_id, frame.detail)
             case p.Reattached():
                 for rid in frame.lost:
-                    ref = self._leases.pop(rid, None)
-                    lease = ref() if ref is not None else None
-                    if lease is not None and lease.outcome is None:
-                        lease.outcome = "lost"
+                    if self._revoke(rid, "released by the daemon after its restart", outcome="lost"):
                         self.lost_leases.append(rid)
                         del self.lost_leases[:-1000]
                 if frame.lost:

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_DROPPED = ("lost", "revoked")  # outcomes set by the daemon's side, not by the caller
+
 
 class Lease:
     """One admitted request.
@@ -34,7 +36,9 @@ class Lease:
         degraded: True for a lease made locally because the daemon was unavailable
             (`on_unavailable="bypass"`): nothing is reported for it.
         output_tokens: output tokens reported so far.
-        outcome: None while open; then "completed" / "aborted" / "requeued".
+        outcome: None while open; then "completed" / "aborted" / "requeued" (closed by the caller),
+            or "lost" (the daemon restarted without it) / "revoked" (`kvsched cancel`): after those
+            the progress calls and `release()` are no-ops.
     """
 
     __slots__ = ("request_id", "worker", "slot", "generation", "cached_tokens", "overlap_blocks", "queued_us",
@@ -65,13 +69,20 @@ class Lease:
     def closed(self) -> bool:
         return self.outcome is not None
 
-    def _check_open(self, what: str) -> None:
-        if self.outcome is not None:
-            raise LeaseError(f"{what} on lease {self.request_id!r} after it was {self.outcome}")
+    def _check_open(self, what: str) -> bool:
+        """True when the lease is open. A lease the daemon dropped ("lost" after a restart, "revoked"
+        by an operator) answers False so streaming code is not interrupted; a lease the caller
+        already closed raises LeaseError (a bug in the caller)."""
+        if self.outcome is None:
+            return True
+        if self.outcome in _DROPPED:
+            return False
+        raise LeaseError(f"{what} on lease {self.request_id!r} after it was {self.outcome}")
 
     def dispatched(self) -> None:
         """The backend accepted the request (sent at most once)."""
-        self._check_open("dispatched()")
+        if not self._check_open("dispatched()"):
+            return
         if self._dispatched or self.degraded or self._client is None:
             return
         self._dispatched = True
@@ -79,7 +90,8 @@ class Lease:
 
     def prefill_done(self) -> None:
         """The first output token was seen: the request's prefill load leaves the worker."""
-        self._check_open("prefill_done()")
+        if not self._check_open("prefill_done()"):
+            return
         if self.degraded or self._client is None:
             return
         self._client._send(p.Update(self.request_id, self.slot, self.generation, "prefill_done"))
@@ -90,7 +102,8 @@ class Lease:
         Local routers: one aligned 8-byte store into the slot's progress word (no frame). Routers that
         could not map the progress segment send `Update(progress)`.
         """
-        self._check_open("add_output_tokens()")
+        if not self._check_open("add_output_tokens()"):
+            return
         if n < 0:
             raise ValueError("output token count cannot decrease")
         self.output_tokens += n
@@ -105,6 +118,8 @@ class Lease:
             LeaseError: closing again with a different outcome.
         """
         if self.outcome is not None:
+            if self.outcome in _DROPPED:
+                return
             if self.outcome != outcome:
                 raise LeaseError(f"lease {self.request_id!r} already {self.outcome}, cannot be {outcome}")
             return
@@ -122,7 +137,8 @@ class Lease:
         Raises:
             RequestRejected: the daemon rejected the re-admission.
         """
-        self._check_open("requeue()")
+        if not self._check_open("requeue()"):
+            raise LeaseError(f"lease {self.request_id!r} was {self.outcome} by the daemon; schedule it again")
         if self.degraded or self._client is None:
             raise LeaseError("a degraded lease cannot be requeued")
         self.outcome = "requeued"

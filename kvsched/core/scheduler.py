@@ -280,7 +280,10 @@ class Scheduler(Introspect, Dispatch, Recovery):
                 self.pq.remove(live.entry)
                 self._drop(live, abort=True)
                 self._dirty = True
-            return
+                return
+            if outcome == "cancelled" or live.state != LEASED:
+                return  # a cancel that lost the race with its admission: the holder releases by slot
+            slot, generation = live.slot, live.generation  # Release(request_id) with the defaults
         if live.state != LEASED or live.slot != slot or live.generation != generation:
             return
         row = int(self.ledger.arrays.s_worker_row[slot])
@@ -299,16 +302,26 @@ class Scheduler(Introspect, Dispatch, Recovery):
             else:
                 self.release(rid, -1, 0, "cancelled", 0, now_us)
 
-    def cancel(self, request_id: str, now_us: int) -> bool:
-        """Admin cancel: remove a waiting request or abort a lease. False when unknown."""
+    def cancel(self, request_id: str, now_us: int) -> Outcomes | None:
+        """Admin cancel: remove a waiting request or abort a lease; None when unknown.
+
+        Returns one `Reject("cancelled")` for the owner: for a waiting request it is the answer to its
+        Enqueue; for a lease it is a revocation notice (`revoked=True`) telling the holder to stop.
+        """
         live = self._live.get(request_id)
         if live is None:
-            return False
-        if live.state == LEASED:
+            return None
+        cls_name = self.pq.classes[live.entry.class_idx].name
+        leased = live.state == LEASED
+        if leased:
             self.release(request_id, live.slot, live.generation, "aborted", 0, now_us)
         else:
             self.release(request_id, -1, 0, "cancelled", 0, now_us)
-        return True
+        reject = self._reject(live.spec, "cancelled", "cancelled by an operator", cls_name)
+        if leased:
+            reject = Reject(reject.request_id, reject.owner, reject.reason, "lease revoked by an operator",
+                            reject.policy_class, revoked=True)
+        return [reject]
 
     # ---- periodic ----------------------------------------------------------------------------
     def drain_cleanup(self, now_us: int) -> Outcomes:

@@ -112,6 +112,7 @@ class Reject:
     limit_kind: str | None = None
     current: int | None = None
     limit: int | None = None
+    revoked: bool = False  # a notice to the holder of a lease (not the answer to an Enqueue)
 
 
 Outcome = Admit | Reject

@@ -288,7 +288,8 @@ class Actor:
                 elif isinstance(o, Reject):
                     self.metrics.rejections.labels(reason=o.reason).inc()
                     if conn is not None and conn.alive:
-                        conn.inflight -= 1
+                        if not o.revoked:
+                            conn.inflight -= 1
                         self._send(conn, p.Rejected(o.request_id, o.reason, o.detail, o.policy_class,
                                                     o.limit_kind, o.current, o.limit))
             outcomes = self.scheduler.drain_cleanup(t) if released else []

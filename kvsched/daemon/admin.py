@@ -99,10 +99,11 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
             log.info("worker removed worker=%s", _w(req))
             return p.OkReply(message=f"removed {_w(req)}"), outcomes
         case p.Cancel():
-            found = s.cancel(req.request_id, now_us)
-            if not found:
+            told = s.cancel(req.request_id, now_us)
+            if told is None:
                 return _err(p.ErrorCode.NOT_FOUND, f"no queued request or lease {req.request_id!r}"), []
-            return p.OkReply(message=f"cancelled {req.request_id}"), s.drain_cleanup(now_us)
+            log.info("cancelled by operator request_id=%s", req.request_id)
+            return p.OkReply(message=f"cancelled {req.request_id}"), told + s.drain_cleanup(now_us)
         case p.Reload():
             return _reload(req, ctx), s.drain_cleanup(now_us)
         case p.Explain():

@@ -22,6 +22,7 @@ import zmq
 from .. import protocol as p
 from ..config import Config, admin_endpoint, data_endpoint, load_config
 from ..errors import ConfigError, KvschedError, ShmLayoutError
+from .instance_lock import InstanceLock
 from .logging_setup import setup_logging
 
 log = logging.getLogger(__name__)
@@ -46,14 +47,18 @@ class Daemon:
         self.should_exit = False
         self.force_exit = False
         self.ctx: zmq.Context | None = None
+        self.data_sock = self.admin_sock = None
         self.segments = None
+        self.restarted = False
+        self.lock = None
         self.actor = None
         self.kv_events = None
         self.notifier = None
 
     async def run(self) -> None:
-        await self.start()
+        """start → serve → stop; stop also runs when start fails half-way (nothing left behind)."""
         try:
+            await self.start()
             await self.serve()
         finally:
             await self.stop()
@@ -73,12 +78,14 @@ class Daemon:
         cfg = self.config
         d = cfg.daemon
         loop = asyncio.get_running_loop()
+        self.lock = InstanceLock(d.instance)  # before touching segments or sockets
         self.notifier = Notifier()
         self.notifier.status("warming kernels")
         t0 = time.monotonic()
         warm_kernels()
         log.info("kernels warm seconds=%.2f", time.monotonic() - t0)
         self.segments, restarted = open_segments(cfg)
+        self.restarted = restarted
         self.scheduler = build_scheduler(cfg, self.segments, restarted)
         self.ctx = zmq.Context()
         curve = load_curve_secret(d.curve_secret_key_file)
@@ -144,15 +151,20 @@ class Daemon:
             self.kv_events.stop()
             self.kv_events = None
         if self.ctx is not None:
-            close_socket(self.data_sock, self.endpoint)
-            close_socket(self.admin_sock, self.admin_endpoint)
+            for attr, endpoint in (("data_sock", self.endpoint), ("admin_sock", self.admin_endpoint)):
+                sock = getattr(self, attr, None)
+                if sock is not None:
+                    close_socket(sock, endpoint)
             if getattr(self, "auth", None) is not None:
                 self.auth.stop()
             self.ctx.term()
             self.ctx = None
         if self.segments is not None:
             scheduler = getattr(self, "scheduler", None)
-            live = scheduler.active_leases if scheduler is not None else 1  # unknown: keep segments
+            if scheduler is not None:
+                live = scheduler.active_leases
+            else:  # start failed before the scheduler existed: keep segments only if they held leases
+                live = 0 if not self.restarted else 1
             self.segments.close()
             if live == 0:
                 self.segments.unlink()
@@ -162,6 +174,9 @@ class Daemon:
             self.segments = None
         if self.notifier is not None:
             self.notifier.close()
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
+            self.lock = None
 
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None)
@@ -207,11 +222,7 @@ def daemon_main(
         raise typer.Exit(2)
     setup_logging(cfg.daemon.log_level, cfg.daemon.log_format)
     if purge:
-        from ..shm.layout import unlink_segments
-
-        unlink_segments(cfg.daemon.instance)
-        typer.echo(f"purged segments of instance {cfg.daemon.instance}")
-        raise typer.Exit(0)
+        _purge(cfg.daemon.instance)
     daemon = Daemon(cfg, str(config) if config else None, overrides)
     try:
         import uvloop
@@ -221,6 +232,27 @@ def daemon_main(
         log.error("daemon failed: %s", exc)
         typer.echo(f"kvsched-daemon: {exc}", err=True)
         raise typer.Exit(1)
+
+
+def _purge(instance: str) -> None:
+    """Unlink a stopped instance's segments; refuse while its daemon runs."""
+    from ..shm.layout import ledger_name, progress_name, unlink_segments
+
+    try:
+        lock = InstanceLock(instance)
+    except ConfigError as exc:
+        typer.echo(f"kvsched-daemon: refusing to purge: {exc}", err=True)
+        raise typer.Exit(1)
+    try:
+        found = [n for n in (ledger_name(instance), progress_name(instance)) if Path("/dev/shm", n).exists()]
+        unlink_segments(instance)
+    finally:
+        lock.release()
+    if found:
+        typer.echo(f"purged {', '.join(found)}")
+    else:
+        typer.echo(f"nothing to purge for instance {instance!r}")
+    raise typer.Exit(0)
 
 
 def main() -> None:

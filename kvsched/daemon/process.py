@@ -124,6 +124,7 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._close_pipe()
         return self.proc.returncode
 
     def kill(self) -> None:
@@ -131,6 +132,11 @@ class DaemonProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.stdout.close()
 
     def __enter__(self) -> "DaemonProcess":
         return self

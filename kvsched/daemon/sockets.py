@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -19,6 +20,22 @@ log = logging.getLogger(__name__)
 
 DATA_SOCKET_MODE = 0o660  # routers' group may connect
 ADMIN_SOCKET_MODE = 0o600  # only the daemon's user
+
+
+_BOUND_INODES: dict[str, int] = {}  # ipc path -> inode of the socket file this process bound
+
+
+def _ipc_in_use(path: Path) -> bool:
+    """True when a process is listening on the Unix socket at `path` (a live daemon)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(0.5)
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def ipc_path(endpoint: str) -> Path | None:
@@ -83,8 +100,11 @@ def bind_router(
     path = ipc_path(endpoint)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        if path.exists():  # a stale socket file from a crashed daemon; binding replaces it
-            path.unlink()
+        if path.exists():
+            if _ipc_in_use(path):
+                sock.close(0)
+                raise ConfigError(f"endpoint {endpoint} is in use by another running process")
+            path.unlink()  # a stale socket file from a crashed daemon
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
@@ -92,6 +112,7 @@ def bind_router(
         raise ConfigError(f"cannot bind {endpoint}: {exc}") from exc
     if path is not None:
         os.chmod(path, mode)
+        _BOUND_INODES[str(path)] = path.stat().st_ino
     log.info("bound endpoint=%s mode=%o", endpoint, mode)
     return sock
 
@@ -102,7 +123,8 @@ def close_socket(sock: zmq.Socket, endpoint: str) -> None:
     path = ipc_path(endpoint)
     if path is not None:
         try:
-            path.unlink()
+            if path.stat().st_ino == _BOUND_INODES.pop(str(path), None):  # never someone else's file
+                path.unlink()
         except FileNotFoundError:
             pass
 

@@ -194,3 +194,44 @@ def test_several_client_processes_complete_every_lifecycle_when_run_concurrently
     with AdminClient(daemon.admin_endpoint) as admin:
         status = admin.call(p.Status())
     assert status.active_leases == 0 and status.decisions_total >= 300
+
+
+async def test_operator_cancel_answers_the_waiting_router_and_revokes_a_lease(daemon):
+    """1. two leases fill both workers, 2. a third request waits, 3. `kvsched cancel` on the waiting
+    one and on a lease. Result: the waiter gets RequestCancelled; the lease holder sees outcome
+    "revoked" and its progress calls become no-ops; the ledger returns to zero."""
+    from kvsched.errors import RequestCancelled
+
+    async with SchedulerClient(daemon.endpoint) as client:
+        a = await client.schedule("oc-a", isl_tokens=1500)
+        b = await client.schedule("oc-b", isl_tokens=1500)
+        waiting = asyncio.create_task(client.schedule("oc-c", isl_tokens=100))
+        await asyncio.sleep(0.2)
+        with AdminClient(daemon.admin_endpoint) as admin:
+            assert isinstance(admin.call(p.Cancel(request_id="oc-c")), p.OkReply)
+            with pytest.raises(RequestCancelled):
+                await asyncio.wait_for(waiting, 5)
+            assert isinstance(admin.call(p.Cancel(request_id="oc-a")), p.OkReply)
+        assert await asyncio.to_thread(wait_until, lambda: a.outcome == "revoked", 5)
+        a.add_output_tokens(5)  # no-op, no exception
+        a.release()
+        b.release()
+    assert wait_until(lambda: ledger_is_zero(daemon.admin_endpoint))
+
+
+def test_release_with_defaults_frees_the_senders_lease(session_daemon):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(session_daemon.endpoint)
+    enc, dec = p.make_encoder(), p.make_daemon_decoder()
+    try:
+        sock.send(enc.encode(p.Hello(p.PROTOCOL_VERSION, "raw", 0, "elsewhere")))
+        assert sock.poll(5000) and isinstance(dec.decode(sock.recv()), p.Welcome)
+        sock.send(enc.encode(p.Enqueue("short-release", 32)))
+        assert sock.poll(5000) and isinstance(dec.decode(sock.recv()), p.Admitted)
+        sock.send(enc.encode(["release", "short-release"]))  # trailing defaults omitted
+        with AdminClient(session_daemon.admin_endpoint) as admin:
+            assert wait_until(lambda: admin.call(p.Status()).active_leases == 0, 5)
+    finally:
+        sock.close(0)
+        ctx.term()

@@ -1,0 +1,57 @@
+"""One daemon per instance: an exclusive `flock` on `/dev/shm/kvsched-<instance>.lock`.
+
+The lock lives beside the instance's segments (same namespace as what it protects) and is released
+by the kernel when the holder exits, even on SIGKILL, so a crashed daemon never blocks its restart.
+A second daemon with the same instance name, or `--purge` while the daemon runs, is refused with a
+message naming the holder's pid.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from ..errors import ConfigError
+
+LOCK_DIR = Path("/dev/shm")
+
+
+def lock_path(instance: str) -> Path:
+    return LOCK_DIR / f"kvsched-{instance}.lock"
+
+
+class InstanceLock:
+    """Hold the instance lock for the lifetime of this object (`release()` or process exit).
+
+    Raises:
+        ConfigError: another live process holds the lock (message names its pid).
+    """
+
+    def __init__(self, instance: str) -> None:
+        self.path = lock_path(instance)
+        self.instance = instance
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(
+                f"instance {instance!r} is already running (pid {holder}); stop it first or use "
+                f"another --instance"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Unlock and remove the lock file (only while we still hold it)."""
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
