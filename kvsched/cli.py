@@ -12,6 +12,7 @@ from typing import Annotated, Callable, Optional
 
 import msgspec
 import typer
+import zmq
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -44,7 +45,11 @@ def _common(
 def _call(request: p.AdminRequest) -> p.AdminReply:
     from .client.admin import AdminClient
 
-    client = AdminClient(_opts["admin_endpoint"], instance=_opts["instance"], timeout_s=_opts["timeout_s"])
+    try:
+        client = AdminClient(_opts["admin_endpoint"], instance=_opts["instance"], timeout_s=_opts["timeout_s"])
+    except zmq.ZMQError as exc:
+        typer.echo(f"kvsched: bad admin endpoint {_opts['admin_endpoint']!r}: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE)
     try:
         reply = client.call(request)
     except DaemonUnavailable as exc:

@@ -31,6 +31,11 @@ class AdmissionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     high_water_frac: Annotated[float, Meta(gt=0, le=1)] = 0.9  # kv_pressure: defer above this
     low_water_frac: Annotated[float, Meta(gt=0, le=1)] = 0.7  # kv_pressure: resume below this
 
+    def __post_init__(self) -> None:
+        if self.type == "kv_pressure" and self.low_water_frac > self.high_water_frac:
+            raise ValueError(f"admission low_water_frac ({self.low_water_frac}) must not exceed "
+                             f"high_water_frac ({self.high_water_frac})")
+
 
 class ClassConfig(Section):
     """One policy class (SPEC §4)."""
@@ -108,6 +113,13 @@ class DaemonConfig(Section):
     metrics_host: str = "127.0.0.1"
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    def __post_init__(self) -> None:
+        if self.liveness_timeout_ms < 2 * self.heartbeat_ms:
+            raise ValueError(
+                f"daemon.liveness_timeout_ms ({self.liveness_timeout_ms}) must be at least twice "
+                f"daemon.heartbeat_ms ({self.heartbeat_ms}), or idle routers are declared dead"
+            )
 
 
 class Config(Section):
@@ -210,7 +222,11 @@ def load_config(
             for key in ("default_class", "classes"):
                 if key in inc_raw and key not in raw:
                     raw[key] = inc_raw[key]
-    raw = _deep_merge(raw, _env_overrides(os.environ if env is None else env))
+    env_over = _env_overrides(os.environ if env is None else env)
+    if env_over:
+        where += " + KVSCHED_* environment (" + ", ".join(
+            f"KVSCHED_{sec.upper()}_{key.upper()}" for sec, keys in env_over.items() for key in keys) + ")"
+    raw = _deep_merge(raw, env_over)
     if overrides:
         raw = _deep_merge(raw, overrides)
     return config_from_dict(raw, where)

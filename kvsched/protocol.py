@@ -230,8 +230,9 @@ DaemonFrame = Union[Welcome, Admitted, Rejected, Error, HeartbeatAck, Reattached
 # --------------------------------------------------------------------------------------------
 
 
-class Admin(msgspec.Struct, frozen=True, kw_only=True, tag_field="t", omit_defaults=True):
-    """Base of admin requests and replies: encoded as MessagePack maps."""
+class Admin(msgspec.Struct, frozen=True, kw_only=True, tag_field="t"):
+    """Base of admin requests and replies: encoded as MessagePack maps (every field present, so
+    `kvsched ... --json` output has a fixed shape for scripts)."""
 
 
 class Status(Admin, tag="status"):

@@ -23,11 +23,16 @@ class Recovery:
     """Ownership queries and restart/reattach operations over the Scheduler's maps."""
 
     _orphan_deadline_us: int | None = None
+    orphans_released = 0  # set by _expire_orphans, read and reset by the actor (for its log line)
 
     def owner_of(self, request_id: str) -> int | None:
         """Owner id of a live request (waiting or leased), or None when it is not live."""
         live = self._live.get(request_id)
         return None if live is None else live.spec.owner
+
+    def owned_count(self, owner: int) -> int:
+        """Live requests (waiting or leased) owned by `owner`."""
+        return len(self._by_owner.get(owner, ()))
 
     def restore_after_restart(self, now_us: int, grace_us: int) -> int:
         """Adopt every booking of the slot table as an orphan lease; returns how many.
@@ -96,6 +101,7 @@ class Recovery:
             return 0
         self._orphan_deadline_us = None
         orphans = list(self._by_owner.get(ORPHAN, ()))
+        self.orphans_released = len(orphans)  # the actor logs it
         for rid in orphans:
             live = self._live[rid]
             if live.state == LEASED:

@@ -367,6 +367,10 @@ class Actor:
         t = now_us()
         try:
             outcomes = self.scheduler.tick(t)
+            released = getattr(self.scheduler, "orphans_released", 0)
+            if released:
+                self.scheduler.orphans_released = 0
+                log.warning("released leases nobody re-attached after the restart count=%d", released)
             if t >= self._next_liveness_us:
                 self._next_liveness_us = t + 100_000
                 self._reap_dead(t)
@@ -394,8 +398,11 @@ class Actor:
 
     def _reap_dead(self, t: int) -> None:
         for conn in self.conns.find_dead(t):
-            log.warning("router dead owner=%d client=%s pid=%d silent_ms=%d", conn.owner, conn.client_name,
-                        conn.pid, (t - conn.last_seen_us) // 1000)
+            owned = self.scheduler.owned_count(conn.owner)
+            # A router that closed cleanly owns nothing (there is no goodbye frame): not a warning.
+            (log.warning if owned else log.info)(
+                "router gone owner=%d client=%s pid=%d silent_ms=%d aborted_requests=%d", conn.owner,
+                conn.client_name, conn.pid, (t - conn.last_seen_us) // 1000, owned)
             self.metrics.dead_connections.inc()
             self.conns.close(conn)
             self.scheduler.cancel_owner(conn.owner, t)

@@ -14,6 +14,7 @@ import math
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -266,6 +267,7 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profi
     ctx = mp.get_context("spawn")
     procs = _Procs(Path(tempfile.mkdtemp(prefix="kvsched-replay-")))
     run_tag = f"{os.getpid():x}{int(time.time()) % 100000:x}"
+    previous = signal.signal(signal.SIGTERM, _sigterm_to_exit)  # SIGTERM cleans up like Ctrl-C
     try:
         kv_eps = kv_event_endpoints(spec, procs.runtime_dir, opts.kv_transport) if opts.kv_events else ()
         endpoint, admin = _start_daemon(opts, spec, procs, profile, kv_eps)
@@ -303,6 +305,12 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profi
         return results, wall_s, ledger_zero
     finally:
         _stop_all(procs, keep=opts.keep_runtime_dir)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm_to_exit(signum, frame) -> None:  # noqa: ANN001 - signal handler signature
+    """Turn SIGTERM into SystemExit so the `finally` stops the daemon, fleet and routers."""
+    raise SystemExit(128 + signum)
 
 
 def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: Config | None,

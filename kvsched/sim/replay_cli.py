@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 EXIT_OK = 0
 EXIT_DAEMON_ERROR = 1
@@ -110,7 +111,7 @@ def replay(
         if summary.classes:
             console.print(class_table(summary))
         for note in summary.notes:
-            console.print(f"note: {note}")
+            console.print(f"note: {escape(note)}")
         console.print(f"summary: {out / 'summary.json'}")
     if summary.unfinished or summary.aborted:
         raise typer.Exit(EXIT_DAEMON_ERROR)
