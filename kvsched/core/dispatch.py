@@ -106,6 +106,8 @@ class Dispatch:
         self._spec_depth = np.zeros(max_workers, np.int32)
         self._stale = np.zeros(max_workers, np.bool_)
         self._credit = np.zeros(max_workers, np.float64)
+        self._depth_key: tuple | None = None
+        self._depth_of: np.ndarray | None = None  # the hashes array the memo is for (identity)
         self._set_ttls()
 
     def _set_ttls(self) -> None:
@@ -119,9 +121,19 @@ class Dispatch:
     def set_event_fed(self, row: int, fed: bool) -> None:
         """Mark `row` as fed (or no longer fed) by a KV-event stream; unfed rows use the approximate index."""
         self._event_fed[row] = 1 if fed else 0
+        self._depth_key = None
 
     def _overlap_depth(self, hashes: np.ndarray, now_us: int) -> np.ndarray:
-        """Write into `self._depth` the overlap blocks to credit per row (module docstring); returns it."""
+        """Write into `self._depth` the overlap blocks to credit per row (module docstring); returns it.
+
+        Memoised on (hashes object, now_us, every index's version, ledger version): the cost snapshot
+        and admit_one of an immediate admission ask for the same depths back to back."""
+        key = (id(hashes), now_us, self.ledger.version,
+               *(getattr(ix, "version", 0) for ix in (self.overlap, self.event_device, self.event_offload,
+                                                      self.speculative) if ix is not None))
+        if key == self._depth_key and self._depth_of is hashes:
+            return self._depth
+        self._depth_key, self._depth_of = key, hashes
         self.overlap.depth(hashes, now_us, self._depth)
         dev = self.event_device
         if dev is None or not self._event_fed.any():
@@ -231,6 +243,7 @@ class Dispatch:
             self._overlap_depth(hashes, now_us)
         else:
             self._depth[:] = 0
+            self._depth_key = None
         sel = self.config.selector
         return self.ledger.project(hashes, isl_tokens, self._depth, self._elig, sel.prefill_load_scale, sel.overlap_credit)
 

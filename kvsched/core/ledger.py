@@ -76,6 +76,10 @@ class Ledger:
         self._out_prefill = np.zeros(w, np.int64)
         self._out_cost = np.zeros(w, np.float64)
         self._rows = np.arange(w)
+        self.version = 0  # bumped whenever presence or a drained/overloaded/stale flag changes
+        self._elig_key: tuple | None = None  # eligible_mask memo: (pinned, allowed, version)
+        self._elig_cache = np.zeros(w, np.uint8)
+        self._elig_n = 0
         self._adopt()
 
     def _adopt(self) -> None:
@@ -117,6 +121,7 @@ class Ledger:
         a.w_flags[row] = 0
         a.w_present[row] = 1
         self._index_row(row, key)
+        self.version += 1
         return row
 
     def remove_worker_row(self, row: int) -> list[int]:
@@ -130,6 +135,7 @@ class Ledger:
         a.w_present[row] = 0
         a.w_active_blocks[row] = a.w_active_prefill[row] = a.w_active_requests[row] = 0
         a.w_flags[row] = 0
+        self.version += 1
         a.ref_counts[row, :] = 0
         del self._row_of[key]
         self._ids[key.worker_id] -= 1
@@ -163,7 +169,10 @@ class Ledger:
     def _set_flag(self, row: int, flag: int, on: bool) -> None:
         a = self.arrays
         cur = int(a.w_flags[row])
-        a.w_flags[row] = (cur | flag) if on else (cur & (0xFF ^ flag))
+        new = (cur | flag) if on else (cur & (0xFF ^ flag))
+        if new != cur:
+            a.w_flags[row] = new
+            self.version += 1
 
     def set_drained(self, row: int, drained: bool) -> None:
         self._check_row(row)
@@ -206,6 +215,10 @@ class Ledger:
         Returns:
             int: number of eligible rows.
         """
+        key = (pinned, allowed, self.version)
+        if key == self._elig_key:  # nothing that decides eligibility changed since the last call
+            out[:] = self._elig_cache
+            return self._elig_n
         a = self.arrays
         ok = (a.w_present != 0) & ((a.w_flags & (FLAG_DRAINED | FLAG_OVERLOADED)) == 0)
         if allowed is not None:
@@ -217,7 +230,10 @@ class Ledger:
             if keep:
                 ok[row] = True
         out[:] = ok
-        return int(np.count_nonzero(ok))
+        n = int(np.count_nonzero(ok))
+        self._elig_key, self._elig_n = key, n
+        self._elig_cache[:] = ok
+        return n
 
     # -- bookings -----------------------------------------------------------------------------
     def reserve(self, request_id: str, row: int, isl_tokens: int, hashes: np.ndarray, cached_tokens: int, expected_osl: int | None, class_idx: int, enqueue_us: int, now_us: int, owner_pid: int = 0) -> tuple[int, int] | None:

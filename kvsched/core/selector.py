@@ -56,6 +56,15 @@ class KvSelector(WorkerSelector):
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
                overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
+        if self.temperature <= 0.0:  # fast path: ineligible rows cost +inf (project_and_cost)
+            i = int(costs.argmin())
+            lo = costs[i]
+            if eligible[i] and np.isfinite(lo):
+                ties = np.flatnonzero(costs == lo)
+                if ties.size == 1:
+                    return i
+                ties = ties[eligible[ties] != 0]
+                return self._pick(ties)
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1

@@ -229,6 +229,7 @@ class OverlapIndex:
         self.ttlm = np.zeros((capacity, self.words), np.uint64)
         self.ttl_exp = np.zeros(capacity, np.int64)
         self.evictions = 0  # entries evicted by insert (fixed memory budget)
+        self.version = 0  # bumped by every insert / remove / clear_row (lets callers memoise depth)
         self._scratch = np.zeros(self.words, np.uint64)
 
     def _check_row(self, row: int) -> None:
@@ -240,16 +241,19 @@ class OverlapIndex:
         self._check_row(row)
         expiry = INT64_MAX if ttl_us is None else min(int(now_us) + int(ttl_us), INT64_MAX - 1)
         h = np.asarray(hashes, dtype=np.uint64)
+        self.version += 1
         self.evictions += overlap_insert(self.keys, self.used, self.perm, self.ttlm, self.ttl_exp, h, int(row), int(now_us), int(expiry))
 
     def remove(self, hashes: np.ndarray, row: int) -> None:
         """Forget that `row` holds `hashes` (KV event BlockRemoved)."""
         self._check_row(row)
+        self.version += 1
         overlap_remove(self.keys, self.used, self.perm, self.ttlm, np.asarray(hashes, dtype=np.uint64), int(row))
 
     def clear_row(self, row: int) -> None:
         """Forget everything `row` holds (AllBlocksCleared, engine restart, worker removed). O(capacity)."""
         self._check_row(row)
+        self.version += 1
         overlap_clear_row(self.used, self.perm, self.ttlm, int(row))
 
     def depth(self, hashes: np.ndarray, now_us: int, out: np.ndarray) -> None:
