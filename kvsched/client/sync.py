@@ -55,7 +55,7 @@ class SyncSchedulerClient:
     Usage:
         with SyncSchedulerClient() as client:
             with client.schedule("r1", isl_tokens=800) as lease:
-                ...
+                pass  # send the request to lease.worker, stream, report progress
     """
 
     def __init__(self, *args, **kwargs) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvsched.config import AdmissionConfig, ClassConfig
-from kvsched.core.types import Admit, Reject, WorkerKey
+from kvsched.core.types import Reject, WorkerKey
 
 from .factories import make_class, make_config, make_request, make_scheduler
 
@@ -210,6 +210,20 @@ def test_reload_refused_when_removing_class_that_holds_requests():
                           make_class("new")]))
     assert [q.quantum for q in s.queues(2)] == [7, 9, 1024]
     assert [r.request_id for r in s.drain_cleanup(2)] == ["b"]  # batch no longer busy-limited
+
+
+def test_reload_keeps_queued_requests_when_classes_change_position():
+    s = _sched([make_class("default", **BUSY_500), make_class("batch", **BUSY_500)])
+    a = _one(s.enqueue(make_request("a", isl_tokens=600, policy_class="batch"), 0))
+    s.enqueue(make_request("b", policy_class="batch"), 1)
+    s.enqueue(make_request("c"), 2)
+    s.reload(make_config([make_class("batch", quantum=5, **BUSY_500), make_class("default", **BUSY_500)]))
+    rows = {q.name: q for q in s.queues(3)}
+    assert rows["batch"].depth == 1 and rows["default"].depth == 1 and rows["batch"].quantum == 5
+    s.release("a", a.slot, a.generation, "completed", 600, 4)
+    assert sorted(r.request_id for r in s.drain_cleanup(4)) == ["b", "c"]
+    leases = {lease.request_id: lease.policy_class for lease in s.leases(5)}
+    assert leases == {"b": "batch", "c": "default"}  # each keeps its class across the reorder
 
 
 def test_session_cap_defers_excess_and_releases_in_arrival_order():

@@ -11,7 +11,6 @@ import sys
 import textwrap
 import time
 
-import msgspec
 import pytest
 import zmq
 

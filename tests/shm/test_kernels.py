@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsched.shm import kernels
-from kvsched.shm.overlap import INT64_MAX, OverlapIndex, overlap_depth
+from kvsched.shm.overlap import OverlapIndex, overlap_depth
 from kvsched.shm.reference import numpy_twin, python_twin
 
 IMPLS = {"numba": kernels, "numpy": numpy_twin, "python": python_twin}
