@@ -71,3 +71,49 @@ def test_top_renders_once(session_daemon):
     result = run(session_daemon, "top", "--iterations", "1")
     assert result.exit_code == EXIT_OK
     assert "queues" in result.output and "workers" in result.output
+
+
+def test_explain_cancel_and_reload_succeed_against_a_live_daemon(tmp_path):
+    import asyncio
+
+    from kvsched.client import SchedulerClient
+    from tests.conftest import purge, start_daemon
+
+    cfg_text = "[daemon]\nblock_size = 16\n[[workers]]\nworker_id = 1\nmax_num_batched_tokens = 100\n" \
+               "[[classes]]\nname = 'default'\nprefill_busy_threshold = 100\n"
+    d = start_daemon(tmp_path, cfg_text)
+    instance = d.argv[d.argv.index("--instance") + 1]
+    try:
+        async def scenario() -> None:
+            async with SchedulerClient(d.endpoint) as client:
+                lease = await client.schedule("cli-held", isl_tokens=200, block_hashes=[1, 2])
+                waiting = asyncio.create_task(client.schedule("cli-waiting", isl_tokens=10))
+                await asyncio.sleep(0.2)
+                explained = await asyncio.to_thread(run, d, "explain", "cli-held", "--json")
+                assert explained.exit_code == EXIT_OK
+                rows = json.loads(explained.output)["rows"]
+                assert rows[0]["worker_id"] == 1 and rows[0]["eligible"] is True
+                table = await asyncio.to_thread(run, d, "explain", "cli-held")
+                assert "chose 1:0" in table.output
+                cancelled = await asyncio.to_thread(run, d, "cancel", "cli-waiting")
+                assert cancelled.exit_code == EXIT_OK and "cancelled cli-waiting" in cancelled.output
+                from kvsched.errors import RequestCancelled
+
+                try:
+                    await asyncio.wait_for(waiting, 5)
+                    raise AssertionError("the cancelled request was admitted")
+                except RequestCancelled:
+                    pass
+                lease.release()
+
+        asyncio.run(scenario())
+        cfg = tmp_path / f"{instance}.toml"
+        cfg.write_text(cfg_text.replace("prefill_busy_threshold = 100", "prefill_busy_threshold = 100\nquantum = 77"))
+        reloaded = run(d, "reload")
+        assert reloaded.exit_code == EXIT_OK and "reloaded" in reloaded.output
+        assert json.loads(run(d, "queues", "--json").output)["classes"][0]["quantum"] == 77
+        cfg.write_text("not = [toml")
+        assert run(d, "reload").exit_code == EXIT_DAEMON_ERROR
+    finally:
+        d.stop()
+        purge(instance)
