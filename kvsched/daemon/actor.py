@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_RCVMORE = int(zmq.RCVMORE)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
 def now_us() -> int:
@@ -114,12 +116,16 @@ class Actor:
         budget = self.cfg.frame_budget_per_wake
         t = now_us()
         n = 0
+        sock = self.data_sock
         while n < budget:
             try:
-                identity, payload = self.data_sock.recv_multipart(_NOBLOCK)
+                identity = sock.recv(_NOBLOCK)
             except zmq.Again:
                 break
-            except ValueError:  # not exactly [identity, payload]: a DEALER sent several parts
+            payload = sock.recv(_NOBLOCK)  # the rest of a message is there once its first part is
+            if sock.getsockopt(_RCVMORE):  # more than [identity, payload]: a DEALER sent several parts
+                while sock.getsockopt(_RCVMORE):
+                    sock.recv(_NOBLOCK)
                 self.metrics.malformed.labels(code="MALFORMED").inc()
                 continue
             n += 1
@@ -313,7 +319,9 @@ class Actor:
     def _send(self, conn: Connection, frame) -> bool:
         """Send one frame to a peer. False when the peer is unknown to ZeroMQ or its queue is full."""
         try:
-            self.data_sock.send_multipart((conn.identity, self.enc.encode(frame)), _NOBLOCK)
+            payload = self.enc.encode(frame)
+            self.data_sock.send(conn.identity, _SNDMORE_NOBLOCK)  # EHOSTUNREACH here for a gone peer
+            self.data_sock.send(payload, _NOBLOCK)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or EAGAIN (peer HWM)
             self.warn.warning("undeliverable", "reply undeliverable owner=%d errno=%s", conn.owner, exc.errno)
