@@ -68,6 +68,7 @@ class Link:
         self._buffer: list[bytes] = []
         self._last_send = self._last_recv = time.monotonic()
         self._hb_seq = 0
+        self._recheck_queued = False
         self._timer: asyncio.TimerHandle | None = None
         self._backoff_s = 0.05
         self._next_hello = 0.0
@@ -136,8 +137,14 @@ class Link:
         except zmq.Again:
             return False
         self._last_send = time.monotonic()
-        self.loop.call_soon(self._on_readable)  # a send can consume the FD's edge: re-check
+        if not self._recheck_queued:  # a send can consume the FD's edge: re-check once per loop turn
+            self._recheck_queued = True
+            self.loop.call_soon(self._recheck)
         return True
+
+    def _recheck(self) -> None:
+        self._recheck_queued = False
+        self._on_readable()
 
     def _on_readable(self) -> None:
         while self.sock is not None:
