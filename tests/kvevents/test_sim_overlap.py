@@ -232,9 +232,17 @@ def test_add_worker_subscribes_and_remove_worker_forgets_when_admin(short_dir):
         engine.submit(SimRequest("a", 4 * BLOCK, 1, tuple(hashes)), 0)
         _run_to_idle(engine)
 
+        nudges = [0]
+
         def fresh_and_known() -> bool:
-            fleet.publish_kv_events()
             stale = admin.call(p.Workers()).workers[0].stale
+            if stale:
+                # Batches published before the SUB joined are lost to it (ZeroMQ slow joiner); a live
+                # engine keeps publishing, and the next live batch makes the daemon replay from seq 0.
+                nudges[0] += 1
+                engine.submit(SimRequest(f"nudge{nudges[0]}", BLOCK, 1, (1000 + nudges[0],)), 0)
+                _run_to_idle(engine)
+            fleet.publish_kv_events()
             return not stale and probe_overlap() == 4
 
         assert wait_until(fresh_and_known, timeout_s=40)
