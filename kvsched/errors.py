@@ -66,42 +66,62 @@ class RequestRejected(KvschedError):
 
 
 class QueueFull(RequestRejected):
+    """The class's queue limit was reached (`limit_kind`, `current`, `limit` say which and how far)."""
+
     reason = "queue_full"
 
 
 class DoNotQueue(RequestRejected):
+    """`do_not_queue` was set and the request would have waited."""
+
     reason = "do_not_queue"
 
 
 class DuplicateRequest(RequestRejected):
+    """A live request already uses this request_id on this daemon."""
+
     reason = "duplicate_request"
 
 
 class NoEndpoints(RequestRejected):
+    """No eligible worker: none registered, all drained or removed, or the pinned worker is unknown/drained."""
+
     reason = "no_endpoints"
 
 
 class PinnedNotAllowed(RequestRejected):
+    """The pinned worker is not in `allowed_workers`."""
+
     reason = "pinned_not_allowed"
 
 
 class AllOverloaded(RequestRejected):
+    """Every eligible worker is past its overload threshold and the request could not wait."""
+
     reason = "all_overloaded"
 
 
 class QueueTimeout(RequestRejected):
+    """The request waited longer than `deadline_ms` or the class's `queue_timeout_s`."""
+
     reason = "timeout"
 
 
 class DaemonOverloaded(RequestRejected):
+    """The daemon is out of room (per-connection in-flight cap or slot table full); retry later."""
+
     reason = "overloaded"
 
 
 class InvalidRequest(RequestRejected):
+    """The request's fields contradict each other (e.g. more block hashes than the ISL allows)."""
+
     reason = "invalid"
 
 
 class ShuttingDown(RequestRejected):
+    """The daemon is stopping."""
+
     reason = "shutting_down"
 
 

@@ -317,15 +317,21 @@ AdminRequest = Union[Status, Queues, Workers, Leases, Drain, Undrain, AddWorker,
 
 
 class OkReply(Admin, tag="ok"):
+    """An admin operation succeeded; `message` says what was done."""
+
     message: str = ""
 
 
 class AdminError(Admin, tag="admin_error"):
+    """An admin request failed: `code` is an `ErrorCode`, `message` the reason."""
+
     code: int
     message: str
 
 
 class StatusReply(Admin, tag="status_reply"):
+    """`kvsched status`: identity, uptime (s), workers, leases, queued/deferred requests, decisions and decisions/s."""
+
     instance: str
     daemon_epoch: int
     uptime_s: float
@@ -341,6 +347,8 @@ class StatusReply(Admin, tag="status_reply"):
 
 
 class ClassRow(Admin, tag="class_row"):
+    """One class in `kvsched queues`: depth (requests), deferred, isl_tokens (tokens waiting), oldest_wait_s (s), DRR deficit (tokens), quantum (tokens), blocked_lanes."""
+
     name: str
     ordering: str
     quantum: int
@@ -353,10 +361,14 @@ class ClassRow(Admin, tag="class_row"):
 
 
 class QueuesReply(Admin, tag="queues_reply"):
+    """`kvsched queues`: one `ClassRow` per class."""
+
     classes: list[ClassRow] = []
 
 
 class WorkerRow(Admin, tag="worker_row"):
+    """One worker rank in `kvsched workers`: capacities and current load (blocks, prefill tokens, requests) and flags."""
+
     worker_id: int
     dp_rank: int
     total_kv_blocks: int
@@ -370,10 +382,14 @@ class WorkerRow(Admin, tag="worker_row"):
 
 
 class WorkersReply(Admin, tag="workers_reply"):
+    """`kvsched workers`: one `WorkerRow` per registered rank."""
+
     workers: list[WorkerRow] = []
 
 
 class LeaseRow(Admin, tag="lease_row"):
+    """One active lease: where it runs, its tokens, age (s) and state (admitted / dispatched / prefill_done)."""
+
     request_id: str
     worker_id: int
     dp_rank: int
@@ -388,11 +404,15 @@ class LeaseRow(Admin, tag="lease_row"):
 
 
 class LeasesReply(Admin, tag="leases_reply"):
+    """`kvsched leases`: up to `limit` rows; `total` counts every active lease."""
+
     leases: list[LeaseRow] = []
     total: int = 0
 
 
 class ExplainRow(Admin, tag="explain_row"):
+    """One worker's view of a decision: eligibility, overlap blocks, projected blocks and prefill tokens, cost (lower wins)."""
+
     worker_id: int
     dp_rank: int
     eligible: bool
@@ -403,6 +423,8 @@ class ExplainRow(Admin, tag="explain_row"):
 
 
 class ExplainReply(Admin, tag="explain_reply"):
+    """`kvsched explain`: the chosen worker and every worker's row; decided_at_s is the daemon's monotonic clock (s)."""
+
     request_id: str
     chosen_worker_id: int
     chosen_dp_rank: int
