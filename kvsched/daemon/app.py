@@ -72,7 +72,7 @@ class Daemon:
         from .notify import Notifier
         from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, start_curve_auth
         from ..shm.layout import ledger_name, progress_name
-        from .wiring import build_kv_subscriber, build_scheduler, kv_metrics_tick, open_segments
+        from .wiring import build_kv_subscriber, build_scheduler, kv_metrics_tick, open_segments, warm_decision_path
 
         cfg = self.config
         d = cfg.daemon
@@ -82,6 +82,7 @@ class Daemon:
         self.notifier.status("warming kernels")
         t0 = time.monotonic()
         warm_kernels()
+        warm_decision_path(cfg)
         log.info("kernels warm seconds=%.2f", time.monotonic() - t0)
         self.segments, restarted = open_segments(cfg)
         self.restarted = restarted

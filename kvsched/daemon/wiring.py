@@ -13,7 +13,7 @@ from ..core.types import WorkerKey
 
 log = logging.getLogger(__name__)
 
-OVERLAP_CAPACITY_PER_WORKER = 1 << 15  # approximate-index entries budgeted per worker row
+OVERLAP_CAPACITY_PER_WORKER = 1 << 14  # overlap-index entries budgeted per worker row (33 B each, per index)
 # KV-event messages read per SUB wake: ~50 µs each (decode + index update), so one wake holds the
 # actor's loop at most a few ms and scheduling frames interleave with a heavy event stream.
 KV_EVENT_FRAME_BUDGET = 64
@@ -66,9 +66,10 @@ def open_segments(cfg: Config):
 def build_scheduler(cfg: Config, segments, restarted: bool):
     """Wire Ledger + overlap indexes + selector into a Scheduler and register the configured workers.
 
-    Three indexes of `overlap_capacity(max_workers)` entries (numpy zeros: pages are committed only
-    when written): the approximate one (routing decisions) and the event-fed device and offload
-    ones, always built so that a worker added at runtime with an event endpoint can use them.
+    Three indexes of `overlap_capacity(max_workers)` entries: the approximate one (routing
+    decisions) and the event-fed device and offload ones, always built so that a worker added at
+    runtime with an event endpoint can use them. All are pre-faulted here (see
+    `OverlapIndex.prefault`): the daemon commits their memory at start instead of stalling requests.
     """
     from ..core.ledger import Ledger
     from ..core.scheduler import Scheduler
@@ -77,9 +78,13 @@ def build_scheduler(cfg: Config, segments, restarted: bool):
 
     ledger = Ledger(segments.ledger, segments.progress, cfg.overload)
     w, cap = cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers)
-    overlap = OverlapIndex(w, cap)
-    scheduler = Scheduler(cfg, ledger, overlap, create_selector(cfg.selector),
-                          event_device=OverlapIndex(w, cap), event_offload=OverlapIndex(w, cap))
+    overlap, device, offload = OverlapIndex(w, cap), OverlapIndex(w, cap), OverlapIndex(w, cap)
+    for index in (overlap, device, offload):
+        index.prefault()
+    log.info("overlap indexes ready entries=%d bytes=%d", cap, 3 * overlap.nbytes)
+    scheduler = Scheduler(cfg, ledger, overlap, create_selector(cfg.selector), event_device=device,
+                          event_offload=offload)
+    scheduler.speculative.prefault()
     if restarted:
         n = scheduler.restore_after_restart(time.monotonic_ns() // 1000, cfg.daemon.liveness_timeout_ms * 1000)
         log.info("re-adopted leases from the slot table count=%d grace_ms=%d", n, cfg.daemon.liveness_timeout_ms)
@@ -134,3 +139,39 @@ def kv_metrics_tick(subscriber, metrics):
         metrics.stale_workers.set(c["stale_workers"])
 
     return tick
+
+
+def warm_decision_path(cfg: Config) -> None:
+    """Run two requests (approximate and event-fed overlap) through a private scheduler built like
+    the real one — same dtypes, read-only hashes as decoded from a frame — so every numba
+    specialisation and lazily imported path of a decision is loaded before READY, not on the
+    first real request."""
+    import msgspec
+    import numpy as np
+
+    from ..core.ledger import Ledger
+    from ..core.scheduler import Scheduler
+    from ..core.selector import create_selector
+    from ..core.types import RequestSpec
+    from ..shm.layout import LedgerArrays
+    from ..shm.overlap import OverlapIndex
+
+    bs = cfg.daemon.block_size
+    arrays = LedgerArrays.private(max_workers=2, max_slots=4, max_blocks_per_request=8, ref_capacity=1024, block_size=bs)
+    ledger = Ledger(arrays, np.zeros(4, np.uint64), cfg.overload)
+    warm_cfg = msgspec.structs.replace(cfg, workers=[])
+    sched = Scheduler(warm_cfg, ledger, OverlapIndex(2, 1024), create_selector(cfg.selector),
+                      event_device=OverlapIndex(2, 1024), event_offload=OverlapIndex(2, 1024))
+    sched.add_worker(WorkerKey(0, 0), 1000, 1000)
+    for fed in (False, True):
+        sched.set_event_fed(0, fed)
+        hashes = np.frombuffer(np.arange(1, 3, dtype="<u8").tobytes(), dtype="<u8")  # read-only, like a frame's
+        spec = RequestSpec(request_id=f"warm-{fed}", isl_tokens=2 * bs, block_hashes=hashes)
+        out = sched.enqueue(spec, 1)
+        admit = out[0]
+        for kind, tokens in (("dispatched", None), ("prefill_done", None), ("progress", 1)):
+            sched.update(admit.request_id, admit.slot, admit.generation, kind, tokens, 2)
+        ledger.progress[admit.slot] = (admit.generation << 32) | 2
+        sched.tick(3)
+        sched.release(admit.request_id, admit.slot, admit.generation, "completed", 2 * bs + 2, 4)
+        sched.drain_cleanup(4)
