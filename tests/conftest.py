@@ -89,3 +89,42 @@ def session_daemon(tmp_path_factory):
     yield d
     d.stop()
     purge(d.argv[d.argv.index("--instance") + 1])
+
+
+class RawPeer:
+    """A bare DEALER on a daemon socket for protocol-level tests: `send(frame_or_obj)`, `recv()`
+    (decoded daemon frame, or None after `timeout_s`), `hello(...)` (asserts the Welcome)."""
+
+    def __init__(self, endpoint: str) -> None:
+        import zmq
+
+        from kvsched import protocol as p
+
+        self.p = p
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.enc, self.dec = p.make_encoder(), p.make_daemon_decoder()
+
+    def send(self, frame) -> None:
+        self.sock.send(frame if isinstance(frame, bytes) else self.enc.encode(frame))
+
+    def recv(self, timeout_s: float = 5.0):
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        return self.dec.decode(self.sock.recv())
+
+    def hello(self, client_name: str = "raw", pid: int = 0, host: str = "elsewhere") -> None:
+        self.send(self.p.Hello(self.p.PROTOCOL_VERSION, client_name, pid, host))
+        assert isinstance(self.recv(), self.p.Welcome)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+    def __enter__(self) -> "RawPeer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

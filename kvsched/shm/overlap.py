@@ -140,6 +140,21 @@ def overlap_clear_row(used, perm, ttlm, row):
 
 
 @njit(cache=True, nogil=True)
+def _write_rows(out, wd, bits, value):
+    """out[wd * 64 + b] = value for every set bit b of the u64 mask `bits` (rows of word `wd`)."""
+    d = bits
+    while d != _ZERO:
+        low = d & (~d + _ONE)
+        b = 0
+        t = low
+        while t > _ONE:
+            t >>= _ONE
+            b += 1
+        out[wd * 64 + b] = value
+        d ^= low
+
+
+@njit(cache=True, nogil=True)
 def overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out):
     """Prefix depth per worker row: leading `hashes` held (unexpired) by the row, stopping at its first miss.
 
@@ -176,16 +191,7 @@ def overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out)
                 p = perm[e, wd]
                 if live_ttl:
                     p |= ttlm[e, wd]
-            d = a & ~p
-            while d != _ZERO:
-                low = d & (~d + _ONE)
-                b = 0
-                t = low
-                while t > _ONE:
-                    t >>= _ONE
-                    b += 1
-                out[wd * 64 + b] = k
-                d ^= low
+            _write_rows(out, wd, a & ~p, k)  # rows whose prefix ends at block k
             a &= p
             scratch[wd] = a
             if a != _ZERO:
@@ -193,16 +199,7 @@ def overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out)
         if not any_alive:
             return
     for wd in range(words):
-        d = scratch[wd]
-        while d != _ZERO:
-            low = d & (~d + _ONE)
-            b = 0
-            t = low
-            while t > _ONE:
-                t >>= _ONE
-                b += 1
-            out[wd * 64 + b] = n
-            d ^= low
+        _write_rows(out, wd, scratch[wd], n)  # rows holding every block
 
 
 class OverlapIndex:

@@ -14,7 +14,7 @@ import zmq
 from kvsched import protocol as p
 from kvsched.client import AdminClient, SchedulerClient
 from kvsched.errors import DuplicateRequest, InvalidRequest, NoEndpoints
-from tests.conftest import TWO_WORKERS, purge, start_daemon, wait_until
+from tests.conftest import TWO_WORKERS, RawPeer, purge, start_daemon, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -224,18 +224,10 @@ async def test_operator_cancel_answers_the_waiting_router_and_revokes_a_lease(da
 
 
 def test_release_with_defaults_frees_the_senders_lease(session_daemon):
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(session_daemon.endpoint)
-    enc, dec = p.make_encoder(), p.make_daemon_decoder()
-    try:
-        sock.send(enc.encode(p.Hello(p.PROTOCOL_VERSION, "raw", 0, "elsewhere")))
-        assert sock.poll(5000) and isinstance(dec.decode(sock.recv()), p.Welcome)
-        sock.send(enc.encode(p.Enqueue("short-release", 32)))
-        assert sock.poll(5000) and isinstance(dec.decode(sock.recv()), p.Admitted)
-        sock.send(enc.encode(["release", "short-release"]))  # trailing defaults omitted
+    with RawPeer(session_daemon.endpoint) as peer:
+        peer.hello()
+        peer.send(p.Enqueue("short-release", 32))
+        assert isinstance(peer.recv(), p.Admitted)
+        peer.send(p.make_encoder().encode(["release", "short-release"]))  # trailing defaults omitted
         with AdminClient(session_daemon.admin_endpoint) as admin:
             assert wait_until(lambda: admin.call(p.Status()).active_leases == 0, 5)
-    finally:
-        sock.close(0)
-        ctx.term()

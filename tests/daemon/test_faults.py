@@ -16,7 +16,7 @@ import zmq
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient, SchedulerClient
-from tests.conftest import purge, start_daemon, wait_until
+from tests.conftest import RawPeer, purge, start_daemon, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -119,20 +119,12 @@ async def test_long_stream_keeps_its_lease_while_owner_heartbeats(daemon):
 def test_silent_remote_connection_is_reaped_after_liveness_timeout(daemon):
     """1. a peer says Hello with pid 0 (no pid watch) and takes a lease, 2. it goes silent.
     Result: the lease is released once the liveness timeout passes."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(daemon.endpoint)
-    enc, dec = p.make_encoder(), p.make_daemon_decoder()
-    try:
-        sock.send(enc.encode(p.Hello(p.PROTOCOL_VERSION, "remote", 0, "elsewhere")))
-        assert sock.poll(5000) and isinstance(dec.decode(sock.recv()), p.Welcome)
-        sock.send(enc.encode(p.Enqueue("silent-1", 100)))
-        assert sock.poll(5000) and isinstance(dec.decode(sock.recv()), p.Admitted)
+    with RawPeer(daemon.endpoint) as peer:
+        peer.hello("remote")
+        peer.send(p.Enqueue("silent-1", 100))
+        assert isinstance(peer.recv(), p.Admitted)
         assert status(daemon).active_leases == 1
         assert wait_until(lambda: status(daemon).active_leases == 0, 5)
-    finally:
-        sock.close(0)
-        ctx.term()
 
 
 def _hostile_frames(n: int, seed: int) -> list[bytes]:
