@@ -74,9 +74,9 @@ def test_daemon_sigkill_and_restart_loses_no_admitted_request(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
              for k in range(2)]
     try:
-        time.sleep(1.5)
-        with AdminClient(daemon.admin_endpoint) as admin:
-            assert admin.call(p.Status()).active_leases > 0  # the crash happens with leases live
+        with AdminClient(daemon.admin_endpoint) as admin:  # the crash happens with leases live
+            assert wait_until(lambda: admin.call(p.Status()).active_leases > 0, 30)
+        time.sleep(0.5)
         daemon.kill()
         time.sleep(0.3)
         daemon.restart()
