@@ -110,7 +110,8 @@ class DaemonConfig(Section):
     progress_fold_ms: Annotated[int, Meta(ge=1, le=1000)] = 10  # fold progress words at least this often
     shutdown_timeout_s: Annotated[float, Meta(ge=0)] = 5.0
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 0  # Prometheus HTTP; 0 = off
-    metrics_host: str = "127.0.0.1"
+    metrics_host: str = "127.0.0.1"  # also serves /healthz and /readyz (docs/DEPLOY.md)
+    health_stall_ms: Annotated[int, Meta(ge=1)] = 5000  # /healthz fails when the actor's tick is older (ms)
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

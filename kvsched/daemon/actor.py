@@ -126,7 +126,7 @@ class Actor:
             if sock.getsockopt(_RCVMORE):  # more than [identity, payload]: a DEALER sent several parts
                 while sock.getsockopt(_RCVMORE):
                     sock.recv(_NOBLOCK)
-                self.metrics.malformed.labels(code="MALFORMED").inc()
+                self.metrics.malformed.labels(code="malformed").inc()
                 continue
             n += 1
             self._handle_data(identity, payload, t)
@@ -165,6 +165,7 @@ class Actor:
             case p.Release():
                 self._releases_this_wake += 1
                 if self._owns(conn, frame.request_id):
+                    self.metrics.lease_released(self.scheduler.ledger.arrays, frame.slot, frame.generation, t)
                     self.scheduler.release(frame.request_id, frame.slot, frame.generation, frame.outcome,
                                            frame.context_tokens, t)
             case p.Update():
@@ -285,7 +286,7 @@ class Actor:
                         o.overlap_blocks, o.cached_tokens, o.queued_us))
                     if ok:
                         conn.inflight -= 1
-                        self._decision_counter(o.policy_class).inc()
+                        self._admission_counter(o.policy_class).inc()
                         self.metrics.queue_wait.observe(o.queued_us / 1e6)
                     elif o.owner != 0:
                         self.metrics.undeliverable.inc()
@@ -300,10 +301,10 @@ class Actor:
                                                     o.limit_kind, o.current, o.limit))
             outcomes = self.scheduler.drain_cleanup(t) if released else []
 
-    def _decision_counter(self, policy_class: str):
+    def _admission_counter(self, policy_class: str):
         child = self._decisions_by_class.get(policy_class)
         if child is None:  # prometheus_client's labels() lookup is slow: keep one child per class
-            child = self._decisions_by_class[policy_class] = self.metrics.decisions.labels(policy_class=policy_class)
+            child = self._decisions_by_class[policy_class] = self.metrics.admissions.labels(policy_class=policy_class)
         return child
 
     def _send_reject(self, conn: Connection, request_id: str, reason: str, detail: str, policy_class: str) -> None:
@@ -311,7 +312,7 @@ class Actor:
         self._send(conn, p.Rejected(request_id, reason, detail, policy_class))
 
     def _error(self, conn: Connection, code: p.ErrorCode, message: str, request_id: str | None = None) -> None:
-        self.metrics.malformed.labels(code=code.name).inc()
+        self.metrics.malformed.labels(code=code.name.lower()).inc()
         self.warn.warning(f"bad-frame-{code.name}", "frame rejected owner=%d code=%s detail=%s",
                           conn.owner, code.name, message[:200])
         self._send(conn, p.Error(int(code), message, request_id))
@@ -354,7 +355,7 @@ class Actor:
         try:
             req = self.admin_dec.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self.metrics.malformed.labels(code="MALFORMED").inc()
+            self.metrics.malformed.labels(code="malformed").inc()
             return p.AdminError(code=int(p.ErrorCode.MALFORMED), message=str(exc)[:300]), []
         if self.admin_handler is None:
             return p.AdminError(code=int(p.ErrorCode.INTERNAL), message="admin not available"), []
@@ -394,15 +395,8 @@ class Actor:
         self._rearm(self.data_sock, self._on_data, more=False)
 
     def _update_gauges(self, t: int) -> None:
-        """Queue and worker gauges, refreshed once a second from the scheduler's introspection."""
-        m = self.metrics
-        for row in self.scheduler.queues(t):
-            m.queue_depth.labels(policy_class=row.name).set(row.depth)
-            m.queue_oldest.labels(policy_class=row.name).set(row.oldest_wait_s)
-        for w in self.scheduler.workers():
-            label = f"{w.worker_id}:{w.dp_rank}"
-            m.worker_blocks.labels(worker=label).set(w.active_blocks)
-            m.worker_prefill.labels(worker=label).set(w.active_prefill_tokens)
+        """Queue, lease and worker gauges, refreshed once a second from the scheduler's introspection."""
+        self.metrics.refresh(self.scheduler, t)
 
     def _reap_dead(self, t: int) -> None:
         for conn in self.conns.find_dead(t):

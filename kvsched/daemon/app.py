@@ -53,6 +53,8 @@ class Daemon:
         self.actor = None
         self.kv_events = None
         self.notifier = None
+        self.health = None
+        self.http = None
 
     async def run(self) -> None:
         """start → serve → stop; stop also runs when start fails half-way (nothing left behind)."""
@@ -68,6 +70,7 @@ class Daemon:
         from ..shm.kernels import warm_kernels
         from .actor import Actor
         from .admin import AdminContext, handle
+        from .health import Health, HttpServer, available_workers
         from .metrics import Metrics
         from .notify import Notifier
         from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, start_curve_auth
@@ -78,6 +81,10 @@ class Daemon:
         d = cfg.daemon
         loop = asyncio.get_running_loop()
         self.lock = InstanceLock(d.instance)  # before touching segments or sockets
+        self.metrics = Metrics()
+        self.health = Health(d.health_stall_ms)
+        if d.metrics_port:  # up before the warm-up, so probes see "starting" rather than a refused port
+            self.http = HttpServer(self.health, self.metrics.registry, d.metrics_host, d.metrics_port)
         self.notifier = Notifier()
         self.notifier.status("warming kernels")
         t0 = time.monotonic()
@@ -102,7 +109,7 @@ class Daemon:
             block_size=d.block_size, shm_ledger=ledger_name(d.instance), shm_progress=progress_name(d.instance),
             heartbeat_ms=d.heartbeat_ms, liveness_timeout_ms=d.liveness_timeout_ms,
         )
-        self.metrics = Metrics()
+        self.metrics.bind(self.scheduler)
         self.admin_ctx = AdminContext(
             scheduler=self.scheduler, instance=d.instance, endpoint=self.endpoint, block_size=d.block_size,
             daemon_epoch=epoch, config_path=self.config_path, config_overrides=self.overrides,
@@ -111,17 +118,19 @@ class Daemon:
                            admin_handler=lambda req, t: handle(req, self.admin_ctx, t), admin_sock=self.admin_sock)
         self.admin_ctx.connections = lambda: len(self.actor.conns)
         self.actor.on_tick.append(self.notifier.watchdog_tick)
+        arrays = self.scheduler.ledger.arrays
+        self.health.watch_workers(lambda: available_workers(arrays.w_present, arrays.w_flags))
+        self.actor.on_tick.append(self.health.tick)
         self.actor.start()
         self.kv_events = build_kv_subscriber(cfg, self.scheduler, loop, self.ctx)
         self.admin_ctx.kv_events = self.kv_events
         self.actor.on_tick.append(kv_metrics_tick(self.kv_events, self.metrics))
         self.kv_events.start()
-        if d.metrics_port:
-            self.metrics.serve(d.metrics_port, d.metrics_host)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         status = f"serving {self.endpoint} epoch={epoch} workers={len(self.scheduler.workers())}"
         self.notifier.ready(status)
+        self.health.mark_ready()
         log.info("ready endpoint=%s admin=%s epoch=%d restarted=%s", self.endpoint, self.admin_endpoint,
                  epoch, restarted)
         # A line on stdout that wrappers (DaemonProcess, scripts) can wait for.
@@ -144,6 +153,8 @@ class Daemon:
 
         if self.notifier is not None:
             self.notifier.stopping()
+        if self.health is not None:
+            self.health.mark_stopping()
         if self.actor is not None:
             self.actor.begin_shutdown()
             self.actor.stop_reading()
@@ -174,6 +185,9 @@ class Daemon:
             self.segments = None
         if self.notifier is not None:
             self.notifier.close()
+        if self.http is not None:
+            self.http.close()
+            self.http = None
         if getattr(self, "lock", None) is not None:
             self.lock.release()
             self.lock = None
