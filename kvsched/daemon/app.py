@@ -220,7 +220,10 @@ def daemon_main(
         except ConfigError as exc:
             typer.echo(f"invalid: {exc}", err=True)
             raise typer.Exit(2)
-        typer.echo(f"ok: {check_config}: {len(cfg.classes)} classes, {len(cfg.workers)} workers")
+        from .wiring import segment_bytes
+
+        typer.echo(f"ok: {check_config}: {len(cfg.classes)} classes, {len(cfg.workers)} workers, "
+                   f"shared memory {segment_bytes(cfg) / 2**20:.1f} MiB")
         raise typer.Exit(0)
     overrides: dict = {"daemon": {}}
     for key, value in (("instance", instance), ("endpoint", endpoint), ("admin_endpoint", admin_endpoint_opt),

@@ -40,6 +40,16 @@ def segment_capacities(cfg: Config) -> dict[str, int]:
     }
 
 
+def segment_bytes(cfg: Config) -> int:
+    """Bytes of /dev/shm this instance's two segments take (ledger + progress words): the lower
+    bound for a container's shm size or a memory-backed /dev/shm volume (docs/DEPLOY.md)."""
+    from ..shm.layout import LedgerArrays
+
+    c = segment_capacities(cfg)
+    ledger = LedgerArrays.nbytes(c["max_workers"], c["max_slots"], c["max_blocks_per_request"], c["ref_capacity"])
+    return ledger + 8 * c["max_slots"]
+
+
 def open_segments(cfg: Config):
     """Create this instance's segments, or re-attach them after a restart.
 
