@@ -35,7 +35,7 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path):
     rendered = []
     for unit, name in (("kvsched-daemon.service", "kvsched-daemon.service"),
                        ("kvsched-daemon@.service", "kvsched-daemon@pool1.service")):
-        text = (ROOT / "systemd" / unit).read_text().replace("/usr/local/bin/kvsched-daemon", str(entry))
+        text = (ROOT / "systemd" / unit).read_text().replace("/opt/kvsched/bin/", f"{entry.parent}/")
         path = tmp_path / name
         path.write_text(text)
         rendered.append(str(path))
