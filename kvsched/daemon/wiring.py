@@ -40,14 +40,22 @@ def segment_capacities(cfg: Config) -> dict[str, int]:
     }
 
 
-def segment_bytes(cfg: Config) -> int:
-    """Bytes of /dev/shm this instance's two segments take (ledger + progress words): the lower
-    bound for a container's shm size or a memory-backed /dev/shm volume (docs/DEPLOY.md)."""
-    from ..shm.layout import LedgerArrays
+def segment_sizes(cfg: Config) -> dict[str, int]:
+    """Bytes of each segment of this instance for the configured capacities (name -> bytes)."""
+    from ..shm.layout import LedgerArrays, ledger_name, progress_name
 
-    c = segment_capacities(cfg)
-    ledger = LedgerArrays.nbytes(c["max_workers"], c["max_slots"], c["max_blocks_per_request"], c["ref_capacity"])
-    return ledger + 8 * c["max_slots"]
+    caps = segment_capacities(cfg)
+    inst = cfg.daemon.instance
+    return {
+        ledger_name(inst): LedgerArrays.nbytes(caps["max_workers"], caps["max_slots"], caps["max_blocks_per_request"], caps["ref_capacity"]),
+        progress_name(inst): caps["max_slots"] * 8,
+    }
+
+
+def segment_bytes(cfg: Config) -> int:
+    """Bytes of /dev/shm all of this instance's segments take: the lower bound for a container's
+    shm size or a memory-backed /dev/shm volume (docs/DEPLOY.md "Shared memory")."""
+    return sum(segment_sizes(cfg).values())
 
 
 def open_segments(cfg: Config):
