@@ -404,7 +404,7 @@ class LeaseRow(Admin, tag="lease_row"):
 
 
 class LeasesReply(Admin, tag="leases_reply"):
-    """`kvsched leases`: up to `limit` rows; `total` counts every active lease."""
+    """`kvsched leases`: up to `limit` rows; `total` counts the active leases matching the filter."""
 
     leases: list[LeaseRow] = []
     total: int = 0

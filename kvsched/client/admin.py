@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import os
+
 import zmq
 
 from .. import protocol as p
 from ..config import admin_endpoint
 from ..errors import DaemonUnavailable, ProtocolError
+
+
+def missing_ipc_path(endpoint: str) -> str | None:
+    """The socket path of an `ipc://` endpoint when that file does not exist, else None.
+
+    An abstract-namespace endpoint (`ipc://@name`) has no file and is never reported missing.
+    """
+    if not endpoint.startswith("ipc://"):
+        return None
+    path = endpoint[len("ipc://"):]
+    if path.startswith("@") or os.path.exists(path):
+        return None
+    return path
 
 
 class AdminClient:
@@ -31,9 +46,14 @@ class AdminClient:
         """Send `request`, return the reply (an `AdminError` reply is returned, not raised).
 
         Raises:
-            DaemonUnavailable: no reply within `timeout_s` (names the endpoint).
+            DaemonUnavailable: no reply within `timeout_s`, or at once when the endpoint is an ipc
+                socket file that does not exist (no daemon bound it); names the endpoint.
             ProtocolError: the reply does not decode.
         """
+        missing = missing_ipc_path(self.endpoint)
+        if missing is not None:
+            raise DaemonUnavailable(f"no kvsched daemon at {self.endpoint}: socket file {missing} does not exist "
+                                    "(daemon not running, or another --instance / runtime directory)")
         self._sock.send(self._enc.encode(request))
         if not self._sock.poll(int(self.timeout_s * 1000), zmq.POLLIN):
             self.close()

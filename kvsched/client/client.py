@@ -19,7 +19,7 @@ import os
 import random
 import time
 import weakref
-from typing import Iterable, Literal
+from typing import Any, Iterable, Literal, Sequence, Union
 
 import numpy as np
 import zmq
@@ -32,6 +32,9 @@ from .lease import Lease
 from .link import Link
 
 log = logging.getLogger(__name__)
+
+# What `schedule(block_hashes=...)` accepts: little-endian u64 bytes, ints, or a numpy integer array.
+BlockHashes = Union[bytes, bytearray, memoryview, Sequence[int], "np.ndarray[Any, np.dtype[np.integer[Any]]]"]
 
 
 class SchedulerClient:
@@ -194,7 +197,7 @@ class SchedulerClient:
         await self.close()
 
     # ------------------------------------------------------------------ scheduling
-    async def schedule(self, request_id: str, isl_tokens: int, block_hashes=None, *, policy_class: str = "",
+    async def schedule(self, request_id: str, isl_tokens: int, block_hashes: BlockHashes | None = None, *, policy_class: str = "",
                        priority: int = 0, strict_priority: int = 0, session_id: str | None = None,
                        expected_osl: int | None = None, pinned: tuple[int, int] | None = None,
                        allowed_workers: Iterable[int] | None = None, do_not_queue: bool = False,

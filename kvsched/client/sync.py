@@ -1,56 +1,126 @@
 """A thin synchronous wrapper over `SchedulerClient` for threaded routers and scripts.
 
 The asyncio client runs on its own loop in a background thread; every call is handed over with
-`run_coroutine_threadsafe`. Leases returned are the same `Lease` objects (their `with` form works).
+`run_coroutine_threadsafe`. `SyncSchedulerClient.__init__` and `.schedule` take exactly the
+arguments of `SchedulerClient.__init__` / `.schedule` (spelled out, so type checkers see them; a
+test compares the signatures).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, Callable, Iterable, Literal, TypeVar
 
-from .client import SchedulerClient
+import zmq
+
+from .. import protocol as p
+from ..core.types import WorkerKey
+from .client import BlockHashes, SchedulerClient
 from .lease import Lease
+
+T = TypeVar("T")
 
 
 class SyncLease:
     """Blocking face of a `Lease`: every call runs on the client's loop thread.
 
-    Attributes mirror the lease (`request_id`, `worker`, `slot`, `generation`, `cached_tokens`, ...).
+    The attributes read the wrapped lease (`request_id`, `worker`, `slot`, `generation`,
+    `cached_tokens`, ...; see `Lease`); `lease` is the `Lease` itself.
     """
 
-    def __init__(self, client: "SyncSchedulerClient", lease: Lease) -> None:
+    def __init__(self, client: SyncSchedulerClient, lease: Lease) -> None:
         self._client = client
         self.lease = lease
 
-    def __getattr__(self, name: str):
-        return getattr(self.lease, name)
+    @property
+    def request_id(self) -> str:
+        return self.lease.request_id
+
+    @property
+    def worker(self) -> WorkerKey:
+        """(worker_id, dp_rank) to send the request to."""
+        return self.lease.worker
+
+    @property
+    def slot(self) -> int:
+        return self.lease.slot
+
+    @property
+    def generation(self) -> int:
+        return self.lease.generation
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens already cached on the chosen worker."""
+        return self.lease.cached_tokens
+
+    @property
+    def overlap_blocks(self) -> int:
+        return self.lease.overlap_blocks
+
+    @property
+    def queued_us(self) -> int:
+        """Time the request waited in the daemon (µs)."""
+        return self.lease.queued_us
+
+    @property
+    def isl_tokens(self) -> int:
+        return self.lease.isl_tokens
+
+    @property
+    def degraded(self) -> bool:
+        """True for a lease made locally while the daemon was unavailable (bypass mode)."""
+        return self.lease.degraded
+
+    @property
+    def output_tokens(self) -> int:
+        return self.lease.output_tokens
+
+    @property
+    def outcome(self) -> str | None:
+        """None while open; then how it closed (see `Lease.outcome`)."""
+        return self.lease.outcome
+
+    @property
+    def closed(self) -> bool:
+        return self.lease.closed
 
     def dispatched(self) -> None:
+        """`Lease.dispatched`."""
         self._client._call(self.lease.dispatched)
 
     def prefill_done(self) -> None:
+        """`Lease.prefill_done`."""
         self._client._call(self.lease.prefill_done)
 
     def add_output_tokens(self, n: int) -> None:
+        """`Lease.add_output_tokens` (n output tokens more)."""
         self._client._call(self.lease.add_output_tokens, n)
 
     def release(self, outcome: str = "completed", context_tokens: int | None = None) -> None:
+        """`Lease.release`."""
         self._client._call(self.lease.release, outcome, context_tokens)
 
-    def requeue(self) -> "SyncLease":
+    def requeue(self) -> SyncLease:
+        """`Lease.requeue`: blocks until the request is admitted again; returns the new lease."""
         return SyncLease(self._client, self._client._run(self.lease.requeue()))
 
-    def __enter__(self) -> "SyncLease":
+    def __enter__(self) -> SyncLease:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self.lease.outcome is None:
             self.release("completed" if exc_type is None else "aborted")
 
 
 class SyncSchedulerClient:
-    """Blocking face of `SchedulerClient` (same arguments).
+    """Blocking face of `SchedulerClient`: same arguments, same errors; connects in `__init__`.
+
+    Raises (from `__init__`): `DaemonUnavailable` / `ProtocolError` as `SchedulerClient.connect`.
 
     Usage:
         with SyncSchedulerClient() as client:
@@ -58,41 +128,112 @@ class SyncSchedulerClient:
                 pass  # send the request to lease.worker, stream, report progress
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        instance: str = "default",
+        client_name: str = "",
+        connect_timeout_s: float = 5.0,
+        reconnect_deadline_s: float = 30.0,
+        on_unavailable: Literal["fail", "bypass"] = "fail",
+        bypass_workers: Iterable[tuple[int, int]] = (),
+        attach_progress: bool = True,
+        curve_server_key: str | bytes | None = None,
+        curve_client_keys: tuple[bytes, bytes] | None = None,
+        ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvsched-client", daemon=True)
         self._thread.start()
-        self._client = SchedulerClient(*args, **kwargs)
-        self._run(self._client.connect())
+        try:
+            self._client = SchedulerClient(
+                endpoint,
+                instance=instance,
+                client_name=client_name,
+                connect_timeout_s=connect_timeout_s,
+                reconnect_deadline_s=reconnect_deadline_s,
+                on_unavailable=on_unavailable,
+                bypass_workers=bypass_workers,
+                attach_progress=attach_progress,
+                curve_server_key=curve_server_key,
+                curve_client_keys=curve_client_keys,
+                ctx=ctx,
+            )
+            self._run(self._client.connect())
+        except BaseException:
+            self._stop_loop()
+            raise
 
-    def _run(self, coro, timeout: float | None = None):
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     @property
-    def welcome(self):
+    def client(self) -> SchedulerClient:
+        """The wrapped asyncio client (use it only from its loop thread)."""
+        return self._client
+
+    @property
+    def welcome(self) -> p.Welcome | None:
+        """The daemon's last `Welcome` (block size, epoch, limits), or None before the first."""
         return self._client.welcome
 
-    def schedule(self, request_id: str, isl_tokens: int, block_hashes=None, **options) -> "SyncLease":
-        """Blocking `SchedulerClient.schedule`; same arguments and errors; returns a `SyncLease`."""
-        return SyncLease(self, self._run(self._client.schedule(request_id, isl_tokens, block_hashes, **options)))
+    def schedule(
+        self,
+        request_id: str,
+        isl_tokens: int,
+        block_hashes: BlockHashes | None = None,
+        *,
+        policy_class: str = "",
+        priority: int = 0,
+        strict_priority: int = 0,
+        session_id: str | None = None,
+        expected_osl: int | None = None,
+        pinned: tuple[int, int] | None = None,
+        allowed_workers: Iterable[int] | None = None,
+        do_not_queue: bool = False,
+        deadline_ms: int | None = None,
+        lora_name: str | None = None,
+    ) -> SyncLease:
+        """Blocking `SchedulerClient.schedule`: same arguments and errors; returns a `SyncLease`."""
+        lease = self._run(self._client.schedule(
+            request_id,
+            isl_tokens,
+            block_hashes,
+            policy_class=policy_class,
+            priority=priority,
+            strict_priority=strict_priority,
+            session_id=session_id,
+            expected_osl=expected_osl,
+            pinned=pinned,
+            allowed_workers=allowed_workers,
+            do_not_queue=do_not_queue,
+            deadline_ms=deadline_ms,
+            lora_name=lora_name,
+        ))
+        return SyncLease(self, lease)
 
-    def _call(self, fn, *args):
+    def _call(self, fn: Callable[..., T], *args: object) -> T:
         """Run `fn(*args)` on the client's loop thread (ZeroMQ sockets are not thread-safe)."""
 
-        async def call():
+        async def call() -> T:
             return fn(*args)
 
         return self._run(call())
 
-    def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        self._run(self._client.close())
+    def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._loop.close()
 
-    def __enter__(self) -> "SyncSchedulerClient":
+    def close(self) -> None:
+        """Abort open leases, fail waiting calls, close the socket and stop the loop thread."""
+        if self._loop.is_closed():
+            return
+        self._run(self._client.close())
+        self._stop_loop()
+
+    def __enter__(self) -> SyncSchedulerClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -62,8 +62,13 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
         case p.Workers():
             return p.WorkersReply(workers=s.workers()), []
         case p.Leases():
-            rows = s.leases(now_us, worker_id=req.worker_id, policy_class=req.policy_class, limit=req.limit)
-            return p.LeasesReply(leases=rows, total=s.active_leases), []
+            if req.worker_id is None and req.policy_class is None:
+                rows, total = s.leases(now_us, limit=req.limit), s.active_leases
+            else:  # total counts the leases that match the filter (bounded by max_slots)
+                matching = s.leases(now_us, worker_id=req.worker_id, policy_class=req.policy_class,
+                                    limit=max(1, s.active_leases))
+                rows, total = matching[:req.limit], len(matching)
+            return p.LeasesReply(leases=rows, total=total), []
         case p.Drain() | p.Undrain():
             drained = isinstance(req, p.Drain)
             try:

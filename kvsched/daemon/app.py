@@ -196,17 +196,27 @@ class Daemon:
 app = typer.Typer(add_completion=False, rich_markup_mode=None)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"kvsched-daemon {__version__}")
+        raise typer.Exit(0)
+
+
 @app.command()
 def daemon_main(
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file (see examples/kvsched.toml).")] = None,
     instance: Annotated[Optional[str], typer.Option(help="Instance name (sockets, segments); default from config or 'default'.")] = None,
-    workers: Annotated[Optional[int], typer.Option("--workers", help="Shortcut: register N workers (ids 0..N-1, dp_rank 0) with default capacities, when the config lists none.")] = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="Shortcut: register N workers (ids 0..N-1, dp_rank 0) with default capacities; an error when the config lists [[workers]].")] = None,
     endpoint: Annotated[Optional[str], typer.Option(help="Data socket endpoint (overrides discovery).")] = None,
     admin_endpoint_opt: Annotated[Optional[str], typer.Option("--admin-endpoint", help="Admin socket endpoint.")] = None,
     check_config: Annotated[Optional[Path], typer.Option("--check-config", help="Validate FILE and exit (0 ok, 2 invalid).")] = None,
     purge: Annotated[bool, typer.Option("--purge", help="Unlink this instance's shared-memory segments and exit.")] = False,
     log_level: Annotated[Optional[str], typer.Option(help="debug | info | warning | error")] = None,
     log_format: Annotated[Optional[str], typer.Option(help="text | json")] = None,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="Print the version and exit.")] = False,
 ) -> None:
     """Run the kvsched scheduling daemon (one per worker pool).
 
@@ -232,7 +242,10 @@ def daemon_main(
             overrides["daemon"][key] = value
     try:
         cfg = load_config(config, overrides=overrides)
-        if workers is not None and not cfg.workers:
+        if workers is not None and cfg.workers:
+            raise ConfigError(f"--workers {workers} conflicts with the {len(cfg.workers)} [[workers]] of {config}: "
+                              "give one or the other")
+        if workers is not None:
             cfg = load_config(config, overrides={**overrides, "workers": [{"worker_id": i} for i in range(workers)]})
     except ConfigError as exc:
         typer.echo(f"kvsched-daemon: {exc}", err=True)

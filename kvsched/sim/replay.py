@@ -271,6 +271,9 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profi
     try:
         kv_eps = kv_event_endpoints(spec, procs.runtime_dir, opts.kv_transport) if opts.kv_events else ()
         endpoint, admin = _start_daemon(opts, spec, procs, profile, kv_eps)
+        if procs.daemon is not None and console is not None:  # its sockets are in a private directory
+            console.print(f"daemon admin endpoint: {admin}\n  inspect it while it runs: kvsched --admin-endpoint {admin} status",
+                          markup=False, highlight=False, soft_wrap=True)
         fleet_ep = f"ipc://{procs.runtime_dir}/fleet.sock"
         go, t0, counter = ctx.Event(), ctx.Value("d", 0.0), ctx.Value("i", 0)
         procs.fleet_stop, fleet_ready = ctx.Event(), ctx.Event()

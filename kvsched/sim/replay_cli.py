@@ -1,4 +1,4 @@
-"""The `kvsched replay` command (registered on the CLI's typer app by `kvsched/cli.py`)."""
+"""The `kvsched replay` command (registered on the CLI's typer app by `kvsched/cli/__init__.py`)."""
 
 from __future__ import annotations
 

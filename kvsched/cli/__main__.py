@@ -1,0 +1,5 @@
+"""`python -m kvsched.cli` = `kvsched`."""
+
+from . import main
+
+main()

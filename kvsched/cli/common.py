@@ -1,0 +1,97 @@
+"""What every `kvsched` command shares: the global options, the admin call, exit codes, rendering.
+
+Start-up cost matters for a CLI: this module (and every command module) imports neither numpy nor
+the scheduling core; the admin client is imported when a command first talks to the daemon.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, Callable
+
+import msgspec
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .. import protocol as p
+from ..errors import DaemonUnavailable, ProtocolError
+
+EXIT_OK = 0
+EXIT_DAEMON_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+# Filled by the app callback from --admin-endpoint / --instance / --timeout-s (one process = one call).
+opts: dict[str, Any] = {"admin_endpoint": None, "instance": "default", "timeout_s": 5.0}
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (for scripts).")]
+WorkerArg = Annotated[str, typer.Argument(help="WORKER (all ranks) or WORKER:RANK.")]
+
+
+def error_name(code: int) -> str:
+    """The lower-case name of an admin/wire error code (`not_found`), or `code N` for an unknown one."""
+    try:
+        return p.ErrorCode(code).name.lower()
+    except ValueError:
+        return f"code {code}"
+
+
+def call(request: p.AdminRequest) -> p.AdminReply:
+    """Send one admin request to the daemon chosen by the global options; return its reply.
+
+    Exits (typer.Exit) with EXIT_USAGE for a malformed endpoint, EXIT_UNREACHABLE when no daemon
+    answers (at once when the ipc socket file does not exist), EXIT_DAEMON_ERROR for an `AdminError`
+    reply (printed as `kvsched: <error name>: <message>`) or an undecodable reply.
+    """
+    import zmq
+
+    from ..client.admin import AdminClient
+
+    try:
+        client = AdminClient(opts["admin_endpoint"], instance=opts["instance"], timeout_s=opts["timeout_s"])
+    except zmq.ZMQError as exc:
+        typer.echo(f"kvsched: bad admin endpoint {opts['admin_endpoint']!r}: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    try:
+        reply = client.call(request)
+    except DaemonUnavailable as exc:
+        typer.echo(f"kvsched: daemon unreachable: {exc}", err=True)
+        raise typer.Exit(EXIT_UNREACHABLE) from None
+    except ProtocolError as exc:
+        typer.echo(f"kvsched: {exc}", err=True)
+        raise typer.Exit(EXIT_DAEMON_ERROR) from None
+    finally:
+        client.close()
+    if isinstance(reply, p.AdminError):
+        typer.echo(f"kvsched: {error_name(reply.code)}: {reply.message}", err=True)
+        raise typer.Exit(EXIT_DAEMON_ERROR)
+    return reply
+
+
+def to_json(obj: object) -> str:
+    """One line of JSON for a reply struct (or a dict of them)."""
+    return msgspec.json.encode(obj).decode()
+
+
+def render(reply: p.AdminReply, json_out: bool, table: Callable[[Any], Table] | None = None) -> None:
+    """Print `reply` as JSON (--json), as the table `table` builds, or its message."""
+    if json_out:
+        sys.stdout.write(to_json(reply) + "\n")
+    elif table is not None:
+        console.print(table(reply))
+    else:
+        console.print(getattr(reply, "message", reply))
+
+
+def parse_worker(spec: str) -> tuple[int, int | None]:
+    """`"3"` -> (3, None), `"3:1"` -> (3, 1); anything else is a usage error."""
+    try:
+        if ":" in spec:
+            wid, rank = spec.split(":", 1)
+            return int(wid), int(rank)
+        return int(spec), None
+    except ValueError:
+        raise typer.BadParameter(f"expected WORKER or WORKER:RANK, got {spec!r}") from None
