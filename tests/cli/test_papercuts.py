@@ -1,0 +1,203 @@
+"""First-contact papercuts of the `kvsched` CLI and `kvsched-daemon`, each through the real command
+(typer's CliRunner in process, or a subprocess where start-up or a second process matters)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsched.cli import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_UNREACHABLE, app
+from tests.conftest import ROOT, TWO_WORKERS, free_port, purge, start_daemon, unique_instance
+
+pytestmark = pytest.mark.timeout(90)
+runner = CliRunner()
+
+
+def run(daemon, *args: str):
+    return runner.invoke(app, ["--admin-endpoint", daemon.admin_endpoint, *args])
+
+
+def instance_of(daemon) -> str:
+    return daemon.argv[daemon.argv.index("--instance") + 1]
+
+
+@pytest.fixture()
+def own_daemon(tmp_path):
+    """A private two-worker daemon (tests that change its state)."""
+    d = start_daemon(tmp_path, TWO_WORKERS)
+    yield d
+    d.stop()
+    purge(instance_of(d))
+
+
+# ------------------------------------------------------------------------------------ top --json
+
+
+def test_top_json_prints_one_object_per_refresh_with_status_queues_and_workers(session_daemon):
+    result = run(session_daemon, "top", "--json", "--iterations", "2", "--interval-s", "0")
+    assert result.exit_code == EXIT_OK, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert len(lines) == 2
+    for snap in lines:
+        assert snap["status"]["t"] == "status_reply"
+        assert snap["queues"]["t"] == "queues_reply"
+        assert sorted(w["worker_id"] for w in snap["workers"]["workers"]) == [1, 2]
+
+
+# ------------------------------------------------------------------------------------ leases --worker
+
+
+def test_leases_filtered_by_worker_count_only_that_workers_leases(own_daemon):
+    from kvsched.client import SyncSchedulerClient
+
+    with SyncSchedulerClient(own_daemon.endpoint) as client:
+        held = [client.schedule(f"on-1-{i}", isl_tokens=10, pinned=(1, 0)) for i in range(3)]
+        held.append(client.schedule("on-2-0", isl_tokens=10, pinned=(2, 0)))
+        only_2 = json.loads(run(own_daemon, "leases", "--worker", "2", "--json").output)
+        assert [row["request_id"] for row in only_2["leases"]] == ["on-2-0"]
+        assert only_2["total"] == 1
+        assert "leases (1 of 1)" in run(own_daemon, "leases", "--worker", "2").output
+        capped = json.loads(run(own_daemon, "leases", "--worker", "1", "--limit", "2", "--json").output)
+        assert len(capped["leases"]) == 2 and capped["total"] == 3
+        everything = json.loads(run(own_daemon, "leases", "--json").output)
+        assert everything["total"] == 4
+        for lease in held:
+            lease.release()
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+def test_daemon_errors_name_the_error_not_a_bare_number(session_daemon):
+    result = run(session_daemon, "drain", "4242")
+    assert result.exit_code == EXIT_DAEMON_ERROR
+    assert "not_found" in result.output and "unknown worker 4242" in result.output
+    assert "error 9" not in result.output
+
+
+def test_missing_ipc_socket_file_fails_at_once_with_exit_3(tmp_path):
+    """Before: the CLI waited the whole --timeout-s for a daemon that cannot answer."""
+    endpoint = f"ipc://{tmp_path}/nobody-admin.sock"
+    start = time.monotonic()
+    result = runner.invoke(app, ["--admin-endpoint", endpoint, "--timeout-s", "120", "status"])
+    elapsed = time.monotonic() - start
+    assert result.exit_code == EXIT_UNREACHABLE
+    assert "does not exist" in result.output and "nobody-admin.sock" in result.output
+    assert elapsed < 60  # far below the 120 s it used to wait (a loose bound on purpose)
+
+
+# ------------------------------------------------------------------------------------ start-up cost
+
+
+def test_cli_start_up_and_an_admin_call_do_not_import_numpy(session_daemon):
+    """A real `kvsched status` in a fresh interpreter: numpy and the scheduling core stay unloaded."""
+    code = (
+        "import sys\n"
+        "from kvsched.cli import main\n"
+        f"sys.argv = ['kvsched', '--admin-endpoint', {session_daemon.admin_endpoint!r}, 'status', '--json']\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "heavy = sorted(m for m in sys.modules if m == 'numpy' or m.startswith(('numba', 'kvsched.core')))\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert '"t":"status_reply"' in out.stdout
+    assert "HEAVY []" in out.stdout, out.stdout
+
+
+# ------------------------------------------------------------------------------------ reload PATH
+
+
+def test_reload_path_is_resolved_against_the_callers_directory(own_daemon, tmp_path, monkeypatch):
+    """The daemon runs in another directory; a relative PATH names the caller's file."""
+    elsewhere = tmp_path / "operator-shell"
+    elsewhere.mkdir()
+    (elsewhere / "profile.toml").write_text(TWO_WORKERS.replace("prefill_busy_threshold = 1000",
+                                                                "prefill_busy_threshold = 1000\nquantum = 77"))
+    assert Path.cwd() != elsewhere
+    monkeypatch.chdir(elsewhere)
+    result = run(own_daemon, "reload", "profile.toml")
+    assert result.exit_code == EXIT_OK, result.output
+    assert str(elsewhere / "profile.toml") in result.output
+    assert json.loads(run(own_daemon, "queues", "--json").output)["classes"][0]["quantum"] == 77
+
+
+# ------------------------------------------------------------------------------------ add-worker
+
+
+def test_add_worker_subscribes_to_the_kv_event_endpoints_it_is_given(own_daemon):
+    port = free_port()
+    ok = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "100",
+             "--kv-events-endpoint", f"tcp://127.0.0.1:{port}", "--kv-events-stale-after-s", "60")
+    assert ok.exit_code == EXIT_OK, ok.output
+    plain = run(own_daemon, "add-worker", "8", "--total-kv-blocks", "100")
+    assert plain.exit_code == EXIT_OK, plain.output
+    rows = {w["worker_id"]: w for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
+    assert rows[7]["total_kv_blocks"] == 100
+    assert rows[7].get("stale") is True  # event-fed, no event seen yet: the approximate index serves it
+    assert not rows[8].get("stale", False)  # no stream: nothing to go stale
+
+
+def test_add_worker_stream_options_without_an_endpoint_are_a_usage_error(session_daemon):
+    result = run(session_daemon, "add-worker", "7", "--kv-replay-endpoint", "tcp://127.0.0.1:1")
+    assert result.exit_code == 2
+    assert "--kv-events-endpoint" in result.output
+
+
+# ------------------------------------------------------------------------------------ kvsched-daemon --workers
+
+
+def test_daemon_workers_flag_conflicting_with_config_workers_is_an_error(tmp_path):
+    cfg = tmp_path / "pool.toml"
+    cfg.write_text(TWO_WORKERS)
+    instance = unique_instance()
+    argv = [sys.executable, "-m", "kvsched.daemon.app", "--config", str(cfg), "--workers", "4",
+            "--instance", instance, "--endpoint", f"ipc://{tmp_path}/d.sock",
+            "--admin-endpoint", f"ipc://{tmp_path}/a.sock"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # the old daemon ignored the flag and ran
+        proc.kill()
+        proc.communicate()
+        pytest.fail("kvsched-daemon started despite --workers conflicting with [[workers]]")
+    finally:
+        purge(instance)
+    assert proc.returncode == 2
+    assert "--workers 4 conflicts with the 2 [[workers]]" in err
+
+
+# ------------------------------------------------------------------------------------ replay
+
+
+@pytest.mark.slow
+def test_replay_prints_its_daemons_admin_endpoint_and_the_cli_reaches_it(tmp_path):
+    """`kvsched replay` starts a daemon in a private directory; the endpoint it prints works."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": 64, "output_length": 4,
+                                         "hash_ids": [i]}) + "\n" for i in range(60)))
+    argv = [sys.executable, "-m", "kvsched.cli", "replay", str(trace), "--routers", "1", "--workers", "1",
+            "--no-kv-events", "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "COLUMNS": "400"})
+    try:
+        admin = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("daemon admin endpoint:"):
+                admin = line.split(":", 1)[1].strip()
+                break
+        assert admin and admin.startswith("ipc://"), "replay did not print its daemon's admin endpoint"
+        status = runner.invoke(app, ["--admin-endpoint", admin, "status", "--json"])
+        assert status.exit_code == EXIT_OK, status.output
+        assert json.loads(status.output)["instance"].startswith("replay-")
+    finally:
+        proc.terminate()  # SIGTERM: the replay stops its daemon, fleet and routers
+        proc.communicate(timeout=60)
