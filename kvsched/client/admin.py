@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import msgspec
 import zmq
 
 from .. import protocol as p
@@ -40,7 +41,7 @@ class AdminClient:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.endpoint)
         self._enc = p.make_encoder()
-        self._dec = p.make_admin_reply_decoder()
+        self._dec: msgspec.msgpack.Decoder[p.AdminReply] = p.make_admin_reply_decoder()
 
     def call(self, request: p.AdminRequest) -> p.AdminReply:
         """Send `request`, return the reply (an `AdminError` reply is returned, not raised).

@@ -19,7 +19,7 @@ import os
 import random
 import time
 import weakref
-from typing import Any, Iterable, Literal, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence, Union
 
 import numpy as np
 import zmq
@@ -30,6 +30,9 @@ from ..core.types import WorkerKey
 from ..errors import DaemonUnavailable, ProtocolError, rejection_error
 from .lease import Lease
 from .link import Link
+
+if TYPE_CHECKING:
+    from ..shm.layout import Segments
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ class SchedulerClient:
                  bypass_workers: Iterable[tuple[int, int]] = (), attach_progress: bool = True,
                  curve_server_key: str | bytes | None = None,
                  curve_client_keys: tuple[bytes, bytes] | None = None,
-                 ctx: zmq.Context | None = None) -> None:
+                 ctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
         if on_unavailable not in ("fail", "bypass"):
             raise ValueError("on_unavailable must be 'fail' or 'bypass'")
         self.endpoint = endpoint or data_endpoint(instance)
@@ -86,11 +89,12 @@ class SchedulerClient:
         self._own_ctx = ctx is None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._link: Link | None = None
-        self._pending: dict[str, tuple[asyncio.Future, object, int]] = {}  # rid -> (future, frame, isl)
-        self._leases: dict[str, weakref.ref] = {}
-        self._welcome_fut: asyncio.Future | None = None
+        # rid -> (future, frame, isl)
+        self._pending: dict[str, tuple[asyncio.Future[p.Admitted | p.Rejected], p.Enqueue | p.Update, int]] = {}
+        self._leases: dict[str, weakref.ref[Lease]] = {}
+        self._welcome_fut: asyncio.Future[p.Welcome] | None = None
         self._progress: np.ndarray | None = None
-        self._segments = None
+        self._segments: Segments | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self.degraded_total = 0
         self.lost_leases: list[str] = []
@@ -144,7 +148,8 @@ class SchedulerClient:
             pending = [frame for (_, frame, _) in self._pending.values() if isinstance(frame, p.Enqueue)]
             log.info("reconnected epoch=%d reattaching leases=%d pending=%d", welcome.daemon_epoch,
                      len(leases), len(pending))
-            self._link.send(p.Reattach(leases, pending))
+            if self._link is not None:
+                self._link.send(p.Reattach(leases, pending))
 
     def _open_leases(self) -> list[Lease]:
         out = []
@@ -224,7 +229,7 @@ class SchedulerClient:
         frame = p.Enqueue(
             request_id, isl_tokens, p.hashes_to_bytes(block_hashes if block_hashes is not None else b""),
             policy_class, priority, strict_priority, session_id, expected_osl,
-            tuple(pinned) if pinned is not None else None,
+            (pinned[0], pinned[1]) if pinned is not None else None,
             list(allowed_workers) if allowed_workers is not None else None, do_not_queue, deadline_ms, lora_name,
         )
         if not self._link.connected and self.on_unavailable == "bypass" and self._outage_expired():
@@ -239,15 +244,17 @@ class SchedulerClient:
             return True
         return time.monotonic() - (link.reconnecting_since or 0) > self.reconnect_deadline_s
 
-    def _degraded_lease(self, request_id: str, isl_tokens: int, pinned) -> Lease:
+    def _degraded_lease(self, request_id: str, isl_tokens: int, pinned: tuple[int, int] | None) -> Lease:
         self.degraded_total += 1
         worker = WorkerKey(*pinned) if pinned is not None else random.choice(self.bypass_workers)
         return Lease(None, request_id, worker, -1, 0, 0, 0, 0, isl_tokens, degraded=True)
 
-    async def _await_admission(self, request_id: str, isl_tokens: int, frame) -> Lease:
+    async def _await_admission(self, request_id: str, isl_tokens: int, frame: p.Enqueue | p.Update) -> Lease:
         if request_id in self._pending:
             raise ValueError(f"request {request_id!r} is already waiting in this client")
-        fut = self._loop.create_future()
+        if self._link is None or self._loop is None:
+            raise DaemonUnavailable(f"connection to {self.endpoint} is closed")
+        fut: asyncio.Future[p.Admitted | p.Rejected] = self._loop.create_future()
         self._pending[request_id] = (fut, frame, isl_tokens)
         try:
             # An Enqueue is not buffered while the link is down: Reattach re-sends every waiting one.
@@ -277,7 +284,8 @@ class SchedulerClient:
         return await self._await_admission(lease.request_id, lease.isl_tokens, frame)
 
     def _arm_deadline_timer(self) -> None:
-        self._deadline_timer = self._loop.call_later(0.25, self._check_deadline)
+        if self._loop is not None:
+            self._deadline_timer = self._loop.call_later(0.25, self._check_deadline)
 
     def _check_deadline(self) -> None:
         if self._link is None:
@@ -290,7 +298,7 @@ class SchedulerClient:
         self._arm_deadline_timer()
 
     # ------------------------------------------------------------------ lease callbacks
-    def _send(self, frame) -> None:
+    def _send(self, frame: p.Frame) -> None:
         if self._link is None:
             raise DaemonUnavailable(f"connection to {self.endpoint} is closed")
         self._link.send(frame)
@@ -319,7 +327,7 @@ class SchedulerClient:
         except RuntimeError:  # loop closing
             pass
 
-    def _send_quiet(self, frame) -> None:
+    def _send_quiet(self, frame: p.Frame) -> None:
         if self._link is not None:
             self._link.send(frame)
 
@@ -335,7 +343,7 @@ class SchedulerClient:
         return True
 
     # ------------------------------------------------------------------ incoming
-    def _on_frame(self, frame) -> None:
+    def _on_frame(self, frame: p.DaemonFrame) -> None:
         match frame:
             case p.Admitted() | p.Rejected():
                 entry = self._pending.get(frame.request_id)

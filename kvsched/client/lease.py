@@ -9,7 +9,8 @@ is aborted through the client's cleanup path, never leaked. Progress of local ro
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal
 
 from .. import protocol as p
 from ..core.types import WorkerKey
@@ -111,7 +112,8 @@ class Lease:
             return
         self._client._report_progress(self)
 
-    def release(self, outcome: str = "completed", context_tokens: int | None = None) -> None:
+    def release(self, outcome: Literal["completed", "aborted"] = "completed",
+                context_tokens: int | None = None) -> None:
         """Close the lease (idempotent for the same outcome).
 
         Raises:
@@ -148,14 +150,16 @@ class Lease:
     async def __aenter__(self) -> "Lease":
         return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         if self.outcome is None:
             self.release("completed" if exc_type is None else "aborted")
 
     def __enter__(self) -> "Lease":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self.outcome is None:
             self.release("completed" if exc_type is None else "aborted")
 

@@ -46,8 +46,8 @@ class Link:
         welcome: the last Welcome.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, client_name: str,
-                 on_frame: Callable[[object], None], on_welcome: Callable[[p.Welcome, bool], None],
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, client_name: str,
+                 on_frame: Callable[[p.DaemonFrame], None], on_welcome: Callable[[p.Welcome, bool], None],
                  max_backoff_s: float = 2.0, curve_server_key: bytes | None = None,
                  curve_client_keys: tuple[bytes, bytes] | None = None) -> None:
         self.ctx, self.endpoint, self.client_name = ctx, endpoint, client_name
@@ -58,9 +58,9 @@ class Link:
             curve_client_keys = zmq.curve_keypair()  # (public, secret) for this process
         self.curve_client_keys = curve_client_keys
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.sock: zmq.Socket | None = None
+        self.sock: zmq.Socket[bytes] | None = None
         self.enc = p.make_encoder()
-        self.dec = p.make_daemon_decoder()
+        self.dec: msgspec.msgpack.Decoder[p.DaemonFrame] = p.make_daemon_decoder()
         self.connected = False
         self.ever_connected = False
         self.reconnecting_since: float | None = None
@@ -82,6 +82,11 @@ class Link:
         self._next_hello = time.monotonic() + self._backoff_s
         self._timer = loop.call_later(0.05, self._on_timer)
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            raise RuntimeError("Link.open(loop) was not called")
+        return self.loop
+
     def _new_socket(self) -> None:
         self._drop_socket()
         sock = self.ctx.socket(zmq.DEALER)
@@ -90,18 +95,18 @@ class Link:
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.RECONNECT_IVL, 50)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.max_backoff_s * 1000))
-        if self.curve_server_key is not None:
+        if self.curve_server_key is not None and self.curve_client_keys is not None:  # both or neither
             sock.curve_serverkey = self.curve_server_key
             sock.curve_publickey, sock.curve_secretkey = self.curve_client_keys
         sock.connect(self.endpoint)
         self.sock = sock
-        self.loop.add_reader(sock.getsockopt(zmq.FD), self._on_readable)
+        self._running_loop().add_reader(sock.fileno(), self._on_readable)
         self._hello()
 
     def _drop_socket(self) -> None:
         if self.sock is not None:
             if self.loop is not None and not self.loop.is_closed():
-                self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
+                self.loop.remove_reader(self.sock.fileno())
             self.sock.close(0)
             self.sock = None
 
@@ -116,7 +121,7 @@ class Link:
         self._drop_socket()
 
     # ------------------------------------------------------------------ send / receive
-    def send(self, frame, *, buffer_when_down: bool = True) -> bool:
+    def send(self, frame: p.Frame, *, buffer_when_down: bool = True) -> bool:
         """Send a frame now, or buffer it while reconnecting (Release / Update frames). Returns False
         when the frame was dropped (link down and not bufferable)."""
         raw = self.enc.encode(frame)
@@ -139,7 +144,7 @@ class Link:
         self._last_send = time.monotonic()
         if not self._recheck_queued:  # a send can consume the FD's edge: re-check once per loop turn
             self._recheck_queued = True
-            self.loop.call_soon(self._recheck)
+            self._running_loop().call_soon(self._recheck)
         return True
 
     def _recheck(self) -> None:
@@ -160,7 +165,7 @@ class Link:
                 continue
             self._dispatch(frame)
 
-    def _dispatch(self, frame) -> None:
+    def _dispatch(self, frame: p.DaemonFrame) -> None:
         match frame:
             case p.Welcome():
                 reconnected = self.ever_connected
@@ -205,5 +210,5 @@ class Link:
             self._new_socket()  # a fresh identity: the (new) daemon treats us as a new connection
             self._next_hello = now + self._backoff_s
             self._backoff_s = min(self._backoff_s * 2, self.max_backoff_s)
-        period = 0.05 if not self.connected else min(0.25, (self.welcome.heartbeat_ms / 1000) / 2)
-        self._timer = self.loop.call_later(period, self._on_timer)
+        period = 0.05 if not self.connected or self.welcome is None else min(0.25, (self.welcome.heartbeat_ms / 1000) / 2)
+        self._timer = self._running_loop().call_later(period, self._on_timer)

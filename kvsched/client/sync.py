@@ -100,7 +100,8 @@ class SyncLease:
         """`Lease.add_output_tokens` (n output tokens more)."""
         self._client._call(self.lease.add_output_tokens, n)
 
-    def release(self, outcome: str = "completed", context_tokens: int | None = None) -> None:
+    def release(self, outcome: Literal["completed", "aborted"] = "completed",
+                context_tokens: int | None = None) -> None:
         """`Lease.release`."""
         self._client._call(self.lease.release, outcome, context_tokens)
 
