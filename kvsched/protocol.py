@@ -505,3 +505,12 @@ def hashes_from_bytes(raw: bytes):  # noqa: ANN201
     import numpy as np
 
     return np.frombuffer(raw, dtype="<u8")
+
+
+def error_code_name(code: int) -> str:
+    """The lower-case name of an `ErrorCode` (`9` -> "not_found"), or "code N" for an unknown one:
+    what messages for people show instead of the bare number."""
+    try:
+        return ErrorCode(code).name.lower()
+    except ValueError:
+        return f"code {code}"

@@ -31,14 +31,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (fo
 WorkerArg = Annotated[str, typer.Argument(help="WORKER (all ranks) or WORKER:RANK.")]
 
 
-def error_name(code: int) -> str:
-    """The lower-case name of an admin/wire error code (`not_found`), or `code N` for an unknown one."""
-    try:
-        return p.ErrorCode(code).name.lower()
-    except ValueError:
-        return f"code {code}"
-
-
 def call(request: p.AdminRequest) -> p.AdminReply:
     """Send one admin request to the daemon chosen by the global options; return its reply.
 
@@ -66,7 +58,7 @@ def call(request: p.AdminRequest) -> p.AdminReply:
     finally:
         client.close()
     if isinstance(reply, p.AdminError):
-        typer.echo(f"kvsched: {error_name(reply.code)}: {reply.message}", err=True)
+        typer.echo(f"kvsched: {p.error_code_name(reply.code)}: {reply.message}", err=True)
         raise typer.Exit(EXIT_DAEMON_ERROR)
     return reply
 

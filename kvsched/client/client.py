@@ -365,7 +365,7 @@ class SchedulerClient:
                 if frame.code == p.ErrorCode.VERSION and self._welcome_fut and not self._welcome_fut.done():
                     self._welcome_fut.set_exception(ProtocolError(frame.message))
                 elif entry is not None and not entry[0].done():
-                    entry[0].set_exception(ProtocolError(f"daemon error {frame.code}: {frame.message}"))
+                    entry[0].set_exception(ProtocolError(f"daemon error {p.error_code_name(frame.code)}: {frame.message}"))
                 else:
                     self.errors.append(frame)
                     del self.errors[:-100]

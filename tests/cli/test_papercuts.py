@@ -82,6 +82,14 @@ def test_daemon_errors_name_the_error_not_a_bare_number(session_daemon):
     assert "error 9" not in result.output
 
 
+def test_error_codes_have_names_for_people():
+    from kvsched import protocol as p
+
+    assert p.error_code_name(p.ErrorCode.NOT_FOUND) == "not_found"
+    assert p.error_code_name(int(p.ErrorCode.MALFORMED)) == "malformed"
+    assert p.error_code_name(999) == "code 999"  # a newer daemon's code: still a readable message
+
+
 def test_missing_ipc_socket_file_fails_at_once_with_exit_3(tmp_path):
     """Before: the CLI waited the whole --timeout-s for a daemon that cannot answer."""
     endpoint = f"ipc://{tmp_path}/nobody-admin.sock"
