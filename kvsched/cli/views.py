@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -113,12 +113,12 @@ def top(
     from rich.console import Group
     from rich.live import Live
 
-    def snapshot() -> tuple[p.AdminReply, p.AdminReply, p.AdminReply]:
+    def snapshot() -> tuple[Any, Any, Any]:  # StatusReply, QueuesReply, WorkersReply
         return call(p.Status()), call(p.Queues()), call(p.Workers())
 
     def frame() -> Group:
         s, q, w = snapshot()
-        return Group(status_table(s), queues_table(q), workers_table(w))  # type: ignore[arg-type]
+        return Group(status_table(s), queues_table(q), workers_table(w))
 
     n = 0
     try:
