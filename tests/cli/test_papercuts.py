@@ -186,6 +186,7 @@ def test_daemon_workers_flag_conflicting_with_config_workers_is_an_error(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_replay_prints_its_daemons_admin_endpoint_and_the_cli_reaches_it(tmp_path):
     """`kvsched replay` starts a daemon in a private directory; the endpoint it prints works."""
     trace = tmp_path / "trace.jsonl"
