@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from ..config import ClassConfig
-from .ordering import BAND_PREPENDED, QueueEntry
+from .ordering import BAND_NORMAL, QueueEntry
 from .request_queue import RequestQueue, create_request_queue
 from .types import WorkerKey
 
@@ -55,7 +55,7 @@ class PolicyClassQueue:
     """
 
     __slots__ = ("config", "index", "admission", "pending", "lanes", "blocked_workers", "deferred",
-                 "deficit", "n_waiting", "isl_waiting", "_heads", "_head_of")
+                 "deficit", "n_waiting", "isl_waiting", "_heads", "_head_of", "_to_compact")
 
     def __init__(self, config: ClassConfig, index: int, admission: object = None) -> None:
         self.config = config
@@ -70,6 +70,7 @@ class PolicyClassQueue:
         self.isl_waiting = 0  # ready + deferred prompt tokens
         self._heads: list[tuple] = []  # (key, seq, worker) lazy heap of unblocked lane heads
         self._head_of: dict[WorkerKey, int] = {}  # worker -> seq of its valid heap item
+        self._to_compact: dict[int, RequestQueue] = {}  # containers with removals since compact()
 
     # ---- sizes -------------------------------------------------------------------------------
     @property
@@ -109,11 +110,20 @@ class PolicyClassQueue:
         return None
 
     # ---- adding ------------------------------------------------------------------------------
-    def add(self, entry: QueueEntry, prepend: bool = False) -> None:
-        """Add a ready entry to `pending` or to the lane of `entry.placement`. `prepend` is the
-        requeue path (FCFS: head; priority / WSPT: by key)."""
+    def add(self, entry: QueueEntry, requeue: bool = False) -> None:
+        """Add a ready entry to `pending` or to the lane of `entry.placement`. `requeue` is the path
+        of a request its worker gave back (FCFS: ahead of new arrivals, several requeues keep their
+        original order; priority / WSPT: by key)."""
         entry.class_idx = self.index
-        self._container_add(entry, prepend)
+        self._container_add(entry, requeue)
+        self.n_waiting += 1
+        self.isl_waiting += entry.isl_tokens
+
+    def put_back(self, entry: QueueEntry) -> None:
+        """Return a root just taken by `pop` (nothing could run it after all) under its old key."""
+        self._container(entry.placement).restore_request(entry)
+        if entry.placement is not None:
+            self._reindex(entry.placement)
         self.n_waiting += 1
         self.isl_waiting += entry.isl_tokens
 
@@ -139,15 +149,25 @@ class PolicyClassQueue:
             return entry
         if placement is None or request_id not in self.pending:
             return None
-        entry = self.pending.remove_request(request_id)
+        entry = self.pending.discard_requests([request_id])[0]
+        self._to_compact[id(self.pending)] = self.pending
         entry.placement = placement
-        if entry.key and entry.key[0] == BAND_PREPENDED:  # a requeued head stays a head
-            lane = self._lane(placement)
-            lane._push(entry, entry.key)  # noqa: SLF001 - same package
-            self._reindex(placement)
-        else:
-            self._container_add(entry, False)
+        self._container_add(entry, bool(entry.key) and entry.key[0] != BAND_NORMAL)  # a requeued head stays one
         return entry
+
+    def unplace(self, entry: QueueEntry) -> bool:
+        """Move a ready entry from its worker lane back to `pending` (its worker was removed; the
+        caller re-snapshots `entry.cost` first). Limits are not re-applied. False if not in a lane."""
+        worker = entry.placement
+        lane = self.lanes.get(worker) if worker is not None else None
+        if lane is None or not _holds(lane, entry):
+            return False
+        lane.discard_requests([entry])
+        self._to_compact[id(lane)] = lane
+        self._lane_changed(worker)
+        entry.placement = None
+        self._container_add(entry, bool(entry.key) and entry.key[0] != BAND_NORMAL)
+        return True
 
     def find(self, request_id: str) -> QueueEntry | None:
         """The waiting entry with this id (deferred first), or None. O(1)."""
@@ -163,14 +183,15 @@ class PolicyClassQueue:
                 return item[2]
         return None
 
-    def _container_add(self, entry: QueueEntry, prepend: bool) -> None:
+    def _container_add(self, entry: QueueEntry, requeue: bool) -> None:
         worker = entry.placement
-        if worker is None:
-            (self.pending.prepend_request if prepend else self.pending.add_request)(entry)
-            return
-        lane = self._lane(worker)
-        (lane.prepend_request if prepend else lane.add_request)(entry)
-        self._reindex(worker)
+        container = self._container(worker)
+        (container.requeue_request if requeue else container.add_request)(entry)
+        if worker is not None:
+            self._reindex(worker)
+
+    def _container(self, worker: WorkerKey | None) -> RequestQueue:
+        return self.pending if worker is None else self._lane(worker)
 
     def _lane(self, worker: WorkerKey) -> RequestQueue:
         lane = self.lanes.get(worker)
@@ -184,7 +205,8 @@ class PolicyClassQueue:
         return bool(self.remove_many([entry]))
 
     def remove_many(self, entries: Iterable[QueueEntry]) -> list[QueueEntry]:
-        """Remove waiting entries in one batch: at most one compaction per container."""
+        """Remove waiting entries (lazy deletion, O(1) each). Containers are compacted by the next
+        `compact()`, so a cleanup batch costs at most one compaction per container."""
         removed: list[QueueEntry] = []
         by_lane: dict[WorkerKey | None, list[QueueEntry]] = {}
         for entry in entries:
@@ -197,7 +219,9 @@ class PolicyClassQueue:
             lane = self.pending if worker is None else self.lanes.get(worker)
             if lane is None:
                 continue
-            got = lane.remove_requests([e for e in group if _holds(lane, e)])
+            got = lane.discard_requests([e for e in group if _holds(lane, e)])
+            if got:
+                self._to_compact[id(lane)] = lane
             removed.extend(got)
             if worker is not None and got:
                 self._lane_changed(worker)
@@ -218,12 +242,12 @@ class PolicyClassQueue:
         if worker is not None:
             self._lane_changed(worker)
 
-    def drop_lane(self, worker: WorkerKey) -> list[QueueEntry]:
-        """Remove and return every entry of one worker's lane (worker removed)."""
-        lane = self.lanes.get(worker)
-        if lane is None:
-            return []
-        return self.remove_many(list(lane))
+    def compact(self) -> int:
+        """Compact every container that had removals since the last call (each at most once, and
+        only when its dead items outnumber its live ones). Returns the compactions done."""
+        done = sum(c.compact() for c in self._to_compact.values())
+        self._to_compact.clear()
+        return done
 
     # ---- the lane-head index -----------------------------------------------------------------
     def _lane_changed(self, worker: WorkerKey) -> None:

@@ -22,9 +22,14 @@ Overlap (SPEC §6), one combination for the cost snapshot and for admit_one (`_o
   engine never confirms (rejected request, eviction) stops counting within seconds; tying it to
   `approx_ttl_s` carries the replay's time scaling (`approx_ttl_s / speedup`) through.
 * The credited overlap is floored to whole blocks (the projection kernel takes int32 blocks).
+* A requeue withdraws what its own admission wrote: the hashes past the row's prefix depth in each
+  index at admission time (the ones that admission added, not ones it only refreshed), so a
+  requeued request is never credited with blocks it never cached.
 
-Busy / overload are read from CURRENT load (never projected, SPEC §4), so an oversized request is
-never stuck forever.
+Busy / overload are read from CURRENT load (never projected), so an oversized request is never stuck
+forever. A worker is *placeable* for a request when it is registered, not drained and within the
+request's pin and allowed set; *eligible* when placeable and not overloaded. The cost snapshot uses
+the best placeable worker (docs/PROTOCOL.md "Scheduling contracts").
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ class Live:
         told_dispatched: Dispatched was already sent to the policy (at most once).
         deadline_us: absolute queue-wait deadline (µs), or None.
         wait_token: bumps on every (re)queue so stale timeout heap items are skipped.
+        wrote: what its admission added to the overlap indexes while leased: (row, hashes added
+            to the approximate index, hashes added to the speculative index or None), else None.
     """
 
     spec: RequestSpec
@@ -75,6 +82,7 @@ class Live:
     told_dispatched: bool = False
     deadline_us: int | None = None
     wait_token: int = 0
+    wrote: tuple | None = None
 
 
 class Dispatch:
@@ -93,11 +101,15 @@ class Dispatch:
     _by_slot: dict[int, Live]
     _by_owner: dict[int, set[str]]
     _events: list[tuple[int, Event]]
+    _cleanup_ids: set[str]
     _dirty: bool
     decisions_total: int
 
     def _init_dispatch(self, max_workers: int) -> None:
         self._elig = np.zeros(max_workers, np.uint8)
+        self._placeable = np.zeros(max_workers, np.uint8)  # placeable rows of the last _placeable_mask
+        self._approx_depth = np.zeros(max_workers, np.int32)  # raw depths in the approximate index
+        self._spec_raw = np.zeros(max_workers, np.int32)  # raw depths in the speculative index
         self._depth = np.zeros(max_workers, np.int32)
         self._explain: deque[tuple] = deque(maxlen=EXPLAIN_RING)
         self._event_fed = np.zeros(max_workers, np.uint8)  # row -> 1 when a KV-event source feeds it
@@ -134,7 +146,8 @@ class Dispatch:
         if key == self._depth_key and self._depth_of is hashes:
             return self._depth
         self._depth_key, self._depth_of = key, hashes
-        self.overlap.depth(hashes, now_us, self._depth)
+        self.overlap.depth(hashes, now_us, self._approx_depth)
+        self._depth[:] = self._approx_depth
         dev = self.event_device
         if dev is None or not self._event_fed.any():
             return self._depth
@@ -144,6 +157,7 @@ class Dispatch:
             self.event_offload.depth(hashes, now_us, self._off_depth)
             off = self._off_depth
         self.speculative.depth(hashes, now_us, self._spec_depth)
+        self._spec_raw[:] = self._spec_depth
         stale = self._stale
         np.equal(self._event_fed, 0, out=stale)
         stale |= (self.ledger.arrays.w_flags & FLAG_STALE) != 0
@@ -188,30 +202,43 @@ class Dispatch:
         n = self.ledger.eligible_mask(None, spec.allowed_workers, self._elig)
         return n > 0 and not self._class_busy(self.pq.classes[class_idx].config, self._elig, n)
 
-    def _base_count(self, pinned: WorkerKey | None, allowed: frozenset[int] | None) -> int:
-        """Workers that are present, not drained, allowed / pinned (overload ignored)."""
+    def _placeable_mask(self, pinned: WorkerKey | None, allowed: frozenset[int] | None,
+                        drained_count: bool = False) -> int:
+        """Write uint8[max_workers] `self._placeable`: rows placeable for a request with this pin and
+        allowed set (registered, not drained, within pin / allowed; overload ignored). With
+        `drained_count`, drained rows count too (worker removal: drain is temporary). Returns how many."""
         a = self.ledger.arrays
-        ok = (a.w_present != 0) & ((a.w_flags & FLAG_DRAINED) == 0)
+        ok = a.w_present != 0
+        if not drained_count:
+            ok &= (a.w_flags & FLAG_DRAINED) == 0
         if allowed is not None:
             ok &= np.isin(a.w_worker_id, np.fromiter(allowed, np.int64, len(allowed)))
         if pinned is not None:
             row = self.ledger.row_of(pinned)
-            return int(row is not None and bool(ok[row]))
+            keep = row is not None and bool(ok[row])
+            ok[:] = False
+            if keep:
+                ok[row] = True
+        self._placeable[:] = ok
         return int(np.count_nonzero(ok))
 
     def _snapshot(self, spec: RequestSpec, pinned: WorkerKey | None, now_us: int) -> CostSnapshot:
-        """Cached tokens on the pinned worker, else on the best eligible worker (SPEC §4)."""
+        """Cost snapshot: cached tokens on the pinned worker, else on the best *placeable* worker,
+        overloaded or not (Dynamo kv-router guardrail: WSPT uses the best allowed worker's cached
+        tokens); raw ISL only when there is no cache data or no placeable worker."""
         hashes = spec.block_hashes
         if len(hashes) == 0:
             return CostSnapshot.of(spec.isl_tokens, 0)
-        if self.ledger.eligible_mask(pinned, spec.allowed_workers, self._elig) == 0 and pinned is None:
-            return CostSnapshot.of(spec.isl_tokens, 0)
-        self._overlap_depth(hashes, now_us)
         if pinned is not None:
             row = self.ledger.row_of(pinned)
-            depth = int(self._depth[row]) if row is not None else 0
-        else:
-            depth = int(self._depth[self._elig != 0].max())
+            if row is None:
+                return CostSnapshot.of(spec.isl_tokens, 0)
+            self._overlap_depth(hashes, now_us)
+            return CostSnapshot.of(spec.isl_tokens, int(self._depth[row]) * self.ledger.block_size)
+        if self._placeable_mask(None, spec.allowed_workers) == 0:
+            return CostSnapshot.of(spec.isl_tokens, 0)
+        self._overlap_depth(hashes, now_us)
+        depth = int(self._depth[self._placeable != 0].max())
         return CostSnapshot.of(spec.isl_tokens, depth * self.ledger.block_size)
 
     def _fleet(self) -> FleetView:
@@ -269,15 +296,40 @@ class Dispatch:
         live.state, (live.slot, live.generation) = LEASED, got
         self._by_slot[live.slot] = live
         if len(hashes):
-            self.overlap.insert(hashes, row, now_us, self._ttl_us)
-            if self.speculative is not None and self._event_fed[row]:
-                self.speculative.insert(hashes, row, now_us, self._spec_ttl_us)
+            live.wrote = self._record_overlap(hashes, row, now_us)
+        self.selector.note_admitted(row, overlap_blocks, len(hashes))
         a = self.ledger.arrays
         self._explain.append((spec.request_id, row, now_us, self._elig.copy(), self._depth.copy(), blocks.copy(),
                               prefill.copy(), costs.copy(), a.w_worker_id.copy(), a.w_dp_rank.copy(), a.w_present.copy()))
         self.decisions_total += 1
         return Admit(spec.request_id, spec.owner, self.ledger.key_of(row), live.slot, live.generation,
                      overlap_blocks, cached, max(0, now_us - entry.arrival_us), cls_name)
+
+    def _record_overlap(self, hashes: np.ndarray, row: int, now_us: int) -> tuple:
+        """Write an admission's hashes to the approximate index (and the speculative one for an
+        event-fed row). Returns (row, added approximate, added speculative or None): the hashes past
+        the row's prefix depth in each index, which `_withdraw_overlap` removes on requeue. Needs
+        `_overlap_depth(hashes, now_us)` computed just before (admit_one's projection does it)."""
+        added = hashes[int(self._approx_depth[row]):]
+        self.overlap.insert(hashes, row, now_us, self._ttl_us)
+        spec_added = None
+        if self.speculative is not None and self._event_fed[row]:
+            if self.event_device is None:  # _overlap_depth computed no speculative depth
+                self.speculative.depth(hashes, now_us, self._spec_raw)
+            spec_added = hashes[int(self._spec_raw[row]):]
+            self.speculative.insert(hashes, row, now_us, self._spec_ttl_us)
+        return row, added, spec_added
+
+    def _withdraw_overlap(self, live: Live) -> None:
+        """A requeue: remove what this request's own admission added to the overlap indexes."""
+        if live.wrote is None:
+            return
+        row, added, spec_added = live.wrote
+        live.wrote = None
+        if len(added):
+            self.overlap.remove(added, row)
+        if spec_added is not None and len(spec_added) and self.speculative is not None:
+            self.speculative.remove(spec_added, row)
 
     def _reject(self, spec: RequestSpec, reason: str, detail: str, cls_name: str, **figures) -> Reject:
         self.decisions_total += 1
@@ -296,7 +348,7 @@ class Dispatch:
             if got is not None:
                 out.append(got)
             elif live.state == READY and live.spec.request_id in self._live:
-                self.pq.requeue(entry)  # nothing eligible after all: keep it, stop this pass
+                self.pq.put_back(entry)  # nothing eligible after all: keep it, stop this pass
                 break
         self._dirty = False
         return out
@@ -311,6 +363,7 @@ class Dispatch:
         rid = live.spec.request_id
         if self._live.get(rid) is live:
             del self._live[rid]
+            self._cleanup_ids.add(rid)  # reusable once this cleanup reaches the policies
             ids = self._by_owner.get(live.spec.owner)
             if ids is not None:
                 ids.discard(rid)
@@ -321,6 +374,7 @@ class Dispatch:
         live.state = "gone"
         if abort and live.tracked:
             self._events.append((live.entry.class_idx, Aborted(rid)))
+        live.wrote = None
 
     def _capacity_changed(self, row: int) -> None:
         self.pq.on_capacity_change(self.ledger.key_of(row))

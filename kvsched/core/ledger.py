@@ -75,6 +75,8 @@ class Ledger:
         self._out_blocks = np.zeros(w, np.int64)
         self._out_prefill = np.zeros(w, np.int64)
         self._out_cost = np.zeros(w, np.float64)
+        self._prev_blocks = np.zeros(w, np.int64)  # aggregates before a fold (fold_progress_rows)
+        self._prev_prefill = np.zeros(w, np.int64)
         self._rows = np.arange(w)
         self.version = 0  # bumped whenever presence or a drained/overloaded/stale flag changes
         self._elig_key: tuple | None = None  # eligible_mask memo: (pinned, allowed, version)
@@ -329,11 +331,13 @@ class Ledger:
         return True
 
     def set_output_tokens(self, slot: int, generation: int, n: int) -> bool:
-        """Output tokens so far (Update(progress)); same effect as a folded progress word. False if stale."""
+        """Output tokens so far (Update(progress)); same effect as a folded progress word. The count
+        only moves forward: a value <= the current one is ignored. False if stale or ignored."""
         if not self._live(slot, generation):
             return False
         a = self.arrays
-        apply_output_tokens(slot, max(0, int(n)), a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size)
+        if not apply_output_tokens(slot, max(0, int(n)), a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size):
+            return False
         if self._overload_enabled():
             self.update_overload(int(a.s_worker_row[slot]))
         return True
@@ -348,6 +352,18 @@ class Ledger:
             for row in self.live_rows().tolist():
                 self.update_overload(row)
         return int(changed)
+
+    def fold_progress_rows(self) -> list[int]:
+        """Fold the progress segment (as `fold_progress`); returns the rows whose capacity changed
+        (active blocks or active prefill tokens), ascending, so only their blocked lanes are re-checked."""
+        if self.progress is None:
+            return []
+        a = self.arrays
+        np.copyto(self._prev_blocks, a.w_active_blocks)
+        np.copyto(self._prev_prefill, a.w_active_prefill)
+        if not self.fold_progress():
+            return []
+        return np.flatnonzero((self._prev_blocks != a.w_active_blocks) | (self._prev_prefill != a.w_active_prefill)).tolist()
 
     # -- decisions ----------------------------------------------------------------------------
     def project(self, hashes: np.ndarray, isl_tokens: int, overlap_blocks: np.ndarray, eligible: np.ndarray, prefill_load_scale: float, overlap_credit: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

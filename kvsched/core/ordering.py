@@ -4,7 +4,9 @@ Every key is a tuple compared ascending (the smallest key runs first), shaped
 `(band, -strict_priority, score_part..., enqueue_seq)`:
 
 * `band` is 0 for entries put back with `prepend_request` on an FCFS queue (they go to the head,
-  most recently prepended first, as seed 003's `appendleft`), 1 otherwise;
+  most recently prepended first, as vLLM's `appendleft`), 1 for requeued entries of an FCFS queue
+  (ahead of every new arrival, among themselves in their original order: the rest of the key is
+  their normal key, so several requeues in one step come back earliest first), 2 otherwise;
 * `strict_priority` first (higher wins);
 * the score: FCFS score = jump - arrival offset (s), WSPT score = (1 + jump) / cost, with
   jump = max(0, priority) seconds of virtual earlier arrival and cost = max(1, uncached tokens)
@@ -25,7 +27,8 @@ from .types import WorkerKey
 
 US_PER_S = 1_000_000
 BAND_PREPENDED = 0
-BAND_NORMAL = 1
+BAND_REQUEUED = 1
+BAND_NORMAL = 2
 
 Key = tuple
 
@@ -80,6 +83,12 @@ def priority_key(e: QueueEntry) -> Key:
 def wspt_key(e: QueueEntry) -> Key:
     """WSPT: score = (1 + jump) / cost (cost = max(1, uncached tokens)); higher score first."""
     return (BAND_NORMAL, -e.strict_priority, -(1 + jump_s(e.priority)) / max(1, e.cost), e.enqueue_seq)
+
+
+def requeued_key(key: Key) -> Key:
+    """The key of a requeued FCFS entry: its normal key moved to the requeue band (ahead of every
+    entry in the normal band, behind explicit `prepend_request` heads)."""
+    return (BAND_REQUEUED, *key[1:])
 
 
 KEY_FUNCS: dict[str, Callable[[QueueEntry], Key]] = {

@@ -71,8 +71,17 @@ class PolicyQueue:
         return over
 
     def requeue(self, entry: QueueEntry) -> None:
-        """Put an entry back (original enqueue_seq; FCFS head, else by key); no limit check."""
-        self.classes[entry.class_idx].add(entry, prepend=True)
+        """A request its worker gave back re-enters its class (original enqueue_seq; FCFS: ahead of
+        new arrivals, several requeues in their original order; else by key); no limit check."""
+        self.classes[entry.class_idx].add(entry, requeue=True)
+
+    def put_back(self, entry: QueueEntry) -> None:
+        """Return an entry `pop_next` just gave out (nothing could run it) under its old key."""
+        self.classes[entry.class_idx].put_back(entry)
+
+    def compact(self) -> int:
+        """End of a cleanup batch: compact the containers that had removals (at most once each)."""
+        return sum(cq.compact() for cq in self.classes)
 
     def remove(self, entry: QueueEntry) -> bool:
         """Remove one waiting (ready or deferred) entry; resets an emptied class's credit."""

@@ -3,28 +3,39 @@
 
 Every mutator returns a list of `Admit` / `Reject` records for the caller to deliver.
 
-Decisions taken here (SPEC §4, §5; documented for users):
+Decisions taken here (documented for users in docs/PROTOCOL.md "Scheduling contracts"):
+* A worker is *placeable* for a request when it is registered, not drained and within the request's
+  pin and allowed set; *eligible* when placeable and not overloaded.
 * Validation order: `invalid` (len(block_hashes) > ceil(isl / B) or isl < 1) → `pinned_not_allowed`
-  → `duplicate_request` → `no_endpoints` (no present, undrained, allowed/pinned worker).
-* When every eligible worker is overloaded the request waits (overload is transient); with
-  `do_not_queue` it is rejected `all_overloaded`; when its class is full it is rejected `queue_full`.
+  → `duplicate_request` (the id is live, or its earlier request's cleanup has not reached the
+  admission policies yet) → `no_endpoints` (no placeable worker) → `all_overloaded` (placeable
+  workers exist but every one is overloaded, and the class has no busy threshold or the request is
+  `do_not_queue`; a queueing class waits instead and is dispatched when a worker recovers).
 * A request waits when its class is busy (>= busy_worker_ratio of its eligible workers busy, on
-  current prefill tokens), when every eligible worker is overloaded, or when its class has a ready
-  backlog (anti-bypass: a new arrival never jumps its own class; it enters the queue and the
-  dispatch pass that follows takes the class's entries in order). `do_not_queue` → Reject whenever
-  it would wait.
-* Releases: `release()` frees the ledger booking / removes the queued entry at once (lazy deletion,
-  so a batch costs at most one compaction per class) and buffers the admission-policy events;
-  `drain_cleanup()` tells the policies and runs ONE dispatch pass. Keyed by (request_id, slot,
-  generation): stale or repeated releases are no-ops. `slot == -1` only cancels a queued/deferred
-  request (ignored for a leased one).
+  current prefill tokens), when every placeable worker is overloaded (queueing classes only), or
+  when its class has a ready backlog (anti-bypass: a new arrival never jumps its own class; it enters
+  the queue and the dispatch pass that follows takes the class's entries in order). `do_not_queue`
+  → Reject whenever it would wait, with `current` = requests already waiting in its class and the
+  reason in the detail; a full class → `queue_full`.
+* Releases: `release()` frees the ledger booking / removes the queued entry at once (lazy deletion)
+  and buffers the admission-policy events; `drain_cleanup()` tells the policies, runs ONE dispatch
+  pass and compacts each container at most once. Keyed by (request_id, slot, generation): stale or
+  repeated releases are no-ops. `slot == -1` only cancels a queued/deferred request (ignored for a
+  leased one). A released id may be enqueued again once its cleanup ran (`cleanup_pending`); before
+  that it is `duplicate_request` (Dynamo kv-router guardrail: a request id is not reused until the
+  prior request has been cleaned up).
+* Admission-policy placements (`Ready(worker)`, `MakeReady(id, worker)`) are validated against the
+  request's pin, its allowed set and the registered workers; an invalid one is ignored (the request
+  stays where it was; a deferred request is released to its own place), counted in
+  `invalid_placements` and reported once through `take_notices()`.
 * Timeouts: deadline = min(deadline_us, enqueue + class queue_timeout_s), for ready and deferred
   requests; a requeued request's wait restarts at the requeue (class timeout only).
-* A drained worker keeps its pinned lanes waiting (blocked) until undrained, removed or timed out;
-  a removed worker's pinned lanes are rejected `no_endpoints`.
+* A drained worker keeps its pinned lanes waiting (blocked) until undrained, removed or timed out.
+  Removing a worker answers `no_endpoints`, in the same step, every waiting request (deferred ones
+  included) that no remaining registered worker can take; drained workers still count.
 * `decisions_total` counts every Admit and Reject produced.
 
-Source: seed 000 (queue hierarchy, lifecycle, guardrails); SPEC §4, §5.
+Source: Dynamo kv-router scheduling (queue hierarchy, lifecycle, guardrails); vLLM `request_queue.py`.
 """
 
 from __future__ import annotations
@@ -34,7 +45,9 @@ import itertools
 from typing import Callable
 
 
-from ..config import Config
+import numpy as np
+
+from ..config import ClassConfig, Config
 from ..shm.overlap import OverlapIndex
 from .admission import (Aborted, Bypass, Completed, Defer, Dispatched, MakeReady, Ready, Reconcile,
                         create_admission_policy)
@@ -51,6 +64,7 @@ from .types import Admit, Reject, RequestSpec, WorkerKey
 
 Outcomes = list[Admit | Reject]
 SPECULATIVE_CAPACITY = 1 << 16  # entries of the speculative index (short-lived; few are live at once)
+MAX_NOTICES = 64  # operator notices kept until `take_notices()` (older ones are dropped, still counted)
 
 
 class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
@@ -89,6 +103,9 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         self._by_slot: dict[int, Live] = {}
         self._by_owner: dict[int, set[str]] = {}
         self._events: list = []  # (class_idx, admission event) buffered until drain_cleanup
+        self._cleanup_ids: set[str] = set()  # ids released / rejected since the policies were last told
+        self.invalid_placements = 0  # admission-policy placements ignored as invalid
+        self._notices: list[str] = []  # one line per ignored placement, for the operator's log
         self._timeouts: list[tuple[int, int, str, int]] = []  # (deadline_us, token, request_id, token)
         self._tokens = itertools.count(1)
         self._seq = itertools.count(1)
@@ -122,21 +139,42 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         return rows
 
     def remove_worker(self, worker_id: int, dp_rank: int | None, now_us: int) -> Outcomes:
-        """Remove a worker (all ranks when dp_rank is None): its bookings are released (policies told
-        Aborted) and its pinned lanes rejected `no_endpoints`. Raises KeyError for an unknown worker."""
-        out: Outcomes = []
+        """Remove a worker (all ranks when dp_rank is None). Its bookings are released (policies told
+        Aborted). Every waiting request (ready or deferred) that no remaining registered worker can
+        take — pinned to it, or allowed only on removed workers — is answered `no_endpoints` in this
+        step; drained workers still count. A request an admission policy had placed on a removed
+        worker goes back to its class's shared heap. O(waiting requests): removal is an operator act.
+        Raises KeyError for an unknown worker."""
+        removed = []
         for row in self._rows(worker_id, dp_rank):
-            key = self.ledger.key_of(row)
+            removed.append(self.ledger.key_of(row))
             for slot in self.ledger.remove_worker_row(row):
                 live = self._by_slot.get(slot)
                 if live is not None:
                     self._drop(live, abort=True)
             self._forget_overlap(row)
-            for cq in self.pq.classes:
-                for entry in cq.drop_lane(key):
-                    self._drop(entry.payload, abort=True)
-                    out.append(self._reject(entry.payload.spec, "no_endpoints", f"worker {key} removed", cq.name))
-                self.pq._reset_if_empty(cq)  # noqa: SLF001 - same package
+        gone = set(removed)
+        names = ", ".join(map(str, removed))
+        out: Outcomes = []
+        left: dict[tuple, int] = {}  # (pin, allowed) -> registered placeable workers
+        for cq in self.pq.classes:
+            stranded = []
+            for entry in list(cq.iter_all()):
+                spec = entry.payload.spec
+                k = (spec.pinned, spec.allowed_workers)
+                if k not in left:
+                    left[k] = self._placeable_mask(spec.pinned, spec.allowed_workers, drained_count=True)
+                if left[k] == 0:
+                    stranded.append(entry)
+                elif entry.placement in gone:  # placed there by the admission policy
+                    entry.cost = self._snapshot(spec, spec.pinned, now_us).cost
+                    cq.unplace(entry)
+            for entry in cq.remove_many(stranded):
+                self._drop(entry.payload, abort=True)
+                out.append(self._reject(entry.payload.spec, "no_endpoints",
+                                        f"worker {names} removed; no registered worker can take it", cq.name))
+            self.pq._reset_if_empty(cq)  # noqa: SLF001 - same package
+        self.pq.compact()
         self._dirty = True
         return out
 
@@ -157,8 +195,13 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         if bad is not None:
             return [bad]
         n_elig = self.ledger.eligible_mask(spec.pinned, spec.allowed_workers, self._elig)
-        if n_elig == 0 and self._base_count(spec.pinned, spec.allowed_workers) == 0:
-            return [self._reject(spec, "no_endpoints", "no eligible worker", cq.name)]
+        if n_elig == 0:
+            n_place = self._placeable_mask(spec.pinned, spec.allowed_workers)
+            if n_place == 0:
+                return [self._reject(spec, "no_endpoints", "no registered, undrained worker the request may use", cq.name)]
+            if spec.do_not_queue or not _queueing(cq.config):
+                return [self._reject(spec, "all_overloaded", f"all {n_place} workers the request may use are overloaded",
+                                     cq.name, current=n_place)]
         snap = self._snapshot(spec, spec.pinned, now_us)
         entry = QueueEntry(spec.request_id, next(self._seq), now_us, spec.priority, spec.strict_priority, snap.cost,
                            spec.isl_tokens, spec.pinned, c)
@@ -167,16 +210,60 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         decision = cq.admission.decide(spec.request_id, spec, self._fleet(), now_us) if cq.admission else Bypass()
         live.tracked = not isinstance(decision, Bypass)
         if isinstance(decision, Defer):
-            return self._hold(live, cq, n_elig == 0, now_us, defer=True)
+            return self._hold(live, cq, now_us, "the admission policy deferred it", defer=True)
         if isinstance(decision, Ready) and decision.placement is not None:
-            self._place(live, decision.placement, now_us)
-            n_elig = self.ledger.eligible_mask(entry.placement, spec.allowed_workers, self._elig)
-        busy = n_elig == 0 or cq.has_ready() or self._class_busy(cq.config, self._elig, n_elig)
-        if busy:
-            return self._hold(live, cq, n_elig == 0, now_us, defer=False)
+            if self._placement_ok(spec, decision.placement, cq.name):
+                self._place(live, decision.placement, now_us)
+                n_elig = self.ledger.eligible_mask(entry.placement, spec.allowed_workers, self._elig)
+        why = self._wait_reason(cq, n_elig)
+        if why is not None:
+            return self._hold(live, cq, now_us, why, defer=False)
         self._register(live)
         got = self._admit_one(live, now_us)
         return [] if got is None else [got]
+
+    def _wait_reason(self, cq: PolicyClassQueue, n_elig: int) -> str | None:
+        """Why a new request of `cq` must wait (None: it may run now); `self._elig` holds its rows."""
+        ahead = cq.n_ready
+        if n_elig == 0:
+            return f"every worker it may use is overloaded; {_requests(ahead)} ahead"
+        if self._class_busy(cq.config, self._elig, n_elig):
+            busy = self._busy_rows(cq.config)
+            n_busy = int(np.count_nonzero(busy & (self._elig != 0)))
+            return (f"class {cq.name!r} is busy ({n_busy} of {n_elig} eligible workers above its prefill "
+                    f"threshold); {_requests(ahead)} ahead")
+        if ahead:
+            return f"backlog: {_requests(ahead)} ahead in class {cq.name!r} (a new arrival never jumps its class)"
+        return None
+
+    def _placement_ok(self, spec: RequestSpec, worker: WorkerKey, cls_name: str) -> bool:
+        """Is an admission-policy placement valid (registered, within pin and allowed set)? An invalid
+        one is counted and noted for the operator's log; the caller ignores it."""
+        if (self.ledger.row_of(worker) is not None and (spec.pinned is None or spec.pinned == worker)
+                and (spec.allowed_workers is None or worker.worker_id in spec.allowed_workers)):
+            return True
+        self.invalid_placements += 1
+        if spec.pinned is not None and spec.pinned != worker:
+            why = f"the request is pinned to {spec.pinned}"
+        elif self.ledger.row_of(worker) is None:
+            why = "no such worker is registered"
+        else:
+            why = f"the request is allowed only on workers {sorted(spec.allowed_workers)}"
+        if len(self._notices) < MAX_NOTICES:
+            self._notices.append(f"ignored admission placement of request {spec.request_id!r} (class {cls_name!r}) "
+                                 f"on worker {worker}: {why}")
+        return False
+
+    def take_notices(self) -> list[str]:
+        """Operator notices (ignored policy placements) since the last call, each returned once."""
+        notes, self._notices = self._notices, []
+        return notes
+
+    def cleanup_pending(self, request_id: str) -> bool:
+        """True when `request_id` was released (or rejected after its policy decided) and that cleanup
+        has not reached the admission policies yet: an `enqueue` of it now is `duplicate_request`.
+        The actor drains cleanup first when an Enqueue names such an id."""
+        return request_id in self._cleanup_ids
 
     def _validate(self, spec: RequestSpec, cls_name: str) -> Reject | None:
         bs = self.ledger.block_size
@@ -187,17 +274,21 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
             return self._reject(spec, "pinned_not_allowed", f"pinned worker {spec.pinned} not in allowed_workers", cls_name)
         if spec.request_id in self._live:
             return self._reject(spec, "duplicate_request", "request id is live", cls_name)
+        if spec.request_id in self._cleanup_ids:
+            return self._reject(spec, "duplicate_request", "the earlier request with this id is still being cleaned up",
+                                cls_name)
         if self._shutting_down:
             return self._reject(spec, "shutting_down", "scheduler is shutting down", cls_name)
         return None
 
-    def _hold(self, live: Live, cq: PolicyClassQueue, all_overloaded: bool, now_us: int, defer: bool) -> Outcomes:
-        """Put a request in its class's queue (or deferred map) after do_not_queue and limits."""
+    def _hold(self, live: Live, cq: PolicyClassQueue, now_us: int, why: str, defer: bool) -> Outcomes:
+        """Put a request in its class's queue (or deferred map) after do_not_queue and limits.
+        `why` says why it waits (the detail of a do_not_queue rejection)."""
         spec = live.spec
         if spec.do_not_queue:
-            reason = "all_overloaded" if all_overloaded else "do_not_queue"
             self._tell_aborted(live)
-            return [self._reject(spec, reason, "the request would wait", cq.name)]
+            return [self._reject(spec, "do_not_queue", f"the request would wait: {why}", cq.name,
+                                 current=cq.n_ready)]
         had_backlog = cq.has_ready()
         n_ids = self.ledger.n_worker_ids()
         over = (self.pq.defer if defer else self.pq.enqueue)(cq.index, live.entry, n_ids)
@@ -214,6 +305,7 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         """A request rejected after its policy decided: tell the policy Aborted."""
         if live.tracked:
             self._events.append((live.entry.class_idx, Aborted(live.spec.request_id)))
+            self._cleanup_ids.add(live.spec.request_id)
 
     def _place(self, live: Live, worker: WorkerKey, now_us: int) -> None:
         """Exact placement by an admission policy: lane of `worker`, cost re-snapshotted."""
@@ -262,6 +354,7 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         return []
 
     def _requeue(self, live: Live, row: int, now_us: int) -> Outcomes:
+        self._withdraw_overlap(live)
         self.ledger.release(live.slot, live.generation)
         self._by_slot.pop(live.slot, None)
         live.state, live.slot, live.generation = READY, -1, 0
@@ -326,9 +419,12 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
 
     # ---- periodic ----------------------------------------------------------------------------
     def drain_cleanup(self, now_us: int) -> Outcomes:
-        """Tell the policies about buffered releases, apply their MakeReady, then ONE dispatch pass."""
+        """Tell the policies about buffered releases, apply their MakeReady, then ONE dispatch pass;
+        the containers that had removals are compacted (at most once each)."""
         self._tell_policies(now_us)
-        return self._dispatch(now_us) if self._dirty else []
+        out = self._dispatch(now_us) if self._dirty else []
+        self.pq.compact()
+        return out
 
     def _tell_policies(self, now_us: int) -> None:
         while self._events:
@@ -338,29 +434,31 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
                 policy = self.pq.classes[c].admission if c < len(self.pq.classes) else None
                 if policy is not None:
                     self._apply_make_ready(c, policy.notify(event, fleet, now_us), now_us)
+        self._cleanup_ids.clear()
 
     def _apply_make_ready(self, c: int, answers: list[MakeReady], now_us: int) -> None:
         for mr in answers:
             live = self._live.get(mr.request_id)
             if live is None or live.entry.class_idx != c or live.state not in (READY, DEFERRED):
                 continue
-            if mr.placement is not None:
+            placement = mr.placement
+            if placement is not None and not self._placement_ok(live.spec, placement, self.pq.classes[c].name):
+                placement = None  # invalid: a deferred request is released to its own place
+            if placement is not None:
                 if live.state == READY and live.entry.placement is not None:
                     continue  # already in a worker lane: ignored
-                live.entry.cost = self._snapshot(live.spec, mr.placement, now_us).cost  # before re-keying
+                live.entry.cost = self._snapshot(live.spec, placement, now_us).cost  # before re-keying
             elif live.state == READY:
                 continue  # already ready: duplicate answer, ignored
-            moved = self.pq.classes[c].make_ready(mr.request_id, mr.placement)
+            moved = self.pq.classes[c].make_ready(mr.request_id, placement)
             if moved is not None:
                 live.state = READY
                 self._dirty = True
 
     def tick(self, now_us: int) -> Outcomes:
         """Fold progress, time out waiting requests, reconcile policies, dispatch if needed."""
-        if self.ledger.fold_progress():
-            for cq in self.pq.classes:
-                cq.unblock_all()
-            self._dirty = True
+        for row in self.ledger.fold_progress_rows():  # only the workers whose capacity changed
+            self._capacity_changed(row)
         out = self._expire(now_us)
         if self._expire_orphans(now_us):
             self._dirty = True
@@ -372,6 +470,7 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         self._tell_policies(now_us)
         if self._dirty:
             out += self._dispatch(now_us)
+        self.pq.compact()
         return out
 
     def _expire(self, now_us: int) -> Outcomes:
@@ -402,4 +501,14 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
                 self._drop(entry.payload, abort=True)
                 out.append(self._reject(entry.payload.spec, "shutting_down", "scheduler is shutting down", cq.name))
         self._tell_policies(now_us)
+        self.pq.compact()
         return out
+
+
+def _queueing(cls: ClassConfig) -> bool:
+    """A class with a busy threshold queues; one without rejects `all_overloaded` at once."""
+    return cls.prefill_busy_threshold is not None or cls.prefill_busy_threshold_frac is not None
+
+
+def _requests(n: int) -> str:
+    return f"{n} request{'' if n == 1 else 's'} waiting"

@@ -1,7 +1,10 @@
 """WorkerSelector: cost vector -> one worker row (SPEC §4 "Selection cost"); side-effect free.
 
-A selector never reserves or touches a queue: the only state it changes is its own RNG and, for
-round robin, its cursor. `create_selector(cfg)` picks the implementation named by `cfg.type`.
+A selector never reserves or touches a queue: the only state `select` changes is its own RNG and,
+for round robin, its cursor. State that should follow what was really admitted (the cache-aware
+baseline's registry) is recorded by `note_admitted`, which the dispatcher calls only after a
+successful reservation (Dynamo kv-router guardrail: selectors are side-effect free, no registry
+mutation). `create_selector(cfg)` picks the implementation named by `cfg.type`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ class WorkerSelector(ABC):
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
                overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
         """See the class docstring."""
+
+    def note_admitted(self, row: int, overlap_blocks: int, request_blocks: int) -> None:
+        """The dispatcher reserved `row` for a request with `request_blocks` hashed prompt blocks, of
+        which `overlap_blocks` were credited as cached there. Default: nothing to record."""
 
     def _pick(self, rows: np.ndarray) -> int:
         """Uniformly random element of a non-empty row array."""
@@ -158,7 +165,8 @@ class CacheAwareSelector(WorkerSelector):
     where a row's cache grows by the blocks of each request routed to it that it did not match yet
     (SGLang's per-worker tree size; its eviction at 2^26 characters is never reached here).
     Defaults are SGLang's published ones (abs 64, rel 1.5, threshold 0.3).
-    State: the per-row cache sizes (blocks), updated by every pick.
+    State: the per-row cache sizes (blocks), grown by `note_admitted` (after a reservation), never
+    by `select`.
     """
 
     name = "cache_aware"
@@ -176,8 +184,7 @@ class CacheAwareSelector(WorkerSelector):
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
-        if self.cache_blocks.size < eligible.size:
-            self.cache_blocks = np.concatenate([self.cache_blocks, np.zeros(eligible.size - self.cache_blocks.size, np.int64)])
+        self._grow(eligible.size)
         load = active_requests[rows]
         lo, hi = int(load.min()), int(load.max())
         depth = overlap_blocks[rows] if overlap_blocks is not None else np.zeros(rows.size, np.int64)
@@ -190,9 +197,16 @@ class CacheAwareSelector(WorkerSelector):
         else:
             size = self.cache_blocks[rows]
             row = self._pick(rows[size == size.min()])
-        matched = int(overlap_blocks[row]) if overlap_blocks is not None else 0
-        self.cache_blocks[row] += max(0, request_blocks - matched)
         return row
+
+    def note_admitted(self, row: int, overlap_blocks: int, request_blocks: int) -> None:
+        """The row's approximate cache grows by the request's blocks it did not match yet."""
+        self._grow(row + 1)
+        self.cache_blocks[row] += max(0, request_blocks - overlap_blocks)
+
+    def _grow(self, size: int) -> None:
+        if self.cache_blocks.size < size:
+            self.cache_blocks = np.concatenate([self.cache_blocks, np.zeros(size - self.cache_blocks.size, np.int64)])
 
 
 def create_selector(cfg: SelectorConfig) -> WorkerSelector:

@@ -208,13 +208,14 @@ def project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_
 def apply_output_tokens(slot, n, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
     """Set one booked slot's output tokens to `n` (>= 0) and adjust its worker's aggregates.
 
-    Decode blocks = ceil((isl + n)/B) - ceil(isl/B) (grow or shrink with n); n > 0 clears the slot's
-    outstanding prefill from `w_active_prefill` and moves the slot to state 3 (prefill_done).
+    The count only moves forward: `n` <= the current count is ignored (a late or reordered progress
+    report never books fewer tokens). Decode blocks = ceil((isl + n)/B) - ceil(isl/B); n > 0 clears
+    the slot's outstanding prefill from `w_active_prefill` and moves the slot to state 3 (prefill_done).
     Returns:
         bool: True if anything changed.
     """
     old = s_output_tokens[slot]
-    if n == old:
+    if n <= old:
         return False
     isl = s_isl[slot]
     row = s_worker_row[slot]
@@ -240,7 +241,7 @@ def fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefil
         w_active_blocks / w_active_prefill: int64[W], updated in place.
         block_size: tokens per block.
     Returns:
-        int: number of slots whose output tokens changed.
+        int: number of slots whose output tokens changed (moved forward; lower words are ignored).
     """
     changed = 0
     for s in range(progress.shape[0]):

@@ -134,7 +134,7 @@ def _py_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, 
 
 def _py_apply_output_tokens(slot, n, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size) -> bool:
     old = int(s_output_tokens[slot])
-    if n == old:
+    if n <= old:
         return False
     isl = int(s_isl[slot])
     row = int(s_worker_row[slot])
@@ -301,7 +301,7 @@ def _np_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, 
 def _np_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size) -> int:
     gen = progress >> _U(32)
     n = (progress & _U(0xFFFFFFFF)).astype(np.int64)
-    idx = np.flatnonzero((s_state != 0) & (gen == s_generation) & (n != s_output_tokens))
+    idx = np.flatnonzero((s_state != 0) & (gen == s_generation) & (n > s_output_tokens))
     if idx.size == 0:
         return 0
     isl, old, new, rows = s_isl[idx], s_output_tokens[idx], n[idx], s_worker_row[idx]

@@ -8,7 +8,6 @@ blocked-lane bookkeeping must be invisible as long as every readiness change is 
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 US_PER_S = 1_000_000
@@ -50,15 +49,14 @@ class ModelPolicyQueue:
         self.classes = [MClass(q, o) for q, o in classes]
         self.cursor = 0
         self.carry: int | None = None
-        self._prepends = itertools.count(1)
 
     def add(self, c: int, e: MEntry, deferred: bool = False) -> None:
         e.key = model_key(self.classes[c].ordering, e)
         (self.classes[c].deferred if deferred else self.classes[c].ready).append(e)
 
     def requeue(self, c: int, e: MEntry) -> None:
-        if self.classes[c].ordering == "fcfs":
-            e.key = (0, -next(self._prepends))
+        if self.classes[c].ordering == "fcfs":  # ahead of new arrivals; requeued ones in their own order
+            e.key = (0, *model_key("fcfs", e)[1:])
         else:
             e.key = model_key(self.classes[c].ordering, e)
         self.classes[c].ready.append(e)

@@ -48,6 +48,8 @@ def test_release_is_idempotent_and_stale_release_cannot_free_new_request_when_id
     first = _one(s.enqueue(make_request("x"), 0))
     s.release("x", first.slot, first.generation, "completed", 0, 1)
     s.release("x", first.slot, first.generation, "completed", 0, 1)  # no-op
+    assert _one(s.enqueue(make_request("x"), 2)).reason == "duplicate_request"  # its cleanup is pending
+    s.drain_cleanup(2)  # the cleanup reached the policies: the id is reusable
     second = _one(s.enqueue(make_request("x"), 2))
     s.release("x", first.slot, first.generation, "aborted", 0, 3)  # late, stale generation
     assert s.active_leases == 1
@@ -262,8 +264,9 @@ def test_busy_worker_ratio_queues_when_share_of_busy_workers_reached():
 def test_all_overloaded_rejected_when_do_not_queue():
     from kvsched.config import OverloadConfig
 
-    cfg = make_config([make_class("default")], overload=OverloadConfig(overload_prefill_tokens=100))
+    cfg = make_config([make_class("default", prefill_busy_threshold=10_000)],
+                      overload=OverloadConfig(overload_prefill_tokens=100))
     s = make_scheduler(cfg)
     _one(s.enqueue(make_request("a", isl_tokens=600), 0))
     assert _one(s.enqueue(make_request("b", do_not_queue=True), 1)).reason == "all_overloaded"
-    assert s.enqueue(make_request("c"), 2) == [] and s.queued == 1
+    assert s.enqueue(make_request("c"), 2) == [] and s.queued == 1  # a queueing class waits

@@ -114,11 +114,13 @@ def test_cache_aware_picks_smallest_cache_when_match_below_threshold():
     elig = np.ones(3, np.uint8)
     active = np.zeros(3, np.int64)
     none = np.zeros(3, np.int32)
-    first = s.select(np.zeros(3), elig, active, overlap_blocks=none, request_blocks=10)
-    second = s.select(np.zeros(3), elig, active, overlap_blocks=none, request_blocks=10)
-    third = s.select(np.zeros(3), elig, active, overlap_blocks=none, request_blocks=10)
-    assert {first, second, third} == {0, 1, 2}  # each pick grows that row's cache
+    picks = []
+    for _ in range(3):
+        picks.append(s.select(np.zeros(3), elig, active, overlap_blocks=none, request_blocks=10))
+        s.note_admitted(picks[-1], 0, 10)  # each admission grows that row's cache
+    assert set(picks) == {0, 1, 2}
     low = np.array([2, 0, 0], np.int32)  # 2 of 10 blocks: not above 0.3, so no cache affinity
+    s.note_admitted(0, 2, 10)
     assert s.select(np.zeros(3), elig, active, overlap_blocks=low, request_blocks=10) in (1, 2)
 
 
