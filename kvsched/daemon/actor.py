@@ -203,6 +203,8 @@ class Actor:
             deadline_us=t + f.deadline_ms * 1000 if f.deadline_ms is not None else None,
             lora_name=f.lora_name, owner=conn.owner,
         )
+        if self.scheduler.cleanup_pending(f.request_id):  # its release is buffered: clean up first
+            self._deliver(self.scheduler.drain_cleanup(t), t)
         outcomes = self.scheduler.enqueue(spec, t)
         self._deliver(outcomes, t)
         if outcomes and isinstance(outcomes[0], Admit) and outcomes[0].request_id == f.request_id:
@@ -380,6 +382,8 @@ class Actor:
             if released:
                 self.scheduler.orphans_released = 0
                 log.warning("released leases nobody re-attached after the restart count=%d", released)
+            for note in self.scheduler.take_notices():
+                self.warn.warning("invalid-placement", "%s (ignored so far: %d)", note, self.scheduler.invalid_placements)
             if t >= self._next_liveness_us:
                 self._next_liveness_us = t + 100_000
                 self._reap_dead(t)
