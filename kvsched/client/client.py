@@ -28,7 +28,7 @@ from .. import protocol as p
 from ..config import data_endpoint
 from ..core.types import WorkerKey
 from ..errors import DaemonUnavailable, ProtocolError, rejection_error
-from .lease import Lease
+from .lease import DroppedLeases, Lease
 from .link import Link
 
 if TYPE_CHECKING:
@@ -92,6 +92,7 @@ class SchedulerClient:
         # rid -> (future, frame, isl)
         self._pending: dict[str, tuple[asyncio.Future[p.Admitted | p.Rejected], p.Enqueue | p.Update, int]] = {}
         self._leases: dict[str, weakref.ref[Lease]] = {}
+        self._dropped = DroppedLeases(self)  # leases garbage-collected while open (one wake per batch)
         self._welcome_fut: asyncio.Future[p.Welcome] | None = None
         self._progress: np.ndarray | None = None
         self._segments: Segments | None = None
@@ -317,15 +318,8 @@ class SchedulerClient:
             del self._leases[lease.request_id]
 
     def _release_from_gc(self, request_id: str, slot: int, generation: int) -> None:
-        """A lease was collected while open: abort it on the loop thread (GC may run anywhere)."""
-        loop = self._loop
-        if loop is None or loop.is_closed() or self._link is None:
-            return
-        frame = p.Release(request_id, slot, generation, "aborted", 0)
-        try:
-            loop.call_soon_threadsafe(self._send_quiet, frame)
-        except RuntimeError:  # loop closing
-            pass
+        """A lease was collected while open: abort it through the batched cleanup queue."""
+        self._dropped.push(request_id, slot, generation)
 
     def _send_quiet(self, frame: p.Frame) -> None:
         if self._link is not None:

@@ -2,13 +2,16 @@
 
 `async with lease:` — a normal exit sends `Release(completed, context_tokens = isl + output tokens)`;
 an exception or cancellation sends `Release(aborted)`. A lease garbage-collected without being closed
-is aborted through the client's cleanup path, never leaked. Progress of local routers is one aligned
+is aborted through the client's one batched cleanup queue (`DroppedLeases`), never leaked: a burst of
+dropped leases costs one loop wake, not one callback each (Dynamo kv-router: "one bounded wake can
+cover a batch of dropped requests"). Progress of local routers is one aligned
 8-byte store into the slot's progress word (no frame); remote routers send `Update(progress)`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
@@ -22,6 +25,57 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DROPPED = ("lost", "revoked")  # outcomes set by the daemon's side, not by the caller
+
+
+class DroppedLeases:
+    """The client's cleanup queue of leases garbage-collected while open.
+
+    `push` may run on any thread (the garbage collector runs wherever the last reference dies). It
+    appends (request_id, slot, generation) and asks the client's loop for a wake only when none is
+    pending, so a batch of dropped leases costs ONE `call_soon_threadsafe`; the wake sends one
+    `Release(aborted)` per entry. The queue holds at most one entry per open lease (a lease is pushed
+    once, when it dies), so it is bounded by the number of open leases.
+
+    Args:
+        client: the `SchedulerClient` (its `_loop` and `_link` are read at push / flush time).
+    Attributes:
+        wakes: loop wakes scheduled so far (one per batch).
+    """
+
+    __slots__ = ("_client", "_queue", "_wake_pending", "wakes")
+
+    def __init__(self, client: "SchedulerClient") -> None:
+        self._client = client
+        self._queue: deque[tuple[str, int, int]] = deque()
+        self._wake_pending = False
+        self.wakes = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def push(self, request_id: str, slot: int, generation: int) -> None:
+        """Queue the abort of one dropped lease (any thread); wakes the loop once per batch."""
+        loop = self._client._loop
+        if loop is None or loop.is_closed() or self._client._link is None:
+            return  # not connected: the daemon reaps the lease when this connection goes silent
+        self._queue.append((request_id, slot, generation))
+        if self._wake_pending:
+            return
+        self._wake_pending = True
+        self.wakes += 1
+        try:
+            loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # loop closing: the daemon reaps the lease with the connection
+            self._wake_pending = False
+
+    def _flush(self) -> None:
+        """On the loop: send a Release(aborted) for every queued lease."""
+        self._wake_pending = False  # before draining: a push racing with this drain wakes again
+        link = self._client._link
+        while self._queue:
+            request_id, slot, generation = self._queue.popleft()
+            if link is not None:
+                link.send(p.Release(request_id, slot, generation, "aborted", 0))
 
 
 class Lease:
