@@ -155,3 +155,90 @@ class ModelPolicyQueue:
 
     def waiting_ids(self) -> set[str]:
         return {e.request_id for cl in self.classes for e in cl.ready + cl.deferred}
+
+
+# ---- the whole scheduler, at the level of its contracts -----------------------------------------
+@dataclass
+class MRequest:
+    pin: object  # WorkerKey or None
+    allowed: frozenset | None  # worker ids or None
+    state: str = "waiting"  # "waiting" (ready or deferred) | "leased"
+    worker: object = None
+
+
+class ModelScheduler:
+    """Contract-level reference of `Scheduler` (no ordering, cost or selection): which workers are
+    registered / drained, which request ids are live or still being cleaned up, and what every answer
+    must satisfy. Contracts (docs/PROTOCOL.md "Scheduling contracts"):
+
+    * an id is `duplicate_request` while live or until its cleanup reached the policies (drain / tick);
+    * `no_endpoints` at enqueue exactly when no registered, undrained worker is within pin / allowed;
+    * an admission runs on a registered, undrained worker within pin / allowed, whatever placement an
+      admission policy asked for;
+    * removing a worker answers `no_endpoints`, in that step, exactly the waiting requests no remaining
+      registered worker (drained ones count) can take.
+    """
+
+    AFTER_DECIDE = ("do_not_queue", "queue_full")  # rejections after the policy decided (it is told)
+
+    def __init__(self, workers) -> None:
+        self.workers: dict = {w: False for w in workers}  # key -> drained
+        self.live: dict[str, MRequest] = {}
+        self.cleanup: set[str] = set()
+
+    def placeable(self, pin, allowed, drained_count: bool = False) -> set:
+        return {w for w, drained in self.workers.items()
+                if (drained_count or not drained) and (pin is None or w == pin)
+                and (allowed is None or w.worker_id in allowed)}
+
+    def expect_enqueue(self, rid: str, pin, allowed) -> str | None:
+        """The rejection reason the contracts force for this enqueue, or None (any other answer)."""
+        if pin is not None and allowed is not None and pin.worker_id not in allowed:
+            return "pinned_not_allowed"
+        if rid in self.live or rid in self.cleanup:
+            return "duplicate_request"
+        if not self.placeable(pin, allowed):
+            return "no_endpoints"
+        return None
+
+    def enqueued(self, rid: str, pin, allowed) -> None:
+        self.live[rid] = MRequest(pin, allowed)
+
+    def admitted(self, rid: str, worker) -> None:
+        req = self.live.get(rid)
+        assert req is not None and req.state == "waiting", f"admission of {rid} that is not waiting"
+        assert worker in self.placeable(req.pin, req.allowed), f"{rid} admitted on {worker}, outside its workers"
+        req.state, req.worker = "leased", worker
+
+    def rejected(self, rid: str, reason: str, tracked: bool, at_enqueue: bool) -> None:
+        req = self.live.pop(rid, None)
+        assert req is not None and req.state == "waiting", f"rejection of {rid} that is not waiting"
+        if not at_enqueue or reason == "overloaded" or (tracked and reason in self.AFTER_DECIDE):
+            self.cleanup.add(rid)
+
+    def released(self, rid: str) -> None:
+        del self.live[rid]
+        self.cleanup.add(rid)
+
+    def requeued(self, rid: str) -> None:
+        self.live[rid].state, self.live[rid].worker = "waiting", None
+
+    def cleaned(self) -> None:
+        """drain_cleanup / tick told the policies: every buffered id is reusable."""
+        self.cleanup.clear()
+
+    def remove(self, worker_id: int) -> set[str]:
+        """Remove every rank of `worker_id`; returns the waiting ids that must be answered no_endpoints."""
+        for w in [w for w in self.workers if w.worker_id == worker_id]:
+            del self.workers[w]
+        for rid, req in list(self.live.items()):
+            if req.state == "leased" and req.worker.worker_id == worker_id:
+                self.released(rid)
+        return {rid for rid, req in self.live.items()
+                if req.state == "waiting" and not self.placeable(req.pin, req.allowed, drained_count=True)}
+
+    def waiting(self) -> set[str]:
+        return {rid for rid, req in self.live.items() if req.state == "waiting"}
+
+    def leased(self) -> set[str]:
+        return {rid for rid, req in self.live.items() if req.state == "leased"}
