@@ -1,5 +1,5 @@
-"""Ownership and recovery of leases: who may touch a request, re-adoption after a daemon restart,
-reattachment after a client reconnect (SPEC §5 "Daemon restart", "Router death").
+"""Ownership and recovery of leases: who may touch a request, aborting everything a dead router or
+an operator cancels, re-adoption after a daemon restart, reattachment after a client reconnect.
 
 A restarted daemon finds its leases in the shared-memory slot table. `restore_after_restart` turns
 each into a live lease owned by the daemon itself (owner 0, an *orphan*) and rebuilds the aggregates
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .dispatch import LEASED, Live
 from .ordering import QueueEntry
-from .types import Admit, RequestSpec
+from .types import Admit, Reject, RequestSpec
 
 ORPHAN = 0  # owner id of leases re-adopted from the slot table, until a client claims them
 
@@ -33,6 +33,36 @@ class Recovery:
     def owned_count(self, owner: int) -> int:
         """Live requests (waiting or leased) owned by `owner`."""
         return len(self._by_owner.get(owner, ()))
+
+    def cancel_owner(self, owner: int, now_us: int) -> None:
+        """Router death: every lease and waiting request of `owner` is aborted (batched)."""
+        for rid in list(self._by_owner.get(owner, ())):
+            live = self._live[rid]
+            if live.state == LEASED:
+                self.release(rid, live.slot, live.generation, "aborted", 0, now_us)
+            else:
+                self.release(rid, -1, 0, "cancelled", 0, now_us)
+
+    def cancel(self, request_id: str, now_us: int) -> list[Reject] | None:
+        """Admin cancel: remove a waiting request or abort a lease; None when unknown.
+
+        Returns one `Reject("cancelled")` for the owner: for a waiting request it is the answer to its
+        Enqueue; for a lease it is a revocation notice (`revoked=True`) telling the holder to stop.
+        """
+        live = self._live.get(request_id)
+        if live is None:
+            return None
+        cls_name = self.pq.classes[live.entry.class_idx].name
+        leased = live.state == LEASED
+        if leased:
+            self.release(request_id, live.slot, live.generation, "aborted", 0, now_us)
+        else:
+            self.release(request_id, -1, 0, "cancelled", 0, now_us)
+        reject = self._reject(live.spec, "cancelled", "cancelled by an operator", cls_name)
+        if leased:
+            reject = Reject(reject.request_id, reject.owner, reject.reason, "lease revoked by an operator",
+                            reject.policy_class, revoked=True)
+        return [reject]
 
     def restore_after_restart(self, now_us: int, grace_us: int) -> int:
         """Adopt every booking of the slot table as an orphan lease; returns how many.

@@ -1,38 +1,22 @@
-"""Scheduler: the only object the daemon actor and the virtual-time simulator drive (seed 000's
-`SchedulerQueueActor` state). Pure and synchronous; time comes in as `now_us` (µs).
+"""Scheduler: the only object the daemon actor and the virtual-time simulator drive (Dynamo's
+`SchedulerQueueActor` state). Pure and synchronous; time comes in as `now_us` (µs). Every mutator
+returns a list of `Admit` / `Reject` records for the caller to deliver.
 
-Every mutator returns a list of `Admit` / `Reject` records for the caller to deliver.
-
-Decisions taken here (documented for users in docs/PROTOCOL.md "Scheduling contracts"):
-* A worker is *placeable* for a request when it is registered, not drained and within the request's
-  pin and allowed set; *eligible* when placeable and not overloaded.
+The user-facing rules are in docs/PROTOCOL.md "Scheduling contracts" (placeable / eligible workers,
+no_endpoints vs all_overloaded vs waiting, do_not_queue figures, id reuse, requeue, worker removal,
+policy placements). How they are kept here:
 * Validation order: `invalid` (len(block_hashes) > ceil(isl / B) or isl < 1) → `pinned_not_allowed`
-  → `duplicate_request` (the id is live, or its earlier request's cleanup has not reached the
-  admission policies yet) → `no_endpoints` (no placeable worker) → `all_overloaded` (placeable
-  workers exist but every one is overloaded, and the class has no busy threshold or the request is
-  `do_not_queue`; a queueing class waits instead and is dispatched when a worker recovers).
-* A request waits when its class is busy (>= busy_worker_ratio of its eligible workers busy, on
-  current prefill tokens), when every placeable worker is overloaded (queueing classes only), or
-  when its class has a ready backlog (anti-bypass: a new arrival never jumps its own class; it enters
-  the queue and the dispatch pass that follows takes the class's entries in order). `do_not_queue`
-  → Reject whenever it would wait, with `current` = requests already waiting in its class and the
-  reason in the detail; a full class → `queue_full`.
-* Releases: `release()` frees the ledger booking / removes the queued entry at once (lazy deletion)
-  and buffers the admission-policy events; `drain_cleanup()` tells the policies, runs ONE dispatch
-  pass and compacts each container at most once. Keyed by (request_id, slot, generation): stale or
-  repeated releases are no-ops. `slot == -1` only cancels a queued/deferred request (ignored for a
-  leased one). A released id may be enqueued again once its cleanup ran (`cleanup_pending`); before
-  that it is `duplicate_request` (Dynamo kv-router guardrail: a request id is not reused until the
-  prior request has been cleaned up).
-* Admission-policy placements (`Ready(worker)`, `MakeReady(id, worker)`) are validated against the
-  request's pin, its allowed set and the registered workers; an invalid one is ignored (the request
-  stays where it was; a deferred request is released to its own place), counted in
-  `invalid_placements` and reported once through `take_notices()`.
+  → `duplicate_request` (live, or `cleanup_pending`) → `no_endpoints` → `all_overloaded`; then the
+  admission policy decides, then the request runs now or waits (`_wait_reason`: overloaded, class
+  busy on current prefill tokens, or a ready backlog — a new arrival never jumps its own class).
+* `release()` frees the booking / removes the queued entry at once (lazy deletion) and buffers the
+  policy events and the id (`cleanup_pending`); `drain_cleanup()` tells the policies (the id becomes
+  reusable), runs ONE dispatch pass and compacts each container at most once. Keyed by (request_id,
+  slot, generation): stale or repeated releases are no-ops; `slot == -1` only cancels a waiting request.
+* Policy placements are validated (`_placement_ok`); ignored ones are counted in `invalid_placements`
+  and reported once through `take_notices()`.
 * Timeouts: deadline = min(deadline_us, enqueue + class queue_timeout_s), for ready and deferred
   requests; a requeued request's wait restarts at the requeue (class timeout only).
-* A drained worker keeps its pinned lanes waiting (blocked) until undrained, removed or timed out.
-  Removing a worker answers `no_endpoints`, in the same step, every waiting request (deferred ones
-  included) that no remaining registered worker can take; drained workers still count.
 * `decisions_total` counts every Admit and Reject produced.
 
 Source: Dynamo kv-router scheduling (queue hierarchy, lifecycle, guardrails); vLLM `request_queue.py`.
@@ -215,18 +199,19 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
             if self._placement_ok(spec, decision.placement, cq.name):
                 self._place(live, decision.placement, now_us)
                 n_elig = self.ledger.eligible_mask(entry.placement, spec.allowed_workers, self._elig)
-        why = self._wait_reason(cq, n_elig)
+        why = self._wait_reason(cq, n_elig, entry.placement != spec.pinned)
         if why is not None:
             return self._hold(live, cq, now_us, why, defer=False)
         self._register(live)
         got = self._admit_one(live, now_us)
         return [] if got is None else [got]
 
-    def _wait_reason(self, cq: PolicyClassQueue, n_elig: int) -> str | None:
+    def _wait_reason(self, cq: PolicyClassQueue, n_elig: int, placed: bool) -> str | None:
         """Why a new request of `cq` must wait (None: it may run now); `self._elig` holds its rows."""
         ahead = cq.n_ready
         if n_elig == 0:
-            return f"every worker it may use is overloaded; {_requests(ahead)} ahead"
+            where = "the worker its admission policy chose is" if placed else "every worker it may use is"
+            return f"{where} overloaded; {_requests(ahead)} ahead"
         if self._class_busy(cq.config, self._elig, n_elig):
             busy = self._busy_rows(cq.config)
             n_busy = int(np.count_nonzero(busy & (self._elig != 0)))
@@ -386,36 +371,6 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         self._drop(live, abort=outcome != "completed")
         if outcome == "completed" and live.tracked:
             self._events.append((live.entry.class_idx, Completed(request_id, context_tokens)))
-
-    def cancel_owner(self, owner: int, now_us: int) -> None:
-        """Router death: every lease and waiting request of `owner` is aborted (batched)."""
-        for rid in list(self._by_owner.get(owner, ())):
-            live = self._live[rid]
-            if live.state == LEASED:
-                self.release(rid, live.slot, live.generation, "aborted", 0, now_us)
-            else:
-                self.release(rid, -1, 0, "cancelled", 0, now_us)
-
-    def cancel(self, request_id: str, now_us: int) -> Outcomes | None:
-        """Admin cancel: remove a waiting request or abort a lease; None when unknown.
-
-        Returns one `Reject("cancelled")` for the owner: for a waiting request it is the answer to its
-        Enqueue; for a lease it is a revocation notice (`revoked=True`) telling the holder to stop.
-        """
-        live = self._live.get(request_id)
-        if live is None:
-            return None
-        cls_name = self.pq.classes[live.entry.class_idx].name
-        leased = live.state == LEASED
-        if leased:
-            self.release(request_id, live.slot, live.generation, "aborted", 0, now_us)
-        else:
-            self.release(request_id, -1, 0, "cancelled", 0, now_us)
-        reject = self._reject(live.spec, "cancelled", "cancelled by an operator", cls_name)
-        if leased:
-            reject = Reject(reject.request_id, reject.owner, reject.reason, "lease revoked by an operator",
-                            reject.policy_class, revoked=True)
-        return [reject]
 
     # ---- periodic ----------------------------------------------------------------------------
     def drain_cleanup(self, now_us: int) -> Outcomes:
