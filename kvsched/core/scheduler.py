@@ -185,7 +185,7 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
                 return [self._reject(spec, "no_endpoints", "no registered, undrained worker the request may use", cq.name)]
             if spec.do_not_queue or not _queueing(cq.config):
                 return [self._reject(spec, "all_overloaded", f"all {n_place} workers the request may use are overloaded",
-                                     cq.name, current=n_place)]
+                                     cq.name)]
         snap = self._snapshot(spec, spec.pinned, now_us)
         entry = QueueEntry(spec.request_id, next(self._seq), now_us, spec.priority, spec.strict_priority, snap.cost,
                            spec.isl_tokens, spec.pinned, c)
