@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from ..config import ClassConfig
-from .ordering import BAND_NORMAL, QueueEntry
+from .ordering import QueueEntry
 from .request_queue import RequestQueue, create_request_queue
 from .types import WorkerKey
 
@@ -110,20 +110,11 @@ class PolicyClassQueue:
         return None
 
     # ---- adding ------------------------------------------------------------------------------
-    def add(self, entry: QueueEntry, requeue: bool = False) -> None:
-        """Add a ready entry to `pending` or to the lane of `entry.placement`. `requeue` is the path
-        of a request its worker gave back (FCFS: ahead of new arrivals, several requeues keep their
-        original order; priority / WSPT: by key)."""
+    def add(self, entry: QueueEntry) -> None:
+        """Add a ready entry to `pending` or to the lane of `entry.placement`, by its key (a
+        `requeued` entry's FCFS key puts it ahead of new arrivals of its strict_priority tier)."""
         entry.class_idx = self.index
-        self._container_add(entry, requeue)
-        self.n_waiting += 1
-        self.isl_waiting += entry.isl_tokens
-
-    def put_back(self, entry: QueueEntry) -> None:
-        """Return a root just taken by `pop` (nothing could run it after all) under its old key."""
-        self._container(entry.placement).restore_request(entry)
-        if entry.placement is not None:
-            self._reindex(entry.placement)
+        self._container_add(entry)
         self.n_waiting += 1
         self.isl_waiting += entry.isl_tokens
 
@@ -145,14 +136,14 @@ class PolicyClassQueue:
         entry = self.deferred.pop(request_id, None)
         if entry is not None:
             entry.placement = placement if placement is not None else entry.placement
-            self._container_add(entry, False)
+            self._container_add(entry)
             return entry
         if placement is None or request_id not in self.pending:
             return None
         entry = self.pending.discard_requests([request_id])[0]
         self._to_compact[id(self.pending)] = self.pending
         entry.placement = placement
-        self._container_add(entry, bool(entry.key) and entry.key[0] != BAND_NORMAL)  # a requeued head stays one
+        self._container_add(entry)
         return entry
 
     def unplace(self, entry: QueueEntry) -> bool:
@@ -166,7 +157,7 @@ class PolicyClassQueue:
         self._to_compact[id(lane)] = lane
         self._lane_changed(worker)
         entry.placement = None
-        self._container_add(entry, bool(entry.key) and entry.key[0] != BAND_NORMAL)
+        self._container_add(entry)
         return True
 
     def find(self, request_id: str) -> QueueEntry | None:
@@ -183,15 +174,13 @@ class PolicyClassQueue:
                 return item[2]
         return None
 
-    def _container_add(self, entry: QueueEntry, requeue: bool) -> None:
+    def _container_add(self, entry: QueueEntry) -> None:
         worker = entry.placement
-        container = self._container(worker)
-        (container.requeue_request if requeue else container.add_request)(entry)
-        if worker is not None:
-            self._reindex(worker)
-
-    def _container(self, worker: WorkerKey | None) -> RequestQueue:
-        return self.pending if worker is None else self._lane(worker)
+        if worker is None:
+            self.pending.add_request(entry)
+            return
+        self._lane(worker).add_request(entry)
+        self._reindex(worker)
 
     def _lane(self, worker: WorkerKey) -> RequestQueue:
         lane = self.lanes.get(worker)

@@ -1,21 +1,21 @@
-"""Queue entries and the ordering keys of the three class orderings (SPEC §4 "Orderings").
+"""Queue entries and the ordering keys of the three class orderings (docs/DESIGN.md §4.4).
 
 Every key is a tuple compared ascending (the smallest key runs first), shaped
 `(band, -strict_priority, score_part..., enqueue_seq)`:
 
 * `band` is 0 for entries put back with `prepend_request` on an FCFS queue (they go to the head,
-  most recently prepended first, as vLLM's `appendleft`), 1 for requeued entries of an FCFS queue
-  (ahead of every new arrival, among themselves in their original order: the rest of the key is
-  their normal key, so several requeues in one step come back earliest first), 2 otherwise;
+  most recently prepended first, as vLLM's `appendleft`), 1 otherwise;
 * `strict_priority` first (higher wins);
-* the score: FCFS score = jump - arrival offset (s), WSPT score = (1 + jump) / cost, with
-  jump = max(0, priority) seconds of virtual earlier arrival and cost = max(1, uncached tokens)
-  from the enqueue `CostSnapshot`; `priority` ordering = vLLM's (lower `priority` value first,
-  then arrival time);
+* the score: FCFS = (0, enqueue_seq) for a *requeued* request — ahead of every not-yet-admitted
+  request of its `strict_priority` tier, requeued ones in their original order — else
+  (1, arrival - jump µs), i.e. score = jump - arrival offset (s); WSPT score = (1 + jump) / cost, with
+  jump = max(0, priority) seconds of virtual earlier arrival and cost = max(1, uncached tokens) from
+  the enqueue `CostSnapshot`; `priority` ordering = vLLM's (lower `priority` value first, then
+  arrival time). Priority / WSPT requeues re-enter by their normal key;
 * `enqueue_seq` last (earlier wins), so two live entries never compare equal.
 
-Source: SPEC §4 "Orderings", seed 000 "Per-class ready storage" (`PolicyQueueEntry`: priority key,
-enqueue sequence, token snapshot), seed 003 (`Request.__lt__`: priority, then arrival_time).
+Source: docs/DESIGN.md §2.2, §4.4; Dynamo's `PolicyQueueEntry` (priority key, enqueue sequence,
+token snapshot); vLLM `request_queue.py` (`Request.__lt__`: priority, then arrival_time).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from .types import WorkerKey
 
 US_PER_S = 1_000_000
 BAND_PREPENDED = 0
-BAND_REQUEUED = 1
-BAND_NORMAL = 2
+BAND_NORMAL = 1
+REQUEUED, ARRIVED = 0, 1  # FCFS sub-order inside a strict_priority tier
 
 Key = tuple
 
@@ -50,6 +50,8 @@ class QueueEntry:
         class_idx: index of its class in the PolicyQueue.
         payload: caller data (the Scheduler stores its request record here).
         key: ordering key, assigned by the RequestQueue that holds the entry.
+        requeued: its worker gave it back at least once (FCFS: it then sorts ahead of new arrivals
+            of its strict_priority tier, by enqueue_seq).
     """
 
     request_id: str
@@ -63,6 +65,7 @@ class QueueEntry:
     class_idx: int = 0
     payload: object = None
     key: Key = ()
+    requeued: bool = False
 
 
 def jump_s(priority: int) -> int:
@@ -71,8 +74,11 @@ def jump_s(priority: int) -> int:
 
 
 def fcfs_key(e: QueueEntry) -> Key:
-    """FCFS: score = jump - arrival offset; higher score first, i.e. smaller (arrival - jump) µs."""
-    return (BAND_NORMAL, -e.strict_priority, e.arrival_us - jump_s(e.priority) * US_PER_S, e.enqueue_seq)
+    """FCFS: score = jump - arrival offset; higher score first, i.e. smaller (arrival - jump) µs.
+    A requeued entry goes ahead of every arrival of its strict_priority tier, by enqueue_seq."""
+    if e.requeued:
+        return (BAND_NORMAL, -e.strict_priority, REQUEUED, e.enqueue_seq)
+    return (BAND_NORMAL, -e.strict_priority, ARRIVED, e.arrival_us - jump_s(e.priority) * US_PER_S, e.enqueue_seq)
 
 
 def priority_key(e: QueueEntry) -> Key:
@@ -83,12 +89,6 @@ def priority_key(e: QueueEntry) -> Key:
 def wspt_key(e: QueueEntry) -> Key:
     """WSPT: score = (1 + jump) / cost (cost = max(1, uncached tokens)); higher score first."""
     return (BAND_NORMAL, -e.strict_priority, -(1 + jump_s(e.priority)) / max(1, e.cost), e.enqueue_seq)
-
-
-def requeued_key(key: Key) -> Key:
-    """The key of a requeued FCFS entry: its normal key moved to the requeue band (ahead of every
-    entry in the normal band, behind explicit `prepend_request` heads)."""
-    return (BAND_REQUEUED, *key[1:])
 
 
 KEY_FUNCS: dict[str, Callable[[QueueEntry], Key]] = {

@@ -71,13 +71,15 @@ class PolicyQueue:
         return over
 
     def requeue(self, entry: QueueEntry) -> None:
-        """A request its worker gave back re-enters its class (original enqueue_seq; FCFS: ahead of
-        new arrivals, several requeues in their original order; else by key); no limit check."""
-        self.classes[entry.class_idx].add(entry, requeue=True)
+        """A request its worker gave back re-enters its class with its original enqueue_seq (FCFS:
+        ahead of new arrivals of its strict_priority tier, requeues in their original order; else by
+        key); no limit check."""
+        entry.requeued = True
+        self.classes[entry.class_idx].add(entry)
 
     def put_back(self, entry: QueueEntry) -> None:
-        """Return an entry `pop_next` just gave out (nothing could run it) under its old key."""
-        self.classes[entry.class_idx].put_back(entry)
+        """Return an entry `pop_next` just gave out (nothing could run it); its key is unchanged."""
+        self.classes[entry.class_idx].add(entry)
 
     def compact(self) -> int:
         """End of a cleanup batch: compact the containers that had removals (at most once each)."""

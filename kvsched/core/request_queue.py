@@ -14,13 +14,11 @@ Differences from vLLM (seed 003), on purpose:
   iterable (normally a set) and ignores ids that are not queued.
 * `remove_request` of an absent request raises `ValueError` (as `deque.remove` / `list.remove` do).
 
-Extensions used by the scheduler's class queues (not in vLLM):
-* `requeue_request(r)`: a request given back by its worker. FCFS: ahead of every new arrival, and
-  several requeued requests keep their original relative order (vLLM's repeated `prepend_request`
-  would reverse a burst); priority / WSPT: by its key, as `add_request`.
-* `restore_request(r)`: put back a root that was just popped, under the key it had.
-* `discard_requests(rs)` removes without compacting; `compact()` compacts once when dead items
-  outnumber live ones, so a cleanup batch costs at most one compaction per container.
+Extensions used by the scheduler's class queues (not in vLLM): `discard_requests(rs)` removes
+without compacting; `compact()` compacts once when dead items outnumber live ones, so a cleanup batch
+costs at most one compaction per container. (The scheduler requeues with `add_request` on an entry
+flagged `requeued`, whose FCFS key keeps a burst of requeues in their original order; vLLM's repeated
+`prepend_request` would reverse it.)
 
 Source: seed 003 (RequestQueue ABC, FCFSRequestQueue, PriorityRequestQueue, create_request_queue);
 SPEC §4 "Lane container".
@@ -33,7 +31,7 @@ import itertools
 from abc import ABC, abstractmethod
 from typing import Callable, Iterable, Iterator
 
-from .ordering import BAND_PREPENDED, Key, QueueEntry, fcfs_key, priority_key, requeued_key, wspt_key
+from .ordering import BAND_PREPENDED, Key, QueueEntry, fcfs_key, priority_key, wspt_key
 
 _PREPEND_SEQ = itertools.count(1)  # process-wide: later prepends sort before earlier ones
 _UID = itertools.count(1)  # heap tie-breaker so entries themselves are never compared
@@ -74,14 +72,6 @@ class RequestQueue(ABC):
     def remove_requests(self, requests: Iterable[QueueEntry | str]) -> list[QueueEntry]:
         """Remove every given entry / request id that is queued (absent ones are ignored);
         at most one compaction. Returns the removed entries."""
-
-    @abstractmethod
-    def requeue_request(self, request: QueueEntry) -> None:
-        """Put back a request its worker gave back (module docstring). Raises ValueError if queued."""
-
-    @abstractmethod
-    def restore_request(self, request: QueueEntry) -> None:
-        """Put back a just-popped root under its previous `key`. Raises ValueError if queued."""
 
     @abstractmethod
     def discard_requests(self, requests: Iterable[QueueEntry | str]) -> list[QueueEntry]:
@@ -197,15 +187,6 @@ class HeapRequestQueue(RequestQueue):
             if item is not None:
                 removed.append(item[2])
         return removed
-
-    def requeue_request(self, request: QueueEntry) -> None:
-        if self._head_prepend:
-            self._push(request, requeued_key(self._key_fn(request)))
-        else:
-            self.add_request(request)
-
-    def restore_request(self, request: QueueEntry) -> None:
-        self._push(request, request.key)
 
     def __iter__(self) -> Iterator[QueueEntry]:
         for item in sorted(self._index.values()):

@@ -24,6 +24,7 @@ class MEntry:
     isl: int
     placement: object = None  # worker or None
     key: tuple = ()
+    requeued: bool = False
 
 
 @dataclass
@@ -37,8 +38,10 @@ class MClass:
 
 def model_key(ordering: str, e: MEntry) -> tuple:
     jump = max(0, e.priority)
-    if ordering == "fcfs":
-        return (1, -e.strict, e.arrival_us - jump * US_PER_S, e.seq)
+    if ordering == "fcfs":  # a requeued entry: ahead of its strict tier's arrivals, by enqueue order
+        if e.requeued:
+            return (1, -e.strict, 0, e.seq)
+        return (1, -e.strict, 1, e.arrival_us - jump * US_PER_S, e.seq)
     if ordering == "priority":
         return (1, -e.strict, e.priority, e.arrival_us, e.seq)
     return (1, -e.strict, -(1 + jump) / max(1, e.cost), e.seq)
@@ -55,10 +58,8 @@ class ModelPolicyQueue:
         (self.classes[c].deferred if deferred else self.classes[c].ready).append(e)
 
     def requeue(self, c: int, e: MEntry) -> None:
-        if self.classes[c].ordering == "fcfs":  # ahead of new arrivals; requeued ones in their own order
-            e.key = (0, *model_key("fcfs", e)[1:])
-        else:
-            e.key = model_key(self.classes[c].ordering, e)
+        e.requeued = True
+        e.key = model_key(self.classes[c].ordering, e)
         self.classes[c].ready.append(e)
 
     def make_ready(self, c: int, rid: str, placement: object) -> bool:
@@ -74,8 +75,7 @@ class ModelPolicyQueue:
             if e.request_id == rid and e.placement is None and placement is not None:
                 cl.ready.remove(e)
                 e.placement = placement
-                if e.key[0] != 0:  # a requeued FCFS head keeps its key
-                    e.key = model_key(cl.ordering, e)
+                e.key = model_key(cl.ordering, e)  # a requeued FCFS entry stays ahead of arrivals
                 cl.ready.append(e)
                 return True
         return False

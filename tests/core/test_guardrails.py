@@ -393,3 +393,15 @@ def test_cache_aware_registry_skips_request_whose_owner_is_gone():
     got = _one(s.enqueue(make_request("ok", owner=1, block_hashes=[1, 2, 3, 4, 5, 6]), 1))
     assert int(s.selector.cache_blocks.sum()) == 6
     assert int(s.selector.cache_blocks[s.ledger.row_of(got.worker)]) == 6
+
+
+def test_requeued_request_stays_behind_a_higher_strict_priority_tier():
+    s = _sched()
+    a = _one(s.enqueue(make_request("a", isl_tokens=200), 0))
+    s.update("a", a.slot, a.generation, "prefill_done", None, 0)
+    block = _one(s.enqueue(make_request("block", isl_tokens=600), 1))  # class busy from here
+    assert s.enqueue(make_request("urgent", strict_priority=1), 2) == []
+    assert s.enqueue(make_request("later"), 3) == []
+    assert s.update("a", a.slot, a.generation, "requeue", None, 4) == []
+    s.update("block", block.slot, block.generation, "prefill_done", None, 5)
+    assert [r.request_id for r in s.drain_cleanup(5)] == ["urgent", "a", "later"]
