@@ -99,8 +99,14 @@ class KvIndexSegment:
             setattr(self, attr, None)
         try:
             self._shm.close()
-        except BufferError:  # a view is still alive somewhere: unmapped when it goes
-            pass
+        except BufferError:  # views still alive elsewhere (the scheduler's): unmapped when they go
+            shm = self._shm
+            shm._mmap = None  # type: ignore[attr-defined]  # so SharedMemory.__del__ does not retry
+            if getattr(shm, "_fd", -1) >= 0:
+                import os
+
+                os.close(shm._fd)  # type: ignore[attr-defined]
+                shm._fd = -1  # type: ignore[attr-defined]
 
     def clear_row(self, row: int) -> None:
         """Forget everything learnt for `row` (both tiers) and its stream seq."""
