@@ -21,13 +21,14 @@ worker table (`reconcile_rows`): a row whose worker changed is cleared. See docs
 from __future__ import annotations
 
 import logging
+import os
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import numpy as np
 
 from ..errors import ShmLayoutError
-from .layout import _create, _untrack, kv_index_name, unlink_segments  # noqa: F401 (re-export)
+from .layout import _create, _unlink, _untrack, kv_index_name
 from .overlap import OverlapIndex
 from .space import reserve_pages
 
@@ -103,8 +104,6 @@ class KvIndexSegment:
             shm = self._shm
             shm._mmap = None  # type: ignore[attr-defined]  # so SharedMemory.__del__ does not retry
             if getattr(shm, "_fd", -1) >= 0:
-                import os
-
                 os.close(shm._fd)  # type: ignore[attr-defined]
                 shm._fd = -1  # type: ignore[attr-defined]
 
@@ -162,8 +161,6 @@ def attach_kv_index(instance: str, max_workers: int, capacity: int) -> KvIndexSe
 
 def remove_kv_index(instance: str) -> None:
     """Unlink the KV-index segment alone (missing is fine)."""
-    from .layout import _unlink
-
     try:
         shm = SharedMemory(name=kv_index_name(instance))
     except FileNotFoundError:
