@@ -75,7 +75,8 @@ class Daemon:
         from .notify import Notifier
         from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, start_curve_auth
         from ..shm.layout import ledger_name, progress_name
-        from .wiring import build_kv_subscriber, build_scheduler, kv_metrics_tick, open_segments, warm_decision_path
+        from .wiring import (KV_CATCH_UP_WAIT_S, build_kv_subscriber, build_scheduler, kv_metrics_tick, open_segments,
+                             warm_decision_path)
 
         cfg = self.config
         d = cfg.daemon
@@ -122,10 +123,12 @@ class Daemon:
         self.health.watch_workers(lambda: available_workers(arrays.w_present, arrays.w_flags))
         self.actor.on_tick.append(self.health.tick)
         self.actor.start()
-        self.kv_events = build_kv_subscriber(cfg, self.scheduler, loop, self.ctx)
+        self.kv_events = build_kv_subscriber(cfg, self.scheduler, loop, self.ctx, self.segments.kv_index,
+                                             self.segments.kv_index_restored)
         self.admin_ctx.kv_events = self.kv_events
         self.actor.on_tick.append(kv_metrics_tick(self.kv_events, self.metrics))
-        self.kv_events.start()
+        self.kv_events.start()  # restored rows ask their engines for a catch-up replay now
+        await self.kv_events.wait_caught_up(KV_CATCH_UP_WAIT_S)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         status = f"serving {self.endpoint} epoch={epoch} workers={len(self.scheduler.workers())}"
@@ -266,7 +269,7 @@ def daemon_main(
 
 def _purge(instance: str) -> None:
     """Unlink a stopped instance's segments; refuse while its daemon runs."""
-    from ..shm.layout import ledger_name, progress_name, unlink_segments
+    from ..shm.layout import segment_names, unlink_segments
 
     try:
         lock = InstanceLock(instance)
@@ -274,7 +277,7 @@ def _purge(instance: str) -> None:
         typer.echo(f"kvsched-daemon: refusing to purge: {exc}", err=True)
         raise typer.Exit(1)
     try:
-        found = [n for n in (ledger_name(instance), progress_name(instance)) if Path("/dev/shm", n).exists()]
+        found = [n for n in segment_names(instance) if Path("/dev/shm", n).exists()]
         unlink_segments(instance)
     finally:
         lock.release()

@@ -13,7 +13,13 @@ I/O only; every decision about seqs, gaps, replays and the indexes is `kvevents.
   within `replay_timeout_s`: the DEALER is closed (late replies dropped with it) and the request is
   re-sent after a backoff (0.1 s doubling, at most 5 s), `replay_retries` times; then the missing
   seqs are given up. A restart (seq decrease) also drops the DEALER in flight.
-* Staleness: every row starts stale; its first live batch makes it fresh; a disconnect (socket
+* Restart (docs/KV_EVENTS.md, "Restarts keep the cache view"): rows whose entries
+  and last applied seq survived in shared memory (`start(restored={row: seq})`) start fresh, and a
+  catch-up replay from seq + 1 is sent to every such rank at once in `start()`, without waiting for
+  the engine to publish; `wait_caught_up()` lets the daemon hold READY until they end (bounded).
+  A catch-up replay that ends refreshes the row; one that is given up with nothing live seen makes
+  it stale.
+* Staleness: every other row starts stale; its first live batch makes it fresh; a disconnect (socket
   monitor) or `stale_after_s` without any live batch makes it stale again. Transitions only are
   reported through `mark_stale(row, bool)` (the daemon passes `Ledger.set_stale`). An idle engine
   publishes nothing, so it turns stale too: harmless, the scheduler then relies on the approximate
@@ -22,6 +28,7 @@ I/O only; every decision about seqs, gaps, replays and the indexes is `kvevents.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -110,20 +117,24 @@ class KvEventSubscriber:
         frame_budget: messages read per socket per wake.
         max_frame_bytes: ZMQ_MAXMSGSIZE of the sockets (a bigger message drops the connection).
         clock: monotonic seconds (tests may pass a fake).
+        store: where each row's applied-through seq persists (`KvEventApplier`'s `store`), or None.
+        restored: row -> last applied seq of rows whose entries survived a restart (`start()`'s default).
     """
 
     def __init__(self, loop, ctx: zmq.Context, sources: Iterable[KvEventSource], device: OverlapIndex,
                  offload: OverlapIndex | None = None, *, mark_stale: Callable[[int, bool], None] | None = None,
                  stale_after_s: float = 30.0, replay_timeout_s: float = 2.0, replay_retries: int = 3,
                  frame_budget: int = 256, max_frame_bytes: int = 64 << 20,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, store=None,
+                 restored: dict[int, int] | None = None) -> None:
         self.loop = loop
         self.ctx = ctx
         self.streams = [_Stream(s) for s in sources]
         rows = [s.src.row for s in self.streams]
         if len(set(rows)) != len(rows):
             raise ValueError(f"two KV-event sources for one worker row: {rows}")
-        self.applier = KvEventApplier(device, offload)
+        self.applier = KvEventApplier(device, offload, store=store)
+        self.restored = dict(restored or {})
         self.mark_stale = mark_stale
         self.stale_after_s = stale_after_s
         self.replay_timeout_s = replay_timeout_s
@@ -140,20 +151,40 @@ class KvEventSubscriber:
         self._running = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        """Connect every SUB, register readers, report every row stale, start the timer."""
+    def start(self, restored: dict[int, int] | None = None) -> None:
+        """Connect every SUB, register readers, start the timer; rows in `restored` (row -> last
+        applied seq >= 0, kept in shared memory by the previous daemon) start fresh with a catch-up
+        replay requested at once, every other row is reported stale."""
         if self._running:
             raise RuntimeError("KvEventSubscriber already started; call stop() first")
         self._running = True
         now = self.clock()
+        restored = self.restored if restored is None else restored
+        caught = 0
         for st in self.streams:
             self._open_sub(st)
             st.last_msg_s = now
-            st.stale = True
+            start_seq = self.applier.restore(st.src.row, restored[st.src.row]) if restored and st.src.row in restored else None
+            st.stale = start_seq is None
             if self.mark_stale is not None:
-                self.mark_stale(st.src.row, True)
+                self.mark_stale(st.src.row, st.stale)
+            if start_seq is not None:
+                caught += 1
+                self._request_replay(st, start_seq)
         self._timer = self.loop.call_later(self.tick_s, self._on_timer)
-        log.info("kv events subscribed sources=%d", len(self.streams))
+        log.info("kv events subscribed sources=%d restored=%d", len(self.streams), caught)
+
+    def catching_up(self) -> int:
+        """Rows whose catch-up replay (after a restart) has not ended yet."""
+        return sum(1 for st in self.streams if self.applier.catching_up(st.src.row))
+
+    async def wait_caught_up(self, timeout_s: float) -> bool:
+        """Wait (on the loop, so replies are read meanwhile) until every catch-up replay ended, at
+        most `timeout_s` seconds. Returns True when none is left."""
+        deadline = self.clock() + timeout_s
+        while self.catching_up() and self.clock() < deadline:
+            await asyncio.sleep(0.005)
+        return not self.catching_up()
 
     def stop(self) -> None:
         """Unregister and close every socket (linger 0); the indexes keep what they hold."""
@@ -318,6 +349,9 @@ class KvEventSubscriber:
         if seq == -1:
             st.replay_deadline_s = None
             st.replay_attempts = 0
+            if self.applier.catching_up(row):  # the engine answered: the restored row is current
+                st.last_msg_s = self.clock()
+                self._set_stale(st, False)
             nxt = self.applier.on_replay_end(row)
             if nxt is not None:
                 self._request_replay(st, nxt)
@@ -368,7 +402,10 @@ class KvEventSubscriber:
         self._close_dealer(st)  # drops late replies of this attempt
         st.replay_attempts += 1
         retry = st.replay_attempts <= self.replay_retries
+        was_catching_up = self.applier.catching_up(st.src.row)
         nxt = self.applier.replay_failed(st.src.row, retry)
+        if nxt is None and was_catching_up and self.applier.stream(st.src.row).live_seq < 0:
+            self._set_stale(st, True)  # a restored row whose engine never answered
         self.warn.warning(f"kv-replay-timeout-{st.src.row}", "kv replay timed out row=%d attempt=%d retry=%s",
                           st.src.row, st.replay_attempts, nxt is not None)
         if nxt is None:

@@ -17,6 +17,10 @@ OVERLAP_CAPACITY_PER_WORKER = 1 << 14  # overlap-index entries budgeted per work
 # KV-event messages read per SUB wake: ~50 µs each (decode + index update), so one wake holds the
 # actor's loop at most a few ms and scheduling frames interleave with a heavy event stream.
 KV_EVENT_FRAME_BUDGET = 64
+# Longest the daemon holds READY for the catch-up replays of restored KV-event rows (s): a replay of
+# a whole 10,000-batch ring buffer takes well under a second here; an engine that does not answer
+# must not delay the start (its row keeps its restored entries and turns stale if it never answers).
+KV_CATCH_UP_WAIT_S = 1.0
 
 
 def overlap_capacity(max_workers: int) -> int:
@@ -42,13 +46,15 @@ def segment_capacities(cfg: Config) -> dict[str, int]:
 
 def segment_sizes(cfg: Config) -> dict[str, int]:
     """Bytes of each segment of this instance for the configured capacities (name -> bytes)."""
-    from ..shm.layout import LedgerArrays, ledger_name, progress_name
+    from ..shm.kv_index import kv_index_nbytes
+    from ..shm.layout import LedgerArrays, kv_index_name, ledger_name, progress_name
 
     caps = segment_capacities(cfg)
     inst = cfg.daemon.instance
     return {
         ledger_name(inst): LedgerArrays.nbytes(caps["max_workers"], caps["max_slots"], caps["max_blocks_per_request"], caps["ref_capacity"]),
         progress_name(inst): caps["max_slots"] * 8,
+        kv_index_name(inst): kv_index_nbytes(cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers)),
     }
 
 
@@ -59,36 +65,59 @@ def segment_bytes(cfg: Config) -> int:
 
 
 def open_segments(cfg: Config):
-    """Create this instance's segments, or re-attach them after a restart.
+    """Create this instance's segments, or re-attach them after a restart; every page reserved.
+
+    Before creating anything the free space of /dev/shm is checked against the segments still to
+    create (`kvsched.shm.space`); the KV-index segment is kept only when the ledger was re-attached.
 
     Returns:
         (Segments, restarted): restarted is True when existing segments were re-attached (the
-        ledger is then rebuilt from its slot table under a new epoch).
+        ledger is then rebuilt from its slot table under a new epoch). `Segments.kv_index` holds the
+        KV-index segment; `Segments.kv_index_restored` says whether its contents were kept.
     Raises:
         ShmLayoutError: existing segments with another layout or capacities (use `--purge`).
+        ShmSpaceError: /dev/shm has no room for the segments (the message names both sizes).
     """
+    import os
+
+    from ..shm.kv_index import open_kv_index
     from ..shm.layout import attach_segments, create_segments
+    from ..shm.space import SHM_DIR, check_free_space
 
     caps = segment_capacities(cfg)
     epoch = time.time_ns() // 1000
+    check_free_space({name: n for name, n in segment_sizes(cfg).items() if not os.path.exists(f"{SHM_DIR}/{name}")})
     try:
         segs = create_segments(cfg.daemon.instance, epoch=epoch, **caps)
-        return segs, False
+        restarted = False
     except FileExistsError:
         segs = attach_segments(cfg.daemon.instance, expect=caps, writable_ledger=True)
         segs.ledger.epoch = epoch
         log.info("re-attached existing segments instance=%s epoch=%d", cfg.daemon.instance, epoch)
-        return segs, True
+        restarted = True
+    try:
+        segs.kv_index, segs.kv_index_restored = open_kv_index(
+            cfg.daemon.instance, cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers), restore=restarted)
+    except BaseException:
+        segs.close()
+        if not restarted:
+            segs.unlink()
+        raise
+    return segs, restarted
 
 
 def build_scheduler(cfg: Config, segments, restarted: bool):
     """Wire Ledger + overlap indexes + selector into a Scheduler and register the configured workers.
 
     Three indexes of `overlap_capacity(max_workers)` entries: the approximate one (routing
-    decisions) and the event-fed device and offload ones, always built so that a worker added at
-    runtime with an event endpoint can use them. All are pre-faulted here (see
-    `OverlapIndex.prefault`): the daemon commits their memory at start instead of stalling requests.
+    decisions, private) and the event-fed device and offload ones (in the KV-index segment, so they
+    survive a restart), always built so that a worker added at runtime with an event endpoint can
+    use them. All are pre-faulted here (see `OverlapIndex.prefault`): the daemon commits their memory
+    at start instead of stalling requests. After the workers are registered, the KV-index rows are
+    checked against the ledger's worker table (`reconcile_rows`: a row whose worker changed is cleared).
     """
+    from ..shm.kv_index import reconcile_rows
+
     from ..core.ledger import Ledger
     from ..core.scheduler import Scheduler
     from ..core.selector import create_selector
@@ -96,7 +125,7 @@ def build_scheduler(cfg: Config, segments, restarted: bool):
 
     ledger = Ledger(segments.ledger, segments.progress, cfg.overload)
     w, cap = cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers)
-    overlap, device, offload = OverlapIndex(w, cap), OverlapIndex(w, cap), OverlapIndex(w, cap)
+    overlap, device, offload = OverlapIndex(w, cap), segments.kv_index.device, segments.kv_index.offload
     for index in (overlap, device, offload):
         index.prefault()
     log.info("overlap indexes ready entries=%d bytes=%d", cap, 3 * overlap.nbytes)
@@ -111,6 +140,10 @@ def build_scheduler(cfg: Config, segments, restarted: bool):
             key = WorkerKey(w.worker_id, rank)
             if ledger.row_of(key) is None:
                 scheduler.add_worker(key, w.total_kv_blocks, w.max_num_batched_tokens)
+    a = segments.ledger
+    cleared = reconcile_rows(segments.kv_index, a.w_present, a.w_worker_id, a.w_dp_rank, a.w_generation)
+    if cleared:
+        log.info("kv index rows cleared (worker changed while stopped) rows=%s", cleared)
     return scheduler
 
 
@@ -129,17 +162,23 @@ def kv_event_sources(cfg: Config, scheduler) -> list:
     return out
 
 
-def build_kv_subscriber(cfg: Config, scheduler, loop, ctx):
+def build_kv_subscriber(cfg: Config, scheduler, loop, ctx, kv_index=None, restored_index: bool = False):
     """The `KvEventSubscriber` feeding the scheduler's event indexes from every configured source.
 
     Staleness goes to the ledger (`Ledger.set_stale`, shown by `kvsched workers`, read by the
     overlap combination). Built even without sources, so AddWorker can add some at runtime.
+    `kv_index` (the KV-index segment) persists each row's applied seq; when `restored`, its rows
+    with a seq start from it (catch-up replay at `start()`).
     """
     from .kv_events import KvEventSubscriber
 
-    return KvEventSubscriber(loop, ctx, kv_event_sources(cfg, scheduler), scheduler.event_device,
+    sources = kv_event_sources(cfg, scheduler)
+    restored = {}
+    if kv_index is not None and restored_index:
+        restored = {s.row: int(kv_index.last_seq[s.row]) for s in sources if int(kv_index.last_seq[s.row]) >= 0}
+    return KvEventSubscriber(loop, ctx, sources, scheduler.event_device,
                              scheduler.event_offload, mark_stale=scheduler.ledger.set_stale,
-                             frame_budget=KV_EVENT_FRAME_BUDGET)
+                             frame_budget=KV_EVENT_FRAME_BUDGET, store=kv_index, restored=restored)
 
 
 def kv_metrics_tick(subscriber, metrics):

@@ -22,6 +22,16 @@ Rules (per row):
   event stored). A replayed `AllBlocksCleared` clears the row, then re-applies the newer live stores.
 * **End of replay**: seqs still missing that existed when the request was sent are lost (the
   publisher's buffer no longer has them; counted); tombstones are dropped once nothing is missing.
+* **Restored row** (`restore`: a restarted daemon kept the row's entries and its last applied seq L
+  in shared memory): a *catch-up* replay from L+1 is requested at once. Until its end marker, a
+  replayed batch newer than everything applied is applied like a live one (and advances the row),
+  so the publisher's ring buffer brings the row up to date without waiting for the engine to
+  publish; a live batch that such a replay already applied is a duplicate, not a restart. A live
+  seq <= L still means the engine restarted (row cleared). If the ring buffer no longer holds L+1,
+  the seqs before its oldest are lost (counted).
+* **Persisted seq**: with a `seq_store`, the row's *applied-through* seq (every batch <= it applied:
+  the seq before the oldest missing one, else the last seq) is written there after every change, so
+  a daemon restarted from it replays nothing twice that matters and misses nothing it can still get.
 
 Tiers: `Stored`/`Removed` with medium GPU (or no medium) go to the `device` index; any other medium
 (CPU, disk, ...) to the `offload` index (ignored when None). `AllBlocksCleared` clears both.
@@ -80,6 +90,14 @@ class RowStream:
     replay_sent_at: int = -1  # last_seq when that request was sent
     tombs: dict[tuple[int, bool], tuple[int, bool]] = field(default_factory=dict)  # (key, device) -> (seq, stored)
     cleared_seq: int = -1  # seq of the newest live AllBlocksCleared while something is missing
+    catch_up: bool = False  # a catch-up replay (restored row) is not finished: newer replayed seqs apply
+    restored_seq: int = -1  # L of `restore`: a live seq <= L is an engine restart
+    ahead_seq: int = -1  # highest seq applied from a catch-up replay before the live stream delivered it
+    live_seq: int = -1  # highest seq received live since start / restore
+
+    def applied_through(self) -> int:
+        """Every batch with seq <= this was applied (-1 = nothing known)."""
+        return self.missing[0][0] - 1 if self.missing else self.last_seq
 
     def missing_count(self) -> int:
         return sum(hi - lo for lo, hi in self.missing)
@@ -104,16 +122,42 @@ class KvEventApplier:
         offload: index of blocks in other tiers (CPU, disk, ...), or None to ignore those events.
         replay_on_first: ask for seqs [0, N) when a row's first batch has seq N > 0.
         max_tombstones: per row; past it the replay in flight is abandoned (missing seqs lost).
+        store: where each row's applied-through seq persists, or None: an object with `last_seq`
+            (int64[rows], -1 = none) and `present` (uint8[rows], zeroed when the row is reset) arrays,
+            e.g. `kvsched.shm.kv_index.KvIndexSegment`.
     """
 
     def __init__(self, device: OverlapIndex, offload: OverlapIndex | None = None, *,
-                 replay_on_first: bool = True, max_tombstones: int = 1 << 20) -> None:
+                 replay_on_first: bool = True, max_tombstones: int = 1 << 20, store=None) -> None:
         self.device = device
         self.offload = offload
         self.replay_on_first = replay_on_first
         self.max_tombstones = max_tombstones
+        self.store = store
         self.counters = KvEventCounters()
         self._rows: dict[int, RowStream] = {}
+
+    def _persist(self, row: int, st: RowStream) -> None:
+        if self.store is not None:
+            self.store.last_seq[row] = st.applied_through()
+
+    def restore(self, row: int, last_seq: int) -> int | None:
+        """Adopt a row whose entries survived a restart, all batches <= `last_seq` applied.
+
+        Returns:
+            the seq to request a catch-up replay from now (last_seq + 1), or None when last_seq < 0
+            (nothing known: the row starts like a new one).
+        """
+        if last_seq < 0:
+            return None
+        st = self._rows[row] = RowStream(last_seq=last_seq, catch_up=True, restored_seq=last_seq)
+        self._persist(row, st)
+        return self._request(st)
+
+    def catching_up(self, row: int) -> bool:
+        """True while the row's catch-up replay (after `restore`) has not ended."""
+        st = self._rows.get(row)
+        return st is not None and st.catch_up
 
     # ------------------------------------------------------------------ queries
     def stream(self, row: int) -> RowStream:
@@ -131,6 +175,10 @@ class KvEventApplier:
     def on_live(self, row: int, seq: int, payload: bytes, now_us: int) -> LiveResult:
         """Apply one live batch `seq` of `row`; say whether to request a replay."""
         st = self.stream(row)
+        if st.live_seq < seq <= st.ahead_seq and seq > st.restored_seq:  # a catch-up replay applied it
+            st.live_seq = seq
+            self.counters.replay_duplicates += 1
+            return LiveResult(0, None, False, False)
         restarted = st.last_seq >= 0 and seq <= st.last_seq
         if restarted:
             self.counters.restarts += 1
@@ -149,9 +197,13 @@ class KvEventApplier:
             applied = self._apply_live(row, st, seq, batch, now_us)
             self.counters.applied += applied
         st.last_seq = seq
+        st.live_seq = seq
+        if seq > st.ahead_seq:
+            st.ahead_seq = -1
         replay_from = None
         if st.missing and st.replay_from is None:
             replay_from = self._request(st)
+        self._persist(row, st)
         return LiveResult(applied, replay_from, restarted, first)
 
     def _decode(self, payload: bytes) -> DecodedBatch | None:
@@ -166,7 +218,7 @@ class KvEventApplier:
         return batch
 
     def _request(self, st: RowStream) -> int:
-        st.replay_from = st.missing[0][0]
+        st.replay_from = st.missing[0][0] if st.missing else st.last_seq + 1  # the latter: catch-up only
         st.replay_sent_at = st.last_seq
         self.counters.replay_requests += 1
         return st.replay_from
@@ -206,6 +258,8 @@ class KvEventApplier:
     def on_replay(self, row: int, seq: int, payload: bytes, now_us: int) -> int:
         """Apply one replayed batch if `seq` is still missing. Returns events applied."""
         st = self._rows.get(row)
+        if st is not None and st.catch_up and seq > st.last_seq:
+            return self._catch_up(row, st, seq, payload, now_us)
         if st is None or not st.take_missing(seq):
             self.counters.replay_duplicates += 1
             return 0
@@ -232,6 +286,19 @@ class KvEventApplier:
                     idx.remove(keys, row)
             n += 1
         self.counters.replayed += n
+        self._persist(row, st)
+        return n
+
+    def _catch_up(self, row: int, st: RowStream, seq: int, payload: bytes, now_us: int) -> int:
+        """A catch-up replay's batch newer than the row: applied as the live stream would have."""
+        if seq > st.last_seq + 1:  # the ring buffer no longer holds these
+            self.counters.replay_lost += seq - st.last_seq - 1
+        batch = self._decode(payload)
+        n = 0 if batch is None else self._apply_live(row, st, seq, batch, now_us)
+        st.last_seq = seq
+        st.ahead_seq = seq
+        self.counters.replayed += n
+        self._persist(row, st)
         return n
 
     def _not_overridden(self, st: RowStream, ev: Stored | Removed, seq: int) -> np.ndarray:
@@ -257,13 +324,17 @@ class KvEventApplier:
         st = self._rows.get(row)
         if st is None or st.replay_from is None:
             return None
+        st.catch_up = False
         old = [r for r in st.missing if r[0] <= st.replay_sent_at]
         self.counters.replay_lost += sum(hi - lo for lo, hi in old)
         st.missing = [r for r in st.missing if r[0] > st.replay_sent_at]
         st.replay_from = None
         if st.missing:
-            return self._request(st)
+            nxt = self._request(st)
+            self._persist(row, st)
+            return nxt
         self._give_up(st)
+        self._persist(row, st)
         return None
 
     def replay_failed(self, row: int, retry: bool) -> int | None:
@@ -272,9 +343,11 @@ class KvEventApplier:
         st = self._rows.get(row)
         if st is None or st.replay_from is None:
             return None
-        if retry and st.missing:
+        if retry and (st.missing or st.catch_up):
             return self._request(st)
+        st.catch_up = False
         self._give_up(st)
+        self._persist(row, st)
         return None
 
     def _give_up(self, st: RowStream) -> None:
@@ -294,6 +367,9 @@ class KvEventApplier:
         """Forget the row: both indexes and its stream state (restart, worker removed)."""
         self._clear(row)
         self._rows.pop(row, None)
+        if self.store is not None:
+            self.store.last_seq[row] = -1
+            self.store.present[row] = 0
 
 
 def credited_overlap(device_depth: np.ndarray, offload_depth: np.ndarray | None, approx_depth: np.ndarray,

@@ -7,6 +7,11 @@ Two named segments per daemon instance:
   refcount index. `LedgerArrays` lays numpy views over it; every array starts on a 64-byte boundary.
 * progress (`kvsched-<instance>-progress`, mode 0660): `uint64[max_slots]` progress words (see
   `kvsched.shm.progress`), each written only by the router holding that slot's lease.
+* kv index (`kvsched-<instance>-kvindex`, mode 0640, daemon only): the event-fed overlap indexes and
+  each KV-event stream's last applied seq (`kvsched.shm.kv_index`), so a restart keeps the cache view.
+
+Room: the daemon reserves every page of its segments when it creates or re-attaches them
+(`kvsched.shm.space`), so a too-small /dev/shm fails the start instead of raising SIGBUS later.
 
 Lifetime: segments outlive the processes. Python 3.11's resource tracker would unlink every segment
 a process created or attached when it exits (even after SIGKILL), so every create/attach here
@@ -29,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShmLayoutError
+from .space import reserve_pages
 
 LAYOUT_VERSION = 1
 MAGIC = int.from_bytes(b"KVSCHED1", "little")  # u64 at header[0]
@@ -90,6 +96,16 @@ def ledger_name(instance: str) -> str:
 def progress_name(instance: str) -> str:
     """Name of the progress segment of `instance`."""
     return f"kvsched-{instance}-progress"
+
+
+def kv_index_name(instance: str) -> str:
+    """Name of the KV-index segment of `instance` (event-fed overlap indexes + stream seqs)."""
+    return f"kvsched-{instance}-kvindex"
+
+
+def segment_names(instance: str) -> tuple[str, ...]:
+    """Every segment `instance` may own (what `unlink_segments` and `--purge` remove)."""
+    return (ledger_name(instance), progress_name(instance), kv_index_name(instance))
 
 
 def default_ref_capacity(max_workers: int, max_slots: int, max_blocks_per_request: int) -> int:
@@ -269,10 +285,15 @@ class Segments:
     ledger: LedgerArrays
     progress: np.ndarray
     _handles: list[Any]
+    kv_index: Any = None  # the daemon's `kvsched.shm.kv_index.KvIndexSegment`, closed with the rest
+    kv_index_restored: bool = False  # its contents were kept from the previous daemon
 
     def close(self) -> None:
         """Unmap this process's mappings. A mapping still exported to live numpy views stays until
         those views are collected (BufferError is swallowed); the segments themselves remain."""
+        if self.kv_index is not None:
+            self.kv_index.close()
+            self.kv_index = None
         for handle in self._handles:
             try:
                 handle.close()
@@ -288,7 +309,7 @@ class Segments:
         self._handles = []
 
     def unlink(self) -> None:
-        """Remove both named segments (other processes keep their mappings)."""
+        """Remove every named segment of the instance (other processes keep their mappings)."""
         unlink_segments(self.instance)
 
 
@@ -313,10 +334,16 @@ def _set_mode(shm: SharedMemory, mode: int, group: int | str | None) -> None:
 
 
 def _create(name: str, size: int, mode: int, group: int | str | None) -> SharedMemory:
+    """Create segment `name` of `size` bytes, untracked, with its mode/group and every page reserved.
+
+    Raises:
+        FileExistsError: it exists. ShmSpaceError: /dev/shm has no room (the segment is removed).
+    """
     shm = SharedMemory(name=name, create=True, size=size)
     _untrack(shm)
     try:
         _set_mode(shm, mode, group)
+        reserve_pages(shm._fd, size, name)  # type: ignore[attr-defined]
     except BaseException:
         shm.close()
         _unlink(shm)
@@ -395,6 +422,8 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
             ledger_shm = SharedMemory(name=ledger_name(instance))
             _untrack(ledger_shm)
             handles.append(ledger_shm)
+            if writable_ledger:  # the daemon: a segment from an older start may still be sparse
+                reserve_pages(ledger_shm._fd, ledger_shm.size, ledger_name(instance))  # type: ignore[attr-defined]
             buf: Any = ledger_shm.buf
         else:
             ro = _ReadOnlyMap(ledger_name(instance))
@@ -404,6 +433,8 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
         progress_shm = SharedMemory(name=progress_name(instance))
         _untrack(progress_shm)
         handles.append(progress_shm)
+        if writable_ledger:
+            reserve_pages(progress_shm._fd, progress_shm.size, progress_name(instance))  # type: ignore[attr-defined]
         if progress_shm.size < arrays.max_slots * 8:
             raise ShmLayoutError(f"{progress_name(instance)}: {progress_shm.size} bytes, need {arrays.max_slots * 8}")
         progress = np.frombuffer(progress_shm.buf, dtype=np.uint64, count=arrays.max_slots)
@@ -419,8 +450,8 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
 
 
 def unlink_segments(instance: str) -> None:
-    """Remove both segments of `instance`; missing ones are ignored."""
-    for name in (ledger_name(instance), progress_name(instance)):
+    """Remove every segment of `instance` (`segment_names`); missing ones are ignored."""
+    for name in segment_names(instance):
         try:
             shm = SharedMemory(name=name)
         except FileNotFoundError:

@@ -229,17 +229,48 @@ class OverlapIndex:
         self.version = 0  # bumped by every insert / remove / clear_row (lets callers memoise depth)
         self._scratch = np.zeros(self.words, np.uint64)
 
+    @classmethod
+    def over(cls, max_workers: int, keys: np.ndarray, used: np.ndarray, perm: np.ndarray, ttlm: np.ndarray,
+             ttl_exp: np.ndarray) -> "OverlapIndex":
+        """An index over caller-owned arrays (e.g. views of a shared-memory segment), contents kept.
+
+        Args:
+            keys uint64[C], used uint8[C], perm / ttlm uint64[C, ceil(max_workers / 64)], ttl_exp int64[C];
+            C a power of two.
+        Raises:
+            ValueError: a shape or dtype that does not match.
+        """
+        idx = cls.__new__(cls)
+        capacity = keys.shape[0]
+        words = (max_workers + 63) // 64
+        want = {"keys": (keys, np.uint64, (capacity,)), "used": (used, np.uint8, (capacity,)),
+                "perm": (perm, np.uint64, (capacity, words)), "ttlm": (ttlm, np.uint64, (capacity, words)),
+                "ttl_exp": (ttl_exp, np.int64, (capacity,))}
+        for name, (arr, dt, shape) in want.items():
+            if arr.dtype != dt or arr.shape != shape:
+                raise ValueError(f"{name}: {arr.dtype}{arr.shape}, expected {np.dtype(dt)}{shape}")
+        if capacity < 1 or capacity & (capacity - 1) or max_workers < 1:
+            raise ValueError(f"capacity {capacity} (power of two) / max_workers {max_workers} (>= 1) invalid")
+        idx.max_workers, idx.capacity, idx.words = max_workers, capacity, words
+        idx.keys, idx.used, idx.perm, idx.ttlm, idx.ttl_exp = keys, used, perm, ttlm, ttl_exp
+        idx.evictions = 0
+        idx.version = 0
+        idx._scratch = np.zeros(words, np.uint64)
+        return idx
+
     @property
     def nbytes(self) -> int:
         """Memory the index holds (bytes)."""
         return sum(a.nbytes for a in (self.keys, self.used, self.perm, self.ttlm, self.ttl_exp))
 
     def prefault(self) -> None:
-        """Touch every page of a freshly built index (bytes: `nbytes`) so requests never pay
-        first-touch page faults: measured on this project's VM, lazily mapped zero pages cost a
-        80 ms stall on the first requests and ~20 ms spikes later. Call before any insert."""
+        """Touch every page of the index (bytes: `nbytes`) with a write that keeps its contents, so
+        requests never pay first-touch page faults: measured on this project's VM, lazily mapped
+        pages cost a 80 ms stall on the first requests and ~20 ms spikes later."""
         for arr in (self.keys, self.used, self.perm, self.ttlm, self.ttl_exp):
-            arr.fill(0)
+            flat = arr.reshape(-1).view(np.uint8)
+            flat[::4096] = flat[::4096]
+            flat[-1:] = flat[-1:]
 
     def _check_row(self, row: int) -> None:
         if not 0 <= row < self.max_workers:
