@@ -68,6 +68,9 @@ class WorkerConfig(Section):
     kv_events_topic: str = ""  # SUB topic filter ("" = all)
     # KV-event stream silent or disconnected longer than this (s) -> worker marked stale (approximate index)
     kv_events_stale_after_s: Annotated[float, Meta(gt=0)] = 30.0
+    # base URL of the engine's OpenAI-compatible server (e.g. http://10.0.0.5:8000), sent to routers in
+    # `Admitted.url` (the gateway forwards there); "" = routers know the address themselves
+    url: str = ""
 
 
 class SelectorConfig(Section):

@@ -31,6 +31,7 @@ class AdminContext:
         started_s: monotonic start time (s), for uptime.
         connections: callable returning the number of live router connections.
         kv_events: the `KvEventSubscriber` (AddWorker / RemoveWorker add and remove its sources), or None.
+        worker_urls: worker_id -> base URL (`Admitted.url`), shared with the actor.
     """
 
     scheduler: object
@@ -44,6 +45,7 @@ class AdminContext:
     decisions_window: list = field(default_factory=lambda: [time.monotonic(), 0])
     config_overrides: dict | None = None
     kv_events: object | None = None
+    worker_urls: dict = field(default_factory=dict)
 
 
 def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
@@ -87,6 +89,8 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
                 s.add_worker(key, req.total_kv_blocks, req.max_num_batched_tokens)
             except ValueError as exc:
                 return _err(p.ErrorCode.INVALID, str(exc)), []
+            if req.url:
+                ctx.worker_urls[req.worker_id] = req.url
             if req.kv_events_endpoint:
                 _add_kv_source(ctx, req, s.ledger.row_of(key))
             log.info("worker added worker=%d:%d kv_events=%s", req.worker_id, req.dp_rank,
@@ -101,6 +105,8 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
             if ctx.kv_events is not None:
                 for row in rows:
                     ctx.kv_events.remove_source(row)
+            if s.ledger.ranks_of(req.worker_id) == 0:
+                ctx.worker_urls.pop(req.worker_id, None)
             log.info("worker removed worker=%s", _w(req))
             return p.OkReply(message=f"removed {_w(req)}"), outcomes
         case p.Cancel():

@@ -113,9 +113,11 @@ class Daemon:
         self.admin_ctx = AdminContext(
             scheduler=self.scheduler, instance=d.instance, endpoint=self.endpoint, block_size=d.block_size,
             daemon_epoch=epoch, config_path=self.config_path, config_overrides=self.overrides,
+            worker_urls={w.worker_id: w.url for w in cfg.workers if w.url},
         )
         self.actor = Actor(loop, self.scheduler, self.data_sock, welcome, d, self.metrics,
-                           admin_handler=lambda req, t: handle(req, self.admin_ctx, t), admin_sock=self.admin_sock)
+                           admin_handler=lambda req, t: handle(req, self.admin_ctx, t), admin_sock=self.admin_sock,
+                           worker_urls=self.admin_ctx.worker_urls)
         self.admin_ctx.connections = lambda: len(self.actor.conns)
         self.actor.on_tick.append(self.notifier.watchdog_tick)
         arrays = self.scheduler.ledger.arrays
