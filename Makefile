@@ -12,7 +12,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,gateway]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,7 +21,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/pip install --quiet -e '.[test,bench,gateway]'
 	touch $(BENCH_STAMP)
 
 ## Every benchmark (kernels, queue, transport vs echo vs Redis, routing quality), plots and
