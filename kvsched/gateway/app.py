@@ -25,7 +25,7 @@ from ..client.hashing import block_hashes
 from ..errors import ConfigError, DaemonUnavailable, RequestRejected
 from . import openai as oa
 from .config import GatewayConfig, load_gateway_config
-from .forward import serve
+from .forward import ClientGone, serve
 from .health import EngineHealth
 from .tokenizer import ModelTokenizer, TemplateError
 
@@ -113,6 +113,9 @@ class Gateway:
         except oa.HttpError as exc:
             self.stats[f"http_{exc.status}"] += 1
             return web.json_response(exc.body(), status=exc.status, headers=exc.headers())
+        except ClientGone:  # released `aborted` on the way out; nobody reads this answer
+            self.stats["client_gone"] += 1
+            return web.Response(status=499)
 
     async def _parse(self, request: web.Request, kind: str) -> oa.Prompt:
         g = self.cfg.gateway

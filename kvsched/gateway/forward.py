@@ -35,6 +35,17 @@ class EngineFailed(Exception):
     """The engine failed before producing a token (retryable elsewhere)."""
 
 
+class ClientGone(Exception):
+    """The HTTP client closed its connection: the lease is released `aborted`."""
+
+
+async def _write(out: web.StreamResponse, data: bytes) -> None:
+    try:
+        await out.write(data)
+    except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
+        raise ClientGone(str(exc)) from None
+
+
 async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints: dict,
                 hashes, request_id: str) -> web.StreamResponse:
     """Schedule and forward `p`; returns the response sent (or raises HttpError before any byte)."""
@@ -121,7 +132,7 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
             if out is None:
                 out = web.StreamResponse(headers=SSE_HEADERS)
                 await out.prepare(request)
-            await out.write(b"data: " + data + b"\n\n")
+            await _write(out, b"data: " + data + b"\n\n")
     except (aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError) as exc:
         if first:
             raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
@@ -129,8 +140,8 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
         gw.stats["engine_errors_mid_stream"] += 1
         if out is None:
             raise HttpError(502, f"engine failed mid-stream: {exc}", "engine_error", "engine_failure") from None
-        await out.write(b"data: " + _json_encode({"error": {"message": f"engine failed mid-stream: {exc}",
-                                                            "type": "engine_error", "code": 502}}) + b"\n\n")
+        await _write(out, b"data: " + _json_encode({"error": {"message": f"engine failed mid-stream: {exc}",
+                                                             "type": "engine_error", "code": 502}}) + b"\n\n")
         await out.write_eof()
         return out
     if first:
@@ -142,6 +153,6 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
     if out is None:
         out = web.StreamResponse(headers=SSE_HEADERS)
         await out.prepare(request)
-    await out.write(b"data: [DONE]\n\n")
+    await _write(out, b"data: [DONE]\n\n")
     await out.write_eof()
     return out

@@ -105,14 +105,17 @@ class LocalFleet:
         fleet.workdir.mkdir(parents=True, exist_ok=True)
         tok_dir = write_tiny_tokenizer(fleet.workdir / "tokenizer")
         fleet.instance = f"gw-{uuid.uuid4().hex[:8]}"
+        run_dir = fleet.workdir / "run"
+        endpoint = f"ipc://{run_dir}/{fleet.instance}.sock"  # as DaemonProcess.start binds it
         try:
+            # Everything starts at once (imports dominate start-up on a small machine): engines and
+            # gateways wait for their peers (ZeroMQ connects retry; gateways wait for the Welcome).
             for i in range(n_engines):
                 e = Engine(i + 1, free_port(), free_port(), free_port())
                 fleet.engines.append(e)
                 fleet._spawn_engine(e, tok_dir, block_size, total_kv_blocks, speedup, kv_events, engine_args)
-            for e in fleet.engines:
-                _wait_file(fleet.workdir / f"engine-{e.worker_id}.port", e.proc,
-                           fleet.workdir / f"engine-{e.worker_id}.log", 60)
+            for g in range(n_gateways):
+                fleet._spawn_gateway(g, tok_dir, endpoint, gateway_extra, gateway_port if g == 0 else 0)
             workers = "".join(
                 f"\n[[workers]]\nworker_id = {e.worker_id}\ntotal_kv_blocks = {total_kv_blocks}\n"
                 f"max_num_batched_tokens = 8192\nurl = \"{e.url}\"\n"
@@ -122,9 +125,13 @@ class LocalFleet:
             cfg = fleet.workdir / "daemon.toml"
             cfg.write_text(f"[daemon]\nblock_size = {block_size}\nliveness_timeout_ms = 3000\n"
                            f"heartbeat_ms = 500\n\n[selector]\ntype = \"{selector}\"\n{daemon_extra}\n{workers}")
-            fleet.daemon = DaemonProcess.start(cfg, instance=fleet.instance, runtime_dir=fleet.workdir / "run")
-            for g in range(n_gateways):
-                fleet._spawn_gateway(g, tok_dir, gateway_extra, gateway_port if g == 0 else 0)
+            fleet.daemon = DaemonProcess.start(cfg, instance=fleet.instance, runtime_dir=run_dir)
+            for e in fleet.engines:
+                _wait_file(fleet.workdir / f"engine-{e.worker_id}.port", e.proc,
+                           fleet.workdir / f"engine-{e.worker_id}.log", 90)
+            for g, proc in enumerate(fleet.gateways):
+                port = _wait_file(fleet.workdir / f"gateway-{g}.port", proc, fleet.workdir / f"gateway-{g}.log", 90)
+                fleet.gateway_urls.append(f"http://127.0.0.1:{port}")
         except BaseException:
             fleet.stop()
             raise
@@ -144,22 +151,19 @@ class LocalFleet:
         e.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
 
-    def _spawn_gateway(self, g: int, tok_dir: Path, extra: str, port: int) -> None:
+    def _spawn_gateway(self, g: int, tok_dir: Path, endpoint: str, extra: str, port: int) -> None:
         cfg = self.workdir / f"gateway-{g}.toml"
-        cfg.write_text(f"[gateway]\nport = {port}\ndaemon_endpoint = \"{self.daemon.endpoint}\"\n"
+        cfg.write_text(f"[gateway]\nport = {port}\ndaemon_endpoint = \"{endpoint}\"\nconnect_timeout_s = 90\n"
                        f"health_interval_s = 0.5\n{extra}\n\n[[models]]\nname = \"{self.model}\"\n"
                        f"tokenizer_dir = \"{tok_dir}\"\n")
         ready = self.workdir / f"gateway-{g}.port"
         ready.unlink(missing_ok=True)
-        log_path = self.workdir / f"gateway-{g}.log"
-        log = open(log_path, "ab")
+        log = open(self.workdir / f"gateway-{g}.log", "ab")
         proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway", "--config", str(cfg),
                                  "--ready-file", str(ready), "--log-level", "WARNING"],
                                 stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         self.gateways.append(proc)
-        port = _wait_file(ready, proc, log_path, 60)
-        self.gateway_urls.append(f"http://127.0.0.1:{port}")
 
     def kill_engine(self, index: int) -> None:
         """SIGKILL one engine (fault injection)."""
