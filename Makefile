@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba-cache
 
-.PHONY: demo test bench bench-quick install clean
+.PHONY: demo gateway-demo test bench bench-quick install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,10 @@ bench-quick: $(BENCH_STAMP)
 ## Replay the bundled Mooncake slice through a real daemon, simulated fleet and router processes.
 demo: $(STAMP)
 	$(BIN)/kvsched replay kvsched/data/mooncake_slice.jsonl --routers 4 --workers 4 --speedup 20 --out out/demo
+
+## Daemon + 3 simulated HTTP engines + kvsched-gateway on http://127.0.0.1:8080 (curl it; Ctrl-C stops).
+gateway-demo: $(STAMP)
+	$(BIN)/python -m kvsched.gateway.demo
 
 ## Run the test suite (unit, property and multi-process tests).
 test: $(STAMP)
