@@ -44,7 +44,7 @@ class GatewaySection(_Section):
     engine_connect_timeout_s: Annotated[float, Meta(gt=0)] = 5.0  # connect + response headers (s)
     engine_read_timeout_s: Annotated[float, Meta(gt=0)] = 600.0  # longest silence between chunks (s)
     health_interval_s: Annotated[float, Meta(gt=0)] = 2.0  # period of the engine health checks (s)
-    health_timeout_s: Annotated[float, Meta(gt=0)] = 1.0  # one health check's timeout (s)
+    health_timeout_s: Annotated[float, Meta(gt=0)] = 2.0  # one health check's timeout (s)
     health_path: str = "/health"  # vLLM's liveness endpoint
     connect_timeout_s: Annotated[float, Meta(gt=0)] = 10.0  # first Welcome from the daemon (s)
 

@@ -47,7 +47,12 @@ class EngineHealth:
         self.failing.add(worker_id)
 
     def excluded(self) -> set[int]:
-        """Worker ids to send in `excluded_workers` now (a fresh set the caller may extend)."""
+        """Worker ids to send in `excluded_workers` now (a fresh set the caller may extend).
+
+        Fails open: when every learned worker looks down (e.g. health checks timing out on an
+        overloaded host), nothing is excluded and requests are tried as the daemon places them."""
+        if self.failing and self.failing.issuperset(self.urls):
+            return set()
         return set(self.failing)
 
     async def check_once(self) -> None:
