@@ -385,6 +385,7 @@ class WorkerRow(Admin, tag="worker_row"):
     drained: bool = False
     overloaded: bool = False
     stale: bool = False
+    hash_mismatch: bool = False  # its KV events hash blocks differently from routers (docs/VLLM.md)
 
 
 class WorkersReply(Admin, tag="workers_reply"):

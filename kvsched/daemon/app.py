@@ -75,7 +75,8 @@ class Daemon:
         from .notify import Notifier
         from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, start_curve_auth
         from ..shm.layout import ledger_name, progress_name
-        from .wiring import build_kv_subscriber, build_scheduler, kv_metrics_tick, open_segments, warm_decision_path
+        from .wiring import (build_kv_subscriber, build_scheduler, install_hash_check, kv_metrics_tick, open_segments,
+                             warm_decision_path)
 
         cfg = self.config
         d = cfg.daemon
@@ -126,6 +127,7 @@ class Daemon:
         self.actor.start()
         self.kv_events = build_kv_subscriber(cfg, self.scheduler, loop, self.ctx)
         self.admin_ctx.kv_events = self.kv_events
+        self.admin_ctx.hash_check = install_hash_check(cfg, self.kv_events, self.scheduler, self.metrics)
         self.actor.on_tick.append(kv_metrics_tick(self.kv_events, self.metrics))
         self.kv_events.start()
         for sig in (signal.SIGTERM, signal.SIGINT):

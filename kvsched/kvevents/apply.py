@@ -114,6 +114,8 @@ class KvEventApplier:
         self.max_tombstones = max_tombstones
         self.counters = KvEventCounters()
         self._rows: dict[int, RowStream] = {}
+        # Observer of every decoded live batch, `(row, DecodedBatch, now_us)`, e.g. the hash check.
+        self.on_batch = None
 
     # ------------------------------------------------------------------ queries
     def stream(self, row: int) -> RowStream:
@@ -146,6 +148,8 @@ class KvEventApplier:
         batch = self._decode(payload)
         applied = 0
         if batch is not None:
+            if self.on_batch is not None:
+                self.on_batch(row, batch, now_us)
             applied = self._apply_live(row, st, seq, batch, now_us)
             self.counters.applied += applied
         st.last_seq = seq
