@@ -95,44 +95,63 @@ async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, le
         return await _stream(gw, request, p, lease, resp)
 
 
+def _sse_data(buf: bytearray) -> list[bytes]:
+    """Pop the complete lines of `buf` and return the payloads of its `data:` lines (SSE)."""
+    cut = buf.rfind(b"\n")
+    if cut < 0:
+        return []
+    lines = bytes(buf[:cut]).split(b"\n")
+    del buf[:cut + 1]
+    return [ln[5:].strip() for ln in lines if ln.startswith(b"data:")]
+
+
 async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                   resp: aiohttp.ClientResponse) -> web.StreamResponse:
+    """Relay the engine's SSE stream. Reads whatever has arrived (`iter_any`) and writes what it
+    relays in one write per read, so a burst of chunks costs one syscall, not one per token."""
     out: web.StreamResponse | None = None
     collector = None if p.stream else Collector(p.kind)
     first = True
+    done = False
+    buf = bytearray()
     try:
-        async for line in resp.content:
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
+        async for piece in resp.content.iter_any():
+            buf += piece
+            pending: list[bytes] = []
+            for data in _sse_data(buf):
+                if data == b"[DONE]":
+                    done = True
+                    break
+                chunk = _json_decode(data)
+                if not isinstance(chunk, dict):
+                    continue
+                if "error" in chunk and not chunk.get("choices"):
+                    raise aiohttp.ClientPayloadError(f"engine error in stream: {chunk['error']}")
+                if first:
+                    first = False
+                    lease.prefill_done()
+                usage = chunk.get("usage")
+                n = (usage.get("completion_tokens", 0) - lease.output_tokens) if usage else chunk_tokens(chunk, p.kind)
+                if n > 0:
+                    lease.add_output_tokens(n)
+                if collector is not None:
+                    collector.add(chunk)
+                    continue
+                if usage is not None:
+                    if not chunk.get("choices"):
+                        if not p.include_usage:
+                            continue
+                    elif not p.continuous_usage:
+                        del chunk["usage"]
+                        data = _json_encode(chunk)
+                pending.append(b"data: " + data + b"\n\n")
+            if pending:
+                if out is None:
+                    out = web.StreamResponse(headers=SSE_HEADERS)
+                    await out.prepare(request)
+                await _write(out, b"".join(pending))
+            if done:
                 break
-            chunk = _json_decode(data)
-            if not isinstance(chunk, dict):
-                continue
-            if "error" in chunk and not chunk.get("choices"):
-                raise aiohttp.ClientPayloadError(f"engine error in stream: {chunk['error']}")
-            if first:
-                first = False
-                lease.prefill_done()
-            usage = chunk.get("usage")
-            n = (usage.get("completion_tokens", 0) - lease.output_tokens) if usage else chunk_tokens(chunk, p.kind)
-            if n > 0:
-                lease.add_output_tokens(n)
-            if collector is not None:
-                collector.add(chunk)
-                continue
-            if usage is not None:
-                if not chunk.get("choices"):
-                    if not p.include_usage:
-                        continue
-                elif not p.continuous_usage:
-                    del chunk["usage"]
-                    data = _json_encode(chunk)
-            if out is None:
-                out = web.StreamResponse(headers=SSE_HEADERS)
-                await out.prepare(request)
-            await _write(out, b"data: " + data + b"\n\n")
     except (aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError) as exc:
         if first:
             raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
