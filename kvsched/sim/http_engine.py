@@ -65,6 +65,7 @@ class _TokenListener:
 class _Live:
     rec: SeqRecord
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    notified: int = 0  # output tokens the handler was last woken for
 
 
 class HttpSimEngine:
@@ -108,7 +109,8 @@ class HttpSimEngine:
                 live.wake.set()
         for rec in self.engine.running():
             live = self.live.get(rec.request.request_id)
-            if live is not None:
+            if live is not None and rec.output_tokens != live.notified:
+                live.notified = rec.output_tokens
                 live.wake.set()
         if self.publisher is not None:
             self.publisher.flush()
