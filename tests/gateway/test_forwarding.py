@@ -23,10 +23,10 @@ class ScriptedEngine:
     """An OpenAI-ish engine that records each request's headers and answers `mode`: "ok" (two
     tokens, usage on every chunk) or "fail" (HTTP 500)."""
 
-    def __init__(self, mode: str = "ok") -> None:
+    def __init__(self, port: int, mode: str = "ok") -> None:
         self.mode = mode
         self.seen: list[dict] = []
-        self.port = free_port()
+        self.port = port
         self.runner: web.AppRunner | None = None
 
     @property
@@ -59,38 +59,47 @@ class ScriptedEngine:
         await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
 
 
-@pytest.fixture
-async def stack(tmp_path):
-    engines = {1: ScriptedEngine(), 2: ScriptedEngine()}
-    for e in engines.values():
-        await e.start()
-    d = start_daemon(tmp_path, f"""
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    """One daemon for the module: worker 1 with two ranks, worker 2 with one, at fixed engine ports."""
+    ports = {1: free_port(), 2: free_port()}
+    d = start_daemon(tmp_path_factory.mktemp("fwd"), f"""
 [daemon]
 block_size = 16
 
 [[workers]]
 worker_id = 1
 dp_size = 2
-url = "{engines[1].url}"
+url = "http://127.0.0.1:{ports[1]}"
 
 [[workers]]
 worker_id = 2
-url = "{engines[2].url}"
+url = "http://127.0.0.1:{ports[2]}"
 """)
-    cfg = GatewayConfig(gateway=GatewaySection(port=free_port(), daemon_endpoint=d.endpoint, health_interval_s=60.0),
+    d.engine_ports = ports
+    yield d
+    d.stop()
+    purge(d.argv[d.argv.index("--instance") + 1])
+
+
+@pytest.fixture
+async def stack(daemon, tmp_path):
+    engines = {w: ScriptedEngine(port) for w, port in daemon.engine_ports.items()}
+    for e in engines.values():
+        await e.start()
+    cfg = GatewayConfig(gateway=GatewaySection(port=free_port(), daemon_endpoint=daemon.endpoint,
+                                               health_interval_s=60.0),
                         models=[ModelSection(name="tiny", tokenizer_dir=str(write_tiny_tokenizer(tmp_path / "tok")))])
     gw = Gateway(cfg)
     await gw.start()
     runner = web.AppRunner(make_app(gw), handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", cfg.gateway.port).start()
-    yield gw, f"http://127.0.0.1:{cfg.gateway.port}", engines, d
+    yield gw, f"http://127.0.0.1:{cfg.gateway.port}", engines, daemon
     await runner.cleanup()
     await gw.stop()
     for e in engines.values():
         await e.runner.cleanup()
-    d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
 
 
 async def test_rank_header_only_for_workers_with_several_ranks_and_engine_body_streams(stack):
