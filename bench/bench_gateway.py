@@ -5,7 +5,9 @@ Stack: a real daemon, two `kvsched-sim-engine` processes (sped up so the engine'
 to its Python overhead) and one gateway process (`LocalFleet`). The client is one process with
 `--concurrency` streaming chat requests in flight (aiohttp), each a 256-token prompt drawn from 32
 shared prefixes, `max_tokens` 16, streamed. Direct mode sends each request to the engines
-round-robin; gateway mode sends it to the gateway, which schedules it and forwards it.
+round-robin; gateway mode sends it to the gateway, which schedules it and forwards it. The two modes
+run in interleaved blocks (direct, gateway, direct, ... `ROUNDS` each) so a change in the machine's
+load during the run affects both.
 
 Figures per mode: time to first token and to the last byte (ms, p50 / p99), requests/s; then the
 added latency = gateway - direct at p50 and p99 (distributions compared, not requests paired), and
@@ -37,6 +39,7 @@ PROMPT_WORDS = 256
 N_PREFIXES = 32
 PREFIX_WORDS = 192
 MAX_TOKENS = 16
+ROUNDS = 6  # interleaved direct / gateway blocks
 
 
 def prompt(i: int) -> str:
@@ -64,7 +67,9 @@ async def one(session, url: str, i: int) -> tuple[float, float, bool]:
     return (ttft or 0.0), time.perf_counter() - t0, ok
 
 
-async def run_mode(urls: list[str], n: int, concurrency: int, start: int) -> dict:
+async def run_mode(urls: list[str], n: int, concurrency: int, start: int, acc: dict | None = None) -> dict:
+    """`n` requests, `concurrency` in flight; latencies appended to `acc` ({"ttft", "total", "failed",
+    "elapsed"}) when given, so interleaved blocks of one mode add up."""
     import aiohttp
 
     ttfts, totals, fails = [], [], 0
@@ -84,6 +89,12 @@ async def run_mode(urls: list[str], n: int, concurrency: int, start: int) -> dic
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t0
+    if acc is not None:
+        acc["ttft"] += ttfts
+        acc["total"] += totals
+        acc["failed"] += fails
+        acc["elapsed"] += elapsed
+        ttfts, totals, fails, elapsed, n = acc["ttft"], acc["total"], acc["failed"], acc["elapsed"], len(acc["total"]) + acc["failed"]
     ms = lambda a, q: float(np.percentile(np.asarray(a) * 1e3, q)) if a else float("nan")  # noqa: E731
     return {"requests": n, "failed": fails, "elapsed_s": elapsed, "requests_per_s": len(totals) / elapsed,
             "ttft_p50_ms": ms(ttfts, 50), "ttft_p99_ms": ms(ttfts, 99),
@@ -114,22 +125,27 @@ def main() -> None:
             gw = fleet.gateway_urls[0]
             asyncio.run(run_mode(engines, 200, args.concurrency, 10_000_000))  # warm-up, both paths
             asyncio.run(run_mode([gw], 200, args.concurrency, 20_000_000))
-            direct = asyncio.run(run_mode(engines, n, args.concurrency, 0))
-            c0 = cpu_s(fleet.gateways[0].pid)
-            gateway = asyncio.run(run_mode([gw], n, args.concurrency, 0))
-            gateway["gateway_cpu_us_per_request"] = (cpu_s(fleet.gateways[0].pid) - c0) / n * 1e6
-            direct2 = asyncio.run(run_mode(engines, n, args.concurrency, n))  # drift check
+            # Interleaved blocks (direct, gateway, direct, ...) so drift in the machine's load hits both.
+            acc_d, acc_g = ({"ttft": [], "total": [], "failed": 0, "elapsed": 0.0} for _ in range(2))
+            per = max(args.concurrency * 2, n // ROUNDS)
+            gw_cpu = 0.0
+            for r in range(ROUNDS):
+                direct = asyncio.run(run_mode(engines, per, args.concurrency, r * per, acc_d))
+                c0 = cpu_s(fleet.gateways[0].pid)
+                gateway = asyncio.run(run_mode([gw], per, args.concurrency, r * per, acc_g))
+                gw_cpu += cpu_s(fleet.gateways[0].pid) - c0
+            gateway["gateway_cpu_us_per_request"] = gw_cpu / (per * ROUNDS) * 1e6
         finally:
             fleet.stop()
     added = {k: gateway[f"{k}_ms"] - direct[f"{k}_ms"] for k in ("ttft_p50", "ttft_p99", "total_p50", "total_p99")}
     result = {"meta": {"requests_per_mode": n, "concurrency": args.concurrency, "max_tokens": MAX_TOKENS,
                        "prompt_tokens": PROMPT_WORDS + 4, "engines": 2, "speedup": args.speedup,
                        "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "python": platform.python_version()},
-              "direct": direct, "gateway": gateway, "direct_again": direct2, "added_ms": added,
+              "direct": direct, "gateway": gateway, "rounds": ROUNDS, "added_ms": added,
               "goal": {"added_p50_ms": 2.0, "added_p99_ms": 5.0}}
     (out_dir / "gateway.json").write_text(json.dumps(result, indent=1))
     print(f"{'mode':<14}{'req/s':>8}{'ttft p50':>10}{'ttft p99':>10}{'total p50':>11}{'total p99':>11}  (ms)")
-    for name, r in (("direct", direct), ("gateway", gateway), ("direct again", direct2)):
+    for name, r in (("direct", direct), ("gateway", gateway)):
         print(f"{name:<14}{r['requests_per_s']:>8.0f}{r['ttft_p50_ms']:>10.2f}{r['ttft_p99_ms']:>10.2f}"
               f"{r['total_p50_ms']:>11.2f}{r['total_p99_ms']:>11.2f}   failed={r['failed']}")
     print(f"added by gateway + daemon: ttft p50 {added['ttft_p50']:+.2f} ms, p99 {added['ttft_p99']:+.2f} ms; "
