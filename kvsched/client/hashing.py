@@ -226,7 +226,7 @@ def _version(v: str) -> tuple[int, int]:
 
 def vllm_extra_keys(vllm_version: str, n_blocks: int, *, lora_name: str | None = None,
                     lora_int_id: int | None = None, lora_path: str | None = None,
-                    cache_salt: str | None = None) -> list[tuple | None] | None:
+                    cache_salt: str | None = None) -> list[tuple[Any, ...] | None] | None:
     """The per-block `extra_keys` a given vLLM release hashes for LoRA and `cache_salt` requests.
 
     Args:
@@ -264,7 +264,7 @@ def vllm_extra_keys(vllm_version: str, n_blocks: int, *, lora_name: str | None =
             lora = ("lora", lora_name, lora_path)
     if lora is None and not cache_salt:
         return None
-    out: list[tuple | None] = []
+    out: list[tuple[Any, ...] | None] = []
     for i in range(n_blocks):
         keys: list[Any] = [] if lora is None else [lora]
         if i == 0 and cache_salt:
