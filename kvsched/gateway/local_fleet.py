@@ -45,9 +45,21 @@ def write_tiny_tokenizer(directory: str | Path, words: int = VOCAB_WORDS) -> Pat
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports on 127.0.0.1 that were free a moment ago (held together while chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _wait_file(path: Path, proc: subprocess.Popen, log: Path, timeout_s: float) -> str:
@@ -98,7 +110,9 @@ class LocalFleet:
               total_kv_blocks: int = 2000, speedup: float = 20.0, selector: str = "kv",
               kv_events: bool = True, daemon_extra: str = "", gateway_extra: str = "",
               gateway_port: int = 0, engine_args: tuple[str, ...] = ()) -> "LocalFleet":
-        """Start engines, then the daemon (which knows their URLs and KV-event ports), then gateways."""
+        """Start engines, daemon and gateways at once; register each engine (URL, KV-event endpoints)
+        with `add_worker` once it listens. Engines bind HTTP port 0 (no race for it); an engine that
+        loses its KV-event ports to another process is restarted on new ones."""
         from ..daemon.process import DaemonProcess
 
         fleet = cls(Path(workdir))
@@ -107,28 +121,24 @@ class LocalFleet:
         fleet.instance = f"gw-{uuid.uuid4().hex[:8]}"
         run_dir = fleet.workdir / "run"
         endpoint = f"ipc://{run_dir}/{fleet.instance}.sock"  # as DaemonProcess.start binds it
+        spawn = (tok_dir, block_size, total_kv_blocks, speedup, kv_events, engine_args)
         try:
             # Everything starts at once (imports dominate start-up on a small machine): engines and
             # gateways wait for their peers (ZeroMQ connects retry; gateways wait for the Welcome).
+            ports = free_ports(2 * n_engines)
             for i in range(n_engines):
-                e = Engine(i + 1, free_port(), free_port(), free_port())
+                e = Engine(i + 1, 0, ports[2 * i], ports[2 * i + 1])
                 fleet.engines.append(e)
-                fleet._spawn_engine(e, tok_dir, block_size, total_kv_blocks, speedup, kv_events, engine_args)
+                fleet._spawn_engine(e, *spawn)
             for g in range(n_gateways):
                 fleet._spawn_gateway(g, tok_dir, endpoint, gateway_extra, gateway_port if g == 0 else 0)
-            workers = "".join(
-                f"\n[[workers]]\nworker_id = {e.worker_id}\ntotal_kv_blocks = {total_kv_blocks}\n"
-                f"max_num_batched_tokens = 8192\nurl = \"{e.url}\"\n"
-                + (f"kv_events_endpoint = \"tcp://127.0.0.1:{e.kv_port}\"\n"
-                   f"kv_replay_endpoint = \"tcp://127.0.0.1:{e.replay_port}\"\n" if kv_events else "")
-                for e in fleet.engines)
             cfg = fleet.workdir / "daemon.toml"
             cfg.write_text(f"[daemon]\nblock_size = {block_size}\nliveness_timeout_ms = 3000\n"
-                           f"heartbeat_ms = 500\n\n[selector]\ntype = \"{selector}\"\n{daemon_extra}\n{workers}")
+                           f"heartbeat_ms = 500\n\n[selector]\ntype = \"{selector}\"\n{daemon_extra}\n")
             fleet.daemon = DaemonProcess.start(cfg, instance=fleet.instance, runtime_dir=run_dir)
             for e in fleet.engines:
-                _wait_file(fleet.workdir / f"engine-{e.worker_id}.port", e.proc,
-                           fleet.workdir / f"engine-{e.worker_id}.log", 90)
+                fleet._engine_ready(e, spawn)
+                fleet._register(e, total_kv_blocks, kv_events)
             for g, proc in enumerate(fleet.gateways):
                 port = _wait_file(fleet.workdir / f"gateway-{g}.port", proc, fleet.workdir / f"gateway-{g}.log", 90)
                 fleet.gateway_urls.append(f"http://127.0.0.1:{port}")
@@ -136,6 +146,31 @@ class LocalFleet:
             fleet.stop()
             raise
         return fleet
+
+    def _engine_ready(self, e: Engine, spawn: tuple, attempts: int = 3) -> None:
+        ready, log = self.workdir / f"engine-{e.worker_id}.port", self.workdir / f"engine-{e.worker_id}.log"
+        for attempt in range(attempts):
+            try:
+                e.port = int(_wait_file(ready, e.proc, log, 90))
+                return
+            except RuntimeError:
+                if attempt == attempts - 1 or "address already in use" not in log.read_text()[-3000:]:
+                    raise
+                e.kv_port, e.replay_port = free_ports(2)
+                self._spawn_engine(e, *spawn)
+
+    def _register(self, e: Engine, total_kv_blocks: int, kv_events: bool) -> None:
+        from .. import protocol as p
+        from ..client import AdminClient
+
+        req = p.AddWorker(worker_id=e.worker_id, total_kv_blocks=total_kv_blocks, max_num_batched_tokens=8192,
+                          url=e.url,
+                          kv_events_endpoint=f"tcp://127.0.0.1:{e.kv_port}" if kv_events else None,
+                          kv_replay_endpoint=f"tcp://127.0.0.1:{e.replay_port}" if kv_events else None)
+        with AdminClient(self.daemon.admin_endpoint) as admin:
+            reply = admin.call(req)
+        if not isinstance(reply, p.OkReply):
+            raise RuntimeError(f"add_worker {e.worker_id} failed: {reply}")
 
     def _spawn_engine(self, e: Engine, tok_dir: Path, block_size: int, total_kv_blocks: int, speedup: float,
                       kv_events: bool, engine_args: tuple[str, ...]) -> None:
