@@ -5,14 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba-cache
 
-.PHONY: demo test bench bench-quick install clean
+.PHONY: demo gateway-demo test bench bench-quick install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,gateway]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,7 +21,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/pip install --quiet -e '.[test,bench,gateway]'
 	touch $(BENCH_STAMP)
 
 ## Every benchmark (kernels, queue, transport vs echo vs Redis, routing quality), plots and
@@ -36,6 +36,10 @@ bench-quick: $(BENCH_STAMP)
 ## Replay the bundled Mooncake slice through a real daemon, simulated fleet and router processes.
 demo: $(STAMP)
 	$(BIN)/kvsched replay kvsched/data/mooncake_slice.jsonl --routers 4 --workers 4 --speedup 20 --out out/demo
+
+## Daemon + 3 simulated HTTP engines + kvsched-gateway on http://127.0.0.1:8080 (curl it; Ctrl-C stops).
+gateway-demo: $(STAMP)
+	$(BIN)/python -m kvsched.gateway.demo
 
 ## Run the test suite (unit, property and multi-process tests).
 test: $(STAMP)

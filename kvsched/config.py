@@ -68,6 +68,9 @@ class WorkerConfig(Section):
     kv_events_topic: str = ""  # SUB topic filter ("" = all)
     # KV-event stream silent or disconnected longer than this (s) -> worker marked stale (approximate index)
     kv_events_stale_after_s: Annotated[float, Meta(gt=0)] = 30.0
+    # base URL of the engine's OpenAI-compatible server (e.g. http://10.0.0.5:8000), sent to routers in
+    # `Admitted.url` (the gateway forwards there); "" = routers know the address themselves
+    url: str = ""
 
 
 class SelectorConfig(Section):
@@ -114,6 +117,10 @@ class DaemonConfig(Section):
     health_stall_ms: Annotated[int, Meta(ge=1)] = 5000  # /healthz fails when the actor's tick is older (ms)
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # recompute the hashes of first-of-chain BlockStored events; warn, count and flag engines whose
+    # hashes differ from block_hashes(mode="vllm", hash_seed=kv_hash_seed) (docs/VLLM.md)
+    kv_hash_check: bool = True
+    kv_hash_seed: str | None = None  # the engines' PYTHONHASHSEED, as routers pass it; None = vLLM >= 0.29 default
 
     def __post_init__(self) -> None:
         if self.liveness_timeout_ms < 2 * self.heartbeat_ms:

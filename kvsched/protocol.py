@@ -105,6 +105,9 @@ class Enqueue(Frame, tag="enqueue"):
     do_not_queue: bool = False
     deadline_ms: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None  # max queue wait
     lora_name: Name | None = None
+    # worker ids (all ranks) this request must not use (e.g. a gateway's failing engines); a pin
+    # inside it is rejected `pinned_not_allowed`
+    excluded_workers: Annotated[list[U32], Meta(max_length=4096)] | None = None
 
 
 class Update(Frame, tag="update"):
@@ -188,6 +191,8 @@ class Admitted(Frame, tag="admitted"):
     overlap_blocks: int  # prompt blocks already cached on the chosen worker
     cached_tokens: int  # prompt tokens already cached on the chosen worker
     queued_us: int  # time the request waited in the daemon (µs)
+    url: str = ""  # the worker's base URL (`[[workers]].url` / `add-worker --url`); "" = none configured
+    dp_size: int = 1  # ranks registered for worker_id (> 1: send vLLM's X-data-parallel-rank header)
 
 
 class Rejected(Frame, tag="rejected"):
@@ -286,6 +291,7 @@ class AddWorker(Admin, tag="add_worker"):
     kv_replay_endpoint: str | None = None  # its replay ROUTER endpoint, or None (no replay)
     kv_events_topic: str = ""  # SUB topic filter ("" = all)
     kv_events_stale_after_s: Annotated[float, Meta(gt=0)] | None = None  # None = the daemon's default (30 s)
+    url: Annotated[str, Meta(max_length=2048)] = ""  # the worker's base URL, sent in `Admitted.url` ("" = keep)
 
 
 class RemoveWorker(Admin, tag="remove_worker"):
@@ -379,6 +385,7 @@ class WorkerRow(Admin, tag="worker_row"):
     drained: bool = False
     overloaded: bool = False
     stale: bool = False
+    hash_mismatch: bool = False  # its KV events hash blocks differently from routers (docs/VLLM.md)
 
 
 class WorkersReply(Admin, tag="workers_reply"):

@@ -35,6 +35,8 @@ def add_worker(
     kv_events_topic: Annotated[str, typer.Option(help="SUB topic filter (\"\" = all).")] = "",
     kv_events_stale_after_s: Annotated[Optional[float], typer.Option(
         min=0.001, help="Silent stream -> rank marked stale after this many seconds (default: the daemon's, 30 s).")] = None,
+    url: Annotated[str, typer.Option(
+        help="Base URL of the engine's OpenAI server, sent to routers in Admitted.url (kvsched-gateway forwards there).")] = "",
 ) -> None:
     """Register a worker rank at runtime, optionally with its KV-event endpoints (as in `[[workers]]`)."""
     wid, rank = parse_worker(worker)
@@ -44,7 +46,7 @@ def add_worker(
     render(call(p.AddWorker(worker_id=wid, dp_rank=rank or 0, total_kv_blocks=total_kv_blocks,
                             max_num_batched_tokens=max_num_batched_tokens, kv_events_endpoint=kv_events_endpoint,
                             kv_replay_endpoint=kv_replay_endpoint, kv_events_topic=kv_events_topic,
-                            kv_events_stale_after_s=kv_events_stale_after_s)), False)
+                            kv_events_stale_after_s=kv_events_stale_after_s, url=url)), False)
 
 
 def remove_worker(worker: WorkerArg) -> None:

@@ -49,9 +49,10 @@ def queues_table(r: p.QueuesReply) -> Table:
 def workers_table(r: p.WorkersReply) -> Table:
     """One row per worker rank."""
     return _table("workers", ["worker", "active_blocks", "capacity", "prefill_tokens", "requests", "drained",
-                              "overloaded", "stale"],
+                              "overloaded", "stale", "hashes"],
                   [[f"{w.worker_id}:{w.dp_rank}", w.active_blocks, w.total_kv_blocks, w.active_prefill_tokens,
-                    w.active_requests, w.drained, w.overloaded, w.stale] for w in r.workers])
+                    w.active_requests, w.drained, w.overloaded, w.stale,
+                    "MISMATCH" if w.hash_mismatch else "ok"] for w in r.workers])
 
 
 def leases_table(r: p.LeasesReply) -> Table:

@@ -207,7 +207,8 @@ class SchedulerClient:
                        priority: int = 0, strict_priority: int = 0, session_id: str | None = None,
                        expected_osl: int | None = None, pinned: tuple[int, int] | None = None,
                        allowed_workers: Iterable[int] | None = None, do_not_queue: bool = False,
-                       deadline_ms: int | None = None, lora_name: str | None = None) -> Lease:
+                       deadline_ms: int | None = None, lora_name: str | None = None,
+                       excluded_workers: Iterable[int] | None = None) -> Lease:
         """Ask whether `request_id` may run now and where; wait until it is admitted or rejected.
 
         Args:
@@ -216,6 +217,7 @@ class SchedulerClient:
             block_hashes: chained prefix-block hashes: uint64 array, list of ints, or little-endian
                 u64 bytes; at most ceil(isl_tokens / block_size) of them.
             pinned: (worker_id, dp_rank) the request must run on. allowed_workers: worker ids it may use.
+            excluded_workers: worker ids it must not use (a pin among them: `PinnedNotAllowed`).
             deadline_ms: the longest it may wait in the queue (ms).
             (other options: SPEC §2 `Enqueue`.)
         Returns:
@@ -232,6 +234,7 @@ class SchedulerClient:
             policy_class, priority, strict_priority, session_id, expected_osl,
             (pinned[0], pinned[1]) if pinned is not None else None,
             list(allowed_workers) if allowed_workers is not None else None, do_not_queue, deadline_ms, lora_name,
+            sorted(excluded_workers) if excluded_workers else None,
         )
         if not self._link.connected and self.on_unavailable == "bypass" and self._outage_expired():
             return self._degraded_lease(request_id, isl_tokens, pinned)
@@ -276,7 +279,8 @@ class SchedulerClient:
             raise rejection_error(reply.request_id, reply.reason, reply.detail, reply.policy_class,
                                   reply.limit_kind, reply.current, reply.limit)
         lease = Lease(self, reply.request_id, WorkerKey(reply.worker_id, reply.dp_rank), reply.slot,
-                      reply.generation, reply.cached_tokens, reply.overlap_blocks, reply.queued_us, isl_tokens)
+                      reply.generation, reply.cached_tokens, reply.overlap_blocks, reply.queued_us, isl_tokens,
+                      url=reply.url, dp_size=reply.dp_size)
         self._leases[request_id] = weakref.ref(lease)
         return lease
 

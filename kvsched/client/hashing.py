@@ -19,8 +19,20 @@ before, and returns them as uint64[n_blocks]. Two modes:
   cbor(extra_i) if extra_i is not None, seed)`` with ``h_{-1} = 0`` and seed = `hash_seed` (int as is,
   str -> ``xxh64(utf8)``, None -> 0). Token ids must fit in 32 bits.
 
-`extra_keys`, when given, holds one entry per complete block (a tuple such as vLLM's
-``(lora_name, mm_hash, cache_salt...)``, or None for a block without extra keys).
+`extra_keys`, when given, holds one entry per complete block (a tuple, or None for a block without
+extra keys); its shape must be the one the engine's vLLM version uses, which changed over releases:
+build it with `vllm_extra_keys(version, ...)`.
+
+Which vLLM releases ``mode="vllm"`` reproduces (docs/VLLM.md has the full matrix):
+
+* the chain (sha256 of canonical CBOR, low 64 bits) matches vLLM >= 0.10.2 with
+  ``--prefix-caching-hash-algo sha256_cbor``;
+* ``hash_seed=None`` matches vLLM >= 0.29.0 only. 0.10.2 - 0.28.x draw a random first parent per
+  process unless ``PYTHONHASHSEED`` is set identically on every engine: set it, and pass it here;
+* extra keys: LoRA int id (0.10 - 0.11), flat ``(lora_name, ..., cache_salt)`` (0.14 - 0.30), tagged
+  ``(("lora", name, path), ("cache_salt", salt))`` (>= 0.31); the salt is on block 0 only;
+* hybrid models with several KV-cache groups match on group 0 (full attention) only, and EAGLE
+  speculative decoding changes which blocks get cached.
 
 The CBOR encoder here is a small canonical one for the types block keys use (int, bytes, str, None,
 bool, float, tuple/list); tests check it byte for byte against ``cbor2``.
@@ -115,42 +127,40 @@ def _extra(extra_keys: Sequence[Any] | None, n_blocks: int) -> Sequence[Any]:
     return extra_keys
 
 
-def _cbor_uints(tokens: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """Canonical CBOR of each token (uint, < 2**32) concatenated, and the end offset of each."""
-    a = tokens.astype(np.uint64)
-    n = a.shape[0]
-    m = np.zeros((n, 5), np.uint8)
-    lens = np.select([a < 24, a < 256, a < 65536], [1, 2, 3], 5)
-    c0, c1, c2, c4 = lens == 1, lens == 2, lens == 3, lens == 5
-    m[c0, 0] = a[c0]
-    m[c1, 0], m[c1, 1] = 0x18, a[c1]
-    m[c2, 0], m[c2, 1], m[c2, 2] = 0x19, a[c2] >> 8, a[c2] & 0xFF
-    m[c4, 0] = 0x1A
-    for k in range(4):
-        m[c4, 1 + k] = (a[c4] >> (24 - 8 * k)) & 0xFF
-    flat = m[np.arange(5) < lens[:, None]].tobytes()
-    return flat, np.cumsum(lens)
+_CBOR_UINT: dict[int, bytes] = {}  # token id -> its canonical CBOR (a vocabulary's worth at most)
+_CBOR_UINT_MAX = 1 << 20
+
+
+def _cbor_uint(t: int) -> bytes:
+    b = _CBOR_UINT.get(t)
+    if b is None:
+        b = _head(0, t)
+        if len(_CBOR_UINT) < _CBOR_UINT_MAX:
+            _CBOR_UINT[t] = b
+    return b
 
 
 def _vllm(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequence[Any]) -> np.ndarray:
-    out = np.empty(n, dtype=np.uint64)
+    out: list[int] = []
     parent = vllm_none_hash(hash_seed)
     arr = np.asarray(token_ids[: n * block_size])
     fast = arr.size == 0 or (arr.dtype.kind in "iu" and arr.min() >= 0 and arr.max() <= 0xFFFF_FFFF)
-    if fast:
-        flat, ends = _cbor_uints(arr)
-        head = _head(4, block_size)
+    if fast:  # tokens as cached CBOR uints (a per-token table is ~10x cheaper than numpy for prompts)
+        get = _CBOR_UINT.get
+        enc = [get(t) or _cbor_uint(t) for t in arr.tolist()]
+        head = b"\x83\x58\x20", _head(4, block_size)
+    sha256, join, from_bytes = hashlib.sha256, b"".join, int.from_bytes
     for i in range(n):
         if fast:
-            lo = int(ends[i * block_size - 1]) if i else 0
-            body = head + flat[lo:int(ends[(i + 1) * block_size - 1])]
-            msg = b"\x83\x58\x20" + parent + body + canonical_cbor(extra[i])
+            e = extra[i]
+            msg = join((head[0], parent, head[1], join(enc[i * block_size:(i + 1) * block_size]),
+                        b"\xf6" if e is None else canonical_cbor(e)))
         else:
             block = tuple(int(t) for t in token_ids[i * block_size:(i + 1) * block_size])
             msg = canonical_cbor((parent, block, extra[i]))
-        parent = hashlib.sha256(msg).digest()
-        out[i] = int.from_bytes(parent, "big") & U64_MASK
-    return out
+        parent = sha256(msg).digest()
+        out.append(from_bytes(parent, "big") & U64_MASK)
+    return np.array(out, dtype=np.uint64)
 
 
 def _xxhash_seed(hash_seed: Any) -> int:
@@ -204,3 +214,60 @@ def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int,
     if mode == "xxhash":
         return _xxhash(token_ids, block_size, n, hash_seed, extra)
     raise ValueError(f"unknown hashing mode {mode!r} (expected 'xxhash' or 'vllm')")
+
+
+def _version(v: str) -> tuple[int, int]:
+    try:
+        major, minor = (int(x) for x in v.strip().lstrip("v").split(".")[:2])
+    except ValueError:
+        raise ValueError(f"vLLM version {v!r} is not of the form MAJOR.MINOR[.PATCH]") from None
+    return major, minor
+
+
+def vllm_extra_keys(vllm_version: str, n_blocks: int, *, lora_name: str | None = None,
+                    lora_int_id: int | None = None, lora_path: str | None = None,
+                    cache_salt: str | None = None) -> list[tuple[Any, ...] | None] | None:
+    """The per-block `extra_keys` a given vLLM release hashes for LoRA and `cache_salt` requests.
+
+    Args:
+        vllm_version: the engines' vLLM version ("0.11.0", "0.33.0", ...).
+        n_blocks: complete blocks of the prompt (len(token_ids) // block_size).
+        lora_name / lora_int_id / lora_path: the request's LoRA adapter (name and path as served,
+            int id as vLLM numbers it), or None.
+        cache_salt: the request's `cache_salt`, or None.
+    Returns:
+        A list of n_blocks entries (tuple or None) for `block_hashes(extra_keys=...)`, or None when
+        no block has extra keys. Shapes per version: 0.10-0.11 ``(lora_int_id[, salt])``;
+        0.14-0.30 ``(lora_name[, salt])``; >= 0.31 ``(("lora", name, path)[, ("cache_salt", salt)])``;
+        the salt only on block 0. (Multimodal and prompt-embedding keys are not built.)
+    Raises:
+        ValueError: a version before 0.10 or in 0.12-0.13 (not checked), a malformed version, or
+            the LoRA field that version needs missing.
+    Source: vLLM `vllm/v1/core/kv_cache_utils.py::generate_block_hash_extra_keys` of those releases.
+    """
+    v = _version(vllm_version)
+    if v < (0, 10) or (0, 12) <= v < (0, 14):
+        raise ValueError(f"vLLM {vllm_version}: extra-key shape not checked (supported: 0.10-0.11, >= 0.14)")
+    lora: Any = None
+    if lora_name is not None or lora_int_id is not None:
+        if v < (0, 12):
+            if lora_int_id is None:
+                raise ValueError(f"vLLM {vllm_version} hashes the LoRA int id: pass lora_int_id")
+            lora = lora_int_id
+        elif v < (0, 31):
+            if lora_name is None:
+                raise ValueError(f"vLLM {vllm_version} hashes the LoRA name: pass lora_name")
+            lora = lora_name
+        else:
+            if lora_name is None:
+                raise ValueError(f"vLLM {vllm_version} hashes the LoRA name and path: pass lora_name")
+            lora = ("lora", lora_name, lora_path)
+    if lora is None and not cache_salt:
+        return None
+    out: list[tuple[Any, ...] | None] = []
+    for i in range(n_blocks):
+        keys: list[Any] = [] if lora is None else [lora]
+        if i == 0 and cache_salt:
+            keys.append(("cache_salt", cache_salt) if v >= (0, 31) else cache_salt)
+        out.append(tuple(keys) if keys else None)
+    return out

@@ -94,15 +94,19 @@ class Lease:
         outcome: None while open; then "completed" / "aborted" / "requeued" (closed by the caller),
             or "lost" (the daemon restarted without it) / "revoked" (`kvsched cancel`): after those
             the progress calls and `release()` are no-ops.
+        url: the worker's base URL from the daemon (`Admitted.url`; "" when none is configured).
+        dp_size: ranks of the worker (> 1: tell a vLLM engine the rank, `X-data-parallel-rank`).
     """
 
     __slots__ = ("request_id", "worker", "slot", "generation", "cached_tokens", "overlap_blocks", "queued_us",
-                 "isl_tokens", "degraded", "output_tokens", "outcome", "_client", "_dispatched", "__weakref__")
+                 "isl_tokens", "degraded", "output_tokens", "outcome", "url", "dp_size", "_client", "_dispatched", "__weakref__")
 
     def __init__(self, client: "SchedulerClient | None", request_id: str, worker: WorkerKey, slot: int,
                  generation: int, cached_tokens: int, overlap_blocks: int, queued_us: int, isl_tokens: int,
-                 degraded: bool = False) -> None:
+                 degraded: bool = False, url: str = "", dp_size: int = 1) -> None:
         self._client = client
+        self.url = url
+        self.dp_size = dp_size
         self.request_id = request_id
         self.worker = worker
         self.slot = slot

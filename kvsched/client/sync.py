@@ -88,6 +88,16 @@ class SyncLease:
     def closed(self) -> bool:
         return self.lease.closed
 
+    @property
+    def url(self) -> str:
+        """The worker's base URL from the daemon (`Admitted.url`; "" when none is configured)."""
+        return self.lease.url
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks of the worker (> 1: tell a vLLM engine the rank, `X-data-parallel-rank`)."""
+        return self.lease.dp_size
+
     def dispatched(self) -> None:
         """`Lease.dispatched`."""
         self._client._call(self.lease.dispatched)
@@ -195,6 +205,7 @@ class SyncSchedulerClient:
         do_not_queue: bool = False,
         deadline_ms: int | None = None,
         lora_name: str | None = None,
+        excluded_workers: Iterable[int] | None = None,
     ) -> SyncLease:
         """Blocking `SchedulerClient.schedule`: same arguments and errors; returns a `SyncLease`."""
         lease = self._run(self._client.schedule(
@@ -211,6 +222,7 @@ class SyncSchedulerClient:
             do_not_queue=do_not_queue,
             deadline_ms=deadline_ms,
             lora_name=lora_name,
+            excluded_workers=excluded_workers,
         ))
         return SyncLease(self, lease)
 

@@ -168,6 +168,14 @@ class Ledger:
         """Distinct registered worker ids (limits are scaled by this, SPEC §4)."""
         return len(self._ids)
 
+    def worker_ids(self) -> frozenset[int]:
+        """Registered worker ids."""
+        return frozenset(self._ids)
+
+    def ranks_of(self, worker_id: int) -> int:
+        """Registered ranks of `worker_id` (0 when unknown)."""
+        return self._ids.get(worker_id, 0)
+
     def _set_flag(self, row: int, flag: int, on: bool) -> None:
         a = self.arrays
         cur = int(a.w_flags[row])

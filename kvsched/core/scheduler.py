@@ -6,6 +6,8 @@ The user-facing rules are in docs/PROTOCOL.md "Scheduling contracts" (placeable 
 no_endpoints vs all_overloaded vs waiting, do_not_queue figures, id reuse, requeue, worker removal,
 policy placements). How they are kept here:
 * Validation order: `invalid` (len(block_hashes) > ceil(isl / B) or isl < 1) → `pinned_not_allowed`
+  (a pin outside allowed_workers or inside excluded_workers; excluded_workers is folded into
+  allowed_workers at enqueue: allowed, else every registered id, minus the excluded ids)
   → `duplicate_request` (live, or `cleanup_pending`) → `no_endpoints` → `all_overloaded`; then the
   admission policy decides, then the request runs now or waits (`_wait_reason`: overloaded, class
   busy on current prefill tokens, or a ready backlog — a new arrival never jumps its own class).
@@ -175,6 +177,8 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         """Decide one request: immediate admission, queue, defer, or Reject. [] = waiting."""
         c = self._class_index.get(spec.policy_class, self._default) if spec.policy_class else self._default
         cq = self.pq.classes[c]
+        if spec.excluded_workers:
+            self._fold_excluded(spec)
         bad = self._validate(spec, cq.name)
         if bad is not None:
             return [bad]
@@ -249,6 +253,19 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         has not reached the admission policies yet: an `enqueue` of it now is `duplicate_request`.
         The actor drains cleanup first when an Enqueue names such an id."""
         return request_id in self._cleanup_ids
+
+    def _fold_excluded(self, spec: RequestSpec) -> None:
+        """excluded_workers -> allowed_workers: (allowed, else the pin's id or every registered id) minus
+        the excluded ids. A pin inside the excluded set then fails as `pinned_not_allowed`; workers
+        registered after the enqueue are not eligible for this request."""
+        if spec.allowed_workers is not None:
+            base = spec.allowed_workers
+        elif spec.pinned is not None:
+            base = frozenset((spec.pinned.worker_id,))
+        else:
+            base = self.ledger.worker_ids()
+        spec.allowed_workers = base - spec.excluded_workers
+        spec.excluded_workers = None
 
     def _validate(self, spec: RequestSpec, cls_name: str) -> Reject | None:
         bs = self.ledger.block_size

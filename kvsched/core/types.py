@@ -43,6 +43,8 @@ class RequestSpec:
         do_not_queue: reject `do_not_queue` instead of waiting.
         deadline_us: absolute time (µs, scheduler clock) after which a waiting request times out.
         owner: opaque id of the connection that sent it (the actor's peer id); 0 = in-process.
+        excluded_workers: worker ids (all ranks) the request must not run on, or None. The scheduler
+            folds it into `allowed_workers` at enqueue (allowed, or every registered id, minus these).
     """
 
     request_id: str
@@ -59,6 +61,7 @@ class RequestSpec:
     deadline_us: int | None = None
     lora_name: str | None = None
     owner: int = 0
+    excluded_workers: frozenset[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

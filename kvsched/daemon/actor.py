@@ -53,12 +53,15 @@ class Actor:
         metrics: `Metrics`.
         admin_handler: `(AdminRequest, now_us) -> (AdminReply, list[Admit|Reject])`, or None.
         admin_sock: bound ROUTER socket for the admin CLI, or None.
+        worker_urls: worker_id -> base URL sent in `Admitted.url` (shared with the admin handlers,
+            which update it on `add_worker{url}`).
     """
 
     def __init__(self, loop, scheduler, data_sock: zmq.Socket, welcome: p.Welcome, daemon_cfg,
                  metrics: Metrics, admin_handler: Callable | None = None,
-                 admin_sock: zmq.Socket | None = None) -> None:
+                 admin_sock: zmq.Socket | None = None, worker_urls: dict[int, str] | None = None) -> None:
         self.loop = loop
+        self.worker_urls = worker_urls if worker_urls is not None else {}
         self.scheduler = scheduler
         self.data_sock = data_sock
         self.admin_sock = admin_sock
@@ -202,6 +205,7 @@ class Actor:
             do_not_queue=f.do_not_queue,
             deadline_us=t + f.deadline_ms * 1000 if f.deadline_ms is not None else None,
             lora_name=f.lora_name, owner=conn.owner,
+            excluded_workers=frozenset(f.excluded_workers) if f.excluded_workers else None,
         )
         if self.scheduler.cleanup_pending(f.request_id):  # its release is buffered: clean up first
             self._deliver(self.scheduler.drain_cleanup(t), t)
@@ -285,7 +289,9 @@ class Actor:
                 if isinstance(o, Admit):
                     ok = conn is not None and conn.alive and self._send(conn, p.Admitted(
                         o.request_id, o.worker.worker_id, o.worker.dp_rank, o.slot, o.generation,
-                        o.overlap_blocks, o.cached_tokens, o.queued_us))
+                        o.overlap_blocks, o.cached_tokens, o.queued_us,
+                        self.worker_urls.get(o.worker.worker_id, ""),
+                        self.scheduler.ledger.ranks_of(o.worker.worker_id) or 1))
                     if ok:
                         conn.inflight -= 1
                         self._admission_counter(o.policy_class).inc()

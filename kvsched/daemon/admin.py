@@ -31,6 +31,8 @@ class AdminContext:
         started_s: monotonic start time (s), for uptime.
         connections: callable returning the number of live router connections.
         kv_events: the `KvEventSubscriber` (AddWorker / RemoveWorker add and remove its sources), or None.
+        worker_urls: worker_id -> base URL (`Admitted.url`), shared with the actor.
+        hash_check: the KV-event `HashCheck` (its bad rows flag `kvsched workers`), or None.
     """
 
     scheduler: object
@@ -44,6 +46,8 @@ class AdminContext:
     decisions_window: list = field(default_factory=lambda: [time.monotonic(), 0])
     config_overrides: dict | None = None
     kv_events: object | None = None
+    worker_urls: dict = field(default_factory=dict)
+    hash_check: object | None = None
 
 
 def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
@@ -60,7 +64,7 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
                     return _err(p.ErrorCode.NOT_FOUND, f"no class named {req.policy_class!r}"), []
             return p.QueuesReply(classes=rows), []
         case p.Workers():
-            return p.WorkersReply(workers=s.workers()), []
+            return p.WorkersReply(workers=_flag_hash_mismatch(ctx, s.workers())), []
         case p.Leases():
             if req.worker_id is None and req.policy_class is None:
                 rows, total = s.leases(now_us, limit=req.limit), s.active_leases
@@ -87,6 +91,8 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
                 s.add_worker(key, req.total_kv_blocks, req.max_num_batched_tokens)
             except ValueError as exc:
                 return _err(p.ErrorCode.INVALID, str(exc)), []
+            if req.url:
+                ctx.worker_urls[req.worker_id] = req.url
             if req.kv_events_endpoint:
                 _add_kv_source(ctx, req, s.ledger.row_of(key))
             log.info("worker added worker=%d:%d kv_events=%s", req.worker_id, req.dp_rank,
@@ -101,6 +107,11 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
             if ctx.kv_events is not None:
                 for row in rows:
                     ctx.kv_events.remove_source(row)
+            if ctx.hash_check is not None:
+                for row in rows:
+                    ctx.hash_check.bad_rows.pop(row, None)
+            if s.ledger.ranks_of(req.worker_id) == 0:
+                ctx.worker_urls.pop(req.worker_id, None)
             log.info("worker removed worker=%s", _w(req))
             return p.OkReply(message=f"removed {_w(req)}"), outcomes
         case p.Cancel():
@@ -117,6 +128,22 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
                 return _err(p.ErrorCode.NOT_FOUND, f"no recent decision for {req.request_id!r}"), []
             return reply, []
     return _err(p.ErrorCode.INVALID, f"unsupported admin request {type(req).__name__}"), []
+
+
+def _flag_hash_mismatch(ctx: AdminContext, rows: list) -> list:
+    """Set `hash_mismatch` on the rows whose latest KV-event hash check failed."""
+    bad = getattr(ctx.hash_check, "bad_rows", None)
+    if not bad:
+        return rows
+    import msgspec
+
+    keys = set()
+    for row in list(bad):
+        try:
+            keys.add(tuple(ctx.scheduler.ledger.key_of(row)))
+        except (KeyError, IndexError, ValueError):
+            continue
+    return [msgspec.structs.replace(w, hash_mismatch=True) if (w.worker_id, w.dp_rank) in keys else w for w in rows]
 
 
 def _add_kv_source(ctx: AdminContext, req: p.AddWorker, row: int) -> None:

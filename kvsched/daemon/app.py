@@ -75,7 +75,8 @@ class Daemon:
         from .notify import Notifier
         from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, start_curve_auth
         from ..shm.layout import ledger_name, progress_name
-        from .wiring import (KV_CATCH_UP_WAIT_S, build_kv_subscriber, build_scheduler, kv_metrics_tick, open_segments,
+        from .wiring import (KV_CATCH_UP_WAIT_S, build_kv_subscriber, build_scheduler, install_hash_check,
+                             kv_metrics_tick, open_segments,
                              warm_decision_path)
 
         cfg = self.config
@@ -114,9 +115,11 @@ class Daemon:
         self.admin_ctx = AdminContext(
             scheduler=self.scheduler, instance=d.instance, endpoint=self.endpoint, block_size=d.block_size,
             daemon_epoch=epoch, config_path=self.config_path, config_overrides=self.overrides,
+            worker_urls={w.worker_id: w.url for w in cfg.workers if w.url},
         )
         self.actor = Actor(loop, self.scheduler, self.data_sock, welcome, d, self.metrics,
-                           admin_handler=lambda req, t: handle(req, self.admin_ctx, t), admin_sock=self.admin_sock)
+                           admin_handler=lambda req, t: handle(req, self.admin_ctx, t), admin_sock=self.admin_sock,
+                           worker_urls=self.admin_ctx.worker_urls)
         self.admin_ctx.connections = lambda: len(self.actor.conns)
         self.actor.on_tick.append(self.notifier.watchdog_tick)
         arrays = self.scheduler.ledger.arrays
@@ -126,6 +129,7 @@ class Daemon:
         self.kv_events = build_kv_subscriber(cfg, self.scheduler, loop, self.ctx, self.segments.kv_index,
                                              self.segments.kv_index_restored)
         self.admin_ctx.kv_events = self.kv_events
+        self.admin_ctx.hash_check = install_hash_check(cfg, self.kv_events, self.scheduler, self.metrics)
         self.actor.on_tick.append(kv_metrics_tick(self.kv_events, self.metrics))
         self.kv_events.start()  # restored rows ask their engines for a catch-up replay now
         await self.kv_events.wait_caught_up(KV_CATCH_UP_WAIT_S)

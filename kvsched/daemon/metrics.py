@@ -127,6 +127,9 @@ class Metrics:
         )
         self.kv_events_applied = Counter("kvsched_kv_events_applied", "KV events applied", registry=r)
         self.kv_events_replayed = Counter("kvsched_kv_events_replayed", "KV events applied from replay", registry=r)
+        self.kv_hash_mismatches = Counter(
+            "kvsched_kv_hash_mismatches", "First-of-chain BlockStored events whose hashes differ from the routers'",
+            registry=r)
         self.stale_workers = Gauge("kvsched_stale_workers", "Workers whose KV event stream is stale", registry=r)
         self._worker_gauges = (self.worker_total_blocks, self.worker_blocks, self.worker_prefill, self.worker_requests,
                                self.worker_drained, self.worker_overloaded, self.worker_stale)

@@ -181,6 +181,40 @@ def build_kv_subscriber(cfg: Config, scheduler, loop, ctx, kv_index=None, restor
                              frame_budget=KV_EVENT_FRAME_BUDGET, store=kv_index, restored=restored)
 
 
+def install_hash_check(cfg: Config, subscriber, scheduler, metrics):
+    """Check the engines' block hashes on first-of-chain BlockStored events (`kvevents/hash_check.py`):
+    a rate-limited warning per worker, `kvsched_kv_hash_mismatches`, and the `hash_mismatch` flag of
+    `kvsched workers`. Returns the `HashCheck`, or None when `daemon.kv_hash_check` is off."""
+    from ..kvevents.hash_check import HashCheck
+    from .ratelimit import RateLimitedLog
+
+    if not cfg.daemon.kv_hash_check:
+        return None
+    check = HashCheck(cfg.daemon.kv_hash_seed, cfg.daemon.block_size)
+    warn = RateLimitedLog(log, 60.0)
+
+    def on_batch(row: int, batch, now_us: int) -> None:
+        before = check.mismatches
+        m = check.observe(row, batch, now_us)
+        if check.mismatches > before:
+            metrics.kv_hash_mismatches.inc(check.mismatches - before)
+        if m is None:
+            return
+        try:
+            key = scheduler.ledger.key_of(row)
+        except (KeyError, IndexError, ValueError):
+            return
+        warn.warning(f"hash-{row}", "KV-event block hashes of worker=%d:%d differ from what routers send "
+                     "(block_hashes mode=vllm hash_seed=%r block_size=%d): event=%#x expected=%#x event_block_size=%d;"
+                     " requests will get no cached overlap from this engine's events. Check PYTHONHASHSEED, "
+                     "--prefix-caching-hash-algo sha256_cbor, --block-size and the vLLM version (docs/VLLM.md)",
+                     key.worker_id, key.dp_rank, cfg.daemon.kv_hash_seed, cfg.daemon.block_size, m.event_hash,
+                     m.expected_hash, m.block_size)
+
+    subscriber.applier.on_batch = on_batch
+    return check
+
+
 def kv_metrics_tick(subscriber, metrics):
     """An `Actor.on_tick` callback: add the subscriber's applied / replayed deltas to the counters
     and set the stale-workers gauge."""

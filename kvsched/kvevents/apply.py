@@ -136,6 +136,8 @@ class KvEventApplier:
         self.store = store
         self.counters = KvEventCounters()
         self._rows: dict[int, RowStream] = {}
+        # Observer of every decoded live batch, `(row, DecodedBatch, now_us)`, e.g. the hash check.
+        self.on_batch = None
 
     def _persist(self, row: int, st: RowStream) -> None:
         if self.store is not None:
@@ -194,6 +196,8 @@ class KvEventApplier:
         batch = self._decode(payload)
         applied = 0
         if batch is not None:
+            if self.on_batch is not None:
+                self.on_batch(row, batch, now_us)
             applied = self._apply_live(row, st, seq, batch, now_us)
             self.counters.applied += applied
         st.last_seq = seq

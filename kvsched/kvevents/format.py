@@ -65,6 +65,9 @@ class Stored:
     medium: str | None  # None (older releases) = GPU
     group_idx: int  # KV-cache group; 0 when absent
     block_size: int | None  # tokens per block
+    # first-of-chain events only (parent None), for the hash check (`kvevents/hash_check.py`):
+    token_ids: list | None = None  # the stored blocks' tokens, as the engine sent them
+    extra_keys: list | None = None  # per-block extra keys the engine hashed, or None
 
     @property
     def device(self) -> bool:
@@ -185,6 +188,11 @@ def decode_event(raw: Any) -> tuple[Event | None, str]:
     return _decode(tag, f)
 
 
+def _first_list(v: Any, parent: Any) -> list | None:
+    """`v` when it is a non-empty list on a first-of-chain event (parent None), else None."""
+    return v if parent is None and isinstance(v, list) and v else None
+
+
 def _decode(tag: str | None, f: dict[str, Any]) -> tuple[Event | None, str]:
     if tag is None:
         return None, "malformed"
@@ -198,6 +206,8 @@ def _decode(tag: str | None, f: dict[str, Any]) -> tuple[Event | None, str]:
                 medium=_opt_str(f.get("medium"), "medium"),
                 group_idx=group,
                 block_size=_opt_int(f.get("block_size"), "block_size"),
+                token_ids=_first_list(f.get("token_ids"), parent),
+                extra_keys=_first_list(f.get("extra_keys"), parent),
             ), "ok"
         if tag == "BlockRemoved":
             group = _opt_int(f.get("group_idx"), "group_idx") or 0

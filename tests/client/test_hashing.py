@@ -118,3 +118,29 @@ def test_vllm_mode_every_cbor_integer_width_and_the_generic_path():
     assert block_hashes(arr, 8, mode="vllm").tolist() == vllm_reference(tokens * 2, 8, "vllm-none-hash")
     odd = [2**40, -3, 5, 7]  # outside the fast path's range: generic CBOR
     assert block_hashes(odd, 2, mode="vllm").tolist() == vllm_reference(odd, 2, "vllm-none-hash")
+
+
+def test_vllm_extra_keys_shapes_per_release():
+    from kvsched.client.hashing import vllm_extra_keys
+
+    assert vllm_extra_keys("0.33.0", 3) is None
+    assert vllm_extra_keys("0.11.0", 2, lora_int_id=7, cache_salt="s") == [(7, "s"), (7,)]
+    assert vllm_extra_keys("0.20.1", 2, lora_name="ad", cache_salt="s") == [("ad", "s"), ("ad",)]
+    assert vllm_extra_keys("0.20.1", 2, cache_salt="s") == [("s",), None]
+    assert vllm_extra_keys("v0.33.0", 2, lora_name="ad", lora_path="/l", cache_salt="s") == [
+        (("lora", "ad", "/l"), ("cache_salt", "s")), (("lora", "ad", "/l"),)]
+    for bad in ("0.9.2", "0.12.0", "0.13.1", "latest"):
+        with pytest.raises(ValueError):
+            vllm_extra_keys(bad, 1, cache_salt="s")
+    with pytest.raises(ValueError, match="int id"):
+        vllm_extra_keys("0.10.2", 1, lora_name="ad")
+
+
+def test_extra_keys_change_the_vllm_hash_of_their_blocks_only():
+    from kvsched.client.hashing import block_hashes, vllm_extra_keys
+
+    toks = list(range(48))
+    plain = block_hashes(toks, 16, mode="vllm")
+    salted = block_hashes(toks, 16, mode="vllm", extra_keys=vllm_extra_keys("0.33.0", 3, cache_salt="s"))
+    assert (plain != salted).all()  # block 0 differs, and the chain carries it to every later block
+    assert (block_hashes(toks, 16, mode="vllm", extra_keys=[None, None, None]) == plain).all()

@@ -270,3 +270,18 @@ def test_all_overloaded_rejected_when_do_not_queue():
     _one(s.enqueue(make_request("a", isl_tokens=600), 0))
     assert _one(s.enqueue(make_request("b", do_not_queue=True), 1)).reason == "all_overloaded"
     assert s.enqueue(make_request("c"), 2) == [] and s.queued == 1  # a queueing class waits
+
+
+def test_excluded_workers_never_chosen_and_pin_inside_them_rejected():
+    s = _sched(workers=((1, 0), (2, 0), (3, 0)))
+    for i in range(6):
+        got = _one(s.enqueue(make_request(f"e{i}", isl_tokens=10, excluded_workers=frozenset({1, 3})), i))
+        assert got.worker == WorkerKey(2, 0)
+    bad = _one(s.enqueue(make_request("pin", pinned=WorkerKey(3, 0), excluded_workers=frozenset({3})), 9))
+    assert bad.reason == "pinned_not_allowed"
+    ok = _one(s.enqueue(make_request("pin2", pinned=WorkerKey(1, 0), excluded_workers=frozenset({3})), 9))
+    assert ok.worker == WorkerKey(1, 0)
+    none = _one(s.enqueue(make_request("all", excluded_workers=frozenset({1, 2, 3})), 10))
+    assert none.reason == "no_endpoints"
+    mixed = _one(s.enqueue(make_request("mix", allowed_workers=frozenset({1, 2}), excluded_workers=frozenset({2})), 11))
+    assert mixed.worker == WorkerKey(1, 0)

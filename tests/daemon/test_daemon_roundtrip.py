@@ -13,7 +13,7 @@ import zmq
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient, SchedulerClient
-from kvsched.errors import DuplicateRequest, InvalidRequest, NoEndpoints
+from kvsched.errors import DuplicateRequest, InvalidRequest, NoEndpoints, PinnedNotAllowed
 from tests.conftest import TWO_WORKERS, RawPeer, purge, start_daemon, wait_until
 
 pytestmark = pytest.mark.timeout(90)
@@ -231,3 +231,43 @@ def test_release_with_defaults_frees_the_senders_lease(session_daemon):
         peer.send(p.make_encoder().encode(["release", "short-release"]))  # trailing defaults omitted
         with AdminClient(session_daemon.admin_endpoint) as admin:
             assert wait_until(lambda: admin.call(p.Status()).active_leases == 0, 5)
+
+
+URL_WORKERS = """
+[daemon]
+block_size = 16
+
+[[workers]]
+worker_id = 1
+url = "http://10.0.0.1:8000"
+
+[[workers]]
+worker_id = 2
+dp_size = 2
+url = "http://10.0.0.2:8000"
+"""
+
+
+async def test_admitted_carries_worker_url_and_dp_size_and_excluded_workers_are_skipped(tmp_path):
+    d = start_daemon(tmp_path, URL_WORKERS)
+    try:
+        async with SchedulerClient(d.endpoint) as client:
+            for i in range(4):
+                lease = await client.schedule(f"u{i}", isl_tokens=16, excluded_workers=[1])
+                assert lease.worker.worker_id == 2
+                assert (lease.url, lease.dp_size) == ("http://10.0.0.2:8000", 2)
+                lease.release("completed")
+            lease = await client.schedule("u-one", isl_tokens=16, excluded_workers=[2])
+            assert (lease.worker.worker_id, lease.url, lease.dp_size) == (1, "http://10.0.0.1:8000", 1)
+            lease.release("completed")
+            with AdminClient(d.admin_endpoint) as admin:
+                admin.call(p.AddWorker(worker_id=7, url="http://10.0.0.7:9000"))
+            lease = await client.schedule("u-new", isl_tokens=16, pinned=(7, 0))
+            assert (lease.url, lease.dp_size) == ("http://10.0.0.7:9000", 1)
+            lease.release("completed")
+            with pytest.raises(PinnedNotAllowed):
+                await client.schedule("u-pin", isl_tokens=16, pinned=(7, 0), excluded_workers=[7])
+        assert wait_until(lambda: ledger_is_zero(d.admin_endpoint))
+    finally:
+        d.stop()
+        purge(d.argv[d.argv.index("--instance") + 1])

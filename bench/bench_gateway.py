@@ -1,0 +1,158 @@
+"""What the gateway adds: the same HTTP client, the same requests, straight to the engines vs
+through `kvsched-gateway` + daemon, in one run.
+
+Stack: a real daemon, two `kvsched-sim-engine` processes (sped up so the engine's own time is close
+to its Python overhead) and one gateway process (`LocalFleet`). The client is one process with
+`--concurrency` streaming chat requests in flight (aiohttp), each a 256-token prompt drawn from 32
+shared prefixes, `max_tokens` 16, streamed. Direct mode sends each request to the engines
+round-robin; gateway mode sends it to the gateway, which schedules it and forwards it. The two modes
+run in interleaved blocks (direct, gateway, direct, ... `ROUNDS` each) so a change in the machine's
+load during the run affects both.
+
+Figures per mode: time to first token and to the last byte (ms, p50 / p99), requests/s; then the
+added latency = gateway - direct at p50 and p99 (distributions compared, not requests paired), and
+the gateway process's CPU per request (µs, /proc). Goal: <= 2 ms added at p50, <= 5 ms at p99 at 50
+concurrent streams.
+
+Usage: python bench/bench_gateway.py [--quick] [--requests N] [--concurrency C]
+       -> table, out/bench/gateway.json (out/bench/quick/ with --quick)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPT_WORDS = 256
+N_PREFIXES = 32
+PREFIX_WORDS = 192
+MAX_TOKENS = 16
+ROUNDS = 6  # interleaved direct / gateway blocks
+
+
+def prompt(i: int) -> str:
+    p = i % N_PREFIXES
+    head = " ".join(f"w{(p * PREFIX_WORDS + k) % 1900}" for k in range(PREFIX_WORDS))
+    tail = " ".join(f"w{(i * 7 + k) % 1900}" for k in range(PROMPT_WORDS - PREFIX_WORDS))
+    return head + " " + tail
+
+
+async def one(session, url: str, i: int) -> tuple[float, float, bool]:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": prompt(i)}], "max_tokens": MAX_TOKENS,
+            "stream": True}
+    t0 = time.perf_counter()
+    ttft = None
+    ok = False
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        if resp.status != 200:
+            await resp.read()
+            return 0.0, 0.0, False
+        async for line in resp.content:
+            if ttft is None and line.startswith(b"data: "):
+                ttft = time.perf_counter() - t0
+            if line.startswith(b"data: [DONE]"):
+                ok = True
+    return (ttft or 0.0), time.perf_counter() - t0, ok
+
+
+async def run_mode(urls: list[str], n: int, concurrency: int, start: int, acc: dict | None = None) -> dict:
+    """`n` requests, `concurrency` in flight; latencies appended to `acc` ({"ttft", "total", "failed",
+    "elapsed"}) when given, so interleaved blocks of one mode add up."""
+    import aiohttp
+
+    ttfts, totals, fails = [], [], 0
+    next_i = start
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        async def worker() -> None:
+            nonlocal next_i, fails
+            while next_i < start + n:
+                i = next_i
+                next_i += 1
+                ttft, total, ok = await one(s, urls[i % len(urls)], i)
+                if ok:
+                    ttfts.append(ttft)
+                    totals.append(total)
+                else:
+                    fails += 1
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - t0
+    if acc is not None:
+        acc["ttft"] += ttfts
+        acc["total"] += totals
+        acc["failed"] += fails
+        acc["elapsed"] += elapsed
+        ttfts, totals, fails, elapsed, n = acc["ttft"], acc["total"], acc["failed"], acc["elapsed"], len(acc["total"]) + acc["failed"]
+    ms = lambda a, q: float(np.percentile(np.asarray(a) * 1e3, q)) if a else float("nan")  # noqa: E731
+    return {"requests": n, "failed": fails, "elapsed_s": elapsed, "requests_per_s": len(totals) / elapsed,
+            "ttft_p50_ms": ms(ttfts, 50), "ttft_p99_ms": ms(ttfts, 99),
+            "total_p50_ms": ms(totals, 50), "total_p99_ms": ms(totals, 99)}
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer requests, out/bench/quick/")
+    ap.add_argument("--requests", type=int, default=0, help="requests per mode (default 3000, quick 600)")
+    ap.add_argument("--concurrency", type=int, default=50, help="streams in flight (default 50)")
+    ap.add_argument("--speedup", type=float, default=1000.0, help="sim engines' speedup (default 1000)")
+    args = ap.parse_args()
+    n = args.requests or (600 if args.quick else 3000)
+    from kvsched.gateway.local_fleet import LocalFleet
+
+    out_dir = ROOT / "out" / "bench" / ("quick" if args.quick else "")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        fleet = LocalFleet.start(tmp, n_engines=2, n_gateways=1, speedup=args.speedup, total_kv_blocks=20000)
+        try:
+            engines = [e.url for e in fleet.engines]
+            gw = fleet.gateway_urls[0]
+            asyncio.run(run_mode(engines, 200, args.concurrency, 10_000_000))  # warm-up, both paths
+            asyncio.run(run_mode([gw], 200, args.concurrency, 20_000_000))
+            # Interleaved blocks (direct, gateway, direct, ...) so drift in the machine's load hits both.
+            acc_d, acc_g = ({"ttft": [], "total": [], "failed": 0, "elapsed": 0.0} for _ in range(2))
+            per = max(args.concurrency * 2, n // ROUNDS)
+            gw_cpu = 0.0
+            for r in range(ROUNDS):
+                direct = asyncio.run(run_mode(engines, per, args.concurrency, r * per, acc_d))
+                c0 = cpu_s(fleet.gateways[0].pid)
+                gateway = asyncio.run(run_mode([gw], per, args.concurrency, r * per, acc_g))
+                gw_cpu += cpu_s(fleet.gateways[0].pid) - c0
+            gateway["gateway_cpu_us_per_request"] = gw_cpu / (per * ROUNDS) * 1e6
+        finally:
+            fleet.stop()
+    added = {k: gateway[f"{k}_ms"] - direct[f"{k}_ms"] for k in ("ttft_p50", "ttft_p99", "total_p50", "total_p99")}
+    result = {"meta": {"requests_per_mode": n, "concurrency": args.concurrency, "max_tokens": MAX_TOKENS,
+                       "prompt_tokens": PROMPT_WORDS + 4, "engines": 2, "speedup": args.speedup,
+                       "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "python": platform.python_version()},
+              "direct": direct, "gateway": gateway, "rounds": ROUNDS, "added_ms": added,
+              "goal": {"added_p50_ms": 2.0, "added_p99_ms": 5.0}}
+    (out_dir / "gateway.json").write_text(json.dumps(result, indent=1))
+    print(f"{'mode':<14}{'req/s':>8}{'ttft p50':>10}{'ttft p99':>10}{'total p50':>11}{'total p99':>11}  (ms)")
+    for name, r in (("direct", direct), ("gateway", gateway)):
+        print(f"{name:<14}{r['requests_per_s']:>8.0f}{r['ttft_p50_ms']:>10.2f}{r['ttft_p99_ms']:>10.2f}"
+              f"{r['total_p50_ms']:>11.2f}{r['total_p99_ms']:>11.2f}   failed={r['failed']}")
+    print(f"added by gateway + daemon: ttft p50 {added['ttft_p50']:+.2f} ms, p99 {added['ttft_p99']:+.2f} ms; "
+          f"total p50 {added['total_p50']:+.2f} ms, p99 {added['total_p99']:+.2f} ms; "
+          f"gateway CPU {gateway['gateway_cpu_us_per_request']:.0f} µs/request; load avg {os.getloadavg()[0]:.1f}")
+    print(f"-> {out_dir / 'gateway.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""`python -m kvsched.gateway` = `kvsched-gateway`."""
+
+from .app import main
+
+main()

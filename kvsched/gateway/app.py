@@ -1,0 +1,255 @@
+"""`kvsched-gateway`: the aiohttp application, its lifecycle and the console-script entry point.
+
+Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (streaming and not), `GET /v1/models`,
+`GET /health` (200 while the daemon connection is up, else 503). One `SchedulerClient` per process;
+run several processes behind a load balancer for more throughput. docs/GATEWAY.md has the contract.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from ..client import SchedulerClient
+from ..client.hashing import block_hashes
+from ..errors import ConfigError, DaemonUnavailable, RequestRejected
+from . import openai as oa
+from .config import GatewayConfig, load_gateway_config
+from .forward import ClientGone, serve
+from .health import EngineHealth
+from .tokenizer import ModelTokenizer, TemplateError
+
+log = logging.getLogger("kvsched.gateway")
+
+
+class Gateway:
+    """State of one gateway process: config, tokenizers, the daemon client, the engine session.
+
+    Args:
+        cfg: the loaded `GatewayConfig`.
+    Raises:
+        ConfigError: a tokenizer directory that cannot be loaded.
+    """
+
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.cfg = cfg
+        g = cfg.gateway
+        self.tokenizers = {m.name: ModelTokenizer(m.tokenizer_dir, m.chat_template) for m in cfg.models}
+        self.created = int(time.time())
+        self.client: SchedulerClient | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.health: EngineHealth | None = None
+        self.block_size = 0
+        self.engine_timeout = aiohttp.ClientTimeout(total=None, sock_connect=g.engine_connect_timeout_s,
+                                                    sock_read=g.engine_read_timeout_s)
+        self.stats: Counter = Counter()
+
+    async def start(self) -> None:
+        """Connect to the daemon (raises DaemonUnavailable) and open the engine session."""
+        g = self.cfg.gateway
+        self.client = SchedulerClient(g.daemon_endpoint or None, instance=g.instance,
+                                      client_name=g.client_name or f"gateway-{os.getpid()}", connect_timeout_s=g.connect_timeout_s)
+        await self.client.connect()
+        self.block_size = self.client.welcome.block_size
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                                             auto_decompress=False)
+        self.health = EngineHealth(self.session, g.health_interval_s, g.health_timeout_s, g.health_path)
+        self.health.start()
+        log.info("gateway ready daemon=%s block_size=%d models=%s", self.client.endpoint, self.block_size,
+                 ",".join(self.tokenizers))
+
+    async def stop(self) -> None:
+        if self.health is not None:
+            await self.health.stop()
+        if self.session is not None:
+            await self.session.close()
+        if self.client is not None:
+            await self.client.close()
+
+    async def schedule(self, request_id: str, isl: int, hashes, excluded: set[int], hints: dict):
+        """`SchedulerClient.schedule` with rejections mapped to HttpError (status-code table)."""
+        try:
+            return await self.client.schedule(request_id, isl, hashes, excluded_workers=excluded or None, **hints)
+        except RequestRejected as exc:
+            self.stats[f"rejected_{exc.reason}"] += 1
+            raise oa.error_for_rejection(exc) from None
+        except DaemonUnavailable as exc:
+            raise oa.error_for_unavailable(exc) from None
+
+    # ------------------------------------------------------------------ handlers
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "completion", "/v1/completions")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "chat", "/v1/chat/completions")
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [{"id": name, "object": "model", "created": self.created, "owned_by": "kvsched"}
+                for name in self.tokenizers]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health_endpoint(self, request: web.Request) -> web.Response:
+        up = self.client is not None and self.client.connected
+        failing = sorted(self.health.failing) if self.health else []
+        return web.json_response({"status": "ok" if up else "daemon_unavailable", "failing_workers": failing},
+                                 status=200 if up else 503)
+
+    async def _handle(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
+        try:
+            p = await self._parse(request, kind)
+            hints = scheduling_hints(request, p)
+            hashes = block_hashes(p.token_ids, self.block_size, mode="vllm", hash_seed=self.cfg.gateway.hash_seed)
+            return await serve(self, request, p, path, hints, hashes, f"gw-{uuid.uuid4().hex}")
+        except oa.HttpError as exc:
+            self.stats[f"http_{exc.status}"] += 1
+            return web.json_response(exc.body(), status=exc.status, headers=exc.headers())
+        except ClientGone:  # released `aborted` on the way out; nobody reads this answer
+            self.stats["client_gone"] += 1
+            return web.Response(status=499)
+
+    async def _parse(self, request: web.Request, kind: str) -> oa.Prompt:
+        g = self.cfg.gateway
+        if request.content_length is not None and request.content_length > g.max_body_bytes:
+            raise oa.HttpError(400, f"request body of {request.content_length} bytes exceeds the limit of "
+                               f"{g.max_body_bytes} bytes", code="body_too_large")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise oa.HttpError(400, f"request body exceeds the limit of {g.max_body_bytes} bytes",
+                               code="body_too_large") from None
+        try:
+            body = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise oa.HttpError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        p = oa.parse_body(kind, body)
+        tok = self.tokenizers.get(p.model)
+        if tok is None:
+            raise oa.HttpError(404, f"model {p.model!r} does not exist; served models: {sorted(self.tokenizers)}",
+                               "not_found_error", "model_not_found", param="model")
+        try:
+            if kind == "chat":
+                p.text = tok.render_chat(oa.chat_messages(p.body))
+                p.token_ids = tok.encode(p.text)
+            elif p.text is not None:
+                p.token_ids = tok.encode(p.text, add_special_tokens=True)
+        except TemplateError as exc:
+            raise oa.HttpError(400, str(exc), code="chat_template_error", param="messages") from None
+        if not p.token_ids:
+            raise oa.HttpError(400, "the prompt has no tokens", code="empty_prompt")
+        if len(p.token_ids) > g.max_prompt_tokens:
+            raise oa.HttpError(400, f"prompt of {len(p.token_ids)} tokens exceeds the limit of "
+                               f"{g.max_prompt_tokens} tokens", code="prompt_too_long")
+        if p.max_tokens is None:
+            p.max_tokens = g.default_max_tokens
+            p.body = {**p.body, "max_tokens": g.default_max_tokens}
+        return p
+
+
+def _int_header(request: web.Request, name: str) -> int | None:
+    v = request.headers.get(name)
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise oa.HttpError(400, f"header {name} must be an integer, got {v!r}", code="invalid_header") from None
+
+
+def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
+    """schedule() options from the documented headers, with body fallbacks (docs/GATEWAY.md)."""
+    h = request.headers
+    prio = _int_header(request, oa.H_PRIORITY)
+    if prio is None:
+        bp = p.body.get("priority", 0)
+        prio = bp if isinstance(bp, int) and not isinstance(bp, bool) else 0
+    session = h.get(oa.H_SESSION)
+    if session is None and isinstance(p.body.get("user"), str):
+        session = p.body["user"]
+    hints = {"policy_class": h.get(oa.H_CLASS, ""), "priority": prio,
+             "strict_priority": _int_header(request, oa.H_STRICT) or 0,
+             "session_id": session[:128] if session else None, "expected_osl": p.max_tokens,
+             "deadline_ms": _int_header(request, oa.H_DEADLINE),
+             "do_not_queue": h.get(oa.H_DO_NOT_QUEUE, "").lower() in ("1", "true", "yes")}
+    if len(hints["policy_class"]) > 128:
+        raise oa.HttpError(400, f"header {oa.H_CLASS} longer than 128 characters", code="invalid_header")
+    if not (-(2**31) <= prio < 2**31) or not (-(2**31) <= hints["strict_priority"] < 2**31):
+        raise oa.HttpError(400, "priority out of the 32-bit range", code="invalid_header")
+    if hints["deadline_ms"] is not None and not (0 <= hints["deadline_ms"] <= 86_400_000):
+        raise oa.HttpError(400, f"header {oa.H_DEADLINE} must be in [0, 86400000]", code="invalid_header")
+    return hints
+
+
+def make_app(gw: Gateway) -> web.Application:
+    """The aiohttp application (body size checked by the handlers, so oversize answers 400)."""
+    app = web.Application(client_max_size=gw.cfg.gateway.max_body_bytes)
+    app.add_routes([web.post("/v1/completions", gw.completions), web.post("/v1/chat/completions", gw.chat),
+                    web.get("/v1/models", gw.models), web.get("/health", gw.health_endpoint)])
+    return app
+
+
+async def run(cfg: GatewayConfig, ready_file: str | None = None) -> None:
+    """Serve until SIGINT/SIGTERM."""
+    import signal
+
+    gw = Gateway(cfg)
+    await gw.start()
+    runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.gateway.host, cfg.gateway.port, backlog=1024)
+    await site.start()
+    port = runner.addresses[0][1] if runner.addresses else cfg.gateway.port
+    log.info("listening on http://%s:%d", cfg.gateway.host, port)
+    if ready_file:
+        with open(ready_file, "w") as fh:
+            fh.write(str(port))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        await gw.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point of `kvsched-gateway`."""
+    ap = argparse.ArgumentParser(prog="kvsched-gateway", description="OpenAI-compatible gateway in front of "
+                                 "engines scheduled by a kvsched daemon (docs/GATEWAY.md).")
+    ap.add_argument("--config", required=True, help="gateway TOML: [gateway] and [[models]] (docs/GATEWAY.md)")
+    ap.add_argument("--host", help="listen address (overrides [gateway] host)")
+    ap.add_argument("--port", type=int, help="listen port, 0 = any free port (overrides [gateway] port)")
+    ap.add_argument("--ready-file", help="write the bound port here once serving (for scripts and tests)")
+    ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        cfg = load_gateway_config(args.config)
+        if args.host:
+            cfg.gateway.host = args.host
+        if args.port is not None:
+            cfg.gateway.port = args.port
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            pass
+        asyncio.run(run(cfg, args.ready_file))
+    except ConfigError as exc:
+        print(f"kvsched-gateway: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except DaemonUnavailable as exc:
+        print(f"kvsched-gateway: {exc}", file=sys.stderr)
+        sys.exit(3)

@@ -1,0 +1,92 @@
+"""The gateway's TOML: where the daemon is, where to listen, and model name -> local tokenizer directory.
+
+Example (docs/GATEWAY.md)::
+
+    [gateway]
+    port = 8080
+    instance = "default"          # daemon discovery, or daemon_endpoint = "ipc:///run/kvsched/default.sock"
+
+    [[models]]
+    name = "llama-3-8b"
+    tokenizer_dir = "/models/llama-3-8b"   # tokenizer.json + chat template; nothing is downloaded
+
+The block size is not here: block hashes use the daemon's `Welcome.block_size`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from ..errors import ConfigError
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base of every table: an unknown key is an error."""
+
+
+class GatewaySection(_Section):
+    """`[gateway]`: listening address, daemon, limits (units in the names)."""
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8080
+    daemon_endpoint: str = ""  # "" = discovery (KVSCHED_ENDPOINT, else the ipc path of `instance`)
+    instance: str = "default"
+    client_name: str = ""  # shown by `kvsched status` ("" = gateway-<pid>)
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024  # larger request bodies -> 400
+    max_prompt_tokens: Annotated[int, Meta(ge=1)] = 131_072  # longer prompts -> 400
+    default_max_tokens: Annotated[int, Meta(ge=1)] = 256  # output tokens when the request names none
+    hash_seed: str | None = None  # the engines' PYTHONHASHSEED (docs/VLLM.md); None = vLLM >= 0.29 default
+    engine_connect_timeout_s: Annotated[float, Meta(gt=0)] = 5.0  # connect + response headers (s)
+    engine_read_timeout_s: Annotated[float, Meta(gt=0)] = 600.0  # longest silence between chunks (s)
+    health_interval_s: Annotated[float, Meta(gt=0)] = 2.0  # period of the engine health checks (s)
+    health_timeout_s: Annotated[float, Meta(gt=0)] = 2.0  # one health check's timeout (s)
+    health_path: str = "/health"  # vLLM's liveness endpoint
+    connect_timeout_s: Annotated[float, Meta(gt=0)] = 10.0  # first Welcome from the daemon (s)
+
+
+class ModelSection(_Section):
+    """`[[models]]`: a served model name and its local tokenizer directory."""
+
+    name: Annotated[str, Meta(min_length=1)]
+    tokenizer_dir: str  # holds tokenizer.json, and chat_template.jinja or tokenizer_config.json
+    chat_template: str | None = None  # a template file overriding the directory's
+
+
+class GatewayConfig(_Section):
+    """The whole gateway file."""
+
+    gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
+    models: list[ModelSection] = msgspec.field(default_factory=list)
+
+
+def load_gateway_config(path: str | Path) -> GatewayConfig:
+    """Read and validate a gateway TOML file.
+
+    Raises:
+        ConfigError: unreadable file, bad TOML, unknown keys or wrong types (naming the key path), no
+            `[[models]]`, or a model name listed twice.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            raw = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    try:
+        cfg = msgspec.convert(raw, GatewayConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if not cfg.models:
+        raise ConfigError(f"{path}: no [[models]] table: the gateway needs at least one model")
+    names = [m.name for m in cfg.models]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"{path}: model names listed twice: {sorted(dup)}")
+    return cfg

@@ -1,0 +1,56 @@
+"""`make gateway-demo`: daemon + three simulated engines + a gateway on one machine, until Ctrl-C.
+
+Prints the curl commands to try. The model is "tiny" with a word-level tokenizer: prompts are made
+of the words w0 ... w1999 (other words become [UNK] tokens); answers are filler words.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m kvsched.gateway.demo", description=__doc__)
+    ap.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    ap.add_argument("--engines", type=int, default=3, help="simulated engines (default 3)")
+    ap.add_argument("--speedup", type=float, default=1.0, help="simulated time per wall time")
+    ap.add_argument("--workdir", default="out/gateway-demo", help="logs and configs")
+    args = ap.parse_args(argv)
+    from .local_fleet import LocalFleet
+
+    print(f"starting daemon, {args.engines} simulated engines and a gateway (logs in {args.workdir}) ...")
+    fleet = LocalFleet.start(args.workdir, n_engines=args.engines, speedup=args.speedup, gateway_port=args.port)
+    url = fleet.gateway_urls[0]
+    prompt = " ".join(f"w{i}" for i in range(200))
+    print(f"""
+gateway: {url}   engines: {", ".join(e.url for e in fleet.engines)}
+admin:   KVSCHED_ADMIN_ENDPOINT={fleet.daemon.admin_endpoint} kvsched workers
+
+curl -s {url}/v1/models
+curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\
+  -d '{{"model": "tiny", "max_tokens": 8, "messages": [{{"role": "user", "content": "{prompt[:60]} ..."}}]}}'
+curl -sN {url}/v1/completions -H 'Content-Type: application/json' \\
+  -d '{{"model": "tiny", "max_tokens": 8, "stream": true, "prompt": "w1 w2 w3 w4"}}'
+
+Send the same long prompt twice: the second answer's usage shows prompt_tokens_details.cached_tokens.
+Ctrl-C stops everything.""", flush=True)
+    stop = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not stop:
+            time.sleep(0.2)
+    finally:
+        print("stopping ...")
+        fleet.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""One request through the gateway: schedule -> forward -> stream -> release (docs/GATEWAY.md).
+
+Lease lifecycle against the engine's answer: `dispatched()` when the engine answers 200,
+`prefill_done()` at the first chunk, output tokens from the engine's per-chunk usage as they stream,
+`release("completed")` after `[DONE]`, `release("aborted")` on an engine error, a client disconnect
+(the handler is cancelled) or any other exception. An engine failure before the first chunk
+(connection error, timeout, 5xx, stream closed empty) releases `aborted`, marks the worker failing
+and retries once with it in `excluded_workers`; a second failure answers 502.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from ..client.lease import Lease
+from .openai import Collector, HttpError, Prompt, chunk_tokens, engine_body
+
+if TYPE_CHECKING:
+    from .app import Gateway
+
+log = logging.getLogger(__name__)
+
+_json_decode = msgspec.json.decode
+_json_encode = msgspec.json.encode
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class EngineFailed(Exception):
+    """The engine failed before producing a token (retryable elsewhere)."""
+
+
+class ClientGone(Exception):
+    """The HTTP client closed its connection: the lease is released `aborted`."""
+
+
+async def _write(out: web.StreamResponse, data: bytes) -> None:
+    try:
+        await out.write(data)
+    except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
+        raise ClientGone(str(exc)) from None
+
+
+async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints: dict,
+                hashes, request_id: str) -> web.StreamResponse:
+    """Schedule and forward `p`; returns the response sent (or raises HttpError before any byte)."""
+    excluded = gw.health.excluded()
+    isl = len(p.token_ids)
+    last: EngineFailed | None = None
+    for _attempt in range(2):
+        lease = await gw.schedule(request_id, isl, hashes, excluded, hints)
+        gw.health.learn(lease.worker.worker_id, lease.url)
+        try:
+            return await _forward(gw, request, p, path, lease, request_id)
+        except EngineFailed as exc:
+            lease.release("aborted")
+            gw.health.mark_failed(lease.worker.worker_id, str(exc))
+            excluded.add(lease.worker.worker_id)
+            last = exc
+            gw.stats["engine_retries"] += 1
+        except BaseException:
+            if not lease.closed:
+                lease.release("aborted")
+            raise
+    raise HttpError(502, f"engine failed before the first token, twice: {last}", "engine_error", "engine_failure")
+
+
+async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, lease: Lease,
+                   request_id: str) -> web.StreamResponse:
+    if not lease.url:
+        lease.release("aborted")
+        raise HttpError(503, f"worker {lease.worker.worker_id} has no url in the daemon's config "
+                        "([[workers]] url, or kvsched add-worker --url)", "service_unavailable", "no_worker_url")
+    headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+    if lease.dp_size > 1:
+        headers["X-data-parallel-rank"] = str(lease.worker.dp_rank)
+    try:
+        resp = await gw.session.post(lease.url.rstrip("/") + path, data=_json_encode(engine_body(p)),
+                                     headers=headers, timeout=gw.engine_timeout)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
+    async with resp:
+        if resp.status >= 500:
+            raise EngineFailed(f"engine answered HTTP {resp.status}")
+        if resp.status != 200:  # the engine refused the request itself (e.g. 400): pass it on
+            body = await resp.read()
+            lease.release("aborted")
+            return web.Response(status=resp.status, body=body, content_type="application/json")
+        lease.dispatched()
+        return await _stream(gw, request, p, lease, resp)
+
+
+def _sse_data(buf: bytearray) -> list[bytes]:
+    """Pop the complete lines of `buf` and return the payloads of its `data:` lines (SSE)."""
+    cut = buf.rfind(b"\n")
+    if cut < 0:
+        return []
+    lines = bytes(buf[:cut]).split(b"\n")
+    del buf[:cut + 1]
+    return [ln[5:].strip() for ln in lines if ln.startswith(b"data:")]
+
+
+async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
+                  resp: aiohttp.ClientResponse) -> web.StreamResponse:
+    """Relay the engine's SSE stream. Reads whatever has arrived (`iter_any`) and writes what it
+    relays in one write per read, so a burst of chunks costs one syscall, not one per token."""
+    out: web.StreamResponse | None = None
+    collector = None if p.stream else Collector(p.kind)
+    first = True
+    done = False
+    buf = bytearray()
+    try:
+        async for piece in resp.content.iter_any():
+            buf += piece
+            pending: list[bytes] = []
+            for data in _sse_data(buf):
+                if data == b"[DONE]":
+                    done = True
+                    break
+                chunk = _json_decode(data)
+                if not isinstance(chunk, dict):
+                    continue
+                if "error" in chunk and not chunk.get("choices"):
+                    raise aiohttp.ClientPayloadError(f"engine error in stream: {chunk['error']}")
+                if first:
+                    first = False
+                    lease.prefill_done()
+                usage = chunk.get("usage")
+                n = (usage.get("completion_tokens", 0) - lease.output_tokens) if usage else chunk_tokens(chunk, p.kind)
+                if n > 0:
+                    lease.add_output_tokens(n)
+                if collector is not None:
+                    collector.add(chunk)
+                    continue
+                if usage is not None:
+                    if not chunk.get("choices"):
+                        if not p.include_usage:
+                            continue
+                    elif not p.continuous_usage:
+                        del chunk["usage"]
+                        data = _json_encode(chunk)
+                pending.append(b"data: " + data + b"\n\n")
+            if pending:
+                if out is None:
+                    out = web.StreamResponse(headers=SSE_HEADERS)
+                    await out.prepare(request)
+                await _write(out, b"".join(pending))
+            if done:
+                break
+    except (aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError) as exc:
+        if first:
+            raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
+        lease.release("aborted")
+        gw.stats["engine_errors_mid_stream"] += 1
+        if out is None:
+            raise HttpError(502, f"engine failed mid-stream: {exc}", "engine_error", "engine_failure") from None
+        await _write(out, b"data: " + _json_encode({"error": {"message": f"engine failed mid-stream: {exc}",
+                                                             "type": "engine_error", "code": 502}}) + b"\n\n")
+        await out.write_eof()
+        return out
+    if first:
+        raise EngineFailed("engine closed the stream before the first token")
+    lease.release("completed")
+    gw.stats["completed"] += 1
+    if collector is not None:
+        return web.json_response(collector.response(), dumps=lambda o: _json_encode(o).decode())
+    if out is None:
+        out = web.StreamResponse(headers=SSE_HEADERS)
+        await out.prepare(request)
+    await _write(out, b"data: [DONE]\n\n")
+    await out.write_eof()
+    return out

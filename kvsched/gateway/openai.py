@@ -1,0 +1,222 @@
+"""OpenAI request parsing, error bodies and the status-code table of the gateway (docs/GATEWAY.md).
+
+No I/O: turns request bodies into `Prompt`s (text + tokens + scheduling hints) or `HttpError`s, and
+builds the OpenAI-shaped bodies the gateway sends back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DaemonUnavailable, RequestRejected
+
+RETRY_AFTER_S = 1  # Retry-After (s) on 429 and retryable 503
+
+# Rejection reason -> HTTP status (OpenAI clients retry 429 and 503 with backoff).
+REJECT_STATUS: dict[str, int] = {
+    "queue_full": 429, "overloaded": 429, "all_overloaded": 429, "do_not_queue": 429, "timeout": 429,
+    "no_endpoints": 503, "shutting_down": 503, "cancelled": 503,
+    "invalid": 400, "pinned_not_allowed": 400,
+    "duplicate_request": 409,
+}
+_NO_RETRY_AFTER = frozenset({"cancelled", "invalid", "pinned_not_allowed", "duplicate_request"})
+
+# Headers that carry scheduling hints (body fields `priority` / `user` are the fallbacks).
+H_CLASS = "X-Kvsched-Class"
+H_PRIORITY = "X-Kvsched-Priority"
+H_STRICT = "X-Kvsched-Strict-Priority"
+H_SESSION = "X-Kvsched-Session-Id"
+H_DEADLINE = "X-Kvsched-Deadline-Ms"
+H_DO_NOT_QUEUE = "X-Kvsched-Do-Not-Queue"
+
+
+class HttpError(Exception):
+    """An answer other than 200: status, OpenAI error type, message, optional Retry-After (s)."""
+
+    def __init__(self, status: int, message: str, err_type: str = "invalid_request_error",
+                 code: str | None = None, retry_after_s: int | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.code = code
+        self.retry_after_s = retry_after_s
+        self.param = param
+
+    def body(self) -> dict:
+        """`{"error": {"message", "type", "param", "code"}}` as OpenAI sends it."""
+        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else {}
+
+
+def error_for_rejection(exc: RequestRejected) -> HttpError:
+    """The daemon refused the request: map its reason through `REJECT_STATUS`."""
+    status = REJECT_STATUS.get(exc.reason, 503)
+    retry = None if exc.reason in _NO_RETRY_AFTER or status not in (429, 503) else RETRY_AFTER_S
+    err_type = {429: "rate_limit_error", 400: "invalid_request_error", 409: "conflict_error"}.get(status,
+                                                                                                   "service_unavailable")
+    return HttpError(status, f"scheduler rejected the request: {exc.reason}"
+                     + (f" ({exc.detail})" if getattr(exc, "detail", "") else ""), err_type, exc.reason, retry)
+
+
+def error_for_unavailable(exc: DaemonUnavailable) -> HttpError:
+    return HttpError(503, f"scheduler unavailable: {exc}", "service_unavailable", "daemon_unavailable", RETRY_AFTER_S)
+
+
+@dataclass(slots=True)
+class Prompt:
+    """A parsed request: what to tokenize and how to schedule it.
+
+    Attributes:
+        kind: "chat" or "completion".
+        model: the requested model name.
+        body: the request body as decoded (forwarded to the engine after `engine_body`).
+        text: prompt text (chat: the rendered template), or None when the prompt came as token ids.
+        token_ids: prompt token ids, filled by the gateway after tokenizing.
+        stream: the client wants SSE.
+        include_usage: the client asked for the usage chunk (`stream_options.include_usage`).
+        max_tokens: output tokens asked for (None = the engine's default).
+    """
+
+    kind: str
+    model: str
+    body: dict
+    text: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+    max_tokens: int | None = None
+
+
+def _bad(message: str, param: str | None = None) -> HttpError:
+    return HttpError(400, message, "invalid_request_error", "invalid_request", param=param)
+
+
+def parse_body(kind: str, body: Any) -> Prompt:
+    """Validate the fields the gateway relies on (the engine validates the rest).
+
+    Raises:
+        HttpError(400): not an object, no model, missing or empty messages / prompt, bad types.
+    """
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("missing required field 'model'", "model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean", "stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise _bad("'stream_options' must be an object", "stream_options")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise _bad("'max_tokens' must be a positive integer", "max_tokens")
+    p = Prompt(kind, model, body, stream=stream, include_usage=bool(opts.get("include_usage")),
+               continuous_usage=bool(opts.get("continuous_usage_stats")), max_tokens=max_tokens)
+    if kind == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise _bad("missing required field 'messages' (a non-empty list)", "messages")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _bad(f"messages[{i}] must be an object with a string 'role'", "messages")
+            c = m.get("content")
+            if c is not None and not isinstance(c, (str, list)):
+                raise _bad(f"messages[{i}].content must be a string or a list of parts", "messages")
+        return p
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _bad("'prompt' is empty", "prompt")
+        p.text = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                     for t in prompt):
+        p.token_ids = list(prompt)
+    elif prompt is None:
+        raise _bad("missing required field 'prompt'", "prompt")
+    else:
+        raise _bad("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
+    return p
+
+
+def chat_messages(body: dict) -> list[dict]:
+    """Messages with list-of-parts content flattened to text (what text-only templates expect)."""
+    out = []
+    for m in body["messages"]:
+        c = m.get("content")
+        if isinstance(c, list):
+            c = "".join(part.get("text", "") for part in c if isinstance(part, dict) and part.get("type") == "text")
+        out.append({**m, "content": c if c is not None else ""})
+    return out
+
+
+def engine_body(p: Prompt) -> dict:
+    """The body sent to the engine: always streamed, with usage on every chunk (vLLM's
+    `continuous_usage_stats`) so output tokens can be reported as they come."""
+    body = dict(p.body)
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return body
+
+
+class Collector:
+    """Buffers an engine's streamed chunks into one non-streaming OpenAI response."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.first: dict | None = None
+        self.parts: dict[int, list[str]] = {}
+        self.finish: dict[int, Any] = {}
+        self.roles: dict[int, str] = {}
+        self.usage: dict | None = None
+
+    def add(self, chunk: dict) -> None:
+        if self.first is None:
+            self.first = chunk
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for ch in chunk.get("choices") or ():
+            i = ch.get("index", 0)
+            if self.kind == "chat":
+                delta = ch.get("delta") or {}
+                if delta.get("role"):
+                    self.roles[i] = delta["role"]
+                text = delta.get("content")
+            else:
+                text = ch.get("text")
+            if text:
+                self.parts.setdefault(i, []).append(text)
+            if ch.get("finish_reason") is not None:
+                self.finish[i] = ch["finish_reason"]
+
+    def response(self) -> dict:
+        first = self.first or {}
+        idx = sorted(set(self.parts) | set(self.finish) | set(self.roles)) or [0]
+        if self.kind == "chat":
+            choices = [{"index": i, "message": {"role": self.roles.get(i, "assistant"),
+                                                "content": "".join(self.parts.get(i, []))},
+                        "finish_reason": self.finish.get(i), "logprobs": None} for i in idx]
+            obj = "chat.completion"
+        else:
+            choices = [{"index": i, "text": "".join(self.parts.get(i, [])), "finish_reason": self.finish.get(i),
+                        "logprobs": None} for i in idx]
+            obj = "text_completion"
+        return {"id": first.get("id", ""), "object": obj, "created": first.get("created", 0),
+                "model": first.get("model", ""), "choices": choices, "usage": self.usage}
+
+
+def chunk_tokens(chunk: dict, kind: str) -> int:
+    """Output tokens a chunk carries when the engine sends no usage: one per non-empty choice."""
+    n = 0
+    for ch in chunk.get("choices") or ():
+        text = (ch.get("delta") or {}).get("content") if kind == "chat" else ch.get("text")
+        if text:
+            n += 1
+    return n

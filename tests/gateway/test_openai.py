@@ -1,0 +1,64 @@
+"""The gateway's pure parts: request validation, the status-code table, buffering a stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsched import protocol as p
+from kvsched.errors import rejection_error
+from kvsched.gateway import openai as oa
+
+EXPECTED = {"queue_full": (429, True), "overloaded": (429, True), "all_overloaded": (429, True),
+            "do_not_queue": (429, True), "timeout": (429, True), "no_endpoints": (503, True),
+            "shutting_down": (503, True), "cancelled": (503, False), "invalid": (400, False),
+            "pinned_not_allowed": (400, False), "duplicate_request": (409, False)}
+
+
+def test_every_rejection_reason_has_its_status_and_retry_after_rule():
+    assert set(EXPECTED) == set(p.REJECT_REASONS)
+    for reason, (status, retry) in EXPECTED.items():
+        err = oa.error_for_rejection(rejection_error("r", reason, "why"))
+        assert err.status == status, reason
+        assert ("Retry-After" in err.headers()) is retry, reason
+        assert err.body()["error"]["code"] == reason and "why" in err.body()["error"]["message"]
+
+
+@pytest.mark.parametrize("kind, body, needle", [
+    ("chat", [], "JSON object"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}]}, "'model'"),
+    ("chat", {"model": "m"}, "'messages'"),
+    ("chat", {"model": "m", "messages": "hi"}, "'messages'"),
+    ("chat", {"model": "m", "messages": [{"content": "x"}]}, "'role'"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": 3}]}, "content"),
+    ("chat", {"model": "m", "messages": [{"role": "user"}], "stream": "yes"}, "'stream'"),
+    ("completion", {"model": "m"}, "'prompt'"),
+    ("completion", {"model": "m", "prompt": ""}, "empty"),
+    ("completion", {"model": "m", "prompt": ["a", "b"]}, "one prompt per request"),
+    ("completion", {"model": "m", "prompt": "a", "max_tokens": 0}, "'max_tokens'"),
+])
+def test_bad_bodies_are_400_with_a_message_naming_the_field(kind, body, needle):
+    with pytest.raises(oa.HttpError) as err:
+        oa.parse_body(kind, body)
+    assert err.value.status == 400 and needle in err.value.message
+
+
+def test_prompt_as_token_ids_and_stream_options_are_read():
+    got = oa.parse_body("completion", {"model": "m", "prompt": [[5, 6, 7]], "stream": True,
+                                       "stream_options": {"include_usage": True}, "max_tokens": 9})
+    assert got.token_ids == [5, 6, 7] and got.stream and got.include_usage and got.max_tokens == 9
+    fwd = oa.engine_body(got)
+    assert fwd["stream"] is True and fwd["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert got.body["stream_options"] == {"include_usage": True}  # the client's body is not changed
+
+
+def test_collector_rebuilds_a_chat_completion_from_chunks():
+    c = oa.Collector("chat")
+    c.add({"id": "x", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    c.add({"id": "x", "choices": [{"index": 0, "delta": {"content": "Hel"}}], "usage": {"completion_tokens": 1}})
+    c.add({"id": "x", "choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]})
+    c.add({"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+    r = c.response()
+    assert r["object"] == "chat.completion" and r["id"] == "x"
+    assert r["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello"}, "finish_reason": "stop",
+                             "logprobs": None}]
+    assert r["usage"]["completion_tokens"] == 2
