@@ -35,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FULL_TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
+DATA = ROOT / "bench" / "data"  # bundled traces, attribution in bench/data/SOURCES.md
+FULL_TRACE = DATA / "conversation_trace.jsonl"
 SLICE = ROOT / "kvsched" / "data" / "mooncake_slice.jsonl"
 # (label, selector type, overlap mode of the virtual driver)
 POLICIES = [
