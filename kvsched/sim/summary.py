@@ -37,6 +37,9 @@ class RequestResult(msgspec.Struct, kw_only=True, omit_defaults=True):
         cached_tokens: prompt tokens the engine served from its prefix cache.
         predicted_cached_tokens: what the scheduler expected on the chosen worker.
         policy_class: the class the request was sent with ("" = the default class).
+        overlap_blocks / best_overlap_blocks: (virtual driver) overlap credited on the chosen worker /
+            the deepest overlap on any eligible worker at the decision (blocks); their gap is overlap
+            given up.
     """
 
     index: int
@@ -57,6 +60,8 @@ class RequestResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     predicted_cached_tokens: int = 0
     output_tokens: int = 0
     policy_class: str = ""
+    overlap_blocks: int = 0
+    best_overlap_blocks: int = 0
 
 
 class ClassSummary(msgspec.Struct, kw_only=True):

@@ -13,7 +13,7 @@ from kvsched.core.selector import create_selector
 NONE = np.zeros(6, np.int64)
 
 
-def sel(kind="kv", **kw):
+def sel(kind="dynamo_cost", **kw):
     return create_selector(SelectorConfig(type=kind, seed=kw.pop("seed", 1), **kw))
 
 
@@ -35,7 +35,8 @@ def test_kv_tie_break_is_uniform_among_minima():
 
 
 def test_every_selector_returns_minus_one_when_none_eligible():
-    for kind in ("kv", "round_robin", "random", "least_loaded", "power_of_two", "cache_aware"):
+    for kind in ("kv", "dynamo_cost", "round_robin", "random", "least_loaded", "power_of_two", "cache_aware",
+                 "lmetric", "llmd", "llmd_sticky"):
         assert sel(kind).select(np.zeros(3), np.zeros(3, np.uint8), np.zeros(3, np.int64)) == -1
 
 
