@@ -65,7 +65,10 @@ POLICIES = [
 ]
 LEVELS = (0.5, 1.0, 1.25)  # arrival-rate multiplier per 4 workers
 WORKERS = (4, 8, 16)
-OTHER_WORKERS = (4, 16)  # synthetic and azure workloads: level 1.0 only
+OTHER_WORKERS = (4, 16)  # synthetic and azure workloads: one level each (OTHER_LEVEL)
+# The Azure conv trace (5.5 req/s, 1.2k-token prompts) barely loads 4 simulated H100s at its own rate;
+# replayed 6x faster per 4 workers it queues. The synthetic workload is generated at its own rate (level 1).
+OTHER_LEVEL = {"synthetic": 1.0, "azure": 6.0}
 METRICS = ("prefix_hit_ratio", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "queue_wait_ms_p99", "not_completed_share",
            "imbalance_max_over_mean", "overlap_given_up_share", "throughput_req_s")
 
@@ -199,9 +202,13 @@ def aggregate(runs: list[dict]) -> list[dict]:
     return rows
 
 
+TIE_REL = 0.01  # with one seed (no spread): within 1 % of the best counts as a tie
+
+
 def verdicts(rows: list[dict]) -> list[dict]:
     """Per (workload, workers, level): is `kv` best on hit ratio and TTFT p50 / p99 (a tie within the
-    seed spread counts), TPOT within 10 % of the best baseline's, not-completed <= best + 0.5 %?"""
+    seed spread, or within 1 % with one seed, counts), TPOT within 10 % of the best baseline's,
+    not-completed <= best + 0.5 %?"""
     out = []
     cells = sorted({(r["workload"], r["workers"], r["level"]) for r in rows})
     for cell in cells:
@@ -212,11 +219,12 @@ def verdicts(rows: list[dict]) -> list[dict]:
             continue
         checks, missed = {}, []
         best_hit = max(others, key=lambda r: r["prefix_hit_ratio"])
-        checks["hit"] = kv["prefix_hit_ratio_max"] >= best_hit["prefix_hit_ratio_min"] and \
-            kv["prefix_hit_ratio"] >= best_hit["prefix_hit_ratio"] - (best_hit["prefix_hit_ratio_max"] - best_hit["prefix_hit_ratio_min"])
+        hspread = max(kv["prefix_hit_ratio_max"] - kv["prefix_hit_ratio_min"],
+                      best_hit["prefix_hit_ratio_max"] - best_hit["prefix_hit_ratio_min"], TIE_REL * best_hit["prefix_hit_ratio"])
+        checks["hit"] = kv["prefix_hit_ratio"] >= best_hit["prefix_hit_ratio"] - hspread
         for m in ("ttft_ms_p50", "ttft_ms_p99"):
             best = min(others, key=lambda r: r[m])
-            spread = max(kv[m + "_max"] - kv[m + "_min"], best[m + "_max"] - best[m + "_min"])
+            spread = max(kv[m + "_max"] - kv[m + "_min"], best[m + "_max"] - best[m + "_min"], TIE_REL * best[m])
             checks[m] = kv[m] <= best[m] + spread
             if not checks[m]:
                 missed.append(f"{m} {kv[m]:,.0f} vs {best['policy']} {best[m]:,.0f}")
@@ -269,7 +277,7 @@ def main() -> None:
                  for lv in map(float, args.levels.split(",")) for s in seeds for p in policies]
     for wl in ("synthetic", "azure"):
         if wl in workloads:
-            jobs += [(wl, args.quick, w, 1.0, 0, *p) for w in OTHER_WORKERS for p in policies]
+            jobs += [(wl, args.quick, w, OTHER_LEVEL[wl], 0, *p) for w in OTHER_WORKERS for p in policies]
     jobs.sort(key=lambda j: -j[2])  # biggest fleets first: the pool's tail is short runs
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(max(1, args.jobs)) as pool:

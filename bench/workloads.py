@@ -68,7 +68,7 @@ class SyntheticParams:
     """
 
     sessions: int = 1200
-    session_rate_s: float = 1.0
+    session_rate_s: float = 3.0
     system_prompts: int = 8
     zipf_s: float = 1.2
     system_prompt_tokens: int = 2048
