@@ -280,8 +280,18 @@ def main() -> None:
             jobs += [(wl, args.quick, w, OTHER_LEVEL[wl], 0, *p) for w in OTHER_WORKERS for p in policies]
     jobs.sort(key=lambda j: -j[2])  # biggest fleets first: the pool's tail is short runs
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(max(1, args.jobs)) as pool:
-        runs = pool.map(one_virtual, jobs, chunksize=1)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial.jsonl")  # one line per finished run, for long grids
+    runs = []
+    with mp.get_context("spawn").Pool(max(1, args.jobs)) as pool, open(partial, "w") as fh:
+        for run in pool.imap_unordered(one_virtual, jobs, chunksize=1):
+            runs.append(run)
+            fh.write(json.dumps(run) + "\n")
+            fh.flush()
+            print(f"[{len(runs)}/{len(jobs)}] {run['workload']} W={run['workers']} level={run['level']} "
+                  f"seed={run['seed']} {run['policy']}: hit {run['prefix_hit_ratio']:.3f} p50 {run['ttft_ms_p50']:,.0f} "
+                  f"p99 {run['ttft_ms_p99']:,.0f} ({run['wall_s']:.0f} s)", flush=True)
     virtual_s = time.perf_counter() - t0
     rows = sorted(aggregate(runs), key=lambda r: (workloads.index(r["workload"]), r["workers"], r["level"],
                                                    [p[0] for p in policies].index(r["policy"])))
@@ -299,8 +309,6 @@ def main() -> None:
                   f"hit {w['prefix_hit_ratio']:.3f} wall vs {v['prefix_hit_ratio']:.3f} virtual; "
                   f"TTFT p50 {w['ttft_ms_p50']:,.0f} vs {v['ttft_ms_p50']:,.0f} ms; "
                   f"p99 {w['ttft_ms_p99']:,.0f} vs {v['ttft_ms_p99']:,.0f} ms", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"levels": args.levels, "workers": args.workers, "seeds": list(seeds), "quick": args.quick,
             "workloads": workloads, "load_scale_rule": "level * workers / 4", "virtual_runs": len(runs),
             "virtual_runs_s": round(virtual_s, 1), "jobs": args.jobs, "loadavg": os.getloadavg()}
