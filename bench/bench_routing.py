@@ -278,7 +278,9 @@ def main() -> None:
     for wl in ("synthetic", "azure"):
         if wl in workloads:
             jobs += [(wl, args.quick, w, OTHER_LEVEL[wl], 0, *p) for w in OTHER_WORKERS for p in policies]
-    jobs.sort(key=lambda j: -j[2])  # biggest fleets first: the pool's tail is short runs
+    # whole cells first, level 1.0 first (a cut-short grid still has complete cells); big fleets first in a cell
+    rank = {1.0: 0, 1.25: 1, 0.5: 2}
+    jobs.sort(key=lambda j: (j[4], rank.get(j[3], 0) if j[0] == "conversation" else 0.5, -j[2]))
     t0 = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

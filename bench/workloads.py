@@ -28,25 +28,29 @@ def _from_rows(arrival_us, isl, osl, hash_lists, block_size: int, source: str) -
                  np.asarray(osl, dtype=np.int64)[order], offsets, flat, block_size, source)
 
 
-def subsample_conversations(trace: Trace, seed: int, keep: float = 0.9) -> Trace:
+def subsample_conversations(trace: Trace, seed: int, keep: float = 0.9, shared_share: float = 0.01) -> Trace:
     """A random `keep` share of the trace's conversations, whole conversations kept (seeded).
 
-    A conversation = the requests sharing their first block hash (the Mooncake trace has no session
-    ids; turns of one chat share their leading blocks). Requests without hashes are their own group.
-    Arrival times are kept (so the load drops by about 1 - keep).
+    The Mooncake trace has no session ids, and every request starts with the same block (a global
+    system prompt). A conversation is keyed by the first block of a request that fewer than
+    `shared_share` of all requests contain (the first block past the widely shared prefixes: turns
+    of one chat share it); a request with no such block is its own group. Arrival times are kept
+    (so the load drops by about 1 - keep).
     """
     rng = np.random.default_rng(seed)
-    firsts = {}
+    ids, counts = np.unique(trace.hashes, return_counts=True)
+    popular = set(ids[counts >= max(2, shared_share * len(trace))].tolist())
+    groups: dict = {}
     keep_row = np.zeros(len(trace), dtype=bool)
     for i in range(len(trace)):
-        hs = trace.hashes_of(i)
-        key = int(hs[0]) if hs.size else ("row", i)
-        if key not in firsts:
-            firsts[key] = rng.random() < keep
-        keep_row[i] = firsts[key]
+        key = next((h for h in trace.hashes_of(i).tolist() if h not in popular), ("row", i))
+        if key not in groups:
+            groups[key] = rng.random() < keep
+        keep_row[i] = groups[key]
     rows = np.flatnonzero(keep_row)
     return _from_rows(trace.arrival_us[rows], trace.isl[rows], trace.osl[rows],
-                      [trace.hashes_of(int(i)) for i in rows], trace.block_size, f"{trace.source} (90% draw, seed {seed})")
+                      [trace.hashes_of(int(i)) for i in rows], trace.block_size,
+                      f"{trace.source} ({keep:.0%} of conversations, seed {seed})")
 
 
 @dataclass(frozen=True)
