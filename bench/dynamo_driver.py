@@ -15,8 +15,8 @@ HTTP API used here (JSON bodies):
 * `POST /overlap_scores` {token_ids} → per worker `device_blocks` (cached leading blocks).
 
 Dynamo identifies blocks by token ids: a `BlockStored` event without `token_ids` is dropped. The
-traces carry only block hash ids, so engines must publish `synthetic_token_ids(hash)` for every
-block (the same ids for every request sharing that block) and requests are sent as the
+traces carry only block hash ids, so engines publish synthetic token ids for every
+block (`kvsched.sim.tokens`, `FleetParams.kv_token_ids`; the same ids for every request sharing that block) and requests are sent as the
 concatenation of their blocks' ids.
 
 Status: this client, the service lifecycle and the overlap check (`overlap_agrees`) work against
@@ -35,9 +35,6 @@ import time
 import urllib.error
 import urllib.request
 
-VOCAB = 32_000  # synthetic token ids are drawn from [0, VOCAB)
-
-
 def dynamo_unavailable_reason() -> str | None:
     """None when the service can run here; else why not (benches print it and skip `dynamo`)."""
     if importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("dynamo.select_service") is None:
@@ -45,24 +42,11 @@ def dynamo_unavailable_reason() -> str | None:
     return None
 
 
-def synthetic_token_ids(block_hash: int, block_size: int) -> list[int]:
-    """`block_size` deterministic token ids in [0, VOCAB) for one block, derived from its hash (u64)."""
-    out = []
-    z = block_hash & 0xFFFF_FFFF_FFFF_FFFF
-    for _ in range(block_size):
-        z = (z + 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
-        x = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFF_FFFF_FFFF_FFFF
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFF_FFFF_FFFF_FFFF
-        out.append((x ^ (x >> 31)) % VOCAB)
-    return out
-
-
 def request_token_ids(block_hashes, block_size: int) -> list[int]:
-    """A request's prompt as token ids: its blocks' synthetic ids, concatenated."""
-    ids: list[int] = []
-    for h in block_hashes:
-        ids.extend(synthetic_token_ids(int(h), block_size))
-    return ids
+    """A request's prompt as token ids: its blocks' synthetic ids (`kvsched.sim.tokens`), concatenated."""
+    from kvsched.sim.tokens import token_ids_for
+
+    return token_ids_for(block_hashes, block_size)
 
 
 def _free_port() -> int:
