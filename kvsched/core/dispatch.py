@@ -231,13 +231,13 @@ class Dispatch:
         hashes = spec.block_hashes if len(spec.block_hashes) else EMPTY_HASHES
         blocks, prefill, costs = self._project(hashes, spec.isl_tokens, now_us)
         view = self._view(blocks, prefill, spec.isl_tokens, now_us)
-        row = self._select(pin, costs, len(hashes), view)
+        row, terms = self._select(pin, costs, len(hashes), view)
         if row < 0:
             return None
         if not self.owner_alive(spec.owner):
             self._drop(live, abort=True)
             return None
-        return self._reserve(live, row, hashes, blocks, prefill, costs, now_us, view)
+        return self._reserve(live, row, hashes, blocks, prefill, costs, now_us, view, terms)
 
     def _project(self, hashes: np.ndarray, isl_tokens: int, now_us: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if len(hashes):
@@ -254,15 +254,16 @@ class Dispatch:
                              a.w_max_batched_tokens, int(isl_tokens), self.ledger.block_size, now_us)
 
     def _select(self, pin: WorkerKey | None, costs: np.ndarray, request_blocks: int = 0,
-                view: SelectionView | None = None) -> int:
+                view: SelectionView | None = None) -> tuple[int, dict | None]:
+        """(row or -1, the selector's cost terms if it computed them on the way)."""
         if pin is not None:
             row = self.ledger.row_of(pin)
-            return -1 if row is None else row
-        return self.selector.select(costs, self._elig, self.ledger.arrays.w_active_requests,
-                                    overlap_blocks=self._depth, request_blocks=request_blocks, view=view)
+            return (-1 if row is None else row), None
+        return self.selector.select_explained(costs, self._elig, self.ledger.arrays.w_active_requests,
+                                              overlap_blocks=self._depth, request_blocks=request_blocks, view=view)
 
     def _reserve(self, live: Live, row: int, hashes: np.ndarray, blocks: np.ndarray, prefill: np.ndarray,
-                 costs: np.ndarray, now_us: int, view: SelectionView) -> Admit | Reject:
+                 costs: np.ndarray, now_us: int, view: SelectionView, terms: dict | None = None) -> Admit | Reject:
         spec, entry = live.spec, live.entry
         bs = self.ledger.block_size
         overlap_blocks = int(self._depth[row])
@@ -280,7 +281,8 @@ class Dispatch:
             if self.speculative is not None and self._event_fed[row]:
                 self.speculative.insert(hashes, row, now_us, self._spec_ttl_us)
         a = self.ledger.arrays
-        terms = self.selector.terms(costs, self._elig, self._depth, view)  # before `admitted` changes its state
+        if terms is None:  # pinned, or a selector that does not compute terms on the way: before `admitted`
+            terms = self.selector.terms(costs, self._elig, self._depth, view)
         self.selector.admitted(row, spec.isl_tokens - cached, now_us)
         self._explain.append((spec.request_id, row, now_us, self._elig.copy(), self._depth.copy(), blocks.copy(),
                               prefill.copy(), costs.copy(), a.w_worker_id.copy(), a.w_dp_rank.copy(), a.w_present.copy(),

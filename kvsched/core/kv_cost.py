@@ -72,49 +72,65 @@ class KvSelector(DynamoCostSelector):
 
     def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
               view: SelectionView) -> dict[str, np.ndarray]:
-        """float64[W] per term (module docstring), +inf at ineligible rows in "prefill". Pure."""
+        """float64[W] per term (module docstring); ineligible rows: +inf in "prefill", 0 elsewhere. Pure."""
         n = eligible.shape[0]
-        ok = eligible != 0
-        bs = float(view.block_size)
-        prefill = np.where(ok, self.prefill_weight * view.prefill_tokens / bs, np.inf)
-        active = np.where(ok, self.active_blocks_weight * view.blocks, 0.0)
-        recent_tokens = np.zeros(n, np.float64)
-        if self.recent.size:
-            m = min(n, self.recent.size)
-            recent_tokens[:m] = self.recent[:m] * self._decay(view.now_us)
-            recent_tokens[~ok] = 0.0
-        lead = np.zeros(n, np.float64)
-        if self.lead_bonus > 0.0 and overlap_blocks is not None and ok.any():
-            depth = np.where(ok, overlap_blocks, -1).astype(np.int64)
-            top = int(depth.argmax())
-            if depth[top] > 0 and not self._saturated(top, recent_tokens, ok, view):
-                depth[top] = -1
-                second = max(0, int(depth.max()))
-                gain = min(float(overlap_blocks[top] - second), self.lead_cap_blocks)
-                lead[top] = -self.lead_bonus * gain
-        recent = recent_tokens * (self.recent_weight / bs)
+        rows = np.flatnonzero(eligible)
+        inv_bs = 1.0 / float(view.block_size)
+        prefill = np.full(n, np.inf)
+        active = np.zeros(n)
+        lead = np.zeros(n)
+        recent = np.zeros(n)
+        if rows.size == 0:
+            return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent}
+        prefill[rows] = view.prefill_tokens[rows] * (self.prefill_weight * inv_bs)
+        if self.active_blocks_weight:
+            active[rows] = view.blocks[rows] * self.active_blocks_weight
+        m = min(n, self.recent.size)
+        rt = None
+        if m:
+            decay = self._decay(view.now_us)
+            rt = np.zeros(n)
+            sel = rows[rows < m]
+            rt[sel] = self.recent[sel] * decay
+            if self.recent_weight:
+                recent[sel] = rt[sel] * (self.recent_weight * inv_bs)
+        if self.lead_bonus > 0.0 and overlap_blocks is not None:
+            depth = overlap_blocks[rows]
+            k = int(depth.argmax())
+            first = int(depth[k])
+            if first > 0:
+                top = int(rows[k])
+                second = int(np.partition(depth, -2)[-2]) if rows.size > 1 else 0
+                if first > second and not self._saturated(top, rt, rows, view):
+                    lead[top] = -self.lead_bonus * min(float(first - max(0, second)), self.lead_cap_blocks)
         return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent}
 
-    def _saturated(self, row: int, recent_tokens: np.ndarray, ok: np.ndarray, view: SelectionView) -> bool:
+    def _saturated(self, row: int, recent_tokens: np.ndarray | None, rows: np.ndarray, view: SelectionView) -> bool:
         """The lead bonus is released on `row`: queued prefill > lead_release_steps x its step budget, or
         (with more than one eligible row) its recent work > lead_release_recent_ratio x the mean recent
         work of the other eligible rows."""
         if view.active_prefill[row] > self.lead_release_steps * view.max_batched_tokens[row]:
             return True
-        others = int(np.count_nonzero(ok)) - 1
-        if self.lead_release_recent_ratio > 0.0 and others > 0:
-            mean_others = (float(recent_tokens[ok].sum()) - recent_tokens[row]) / others
-            return recent_tokens[row] > self.lead_release_recent_ratio * mean_others
+        if recent_tokens is not None and self.lead_release_recent_ratio > 0.0 and rows.size > 1:
+            mine = recent_tokens[row]
+            mean_others = (float(recent_tokens[rows].sum()) - mine) / (rows.size - 1)
+            return mine > self.lead_release_recent_ratio * mean_others
         return False
+
+    def select_explained(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+                         overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+                         view: SelectionView | None = None) -> tuple[int, dict[str, np.ndarray] | None]:
+        if view is None:
+            return super().select(costs, eligible, active_requests), None
+        t = self.terms(costs, eligible, overlap_blocks, view)
+        total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"]
+        return super().select(total, eligible, active_requests), t
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
                overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
                view: SelectionView | None = None) -> int:
-        if view is None:
-            return super().select(costs, eligible, active_requests)
-        t = self.terms(costs, eligible, overlap_blocks, view)
-        total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"]
-        return super().select(total, eligible, active_requests)
+        return self.select_explained(costs, eligible, active_requests, overlap_blocks=overlap_blocks,
+                                     request_blocks=request_blocks, view=view)[0]
 
     # ---- learning (after admission) -------------------------------------------------------------
     def admitted(self, row: int, uncached_tokens: int, now_us: int) -> None:

@@ -73,6 +73,14 @@ class WorkerSelector(ABC):
                view: SelectionView | None = None) -> int:
         """See the class docstring."""
 
+    def select_explained(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+                         overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+                         view: SelectionView | None = None) -> tuple[int, dict[str, np.ndarray] | None]:
+        """`select` plus the decision's cost terms (`terms`), or None when they are not computed on the
+        way (the dispatcher then asks `terms` itself). Pure, like `select`."""
+        return self.select(costs, eligible, active_requests, overlap_blocks=overlap_blocks,
+                           request_blocks=request_blocks, view=view), None
+
     def admitted(self, row: int, uncached_tokens: int, now_us: int) -> None:
         """Learn from an admission that succeeded on `row` (`uncached_tokens` = isl - cached). Default: nothing."""
 
