@@ -263,7 +263,8 @@ def print_table(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="The bundled 1,500-request slice, 1 seed, small workloads.")
-    ap.add_argument("--seeds", type=int, default=3, help="Seeds per conversation-grid cell (0..N-1).")
+    ap.add_argument("--seeds", type=int, default=3, help="Seeds per conversation-grid cell (first..first+N-1).")
+    ap.add_argument("--first-seed", type=int, default=0, help="The first seed (to add seeds to an earlier run).")
     ap.add_argument("--workloads", default="conversation,synthetic,azure", help="Comma-separated subset.")
     ap.add_argument("--workers", default=",".join(map(str, WORKERS)), help="Conversation-grid fleet sizes.")
     ap.add_argument("--levels", default=",".join(map(str, LEVELS)), help="Conversation-grid load levels.")
@@ -272,7 +273,7 @@ def main() -> None:
     ap.add_argument("--no-wall", action="store_true", help="Skip the wall-clock cross-check against `dynamo`.")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench" / "routing.json"))
     args = ap.parse_args()
-    seeds = range(1 if args.quick else args.seeds)
+    seeds = range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds))
     names = set(args.policies.split(","))
     policies = [p for p in POLICIES if p[0] in names]
     workloads = args.workloads.split(",")
