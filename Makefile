@@ -25,7 +25,8 @@ $(BENCH_STAMP): $(BIN)/python pyproject.toml
 	touch $(BENCH_STAMP)
 
 ## Every benchmark (kernels, queue, transport vs echo vs Redis, routing quality), plots and
-## docs/BENCHMARKS.md tables from this machine (< 30 min on 2 cores; starts redis-server itself).
+## docs/BENCHMARKS.md tables from this machine (starts redis-server itself). About 3 h on 2 shared cores:
+## the routing grid alone is ~340 virtual replays of ~1 min each, 2 at a time (bench/bench_routing.py).
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py
 

@@ -234,14 +234,14 @@ def bench_hits(trace_path: str, workers: int, limit: int | None) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Fewer batches, smaller grid, trace slice.")
-    parser.add_argument("--trace", default=None, help="Conversation trace (default: /work/shared/traces/"
-                        "conversation_trace.jsonl if present, else the bundled slice).")
+    parser.add_argument("--trace", default=None, help="Conversation trace (default: bench/data/"
+                        "conversation_trace.jsonl; --quick: the package's bundled slice).")
     parser.add_argument("--workers", type=int, default=8, help="Simulated engines for the cache-hit run.")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "kv_events.json"))
     args = parser.parse_args()
     trace = args.trace
     if trace is None:
-        full = Path("/work/shared/traces/conversation_trace.jsonl")
+        full = ROOT / "bench" / "data" / "conversation_trace.jsonl"
         trace = str(full) if full.exists() and not args.quick else str(ROOT / "kvsched" / "data" / "mooncake_slice.jsonl")
 
     from kvsched.shm.kernels import warm_kernels

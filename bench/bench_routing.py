@@ -1,25 +1,34 @@
-"""Routing quality: kvsched's KV-aware selection vs the baselines users would pick, in virtual time.
+"""Routing quality: kvsched's default `kv` selector against the routers users would pick, in virtual time.
 
 Every policy runs through the same virtual-time driver (`kvsched.sim.virtual.run_virtual`): same
-engine model, same scheduler core and kernels, same arrivals, same seed; only `selector.type` (and,
-where stated, the overlap source) changes. Policies:
+engine model, scheduler core and kernels, same requests and arrivals; only `selector.type` (and,
+where stated, the overlap source) changes. Policies (docs/ROUTING.md describes each):
 
-* `kv` — kvsched's defaults: SPEC §4 cost, overlap from the engines' KV events (+ speculative entries);
-* `kv (approx)` — the same selector with the approximate index only (no KV events), an ablation;
-* `round_robin`, `random`, `least_loaded` (fewest active requests), `power_of_two`;
-* `cache_aware` — SGLang-router style (`CacheAwareSelector`, its published defaults) over the
-  approximate index learnt from routing decisions, which is what that router has (its own tree of
-  routed prefixes); `cache_aware (events)` gives it kvsched's KV-event overlap instead.
+* `kv` — kvsched's default cost; overlap from the engines' KV events (+ speculative entries);
+* `dynamo_cost` — NVIDIA Dynamo's kv-router cost with its defaults (kvsched's former default);
+* `cache_aware` — SGLang-router style over the approximate index learnt from its own decisions (what
+  that router has); `cache_aware (events)` gives it kvsched's KV-event overlap instead;
+* `lmetric`, `llmd` (prefix 3 / queue 2 / KV-utilisation 2), `llmd_sticky` (affinity until the
+  worker's uncached in-flight prefill passes 35 x max_num_batched_tokens);
+* `round_robin`, `random`, `least_loaded`, `power_of_two`.
 
-Figures per (workers, load level, policy): prefix-hit ratio (cached prompt tokens / prompt tokens,
-what the engines actually served from cache), TTFT p50/p99 (simulated ms), throughput (completed
-requests and output tokens per simulated second), worker imbalance (max / mean requests per worker),
-plus the infinite-cache hit ratio (tokens) of the same requests as the bound. Load levels multiply
-the trace's arrival rate (`--load-scale`) by level × workers / 4, so each fleet size sees the same
-per-worker load. One wall-clock run through the real daemon, simulated fleet and router processes
-(`kvsched replay`'s machinery) cross-checks the virtual-time figures of the default policy.
+Workloads: `conversation` = the Mooncake conversation trace (bench/data/), grid {4, 8, 16 workers} x
+load levels {0.5, 1.0, 1.25}, one run per seed; a seed varies the selectors' tie-breaks and draws a
+random 90 % of the conversations (whole conversations kept, `workloads.subsample_conversations`).
+`synthetic` = `workloads.synthetic_trace` (shared system prompts, chat sessions, agent tool loops);
+`azure` = the Azure conversation trace's arrivals and lengths with synthesised shared prefixes. Load
+level L replays the arrivals `L x workers / 4` times faster, so each fleet size sees the same load per
+worker.
 
-Usage: python bench/bench_routing.py [--quick] [--trace PATH]  ->  table, out/bench/routing.json
+Figures per run: prefix-hit ratio (tokens the engines served from cache / prompt tokens), the fleet-LRU
+reference (one LRU cache of the fleet's total blocks seeing every request) and the infinite-cache
+bound, TTFT p50/p99, mean inter-token latency (TPOT), queue-wait p99 (in the scheduler), requests not
+completed (rejected or shed), imbalance (max / mean requests per worker), and overlap given up (the
+deepest overlap available at each decision minus the chosen worker's, summed, over the available sum).
+Rows aggregate the seeds: mean, and min–max as the spread.
+
+Usage: python bench/bench_routing.py [--quick] [--seeds N] [--workloads conversation,synthetic,azure]
+       -> tables, out/bench/routing.json
 """
 
 from __future__ import annotations
@@ -34,26 +43,52 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-FULL_TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
+DATA = ROOT / "bench" / "data"  # bundled traces, attribution in bench/data/SOURCES.md
+FULL_TRACE = DATA / "conversation_trace.jsonl"
+AZURE_TRACE = DATA / "AzureLLMInferenceTrace_conv.csv"
 SLICE = ROOT / "kvsched" / "data" / "mooncake_slice.jsonl"
 # (label, selector type, overlap mode of the virtual driver)
 POLICIES = [
     ("kv", "kv", "events"),
-    ("kv (approx)", "kv", "approx"),
+    ("dynamo_cost", "dynamo_cost", "events"),
+    ("cache_aware", "cache_aware", "approx"),
+    ("cache_aware (events)", "cache_aware", "events"),
+    ("lmetric", "lmetric", "events"),
+    ("llmd", "llmd", "events"),
+    ("llmd_sticky", "llmd_sticky", "events"),
     ("round_robin", "round_robin", "events"),
     ("random", "random", "events"),
     ("least_loaded", "least_loaded", "events"),
     ("power_of_two", "power_of_two", "events"),
-    ("cache_aware", "cache_aware", "approx"),
-    ("cache_aware (events)", "cache_aware", "events"),
 ]
 LEVELS = (0.5, 1.0, 1.25)  # arrival-rate multiplier per 4 workers
-WORKERS = (4, 16)
-SEED = 0
+WORKERS = (4, 8, 16)
+OTHER_WORKERS = (4, 16)  # synthetic and azure workloads: one level each (OTHER_LEVEL)
+# The Azure conv trace (5.5 req/s, 1.2k-token prompts) barely loads 4 simulated H100s at its own rate;
+# replayed 6x faster per 4 workers it queues. The synthetic workload is generated at its own rate (level 1).
+OTHER_LEVEL = {"synthetic": 1.0, "azure": 6.0}
+METRICS = ("prefix_hit_ratio", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "queue_wait_ms_p99", "not_completed_share",
+           "imbalance_max_over_mean", "overlap_given_up_share", "throughput_req_s")
 
 
-def figures(results, trace, workers: int, wall_s: float) -> dict:
+def load_workload(name: str, seed: int, quick: bool):
+    """The `Trace` of workload `name` for `seed` (module docstring)."""
+    from workloads import SyntheticParams, azure_with_prefixes, subsample_conversations, synthetic_trace
+
+    from kvsched.sim.trace import load_trace
+
+    if name == "conversation":
+        return subsample_conversations(load_trace(SLICE if quick or not FULL_TRACE.exists() else FULL_TRACE), seed)
+    if name == "synthetic":
+        return synthetic_trace(SyntheticParams(sessions=150 if quick else 600), seed)
+    if name == "azure":
+        return azure_with_prefixes(load_trace(AZURE_TRACE, 2000 if quick else None), seed)
+    raise ValueError(f"unknown workload {name!r}")
+
+
+def figures(results, trace, workers: int, blocks_per_worker: int, wall_s: float) -> dict:
     """The per-run figures from `RequestResult`s (module docstring)."""
     import numpy as np
 
@@ -61,21 +96,31 @@ def figures(results, trace, workers: int, wall_s: float) -> dict:
 
     done = [r for r in results if r.outcome == COMPLETED]
     isl_done = sum(r.isl for r in done) or 1
+    isl_all = int(trace.isl.sum()) or 1
     ttft = np.array([r.ttft_us / 1000.0 for r in done if r.ttft_us >= 0]) if done else np.zeros(1)
+    itl = [(r.e2e_us - r.ttft_us) / 1000.0 / (r.output_tokens - 1) for r in done if r.output_tokens > 1 and r.ttft_us >= 0]
+    wait = np.array([max(0, r.queue_wait_us) / 1000.0 for r in results if r.queue_wait_us >= 0]) if results else np.zeros(1)
     ends = [r.arrival_us + r.e2e_us for r in done]
     sim_s = (max(ends) - min(r.arrival_us for r in results)) / 1e6 if ends else 0.0
     per_worker = np.zeros(workers)
     for r in done:
         per_worker[int(r.worker.split(":")[0])] += 1
+    avail = sum(r.best_overlap_blocks for r in results if r.worker)
+    given_up = sum(max(0, r.best_overlap_blocks - r.overlap_blocks) for r in results if r.worker)
     return {
         "requests": len(results),
         "completed": len(done),
         "not_completed": len(results) - len(done),
+        "not_completed_share": round((len(results) - len(done)) / max(1, len(results)), 4),
         "prefix_hit_ratio": round(sum(r.cached_tokens for r in done) / isl_done, 4),
         "predicted_hit_ratio": round(sum(r.predicted_cached_tokens for r in done) / isl_done, 4),
-        "infinite_cache_hit_ratio": round(trace.infinite_cache_hit_tokens() / int(trace.isl.sum()), 4),
+        "infinite_cache_hit_ratio": round(trace.infinite_cache_hit_tokens() / isl_all, 4),
+        "fleet_lru_hit_ratio": round(trace.fleet_lru_hit_tokens(workers * blocks_per_worker) / isl_all, 4),
         "ttft_ms_p50": round(float(np.percentile(ttft, 50)), 1),
         "ttft_ms_p99": round(float(np.percentile(ttft, 99)), 1),
+        "tpot_ms_mean": round(float(np.mean(itl)), 2) if itl else None,
+        "queue_wait_ms_p99": round(float(np.percentile(wait, 99)), 1) if wait.size else 0.0,
+        "overlap_given_up_share": round(given_up / avail, 4) if avail else 0.0,
         "simulated_s": round(sim_s, 1),
         "throughput_req_s": round(len(done) / sim_s, 3) if sim_s else 0.0,
         "throughput_out_tok_s": round(sum(r.output_tokens for r in done) / sim_s, 1) if sim_s else 0.0,
@@ -85,94 +130,198 @@ def figures(results, trace, workers: int, wall_s: float) -> dict:
 
 
 def one_virtual(job: tuple) -> dict:
-    """One (trace, workers, level, policy) virtual-time run; executed in a pool worker."""
-    trace_path, workers, level, label, selector, overlap_mode = job
-    from kvsched.sim.fleet_spec import build_config
-    from kvsched.sim.replay import ReplayOptions, fleet_spec_for
-    from kvsched.sim.trace import load_trace
+    """One (workload, workers, level, seed, policy) virtual-time run; executed in a pool worker."""
+    workload, quick, workers, level, seed, label, selector, overlap_mode = job
+    from kvsched.sim.fleet_spec import FleetSpec, build_config
     from kvsched.sim.virtual import run_virtual
 
-    trace = load_trace(trace_path)
-    spec = fleet_spec_for(ReplayOptions(trace=Path(trace_path), workers=workers), trace)
+    trace = load_workload(workload, seed, quick)
+    longest = int((trace.hash_offsets[1:] - trace.hash_offsets[:-1]).max()) if len(trace) else 1
+    spec = FleetSpec(workers=workers, block_size=trace.block_size, max_blocks_per_request=max(1024, longest))
     load_scale = level * workers / 4
-    run = run_virtual(trace, spec, config=build_config(spec, selector, SEED), load_scale=load_scale, seed=SEED,
+    t0 = time.perf_counter()
+    run = run_virtual(trace, spec, config=build_config(spec, selector, seed), load_scale=load_scale, seed=seed,
                       overlap_mode=overlap_mode)
-    return {"workers": workers, "level": level, "load_scale": load_scale, "policy": label, "selector": selector,
-            "overlap_mode": overlap_mode, **figures(run.results, trace, workers, run.wall_time_s)}
+    return {"workload": workload, "workers": workers, "level": level, "seed": seed, "load_scale": load_scale,
+            "policy": label, "selector": selector, "overlap_mode": overlap_mode,
+            **figures(run.results, trace, workers, spec.blocks_per_engine, time.perf_counter() - t0)}
 
 
-def wall_crosscheck(trace_path: str, workers: int, speedup: float, routers: int, limit: int | None) -> dict:
-    """The default policy through the real daemon (wall clock) and in virtual time, same requests."""
+def wall_crosscheck(workers: int, quick: bool) -> dict:
+    """`kv` through the real daemon, simulated fleet and router processes (wall clock) and in virtual
+    time on the same requests; plus NVIDIA Dynamo's selector when `dynamo_driver` can run it."""
     from kvsched.sim.replay import ReplayOptions, run_replay
     from kvsched.sim.summary import read_results
     from kvsched.sim.trace import load_trace
 
-    out = ROOT / "out" / "bench" / "routing-wall"
-    opts = ReplayOptions(trace=Path(trace_path), routers=routers, workers=workers, speedup=speedup, limit=limit,
-                         out=out, selector="kv", seed=SEED)
+    from dynamo_driver import dynamo_unavailable_reason
+
+    trace_path = SLICE if quick or not FULL_TRACE.exists() else FULL_TRACE
+    speedup, routers = (20.0, 4) if quick else (100.0, 4)
+    trace = load_trace(trace_path)
+    out = ROOT / "out" / "bench" / f"routing-wall-{workers}"
+    opts = ReplayOptions(trace=trace_path, routers=routers, workers=workers, speedup=speedup, load_scale=workers / 4,
+                         out=out, selector="kv", seed=0)
+    blocks = opts.kv_blocks if getattr(opts, "kv_blocks", None) else None
     t0 = time.perf_counter()
     summary = run_replay(opts)
-    wall_s = time.perf_counter() - t0
-    trace = load_trace(trace_path, limit)
-    wall = figures(read_results(out / "results.jsonl"), trace, workers, wall_s)
+    from kvsched.sim.profile import kv_blocks_for
+
+    per = blocks or kv_blocks_for(trace.block_size)
+    wall = figures(read_results(out / "results.jsonl"), trace, workers, per, time.perf_counter() - t0)
     wall.update(admission_latency_us_p50=summary.admission_latency_us_p50,
                 admission_latency_us_p99=summary.admission_latency_us_p99, ledger_zero=summary.ledger_zero,
                 rejected=summary.rejected, aborted=summary.aborted)
-    vopts = ReplayOptions(trace=Path(trace_path), workers=workers, limit=limit, virtual=True,
-                          out=ROOT / "out" / "bench" / "routing-virtual", selector="kv", seed=SEED)
+    vopts = ReplayOptions(trace=trace_path, workers=workers, virtual=True, load_scale=workers / 4,
+                          out=ROOT / "out" / "bench" / f"routing-virtual-{workers}", selector="kv", seed=0)
     vs = run_replay(vopts)
-    virt = figures(read_results(vopts.out / "results.jsonl"), trace, workers, vs.wall_time_s)
-    return {"workers": workers, "routers": routers, "speedup": speedup, "requests": len(trace), "wall": wall,
-            "virtual": virt}
+    virt = figures(read_results(vopts.out / "results.jsonl"), trace, workers, per, vs.wall_time_s)
+    reason, dynamo = dynamo_unavailable_reason(), None
+    if reason is None:
+        from dynamo_driver import overlap_agrees
+
+        dynamo = {"overlap_check": overlap_agrees()}
+        reason = ("only the overlap check ran (Dynamo sees the same KV events: "
+                  f"{dynamo['overlap_check']}); the wall-clock replay routed by Dynamo is not implemented yet")
+    print(f"dynamo baseline skipped ({workers} workers): {reason}", flush=True)
+    return {"workers": workers, "routers": routers, "speedup": speedup, "load_scale": workers / 4,
+            "requests": len(trace), "wall": wall, "virtual": virt, "dynamo": dynamo, "dynamo_skipped": reason}
+
+
+def aggregate(runs: list[dict]) -> list[dict]:
+    """One row per (workload, workers, level, policy): mean over seeds, plus `<metric>_min/_max`."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["workload"], r["workers"], r["level"], r["policy"]), []).append(r)
+    rows = []
+    for (wl, w, lv, pol), rs in groups.items():
+        row = {k: v for k, v in rs[0].items() if k not in METRICS and k != "seed"}
+        row["seeds"] = sorted(r["seed"] for r in rs)
+        for k in ("fleet_lru_hit_ratio", "infinite_cache_hit_ratio", "requests"):
+            row[k] = round(sum(r[k] for r in rs) / len(rs), 4)
+        for m in METRICS:
+            vals = [r[m] for r in rs if r[m] is not None]
+            row[m] = round(sum(vals) / len(vals), 4) if vals else None
+            row[m + "_min"], row[m + "_max"] = (min(vals), max(vals)) if vals else (None, None)
+        rows.append(row)
+    return rows
+
+
+TIE_REL = 0.01  # with one seed (no spread): within 1 % of the best counts as a tie
+
+
+def verdicts(rows: list[dict]) -> list[dict]:
+    """Per (workload, workers, level): is `kv` best on hit ratio and TTFT p50 / p99 (a tie within the
+    seed spread, or within 1 % with one seed, counts), TPOT within 10 % of the best baseline's,
+    not-completed <= best + 0.5 %?"""
+    out = []
+    cells = sorted({(r["workload"], r["workers"], r["level"]) for r in rows})
+    for cell in cells:
+        rs = [r for r in rows if (r["workload"], r["workers"], r["level"]) == cell]
+        kv = next((r for r in rs if r["policy"] == "kv"), None)
+        others = [r for r in rs if r["policy"] != "kv"]
+        if kv is None or not others:
+            continue
+        checks, missed = {}, []
+        best_hit = max(others, key=lambda r: r["prefix_hit_ratio"])
+        hspread = max(kv["prefix_hit_ratio_max"] - kv["prefix_hit_ratio_min"],
+                      best_hit["prefix_hit_ratio_max"] - best_hit["prefix_hit_ratio_min"], TIE_REL * best_hit["prefix_hit_ratio"])
+        checks["hit"] = kv["prefix_hit_ratio"] >= best_hit["prefix_hit_ratio"] - hspread
+        for m in ("ttft_ms_p50", "ttft_ms_p99"):
+            best = min(others, key=lambda r: r[m])
+            spread = max(kv[m + "_max"] - kv[m + "_min"], best[m + "_max"] - best[m + "_min"], TIE_REL * best[m])
+            checks[m] = kv[m] <= best[m] + spread
+            if not checks[m]:
+                missed.append(f"{m} {kv[m]:,.0f} vs {best['policy']} {best[m]:,.0f}")
+        if not checks["hit"]:
+            missed.insert(0, f"hit {kv['prefix_hit_ratio']:.3f} vs {best_hit['policy']} {best_hit['prefix_hit_ratio']:.3f}")
+        tp = [r["tpot_ms_mean"] for r in others if r["tpot_ms_mean"] is not None]
+        checks["tpot"] = kv["tpot_ms_mean"] is None or not tp or kv["tpot_ms_mean"] <= 1.1 * min(tp)
+        if not checks["tpot"]:
+            missed.append(f"TPOT {kv['tpot_ms_mean']:.1f} vs best {min(tp):.1f} ms")
+        checks["not_completed"] = kv["not_completed_share"] <= min(r["not_completed_share"] for r in others) + 0.005
+        if not checks["not_completed"]:
+            missed.append(f"not completed {kv['not_completed_share']:.3f}")
+        out.append({"workload": cell[0], "workers": cell[1], "level": cell[2], "checks": checks,
+                    "verdict": "met" if all(checks.values()) else "missed", "missed": missed})
+    return out
 
 
 def print_table(rows: list[dict]) -> None:
-    hdr = (f"{'W':>3} {'level':>5} {'policy':<22} {'hit':>6} {'bound':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
-           f"{'req/s':>7} {'tok/s':>8} {'imbal':>6}")
+    hdr = (f"{'workload':<12} {'W':>3} {'level':>5} {'policy':<21} {'hit':>6} {'lru':>6} {'inf':>6} {'p50':>8} "
+           f"{'p99':>8} {'tpot':>6} {'wait99':>8} {'lost':>5} {'imbal':>5} {'gaveup':>6}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['workers']:>3} {r['level']:>5} {r['policy']:<22} {r['prefix_hit_ratio']:>6.3f} "
-              f"{r['infinite_cache_hit_ratio']:>6.3f} {r['ttft_ms_p50']:>9,.0f} {r['ttft_ms_p99']:>9,.0f} "
-              f"{r['throughput_req_s']:>7.2f} {r['throughput_out_tok_s']:>8,.0f} {r['imbalance_max_over_mean']:>6.2f}",
+        print(f"{r['workload']:<12} {r['workers']:>3} {r['level']:>5} {r['policy']:<21} {r['prefix_hit_ratio']:>6.3f} "
+              f"{r['fleet_lru_hit_ratio']:>6.3f} {r['infinite_cache_hit_ratio']:>6.3f} {r['ttft_ms_p50']:>8,.0f} "
+              f"{r['ttft_ms_p99']:>8,.0f} {r['tpot_ms_mean'] or 0:>6.1f} {r['queue_wait_ms_p99']:>8,.0f} "
+              f"{r['not_completed_share']:>5.3f} {r['imbalance_max_over_mean'] or 0:>5.2f} {r['overlap_given_up_share']:>6.3f}",
               flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="The bundled 1,500-request slice and a short wall run.")
-    ap.add_argument("--trace", default=None, help="Mooncake trace (default: the full conversation trace if "
-                    "present, else the bundled slice; --quick: the slice).")
+    ap.add_argument("--quick", action="store_true", help="The bundled 1,500-request slice, 1 seed, small workloads.")
+    ap.add_argument("--seeds", type=int, default=3, help="Seeds per conversation-grid cell (first..first+N-1).")
+    ap.add_argument("--first-seed", type=int, default=0, help="The first seed (to add seeds to an earlier run).")
+    ap.add_argument("--workloads", default="conversation,synthetic,azure", help="Comma-separated subset.")
+    ap.add_argument("--workers", default=",".join(map(str, WORKERS)), help="Conversation-grid fleet sizes.")
+    ap.add_argument("--levels", default=",".join(map(str, LEVELS)), help="Conversation-grid load levels.")
+    ap.add_argument("--policies", default=",".join(p[0] for p in POLICIES), help="Comma-separated policy labels.")
     ap.add_argument("--jobs", type=int, default=2, help="Virtual runs in parallel (processes).")
-    ap.add_argument("--no-wall", action="store_true", help="Skip the wall-clock cross-check.")
+    ap.add_argument("--no-wall", action="store_true", help="Skip the wall-clock cross-check against `dynamo`.")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench" / "routing.json"))
     args = ap.parse_args()
-    trace_path = args.trace or str(SLICE if args.quick or not FULL_TRACE.exists() else FULL_TRACE)
-    jobs = [(trace_path, w, lv, label, sel, mode) for w in WORKERS for lv in LEVELS for label, sel, mode in POLICIES]
+    seeds = range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds))
+    names = set(args.policies.split(","))
+    policies = [p for p in POLICIES if p[0] in names]
+    workloads = args.workloads.split(",")
+    jobs = []
+    if "conversation" in workloads:
+        jobs += [("conversation", args.quick, w, lv, s, *p) for w in map(int, args.workers.split(","))
+                 for lv in map(float, args.levels.split(",")) for s in seeds for p in policies]
+    for wl in ("synthetic", "azure"):
+        if wl in workloads:
+            jobs += [(wl, args.quick, w, OTHER_LEVEL[wl], 0, *p) for w in OTHER_WORKERS for p in policies]
+    # whole cells first, level 1.0 first (a cut-short grid still has complete cells); big fleets first in a cell
+    rank = {1.0: 0, 1.25: 1, 0.5: 2}
+    jobs.sort(key=lambda j: (j[4], rank.get(j[3], 0) if j[0] == "conversation" else 0.5, -j[2]))
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(max(1, args.jobs)) as pool:
-        rows = pool.map(one_virtual, jobs, chunksize=1)
-    virtual_s = time.perf_counter() - t0
-    print_table(rows)
-    print(f"{len(rows)} virtual runs in {virtual_s:.0f} s")
-    wall = None
-    if not args.no_wall:
-        if args.quick:
-            wall = wall_crosscheck(str(SLICE), 4, 20.0, 4, None)
-        else:
-            wall = wall_crosscheck(trace_path, 4, 100.0, 4, None)
-        w, v = wall["wall"], wall["virtual"]
-        print(f"cross-check (kv, 4 workers, {wall['requests']} requests, {wall['speedup']:g}x): "
-              f"hit {w['prefix_hit_ratio']:.3f} wall vs {v['prefix_hit_ratio']:.3f} virtual; "
-              f"TTFT p50 {w['ttft_ms_p50']:,.0f} vs {v['ttft_ms_p50']:,.0f} ms; "
-              f"p99 {w['ttft_ms_p99']:,.0f} vs {v['ttft_ms_p99']:,.0f} ms; "
-              f"imbalance {w['imbalance_max_over_mean']} vs {v['imbalance_max_over_mean']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"trace": trace_path, "levels": LEVELS, "workers": WORKERS, "seed": SEED, "quick": args.quick,
-            "load_scale_rule": "level * workers / 4", "virtual_runs_s": round(virtual_s, 1),
-            "loadavg": os.getloadavg()}
-    out.write_text(json.dumps({"meta": meta, "rows": rows, "wall_crosscheck": wall}, indent=1))
+    partial = out.with_suffix(".partial.jsonl")  # one line per finished run, for long grids
+    runs = []
+    with mp.get_context("spawn").Pool(max(1, args.jobs)) as pool, open(partial, "w") as fh:
+        for run in pool.imap_unordered(one_virtual, jobs, chunksize=1):
+            runs.append(run)
+            fh.write(json.dumps(run) + "\n")
+            fh.flush()
+            print(f"[{len(runs)}/{len(jobs)}] {run['workload']} W={run['workers']} level={run['level']} "
+                  f"seed={run['seed']} {run['policy']}: hit {run['prefix_hit_ratio']:.3f} p50 {run['ttft_ms_p50']:,.0f} "
+                  f"p99 {run['ttft_ms_p99']:,.0f} ({run['wall_s']:.0f} s)", flush=True)
+    virtual_s = time.perf_counter() - t0
+    rows = sorted(aggregate(runs), key=lambda r: (workloads.index(r["workload"]), r["workers"], r["level"],
+                                                   [p[0] for p in policies].index(r["policy"])))
+    print_table(rows)
+    print(f"{len(runs)} virtual runs in {virtual_s:.0f} s")
+    ver = verdicts(rows)
+    for v in ver:
+        print(f"verdict {v['workload']} W={v['workers']} level={v['level']}: {v['verdict']} {'; '.join(v['missed'])}")
+    wall = None
+    if not args.no_wall:
+        wall = [wall_crosscheck(w, args.quick) for w in ((4,) if args.quick else (4, 16))]
+        for c in wall:
+            w, v = c["wall"], c["virtual"]
+            print(f"cross-check (kv, {c['workers']} workers, {c['requests']} requests, {c['speedup']:g}x): "
+                  f"hit {w['prefix_hit_ratio']:.3f} wall vs {v['prefix_hit_ratio']:.3f} virtual; "
+                  f"TTFT p50 {w['ttft_ms_p50']:,.0f} vs {v['ttft_ms_p50']:,.0f} ms; "
+                  f"p99 {w['ttft_ms_p99']:,.0f} vs {v['ttft_ms_p99']:,.0f} ms", flush=True)
+    meta = {"levels": args.levels, "workers": args.workers, "seeds": list(seeds), "quick": args.quick,
+            "workloads": workloads, "load_scale_rule": "level * workers / 4", "virtual_runs": len(runs),
+            "virtual_runs_s": round(virtual_s, 1), "jobs": args.jobs, "loadavg": os.getloadavg()}
+    out.write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs, "verdicts": ver, "wall_crosscheck": wall},
+                              indent=1))
     print(f"wrote {out}")
 
 

@@ -81,7 +81,7 @@ def throughput_vs_routers(transport: dict, out: Path) -> Path:
 
 def hit_ratio_per_policy(routing: dict, out: Path) -> Path:
     """Prefix-hit ratio per policy, per fleet size, at the highest load level; infinite-cache bound."""
-    rows = routing["rows"]
+    rows = [r for r in routing["rows"] if r.get("workload", "conversation") == "conversation"]
     workers = sorted({r["workers"] for r in rows})
     level = max(r["level"] for r in rows)
     policies = list(dict.fromkeys(r["policy"] for r in rows))
@@ -92,6 +92,9 @@ def hit_ratio_per_policy(routing: dict, out: Path) -> Path:
         bars = ax.bar(range(len(policies)), vals, color=["tab:blue" if p == "kv" else "tab:gray" for p in policies])
         bound = next(iter(sel.values()))["infinite_cache_hit_ratio"]
         ax.axhline(bound, color="tab:green", linestyle="--", label=f"infinite cache {bound:.3f}")
+        lru = next(iter(sel.values())).get("fleet_lru_hit_ratio")
+        if lru is not None:
+            ax.axhline(lru, color="tab:orange", linestyle=":", label=f"fleet LRU {lru:.3f}")
         ax.bar_label(bars, fmt="%.3f", fontsize=7)
         ax.set_xticks(range(len(policies)), policies, rotation=35, ha="right", fontsize=8)
         ax.set_ylabel("prefix-hit ratio (cached / prompt tokens)")
@@ -106,7 +109,7 @@ def hit_ratio_per_policy(routing: dict, out: Path) -> Path:
 
 def ttft_p99_vs_load(routing: dict, out: Path) -> Path:
     """TTFT p99 (simulated s) vs load level, one line per policy, one panel per fleet size."""
-    rows = routing["rows"]
+    rows = [r for r in routing["rows"] if r.get("workload", "conversation") == "conversation"]
     workers = sorted({r["workers"] for r in rows})
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     fig, axes = plt.subplots(1, len(workers), figsize=(12, 4.5), squeeze=False)

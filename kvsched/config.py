@@ -74,12 +74,26 @@ class WorkerConfig(Section):
 
 
 class SelectorConfig(Section):
-    """Worker selection (SPEC §4 "Selection cost")."""
+    """Worker selection (docs/ROUTING.md: every selector, every term's source and measured effect)."""
 
-    type: Literal["kv", "round_robin", "random", "least_loaded", "power_of_two", "cache_aware"] = "kv"
+    type: Literal["kv", "dynamo_cost", "round_robin", "random", "least_loaded", "power_of_two", "cache_aware",
+                  "lmetric", "llmd", "llmd_sticky"] = "kv"
+    # kv: cost in blocks = prefill_weight x projected uncached prefill blocks + active_blocks_weight x projected
+    # active blocks - lead_bonus x min(exclusive overlap lead, lead_cap_blocks) + recent_weight x decayed recent blocks
+    prefill_weight: Annotated[float, Meta(ge=0)] = 16.0  # per block of projected uncached prefill
+    active_blocks_weight: Annotated[float, Meta(ge=0)] = 0.1  # per projected active KV block
+    lead_bonus: Annotated[float, Meta(ge=0)] = 160.0  # per block of exclusive overlap lead
+    lead_cap_blocks: Annotated[float, Meta(ge=0)] = 64.0  # lead credited at most this many blocks
+    # no lead bonus while the leader's queued prefill exceeds this many x its max_num_batched_tokens
+    lead_release_steps: Annotated[float, Meta(ge=0)] = 16.0
+    # ... or while its decayed recent work exceeds this many x the other eligible workers' mean (0 = never)
+    lead_release_recent_ratio: Annotated[float, Meta(ge=0)] = 2.0
+    recent_weight: Annotated[float, Meta(ge=0)] = 1.0  # per block of recently admitted uncached prompt
+    recent_half_life_s: Annotated[float, Meta(gt=0)] = 30.0  # decay of recently admitted work (s)
+    # dynamo_cost (NVIDIA Dynamo's kv-router cost, its defaults)
     prefill_load_scale: Annotated[float, Meta(ge=0)] = 1.0  # weight of the prefill term
     overlap_credit: Annotated[float, Meta(ge=0)] = 1.0  # blocks of credit per overlapping block
-    temperature: Annotated[float, Meta(ge=0)] = 0.0  # 0 = argmin with random tie-break
+    temperature: Annotated[float, Meta(ge=0)] = 0.0  # kv, dynamo_cost: 0 = argmin with random tie-break
     approx_ttl_s: Annotated[float, Meta(gt=0)] = 120.0  # approximate index entry lifetime (s)
     # credit of a block held only in an offload tier (CPU/disk KV events), as a fraction of a device block's
     offload_overlap_credit: Annotated[float, Meta(ge=0, le=1)] = 0.5

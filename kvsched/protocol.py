@@ -418,7 +418,8 @@ class LeasesReply(Admin, tag="leases_reply"):
 
 
 class ExplainRow(Admin, tag="explain_row"):
-    """One worker's view of a decision: eligibility, overlap blocks, projected blocks and prefill tokens, cost (lower wins)."""
+    """One worker's view of a decision: eligibility, overlap blocks, projected blocks and prefill tokens, cost
+    (lower wins; -1 if ineligible) and the selector's named cost terms summing to it (docs/ROUTING.md)."""
 
     worker_id: int
     dp_rank: int
@@ -427,6 +428,7 @@ class ExplainRow(Admin, tag="explain_row"):
     potential_blocks: int
     potential_prefill_tokens: int
     cost: float
+    terms: dict[str, float] = {}
 
 
 class ExplainReply(Admin, tag="explain_reply"):

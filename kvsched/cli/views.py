@@ -64,11 +64,13 @@ def leases_table(r: p.LeasesReply) -> Table:
 
 
 def explain_table(r: p.ExplainReply) -> Table:
-    """One row per worker of a recent decision."""
+    """One row per worker of a recent decision, with one column per cost term of the selector."""
+    names = list(dict.fromkeys(k for x in r.rows for k in x.terms))  # the selector's cost terms, in order
     return _table(f"decision for {r.request_id}: chose {r.chosen_worker_id}:{r.chosen_dp_rank}",
-                  ["worker", "eligible", "overlap_blocks", "potential_blocks", "potential_prefill", "cost"],
+                  ["worker", "eligible", "overlap_blocks", "potential_blocks", "potential_prefill", *names, "cost"],
                   [[f"{x.worker_id}:{x.dp_rank}", x.eligible, x.overlap_blocks, x.potential_blocks,
-                    x.potential_prefill_tokens, x.cost] for x in r.rows])
+                    x.potential_prefill_tokens, *[round(x.terms[k], 2) if k in x.terms else "" for k in names],
+                    round(x.cost, 2)] for x in r.rows])
 
 
 def status(json_out: JsonOpt = False) -> None:

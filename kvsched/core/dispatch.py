@@ -48,7 +48,7 @@ from .admission import Aborted, Event, FleetView
 from .ledger import Ledger
 from .ordering import QueueEntry
 from .policy_queue import PolicyQueue
-from .selector import WorkerSelector
+from .selector import SelectionView, WorkerSelector
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
 
 READY, DEFERRED, LEASED = "ready", "deferred", "leased"
@@ -257,13 +257,14 @@ class Dispatch:
             return None
         hashes = spec.block_hashes if len(spec.block_hashes) else EMPTY_HASHES
         blocks, prefill, costs = self._project(hashes, spec.isl_tokens, now_us)
-        row = self._select(pin, costs, len(hashes))
+        view = self._view(blocks, prefill, spec.isl_tokens, now_us)
+        row, terms = self._select(pin, costs, len(hashes), view)
         if row < 0:
             return None
         if not self.owner_alive(spec.owner):
             self._drop(live, abort=True)
             return None
-        return self._reserve(live, row, hashes, blocks, prefill, costs, now_us)
+        return self._reserve(live, row, hashes, blocks, prefill, costs, now_us, view, terms)
 
     def _project(self, hashes: np.ndarray, isl_tokens: int, now_us: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if len(hashes):
@@ -274,15 +275,22 @@ class Dispatch:
         sel = self.config.selector
         return self.ledger.project(hashes, isl_tokens, self._depth, self._elig, sel.prefill_load_scale, sel.overlap_credit)
 
-    def _select(self, pin: WorkerKey | None, costs: np.ndarray, request_blocks: int = 0) -> int:
+    def _view(self, blocks: np.ndarray, prefill: np.ndarray, isl_tokens: int, now_us: int) -> SelectionView:
+        a = self.ledger.arrays
+        return SelectionView(prefill, blocks, a.w_active_prefill, a.w_active_blocks, a.w_total_kv_blocks,
+                             a.w_max_batched_tokens, int(isl_tokens), self.ledger.block_size, now_us)
+
+    def _select(self, pin: WorkerKey | None, costs: np.ndarray, request_blocks: int = 0,
+                view: SelectionView | None = None) -> tuple[int, dict | None]:
+        """(row or -1, the selector's cost terms if it computed them on the way)."""
         if pin is not None:
             row = self.ledger.row_of(pin)
-            return -1 if row is None else row
-        return self.selector.select(costs, self._elig, self.ledger.arrays.w_active_requests,
-                                    overlap_blocks=self._depth, request_blocks=request_blocks)
+            return (-1 if row is None else row), None
+        return self.selector.select_explained(costs, self._elig, self.ledger.arrays.w_active_requests,
+                                              overlap_blocks=self._depth, request_blocks=request_blocks, view=view)
 
     def _reserve(self, live: Live, row: int, hashes: np.ndarray, blocks: np.ndarray, prefill: np.ndarray,
-                 costs: np.ndarray, now_us: int) -> Admit | Reject:
+                 costs: np.ndarray, now_us: int, view: SelectionView, terms: dict | None = None) -> Admit | Reject:
         spec, entry = live.spec, live.entry
         bs = self.ledger.block_size
         overlap_blocks = int(self._depth[row])
@@ -299,8 +307,12 @@ class Dispatch:
             live.wrote = self._record_overlap(hashes, row, now_us)
         self.selector.note_admitted(row, overlap_blocks, len(hashes))
         a = self.ledger.arrays
+        if terms is None:  # pinned, or a selector that does not compute terms on the way: before `admitted`
+            terms = self.selector.terms(costs, self._elig, self._depth, view)
+        self.selector.admitted(row, spec.isl_tokens - cached, now_us)
         self._explain.append((spec.request_id, row, now_us, self._elig.copy(), self._depth.copy(), blocks.copy(),
-                              prefill.copy(), costs.copy(), a.w_worker_id.copy(), a.w_dp_rank.copy(), a.w_present.copy()))
+                              prefill.copy(), costs.copy(), a.w_worker_id.copy(), a.w_dp_rank.copy(), a.w_present.copy(),
+                              terms))
         self.decisions_total += 1
         return Admit(spec.request_id, spec.owner, self.ledger.key_of(row), live.slot, live.generation,
                      overlap_blocks, cached, max(0, now_us - entry.arrival_us), cls_name)

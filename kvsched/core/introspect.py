@@ -74,11 +74,13 @@ class Introspect:
         for rec in reversed(self._explain):
             if rec[0] != request_id:
                 continue
-            _, row, now_us, elig, depth, blocks, prefill, costs, wid, rank, present = rec
+            _, row, now_us, elig, depth, blocks, prefill, costs, wid, rank, present, terms = rec
+            total = sum(terms.values()) if terms else costs
             rows = [ExplainRow(worker_id=int(wid[r]), dp_rank=int(rank[r]), eligible=bool(elig[r]),
                                overlap_blocks=int(depth[r]), potential_blocks=int(blocks[r]),
                                potential_prefill_tokens=int(prefill[r]),
-                               cost=float(costs[r]) if np.isfinite(costs[r]) else -1.0)
+                               cost=float(total[r]) if elig[r] and np.isfinite(total[r]) else -1.0,
+                               terms={k: float(v[r]) for k, v in terms.items()} if elig[r] else {})
                     for r in np.flatnonzero(present).tolist()]
             return ExplainReply(request_id=request_id, chosen_worker_id=int(wid[row]), chosen_dp_rank=int(rank[row]),
                                 decided_at_s=now_us / 1e6, rows=rows)

@@ -1,31 +1,64 @@
-"""WorkerSelector: cost vector -> one worker row (SPEC §4 "Selection cost"); side-effect free.
+"""WorkerSelector: per-row load and overlap -> one worker row; `select` is side-effect free.
 
-A selector never reserves or touches a queue: the only state `select` changes is its own RNG and,
-for round robin, its cursor. State that should follow what was really admitted (the cache-aware
-baseline's registry) is recorded by `note_admitted`, which the dispatcher calls only after a
-successful reservation (Dynamo kv-router guardrail: selectors are side-effect free, no registry
-mutation). `create_selector(cfg)` picks the implementation named by `cfg.type`.
+`select` never reserves or touches a queue; the only state it changes is its own RNG and, for
+round robin, its cursor. State learnt from decisions changes only in the two admission hooks the
+dispatcher calls once a reservation succeeded: `admitted` (the `kv` selector's recently admitted work)
+and `note_admitted` (the cache-aware baseline's registry) — Dynamo kv-router guardrail: selectors are
+side-effect free. `create_selector(cfg)` picks the implementation named by `cfg.type`; the `kv` cost
+and every baseline are documented in docs/ROUTING.md.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import SelectorConfig
 
 
+@dataclass(slots=True)
+class SelectionView:
+    """What a decision sees per worker row, beyond the kernel's cost (arrays are read-only views).
+
+    Attributes:
+        prefill_tokens: int64[W], projected uncached prefill tokens if the request ran there:
+            active prefill + isl - cached (tokens); -1 at ineligible rows.
+        blocks: int64[W], projected active KV blocks: active + request blocks not live there; -1 ineligible.
+        active_prefill: int64[W], outstanding prefill tokens now (tokens).
+        active_blocks: int64[W], active unique KV blocks now (blocks).
+        total_kv_blocks: int64[W], KV capacity (blocks).
+        max_batched_tokens: int64[W], per-step token budget (tokens).
+        isl_tokens: the request's prompt tokens.
+        block_size: tokens per block (B).
+        now_us: decision time (µs, the scheduler's clock).
+    """
+
+    prefill_tokens: np.ndarray
+    blocks: np.ndarray
+    active_prefill: np.ndarray
+    active_blocks: np.ndarray
+    total_kv_blocks: np.ndarray
+    max_batched_tokens: np.ndarray
+    isl_tokens: int
+    block_size: int
+    now_us: int
+
+
 class WorkerSelector(ABC):
     """Choose one eligible worker row.
 
     Args (of `select`):
-        costs: float64[W], SPEC §4 cost per row (lower wins); only read at eligible rows.
+        costs: float64[W], Dynamo's cost per row from the projection kernel (docs/ROUTING.md,
+            `dynamo_cost`; lower wins); +inf at ineligible rows.
         eligible: uint8[W], nonzero where the request may run.
         active_requests: int64[W], live bookings per row (baselines).
         overlap_blocks: int32[W] or None, prefix blocks of the request already cached (or believed
             cached) on each row, as credited by the dispatcher; only read at eligible rows.
         request_blocks: hashed prefix blocks of the request (the denominator of a match ratio).
+        view: the per-row projections (`SelectionView`) or None (then selectors that need it fall
+            back to `costs`).
     Returns:
         int: the chosen row, or -1 when no row is eligible.
     """
@@ -37,8 +70,28 @@ class WorkerSelector(ABC):
 
     @abstractmethod
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+               view: SelectionView | None = None) -> int:
         """See the class docstring."""
+
+    def select_explained(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+                         overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+                         view: SelectionView | None = None) -> tuple[int, dict[str, np.ndarray] | None]:
+        """`select` plus the decision's cost terms (`terms`), or None when they are not computed on the
+        way (the dispatcher then asks `terms` itself). Pure, like `select`."""
+        return self.select(costs, eligible, active_requests, overlap_blocks=overlap_blocks,
+                           request_blocks=request_blocks, view=view), None
+
+    def admitted(self, row: int, uncached_tokens: int, now_us: int) -> None:
+        """Learn from an admission that succeeded on `row` (`uncached_tokens` = isl - cached). Default: nothing."""
+
+    def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
+              view: SelectionView) -> dict[str, np.ndarray]:
+        """Named float64[W] cost terms of a decision (summing to the cost), for `kvsched explain`.
+
+        Default: the one term "cost" (`costs` as given). Pure.
+        """
+        return {"cost": costs.astype(np.float64, copy=True)}
 
     def note_admitted(self, row: int, overlap_blocks: int, request_blocks: int) -> None:
         """The dispatcher reserved `row` for a request with `request_blocks` hashed prompt blocks, of
@@ -51,18 +104,28 @@ class WorkerSelector(ABC):
         return int(rows[self.rng.integers(rows.size)])
 
 
-class KvSelector(WorkerSelector):
-    """Lowest cost. temperature 0: argmin with a uniformly random tie-break among equal minima;
+
+class DynamoCostSelector(WorkerSelector):
+    """Lowest Dynamo cost (the kernel's `costs`): `prefill_load_scale x max(0, (active prefill + isl)/B
+    - overlap_credit x overlap) + projected active blocks` (NVIDIA Dynamo kv-router's cost and defaults;
+    docs/ROUTING.md). temperature 0: argmin with a uniformly random tie-break among equal minima;
     temperature T > 0: softmax of -(cost normalised to [0, 1] over the eligible rows) / T."""
 
-    name = "kv"
+    name = "dynamo_cost"
 
     def __init__(self, temperature: float = 0.0, seed: int | None = None) -> None:
         super().__init__(seed)
         self.temperature = float(temperature)
 
+    def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
+              view: SelectionView) -> dict[str, np.ndarray]:
+        """"prefill" (scale x clamped prefill blocks) and "active_blocks" (projected), summing to `costs`."""
+        active = np.where(eligible != 0, view.blocks, 0).astype(np.float64)
+        return {"prefill": costs - active, "active_blocks": active}
+
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+               view: SelectionView | None = None) -> int:
         if self.temperature <= 0.0:  # fast path: ineligible rows cost +inf (project_and_cost)
             i = int(costs.argmin())
             lo = costs[i]
@@ -103,7 +166,8 @@ class RoundRobinSelector(WorkerSelector):
         self.cursor = 0
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+               view: SelectionView | None = None) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -119,7 +183,8 @@ class RandomSelector(WorkerSelector):
     name = "random"
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+               view: SelectionView | None = None) -> int:
         rows = np.flatnonzero(eligible)
         return -1 if rows.size == 0 else self._pick(rows)
 
@@ -130,7 +195,8 @@ class LeastLoadedSelector(WorkerSelector):
     name = "least_loaded"
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+               view: SelectionView | None = None) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -144,7 +210,8 @@ class PowerOfTwoSelector(WorkerSelector):
     name = "power_of_two"
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+               view: SelectionView | None = None) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size <= 1:
             return int(rows[0]) if rows.size else -1
@@ -180,7 +247,8 @@ class CacheAwareSelector(WorkerSelector):
         self.cache_blocks = np.zeros(0, np.int64)  # row -> approximate blocks cached (grows on demand)
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0) -> int:
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+               view: SelectionView | None = None) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -215,10 +283,15 @@ def create_selector(cfg: SelectorConfig) -> WorkerSelector:
     Raises:
         ValueError: unknown `cfg.type`.
     """
+    from .baselines import LlmdSelector, LlmdStickySelector, LMetricSelector
+    from .kv_cost import KvSelector
+
     if cfg.type == "kv":
-        return KvSelector(cfg.temperature, cfg.seed)
+        return KvSelector.from_config(cfg)
+    if cfg.type == "dynamo_cost":
+        return DynamoCostSelector(cfg.temperature, cfg.seed)
     simple = {cls.name: cls for cls in (RoundRobinSelector, RandomSelector, LeastLoadedSelector, PowerOfTwoSelector,
-                                        CacheAwareSelector)}
+                                        CacheAwareSelector, LMetricSelector, LlmdSelector, LlmdStickySelector)}
     if cfg.type not in simple:
-        raise ValueError(f"unknown selector type {cfg.type!r}; expected one of {['kv', *simple]}")
+        raise ValueError(f"unknown selector type {cfg.type!r}; expected one of {['kv', 'dynamo_cost', *simple]}")
     return simple[cfg.type](cfg.seed)

@@ -29,6 +29,7 @@ from msgspec import Meta
 
 from ..core.types import WorkerKey
 from ..kvevents.publisher import KvEventPublisher
+from .tokens import TokenIdPublisher
 from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
 from .fleet_spec import FleetSpec, make_engines
 
@@ -101,6 +102,7 @@ class FleetParams:
     # (pub, replay) endpoints per engine in `spec.keys()` order; () = no KV events (`kv_event_endpoints`)
     kv_events: tuple[tuple[str, str | None], ...] = ()
     kv_encoding: str = "array"  # "array" (older vLLM) | "map" (newer vLLM)
+    kv_token_ids: bool = False  # BlockStored events carry synthetic token ids (`tokens.py`; Dynamo needs them)
 
 
 def kv_event_endpoints(spec: FleetSpec, runtime_dir: str | Path, transport: str = "ipc") -> tuple[tuple[str, str], ...]:
@@ -145,7 +147,7 @@ class Fleet:
         self.publishers: list[KvEventPublisher] = []
         for key, (pub, replay) in zip(params.spec.keys(), params.kv_events):
             publisher = KvEventPublisher(self._ctx, pub, replay, encoding=params.kv_encoding)  # type: ignore[arg-type]
-            self.engines[key].cache_listener = publisher
+            self.engines[key].cache_listener = TokenIdPublisher(publisher) if params.kv_token_ids else publisher
             self.publishers.append(publisher)
         self._owner: dict[str, bytes] = {}  # request_id -> router identity
         self._reported: dict[str, int] = {}  # request_id -> output tokens last reported

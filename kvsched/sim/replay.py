@@ -109,6 +109,7 @@ def run_replay(opts: ReplayOptions, console=None) -> Summary:
         load_scale=opts.load_scale,
         wall_time_s=wall_s,
         infinite_cache_hit_tokens=trace.infinite_cache_hit_tokens(),
+        fleet_lru_hit_tokens=trace.fleet_lru_hit_tokens(spec.workers * spec.blocks_per_engine),
         ledger_zero=ledger_zero,
         notes=opts.notes,
         profile=str(opts.profile) if opts.profile is not None else None,

@@ -37,6 +37,9 @@ class RequestResult(msgspec.Struct, kw_only=True, omit_defaults=True):
         cached_tokens: prompt tokens the engine served from its prefix cache.
         predicted_cached_tokens: what the scheduler expected on the chosen worker.
         policy_class: the class the request was sent with ("" = the default class).
+        overlap_blocks / best_overlap_blocks: (virtual driver) overlap credited on the chosen worker /
+            the deepest overlap on any eligible worker at the decision (blocks); their gap is overlap
+            given up.
     """
 
     index: int
@@ -57,6 +60,8 @@ class RequestResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     predicted_cached_tokens: int = 0
     output_tokens: int = 0
     policy_class: str = ""
+    overlap_blocks: int = 0
+    best_overlap_blocks: int = 0
 
 
 class ClassSummary(msgspec.Struct, kw_only=True):
@@ -113,6 +118,8 @@ class Summary(msgspec.Struct, kw_only=True):
     infinite_cache_hit_ratio: float | None  # upper bound: one infinite cache, same requests
     requests_per_worker: dict[str, int]
     ledger_zero: bool | None = None  # all worker aggregates back to zero at the end (None = not checked)
+    # achievable reference: one LRU cache of the fleet's total KV blocks seeing every request
+    fleet_lru_hit_ratio: float | None = None
     notes: list[str] = []
     profile: str | None = None  # --profile file, if any
     class_rule: str = "none"  # --class-rule as given
@@ -138,6 +145,7 @@ def summarize(
     wall_time_s: float,
     infinite_cache_hit_tokens: int | None = None,
     ledger_zero: bool | None = None,
+    fleet_lru_hit_tokens: int | None = None,
     notes: list[str] | None = None,
     profile: str | None = None,
     class_rule: str = "none",
@@ -193,6 +201,7 @@ def summarize(
         ),
         requests_per_worker=dict(sorted(Counter(r.worker for r in done).items(), key=_worker_order)),
         ledger_zero=ledger_zero,
+        fleet_lru_hit_ratio=round(fleet_lru_hit_tokens / isl_all, 4) if fleet_lru_hit_tokens is not None and isl_all else None,
         notes=list(notes or []),
         profile=profile,
         class_rule=class_rule,
@@ -304,6 +313,7 @@ def summary_table(summary: Summary):
         ("TTFT p50 / p99 (sim ms)", f"{_fmt(summary.ttft_ms_p50)} / {_fmt(summary.ttft_ms_p99)}"),
         ("prefix hit ratio (cached / ISL)", summary.prefix_hit_ratio),
         ("  scheduler's estimate", summary.predicted_hit_ratio),
+        ("  fleet-LRU reference (achievable)", summary.fleet_lru_hit_ratio),
         ("  infinite-cache bound", summary.infinite_cache_hit_ratio),
         ("requests per worker", ", ".join(f"{k}={v}" for k, v in summary.requests_per_worker.items())),
         ("ledger back to zero", summary.ledger_zero),

@@ -110,6 +110,35 @@ class Trace:
             seen.update(hs)
         return total
 
+    def fleet_lru_hit_tokens(self, capacity_blocks: int) -> int:
+        """Prompt tokens one LRU prefix cache of `capacity_blocks` blocks would serve, seeing every request.
+
+        The achievable reference for a fleet whose caches add up to `capacity_blocks` (a router that
+        partitions the working set well can beat it slightly; the true bound would be Belady's optimal
+        eviction on that one cache). Per request: the leading blocks present are hits (counted like
+        `infinite_cache_hit_tokens`); then every block of the request becomes most recently used, and
+        least recently used blocks are evicted beyond the capacity.
+        """
+        from collections import OrderedDict
+
+        cache: OrderedDict[int, None] = OrderedDict()
+        total = 0
+        bs = self.block_size
+        for i in range(len(self)):
+            hs = self.hashes_of(i).tolist()
+            hit = 0
+            for h in hs:
+                if h not in cache:
+                    break
+                hit += 1
+            total += min(hit * bs, int(self.isl[i]) - 1)
+            for h in hs:
+                cache[h] = None
+                cache.move_to_end(h)
+            while len(cache) > capacity_blocks:
+                cache.popitem(last=False)
+        return total
+
 
 def load_trace(path: str | Path, limit: int | None = None) -> Trace:
     """Load a Mooncake `.jsonl` or an Azure `.csv` trace (by extension); first `limit` rows."""

@@ -235,6 +235,12 @@ class VirtualDriver:
         r.worker = str(a.worker)
         r.queued_us = r.queue_wait_us = int(a.queued_us)
         r.predicted_cached_tokens = int(a.cached_tokens)
+        r.overlap_blocks = int(a.overlap_blocks)
+        for rec in reversed(getattr(self.scheduler, "_explain", ())):  # this decision: (id, row, now, elig, depth, ...)
+            if rec[0] == a.request_id:
+                elig, depth = rec[3], rec[4]
+                r.best_overlap_blocks = int(depth[elig != 0].max()) if elig.any() else 0
+                break
         self.live[a.request_id] = _Live(r, a.slot, a.generation, now_us)
         engine = self.engines.get(WorkerKey(*a.worker))
         if engine is None:

@@ -1,0 +1,145 @@
+"""The default `kv` selector: Dynamo's load terms re-weighted for prefix locality, plus a capped
+exclusive-lead bonus and decayed recently admitted work (docs/ROUTING.md has each term's source
+and measured effect).
+
+Cost per eligible row w, in blocks (B tokens per block; lower wins):
+
+    prefill_weight       x (active prefill_w + isl - cached_w) / B        "prefill"
+  + active_blocks_weight x projected active blocks_w                      "active_blocks"
+  - lead_bonus           x min(lead_w, lead_cap_blocks)                   "lead"
+      (released while w's active prefill > lead_release_steps x max_num_batched_tokens_w, or its
+       recent work > lead_release_recent_ratio x the other eligible rows' mean)
+  + recent_weight        x recent_w / B                                   "recent"
+
+cached_w = min(isl, overlap_w x B), so a deeper overlap always costs less (no clamp: a shallow and a
+deep overlap never tie, unlike raising Dynamo's `overlap_credit`). lead_w = overlap_w minus the deepest
+overlap on any other eligible row (> 0 only on the unique deepest row); like llm-d's "sticky until
+saturated" filter, the bonus is released once that row's queued prefill passes a threshold, so a
+popular prefix cached on one row cannot pile work onto it without bound. recent_w = uncached prompt
+tokens admitted to w, each decayed by 2^(-age / recent_half_life_s): an idle fleet (no leases, every
+load term 0) still spreads new sessions, while a later turn's overlap keeps its affinity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..config import SelectorConfig
+from .selector import DynamoCostSelector, SelectionView
+
+
+class KvSelector(DynamoCostSelector):
+    """kvsched's default selector (module docstring). temperature as in `DynamoCostSelector`.
+
+    State: `recent` float64[W] (tokens, decayed to `recent_at_us`), changed only by `admitted`.
+    Without a `SelectionView` (callers outside the dispatcher) it falls back to the given costs.
+    """
+
+    name = "kv"
+
+    def __init__(self, temperature: float = 0.0, seed: int | None = None, *, prefill_weight: float = 16.0,
+                 active_blocks_weight: float = 0.1, lead_bonus: float = 160.0, lead_cap_blocks: float = 64.0,
+                 lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0, recent_weight: float = 1.0,
+                 recent_half_life_s: float = 30.0) -> None:
+        super().__init__(temperature, seed)
+        self.prefill_weight = float(prefill_weight)
+        self.active_blocks_weight = float(active_blocks_weight)
+        self.lead_bonus = float(lead_bonus)
+        self.lead_cap_blocks = float(lead_cap_blocks)
+        self.lead_release_steps = float(lead_release_steps)
+        self.lead_release_recent_ratio = float(lead_release_recent_ratio)
+        self.recent_weight = float(recent_weight)
+        self.recent_half_life_us = float(recent_half_life_s) * 1e6
+        self.recent = np.zeros(0, np.float64)
+        self.recent_at_us = 0
+
+    @classmethod
+    def from_config(cls, cfg: SelectorConfig) -> "KvSelector":
+        """The selector with the `[selector]` table's `kv` keys (docs/ROUTING.md)."""
+        return cls(cfg.temperature, cfg.seed, prefill_weight=cfg.prefill_weight,
+                   active_blocks_weight=cfg.active_blocks_weight, lead_bonus=cfg.lead_bonus,
+                   lead_cap_blocks=cfg.lead_cap_blocks, lead_release_steps=cfg.lead_release_steps,
+                   lead_release_recent_ratio=cfg.lead_release_recent_ratio,
+                   recent_weight=cfg.recent_weight,
+                   recent_half_life_s=cfg.recent_half_life_s)
+
+    # ---- terms (pure) ----------------------------------------------------------------------------
+    def _decay(self, now_us: int) -> float:
+        dt = max(0, now_us - self.recent_at_us)
+        return math.exp2(-dt / self.recent_half_life_us) if self.recent_half_life_us > 0 else 0.0
+
+    def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
+              view: SelectionView) -> dict[str, np.ndarray]:
+        """float64[W] per term (module docstring); ineligible rows: +inf in "prefill", 0 elsewhere. Pure."""
+        n = eligible.shape[0]
+        rows = np.flatnonzero(eligible)
+        inv_bs = 1.0 / float(view.block_size)
+        prefill = np.full(n, np.inf)
+        active = np.zeros(n)
+        lead = np.zeros(n)
+        recent = np.zeros(n)
+        if rows.size == 0:
+            return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent}
+        prefill[rows] = view.prefill_tokens[rows] * (self.prefill_weight * inv_bs)
+        if self.active_blocks_weight:
+            active[rows] = view.blocks[rows] * self.active_blocks_weight
+        m = min(n, self.recent.size)
+        rt = None
+        if m:
+            decay = self._decay(view.now_us)
+            rt = np.zeros(n)
+            sel = rows[rows < m]
+            rt[sel] = self.recent[sel] * decay
+            if self.recent_weight:
+                recent[sel] = rt[sel] * (self.recent_weight * inv_bs)
+        if self.lead_bonus > 0.0 and overlap_blocks is not None:
+            depth = overlap_blocks[rows]
+            k = int(depth.argmax())
+            first = int(depth[k])
+            if first > 0:
+                top = int(rows[k])
+                second = int(np.partition(depth, -2)[-2]) if rows.size > 1 else 0
+                if first > second and not self._saturated(top, rt, rows, view):
+                    lead[top] = -self.lead_bonus * min(float(first - max(0, second)), self.lead_cap_blocks)
+        return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent}
+
+    def _saturated(self, row: int, recent_tokens: np.ndarray | None, rows: np.ndarray, view: SelectionView) -> bool:
+        """The lead bonus is released on `row`: queued prefill > lead_release_steps x its step budget, or
+        (with more than one eligible row) its recent work > lead_release_recent_ratio x the mean recent
+        work of the other eligible rows."""
+        if view.active_prefill[row] > self.lead_release_steps * view.max_batched_tokens[row]:
+            return True
+        if recent_tokens is not None and self.lead_release_recent_ratio > 0.0 and rows.size > 1:
+            mine = recent_tokens[row]
+            mean_others = (float(recent_tokens[rows].sum()) - mine) / (rows.size - 1)
+            return mine > self.lead_release_recent_ratio * mean_others
+        return False
+
+    def select_explained(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+                         overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+                         view: SelectionView | None = None) -> tuple[int, dict[str, np.ndarray] | None]:
+        if view is None:
+            return super().select(costs, eligible, active_requests), None
+        t = self.terms(costs, eligible, overlap_blocks, view)
+        total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"]
+        return super().select(total, eligible, active_requests), t
+
+    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
+               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
+               view: SelectionView | None = None) -> int:
+        return self.select_explained(costs, eligible, active_requests, overlap_blocks=overlap_blocks,
+                                     request_blocks=request_blocks, view=view)[0]
+
+    # ---- learning (after admission) -------------------------------------------------------------
+    def admitted(self, row: int, uncached_tokens: int, now_us: int) -> None:
+        """Add `uncached_tokens` to `row`'s decayed recent work (decaying every row to `now_us` first)."""
+        if self.recent_weight <= 0.0:
+            return
+        if self.recent.size <= row:
+            self.recent = np.concatenate([self.recent, np.zeros(row + 1 - self.recent.size)])
+        if now_us > self.recent_at_us:
+            self.recent *= self._decay(now_us)
+            self.recent_at_us = now_us
+        self.recent[row] += max(0, uncached_tokens)

@@ -1,0 +1,51 @@
+"""Deterministic synthetic token ids for trace blocks (the traces carry block hash ids, no text).
+
+Routers that identify blocks by token ids (NVIDIA Dynamo's selector hashes the `token_ids` of each
+`BlockStored` event and drops events without them) need the same ids from the engines' KV events and
+from the requests. Block i of any request gets `block_token_ids(hash_i, B)`: B ids drawn from the
+block's hash alone, so every request sharing a block sends the same ids for it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+VOCAB = 32_000  # ids are in [0, VOCAB)
+_U64 = np.uint64
+
+
+def block_token_ids(block_hash: int, block_size: int) -> np.ndarray:
+    """int64[block_size] token ids of one block: SplitMix64 of hash + k·golden, modulo VOCAB."""
+    with np.errstate(over="ignore"):
+        z = _U64(int(block_hash) & 0xFFFF_FFFF_FFFF_FFFF) + (np.arange(1, block_size + 1, dtype=_U64) * _U64(0x9E3779B97F4A7C15))
+        z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
+        z = z ^ (z >> _U64(31))
+    return (z % _U64(VOCAB)).astype(np.int64)
+
+
+def token_ids_for(block_hashes: Iterable[int], block_size: int) -> list[int]:
+    """The concatenated token ids of consecutive blocks (a request's prompt, or a BlockStored run)."""
+    parts = [block_token_ids(h, block_size) for h in block_hashes]
+    return np.concatenate(parts).tolist() if parts else []
+
+
+class TokenIdPublisher:
+    """A `SimEngine.cache_listener` that forwards to a `KvEventPublisher`, adding each stored block's
+    synthetic token ids (`block_size` per block) to its BlockStored events."""
+
+    __slots__ = ("publisher",)
+
+    def __init__(self, publisher) -> None:
+        self.publisher = publisher
+
+    def block_stored(self, hashes, parent=None, block_size: int = 16) -> None:
+        self.publisher.block_stored(hashes, parent, block_size, token_ids=token_ids_for(hashes, block_size))
+
+    def block_removed(self, hashes) -> None:
+        self.publisher.block_removed(hashes)
+
+    def __getattr__(self, name):  # flush, close, service_replay, ... of the publisher
+        return getattr(self.publisher, name)
