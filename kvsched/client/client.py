@@ -28,6 +28,7 @@ from .. import protocol as p
 from ..config import data_endpoint
 from ..core.types import WorkerKey
 from ..errors import DaemonUnavailable, ProtocolError, rejection_error
+from .checks import checked_enqueue
 from .lease import DroppedLeases, Lease
 from .link import Link
 
@@ -225,17 +226,16 @@ class SchedulerClient:
         Raises:
             RequestRejected subclass: the daemon's reason (QueueFull, NoEndpoints, QueueTimeout, ...).
             DaemonUnavailable: not connected, or the daemon stayed away past `reconnect_deadline_s`.
-            ValueError: malformed block_hashes, or request_id already waiting in this client.
+            TypeError: an argument of the wrong type (checked before sending, see `checks.py`).
+            ValueError: an argument out of its bounds, malformed block_hashes, or request_id already
+                waiting in this client.
+            ProtocolError: the daemon answered this request with an `Error` (it could not decode it).
         """
         if self._link is None or self._loop is None:
             raise DaemonUnavailable(f"not connected to {self.endpoint}; call connect() first")
-        frame = p.Enqueue(
-            request_id, isl_tokens, p.hashes_to_bytes(block_hashes if block_hashes is not None else b""),
-            policy_class, priority, strict_priority, session_id, expected_osl,
-            (pinned[0], pinned[1]) if pinned is not None else None,
-            list(allowed_workers) if allowed_workers is not None else None, do_not_queue, deadline_ms, lora_name,
-            sorted(excluded_workers) if excluded_workers else None,
-        )
+        frame = checked_enqueue(request_id, isl_tokens, block_hashes, policy_class, priority, strict_priority,
+                                session_id, expected_osl, pinned, allowed_workers, do_not_queue, deadline_ms,
+                                lora_name, excluded_workers)
         if not self._link.connected and self.on_unavailable == "bypass" and self._outage_expired():
             return self._degraded_lease(request_id, isl_tokens, pinned)
         return await self._await_admission(request_id, isl_tokens, frame)

@@ -30,6 +30,15 @@ _NOBLOCK = int(zmq.NOBLOCK)
 MAX_BUFFERED_FRAMES = 100_000
 
 
+def _pid_ns() -> int:
+    """Inode of this process's PID namespace (sent in Hello so the daemon watches our pid only when
+    it lives in the same namespace); 0 when /proc is not readable."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 class Link:
     """One DEALER connection with automatic re-Hello.
 
@@ -112,7 +121,7 @@ class Link:
 
     def _hello(self) -> None:
         self._raw_send(self.enc.encode(p.Hello(p.PROTOCOL_VERSION, self.client_name[:128], os.getpid(),
-                                               socket.gethostname()[:128])))
+                                               socket.gethostname()[:128], _pid_ns())))
 
     def close(self) -> None:
         self.closed = True

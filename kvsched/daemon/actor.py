@@ -154,10 +154,8 @@ class Actor:
         conn.last_seen_us = t
         try:
             frame = self.dec.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            code = p.ErrorCode.ADMIN_ON_DATA_SOCKET if p.looks_like_admin(payload) else p.ErrorCode.MALFORMED
-            msg = "admin frames are accepted on the admin socket only" if code == p.ErrorCode.ADMIN_ON_DATA_SOCKET else str(exc)[:300]
-            self._error(conn, code, msg)
+        except Exception as exc:  # noqa: BLE001 - ValidationError, DecodeError, RecursionError, ...: all answered
+            self._undecodable(conn, payload, exc)
             return
         if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
             self._error(conn, p.ErrorCode.NOT_HELLO, "send Hello first", getattr(frame, "request_id", None))
@@ -180,14 +178,25 @@ class Actor:
             case p.Reattach():
                 self._on_reattach(conn, frame, t)
 
+    def _undecodable(self, conn: Connection, payload: bytes, exc: Exception) -> None:
+        """Answer a frame the typed decoder refused. Only bounded, typed peeks run here (never an
+        untyped decode, which deep nesting turns into a RecursionError): one for the admin tag, one
+        for the request id, each allowed to fail."""
+        if p.peek_admin_tag(payload):
+            self._error(conn, p.ErrorCode.ADMIN_ON_DATA_SOCKET, "admin frames are accepted on the admin socket only")
+            return
+        detail = str(exc)[:300] if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)) else \
+            f"undecodable frame ({type(exc).__name__})"
+        self._error(conn, p.ErrorCode.MALFORMED, detail, p.peek_request_id(payload))
+
     def _on_hello(self, conn: Connection, frame: p.Hello) -> None:
         if not (p.PROTOCOL_MIN <= frame.protocol_version <= p.PROTOCOL_MAX):
             self._error(conn, p.ErrorCode.VERSION,
                         f"protocol {frame.protocol_version} not in [{p.PROTOCOL_MIN}, {p.PROTOCOL_MAX}]")
             return
-        self.conns.hello(conn, frame.protocol_version, frame.pid, frame.client_name, frame.host)
-        log.info("router connected owner=%d client=%s pid=%d host=%s", conn.owner, frame.client_name,
-                 frame.pid, frame.host)
+        self.conns.hello(conn, frame.protocol_version, frame.pid, frame.client_name, frame.host, frame.pid_ns)
+        log.info("router connected owner=%d client=%s pid=%d host=%s pid_ns=%d pid_watch=%s", conn.owner,
+                 frame.client_name, frame.pid, frame.host, frame.pid_ns, conn.pid != 0)
         self._send(conn, self.welcome)
 
     def _on_enqueue(self, conn: Connection, f: p.Enqueue, t: int) -> None:
@@ -241,7 +250,8 @@ class Actor:
         if owner is None or owner in (0, conn.owner):
             return True
         old = self.conns.by_owner(owner)
-        return old is None or not old.alive or (old.pid != 0 and old.pid == conn.pid and old.host == conn.host)
+        return old is None or not old.alive or (old.hello_pid != 0 and old.hello_pid == conn.hello_pid
+                                                and old.host == conn.host and old.pid_ns == conn.pid_ns)
 
     def _on_update(self, conn: Connection, f: p.Update, t: int) -> None:
         if not self._owns(conn, f.request_id):
@@ -414,7 +424,7 @@ class Actor:
             # A router that closed cleanly owns nothing (there is no goodbye frame): not a warning.
             (log.warning if owned else log.info)(
                 "router gone owner=%d client=%s pid=%d silent_ms=%d aborted_requests=%d", conn.owner,
-                conn.client_name, conn.pid, (t - conn.last_seen_us) // 1000, owned)
+                conn.client_name, conn.hello_pid, (t - conn.last_seen_us) // 1000, owned)
             self.metrics.dead_connections.inc()
             self.conns.close(conn)
             self.scheduler.cancel_owner(conn.owner, t)
