@@ -76,6 +76,7 @@ class Actor:
         self.admin_dec = p.make_admin_request_decoder()
         self.warn = RateLimitedLog(log)
         self.accepting = True
+        self.stopped = False
         self.started_us = now_us()
         self._timer: asyncio.TimerHandle | None = None
         self._next_liveness_us = 0
@@ -103,6 +104,7 @@ class Actor:
         time.sleep(seconds)
 
     def stop_reading(self) -> None:
+        self.stopped = True  # callbacks already queued (call_soon) must not touch closed sockets
         self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
         if self.admin_sock is not None:
             self.loop.remove_reader(self.admin_sock.getsockopt(zmq.FD))
@@ -110,12 +112,17 @@ class Actor:
             self._timer.cancel()
 
     def begin_shutdown(self) -> None:
-        """Stop accepting Enqueues; answer every waiting request `shutting_down`."""
+        """Stop accepting Enqueues and requeues; answer every waiting request `shutting_down`.
+        Releases, progress and heartbeats are still served (idempotent)."""
+        if not self.accepting:
+            return
         self.accepting = False
         self._deliver(self.scheduler.shutdown(now_us()), now_us())
 
     # ------------------------------------------------------------------ data socket
     def _on_data(self) -> None:
+        if self.stopped:
+            return
         budget = self.cfg.frame_budget_per_wake
         t = now_us()
         n = 0
@@ -256,6 +263,10 @@ class Actor:
     def _on_update(self, conn: Connection, f: p.Update, t: int) -> None:
         if not self._owns(conn, f.request_id):
             return
+        if f.kind == "requeue" and not self.accepting:  # stopping: give the booking back, answer now
+            self.scheduler.release(f.request_id, f.slot, f.generation, "aborted", 0, t)
+            self._send_reject(conn, f.request_id, "shutting_down", "the daemon is stopping", "")
+            return
         try:
             outcomes = self.scheduler.update(f.request_id, f.slot, f.generation, f.kind, f.output_tokens, t)
         except KeyError:
@@ -349,6 +360,8 @@ class Actor:
     # ------------------------------------------------------------------ admin socket
     def _on_admin(self) -> None:
         assert self.admin_sock is not None
+        if self.stopped:
+            return
         n = 0
         t = now_us()
         while n < 64:
@@ -388,6 +401,8 @@ class Actor:
         self._timer = self.loop.call_later(self.cfg.progress_fold_ms / 1000, self._on_tick)
 
     def _on_tick(self) -> None:
+        if self.stopped:
+            return
         now_s = time.monotonic()
         self.metrics.loop_lag.observe(max(0.0, now_s - self._last_tick_s - self.cfg.progress_fold_ms / 1000))
         self._last_tick_s = now_s
