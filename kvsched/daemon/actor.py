@@ -286,19 +286,31 @@ class Actor:
                 kept.append(ref.request_id)
             else:
                 lost.append(ref.request_id)
-        log.info("reattach owner=%d kept=%d lost=%d pending=%d", conn.owner, len(kept), len(lost), len(f.pending))
+        log.info("reattach owner=%d kept=%d lost=%d pending=%d requeues=%d", conn.owner, len(kept), len(lost),
+                 len(f.pending), len(f.requeues))
         self._send(conn, p.Reattached(kept=kept, lost=lost))
+        for rq in f.requeues:  # requeues in flight: before pending, in list order
+            ref, enq = rq.lease, rq.enqueue
+            if ref.request_id == enq.request_id and self._may_take_over(conn, ref.request_id) and \
+                    self.scheduler.adopt_lease(ref.request_id, ref.slot, ref.generation, conn.owner, t):
+                self._on_update(conn, p.Update(ref.request_id, ref.slot, ref.generation, "requeue"), t)
+            else:  # the requeue was applied (same daemon) or the lease is gone (restarted daemon)
+                self._reattach_pending(conn, enq, t)
         for enq in f.pending:
-            if not self._may_take_over(conn, enq.request_id):
-                self._on_enqueue(conn, enq, t)  # answered duplicate_request
-                continue
-            got = self.scheduler.adopt_waiting(enq.request_id, conn.owner)
-            if got is False:
-                self._on_enqueue(conn, enq, t)
-            else:
-                conn.inflight += 1
-                if isinstance(got, Admit):
-                    self._deliver([got], t)
+            self._reattach_pending(conn, enq, t)
+
+    def _reattach_pending(self, conn: Connection, enq: p.Enqueue, t: int) -> None:
+        """A re-sent Enqueue: hand a request this daemon still holds to `conn`, else enqueue it."""
+        if not self._may_take_over(conn, enq.request_id):
+            self._on_enqueue(conn, enq, t)  # answered duplicate_request
+            return
+        got = self.scheduler.adopt_waiting(enq.request_id, conn.owner)
+        if got is False:
+            self._on_enqueue(conn, enq, t)
+        else:
+            conn.inflight += 1
+            if isinstance(got, Admit):
+                self._deliver([got], t)
 
     # ------------------------------------------------------------------ replies
     def _deliver(self, outcomes: list, t: int) -> None:
