@@ -22,7 +22,7 @@ import zmq
 
 from .. import protocol as p
 from ..core.types import Admit, Reject, RequestSpec, WorkerKey
-from .connections import Connection, ConnectionTable
+from .connections import Connection, ConnectionTable, pid_exists
 from .metrics import Metrics
 from .ratelimit import RateLimitedLog
 
@@ -34,6 +34,9 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+
+
+MAX_DEAD_IDS = 65_536  # routing ids of dead watched peers remembered (frames from them are dropped)
 
 
 def now_us() -> int:
@@ -85,6 +88,10 @@ class Actor:
         self._decisions_by_class: dict[str, object] = {}
         self._last_tick_s = 0.0
         self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
+        # Routing ids of peers whose watched process died: frames they left buffered are dropped
+        # unread (a flood must not keep the daemon busy after its sender is gone). Bounded, FIFO.
+        self._dead_ids: dict[bytes, None] = {}
+        self.dropped_dead_frames = 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -155,6 +162,9 @@ class Actor:
 
     def _handle_data(self, identity: bytes, payload: bytes, t: int) -> None:
         conn = self.conns.get(identity)
+        if conn is None and identity in self._dead_ids:
+            self.dropped_dead_frames += 1
+            return
         if conn is None:
             conn = self.conns.open(identity, t)
             self.metrics.connections.set(len(self.conns))
@@ -453,6 +463,10 @@ class Actor:
                 "router gone owner=%d client=%s pid=%d silent_ms=%d aborted_requests=%d", conn.owner,
                 conn.client_name, conn.hello_pid, (t - conn.last_seen_us) // 1000, owned)
             self.metrics.dead_connections.inc()
+            if conn.pid and not pid_exists(conn.pid):  # its process died: what it left buffered is dropped unread
+                self._dead_ids[conn.identity] = None
+                if len(self._dead_ids) > MAX_DEAD_IDS:
+                    del self._dead_ids[next(iter(self._dead_ids))]
             self.conns.close(conn)
             self.scheduler.cancel_owner(conn.owner, t)
         self.metrics.connections.set(len(self.conns))

@@ -118,7 +118,7 @@ class ConnectionTable:
         for conn in self._by_identity.values():
             if now_us - conn.last_seen_us > self.liveness_timeout_us:
                 dead.append(conn)
-            elif conn.pid and not _pid_exists(conn.pid):
+            elif conn.pid and not pid_exists(conn.pid):
                 dead.append(conn)
         return dead
 
@@ -126,7 +126,7 @@ class ConnectionTable:
         return iter(list(self._by_identity.values()))
 
 
-def _pid_exists(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
     """`kill(pid, 0)`: True when the process exists (EPERM means it exists but is not ours)."""
     try:
         os.kill(pid, 0)
