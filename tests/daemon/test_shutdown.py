@@ -103,3 +103,21 @@ async def test_restart_is_invisible_to_a_waiting_caller(daemon):
         while await asyncio.to_thread(leases) and loop.time() < end:
             await asyncio.sleep(0.05)
         assert await asyncio.to_thread(leases) == 0
+
+
+async def test_a_caller_answered_shutting_down_gets_shutting_down_when_no_daemon_comes_back(daemon):
+    """1. a request waits, 2. SIGTERM (it is answered shutting_down, kept pending), 3. the daemon exits
+    and nobody starts it again. Result: once the client's reconnect deadline (2 s) has passed after
+    the outage began, the caller gets ShuttingDown (not a hang, not DaemonUnavailable)."""
+    from kvsched.errors import ShuttingDown
+
+    async with SchedulerClient(daemon.endpoint, reconnect_deadline_s=2) as client:
+        blocker = await client.schedule("blocker", isl_tokens=2000)
+        waiter = asyncio.ensure_future(client.schedule("waiter", isl_tokens=100))
+        await asyncio.sleep(0.3)
+        daemon.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        blocker.release()
+        assert await asyncio.to_thread(daemon.proc.wait, 20) == 0
+        with pytest.raises(ShuttingDown):
+            await asyncio.wait_for(waiter, 30)
