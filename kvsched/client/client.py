@@ -9,8 +9,9 @@ After a daemon restart the link says Hello again and this client sends `Reattach
 leases, its waiting Enqueues and its unanswered requeues (with each request's original Enqueue);
 callers see an error only when the daemon stays away longer than `reconnect_deadline_s`. A request
 answered `shutting_down` (the daemon is stopping, e.g. `systemctl restart`) stays pending and is
-re-sent to the next daemon, so a restart within `reconnect_deadline_s` fails no caller. With `on_unavailable="bypass"`, `schedule()` returns a degraded lease on a
-locally chosen worker while no daemon answers.
+re-sent to the next daemon, so a restart within `reconnect_deadline_s` fails no caller. With
+`on_unavailable="bypass"`, `schedule()` returns a degraded lease on a locally chosen worker while no
+daemon answers (also to callers still waiting when the reconnect deadline passes).
 """
 
 from __future__ import annotations
