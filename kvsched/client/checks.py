@@ -8,7 +8,10 @@ instead. The bounds are the ones of `protocol.Enqueue` (docs/PROTOCOL.md, "Enque
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from .client import BlockHashes
 
 from .. import protocol as p
 
@@ -20,24 +23,21 @@ _MAX_ALLOWED = 4096
 _MAX_DEADLINE_MS = 86_400_000
 
 
-def _int(name: str, value, lo: int, hi: int) -> int:
-    """An int (not a bool) in [lo, hi]. Raises TypeError / ValueError naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np
+def _int(name: str, value: Any, lo: int, hi: int) -> int:
+    """An int (not a bool; numpy integers accepted) in [lo, hi]. Raises TypeError / ValueError
+    naming the argument."""
+    import numpy as np
 
-            if isinstance(value, np.integer):
-                value = int(value)
-            else:
-                raise TypeError
-        except TypeError:
-            raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+    if isinstance(value, np.integer):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if not lo <= value <= hi:
         raise ValueError(f"{name}={value} is outside [{lo}, {hi}]")
     return value
 
 
-def _str(name: str, value, max_len: int, *, min_len: int = 0, utf8_bytes: bool = False) -> str:
+def _str(name: str, value: Any, max_len: int, *, min_len: int = 0, utf8_bytes: bool = False) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     n = len(value.encode()) if utf8_bytes else len(value)
@@ -47,15 +47,17 @@ def _str(name: str, value, max_len: int, *, min_len: int = 0, utf8_bytes: bool =
     return value
 
 
-def checked_enqueue(request_id, isl_tokens, block_hashes, policy_class, priority, strict_priority,
-                    session_id, expected_osl, pinned, allowed_workers: Iterable[int] | None, do_not_queue,
-                    deadline_ms, lora_name, excluded_workers=None) -> p.Enqueue:
+def checked_enqueue(request_id: Any, isl_tokens: Any, block_hashes: "BlockHashes | None", policy_class: Any,
+                    priority: Any, strict_priority: Any, session_id: Any, expected_osl: Any, pinned: Any,
+                    allowed_workers: Iterable[int] | None, do_not_queue: Any, deadline_ms: Any,
+                    lora_name: Any, excluded_workers: Iterable[int] | None = None) -> p.Enqueue:
     """Build an `Enqueue` after checking every argument against the wire bounds.
 
     Args: as `SchedulerClient.schedule` (request_id: str of 1..128 UTF-8 bytes; isl_tokens: int in
         [1, 2**31-1] tokens; priority / strict_priority: i32; expected_osl: tokens or None; pinned:
         (worker_id u32, dp_rank u16) or None; allowed_workers: at most 4096 u32 ids or None;
-        deadline_ms: [0, 86_400_000] ms or None; names at most 128 characters).
+        deadline_ms: [0, 86_400_000] ms or None; excluded_workers: at most 4096 u32 ids or None;
+        names at most 128 characters).
     Returns:
         The frame to send.
     Raises:
