@@ -72,6 +72,13 @@ class WorkerConfig(Section):
     # `Admitted.url` (the gateway forwards there); "" = routers know the address themselves
     url: str = ""
 
+    def __post_init__(self) -> None:
+        for key in ("kv_events_endpoint", "kv_replay_endpoint"):
+            value = getattr(self, key)
+            problem = endpoint_problem(value) if value is not None else None
+            if problem:
+                raise ValueError(f"workers[worker_id={self.worker_id}].{key} {value!r}: {problem}")
+
 
 class SelectorConfig(Section):
     """Worker selection (docs/ROUTING.md: every selector, every term's source and measured effect)."""
@@ -125,7 +132,10 @@ class DaemonConfig(Section):
     inflight_cap_per_connection: Annotated[int, Meta(ge=1)] = 4096  # outstanding Enqueues
     max_frame_bytes: Annotated[int, Meta(ge=1024)] = 1 << 20  # ZMQ_MAXMSGSIZE
     progress_fold_ms: Annotated[int, Meta(ge=1, le=1000)] = 10  # fold progress words at least this often
-    shutdown_timeout_s: Annotated[float, Meta(ge=0)] = 5.0
+    # SIGTERM: releases / progress of live leases are still served for up to this long (s)
+    shutdown_timeout_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
+    # one connection may hold at most this share of each queue limit of a class (1.0 = no cap)
+    max_waiting_share: Annotated[float, Meta(gt=0, le=1)] = 0.5
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 0  # Prometheus HTTP; 0 = off
     metrics_host: str = "127.0.0.1"  # also serves /healthz and /readyz (docs/DEPLOY.md)
     health_stall_ms: Annotated[int, Meta(ge=1)] = 5000  # /healthz fails when the actor's tick is older (ms)
@@ -137,6 +147,14 @@ class DaemonConfig(Section):
     kv_hash_seed: str | None = None  # the engines' PYTHONHASHSEED, as routers pass it; None = vLLM >= 0.29 default
 
     def __post_init__(self) -> None:
+        for key in ("endpoint", "admin_endpoint"):
+            value = getattr(self, key)
+            problem = endpoint_problem(value) if value else None
+            if problem:
+                raise ValueError(f"daemon.{key} {value!r}: {problem}")
+            problem = curve_problem(value, self.curve_secret_key_file) if value else None
+            if problem:
+                raise ValueError(f"daemon.{key}: {problem}")
         if self.liveness_timeout_ms < 2 * self.heartbeat_ms:
             raise ValueError(
                 f"daemon.liveness_timeout_ms ({self.liveness_timeout_ms}) must be at least twice "
@@ -167,6 +185,66 @@ class Config(Section):
         ranks = sum(w.dp_size for w in self.workers)
         if ranks > self.daemon.max_workers:
             raise ValueError(f"[[workers]] declare {ranks} ranks, more than daemon.max_workers={self.daemon.max_workers}")
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """What is wrong with a ZeroMQ endpoint string, or None when it is well formed.
+
+    Accepted: `ipc://PATH`, `inproc://NAME`, `tcp://HOST:PORT` (PORT 1..65535, or `*` for an
+    ephemeral bind). ZeroMQ itself reports a missing port only when the socket connects, at which
+    point a daemon has already started; checking here makes it a config error (zmq_tcp(7)).
+    """
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        return "expected ipc://PATH, tcp://HOST:PORT or inproc://NAME"
+    if scheme in ("ipc", "inproc"):
+        return None if rest else f"{scheme}:// needs a name"
+    if scheme != "tcp":
+        return f"unsupported transport {scheme!r} (ipc, tcp or inproc)"
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or host == "[]":
+        return "tcp:// needs HOST:PORT"
+    if port == "*":
+        return None
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"port {port!r} is not in 1..65535"
+    return None
+
+
+def is_loopback_endpoint(endpoint: str) -> bool:
+    """True for `tcp://127.x:P`, `tcp://[::1]:P` and `tcp://localhost:P`."""
+    import ipaddress
+
+    host = endpoint.partition("://")[2].rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def curve_problem(endpoint: str, curve_secret_key_file: str | None) -> str | None:
+    """The CURVE rule: a TCP endpoint not bound to loopback requires `daemon.curve_secret_key_file`."""
+    if endpoint.startswith("tcp://") and not is_loopback_endpoint(endpoint) and not curve_secret_key_file:
+        return (f"{endpoint} is a TCP endpoint off loopback: it requires daemon.curve_secret_key_file "
+                "(CURVE keys)")
+    return None
+
+
+def check_endpoints(cfg: "Config", env: Mapping[str, str] | None = None) -> list[str]:
+    """Problems of the endpoints the daemon would really use (discovery and `KVSCHED_*ENDPOINT`
+    included): syntax and the CURVE rule. [] = fine. Used by `kvsched-daemon --check-config`."""
+    d = cfg.daemon
+    problems = []
+    for what, ep in (("data endpoint", data_endpoint(d.instance, d.endpoint, env)),
+                     ("admin endpoint", admin_endpoint(d.instance, d.admin_endpoint, env))):
+        problem = endpoint_problem(ep) or curve_problem(ep, d.curve_secret_key_file)
+        if problem:
+            problems.append(f"{what} {ep!r}: {problem}")
+    if d.curve_secret_key_file and not Path(d.curve_secret_key_file).is_file():
+        problems.append(f"daemon.curve_secret_key_file {d.curve_secret_key_file}: no such file")
+    return problems
 
 
 _ENV_PREFIX = "KVSCHED_"

@@ -84,6 +84,8 @@ class Hello(Frame, tag="hello"):
     client_name: Name = ""
     pid: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0  # 0 = remote / unknown, no pid watch
     host: Name = ""
+    # inode of the sender's /proc/self/ns/pid; 0 = unknown (no pid watch). Appended in protocol rev. 2.
+    pid_ns: U63 = 0
 
 
 class Enqueue(Frame, tag="enqueue"):
@@ -151,12 +153,26 @@ class LeaseRef(msgspec.Struct, frozen=True, array_like=True):
     generation: U32
 
 
+class Requeued(msgspec.Struct, frozen=True, array_like=True):
+    """A requeue the client sent and has not seen answered: the lease it gave back and the request's
+    original `Enqueue` (used by `Reattach.requeues`)."""
+
+    lease: LeaseRef
+    enqueue: Enqueue
+
+
 class Reattach(Frame, tag="reattach"):
     """Sent after reconnecting to a (restarted) daemon. Answered by `Reattached`, then by one
-    `Admitted`/`Rejected` per pending Enqueue."""
+    `Admitted`/`Rejected` per `requeues` entry and per pending Enqueue.
+
+    `requeues` (appended in protocol rev. 2): a daemon that still books the lease releases it first;
+    the request then waits again with its original queue position when the daemon still holds it,
+    else it is enqueued again (before `pending`).
+    """
 
     leases: Annotated[list[LeaseRef], Meta(max_length=MAX_LIST)] = []
     pending: Annotated[list[Enqueue], Meta(max_length=MAX_LIST)] = []
+    requeues: Annotated[list[Requeued], Meta(max_length=MAX_LIST)] = []
 
 
 RouterFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach]
@@ -473,16 +489,44 @@ def make_admin_reply_decoder() -> msgspec.msgpack.Decoder:
 
 
 _ADMIN_TAGS = frozenset(cls.__struct_config__.tag for cls in AdminRequest.__args__)  # type: ignore[attr-defined]
+_ID_TAGS = frozenset(("enqueue", "update", "release"))
 
 
-def looks_like_admin(raw: bytes) -> bool:
-    """True when `raw` is a MessagePack map whose tag names an admin request (used to answer
-    `ADMIN_ON_DATA_SOCKET` rather than a generic decode error on the data socket)."""
+class _TagPeek(msgspec.Struct):
+    """The `t` key of a MessagePack map (other keys skipped): typed, so nesting cannot recurse far."""
+
+    t: Annotated[str, Meta(max_length=64)]
+
+
+class _IdPeek(msgspec.Struct, array_like=True):
+    """The first two elements of a hot-path frame (tag, request_id); later elements are ignored."""
+
+    t: Annotated[str, Meta(max_length=64)]
+    request_id: RequestId
+
+
+_TAG_PEEK = msgspec.msgpack.Decoder(_TagPeek)
+_ID_PEEK = msgspec.msgpack.Decoder(_IdPeek)
+
+
+def peek_admin_tag(raw: bytes) -> bool:
+    """True when `raw` is a MessagePack map whose `t` names an admin request (the data socket then
+    answers `ADMIN_ON_DATA_SOCKET` rather than a generic decode error). Never raises."""
     try:
-        obj = msgspec.msgpack.decode(raw)
-    except msgspec.DecodeError:
+        return _TAG_PEEK.decode(raw).t in _ADMIN_TAGS
+    except Exception:  # noqa: BLE001 - any failure means "not an admin frame"
         return False
-    return isinstance(obj, dict) and obj.get("t") in _ADMIN_TAGS
+
+
+def peek_request_id(raw: bytes) -> str | None:
+    """The request id of a frame that failed the full decode, when a bounded typed look-up can read
+    it (an array whose tag is enqueue / update / release and whose second element is a valid id);
+    else None. Never raises."""
+    try:
+        peek = _ID_PEEK.decode(raw)
+    except Exception:  # noqa: BLE001
+        return None
+    return peek.request_id if peek.t in _ID_TAGS else None
 
 
 def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several shapes on purpose

@@ -6,9 +6,12 @@ still waiting in `schedule()` sends `Release(cancelled)`; an `Admitted` that arr
 nobody waits for any more is released at once, so nothing leaks.
 
 After a daemon restart the link says Hello again and this client sends `Reattach` with its open
-leases and its waiting Enqueues; callers see an error only when the daemon stays away longer than
-`reconnect_deadline_s`. With `on_unavailable="bypass"`, `schedule()` returns a degraded lease on a
-locally chosen worker while no daemon answers.
+leases, its waiting Enqueues and its unanswered requeues (with each request's original Enqueue);
+callers see an error only when the daemon stays away longer than `reconnect_deadline_s`. A request
+answered `shutting_down` (the daemon is stopping, e.g. `systemctl restart`) stays pending and is
+re-sent to the next daemon, so a restart within `reconnect_deadline_s` fails no caller. With
+`on_unavailable="bypass"`, `schedule()` returns a degraded lease on a locally chosen worker while no
+daemon answers (also to callers still waiting when the reconnect deadline passes).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import zmq
 from .. import protocol as p
 from ..config import data_endpoint
 from ..core.types import WorkerKey
-from ..errors import DaemonUnavailable, ProtocolError, rejection_error
+from ..errors import DaemonUnavailable, ProtocolError, ShuttingDown, rejection_error
+from .checks import checked_enqueue
 from .lease import DroppedLeases, Lease
 from .link import Link
 
@@ -38,6 +42,13 @@ log = logging.getLogger(__name__)
 
 # What `schedule(block_hashes=...)` accepts: little-endian u64 bytes, ints, or a numpy integer array.
 BlockHashes = Union[bytes, bytearray, memoryview, Sequence[int], "np.ndarray[Any, np.dtype[np.integer[Any]]]"]
+
+
+class _Bypass:
+    """Result of a waiting call resolved by bypass mode at the reconnect deadline (a degraded lease)."""
+
+
+_BYPASS = _Bypass()
 
 
 class SchedulerClient:
@@ -90,9 +101,11 @@ class SchedulerClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._link: Link | None = None
         # rid -> (future, frame, isl)
-        self._pending: dict[str, tuple[asyncio.Future[p.Admitted | p.Rejected], p.Enqueue | p.Update, int]] = {}
+        self._pending: dict[str, tuple[asyncio.Future[p.Admitted | p.Rejected | _Bypass], p.Enqueue | p.Update, int]] = {}
         self._leases: dict[str, weakref.ref[Lease]] = {}
         self._dropped = DroppedLeases(self)  # leases garbage-collected while open (one wake per batch)
+        self._origins: dict[str, p.Enqueue] = {}  # open lease -> its Enqueue (re-sent by Reattach.requeues)
+        self._parked: set[str] = set()  # pending ids answered shutting_down: re-sent after reconnecting
         self._welcome_fut: asyncio.Future[p.Welcome] | None = None
         self._progress: np.ndarray | None = None
         self._segments: Segments | None = None
@@ -145,12 +158,26 @@ class SchedulerClient:
         if self.attach_progress:
             self._attach_progress(welcome)
         if reconnected:
-            leases = [p.LeaseRef(l.request_id, l.slot, l.generation) for l in self._open_leases()]
-            pending = [frame for (_, frame, _) in self._pending.values() if isinstance(frame, p.Enqueue)]
-            log.info("reconnected epoch=%d reattaching leases=%d pending=%d", welcome.daemon_epoch,
-                     len(leases), len(pending))
-            if self._link is not None:
-                self._link.send(p.Reattach(leases, pending))
+            self._reattach(welcome)
+
+    def _reattach(self, welcome: p.Welcome) -> None:
+        """Claim open leases, re-send waiting Enqueues and unanswered requeues (each with the lease it
+        gave back and the request's original Enqueue)."""
+        leases = [p.LeaseRef(l.request_id, l.slot, l.generation) for l in self._open_leases()]
+        pending: list[p.Enqueue] = []
+        requeues: list[p.Requeued] = []
+        for rid, (fut, frame, _) in self._pending.items():
+            if fut.done():
+                continue
+            if isinstance(frame, p.Enqueue):
+                pending.append(frame)
+            elif rid in self._origins:  # an Update(requeue) not answered yet
+                requeues.append(p.Requeued(p.LeaseRef(rid, frame.slot, frame.generation), self._origins[rid]))
+        self._parked.clear()
+        log.info("reconnected epoch=%d reattaching leases=%d pending=%d requeues=%d", welcome.daemon_epoch,
+                 len(leases), len(pending), len(requeues))
+        if self._link is not None:
+            self._link.send(p.Reattach(leases, pending, requeues))
 
     def _open_leases(self) -> list[Lease]:
         out = []
@@ -225,17 +252,16 @@ class SchedulerClient:
         Raises:
             RequestRejected subclass: the daemon's reason (QueueFull, NoEndpoints, QueueTimeout, ...).
             DaemonUnavailable: not connected, or the daemon stayed away past `reconnect_deadline_s`.
-            ValueError: malformed block_hashes, or request_id already waiting in this client.
+            TypeError: an argument of the wrong type (checked before sending, see `checks.py`).
+            ValueError: an argument out of its bounds, malformed block_hashes, or request_id already
+                waiting in this client.
+            ProtocolError: the daemon answered this request with an `Error` (it could not decode it).
         """
         if self._link is None or self._loop is None:
             raise DaemonUnavailable(f"not connected to {self.endpoint}; call connect() first")
-        frame = p.Enqueue(
-            request_id, isl_tokens, p.hashes_to_bytes(block_hashes if block_hashes is not None else b""),
-            policy_class, priority, strict_priority, session_id, expected_osl,
-            (pinned[0], pinned[1]) if pinned is not None else None,
-            list(allowed_workers) if allowed_workers is not None else None, do_not_queue, deadline_ms, lora_name,
-            sorted(excluded_workers) if excluded_workers else None,
-        )
+        frame = checked_enqueue(request_id, isl_tokens, block_hashes, policy_class, priority, strict_priority,
+                                session_id, expected_osl, pinned, allowed_workers, do_not_queue, deadline_ms,
+                                lora_name, excluded_workers)
         if not self._link.connected and self.on_unavailable == "bypass" and self._outage_expired():
             return self._degraded_lease(request_id, isl_tokens, pinned)
         return await self._await_admission(request_id, isl_tokens, frame)
@@ -258,13 +284,14 @@ class SchedulerClient:
             raise ValueError(f"request {request_id!r} is already waiting in this client")
         if self._link is None or self._loop is None:
             raise DaemonUnavailable(f"connection to {self.endpoint} is closed")
-        fut: asyncio.Future[p.Admitted | p.Rejected] = self._loop.create_future()
+        fut: asyncio.Future[p.Admitted | p.Rejected | _Bypass] = self._loop.create_future()
         self._pending[request_id] = (fut, frame, isl_tokens)
         try:
             # An Enqueue is not buffered while the link is down: Reattach re-sends every waiting one.
             self._link.send(frame, buffer_when_down=not isinstance(frame, p.Enqueue))
             reply = await fut
         except asyncio.CancelledError:
+            self._origins.pop(request_id, None)
             entry = self._pending.pop(request_id, None)
             if entry is not None and entry[0] is fut and self._link is not None:
                 answer = fut.result() if fut.done() and not fut.cancelled() and fut.exception() is None else None
@@ -275,13 +302,20 @@ class SchedulerClient:
             raise
         finally:
             self._pending.pop(request_id, None)
+            self._parked.discard(request_id)
+        if isinstance(reply, _Bypass):
+            self._origins.pop(request_id, None)
+            return self._degraded_lease(request_id, isl_tokens, frame.pinned if isinstance(frame, p.Enqueue) else None)
         if isinstance(reply, p.Rejected):
+            self._origins.pop(request_id, None)
             raise rejection_error(reply.request_id, reply.reason, reply.detail, reply.policy_class,
                                   reply.limit_kind, reply.current, reply.limit)
         lease = Lease(self, reply.request_id, WorkerKey(reply.worker_id, reply.dp_rank), reply.slot,
                       reply.generation, reply.cached_tokens, reply.overlap_blocks, reply.queued_us, isl_tokens,
                       url=reply.url, dp_size=reply.dp_size)
         self._leases[request_id] = weakref.ref(lease)
+        if isinstance(frame, p.Enqueue):
+            self._origins[request_id] = frame
         return lease
 
     async def _requeue(self, lease: Lease) -> Lease:
@@ -298,7 +332,13 @@ class SchedulerClient:
         if self._pending and self._link.ever_connected and self._outage_expired():
             err = f"daemon at {self.endpoint} unreachable for more than {self.reconnect_deadline_s:.0f}s"
             for rid, (fut, _, _) in list(self._pending.items()):
-                if not fut.done():
+                if fut.done():
+                    continue
+                if self.on_unavailable == "bypass":
+                    fut.set_result(_BYPASS)
+                elif rid in self._parked:
+                    fut.set_exception(ShuttingDown(rid, f"the daemon stopped and none came back: {err}"))
+                else:
                     fut.set_exception(DaemonUnavailable(err))
         self._arm_deadline_timer()
 
@@ -320,9 +360,12 @@ class SchedulerClient:
         ref = self._leases.get(lease.request_id)
         if ref is not None and ref() is lease:
             del self._leases[lease.request_id]
+            if lease.outcome != "requeued":  # a requeue still needs its Enqueue (Reattach.requeues)
+                self._origins.pop(lease.request_id, None)
 
     def _release_from_gc(self, request_id: str, slot: int, generation: int) -> None:
         """A lease was collected while open: abort it through the batched cleanup queue."""
+        self._origins.pop(request_id, None)  # a single dict operation: safe from any thread (GIL)
         self._dropped.push(request_id, slot, generation)
 
     def _send_quiet(self, frame: p.Frame) -> None:
@@ -333,6 +376,8 @@ class SchedulerClient:
         """The daemon no longer holds this lease (operator cancel, restart): close it locally; its
         progress calls and release become no-ops so the caller's stream is not interrupted."""
         ref = self._leases.pop(request_id, None)
+        if request_id not in self._pending:
+            self._origins.pop(request_id, None)
         lease = ref() if ref is not None else None
         if lease is None or lease.outcome is not None:
             return False
@@ -346,6 +391,9 @@ class SchedulerClient:
             case p.Admitted() | p.Rejected():
                 entry = self._pending.get(frame.request_id)
                 if entry is not None and not entry[0].done():
+                    if isinstance(frame, p.Rejected) and frame.reason == "shutting_down":
+                        self._parked.add(frame.request_id)  # the daemon is stopping: re-sent to the next one
+                        return
                     entry[0].set_result(frame)
                 elif isinstance(frame, p.Admitted):  # nobody waits (cancelled): give it back
                     self._send(p.Release(frame.request_id, frame.slot, frame.generation, "aborted", 0))

@@ -174,9 +174,15 @@ class Lease:
                 context_tokens: int | None = None) -> None:
         """Close the lease (idempotent for the same outcome).
 
+        Args:
+            outcome: "completed" (normal end) or "aborted" (failed / cancelled mid-way).
+            context_tokens: tokens of context at the end (isl + output); default computed here.
         Raises:
+            ValueError: any other outcome (it would never reach the daemon and the lease would leak).
             LeaseError: closing again with a different outcome.
         """
+        if outcome not in ("completed", "aborted"):
+            raise ValueError(f"lease outcome must be 'completed' or 'aborted', not {outcome!r}")
         if self.outcome is not None:
             if self.outcome in _DROPPED:
                 return

@@ -1,9 +1,12 @@
 """The client's connection to the daemon: one DEALER, Hello/Welcome, heartbeats, liveness, reconnect.
 
 `Link` owns the socket and nothing else. It tells its owner (the `SchedulerClient`) about every frame
-and about each `Welcome` (first connect or after a reconnect). The daemon is presumed gone when no
-frame arrived for `liveness_timeout_ms` although we sent heartbeats, or when it answers `Error(3)`
-("send Hello first": a restarted daemon does not know this connection). The link then opens a fresh
+and about each `Welcome` (first connect or after a reconnect). It sends a `Heartbeat` whenever it has
+*sent* nothing or *received* nothing for `heartbeat_ms` (a router whose requests wait in the queue
+hears nothing for a long time, however much it sends), so a live daemon always answers within a
+heartbeat period. The daemon is presumed gone only when no frame at all (a `HeartbeatAck` included)
+arrived for `liveness_timeout_ms`, or when it answers `Error(3)` ("send Hello first": a restarted
+daemon does not know this connection). The link then opens a fresh
 DEALER and says Hello again with exponential backoff (0.05 s doubling to `max_backoff_s`) until a
 `Welcome` arrives; while reconnecting, lease frames are buffered (bounded) and flushed after it.
 """
@@ -28,6 +31,15 @@ log = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)
 
 MAX_BUFFERED_FRAMES = 100_000
+
+
+def _pid_ns() -> int:
+    """Inode of this process's PID namespace (sent in Hello so the daemon watches our pid only when
+    it lives in the same namespace); 0 when /proc is not readable."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 class Link:
@@ -68,11 +80,13 @@ class Link:
         self._buffer: list[bytes] = []
         self._last_send = self._last_recv = time.monotonic()
         self._hb_seq = 0
+        self._last_hb = 0.0
         self._recheck_queued = False
         self._timer: asyncio.TimerHandle | None = None
         self._backoff_s = 0.05
         self._next_hello = 0.0
         self.closed = False
+        self.reconnects = 0  # times the daemon was presumed gone (diagnostics, tests)
 
     # ------------------------------------------------------------------ socket
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -112,7 +126,7 @@ class Link:
 
     def _hello(self) -> None:
         self._raw_send(self.enc.encode(p.Hello(p.PROTOCOL_VERSION, self.client_name[:128], os.getpid(),
-                                               socket.gethostname()[:128])))
+                                               socket.gethostname()[:128], _pid_ns())))
 
     def close(self) -> None:
         self.closed = True
@@ -191,6 +205,7 @@ class Link:
         """The daemon is presumed gone: reconnect with backoff."""
         if self.connected:
             self.connected = False
+            self.reconnects += 1
             self.reconnecting_since = time.monotonic()
             self._next_hello = 0.0
 
@@ -200,8 +215,10 @@ class Link:
         now = time.monotonic()
         if self.connected and self.welcome is not None:
             hb_s = self.welcome.heartbeat_ms / 1000
-            if now - self._last_send >= hb_s * 0.9:
+            quiet = now - self._last_send >= hb_s * 0.9 or now - self._last_recv >= hb_s * 0.9
+            if quiet and now - self._last_hb >= hb_s * 0.9:  # at most one heartbeat per period
                 self._hb_seq += 1
+                self._last_hb = now
                 self._raw_send(self.enc.encode(p.Heartbeat(self._hb_seq)))
             if now - self._last_recv > self.welcome.liveness_timeout_ms / 1000:
                 log.warning("daemon silent for %.1fs endpoint=%s; reconnecting", now - self._last_recv, self.endpoint)

@@ -71,6 +71,7 @@ class Live:
         wait_token: bumps on every (re)queue so stale timeout heap items are skipped.
         wrote: what its admission added to the overlap indexes while leased: (row, hashes added
             to the approximate index, hashes added to the speculative index or None), else None.
+        share_key: the (owner, class) key of `WaitingShares` while it is counted as waiting.
     """
 
     spec: RequestSpec
@@ -83,6 +84,7 @@ class Live:
     deadline_us: int | None = None
     wait_token: int = 0
     wrote: tuple | None = None
+    share_key: tuple[int, int] | None = None  # (owner, class index) it is counted under while waiting
 
 
 class Dispatch:
@@ -301,6 +303,7 @@ class Dispatch:
         if got is None:
             self._drop(live, abort=True)
             return self._reject(spec, "overloaded", "slot table full", cls_name)
+        self._shares.remove(live)
         live.state, (live.slot, live.generation) = LEASED, got
         self._by_slot[live.slot] = live
         if len(hashes):
@@ -383,6 +386,7 @@ class Dispatch:
                     del self._by_owner[live.spec.owner]
         if live.state == LEASED:
             self._by_slot.pop(live.slot, None)
+        self._shares.remove(live)
         live.state = "gone"
         if abort and live.tracked:
             self._events.append((live.entry.class_idx, Aborted(rid)))

@@ -122,7 +122,11 @@ class Recovery:
             ids.discard(rid)
             if not ids:
                 del self._by_owner[old]
+        counted = live.share_key is not None
+        self._shares.remove(live)
         live.spec.owner = owner
+        if counted:
+            self._shares.add(live)
         self._by_owner.setdefault(owner, set()).add(rid)
 
     def _expire_orphans(self, now_us: int) -> int:

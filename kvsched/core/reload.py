@@ -69,6 +69,7 @@ class ProfileReload:
         for live in self._live.values():
             if live.state in (READY, DEFERRED):
                 self._arm_timeout(live, live.entry.arrival_us, live.spec.deadline_us)
+        self._shares.rebuild(live for live in self._live.values() if live.state in (READY, DEFERRED))
         self._dirty = True
 
 

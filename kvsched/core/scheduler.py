@@ -47,6 +47,7 @@ from .recovery import Recovery
 from .reload import ProfileReload
 from .selector import WorkerSelector
 from .types import Admit, Reject, RequestSpec, WorkerKey
+from .waiting_share import WaitingShares
 
 Outcomes = list[Admit | Reject]
 SPECULATIVE_CAPACITY = 1 << 16  # entries of the speculative index (short-lived; few are live at once)
@@ -97,6 +98,7 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         self._seq = itertools.count(1)
         self._dirty = False
         self._shutting_down = False
+        self._shares = WaitingShares(config.daemon.max_waiting_share)
         self.decisions_total = 0
         self._init_dispatch(ledger.arrays.max_workers)
 
@@ -171,6 +173,10 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
             if not drained:
                 self._capacity_changed(row)
         return [] if drained else self._dispatch(now_us)
+
+    def set_max_waiting_share(self, share: float) -> None:
+        """Change the per-connection share of each class limit (1.0 = no per-connection cap)."""
+        self._shares.share = share
 
     # ---- enqueue -----------------------------------------------------------------------------
     def enqueue(self, spec: RequestSpec, now_us: int) -> Outcomes:
@@ -293,12 +299,19 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
                                  current=cq.n_ready)]
         had_backlog = cq.has_ready()
         n_ids = self.ledger.n_worker_ids()
+        mine = self._shares.check(spec.owner, cq.index, spec.isl_tokens, cq.config, n_ids)
+        if mine is not None:  # this connection already holds its share of the class's limit
+            self._tell_aborted(live)
+            return [self._reject(spec, "overloaded", f"this connection holds its max_waiting_share of class "
+                                 f"{cq.name!r} {mine.limit_kind} limit", cq.name,
+                                 limit_kind=mine.limit_kind, current=mine.current, limit=mine.limit)]
         over = (self.pq.defer if defer else self.pq.enqueue)(cq.index, live.entry, n_ids)
         if over is not None:
             self._tell_aborted(live)
             return [self._reject(spec, "queue_full", f"class {cq.name!r} {over.limit_kind} limit", cq.name,
                                  limit_kind=over.limit_kind, current=over.current, limit=over.limit)]
         live.state = DEFERRED if defer else READY
+        self._shares.add(live)
         self._register(live)
         self._arm_timeout(live, now_us, spec.deadline_us)
         return self._dispatch(now_us) if had_backlog and not defer else []
@@ -360,6 +373,7 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
         self.ledger.release(live.slot, live.generation)
         self._by_slot.pop(live.slot, None)
         live.state, live.slot, live.generation = READY, -1, 0
+        self._shares.add(live)
         self.pq.requeue(live.entry)
         self._arm_timeout(live, now_us, None)
         self._capacity_changed(row)

@@ -22,7 +22,7 @@ import zmq
 
 from .. import protocol as p
 from ..core.types import Admit, Reject, RequestSpec, WorkerKey
-from .connections import Connection, ConnectionTable
+from .connections import Connection, ConnectionTable, pid_exists
 from .metrics import Metrics
 from .ratelimit import RateLimitedLog
 
@@ -34,6 +34,9 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+
+
+MAX_DEAD_IDS = 65_536  # routing ids of dead watched peers remembered (frames from them are dropped)
 
 
 def now_us() -> int:
@@ -76,6 +79,7 @@ class Actor:
         self.admin_dec = p.make_admin_request_decoder()
         self.warn = RateLimitedLog(log)
         self.accepting = True
+        self.stopped = False
         self.started_us = now_us()
         self._timer: asyncio.TimerHandle | None = None
         self._next_liveness_us = 0
@@ -84,6 +88,10 @@ class Actor:
         self._decisions_by_class: dict[str, object] = {}
         self._last_tick_s = 0.0
         self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
+        # Routing ids of peers whose watched process died: frames they left buffered are dropped
+        # unread (a flood must not keep the daemon busy after its sender is gone). Bounded, FIFO.
+        self._dead_ids: dict[bytes, None] = {}
+        self.dropped_dead_frames = 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -103,6 +111,7 @@ class Actor:
         time.sleep(seconds)
 
     def stop_reading(self) -> None:
+        self.stopped = True  # callbacks already queued (call_soon) must not touch closed sockets
         self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
         if self.admin_sock is not None:
             self.loop.remove_reader(self.admin_sock.getsockopt(zmq.FD))
@@ -110,12 +119,17 @@ class Actor:
             self._timer.cancel()
 
     def begin_shutdown(self) -> None:
-        """Stop accepting Enqueues; answer every waiting request `shutting_down`."""
+        """Stop accepting Enqueues and requeues; answer every waiting request `shutting_down`.
+        Releases, progress and heartbeats are still served (idempotent)."""
+        if not self.accepting:
+            return
         self.accepting = False
         self._deliver(self.scheduler.shutdown(now_us()), now_us())
 
     # ------------------------------------------------------------------ data socket
     def _on_data(self) -> None:
+        if self.stopped:
+            return
         budget = self.cfg.frame_budget_per_wake
         t = now_us()
         n = 0
@@ -148,16 +162,17 @@ class Actor:
 
     def _handle_data(self, identity: bytes, payload: bytes, t: int) -> None:
         conn = self.conns.get(identity)
+        if conn is None and identity in self._dead_ids:
+            self.dropped_dead_frames += 1
+            return
         if conn is None:
             conn = self.conns.open(identity, t)
             self.metrics.connections.set(len(self.conns))
         conn.last_seen_us = t
         try:
             frame = self.dec.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            code = p.ErrorCode.ADMIN_ON_DATA_SOCKET if p.looks_like_admin(payload) else p.ErrorCode.MALFORMED
-            msg = "admin frames are accepted on the admin socket only" if code == p.ErrorCode.ADMIN_ON_DATA_SOCKET else str(exc)[:300]
-            self._error(conn, code, msg)
+        except Exception as exc:  # noqa: BLE001 - ValidationError, DecodeError, RecursionError, ...: all answered
+            self._undecodable(conn, payload, exc)
             return
         if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
             self._error(conn, p.ErrorCode.NOT_HELLO, "send Hello first", getattr(frame, "request_id", None))
@@ -180,14 +195,25 @@ class Actor:
             case p.Reattach():
                 self._on_reattach(conn, frame, t)
 
+    def _undecodable(self, conn: Connection, payload: bytes, exc: Exception) -> None:
+        """Answer a frame the typed decoder refused. Only bounded, typed peeks run here (never an
+        untyped decode, which deep nesting turns into a RecursionError): one for the admin tag, one
+        for the request id, each allowed to fail."""
+        if p.peek_admin_tag(payload):
+            self._error(conn, p.ErrorCode.ADMIN_ON_DATA_SOCKET, "admin frames are accepted on the admin socket only")
+            return
+        detail = str(exc)[:300] if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)) else \
+            f"undecodable frame ({type(exc).__name__})"
+        self._error(conn, p.ErrorCode.MALFORMED, detail, p.peek_request_id(payload))
+
     def _on_hello(self, conn: Connection, frame: p.Hello) -> None:
         if not (p.PROTOCOL_MIN <= frame.protocol_version <= p.PROTOCOL_MAX):
             self._error(conn, p.ErrorCode.VERSION,
                         f"protocol {frame.protocol_version} not in [{p.PROTOCOL_MIN}, {p.PROTOCOL_MAX}]")
             return
-        self.conns.hello(conn, frame.protocol_version, frame.pid, frame.client_name, frame.host)
-        log.info("router connected owner=%d client=%s pid=%d host=%s", conn.owner, frame.client_name,
-                 frame.pid, frame.host)
+        self.conns.hello(conn, frame.protocol_version, frame.pid, frame.client_name, frame.host, frame.pid_ns)
+        log.info("router connected owner=%d client=%s pid=%d host=%s pid_ns=%d pid_watch=%s", conn.owner,
+                 frame.client_name, frame.pid, frame.host, frame.pid_ns, conn.pid != 0)
         self._send(conn, self.welcome)
 
     def _on_enqueue(self, conn: Connection, f: p.Enqueue, t: int) -> None:
@@ -241,10 +267,15 @@ class Actor:
         if owner is None or owner in (0, conn.owner):
             return True
         old = self.conns.by_owner(owner)
-        return old is None or not old.alive or (old.pid != 0 and old.pid == conn.pid and old.host == conn.host)
+        return old is None or not old.alive or (old.hello_pid != 0 and old.hello_pid == conn.hello_pid
+                                                and old.host == conn.host and old.pid_ns == conn.pid_ns)
 
     def _on_update(self, conn: Connection, f: p.Update, t: int) -> None:
         if not self._owns(conn, f.request_id):
+            return
+        if f.kind == "requeue" and not self.accepting:  # stopping: give the booking back, answer now
+            self.scheduler.release(f.request_id, f.slot, f.generation, "aborted", 0, t)
+            self._send_reject(conn, f.request_id, "shutting_down", "the daemon is stopping", "")
             return
         try:
             outcomes = self.scheduler.update(f.request_id, f.slot, f.generation, f.kind, f.output_tokens, t)
@@ -265,19 +296,31 @@ class Actor:
                 kept.append(ref.request_id)
             else:
                 lost.append(ref.request_id)
-        log.info("reattach owner=%d kept=%d lost=%d pending=%d", conn.owner, len(kept), len(lost), len(f.pending))
+        log.info("reattach owner=%d kept=%d lost=%d pending=%d requeues=%d", conn.owner, len(kept), len(lost),
+                 len(f.pending), len(f.requeues))
         self._send(conn, p.Reattached(kept=kept, lost=lost))
+        for rq in f.requeues:  # requeues in flight: before pending, in list order
+            ref, enq = rq.lease, rq.enqueue
+            if ref.request_id == enq.request_id and self._may_take_over(conn, ref.request_id) and \
+                    self.scheduler.adopt_lease(ref.request_id, ref.slot, ref.generation, conn.owner, t):
+                self._on_update(conn, p.Update(ref.request_id, ref.slot, ref.generation, "requeue"), t)
+            else:  # the requeue was applied (same daemon) or the lease is gone (restarted daemon)
+                self._reattach_pending(conn, enq, t)
         for enq in f.pending:
-            if not self._may_take_over(conn, enq.request_id):
-                self._on_enqueue(conn, enq, t)  # answered duplicate_request
-                continue
-            got = self.scheduler.adopt_waiting(enq.request_id, conn.owner)
-            if got is False:
-                self._on_enqueue(conn, enq, t)
-            else:
-                conn.inflight += 1
-                if isinstance(got, Admit):
-                    self._deliver([got], t)
+            self._reattach_pending(conn, enq, t)
+
+    def _reattach_pending(self, conn: Connection, enq: p.Enqueue, t: int) -> None:
+        """A re-sent Enqueue: hand a request this daemon still holds to `conn`, else enqueue it."""
+        if not self._may_take_over(conn, enq.request_id):
+            self._on_enqueue(conn, enq, t)  # answered duplicate_request
+            return
+        got = self.scheduler.adopt_waiting(enq.request_id, conn.owner)
+        if got is False:
+            self._on_enqueue(conn, enq, t)
+        else:
+            conn.inflight += 1
+            if isinstance(got, Admit):
+                self._deliver([got], t)
 
     # ------------------------------------------------------------------ replies
     def _deliver(self, outcomes: list, t: int) -> None:
@@ -339,6 +382,8 @@ class Actor:
     # ------------------------------------------------------------------ admin socket
     def _on_admin(self) -> None:
         assert self.admin_sock is not None
+        if self.stopped:
+            return
         n = 0
         t = now_us()
         while n < 64:
@@ -378,6 +423,8 @@ class Actor:
         self._timer = self.loop.call_later(self.cfg.progress_fold_ms / 1000, self._on_tick)
 
     def _on_tick(self) -> None:
+        if self.stopped:
+            return
         now_s = time.monotonic()
         self.metrics.loop_lag.observe(max(0.0, now_s - self._last_tick_s - self.cfg.progress_fold_ms / 1000))
         self._last_tick_s = now_s
@@ -414,8 +461,12 @@ class Actor:
             # A router that closed cleanly owns nothing (there is no goodbye frame): not a warning.
             (log.warning if owned else log.info)(
                 "router gone owner=%d client=%s pid=%d silent_ms=%d aborted_requests=%d", conn.owner,
-                conn.client_name, conn.pid, (t - conn.last_seen_us) // 1000, owned)
+                conn.client_name, conn.hello_pid, (t - conn.last_seen_us) // 1000, owned)
             self.metrics.dead_connections.inc()
+            if conn.pid and not pid_exists(conn.pid):  # its process died: what it left buffered is dropped unread
+                self._dead_ids[conn.identity] = None
+                if len(self._dead_ids) > MAX_DEAD_IDS:
+                    del self._dead_ids[next(iter(self._dead_ids))]
             self.conns.close(conn)
             self.scheduler.cancel_owner(conn.owner, t)
         self.metrics.connections.set(len(self.conns))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
@@ -19,7 +20,7 @@ import typer
 import zmq
 
 from .. import protocol as p
-from ..config import Config, admin_endpoint, data_endpoint, load_config
+from ..config import Config, admin_endpoint, check_endpoints, data_endpoint, load_config
 from ..errors import ConfigError, KvschedError, ShmLayoutError
 from .instance_lock import InstanceLock
 from .logging_setup import setup_logging
@@ -82,6 +83,8 @@ class Daemon:
         cfg = self.config
         d = cfg.daemon
         loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # first: a stop during start still cleans up
+            loop.add_signal_handler(sig, self._on_signal, sig)
         self.lock = InstanceLock(d.instance)  # before touching segments or sockets
         self.metrics = Metrics()
         self.health = Health(d.health_stall_ms)
@@ -133,8 +136,6 @@ class Daemon:
         self.actor.on_tick.append(kv_metrics_tick(self.kv_events, self.metrics))
         self.kv_events.start()  # restored rows ask their engines for a catch-up replay now
         await self.kv_events.wait_caught_up(KV_CATCH_UP_WAIT_S)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
         status = f"serving {self.endpoint} epoch={epoch} workers={len(self.scheduler.workers())}"
         self.notifier.ready(status)
         self.health.mark_ready()
@@ -150,32 +151,63 @@ class Daemon:
         log.info("signal received signal=%s", signal.Signals(sig).name)
 
     async def serve(self) -> None:
+        """Run until SIGTERM/SIGINT, then the bounded graceful shutdown (`drain`)."""
         while not self.should_exit:
             await asyncio.sleep(0.05)
+        await self.drain()
 
-    async def stop(self) -> None:
-        """STOPPING=1, stop accepting, answer waiting requests `shutting_down`, close sockets,
-        unlink segments when no lease is live."""
-        from .sockets import close_socket
-
+    async def drain(self) -> None:
+        """Graceful shutdown, bounded by `daemon.shutdown_timeout_s`: stop admitting, answer every
+        waiting request `shutting_down` (clients keep it and re-send it to the next daemon), and keep
+        serving releases, progress and heartbeats of live leases until none is left, the timeout
+        passes, or a second signal arrives. Reaping of dead routers goes on meanwhile."""
+        if self.actor is None:
+            return
+        timeout_s = self.config.daemon.shutdown_timeout_s
         if self.notifier is not None:
             self.notifier.stopping()
         if self.health is not None:
             self.health.mark_stopping()
+        self.actor.begin_shutdown()
+        live = self.scheduler.active_leases
+        log.info("stopping live_leases=%d shutdown_timeout_s=%.1f", live, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self.scheduler.active_leases > 0 and time.monotonic() < deadline and not self.force_exit:
+            await asyncio.sleep(0.02)
+        if self.scheduler.active_leases:
+            log.warning("shutdown timeout with live leases live_leases=%d (kept for the next start)",
+                        self.scheduler.active_leases)
+
+    async def stop(self) -> None:
+        """STOPPING=1, stop accepting, answer waiting requests `shutting_down`, close every socket
+        (linger 0), unlink segments when no lease is live. Runs after a failed start too: every
+        step is attempted even when an earlier one fails, so nothing hangs and nothing is left."""
+        from .sockets import close_socket
+
+        def step(what: str, fn, *args) -> None:
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - log and go on with the rest of the cleanup
+                log.exception("stop step failed step=%s", what)
+
+        if self.notifier is not None:
+            step("notify", self.notifier.stopping)
+        if self.health is not None:
+            step("health", self.health.mark_stopping)
         if self.actor is not None:
-            self.actor.begin_shutdown()
-            self.actor.stop_reading()
+            step("shutdown", self.actor.begin_shutdown)
+            step("stop reading", self.actor.stop_reading)
         if self.kv_events is not None:
-            self.kv_events.stop()
+            step("kv events", self.kv_events.stop)
             self.kv_events = None
         if self.ctx is not None:
             for attr, endpoint in (("data_sock", self.endpoint), ("admin_sock", self.admin_endpoint)):
                 sock = getattr(self, attr, None)
                 if sock is not None:
-                    close_socket(sock, endpoint)
+                    step(attr, close_socket, sock, endpoint)
             if getattr(self, "auth", None) is not None:
-                self.auth.stop()
-            self.ctx.term()
+                step("curve auth", self.auth.stop)
+            step("zmq context", self.ctx.destroy, 0)  # closes any socket left open (linger 0): never hangs
             self.ctx = None
         if self.segments is not None:
             scheduler = getattr(self, "scheduler", None)
@@ -183,20 +215,20 @@ class Daemon:
                 live = scheduler.active_leases
             else:  # start failed before the scheduler existed: keep segments only if they held leases
                 live = 0 if not self.restarted else 1
-            self.segments.close()
+            step("segments close", self.segments.close)
             if live == 0:
-                self.segments.unlink()
+                step("segments unlink", self.segments.unlink)
                 log.info("stopped; segments unlinked")
             else:
                 log.info("stopped; segments kept for restart live_leases=%d", live)
             self.segments = None
         if self.notifier is not None:
-            self.notifier.close()
+            step("notify close", self.notifier.close)
         if self.http is not None:
-            self.http.close()
+            step("http", self.http.close)
             self.http = None
         if getattr(self, "lock", None) is not None:
-            self.lock.release()
+            step("instance lock", self.lock.release)
             self.lock = None
 
 
@@ -237,6 +269,10 @@ def daemon_main(
         except ConfigError as exc:
             typer.echo(f"invalid: {exc}", err=True)
             raise typer.Exit(2)
+        problems = check_endpoints(cfg)
+        if problems:
+            typer.echo(f"invalid: {check_config}: " + "; ".join(problems), err=True)
+            raise typer.Exit(2)
         from .wiring import segment_bytes
 
         typer.echo(f"ok: {check_config}: {len(cfg.classes)} classes, {len(cfg.workers)} workers, "
@@ -261,6 +297,9 @@ def daemon_main(
     if purge:
         _purge(cfg.daemon.instance)
     daemon = Daemon(cfg, str(config) if config else None, overrides)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # until the loop installs its own (first thing in start)
+        signal.signal(sig, lambda signum, _frame: daemon._on_signal(signum))
+    log.info("starting instance=%s pid=%d", cfg.daemon.instance, os.getpid())
     try:
         import uvloop
 
@@ -268,6 +307,10 @@ def daemon_main(
     except (KvschedError, ShmLayoutError) as exc:
         log.error("daemon failed: %s", exc)
         typer.echo(f"kvsched-daemon: {exc}", err=True)
+        raise typer.Exit(1)
+    except Exception as exc:  # noqa: BLE001 - any other cause: logged with its traceback, exit 1
+        log.error("daemon failed: %s: %s", type(exc).__name__, exc, exc_info=True)
+        typer.echo(f"kvsched-daemon: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1)
 
 

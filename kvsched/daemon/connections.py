@@ -1,8 +1,12 @@
 """Peers of the data socket: identity → connection, liveness (heartbeats and pid watch), ownership.
 
-Liveness, never wall-clock age of a lease, ends a router's leases (SPEC §5): a connection is dead
-when nothing arrived from it for `liveness_timeout_ms`, or when the local process named in its
-`Hello.pid` no longer exists. The actor then calls `Scheduler.cancel_owner(owner)`.
+Liveness, never wall-clock age of a lease, ends a router's leases (docs/PROTOCOL.md, "Liveness"): a
+connection is dead when nothing arrived from it for `liveness_timeout_ms`, or when the local process
+named in its `Hello.pid` no longer exists. The pid is watched only when the peer runs on this host
+*and* in this PID namespace (`Hello.pid_ns` equals the inode of our `/proc/self/ns/pid`): a router in
+a container or sidecar sharing the host name has pids that mean nothing here (pid_namespaces(7)).
+The inode alone is not enough, every host's initial namespace has the same one, hence the host check.
+The actor then calls `Scheduler.cancel_owner(owner)`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,17 @@ log = logging.getLogger(__name__)
 _HOSTNAME = socket.gethostname()
 
 
+def pid_namespace_id() -> int:
+    """Inode number of this process's PID namespace (`/proc/self/ns/pid`), or 0 when unreadable."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+_PID_NS = pid_namespace_id()
+
+
 @dataclass(slots=True)
 class Connection:
     """One router connection (one DEALER socket in one router process).
@@ -25,7 +40,9 @@ class Connection:
         identity: the ROUTER routing id of the peer (bytes).
         owner: small int the core uses as the owner of requests and leases.
         protocol_version: from Hello; 0 until Hello arrived.
-        pid: the peer's pid when it is a local process (pid watch on), else 0.
+        pid: the peer's pid when it is a process of this host and PID namespace (pid watch on), else 0.
+        hello_pid / pid_ns: the pid and PID-namespace inode the peer announced (logs, same-process
+            checks), watched or not.
         client_name / host: from Hello, for logs and `kvsched status`.
         last_seen_us: monotonic time of the last frame received (µs).
         inflight: Enqueues answered by neither Admitted nor Rejected yet.
@@ -35,6 +52,8 @@ class Connection:
     owner: int
     protocol_version: int = 0
     pid: int = 0
+    hello_pid: int = 0
+    pid_ns: int = 0
     client_name: str = ""
     host: str = ""
     last_seen_us: int = 0
@@ -83,12 +102,15 @@ class ConnectionTable:
         conn = self._by_owner.get(owner)
         return conn is not None and conn.alive
 
-    def hello(self, conn: Connection, version: int, pid: int, client_name: str, host: str) -> None:
-        """Record a Hello; the pid is watched only for peers on this host."""
+    def hello(self, conn: Connection, version: int, pid: int, client_name: str, host: str, pid_ns: int = 0) -> None:
+        """Record a Hello; the pid is watched only for peers on this host and in this PID namespace
+        (`pid_ns` = the inode of the peer's /proc/self/ns/pid; 0 = unknown, never watched)."""
         conn.protocol_version = version
         conn.client_name = client_name
         conn.host = host
-        conn.pid = pid if (pid > 0 and host in ("", _HOSTNAME)) else 0
+        conn.hello_pid, conn.pid_ns = pid, pid_ns
+        same_ns = pid_ns != 0 and pid_ns == _PID_NS and host == _HOSTNAME
+        conn.pid = pid if (pid > 0 and same_ns) else 0
 
     def find_dead(self, now_us: int) -> list[Connection]:
         """Connections silent past the liveness timeout or whose local process is gone."""
@@ -96,7 +118,7 @@ class ConnectionTable:
         for conn in self._by_identity.values():
             if now_us - conn.last_seen_us > self.liveness_timeout_us:
                 dead.append(conn)
-            elif conn.pid and not _pid_exists(conn.pid):
+            elif conn.pid and not pid_exists(conn.pid):
                 dead.append(conn)
         return dead
 
@@ -104,7 +126,7 @@ class ConnectionTable:
         return iter(list(self._by_identity.values()))
 
 
-def _pid_exists(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
     """`kill(pid, 0)`: True when the process exists (EPERM means it exists but is not ours)."""
     try:
         os.kill(pid, 0)

@@ -243,7 +243,11 @@ class KvEventSubscriber:
         self._options(sub)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.SUBSCRIBE, st.src.topic.encode())
-        sub.connect(st.src.endpoint)
+        try:
+            sub.connect(st.src.endpoint)
+        except zmq.ZMQError:
+            sub.close(0)  # an unclosed socket would hang Context.term() at shutdown
+            raise
         st.sub = sub
         st.mon = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.loop.add_reader(sub.getsockopt(zmq.FD), self._on_sub, st)
@@ -256,7 +260,11 @@ class KvEventSubscriber:
         dealer = self.ctx.socket(zmq.DEALER)
         self._options(dealer)
         dealer.setsockopt(zmq.RCVHWM, 0)  # a replay answer may be the publisher's whole ring buffer
-        dealer.connect(st.src.replay_endpoint)
+        try:
+            dealer.connect(st.src.replay_endpoint)
+        except zmq.ZMQError:
+            dealer.close(0)
+            raise
         st.dealer = dealer
         self.loop.add_reader(dealer.getsockopt(zmq.FD), self._on_dealer, st)
         return dealer

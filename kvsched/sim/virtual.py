@@ -104,6 +104,7 @@ def make_inprocess_scheduler(config: Config, overlap_mode: str = "approx"):
     overlap = _NoIndex(d.max_workers) if overlap_mode == "none" else OverlapIndex(d.max_workers, cap)
     device = OverlapIndex(d.max_workers, cap) if overlap_mode == "events" else None
     scheduler = Scheduler(config, ledger, overlap, create_selector(config.selector), event_device=device)
+    scheduler.set_max_waiting_share(1.0)  # one in-process owner stands for every router: no per-connection cap
     for w in config.workers:
         for rank in range(w.dp_size):
             key = WorkerKey(w.worker_id, rank)

@@ -49,7 +49,7 @@ def test_daemon_frame_round_trips_when_encoded(frame):
 def test_admin_frame_round_trips_when_encoded(frame):
     raw = p.make_encoder().encode(frame)
     assert p.make_admin_request_decoder().decode(raw) == frame
-    assert p.looks_like_admin(raw)
+    assert p.peek_admin_tag(raw)
 
 
 def test_hashes_travel_as_little_endian_u64_when_given_ints_array_or_bytes():
@@ -110,3 +110,16 @@ def test_every_reject_reason_has_a_client_exception():
     from kvsched.errors import REJECTION_CLASSES
 
     assert set(p.REJECT_REASONS) == set(REJECTION_CLASSES)
+
+
+def test_peeks_read_the_request_id_of_a_bad_frame_and_never_raise_on_deep_nesting():
+    enc = p.make_encoder()
+    bad_isl = enc.encode(["enqueue", "r-7", "ten"])
+    assert p.peek_request_id(bad_isl) == "r-7"
+    assert p.peek_request_id(enc.encode(["heartbeat", "x"])) is None  # no request id in this frame
+    assert p.peek_request_id(enc.encode(["enqueue", "x" * 200, 1])) is None  # over the id bound
+    deep = b"\x91" * 30_000 + b"\xc0"  # 30,000 nested one-element arrays
+    assert p.peek_request_id(deep) is None
+    assert p.peek_admin_tag(deep) is False
+    nested_tail = b"\x93" + enc.encode("enqueue") + enc.encode("r-8") + deep  # [tag, id, [[[...]]]]
+    assert p.peek_request_id(nested_tail) in ("r-8", None)  # read or not, never an exception

@@ -1,0 +1,106 @@
+"""Local checks of `schedule()` arguments: a bad argument raises before anything is sent.
+
+The daemon decodes every frame against typed bounds (`kvsched.protocol`); a frame that fails there is
+answered with an `Error`, which can name the caller only when the request id itself was readable.
+Checking the same bounds here gives the caller a precise `TypeError` / `ValueError` at the call site
+instead. The bounds are the ones of `protocol.Enqueue` (docs/PROTOCOL.md, "Enqueue").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from .client import BlockHashes
+
+from .. import protocol as p
+
+_I32 = (-(2**31), 2**31 - 1)
+_U32 = (0, 0xFFFF_FFFF)
+_U16 = (0, 0xFFFF)
+_TOKENS = (0, 2**31 - 1)
+_MAX_ALLOWED = 4096
+_MAX_DEADLINE_MS = 86_400_000
+
+
+def _int(name: str, value: Any, lo: int, hi: int) -> int:
+    """An int (not a bool; numpy integers accepted) in [lo, hi]. Raises TypeError / ValueError
+    naming the argument."""
+    import numpy as np
+
+    if isinstance(value, np.integer):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value} is outside [{lo}, {hi}]")
+    return value
+
+
+def _str(name: str, value: Any, max_len: int, *, min_len: int = 0, utf8_bytes: bool = False) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    n = len(value.encode()) if utf8_bytes else len(value)
+    if n < min_len or n > max_len:
+        unit = "UTF-8 bytes" if utf8_bytes else "characters"
+        raise ValueError(f"{name} has {n} {unit}; allowed {min_len}..{max_len}")
+    return value
+
+
+def checked_enqueue(request_id: Any, isl_tokens: Any, block_hashes: "BlockHashes | None", policy_class: Any,
+                    priority: Any, strict_priority: Any, session_id: Any, expected_osl: Any, pinned: Any,
+                    allowed_workers: Iterable[int] | None, do_not_queue: Any, deadline_ms: Any,
+                    lora_name: Any, excluded_workers: Iterable[int] | None = None) -> p.Enqueue:
+    """Build an `Enqueue` after checking every argument against the wire bounds.
+
+    Args: as `SchedulerClient.schedule` (request_id: str of 1..128 UTF-8 bytes; isl_tokens: int in
+        [1, 2**31-1] tokens; priority / strict_priority: i32; expected_osl: tokens or None; pinned:
+        (worker_id u32, dp_rank u16) or None; allowed_workers: at most 4096 u32 ids or None;
+        deadline_ms: [0, 86_400_000] ms or None; excluded_workers: at most 4096 u32 ids or None;
+        names at most 128 characters).
+    Returns:
+        The frame to send.
+    Raises:
+        TypeError: an argument of the wrong type (e.g. `request_id=42`, `isl_tokens="10"`).
+        ValueError: a value out of bounds (e.g. `isl_tokens=0`, a 200-byte id, `priority=2**40`),
+            or malformed `block_hashes` (see `protocol.hashes_to_bytes`).
+    """
+    _str("request_id", request_id, p.MAX_REQUEST_ID_BYTES, min_len=1, utf8_bytes=True)
+    isl_tokens = _int("isl_tokens", isl_tokens, 1, 2**31 - 1)
+    raw = p.hashes_to_bytes(block_hashes if block_hashes is not None else b"")
+    if len(raw) > 8 * p.MAX_BLOCK_HASHES:
+        raise ValueError(f"{len(raw) // 8} block hashes; at most {p.MAX_BLOCK_HASHES} per request")
+    _str("policy_class", policy_class, p.MAX_NAME_CHARS)
+    priority = _int("priority", priority, *_I32)
+    strict_priority = _int("strict_priority", strict_priority, *_I32)
+    if session_id is not None:
+        _str("session_id", session_id, p.MAX_NAME_CHARS)
+    if expected_osl is not None:
+        expected_osl = _int("expected_osl", expected_osl, *_TOKENS)
+    if pinned is not None:
+        try:
+            worker_id, dp_rank = pinned
+        except (TypeError, ValueError):
+            raise TypeError("pinned must be a (worker_id, dp_rank) pair") from None
+        pinned = (_int("pinned worker_id", worker_id, *_U32), _int("pinned dp_rank", dp_rank, *_U16))
+    if allowed_workers is not None:
+        if isinstance(allowed_workers, (str, bytes)):
+            raise TypeError("allowed_workers must be an iterable of worker ids")
+        allowed_workers = [_int("allowed_workers item", w, *_U32) for w in allowed_workers]
+        if len(allowed_workers) > _MAX_ALLOWED:
+            raise ValueError(f"allowed_workers has {len(allowed_workers)} ids; at most {_MAX_ALLOWED}")
+    if not isinstance(do_not_queue, bool):
+        raise TypeError(f"do_not_queue must be a bool, not {type(do_not_queue).__name__}")
+    if deadline_ms is not None:
+        deadline_ms = _int("deadline_ms", deadline_ms, 0, _MAX_DEADLINE_MS)
+    if lora_name is not None:
+        _str("lora_name", lora_name, p.MAX_NAME_CHARS)
+    excluded = None
+    if excluded_workers:
+        if isinstance(excluded_workers, (str, bytes)):
+            raise TypeError("excluded_workers must be an iterable of worker ids")
+        excluded = sorted(_int("excluded_workers item", w, *_U32) for w in excluded_workers)
+        if len(excluded) > _MAX_ALLOWED:
+            raise ValueError(f"excluded_workers has {len(excluded)} ids; at most {_MAX_ALLOWED}")
+    return p.Enqueue(request_id, isl_tokens, raw, policy_class, priority, strict_priority, session_id,
+                     expected_osl, pinned, allowed_workers, do_not_queue, deadline_ms, lora_name, excluded)

@@ -1,0 +1,100 @@
+"""Bad input is always answered, and a caller never waits forever on an error (real daemon, real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvsched import protocol as p
+from kvsched.client import SchedulerClient
+from kvsched.errors import ProtocolError
+from tests.conftest import RawPeer
+
+pytestmark = pytest.mark.timeout(120)
+
+DEEP = b"\x91" * 30_000 + b"\xc0"  # MessagePack: 30,000 nested one-element arrays around nil
+
+
+def test_thirty_thousand_nested_arrays_are_answered_and_the_peer_keeps_working(session_daemon):
+    """1. a peer says Hello, 2. sends a frame of 30,000 nested arrays (an untyped decode of it raises
+    RecursionError), 3. sends a valid Enqueue. Result: an Error(MALFORMED) for the frame, then Admitted."""
+    with RawPeer(session_daemon.endpoint) as peer:
+        peer.hello()
+        peer.send(DEEP)
+        err = peer.recv()
+        assert isinstance(err, p.Error) and err.code == p.ErrorCode.MALFORMED
+        peer.send(p.make_encoder().encode(p.Enqueue("deep-after", 10)))
+        got = peer.recv()
+        assert isinstance(got, p.Admitted) and got.request_id == "deep-after"
+        peer.send(p.Release("deep-after", got.slot, got.generation))
+
+
+def test_an_error_names_the_request_id_when_it_can_be_read(session_daemon):
+    """1. a peer sends an Enqueue whose isl_tokens is a string and one whose hashes are too many.
+    Result: each Error carries the request id, so a client can fail that caller."""
+    enc = p.make_encoder()
+    with RawPeer(session_daemon.endpoint) as peer:
+        peer.hello()
+        peer.send(enc.encode(["enqueue", "named-1", "10"]))
+        err = peer.recv()
+        assert isinstance(err, p.Error) and err.request_id == "named-1", err
+        peer.send(enc.encode(["enqueue", "named-2", 10, b"\0" * (8 * p.MAX_BLOCK_HASHES + 8)]))
+        err = peer.recv()
+        assert isinstance(err, p.Error) and err.request_id == "named-2", err
+        peer.send(enc.encode(["heartbeat", "not-an-int"]))
+        err = peer.recv()
+        assert isinstance(err, p.Error) and err.request_id is None
+
+
+async def test_client_fails_the_caller_at_once_when_the_daemon_answers_error(session_daemon):
+    """1. a frame the daemon cannot decode is sent on behalf of a waiting caller (the local checks
+    bypassed). Result: the caller gets ProtocolError instead of waiting forever."""
+    async with SchedulerClient(session_daemon.endpoint) as client:
+        bad = p.Enqueue("undecodable-1", "10")  # type: ignore[arg-type]  # wrong type on purpose
+        with pytest.raises(ProtocolError):
+            await asyncio.wait_for(client._await_admission("undecodable-1", 10, bad), 10)
+        lease = await asyncio.wait_for(client.schedule("decodable-1", 10), 10)
+        lease.release()
+
+
+@pytest.mark.parametrize("kwargs, exc", [
+    ({"request_id": 42, "isl_tokens": 10}, TypeError),
+    ({"request_id": "r", "isl_tokens": "10"}, TypeError),
+    ({"request_id": "r", "isl_tokens": 0}, ValueError),
+    ({"request_id": "x" * 200, "isl_tokens": 10}, ValueError),
+    ({"request_id": "é" * 100, "isl_tokens": 10}, ValueError),  # 100 characters, 200 UTF-8 bytes
+    ({"request_id": "r", "isl_tokens": 10, "priority": 2**40}, ValueError),
+    ({"request_id": "r", "isl_tokens": 10, "pinned": (1, 2**20)}, ValueError),
+    ({"request_id": "r", "isl_tokens": 10, "deadline_ms": -1}, ValueError),
+    ({"request_id": "r", "isl_tokens": 10, "do_not_queue": "yes"}, TypeError),
+    ({"request_id": "r", "isl_tokens": True}, TypeError),
+])
+async def test_bad_schedule_arguments_raise_before_sending(session_daemon, kwargs, exc):
+    """A bad argument raises TypeError/ValueError at the call (never a wait on an Error)."""
+    async with SchedulerClient(session_daemon.endpoint) as client:
+        with pytest.raises(exc):
+            await asyncio.wait_for(client.schedule(**kwargs), 10)
+
+
+async def test_lease_release_refuses_an_unknown_outcome_and_stays_open(session_daemon):
+    """1. lease.release("bogus"). Result: ValueError, the lease is still open and a valid release
+    frees it on the daemon."""
+    from kvsched.client import AdminClient
+
+    async with SchedulerClient(session_daemon.endpoint) as client:
+        lease = await client.schedule("bogus-outcome", 10)
+        with pytest.raises(ValueError):
+            lease.release("bogus")
+        assert not lease.closed
+        lease.release("completed")
+
+        def leases() -> int:
+            with AdminClient(session_daemon.admin_endpoint) as admin:
+                return admin.call(p.Status()).active_leases
+
+        for _ in range(100):
+            if await asyncio.to_thread(leases) == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(leases) == 0

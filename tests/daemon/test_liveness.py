@@ -1,0 +1,96 @@
+"""Client liveness against a live daemon, and requeues in flight across a daemon crash (real processes).
+
+The client heartbeats when it has sent nothing or received nothing for `heartbeat_ms`; the daemon is
+presumed gone only when no frame at all arrived for the liveness timeout. `Reattach.requeues` re-sends
+a requeue the daemon never answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvsched import protocol as p
+from kvsched.client import AdminClient, SchedulerClient
+from tests.conftest import purge, start_daemon
+
+pytestmark = pytest.mark.timeout(150)
+
+# One worker; the class is busy once 1000 prefill tokens run on it, so later requests wait.
+BUSY_CONFIG = """
+[daemon]
+block_size = 16
+liveness_timeout_ms = 1500
+heartbeat_ms = 200
+
+[[workers]]
+worker_id = 1
+total_kv_blocks = 100000
+max_num_batched_tokens = 100000
+
+[[classes]]
+name = "default"
+prefill_busy_threshold = 1000
+"""
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = start_daemon(tmp_path, BUSY_CONFIG)
+    yield d
+    d.stop()
+    purge(d.argv[d.argv.index("--instance") + 1])
+
+
+async def _status(d) -> p.StatusReply:
+    def call():
+        with AdminClient(d.admin_endpoint) as admin:
+            return admin.call(p.Status())
+    return await asyncio.to_thread(call)
+
+
+async def test_a_router_whose_requests_wait_never_reconnects_to_a_live_daemon(daemon):
+    """1. a router holds a lease that makes the worker busy, 2. it sends a new request every 100 ms
+    for twice the liveness timeout (it never stops sending; every request waits, so the daemon
+    answers nothing). Result: the client never presumes the daemon gone (no reconnect, no Reattach,
+    one connection), and every waiting request is admitted once the blocker is released."""
+    async with SchedulerClient(daemon.endpoint) as client:
+        blocker = await client.schedule("blocker", isl_tokens=2000)
+        waiting = []
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 3.0
+        while loop.time() < end:
+            waiting.append(asyncio.ensure_future(client.schedule(f"wait-{len(waiting)}", isl_tokens=100)))
+            await asyncio.sleep(0.1)
+        assert not any(w.done() for w in waiting)
+        assert "reattach" not in daemon.log_path.read_text()
+        assert client._link.reconnects == 0
+        assert (await _status(daemon)).connections == 1
+        blocker.release()
+        for fut in asyncio.as_completed(waiting, timeout=30):
+            (await fut).release()
+
+
+async def test_a_requeue_in_flight_survives_a_daemon_crash(daemon):
+    """1. lease B is admitted, then a blocker makes the worker busy, 2. B is requeued (it now waits in
+    the daemon), 3. the daemon is SIGKILLed and restarted, 4. the client reconnects and Reattaches,
+    5. the blocker is released. Result: B's requeue is answered with a new lease (it was re-sent in
+    Reattach.requeues) instead of waiting forever."""
+    async with SchedulerClient(daemon.endpoint, reconnect_deadline_s=60) as client:
+        b = await client.schedule("requeued-b", isl_tokens=10)
+        blocker = await client.schedule("blocker", isl_tokens=2000)
+        requeue = asyncio.ensure_future(b.requeue())
+        await asyncio.sleep(0.5)
+        assert not requeue.done()
+        await asyncio.to_thread(daemon.kill)
+        await asyncio.to_thread(daemon.restart)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while "kept=1" not in daemon.log_path.read_text() and loop.time() < end:
+            await asyncio.sleep(0.1)  # the Reattach kept the blocker's lease
+        assert not requeue.done()
+        blocker.release()
+        new_b = await asyncio.wait_for(requeue, 20)
+        assert new_b.request_id == "requeued-b" and not new_b.closed
+        new_b.release()

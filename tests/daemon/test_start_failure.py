@@ -1,0 +1,112 @@
+"""A failed start never hangs: the config check catches bad endpoints, and a start that fails later
+logs its cause, closes every socket and exits non-zero within seconds, leaving no segment behind."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import unique_instance
+
+pytestmark = pytest.mark.timeout(180)
+
+NO_PORT = """
+[[workers]]
+worker_id = 1
+kv_events_endpoint = "tcp://127.0.0.1"
+"""
+
+
+def _check(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    return subprocess.run([sys.executable, "-m", "kvsched.daemon.app", "--check-config", str(cfg)],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("text, needle", [
+    (NO_PORT, "kv_events_endpoint"),
+    ('[[workers]]\nworker_id = 1\nkv_replay_endpoint = "tcp://127.0.0.1:99999"\n', "kv_replay_endpoint"),
+    ('[daemon]\nendpoint = "tcp://0.0.0.0:5555"\n', "curve_secret_key_file"),
+    ('[daemon]\nadmin_endpoint = "udp://x"\n', "admin_endpoint"),
+])
+def test_check_config_rejects_bad_endpoints_and_the_curve_rule(tmp_path, text, needle):
+    """`--check-config` exits 2 naming the key for an endpoint without port, a port out of range, a
+    non-loopback TCP endpoint without CURVE keys, an unknown transport."""
+    got = _check(tmp_path, text)
+    assert got.returncode == 2, got
+    assert needle in got.stderr
+
+
+def test_check_config_accepts_good_endpoints(tmp_path):
+    got = _check(tmp_path, '[daemon]\nendpoint = "tcp://127.0.0.1:5555"\n[[workers]]\nworker_id = 1\n'
+                           'kv_events_endpoint = "tcp://10.0.0.5:5557"\nkv_replay_endpoint = "tcp://[::1]:5558"\n')
+    assert got.returncode == 0, got.stderr
+
+
+def _start(tmp_path: Path, text: str, instance: str) -> tuple[subprocess.Popen, Path]:
+    cfg = tmp_path / "d.toml"
+    cfg.write_text(text)
+    log = tmp_path / "d.log"
+    argv = [sys.executable, "-m", "kvsched.daemon.app", "--config", str(cfg), "--instance", instance,
+            "--endpoint", f"ipc://{tmp_path}/d.sock", "--admin-endpoint", f"ipc://{tmp_path}/a.sock"]
+    with open(log, "wb") as fh:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh), log
+
+
+def _segments(instance: str) -> list[str]:
+    return [p.name for p in Path("/dev/shm").glob(f"kvsched-{instance}-*") if not p.name.endswith(".lock")]
+
+
+@pytest.mark.parametrize("case", ["kv_events_no_port", "metrics_port_in_use"])
+def test_failed_start_exits_non_zero_with_its_cause_and_leaves_nothing(tmp_path, case):
+    """1. start a daemon whose start fails (a KV-event endpoint without port / a metrics port in use).
+    Result: it exits non-zero within 90 s (kernel warm-up included), the log names the cause, no
+    segment is left in /dev/shm and the socket files are gone."""
+    instance = unique_instance("bad")
+    holder = None
+    if case == "kv_events_no_port":
+        text, needle = NO_PORT, "kv_events_endpoint"
+    else:
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        text, needle = f"[daemon]\nmetrics_port = {holder.getsockname()[1]}\n", "Address already in use"
+    proc, log = _start(tmp_path, text, instance)
+    try:
+        code = proc.wait(90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the daemon hung after a failed start; log:\n{log.read_text()[-2000:]}")
+    finally:
+        if holder is not None:
+            holder.close()
+    assert code != 0
+    assert needle in log.read_text()
+    assert _segments(instance) == []
+    assert not (tmp_path / "d.sock").exists() and not (tmp_path / "a.sock").exists()
+
+
+def test_sigterm_during_start_stops_cleanly(tmp_path):
+    """1. start a daemon, 2. SIGTERM it right away (while it warms its kernels).
+    Result: it exits (signal handled, not killed by the default action) and leaves no segment."""
+    instance = unique_instance("term")
+    proc, log = _start(tmp_path, "", instance)
+    deadline = time.monotonic() + 60
+    while "starting instance" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.terminate()
+    try:
+        code = proc.wait(90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail("the daemon did not stop after SIGTERM during start")
+    assert code == 0, log.read_text()[-2000:]
+    assert _segments(instance) == []
