@@ -1,0 +1,49 @@
+"""Decisions do not change by accident: a virtual replay of the bundled trace slice with a fixed seed
+routes every request to the same worker as the golden file committed with this test.
+
+The golden files were written from the `kv` selector of docs/ROUTING.md before the decision path was
+rebuilt for speed; a rebuild (new data structures, batching, shared-memory words) must reproduce them
+exactly. A deliberate change of routing regenerates them with `KVSCHED_REGEN_GOLDEN=1 pytest
+tests/sim/test_golden_decisions.py` and says why in its commit message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from kvsched.sim.fleet_spec import FleetSpec
+from kvsched.sim.trace import load_trace
+from kvsched.sim.virtual import run_virtual
+
+SLICE = str(files("kvsched") / "data" / "mooncake_slice.jsonl")
+GOLDEN = Path(__file__).parent / "golden"
+REQUESTS = 600  # the first 600 rows: ~3 s per mode on a loaded 2-core machine
+
+
+def decisions(selector: str, overlap_mode: str, workers: int, load_scale: float) -> list[list]:
+    """[[index, outcome, reason, worker, overlap_blocks]] per request of the replay."""
+    run = run_virtual(load_trace(SLICE, REQUESTS), FleetSpec(workers=workers), selector=selector, seed=0,
+                      overlap_mode=overlap_mode, load_scale=load_scale)
+    return [[r.index, r.outcome, r.reason, r.worker, r.overlap_blocks] for r in run.results]
+
+
+@pytest.mark.parametrize("selector,overlap_mode,workers,load_scale", [
+    ("kv", "events", 4, 1.25),
+    ("kv", "approx", 8, 1.0),
+    ("dynamo_cost", "events", 4, 1.25),
+])
+def test_replay_routes_every_request_as_the_golden_file(selector, overlap_mode, workers, load_scale):
+    got = decisions(selector, overlap_mode, workers, load_scale)
+    path = GOLDEN / f"decisions-{selector}-{overlap_mode}-{workers}w-{load_scale}.json"
+    if os.environ.get("KVSCHED_REGEN_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(got, separators=(",", ":")) + "\n")
+    want = json.loads(path.read_text())
+    assert len(got) == len(want) == REQUESTS
+    diffs = [(w, g) for w, g in zip(want, got) if w != g]
+    assert not diffs, f"{len(diffs)} of {REQUESTS} decisions changed; first: {diffs[:3]}"
