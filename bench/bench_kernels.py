@@ -1,4 +1,4 @@
-"""Decision kernels: numba vs numpy twin vs pure-Python twin, measured in the same run (SPEC §3, §8).
+"""Decision kernels: numba vs numpy twin vs pure-Python twin, measured in the same run (docs/DESIGN.md §3.5, §8).
 
 For 8 / 64 / 512 workers and 10^3 / 10^4 / 10^5 active sequences, a ledger is populated with
 bookings that share prefixes (a pool of "system prompt" prefixes + unique suffixes), the overlap

@@ -1,4 +1,4 @@
-"""KV-cache events: ingest rate, overlap-kernel cost, and what events buy in cache hits (SPEC §6).
+"""KV-cache events: ingest rate, overlap-kernel cost, and what events buy in cache hits (docs/DESIGN.md §6).
 
 1. **Ingest**: a real `kvsched-daemon` subscribed to one `KvEventPublisher` (ipc); the publisher sends
    N batches of one BlockStored of 16 blocks each (fresh hashes), as fast as the daemon applies them

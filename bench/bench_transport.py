@@ -70,7 +70,8 @@ max_num_batched_tokens = 100000000
 
 # ---------------------------------------------------------------------------- Redis Lua scripts
 # Per-worker hash w:<i> {blocks, prefill, requests}; per-request hash q:<rid> {w, blocks, prefill}.
-# Cost = SPEC §4 without the overlap credit (no prefix index in Redis): prefill/B + isl/B + blocks + n.
+# Cost = the selection cost of docs/DESIGN.md §4.12 without the overlap credit (no prefix index in Redis):
+# prefill/B + isl/B + blocks + n.
 LUA_RESERVE = """
 local n, isl, nb, bs = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local best, best_cost = -1, nil

@@ -2,7 +2,8 @@
 
 `load_config(path, env, overrides)` is the only loader (defaults < file < env < flags). Every table is a
 `Section` (unknown keys are errors naming their path). `examples/kvsched.toml` is kept equal to the
-defaults (a test checks it). Discovery of endpoints follows SPEC §1 (`data_endpoint`, `admin_endpoint`).
+defaults (a test checks it). Discovery of endpoints follows docs/DESIGN.md §1.2 (`data_endpoint`,
+`admin_endpoint`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class AdmissionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
 
 
 class ClassConfig(Section):
-    """One policy class (SPEC §4)."""
+    """One policy class (docs/DESIGN.md §4.1)."""
 
     name: Annotated[str, Meta(min_length=1, max_length=64)]
     quantum: Annotated[int, Meta(gt=0)] = 1024  # DRR weight, uncached prompt tokens per turn
@@ -108,7 +109,7 @@ class SelectorConfig(Section):
 
 
 class OverloadConfig(Section):
-    """Per-worker overload thresholds (SPEC §4): an overloaded worker is not eligible."""
+    """Per-worker overload thresholds (docs/DESIGN.md §4.2): an overloaded worker is not eligible."""
 
     overload_active_blocks_frac: Annotated[float, Meta(gt=0)] | None = None  # of total_kv_blocks
     overload_prefill_tokens: Annotated[int, Meta(ge=0)] | None = None  # active prefill tokens
@@ -118,7 +119,7 @@ class DaemonConfig(Section):
     """Process, sockets and capacities of `kvsched-daemon`."""
 
     instance: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "default"
-    endpoint: str = ""  # data socket; "" = discovery (SPEC §1)
+    endpoint: str = ""  # data socket; "" = discovery (docs/DESIGN.md §1.2)
     admin_endpoint: str = ""  # admin socket; "" = discovery
     curve_secret_key_file: str | None = None  # z85 server secret key; required for a non-loopback TCP endpoint
     curve_authorized_keys_dir: str | None = None  # client public keys allowed (pyzmq certs); None = any client holding the server key
@@ -343,7 +344,7 @@ def config_from_dict(raw: Mapping[str, Any], where: str = "config") -> Config:
 
 
 # --------------------------------------------------------------------------------------------
-# Discovery (SPEC §1)
+# Discovery (docs/DESIGN.md §1.2)
 # --------------------------------------------------------------------------------------------
 
 

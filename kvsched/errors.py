@@ -1,4 +1,4 @@
-"""Exception hierarchy of kvsched (STYLE §8).
+"""Exception hierarchy of kvsched (docs/DESIGN.md §10.4).
 
 Inside the core a rejection is a value (`RejectReason`), never an exception; these classes are the
 faces errors take at the edges: config loading, the wire, shared memory and the client API.
@@ -32,11 +32,11 @@ class LeaseError(KvschedError):
 
 
 class RequestRejected(KvschedError):
-    """Client-side face of a `Rejected` frame (SPEC §2).
+    """Client-side face of a `Rejected` frame (docs/DESIGN.md §2.4).
 
     Attributes:
         request_id: the request that was rejected.
-        reason: one of the SPEC §2 rejection reasons (str).
+        reason: one of the rejection reasons of docs/DESIGN.md §2.4 (str).
         detail: human-readable explanation from the daemon.
         policy_class: the class the request resolved to ("" if unknown).
         limit_kind / current / limit: for `queue_full`, which limit was hit and its figures.

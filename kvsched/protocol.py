@@ -1,4 +1,5 @@
-"""Every frame kvsched puts on the wire (SPEC §2), as msgspec structs encoded with MessagePack.
+"""Every frame kvsched puts on the wire (docs/DESIGN.md §2; bytes: docs/PROTOCOL.md), as msgspec structs
+encoded with MessagePack.
 
 Router → daemon frames form `RouterFrame`, daemon → router frames `DaemonFrame`, admin requests
 `AdminRequest` and admin replies `AdminReply`. Hot-path frames are `array_like` (a MessagePack array,

@@ -1,4 +1,5 @@
-"""`SchedulerClient`: one DEALER connection per router process, shared by its coroutines (SPEC §1, §5).
+"""`SchedulerClient`: one DEALER connection per router process, shared by its coroutines
+(docs/DESIGN.md §1.2, §5).
 
 I/O follows the daemon's own pattern (see `link.py`): a plain ZeroMQ socket whose FD is registered
 with `loop.add_reader`; each waiting `schedule()` is a future keyed by request_id. Cancelling a caller
@@ -246,7 +247,7 @@ class SchedulerClient:
             pinned: (worker_id, dp_rank) the request must run on. allowed_workers: worker ids it may use.
             excluded_workers: worker ids it must not use (a pin among them: `PinnedNotAllowed`).
             deadline_ms: the longest it may wait in the queue (ms).
-            (other options: SPEC §2 `Enqueue`.)
+            (other options: `Enqueue` in docs/PROTOCOL.md, docs/DESIGN.md §2.1.)
         Returns:
             An open `Lease` (degraded when bypassing an unavailable daemon).
         Raises:

@@ -1,4 +1,4 @@
-"""Chained block hashes of a prompt, for `Enqueue.block_hashes` (SPEC §6; docs/KV_EVENTS.md).
+"""Chained block hashes of a prompt, for `Enqueue.block_hashes` (docs/DESIGN.md §6.6; docs/KV_EVENTS.md).
 
 `block_hashes(token_ids, block_size, mode=...)` hashes every *complete* block of `block_size` tokens
 (a last partial block is left out, as engines only cache full blocks), each hash chained on the one

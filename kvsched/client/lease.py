@@ -1,4 +1,4 @@
-"""`Lease`: the router's handle on one admitted request, used as a guard (SPEC §5, seed 000 lifecycle).
+"""`Lease`: the router's handle on one admitted request, used as a guard (docs/DESIGN.md §5.1).
 
 `async with lease:` — a normal exit sends `Release(completed, context_tokens = isl + output tokens)`;
 an exception or cancellation sends `Release(aborted)`. A lease garbage-collected without being closed

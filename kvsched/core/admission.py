@@ -1,5 +1,5 @@
-"""Admission policies: per class, decide whether a request may become ready now (SPEC §4, seed 000
-"Policy-class admission lifecycle").
+"""Admission policies: per class, decide whether a request may become ready now (docs/DESIGN.md §4.9;
+after Dynamo's policy-class admission lifecycle).
 
 Lifecycle of one request in a class that has a policy:
 

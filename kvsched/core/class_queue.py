@@ -1,4 +1,4 @@
-"""PolicyClassQueue: the ready storage of one policy class (seed 000 "Per-class ready storage").
+"""PolicyClassQueue: the ready storage of one policy class (docs/DESIGN.md §4.6).
 
 ```
 PolicyClassQueue("agents")
@@ -14,11 +14,12 @@ Only roots are inspected. A full worker blocks only its own lane; a blocked lane
 per capacity change of that worker, not once per pop. The class owns no worker configuration,
 capacity or scoring state: the caller passes `worker_ready` / `shared_ready` predicates.
 
-Known limitation kept from the seed (SPEC §4): a shared-heap head whose allowed workers are all busy
-stalls the shared heap of its class until one frees (only roots are inspected); pinned lanes and
-other classes keep flowing.
+Known limitation kept from Dynamo's design (docs/DESIGN.md §4.14): a shared-heap head whose allowed
+workers are all busy stalls the shared heap of its class until one frees (only roots are inspected);
+pinned lanes and other classes keep flowing.
 
-Source: seed 000 "Per-class ready storage"; SPEC §4 "Per-class storage", "Limits", "Anti-bypass".
+Source: Dynamo's per-class ready storage (kv-router scheduling); docs/DESIGN.md §4.6 Per-class storage,
+§4.10 Limits, §4.8 Anti-bypass.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class PolicyClassQueue:
     # ---- limits ------------------------------------------------------------------------------
     def check_limits(self, isl_tokens: int, n_worker_ids: int) -> LimitExceeded | None:
         """Limits are checked BEFORE adding: the request that crosses a limit is accepted, the
-        next one refused. Limits scale with the number of registered worker ids (SPEC §4)."""
+        next one refused. Limits scale with the number of registered worker ids (docs/DESIGN.md §4.10)."""
         cfg = self.config
         if cfg.request_queue_limit_per_worker is not None:
             limit = cfg.request_queue_limit_per_worker * n_worker_ids

@@ -1,14 +1,14 @@
 """The dispatch half of the Scheduler: readiness predicates, cost snapshots, `admit_one` and the
-dispatch pass (seed 000 "Guardrails": admit_one is the only path to a worker).
+dispatch pass (docs/DESIGN.md §4.17 Guardrails: admit_one is the only path to a worker).
 
 `admit_one` = project (one `Ledger.project` kernel call) → select (pure selector; pinned → that
 worker) → skip if the owner is known gone → reserve (`Ledger.reserve`) → `Admit` record; then the
 request's hashes are written to the approximate overlap index for the chosen row with
 ttl = `selector.approx_ttl_s`, and, when the row is fed by KV events, to the speculative index
 with the short `speculative_ttl_s`. The actor delivers the record and, if delivery fails, calls
-`Scheduler.release(..., "aborted")` (seed 000: a failed delivery must release).
+`Scheduler.release(..., "aborted")` (docs/DESIGN.md §4.11: a failed delivery must release).
 
-Overlap (SPEC §6), one combination for the cost snapshot and for admit_one (`_overlap_depth`):
+Overlap (docs/DESIGN.md §6.4), one combination for the cost snapshot and for admit_one (`_overlap_depth`):
 
 * rows without a KV-event source, and rows whose stream is stale (`FLAG_STALE`): the approximate
   index only (routing decisions, TTL `approx_ttl_s`);
@@ -183,7 +183,7 @@ class Dispatch:
         return busy
 
     def _class_busy(self, cls: ClassConfig, elig: np.ndarray, n_elig: int) -> bool:
-        """True when at least busy_worker_ratio of the eligible rows are busy (SPEC §4)."""
+        """True when at least busy_worker_ratio of the eligible rows are busy (docs/DESIGN.md §4.1)."""
         busy = self._busy_rows(cls)
         if busy is None or n_elig == 0:
             return False

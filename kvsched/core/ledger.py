@@ -1,4 +1,4 @@
-"""Ledger: worker rows and bookings (slot, generation) over the shared-memory arrays (SPEC §3, §4).
+"""Ledger: worker rows and bookings (slot, generation) over the shared-memory arrays (docs/DESIGN.md §3.1, §4.2).
 
 Pure: no I/O, no clock (time comes in as `now_us`). The actor is the only writer of the ledger
 segment; routers read it and write only their own progress words.
@@ -165,7 +165,7 @@ class Ledger:
         return np.flatnonzero(self.arrays.w_present)
 
     def n_worker_ids(self) -> int:
-        """Distinct registered worker ids (limits are scaled by this, SPEC §4)."""
+        """Distinct registered worker ids (limits are scaled by this, docs/DESIGN.md §4.10)."""
         return len(self._ids)
 
     def worker_ids(self) -> frozenset[int]:
@@ -203,7 +203,7 @@ class Ledger:
         return bool(self.arrays.w_flags[row] & FLAG_OVERLOADED)
 
     def update_overload(self, row: int) -> bool:
-        """Recompute `row`'s overloaded flag from its CURRENT load (SPEC §4); returns the flag."""
+        """Recompute `row`'s overloaded flag from its CURRENT load (docs/DESIGN.md §4.2); returns the flag."""
         a, ov = self.arrays, self.overload
         over = False
         if ov.overload_active_blocks_frac is not None:

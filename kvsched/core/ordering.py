@@ -35,12 +35,12 @@ Key = tuple
 
 @dataclass(slots=True, eq=False)
 class QueueEntry:
-    """One waiting request plus its ordering inputs and accounting snapshot (seed 000
-    `PolicyQueueEntry`).
+    """One waiting request plus its ordering inputs and accounting snapshot (docs/DESIGN.md §4.4,
+    §4.6).
 
     Attributes:
         request_id: unique among live requests.
-        enqueue_seq: scheduler-wide arrival counter; kept across requeues (SPEC §2 `requeue`).
+        enqueue_seq: scheduler-wide arrival counter; kept across requeues (docs/DESIGN.md §2.2 requeue).
         arrival_us: enqueue time (µs, scheduler clock); the FCFS / priority arrival.
         priority: jump in seconds (fcfs / wspt) or vLLM priority (priority ordering).
         strict_priority: higher first; outranks every score.
@@ -82,7 +82,7 @@ def fcfs_key(e: QueueEntry) -> Key:
 
 
 def priority_key(e: QueueEntry) -> Key:
-    """vLLM's order: lower `priority` value first, then earlier arrival (seed 003)."""
+    """vLLM's order: lower `priority` value first, then earlier arrival (vLLM `Request.__lt__`)."""
     return (BAND_NORMAL, -e.strict_priority, e.priority, e.arrival_us, e.enqueue_seq)
 
 

@@ -3,7 +3,7 @@
 DRR is in uncached prompt tokens (an entry's `cost`). `pop_next` does, in order:
 
 1. **carry**: the last winner keeps spending its credit while its next dispatchable head is
-   affordable (seed 000 `carry_class`);
+   affordable (docs/DESIGN.md §4.7);
 2. **spend existing credit** before granting a quantum: the first class from the round cursor whose
    candidate's cost is within its credit wins;
 3. **one quantum per ring visit**: walking the ring from the cursor, each class with a candidate earns
@@ -16,8 +16,8 @@ The cursor moves to winner + 1. A class with no ready entry has its credit reset
 whose heads are all blocked (ready entries but no candidate) keeps its credit but earns none.
 A single-class profile still goes through here; DRR then has no cross-class effect.
 
-Source: seed 000 "Queue hierarchy" (PolicyQueue, DRR), "Per-class ready storage" (`round_cursor`,
-`carry_class`); SPEC §4 "DRR across classes".
+Source: Dynamo's kv-router scheduling (queue hierarchy, DRR with a round cursor and a carried class);
+docs/DESIGN.md §4.7 DRR across classes.
 """
 
 from __future__ import annotations

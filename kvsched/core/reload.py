@@ -1,4 +1,4 @@
-"""Live reload of the scheduling profile (SPEC §4 "Reload"): quanta, limits, thresholds, timeouts,
+"""Live reload of the scheduling profile (docs/DESIGN.md §4.16): quanta, limits, thresholds, timeouts,
 admission options and new classes apply at once; removing or renaming a class that holds requests,
 or swapping an admission policy that tracks requests, is refused and the old profile kept.
 
@@ -18,7 +18,7 @@ class ProfileReload:
     """`reload(config)` for the Scheduler."""
 
     def reload(self, config: Config) -> None:
-        """Apply a new scheduling profile (SPEC §4 reload rules). Raises ValueError (old profile
+        """Apply a new scheduling profile (docs/DESIGN.md §4.16 reload rules). Raises ValueError (old profile
         kept) when a class holding requests would be removed/renamed, or an admission policy that
         tracks requests would be replaced by another type."""
         old = {cq.name: cq for cq in self.pq.classes}

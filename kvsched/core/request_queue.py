@@ -1,4 +1,4 @@
-"""Seed 003's RequestQueue interface: the container of one lane (a class's shared heap or one
+"""vLLM's RequestQueue interface: the container of one lane (a class's shared heap or one
 worker's pinned lane).
 
 All three implementations are one binary heap of `(key, uid, entry)` with lazy deletion: removal
@@ -7,7 +7,7 @@ compacted (rebuilt from the live index, O(n)) only when dead items outnumber liv
 O(log n) amortised and never an O(n) scan per request. The ordering lives in the keys
 (`kvsched.core.ordering`).
 
-Differences from vLLM (seed 003), on purpose:
+Differences from vLLM's `request_queue.py` (docs/DESIGN.md §4.5), on purpose:
 * `prepend_requests(reqs)` keeps the given order: the first given ends at the head (vLLM's
   `extendleft` reverses it).
 * `remove_request` / `remove_requests` accept request ids or entries; `remove_requests` takes any
@@ -20,8 +20,8 @@ costs at most one compaction per container. (The scheduler requeues with `add_re
 flagged `requeued`, whose FCFS key keeps a burst of requeues in their original order; vLLM's repeated
 `prepend_request` would reverse it.)
 
-Source: seed 003 (RequestQueue ABC, FCFSRequestQueue, PriorityRequestQueue, create_request_queue);
-SPEC §4 "Lane container".
+Source: vLLM `vllm/v1/core/sched/request_queue.py` (RequestQueue ABC, FCFSRequestQueue,
+PriorityRequestQueue, create_request_queue); docs/DESIGN.md §4.5 The RequestQueue container.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ _UID = itertools.count(1)  # heap tie-breaker so entries themselves are never co
 
 
 class RequestQueue(ABC):
-    """Ordered container of waiting `QueueEntry`s (seed 003 method names).
+    """Ordered container of waiting `QueueEntry`s (vLLM's method names).
 
     Invariant: `len(self)` == number of live entries; every live entry's `.key` is the key it is
     stored under; a request id appears at most once.
@@ -198,7 +198,7 @@ class HeapRequestQueue(RequestQueue):
 
 class FCFSRequestQueue(HeapRequestQueue):
     """First come first served, with the FCFS jump (`priority` seconds of earlier arrival) and
-    `strict_priority`; `prepend_request` goes to the head (seed 003 `appendleft`)."""
+    `strict_priority`; `prepend_request` goes to the head (vLLM's `appendleft`)."""
 
     __slots__ = ()
 
@@ -207,7 +207,7 @@ class FCFSRequestQueue(HeapRequestQueue):
 
 
 class PriorityRequestQueue(HeapRequestQueue):
-    """vLLM's priority order (lower `priority` first, then arrival); prepend = add (seed 003)."""
+    """vLLM's priority order (lower `priority` first, then arrival); prepend = add (as in vLLM)."""
 
     __slots__ = ()
 
@@ -236,7 +236,7 @@ def create_request_queue(policy: str) -> RequestQueue:
     """A new empty queue for `policy` ∈ {"fcfs", "priority", "wspt"}.
 
     Raises:
-        ValueError: unknown policy (seed 003 `create_request_queue`).
+        ValueError: unknown policy (as vLLM's `create_request_queue`).
     """
     try:
         cls = _POLICIES[policy]

@@ -1,7 +1,7 @@
 """Plain value types shared by the core, the daemon and the simulator (no I/O, no policy).
 
 `RequestSpec` is what the actor builds from an `Enqueue`; the core answers with small frozen
-records (`Admit`, `Reject`) that the actor turns into frames, log lines and metrics (STYLE §4).
+records (`Admit`, `Reject`) that the actor turns into frames, log lines and metrics (docs/DESIGN.md §10.1).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class RequestSpec:
 
 @dataclass(frozen=True, slots=True)
 class CostSnapshot:
-    """Prefill cost taken at enqueue (SPEC §4): drives WSPT and DRR; not recomputed while waiting
+    """Prefill cost taken at enqueue (docs/DESIGN.md §4.3): drives WSPT and DRR; not recomputed while waiting
     (except when an admission policy pins the request).
 
     Attributes:
@@ -105,7 +105,7 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """Decision: `request_id` will not run. `reason` is a SPEC §2 rejection reason."""
+    """Decision: `request_id` will not run. `reason` is a rejection reason of docs/DESIGN.md §2.4."""
 
     request_id: str
     owner: int

@@ -1,10 +1,10 @@
 """The actor: the one owner of scheduling state, driven by reader callbacks and timers on one loop.
 
-I/O pattern (SPEC §8): each ROUTER socket's FD is registered with `loop.add_reader`; a wake drains at
+I/O pattern (docs/DESIGN.md §8): each ROUTER socket's FD is registered with `loop.add_reader`; a wake drains at
 most `frame_budget_per_wake` frames with NOBLOCK, feeds the `Scheduler`, runs one `drain_cleanup`, then
 sends every reply of the wake. No frame is bounced through a queue or a task. An `Admitted` that
 cannot be delivered (ROUTER_MANDATORY raises EHOSTUNREACH, or the owner is known dead) is released
-at once (seed 000 guardrail). The actor holds no policy: every decision comes from the Scheduler.
+at once (docs/DESIGN.md §4.11). The actor holds no policy: every decision comes from the Scheduler.
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ class Actor:
         self._deliver(outcomes, t)
 
     def _on_reattach(self, conn: Connection, f: p.Reattach, t: int) -> None:
-        """A reconnected client claims its leases and re-sends its waiting Enqueues (SPEC §5)."""
+        """A reconnected client claims its leases and re-sends its waiting Enqueues (docs/DESIGN.md §5.6)."""
         kept, lost = [], []
         for ref in f.leases:
             if self._may_take_over(conn, ref.request_id) and self.scheduler.adopt_lease(

@@ -1,7 +1,7 @@
 """Admin socket handlers: one function per admin command, each `(request, ctx, now_us) -> (reply, outcomes)`.
 
 The admin socket is a separate ROUTER (mode 0600). Handlers run on the actor like every other
-mutation, so admin operations are serialized with scheduling (STYLE §6). Reload re-reads the profile
+mutation, so admin operations are serialized with scheduling (docs/DESIGN.md §2.5). Reload re-reads the profile
 through `load_config` and hands it to `Scheduler.reload`, which refuses (keeping the old profile) when
 a class holding requests would disappear.
 """

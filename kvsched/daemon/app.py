@@ -1,6 +1,6 @@
 """`kvsched-daemon`: the process lifecycle — start (segments, kernels, sockets, READY), serve, stop.
 
-`Daemon.run()` awaits `start()` → `serve()` → `stop()` (STYLE §7). Signal handlers only set flags;
+`Daemon.run()` awaits `start()` → `serve()` → `stop()` (docs/DESIGN.md §10.3). Signal handlers only set flags;
 the actor's loop notices them. Segments outlive the process; they are unlinked only on a clean stop
 with no live lease, or by `--purge`.
 """

@@ -1,4 +1,4 @@
-"""Health endpoints and the HTTP server of the metrics port (docs/DEPLOY.md "Probes").
+"""Health endpoints and the HTTP server of the metrics port (docs/DEPLOY.md "Health endpoints").
 
 One small WSGI server thread answers four paths; anything else is 404:
 

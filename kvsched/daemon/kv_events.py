@@ -1,4 +1,4 @@
-"""KV-event subscriber: one SUB (+ replay DEALER) per worker rank, driven by the actor's loop (SPEC §6).
+"""KV-event subscriber: one SUB (+ replay DEALER) per worker rank, driven by the actor's loop (docs/DESIGN.md §6).
 
 I/O only; every decision about seqs, gaps, replays and the indexes is `kvevents.apply.KvEventApplier`'s.
 

@@ -2,7 +2,7 @@
 
 Written against the documented datagram protocol (sd_notify(3)); no libsystemd needed. Outside systemd
 (`NOTIFY_SOCKET` unset) every call is a no-op. The watchdog is pinged from the actor's own timer, so a
-stuck loop stops pinging and systemd restarts the daemon (SPEC §7).
+stuck loop stops pinging and systemd restarts the daemon (docs/DESIGN.md §7.1).
 """
 
 from __future__ import annotations

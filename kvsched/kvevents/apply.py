@@ -1,4 +1,4 @@
-"""Per-worker-row KV-event stream state, applied to the overlap indexes (pure; SPEC §6).
+"""Per-worker-row KV-event stream state, applied to the overlap indexes (pure; docs/DESIGN.md §6).
 
 One `KvEventApplier` serves every worker row. The I/O layer (`daemon/kv_events.py`) hands it each
 live batch (`on_live`), each replayed batch (`on_replay`) and each replay end marker

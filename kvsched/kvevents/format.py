@@ -1,4 +1,4 @@
-"""vLLM KV-cache event batches: pure decoding into small typed records (SPEC §6).
+"""vLLM KV-cache event batches: pure decoding into small typed records (docs/DESIGN.md §6.1).
 
 Wire format (what vLLM's `ZmqEventPublisher` sends; see docs/KV_EVENTS.md):
 

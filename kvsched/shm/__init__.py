@@ -1,4 +1,4 @@
-"""Shared-memory layout, numba kernels and their twins, progress words and the overlap index (SPEC §3).
+"""Shared-memory layout, numba kernels and their twins, progress words and the overlap index (docs/DESIGN.md §3).
 
 Modules: `layout` (segments and struct-of-arrays views), `kernels` (@njit decision kernels),
 `reference` (numpy and pure-Python twins of every kernel), `progress` (the progress word),

@@ -1,4 +1,4 @@
-"""Numba kernels over the ledger arrays (SPEC §3): refcount index, projection + cost, progress fold.
+"""Numba kernels over the ledger arrays (docs/DESIGN.md §3.5): refcount index, projection + cost, progress fold.
 
 Every kernel is `@njit(cache=True, nogil=True)`, takes arrays and scalars only (dtypes fixed in
 `layout.py`), writes results into caller-owned `out` arrays and allocates nothing. Each has twins
@@ -165,15 +165,15 @@ def project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_
         hashes: uint64[n], the request's chained block hashes.
         isl_tokens: prompt tokens (>= 1); block_size: tokens per block (B).
         overlap_blocks: int32[W], prefix blocks cached on each row (from the overlap index).
-        prefill_load_scale / overlap_credit: float, SPEC §4 weights.
+        prefill_load_scale / overlap_credit: float, weights of docs/DESIGN.md §4.12.
         out_blocks: int64[W], written: active + ceil(isl/B) - live prefix on the row; -1 if ineligible.
             The live prefix is the number of leading hashes live on the row: hashes are chained, so
             a live block implies its whole prefix is live and the scan stops at the first miss
-            (SPEC §3 "live-prefix dedup"); one probe for a row that shares nothing.
+            (docs/DESIGN.md §3.1, live-prefix dedup); one probe for a row that shares nothing.
         out_prefill: int64[W], written: active prefill + isl - min(isl, overlap*B) tokens; -1 if ineligible.
         out_cost: float64[W], written: scale*max(0, (prefill+isl)/B - credit*overlap) + out_blocks;
             +inf if ineligible.
-    Source: SPEC §4 "Selection cost".
+    Source: docs/DESIGN.md §4.12 Selection cost (terms: docs/ROUTING.md).
     """
     n_rows = w_active_blocks.shape[0]
     mask = ref_keys.shape[1] - 1

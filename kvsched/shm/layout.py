@@ -1,4 +1,5 @@
-"""Shared-memory layout: header, struct-of-arrays dtypes, `LAYOUT_VERSION`, create/attach/validate (SPEC §3).
+"""Shared-memory layout: header, struct-of-arrays dtypes, `LAYOUT_VERSION`, create/attach/validate
+(docs/DESIGN.md §3.1).
 
 Two named segments per daemon instance:
 
@@ -314,7 +315,7 @@ class Segments:
 
 
 def _untrack(shm: SharedMemory) -> None:
-    """Stop the resource tracker from unlinking `shm` when this process exits (SPEC §3)."""
+    """Stop the resource tracker from unlinking `shm` when this process exits (docs/DESIGN.md §3.3)."""
     resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
 
 

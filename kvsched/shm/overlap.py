@@ -1,4 +1,4 @@
-"""OverlapIndex: block hash -> worker-row bitmask, for the KV-overlap prefix depth per worker (SPEC §6).
+"""OverlapIndex: block hash -> worker-row bitmask, for the KV-overlap prefix depth per worker (docs/DESIGN.md §6).
 
 Fixed memory: `capacity` entries (a power of two), each holding a key, two bitmasks of
 `words = ceil(max_workers / 64)` u64 words and one expiry:

@@ -1,4 +1,4 @@
-"""The progress word: one uint64 per slot in the progress segment (SPEC §3).
+"""The progress word: one uint64 per slot in the progress segment (docs/DESIGN.md §3.2).
 
 word = generation << 32 | output_tokens (both u32). Only the router holding the slot's lease writes
 it; the daemon folds it (`kernels.fold_progress`) and ignores a word whose generation differs from

@@ -1,4 +1,4 @@
-"""Numpy and pure-Python twins of the kernels in `kernels.py` and `overlap.py` (SPEC §3).
+"""Numpy and pure-Python twins of the kernels in `kernels.py` and `overlap.py` (docs/DESIGN.md §3.5).
 
 Naming: `numpy_twin.<kernel>` and `python_twin.<kernel>` have the kernel's name and signature and
 write the same outputs (property tests in tests/shm/test_kernels.py; ratios in bench/bench_kernels.py).

@@ -27,7 +27,7 @@ class RequestResult(msgspec.Struct, kw_only=True, omit_defaults=True):
         index: row of the request in the (limited) trace.
         arrival_us: arrival in simulated time (trace time / load_scale).
         outcome: completed | rejected | aborted | unfinished.
-        reason / detail: the rejection reason (SPEC §2) or the abort cause.
+        reason / detail: the rejection reason (docs/DESIGN.md §2.4) or the abort cause.
         worker: "worker_id:dp_rank" it ran on.
         admission_latency_us: wall µs around `schedule()` as the router saw it (virtual driver: the
             in-process `enqueue` + `drain_cleanup` call time for a request admitted at once, else -1).

@@ -1,1 +1,1 @@
-"""Pure unit and property tests of kvsched.core (STYLE §10)."""
+"""Pure unit and property tests of kvsched.core (docs/DESIGN.md §10.5)."""

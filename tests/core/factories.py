@@ -1,4 +1,4 @@
-"""Test factories with keyword overrides (STYLE §10): entries, class configs, requests, schedulers."""
+"""Test factories with keyword overrides (docs/DESIGN.md §10.5): entries, class configs, requests, schedulers."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Used by the hypothesis state machines in test_policy_queue_model.py: the real PolicyQueue must
 produce the same dispatch sequence. Worker readiness is instantaneous here; the real queue's
 blocked-lane bookkeeping must be invisible as long as every readiness change is followed by
-`on_capacity_change(worker)` (the Scheduler's contract). SPEC §4 is the only source.
+`on_capacity_change(worker)` (the Scheduler's contract). docs/DESIGN.md §4 is the only source.
 """
 
 from __future__ import annotations

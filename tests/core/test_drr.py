@@ -1,4 +1,4 @@
-"""DRR across classes (SPEC §4) and lane isolation (seed 000 "Per-class ready storage")."""
+"""DRR across classes (docs/DESIGN.md §4.7) and lane isolation (§4.6)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_blocked_lane_rechecked_once_per_capacity_change_when_worker_full():
 
 
 def test_shared_head_stalls_its_heap_when_its_workers_busy():
-    """Known limitation kept from the seed: only roots are inspected."""
+    """Known limitation kept from Dynamo's design (docs/DESIGN.md §4.14): only roots are inspected."""
     pq = PolicyQueue([make_class("a")])
     pq.enqueue(0, make_entry("stuck"), 1)
     pq.enqueue(0, make_entry("behind"), 1)

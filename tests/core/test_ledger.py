@@ -1,4 +1,4 @@
-"""Ledger: bookings, incremental aggregates with live-prefix dedup, workers (SPEC §3, §4)."""
+"""Ledger: bookings, incremental aggregates with live-prefix dedup, workers (docs/DESIGN.md §3.1, §4.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""RequestQueue (seed 003 interface): orderings vs a sorted-list model, edge cases, prepend order."""
+"""RequestQueue (vLLM's interface, docs/DESIGN.md §4.5): orderings vs a sorted-list model, edge cases,
+prepend order."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Scheduler end to end over a private LedgerArrays (SPEC §4, §5; seed 000 guardrails)."""
+"""Scheduler end to end over a private LedgerArrays (docs/DESIGN.md §4, §5; guardrails §4.17)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""WorkerSelector: argmin with random tie-break, softmax, baselines (SPEC §4)."""
+"""WorkerSelector: argmin with random tie-break, softmax, baselines (docs/DESIGN.md §4.12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fault tests with real processes: router death, long streams, hostile input (SPEC §5)."""
+"""Fault tests with real processes: router death, long streams, hostile input (docs/DESIGN.md §5.4, §5.11)."""
 
 from __future__ import annotations
 

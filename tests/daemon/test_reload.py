@@ -1,4 +1,4 @@
-"""Live reload of the scheduling profile (SPEC §4 reload rules) against a real daemon."""
+"""Live reload of the scheduling profile (docs/DESIGN.md §4.16) against a real daemon."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Daemon crash and restart with the ledger intact (SPEC §5 "Daemon restart")."""
+"""Daemon crash and restart with the ledger intact (docs/DESIGN.md §5.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Security (SPEC §1, §7): CURVE on non-loopback TCP, socket and segment file modes."""
+"""Security (docs/DESIGN.md §1.2, §7.1): CURVE on non-loopback TCP, socket and segment file modes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Golden vLLM KV-event frames, written by hand as raw MessagePack in both encodings (SPEC §6)."""
+"""Golden vLLM KV-event frames, written by hand as raw MessagePack in both encodings (docs/DESIGN.md §6.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The daemon's KV-event subscriber against real sockets: replay, restarts, staleness (SPEC §6)."""
+"""The daemon's KV-event subscriber against real sockets: replay, restarts, staleness
+(docs/DESIGN.md §6.2, §6.3)."""
 
 from __future__ import annotations
 

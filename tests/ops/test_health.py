@@ -1,4 +1,4 @@
-"""Health endpoints on the metrics port (docs/DEPLOY.md "Probes"): a real daemon process answers
+"""Health endpoints on the metrics port (docs/DEPLOY.md "Health endpoints"): a real daemon process answers
 `/healthz`, `/readyz`, `/readyz?workers=1`, `/metrics` and 404 for anything else; the state machine
 behind them is checked in process with an injected clock."""
 

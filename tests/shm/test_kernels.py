@@ -1,4 +1,4 @@
-"""Numba kernels == numpy twins == pure-Python twins on hypothesis-generated states (SPEC §3)."""
+"""Numba kernels == numpy twins == pure-Python twins on hypothesis-generated states (docs/DESIGN.md §3.5)."""
 
 from __future__ import annotations
 

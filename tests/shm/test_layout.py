@@ -1,4 +1,5 @@
-"""Segments: create / attach / validate, file modes, and survival of SIGKILLed processes (SPEC §3)."""
+"""Segments: create / attach / validate, file modes, and survival of SIGKILLed processes
+(docs/DESIGN.md §3.1, §3.3)."""
 
 from __future__ import annotations
 

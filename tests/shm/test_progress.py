@@ -1,4 +1,5 @@
-"""Progress words: packing, stale generations ignored, late writes never touch a reused slot (SPEC §3)."""
+"""Progress words: packing, stale generations ignored, late writes never touch a reused slot
+(docs/DESIGN.md §3.2)."""
 
 from __future__ import annotations
 
