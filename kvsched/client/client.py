@@ -32,6 +32,7 @@ from ..config import data_endpoint
 from ..core.types import WorkerKey
 from ..errors import DaemonUnavailable, ProtocolError, ShuttingDown, rejection_error
 from .checks import checked_enqueue
+from ..shm.words import STATE_DISPATCHED, STATE_PREFILL_DONE, write_state
 from .lease import DroppedLeases, Lease
 from .link import Link
 
@@ -108,6 +109,7 @@ class SchedulerClient:
         self._parked: set[str] = set()  # pending ids answered shutting_down: re-sent after reconnecting
         self._welcome_fut: asyncio.Future[p.Welcome] | None = None
         self._progress: np.ndarray | None = None
+        self._state: np.ndarray | None = None  # state words (dispatched / prefill_done) when mapped
         self._segments: Segments | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self.degraded_total = 0
@@ -199,9 +201,10 @@ class SchedulerClient:
 
             self._segments = attach_segments(name[len(prefix):-len(suffix)], writable_ledger=False)
             self._progress = self._segments.progress
-        except Exception as exc:  # remote host, permissions, layout mismatch: fall back to frames
+            self._state = self._segments.state
+        except Exception as exc:  # remote host, permissions, a layout we do not know: fall back to frames
             log.info("progress segment not mapped (using Update frames) reason=%s", exc)
-            self._progress = None
+            self._progress = self._state = None
 
     async def close(self) -> None:
         """Abort every open lease, fail every waiting call, close the socket."""
@@ -217,7 +220,7 @@ class SchedulerClient:
             self._link.close()
             self._link = None
         if self._segments is not None:
-            self._progress = None
+            self._progress = self._state = None
             self._segments.close()
             self._segments = None
         if self._own_ctx and not self._ctx.closed:
@@ -355,6 +358,15 @@ class SchedulerClient:
             write_progress(self._progress, lease.slot, lease.generation, lease.output_tokens)
         else:
             self._send(p.Update(lease.request_id, lease.slot, lease.generation, "progress", lease.output_tokens))
+
+    def _report_state(self, lease: Lease, kind: str) -> None:
+        """`dispatched` / `prefill_done` of a lease: one store into its slot's state word when the
+        progress segment is mapped (no frame), else an `Update(kind)` frame."""
+        if self._state is not None:
+            flags = STATE_PREFILL_DONE if kind == "prefill_done" else STATE_DISPATCHED
+            write_state(self._state, lease.slot, lease.generation, flags)
+        else:
+            self._send(p.Update(lease.request_id, lease.slot, lease.generation, kind))
 
     def _forget_lease(self, lease: Lease) -> None:
         ref = self._leases.get(lease.request_id)

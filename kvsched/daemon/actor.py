@@ -87,6 +87,8 @@ class Actor:
         self._releases_this_wake = 0
         self._decisions_by_class: dict[str, object] = {}
         self._last_tick_s = 0.0
+        self._fold_timer: asyncio.TimerHandle | None = None
+        self._update_counters: dict[str, object] = {}
         self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
         # Routing ids of peers whose watched process died: frames they left buffered are dropped
         # unread (a flood must not keep the daemon busy after its sender is gone). Bounded, FIFO.
@@ -117,6 +119,9 @@ class Actor:
             self.loop.remove_reader(self.admin_sock.getsockopt(zmq.FD))
         if self._timer is not None:
             self._timer.cancel()
+        if self._fold_timer is not None:
+            self._fold_timer.cancel()
+            self._fold_timer = None
 
     def begin_shutdown(self) -> None:
         """Stop accepting Enqueues and requeues; answer every waiting request `shutting_down`.
@@ -134,6 +139,7 @@ class Actor:
         t = now_us()
         n = 0
         sock = self.data_sock
+        folded = self._fold()  # local routers' dispatched / prefill_done / tokens, before this wake's frames
         while n < budget:
             try:
                 identity = sock.recv(_NOBLOCK)
@@ -153,7 +159,31 @@ class Actor:
                 self.metrics.cleanup_batch.observe(self._releases_this_wake)
                 self._releases_this_wake = 0
             self._deliver(self.scheduler.drain_cleanup(t), t)
+        elif folded:
+            self._deliver(self.scheduler.drain_cleanup(t), t)
+        self._arm_fold_timer()
         self._rearm(self.data_sock, self._on_data, more=(n == budget))
+
+    # ------------------------------------------------------------------ shared-memory words
+    def _fold(self) -> bool:
+        """Fold the routers' progress and state words (one kernel call); True if anything changed."""
+        if self.scheduler.fold_words():
+            self.metrics.word_folds.inc()
+            return True
+        return False
+
+    def _arm_fold_timer(self) -> None:
+        """While a request waits, fold at least every `fold_interval_ms`: a `prefill_done` stored by a
+        local router then frees capacity for it within that bound even when no frame arrives."""
+        if self._fold_timer is None and self.scheduler.waiting:
+            self._fold_timer = self.loop.call_later(self.cfg.fold_interval_ms / 1000, self._on_fold_timer)
+
+    def _on_fold_timer(self) -> None:
+        self._fold_timer = None
+        if self._fold():
+            t = now_us()
+            self._deliver(self.scheduler.drain_cleanup(t), t)
+        self._arm_fold_timer()
 
     def _rearm(self, sock: zmq.Socket, cb: Callable[[], None], more: bool) -> None:
         # The ZMQ FD is edge-like: after a partial drain or a send, re-check EVENTS ourselves.
@@ -271,6 +301,10 @@ class Actor:
                                                 and old.host == conn.host and old.pid_ns == conn.pid_ns)
 
     def _on_update(self, conn: Connection, f: p.Update, t: int) -> None:
+        counter = self._update_counters.get(f.kind)
+        if counter is None:
+            counter = self._update_counters[f.kind] = self.metrics.update_frames.labels(kind=f.kind)
+        counter.inc()
         if not self._owns(conn, f.request_id):
             return
         if f.kind == "requeue" and not self.accepting:  # stopping: give the booking back, answer now
@@ -449,6 +483,7 @@ class Actor:
                 cb()
         finally:
             self._schedule_tick()
+            self._arm_fold_timer()
         self._rearm(self.data_sock, self._on_data, more=False)
 
     def _update_gauges(self, t: int) -> None:
