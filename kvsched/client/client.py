@@ -70,6 +70,9 @@ class SchedulerClient:
         curve_client_keys: (public, secret) z85 keys of this client (generated when omitted; give
             fixed ones when the daemon restricts clients with `curve_authorized_keys_dir`).
         ctx: a zmq.Context to use (default: a private one).
+        protocol_version: the highest wire protocol version to offer (default: the newest; the
+            client falls back to version 1 when the daemon refuses it). Version 2 coalesces the
+            frames of one event-loop turn into one `Batch` message.
     Usage:
         async with SchedulerClient() as client:
             lease = await client.schedule(request_id="r1", isl_tokens=812, block_hashes=hashes)
@@ -83,7 +86,8 @@ class SchedulerClient:
                  bypass_workers: Iterable[tuple[int, int]] = (), attach_progress: bool = True,
                  curve_server_key: str | bytes | None = None,
                  curve_client_keys: tuple[bytes, bytes] | None = None,
-                 ctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+                 ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 protocol_version: int = p.PROTOCOL_VERSION) -> None:
         if on_unavailable not in ("fail", "bypass"):
             raise ValueError("on_unavailable must be 'fail' or 'bypass'")
         self.endpoint = endpoint or data_endpoint(instance)
@@ -97,6 +101,7 @@ class SchedulerClient:
         self.attach_progress = attach_progress
         self.curve_server_key = curve_server_key.encode() if isinstance(curve_server_key, str) else curve_server_key
         self.curve_client_keys = curve_client_keys
+        self.protocol_version = protocol_version
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -136,7 +141,8 @@ class SchedulerClient:
         self._loop = asyncio.get_running_loop()
         self._welcome_fut = self._loop.create_future()
         self._link = Link(self._ctx, self.endpoint, self.client_name, self._on_frame, self._on_welcome,
-                          curve_server_key=self.curve_server_key, curve_client_keys=self.curve_client_keys)
+                          curve_server_key=self.curve_server_key, curve_client_keys=self.curve_client_keys,
+                          protocol_version=self.protocol_version)
         self._link.open(self._loop)
         try:
             await asyncio.wait_for(asyncio.shield(self._welcome_fut), self.connect_timeout_s)

@@ -24,6 +24,7 @@ from .. import protocol as p
 from ..core.types import Admit, Reject, RequestSpec, WorkerKey
 from .connections import Connection, ConnectionTable, pid_exists
 from .metrics import Metrics
+from .replies import ReplyOutbox
 from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,6 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
-_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
 MAX_DEAD_IDS = 65_536  # routing ids of dead watched peers remembered (frames from them are dropped)
@@ -76,8 +76,12 @@ class Actor:
         scheduler.owner_alive = self.conns.owner_alive
         self.enc = p.make_encoder()
         self.dec = p.make_router_decoder()
-        self.admin_dec = p.make_admin_request_decoder()
+        self.batch_dec = p.make_batched_router_decoder()
         self.warn = RateLimitedLog(log)
+        self._batch_index: int | None = None  # position in the Batch being handled, for Error frames
+        self.outbox = ReplyOutbox(data_sock, daemon_cfg.max_frame_bytes, self.warn, loop.call_soon,
+                                  self._flush_replies)  # version-2 peers: the replies of one wake
+        self.admin_dec = p.make_admin_request_decoder()
         self.accepting = True
         self.stopped = False
         self.started_us = now_us()
@@ -130,6 +134,7 @@ class Actor:
             return
         self.accepting = False
         self._deliver(self.scheduler.shutdown(now_us()), now_us())
+        self._flush_replies()
 
     # ------------------------------------------------------------------ data socket
     def _on_data(self) -> None:
@@ -151,8 +156,7 @@ class Actor:
                     sock.recv(_NOBLOCK)
                 self.metrics.malformed.labels(code="malformed").inc()
                 continue
-            n += 1
-            self._handle_data(identity, payload, t)
+            n += self._handle_data(identity, payload, t) or 1  # a Batch counts its inner frames
         if n:
             self.metrics.frames.inc(n)
             if self._releases_this_wake:
@@ -162,6 +166,7 @@ class Actor:
         elif folded:
             self._deliver(self.scheduler.drain_cleanup(t), t)
         self._arm_fold_timer()
+        self._flush_replies()
         self._rearm(self.data_sock, self._on_data, more=(n == budget))
 
     # ------------------------------------------------------------------ shared-memory words
@@ -207,6 +212,11 @@ class Actor:
         if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
             self._error(conn, p.ErrorCode.NOT_HELLO, "send Hello first", getattr(frame, "request_id", None))
             return
+        if type(frame) is p.Batch:
+            return self._on_batch(conn, frame, t)
+        self._handle_frame(conn, frame, t)
+
+    def _handle_frame(self, conn: Connection, frame, t: int) -> None:
         match frame:
             case p.Enqueue():
                 self._on_enqueue(conn, frame, t)
@@ -235,6 +245,28 @@ class Actor:
         detail = str(exc)[:300] if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)) else \
             f"undecodable frame ({type(exc).__name__})"
         self._error(conn, p.ErrorCode.MALFORMED, detail, p.peek_request_id(payload))
+
+    def _on_batch(self, conn: Connection, batch: p.Batch, t: int) -> int:
+        """Handle a Batch's frames in order, as if they had arrived one by one; returns how many."""
+        if conn.protocol_version < p.BATCH_MIN_VERSION:
+            self._error(conn, p.ErrorCode.MALFORMED,
+                        f"batch frames need protocol version {p.BATCH_MIN_VERSION}; this connection said "
+                        f"Hello with version {conn.protocol_version}")
+            return 1
+        self.metrics.batches.inc()
+        dec = self.batch_dec
+        try:
+            for i, raw in enumerate(batch.frames):
+                self._batch_index = i
+                try:
+                    frame = dec.decode(raw)
+                except Exception as exc:  # noqa: BLE001 - as for a whole message: every failure answered
+                    self._undecodable(conn, raw, exc)  # its Error carries batch_index
+                    continue
+                self._handle_frame(conn, frame, t)
+        finally:
+            self._batch_index = None
+        return max(1, len(batch.frames))
 
     def _on_hello(self, conn: Connection, frame: p.Hello) -> None:
         if not (p.PROTOCOL_MIN <= frame.protocol_version <= p.PROTOCOL_MAX):
@@ -368,7 +400,7 @@ class Actor:
                         o.request_id, o.worker.worker_id, o.worker.dp_rank, o.slot, o.generation,
                         o.overlap_blocks, o.cached_tokens, o.queued_us,
                         self.worker_urls.get(o.worker.worker_id, ""),
-                        self.scheduler.ledger.ranks_of(o.worker.worker_id) or 1))
+                        self.scheduler.ledger.ranks_of(o.worker.worker_id) or 1), o)
                     if ok:
                         conn.inflight -= 1
                         self._admission_counter(o.policy_class).inc()
@@ -400,18 +432,30 @@ class Actor:
         self.metrics.malformed.labels(code=code.name.lower()).inc()
         self.warn.warning(f"bad-frame-{code.name}", "frame rejected owner=%d code=%s detail=%s",
                           conn.owner, code.name, message[:200])
-        self._send(conn, p.Error(int(code), message, request_id))
+        self._send(conn, p.Error(int(code), message, request_id, self._batch_index))
 
-    def _send(self, conn: Connection, frame) -> bool:
-        """Send one frame to a peer. False when the peer is unknown to ZeroMQ or its queue is full."""
-        try:
-            payload = self.enc.encode(frame)
-            self.data_sock.send(conn.identity, _SNDMORE_NOBLOCK)  # EHOSTUNREACH here for a gone peer
-            self.data_sock.send(payload, _NOBLOCK)
+    def _send(self, conn: Connection, frame, admit: Admit | None = None) -> bool:
+        """Send one frame to a peer. False when the peer is unknown to ZeroMQ or its queue is full.
+
+        To a version-2 peer the frame is queued and sent with everything else this wake owes it
+        (`_flush_replies`); an `admit` that then proves undeliverable is released there.
+        """
+        if conn.protocol_version >= p.BATCH_MIN_VERSION:
+            self.outbox.add(conn, self.enc.encode(frame), admit)
             return True
-        except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or EAGAIN (peer HWM)
-            self.warn.warning("undeliverable", "reply undeliverable owner=%d errno=%s", conn.owner, exc.errno)
-            return False
+        return self.outbox.send_now(conn, self.enc.encode(frame))
+
+    def _flush_replies(self) -> None:
+        """Send what this wake owes the version-2 peers; release admissions nobody can receive."""
+        while self.outbox:
+            lost = self.outbox.flush()
+            if not lost:
+                return
+            t = now_us()
+            for o in lost:
+                self.metrics.undeliverable.inc()
+                self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
+            self._deliver(self.scheduler.drain_cleanup(t), t)  # may owe more replies: loop
 
     # ------------------------------------------------------------------ admin socket
     def _on_admin(self) -> None:
@@ -464,6 +508,7 @@ class Actor:
         self._last_tick_s = now_s
         t = now_us()
         try:
+            self._fold()  # counted here; the tick's own fold then finds nothing new
             outcomes = self.scheduler.tick(t)
             released = getattr(self.scheduler, "orphans_released", 0)
             if released:

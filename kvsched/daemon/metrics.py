@@ -80,6 +80,10 @@ class Metrics:
             "kvsched_update_frames", "Update frames received, by kind (local routers store dispatched, "
             "prefill_done and output tokens in shared memory instead)", ["kind"], registry=r,
         )
+        self.batches = Counter(
+            "kvsched_batches_received", "Batch messages received (protocol version 2); their frames count "
+            "in kvsched_frames_received", registry=r,
+        )
         self.word_folds = Counter(
             "kvsched_word_folds", "Folds of the routers' shared-memory words that changed something", registry=r,
         )
