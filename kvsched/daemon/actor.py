@@ -76,12 +76,12 @@ class Actor:
         scheduler.owner_alive = self.conns.owner_alive
         self.enc = p.make_encoder()
         self.dec = p.make_router_decoder()
-        self.batch_dec = p.make_batched_router_decoder()
+        self.admin_dec = p.make_admin_request_decoder()
         self.warn = RateLimitedLog(log)
+        self.batch_dec = p.make_batched_router_decoder()
         self._batch_index: int | None = None  # position in the Batch being handled, for Error frames
         self.outbox = ReplyOutbox(data_sock, daemon_cfg.max_frame_bytes, self.warn, loop.call_soon,
                                   self._flush_replies)  # version-2 peers: the replies of one wake
-        self.admin_dec = p.make_admin_request_decoder()
         self.accepting = True
         self.stopped = False
         self.started_us = now_us()
