@@ -214,3 +214,18 @@ def test_daemon_replaces_old_layout_without_live_leases(tmp_path):
     finally:
         d.stop()
         purge(instance)
+
+
+async def test_client_that_does_not_know_the_layout_falls_back_to_update_frames(daemon, monkeypatch):
+    import kvsched.shm.layout as layout
+
+    monkeypatch.setattr(layout, "LAYOUT_VERSION", layout.LAYOUT_VERSION + 1)  # a client of another layout
+    async with SchedulerClient(daemon.endpoint, client_name="other-layout") as client:
+        assert client._state is None and client._progress is None
+        a = await client.schedule("l-a", isl_tokens=100)
+        a.dispatched()
+        a.prefill_done()
+        a.add_output_tokens(2)
+        assert await until(lambda: lease_state(daemon.admin_endpoint, "l-a") == "prefill_done")
+        a.release()
+    assert await until(lambda: metric(daemon.port, "kvsched_update_frames_total") == 3)
