@@ -47,13 +47,13 @@ def segment_capacities(cfg: Config) -> dict[str, int]:
 def segment_sizes(cfg: Config) -> dict[str, int]:
     """Bytes of each segment of this instance for the configured capacities (name -> bytes)."""
     from ..shm.kv_index import kv_index_nbytes
-    from ..shm.layout import LedgerArrays, kv_index_name, ledger_name, progress_name
+    from ..shm.layout import LedgerArrays, kv_index_name, ledger_name, progress_name, progress_nbytes
 
     caps = segment_capacities(cfg)
     inst = cfg.daemon.instance
     return {
         ledger_name(inst): LedgerArrays.nbytes(caps["max_workers"], caps["max_slots"], caps["max_blocks_per_request"], caps["ref_capacity"]),
-        progress_name(inst): caps["max_slots"] * 8,
+        progress_name(inst): progress_nbytes(caps["max_slots"]),
         kv_index_name(inst): kv_index_nbytes(cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers)),
     }
 
