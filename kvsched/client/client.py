@@ -365,7 +365,7 @@ class SchedulerClient:
         else:
             self._send(p.Update(lease.request_id, lease.slot, lease.generation, "progress", lease.output_tokens))
 
-    def _report_state(self, lease: Lease, kind: str) -> None:
+    def _report_state(self, lease: Lease, kind: Literal["dispatched", "prefill_done"]) -> None:
         """`dispatched` / `prefill_done` of a lease: one store into its slot's state word when the
         progress segment is mapped (no frame), else an `Update(kind)` frame."""
         if self._state is not None:

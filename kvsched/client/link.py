@@ -172,7 +172,7 @@ class Link:
         self._out.append((raw, bufferable))
         if not self._out_queued:
             self._out_queued = True
-            self.loop.call_soon(self._flush_soon)
+            self._running_loop().call_soon(self._flush_soon)
 
     def _flush_soon(self) -> None:
         self._out_queued = False
