@@ -367,7 +367,7 @@ def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, 
     # the progress words, as `fold_progress` folds them, restricted to the folded (valid) slots
     pw = progress[:n]
     tokens = (pw & _U(0xFFFFFFFF)).astype(np.int64)
-    idx = np.flatnonzero(ok & ((pw >> _U(32)) == gen) & (tokens != s_output_tokens[:n]))
+    idx = np.flatnonzero(ok & ((pw >> _U(32)) == gen) & (tokens > s_output_tokens[:n]))  # tokens only move forward
     if idx.size:
         isl, old_n, new_n, r = s_isl[idx], s_output_tokens[idx], tokens[idx], rows[idx]
         delta = (isl + new_n + block_size - 1) // block_size - (isl + old_n + block_size - 1) // block_size
