@@ -117,6 +117,7 @@ class Actor:
         time.sleep(seconds)
 
     def stop_reading(self) -> None:
+        self._flush_replies()  # what this wake still owes version-2 peers, while the socket is open
         self.stopped = True  # callbacks already queued (call_soon) must not touch closed sockets
         self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
         if self.admin_sock is not None:
@@ -185,6 +186,8 @@ class Actor:
 
     def _on_fold_timer(self) -> None:
         self._fold_timer = None
+        if self.stopped:
+            return
         if self._fold():
             t = now_us()
             self._deliver(self.scheduler.drain_cleanup(t), t)
@@ -447,6 +450,8 @@ class Actor:
 
     def _flush_replies(self) -> None:
         """Send what this wake owes the version-2 peers; release admissions nobody can receive."""
+        if self.stopped:  # the sockets are closed (a queued safety-net flush after stop_reading)
+            return
         while self.outbox:
             lost = self.outbox.flush()
             if not lost:
