@@ -1,14 +1,18 @@
 """Transport ceiling vs the daemon vs what users would pick instead, side by side in one run.
 
-One lifecycle = Enqueue → reply, Update(dispatched), Update(prefill_done), Release(completed):
-4 frames in, 1 out. Backends, all driven by the same long-lived router processes in the same run:
+One lifecycle = Enqueue → reply, dispatched, prefill_done, Release(completed). On the daemon's wire
+(protocol version 2, local routers) that is 2 frames in (Enqueue, Release) and 1 out: dispatched and
+prefill_done are stores into the slot's shared-memory state word, and the frames a router's coroutines
+send within one event-loop turn travel as one `Batch` message (replies of one wake as one `Replies`).
+Backends, all driven by the same long-lived router processes in the same run:
 
 * `echo` — a ZeroMQ ROUTER with the daemon's own I/O pattern (FD on uvloop's `add_reader`, NOBLOCK
-  drain with a budget of 512 frames per wake, replies batched per wake) that decodes every frame
-  with the daemon's decoder and answers each Enqueue with an `Admitted`-shaped frame: everything
-  but the scheduling. The routers send the same frames over a DEALER (same encoder, same bytes).
+  drain with a budget of 512 frames per wake, replies of a wake in one message per peer) that decodes
+  every frame with the daemon's decoders (`Batch` unpacked) and answers each Enqueue with an
+  `Admitted`-shaped frame: everything but the scheduling. The routers send the daemon client's frames
+  over a DEALER (same encoder, same bytes, one `Batch` per loop turn): 2 in, 1 out per lifecycle.
 * `daemon` — `kvsched-daemon` (8 workers) doing full lifecycles; routers use the real
-  `SchedulerClient` and leases.
+  `SchedulerClient` and leases (state words, version-2 batching).
 * `redis` — a `redis-server` the bench starts (loopback, persistence off; clients on its unix
   socket, like the daemon's ipc://) holding the same per-worker arrays as hashes: select-and-reserve
   and prefill_done and release are Lua scripts (EVALSHA), dispatched an HSET; redis-py asyncio with
@@ -17,7 +21,7 @@ One lifecycle = Enqueue → reply, Update(dispatched), Update(prefill_done), Rel
   installed by this bench; the row is skipped with the reason).
 
 Grid: 1, 4, 8, 16 router processes × in-flight windows (coroutines per router). Figures: lifecycles/s,
-frames/s (5 per lifecycle, both directions), select/admission latency p50/p99 (router side, µs),
+frames/s (3 per lifecycle, both directions), select/admission latency p50/p99 (router side, µs),
 server CPU per lifecycle (µs, from /proc), and the ratios daemon / echo and daemon / redis. Also:
 daemon start-to-ready time with a cold and a warm numba cache.
 
@@ -49,7 +53,7 @@ N_PREFIXES = 32
 N_SEQUENCES = 4096  # distinct requests cycled through by each router
 WORKERS = 8
 FRAME_BUDGET = 512  # the daemon's default frame_budget_per_wake
-FRAMES_PER_LIFECYCLE = 5
+FRAMES_PER_LIFECYCLE = 3  # Enqueue + Release in, Admitted out (dispatched / prefill_done: shared-memory stores)
 CDF_POINTS = 200
 DAEMON_TOML = f"""
 [daemon]
@@ -133,25 +137,27 @@ def echo_server(endpoint: str, ready_path: str) -> None:
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.bind(endpoint)
-        enc, dec = p.make_encoder(), p.make_router_decoder()
+        enc, dec, inner = p.make_encoder(), p.make_router_decoder(), p.make_batched_router_decoder()
         done = loop.create_future()
         slot = [0]
 
         def on_readable() -> None:
-            replies = []
+            replies: dict[bytes, list[bytes]] = {}
             n = 0
             while n < FRAME_BUDGET:
                 try:
                     identity, payload = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                n += 1
                 frame = dec.decode(payload)
-                if isinstance(frame, p.Enqueue):
-                    slot[0] = (slot[0] + 1) & 0xFFFF
-                    replies.append((identity, enc.encode(p.Admitted(frame.request_id, slot[0] % WORKERS, 0, slot[0], 1, 0, 0, 0))))
-            for identity, raw in replies:
-                sock.send_multipart((identity, raw), zmq.NOBLOCK)
+                frames = [inner.decode(r) for r in frame.frames] if isinstance(frame, p.Batch) else [frame]
+                n += len(frames)
+                for f in frames:
+                    if isinstance(f, p.Enqueue):
+                        slot[0] = (slot[0] + 1) & 0xFFFF
+                        replies.setdefault(identity, []).append(enc.encode(p.Admitted(f.request_id, slot[0] % WORKERS, 0, slot[0], 1, 0, 0, 0)))
+            for identity, raws in replies.items():
+                sock.send_multipart((identity, raws[0] if len(raws) == 1 else p.encode_replies(raws)), zmq.NOBLOCK)
             if n == FRAME_BUDGET or sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 loop.call_soon(on_readable)
 
@@ -187,8 +193,9 @@ class EchoBackend:
         s.setsockopt(zmq.RCVHWM, 100_000)
         s.connect(self.endpoint)
         self.sock = s
-        self.enc, self.dec = p.make_encoder(), p.make_daemon_decoder()
+        self.enc, self.dec, self.inner = p.make_encoder(), p.make_daemon_decoder(), p.make_replied_daemon_decoder()
         self.waiting: dict[str, asyncio.Future] = {}
+        self.out: list[bytes] = []
         self.loop.add_reader(s.getsockopt(zmq.FD), self._on_readable)
 
     def _on_readable(self) -> None:
@@ -199,12 +206,20 @@ class EchoBackend:
             except zmq.Again:
                 break
             frame = self.dec.decode(raw)
-            fut = self.waiting.pop(frame.request_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(frame)
+            for f in [self.inner.decode(r) for r in frame.frames] if isinstance(frame, self.p.Replies) else [frame]:
+                fut = self.waiting.pop(f.request_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(f)
 
     def _send(self, frame) -> None:
-        self.sock.send(self.enc.encode(frame), self.zmq.NOBLOCK)
+        """Like the client's link: the frames of one loop turn go out as one Batch (a lone one as is)."""
+        self.out.append(self.enc.encode(frame))
+        if len(self.out) == 1:
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out, self.out = self.out, []
+        self.sock.send(out[0] if len(out) == 1 else self.p.encode_batch(out), self.zmq.NOBLOCK)
         if self.sock.getsockopt(self.zmq.EVENTS) & self.zmq.POLLIN:  # edge-triggered FD: re-check
             self.loop.call_soon(self._on_readable)
 
@@ -216,9 +231,7 @@ class EchoBackend:
         self._send(p.Enqueue(rid, ISL, hashes))
         a = await fut
         lat = (time.perf_counter_ns() - t0) / 1000.0
-        self._send(p.Update(rid, a.slot, a.generation, "dispatched"))
-        self._send(p.Update(rid, a.slot, a.generation, "prefill_done"))
-        self._send(p.Release(rid, a.slot, a.generation, "completed", ISL))
+        self._send(p.Release(rid, a.slot, a.generation, "completed", ISL))  # dispatched / prefill_done: stores
         return lat
 
     async def close(self) -> None:

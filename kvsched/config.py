@@ -133,6 +133,7 @@ class DaemonConfig(Section):
     inflight_cap_per_connection: Annotated[int, Meta(ge=1)] = 4096  # outstanding Enqueues
     max_frame_bytes: Annotated[int, Meta(ge=1024)] = 1 << 20  # ZMQ_MAXMSGSIZE
     progress_fold_ms: Annotated[int, Meta(ge=1, le=1000)] = 10  # fold progress words at least this often
+    fold_interval_ms: Annotated[int, Meta(ge=1, le=1000)] = 1  # while requests wait: fold words at least this often
     # SIGTERM: releases / progress of live leases are still served for up to this long (s)
     shutdown_timeout_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
     # one connection may hold at most this share of each queue limit of a class (1.0 = no cap)

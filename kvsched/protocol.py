@@ -16,9 +16,11 @@ from typing import Annotated, Literal, Union
 import msgspec
 from msgspec import Meta
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # the version this package speaks; 2 added `Batch` / `Replies`
 PROTOCOL_MIN = 1
-PROTOCOL_MAX = 1
+PROTOCOL_MAX = 2
+BATCH_MIN_VERSION = 2  # `Batch` and `Replies` need a connection at this version or above
+DEFAULT_MAX_FRAME_BYTES = 1 << 20  # assumed when a `Welcome` does not announce its limit (version 1)
 
 MAX_REQUEST_ID_BYTES = 128
 MAX_BLOCK_HASHES = 65_536  # per request; 8 bytes each on the wire
@@ -176,7 +178,16 @@ class Reattach(Frame, tag="reattach"):
     requeues: Annotated[list[Requeued], Meta(max_length=MAX_LIST)] = []
 
 
-RouterFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach]
+class Batch(Frame, tag="batch"):
+    """Protocol version 2: any number of router frames (not `Hello`, not `Batch`) in one message,
+    handled in order exactly as if they had arrived one by one. Each element is one complete
+    encoded frame (decoded on its own); a malformed one gets its own `Error` with `batch_index`."""
+
+    frames: Annotated[list[msgspec.Raw], Meta(max_length=MAX_LIST)] = []
+
+
+RouterFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach, Batch]
+BatchedRouterFrame = Union[Enqueue, Update, Release, Heartbeat, Reattach]  # what a `Batch` may carry
 
 # --------------------------------------------------------------------------------------------
 # Daemon → router
@@ -194,6 +205,7 @@ class Welcome(Frame, tag="welcome"):
     shm_progress: str
     heartbeat_ms: Annotated[int, Meta(ge=1)]
     liveness_timeout_ms: Annotated[int, Meta(ge=1)]
+    max_frame_bytes: Annotated[int, Meta(ge=0)] = 0  # largest message the daemon accepts; 0 = not announced (v1)
 
 
 class Admitted(Frame, tag="admitted"):
@@ -230,6 +242,7 @@ class Error(Frame, tag="error"):
     code: int
     message: str
     request_id: str | None = None
+    batch_index: int | None = None  # position of the offending frame inside a `Batch`
 
 
 class HeartbeatAck(Frame, tag="heartbeat_ack"):
@@ -245,7 +258,15 @@ class Reattached(Frame, tag="reattached"):
     lost: list[str] = []
 
 
-DaemonFrame = Union[Welcome, Admitted, Rejected, Error, HeartbeatAck, Reattached]
+class Replies(Frame, tag="replies"):
+    """Protocol version 2: every frame the daemon owes one connection from one wake, in order, in
+    one message. Each element is one complete encoded daemon frame (never a `Replies`)."""
+
+    frames: list[msgspec.Raw] = []
+
+
+DaemonFrame = Union[Welcome, Admitted, Rejected, Error, HeartbeatAck, Reattached, Replies]
+RepliedDaemonFrame = Union[Welcome, Admitted, Rejected, Error, HeartbeatAck, Reattached]  # inside `Replies`
 
 # --------------------------------------------------------------------------------------------
 # Admin (admin socket only)
@@ -461,7 +482,7 @@ class ExplainReply(Admin, tag="explain_reply"):
 AdminReply = Union[OkReply, AdminError, StatusReply, QueuesReply, WorkersReply, LeasesReply, ExplainReply]
 
 # Data socket: router frames, plus admin requests so they can be refused with a precise code.
-DataSocketFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach]
+DataSocketFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach, Batch]
 
 
 def make_encoder() -> msgspec.msgpack.Encoder:
@@ -477,6 +498,43 @@ def make_router_decoder() -> msgspec.msgpack.Decoder:
 def make_daemon_decoder() -> msgspec.msgpack.Decoder:
     """Client side of the data socket: decodes any `DaemonFrame`."""
     return msgspec.msgpack.Decoder(DaemonFrame)
+
+
+def make_batched_router_decoder() -> msgspec.msgpack.Decoder:
+    """Daemon side: decodes one frame found inside a `Batch` (any `RouterFrame` but Hello / Batch)."""
+    return msgspec.msgpack.Decoder(BatchedRouterFrame)
+
+
+def make_replied_daemon_decoder() -> msgspec.msgpack.Decoder:
+    """Client side: decodes one frame found inside a `Replies`."""
+    return msgspec.msgpack.Decoder(RepliedDaemonFrame)
+
+
+def _array_header(n: int) -> bytes:
+    """MessagePack array header for `n` elements (fixarray, array 16 or array 32)."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+_BATCH_HEAD = b"\x92\xa5batch"  # array of 2: tag "batch", then the frames array
+_REPLIES_HEAD = b"\x92\xa7replies"
+
+
+def encode_batch(raws: list[bytes]) -> bytes:
+    """The bytes of `Batch(frames=raws)` without re-encoding the frames: equal to
+    `make_encoder().encode(Batch([msgspec.Raw(r) for r in raws]))` (a test checks it)."""
+    return b"".join((_BATCH_HEAD, _array_header(len(raws)), *raws))
+
+
+def encode_replies(raws: list[bytes]) -> bytes:
+    """The bytes of `Replies(frames=raws)`, built like `encode_batch`."""
+    return b"".join((_REPLIES_HEAD, _array_header(len(raws)), *raws))
+
+
+BATCH_OVERHEAD_BYTES = len(_REPLIES_HEAD) + 5  # the largest head + array-32 header of either message
 
 
 def make_admin_request_decoder() -> msgspec.msgpack.Decoder:

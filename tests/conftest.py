@@ -93,7 +93,8 @@ def session_daemon(tmp_path_factory):
 
 class RawPeer:
     """A bare DEALER on a daemon socket for protocol-level tests: `send(frame_or_obj)`, `recv()`
-    (decoded daemon frame, or None after `timeout_s`), `hello(...)` (asserts the Welcome)."""
+    (decoded daemon frame, or None after `timeout_s`; the frames of a version-2 `Replies` message
+    come one per call, `messages` counts the messages), `hello(...)` (asserts the Welcome)."""
 
     def __init__(self, endpoint: str) -> None:
         import zmq
@@ -106,17 +107,28 @@ class RawPeer:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
         self.enc, self.dec = p.make_encoder(), p.make_daemon_decoder()
+        self.inner_dec = p.make_replied_daemon_decoder()
+        self.unread: list = []
+        self.messages = 0
 
     def send(self, frame) -> None:
         self.sock.send(frame if isinstance(frame, bytes) else self.enc.encode(frame))
 
     def recv(self, timeout_s: float = 5.0):
+        if self.unread:
+            return self.unread.pop(0)
         if not self.sock.poll(int(timeout_s * 1000)):
             return None
-        return self.dec.decode(self.sock.recv())
+        self.messages += 1
+        frame = self.dec.decode(self.sock.recv())
+        if isinstance(frame, self.p.Replies):
+            self.unread = [self.inner_dec.decode(raw) for raw in frame.frames]
+            return self.unread.pop(0) if self.unread else None
+        return frame
 
-    def hello(self, client_name: str = "raw", pid: int = 0, host: str = "elsewhere") -> None:
-        self.send(self.p.Hello(self.p.PROTOCOL_VERSION, client_name, pid, host))
+    def hello(self, client_name: str = "raw", pid: int = 0, host: str = "elsewhere",
+              version: int | None = None) -> None:
+        self.send(self.p.Hello(self.p.PROTOCOL_VERSION if version is None else version, client_name, pid, host))
         assert isinstance(self.recv(), self.p.Welcome)
 
     def close(self) -> None:

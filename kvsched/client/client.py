@@ -33,6 +33,7 @@ from ..config import data_endpoint
 from ..core.types import WorkerKey
 from ..errors import DaemonUnavailable, ProtocolError, ShuttingDown, rejection_error
 from .checks import checked_enqueue
+from ..shm.words import STATE_DISPATCHED, STATE_PREFILL_DONE, write_state
 from .lease import DroppedLeases, Lease
 from .link import Link
 
@@ -70,6 +71,9 @@ class SchedulerClient:
         curve_client_keys: (public, secret) z85 keys of this client (generated when omitted; give
             fixed ones when the daemon restricts clients with `curve_authorized_keys_dir`).
         ctx: a zmq.Context to use (default: a private one).
+        protocol_version: the highest wire protocol version to offer (default: the newest; the
+            client falls back to version 1 when the daemon refuses it). Version 2 coalesces the
+            frames of one event-loop turn into one `Batch` message.
     Usage:
         async with SchedulerClient() as client:
             lease = await client.schedule(request_id="r1", isl_tokens=812, block_hashes=hashes)
@@ -83,7 +87,8 @@ class SchedulerClient:
                  bypass_workers: Iterable[tuple[int, int]] = (), attach_progress: bool = True,
                  curve_server_key: str | bytes | None = None,
                  curve_client_keys: tuple[bytes, bytes] | None = None,
-                 ctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+                 ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 protocol_version: int = p.PROTOCOL_VERSION) -> None:
         if on_unavailable not in ("fail", "bypass"):
             raise ValueError("on_unavailable must be 'fail' or 'bypass'")
         self.endpoint = endpoint or data_endpoint(instance)
@@ -97,6 +102,7 @@ class SchedulerClient:
         self.attach_progress = attach_progress
         self.curve_server_key = curve_server_key.encode() if isinstance(curve_server_key, str) else curve_server_key
         self.curve_client_keys = curve_client_keys
+        self.protocol_version = protocol_version
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -109,6 +115,7 @@ class SchedulerClient:
         self._parked: set[str] = set()  # pending ids answered shutting_down: re-sent after reconnecting
         self._welcome_fut: asyncio.Future[p.Welcome] | None = None
         self._progress: np.ndarray | None = None
+        self._state: np.ndarray | None = None  # state words (dispatched / prefill_done) when mapped
         self._segments: Segments | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self.degraded_total = 0
@@ -135,7 +142,8 @@ class SchedulerClient:
         self._loop = asyncio.get_running_loop()
         self._welcome_fut = self._loop.create_future()
         self._link = Link(self._ctx, self.endpoint, self.client_name, self._on_frame, self._on_welcome,
-                          curve_server_key=self.curve_server_key, curve_client_keys=self.curve_client_keys)
+                          curve_server_key=self.curve_server_key, curve_client_keys=self.curve_client_keys,
+                          protocol_version=self.protocol_version)
         self._link.open(self._loop)
         try:
             await asyncio.wait_for(asyncio.shield(self._welcome_fut), self.connect_timeout_s)
@@ -200,9 +208,10 @@ class SchedulerClient:
 
             self._segments = attach_segments(name[len(prefix):-len(suffix)], writable_ledger=False)
             self._progress = self._segments.progress
-        except Exception as exc:  # remote host, permissions, layout mismatch: fall back to frames
+            self._state = self._segments.state
+        except Exception as exc:  # remote host, permissions, a layout we do not know: fall back to frames
             log.info("progress segment not mapped (using Update frames) reason=%s", exc)
-            self._progress = None
+            self._progress = self._state = None
 
     async def close(self) -> None:
         """Abort every open lease, fail every waiting call, close the socket."""
@@ -218,7 +227,7 @@ class SchedulerClient:
             self._link.close()
             self._link = None
         if self._segments is not None:
-            self._progress = None
+            self._progress = self._state = None
             self._segments.close()
             self._segments = None
         if self._own_ctx and not self._ctx.closed:
@@ -356,6 +365,15 @@ class SchedulerClient:
             write_progress(self._progress, lease.slot, lease.generation, lease.output_tokens)
         else:
             self._send(p.Update(lease.request_id, lease.slot, lease.generation, "progress", lease.output_tokens))
+
+    def _report_state(self, lease: Lease, kind: Literal["dispatched", "prefill_done"]) -> None:
+        """`dispatched` / `prefill_done` of a lease: one store into its slot's state word when the
+        progress segment is mapped (no frame), else an `Update(kind)` frame."""
+        if self._state is not None:
+            flags = STATE_PREFILL_DONE if kind == "prefill_done" else STATE_DISPATCHED
+            write_state(self._state, lease.slot, lease.generation, flags)
+        else:
+            self._send(p.Update(lease.request_id, lease.slot, lease.generation, kind))
 
     def _forget_lease(self, lease: Lease) -> None:
         ref = self._leases.get(lease.request_id)

@@ -4,8 +4,9 @@
 an exception or cancellation sends `Release(aborted)`. A lease garbage-collected without being closed
 is aborted through the client's one batched cleanup queue (`DroppedLeases`), never leaked: a burst of
 dropped leases costs one loop wake, not one callback each (Dynamo kv-router: "one bounded wake can
-cover a batch of dropped requests"). Progress of local routers is one aligned
-8-byte store into the slot's progress word (no frame); remote routers send `Update(progress)`.
+cover a batch of dropped requests"). `dispatched()`, `prefill_done()` and output tokens of local
+routers are aligned 8-byte stores into the slot's state and progress words (no frame); routers that
+could not map the progress segment send `Update` frames instead.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class Lease:
         if self._dispatched or self.degraded or self._client is None:
             return
         self._dispatched = True
-        self._client._send(p.Update(self.request_id, self.slot, self.generation, "dispatched"))
+        self._client._report_state(self, "dispatched")
 
     def prefill_done(self) -> None:
         """The first output token was seen: the request's prefill load leaves the worker."""
@@ -153,7 +154,7 @@ class Lease:
             return
         if self.degraded or self._client is None:
             return
-        self._client._send(p.Update(self.request_id, self.slot, self.generation, "prefill_done"))
+        self._client._report_state(self, "prefill_done")
 
     def add_output_tokens(self, n: int) -> None:
         """Report `n` more output tokens (cumulative count kept here).

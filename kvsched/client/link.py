@@ -9,6 +9,11 @@ arrived for `liveness_timeout_ms`, or when it answers `Error(3)` ("send Hello fi
 daemon does not know this connection). The link then opens a fresh
 DEALER and says Hello again with exponential backoff (0.05 s doubling to `max_backoff_s`) until a
 `Welcome` arrives; while reconnecting, lease frames are buffered (bounded) and flushed after it.
+
+Protocol versions: Hello says the highest version this package speaks and falls back to version 1
+when the daemon answers `Error(VERSION)`. On a version-2 connection every frame sent within one
+event-loop turn goes out as one `Batch` message (one frame alone goes as itself), kept below the
+daemon's `Welcome.max_frame_bytes`; `Replies` messages from the daemon are unpacked in order.
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ class Link:
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, client_name: str,
                  on_frame: Callable[[p.DaemonFrame], None], on_welcome: Callable[[p.Welcome, bool], None],
                  max_backoff_s: float = 2.0, curve_server_key: bytes | None = None,
-                 curve_client_keys: tuple[bytes, bytes] | None = None) -> None:
+                 curve_client_keys: tuple[bytes, bytes] | None = None,
+                 protocol_version: int = p.PROTOCOL_VERSION) -> None:
         self.ctx, self.endpoint, self.client_name = ctx, endpoint, client_name
         self.on_frame, self.on_welcome = on_frame, on_welcome
         self.max_backoff_s = max_backoff_s
@@ -73,6 +79,15 @@ class Link:
         self.sock: zmq.Socket[bytes] | None = None
         self.enc = p.make_encoder()
         self.dec: msgspec.msgpack.Decoder[p.DaemonFrame] = p.make_daemon_decoder()
+        self.inner_dec: msgspec.msgpack.Decoder[p.RepliedDaemonFrame] = p.make_replied_daemon_decoder()
+        if not p.PROTOCOL_MIN <= protocol_version <= p.PROTOCOL_VERSION:
+            raise ValueError(f"protocol_version must be in [{p.PROTOCOL_MIN}, {p.PROTOCOL_VERSION}]")
+        self.max_version = protocol_version  # what Hello first offers
+        self.version = protocol_version  # what the current / next Hello says
+        self.batching = False  # the connection speaks version 2: coalesce sends into Batch
+        self.max_frame_bytes = p.DEFAULT_MAX_FRAME_BYTES
+        self._out: list[tuple[bytes, bool]] = []  # (frame, bufferable) sent this loop turn, not yet flushed
+        self._out_queued = False
         self.connected = False
         self.ever_connected = False
         self.reconnecting_since: float | None = None
@@ -125,10 +140,11 @@ class Link:
             self.sock = None
 
     def _hello(self) -> None:
-        self._raw_send(self.enc.encode(p.Hello(p.PROTOCOL_VERSION, self.client_name[:128], os.getpid(),
+        self._raw_send(self.enc.encode(p.Hello(self.version, self.client_name[:128], os.getpid(),
                                                socket.gethostname()[:128], _pid_ns())))
 
     def close(self) -> None:
+        self._flush_out()
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
@@ -140,6 +156,9 @@ class Link:
         when the frame was dropped (link down and not bufferable)."""
         raw = self.enc.encode(frame)
         if self.connected:
+            if self.batching:
+                self._queue_out(raw, buffer_when_down)
+                return True
             if self._raw_send(raw):
                 return True
             self.link_down()  # no pipe to the daemon (it is gone): keep the frame for the next one
@@ -147,6 +166,39 @@ class Link:
             self._buffer.append(raw)
             return True
         return False
+
+    def _queue_out(self, raw: bytes, bufferable: bool) -> None:
+        """Coalesce: the first frame of a loop turn schedules one flush for everything sent in it."""
+        self._out.append((raw, bufferable))
+        if not self._out_queued:
+            self._out_queued = True
+            self._running_loop().call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._out_queued = False
+        self._flush_out()
+
+    def _flush_out(self) -> None:
+        """Send the frames of this loop turn: one message (the frame, or a `Batch`) per chunk that
+        fits under `max_frame_bytes`. When the daemon cannot be reached the bufferable frames are
+        kept for the next connection (Enqueues are re-sent by `Reattach`)."""
+        out, self._out = self._out, []
+        limit = self.max_frame_bytes - p.BATCH_OVERHEAD_BYTES
+        start, size, i = 0, 0, 0
+        while i <= len(out):
+            if i == len(out) or (i > start and size + len(out[i][0]) > limit):
+                chunk = out[start:i]
+                if chunk:
+                    payload = chunk[0][0] if len(chunk) == 1 else p.encode_batch([raw for raw, _ in chunk])
+                    if not (self.connected and self._raw_send(payload)):
+                        self.link_down()
+                        self._buffer.extend(raw for raw, keep in out[start:] if keep)
+                        del self._buffer[MAX_BUFFERED_FRAMES:]
+                        return
+                start, size = i, 0
+            if i < len(out):
+                size += len(out[i][0])
+            i += 1
 
     def _raw_send(self, raw: bytes) -> bool:
         if self.sock is None:
@@ -177,6 +229,18 @@ class Link:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 log.warning("undecodable frame from daemon error=%s", exc)
                 continue
+            if type(frame) is p.Replies:
+                self._dispatch_replies(frame)
+            else:
+                self._dispatch(frame)
+
+    def _dispatch_replies(self, replies: p.Replies) -> None:
+        for raw in replies.frames:
+            try:
+                frame = self.inner_dec.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("undecodable frame in a Replies from the daemon error=%s", exc)
+                continue
             self._dispatch(frame)
 
     def _dispatch(self, frame: p.DaemonFrame) -> None:
@@ -187,10 +251,21 @@ class Link:
                 self.reconnecting_since = None
                 self._backoff_s = 0.05
                 self.welcome = frame
+                self.batching = self.version >= p.BATCH_MIN_VERSION
+                self.max_frame_bytes = frame.max_frame_bytes or p.DEFAULT_MAX_FRAME_BYTES
                 self.on_welcome(frame, reconnected)
                 buffered, self._buffer = self._buffer, []
                 for raw in buffered:
-                    self._raw_send(raw)
+                    if self.batching:
+                        self._queue_out(raw, True)
+                    else:
+                        self._raw_send(raw)
+            case p.Error() if (frame.code == p.ErrorCode.VERSION and not self.connected
+                               and self.version > p.PROTOCOL_MIN):
+                log.info("daemon refused protocol %d (%s); saying Hello with version %d", self.version,
+                         frame.message, p.PROTOCOL_MIN)
+                self.version = p.PROTOCOL_MIN
+                self._hello()
             case p.HeartbeatAck():
                 pass
             case p.Error() if frame.code == p.ErrorCode.NOT_HELLO:
@@ -224,6 +299,7 @@ class Link:
                 log.warning("daemon silent for %.1fs endpoint=%s; reconnecting", now - self._last_recv, self.endpoint)
                 self.link_down()
         if not self.connected and now >= self._next_hello:
+            self.version = self.max_version  # a new (maybe upgraded) daemon: offer our highest again
             self._new_socket()  # a fresh identity: the (new) daemon treats us as a new connection
             self._next_hello = now + self._backoff_s
             self._backoff_s = min(self._backoff_s * 2, self.max_backoff_s)

@@ -153,6 +153,7 @@ class SyncSchedulerClient:
         curve_server_key: str | bytes | None = None,
         curve_client_keys: tuple[bytes, bytes] | None = None,
         ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+        protocol_version: int = p.PROTOCOL_VERSION,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvsched-client", daemon=True)
@@ -170,6 +171,7 @@ class SyncSchedulerClient:
                 curve_server_key=curve_server_key,
                 curve_client_keys=curve_client_keys,
                 ctx=ctx,
+                protocol_version=protocol_version,
             )
             self._run(self._client.connect())
         except BaseException:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import OverloadConfig
-from ..shm.kernels import apply_output_tokens, fold_progress, project_and_cost, ref_add, ref_remove
+from ..shm.kernels import apply_output_tokens, fold_progress, fold_words, project_and_cost, ref_add, ref_remove
 from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, REQUEST_ID_BYTES, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
 from .types import WorkerKey
 
@@ -62,12 +62,20 @@ class Ledger:
             the aggregates from the slot table.
         progress: uint64[max_slots] progress words, or None (no local routers / simulator).
         overload: per-worker overload thresholds (None fields = off).
+        state: uint64[max_slots] state words (dispatched / prefill_done stored by local routers,
+            `kvsched.shm.words`), or None; folded with the progress words by `fold_progress`.
     Maps: WorkerKey -> row; request_id -> slot.
     """
 
-    def __init__(self, arrays: LedgerArrays, progress: np.ndarray | None = None, overload: OverloadConfig | None = None) -> None:
+    def __init__(self, arrays: LedgerArrays, progress: np.ndarray | None = None, overload: OverloadConfig | None = None, state: np.ndarray | None = None) -> None:
         self.arrays = arrays
         self.progress = progress
+        self.state = state
+        s = arrays.max_slots
+        self._seen_state = np.zeros(s, np.uint64)  # state word last folded per slot
+        self._folded_dispatched = np.zeros(s, np.int64)  # fold_words output: slots newly dispatched
+        self._fold_counts = np.zeros(2, np.int64)
+        self._high = 0  # slots [0, _high) have been booked at least once (fold range)
         self.overload = overload if overload is not None else OverloadConfig()
         self.block_size = arrays.block_size
         self._stride = arrays.max_blocks_per_request
@@ -95,6 +103,8 @@ class Ledger:
         for slot in np.flatnonzero(a.s_state).tolist():
             self._slot_of[a.s_request_id[slot].decode()] = slot
         self._free: list[int] = np.flatnonzero(a.s_state == SLOT_FREE)[::-1].tolist()  # pop() = lowest
+        live = np.flatnonzero(a.s_state)
+        self._high = max(self._high, int(live[-1]) + 1 if live.size else 0)
 
     def _index_row(self, row: int, key: WorkerKey) -> None:
         self._row_of[key] = row
@@ -268,6 +278,8 @@ class Ledger:
             return None
         a, b = self.arrays, self.block_size
         slot = self._free.pop()
+        if slot >= self._high:
+            self._high = slot + 1
         gen = int(a.s_generation[slot]) % _U32_MAX + 1
         request_blocks = (isl_tokens + b - 1) // b
         h = np.asarray(hashes, dtype=np.uint64)
@@ -350,12 +362,22 @@ class Ledger:
             self.update_overload(int(a.s_worker_row[slot]))
         return True
 
-    def fold_progress(self) -> int:
-        """Fold the progress segment into the slots and aggregates (one kernel call). Returns slots changed."""
+    def fold_progress(self, every_slot: bool = False) -> int:
+        """Fold the routers' words into the slots and aggregates (one kernel call). Returns slots changed.
+
+        With state words (`state` given) both words of each slot are folded by `kernels.fold_words`
+        over the slots booked so far (`every_slot`: the whole table, as after a restart); slots whose
+        `dispatched` flag appeared are kept for `take_dispatched()`. Without them, only the
+        progress words (`kernels.fold_progress`).
+        """
         if self.progress is None:
             return 0
         a = self.arrays
-        changed = fold_progress(self.progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size)
+        if self.state is not None:
+            n = a.max_slots if every_slot else self._high
+            changed = fold_words(n, self.progress, self.state, self._seen_state, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size, self._folded_dispatched, self._fold_counts)
+        else:
+            changed = fold_progress(self.progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size)
         if changed and self._overload_enabled():
             for row in self.live_rows().tolist():
                 self.update_overload(row)
@@ -372,6 +394,14 @@ class Ledger:
         if not self.fold_progress():
             return []
         return np.flatnonzero((self._prev_blocks != a.w_active_blocks) | (self._prev_prefill != a.w_active_prefill)).tolist()
+
+    def take_dispatched(self) -> list[int]:
+        """Slots whose `dispatched` flag the last `fold_progress` saw appear (once per generation)."""
+        k = int(self._fold_counts[1])
+        if k == 0:
+            return []
+        self._fold_counts[1] = 0
+        return self._folded_dispatched[:k].tolist()
 
     # -- decisions ----------------------------------------------------------------------------
     def project(self, hashes: np.ndarray, isl_tokens: int, overlap_blocks: np.ndarray, eligible: np.ndarray, prefill_load_scale: float, overlap_credit: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

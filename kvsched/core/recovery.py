@@ -67,10 +67,14 @@ class Recovery:
     def restore_after_restart(self, now_us: int, grace_us: int) -> int:
         """Adopt every booking of the slot table as an orphan lease; returns how many.
 
-        Aggregates are recomputed from the slot table (the previous process may have died between two
-        writes). Orphans are released by `tick` at `now_us + grace_us` unless claimed first.
+        Every router word (progress and state) is folded first, so a `dispatched` / `prefill_done` /
+        output-token store made while no daemon ran counts; then the aggregates are recomputed from
+        the slot table (the previous process may have died between two writes). Orphans are
+        released by `tick` at `now_us + grace_us` unless claimed first.
         """
         ledger = self.ledger
+        ledger.fold_progress(every_slot=True)
+        ledger.take_dispatched()  # no policy tracks an orphan
         ledger.rebuild_aggregates()
         n_classes = len(self.pq.classes)
         count = 0

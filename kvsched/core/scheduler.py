@@ -441,10 +441,36 @@ class Scheduler(Introspect, Dispatch, Recovery, ProfileReload):
                 live.state = READY
                 self._dirty = True
 
+    def fold_words(self) -> bool:
+        """Fold the routers' shared-memory words (one kernel call, `Ledger.fold_progress`).
+
+        Same effect as the `Update(dispatched | prefill_done | progress)` frames: a slot whose
+        `dispatched` flag appeared tells its admission policy `Dispatched` (at most once per lease);
+        freed capacity re-checks the blocked lanes of the workers it changed and marks a dispatch pass
+        due (run by `drain_cleanup`).
+        Returns:
+            bool: True when something changed (then call `drain_cleanup`).
+        """
+        rows = self.ledger.fold_progress_rows()
+        for row in rows:  # only the workers whose capacity changed
+            self._capacity_changed(row)
+        told = False
+        for slot in self.ledger.take_dispatched():
+            live = self._by_slot.get(slot)
+            if live is not None and live.tracked and not live.told_dispatched:
+                live.told_dispatched = True
+                self._events.append((live.entry.class_idx, Dispatched(live.spec.request_id)))
+                told = True
+        return bool(rows) or told
+
+    @property
+    def waiting(self) -> bool:
+        """True while some request waits in a class queue or is deferred (O(1))."""
+        return len(self._live) > len(self._by_slot)
+
     def tick(self, now_us: int) -> Outcomes:
         """Fold progress, time out waiting requests, reconcile policies, dispatch if needed."""
-        for row in self.ledger.fold_progress_rows():  # only the workers whose capacity changed
-            self._capacity_changed(row)
+        self.fold_words()
         out = self._expire(now_us)
         if self._expire_orphans(now_us):
             self._dirty = True

@@ -24,6 +24,7 @@ from .. import protocol as p
 from ..core.types import Admit, Reject, RequestSpec, WorkerKey
 from .connections import Connection, ConnectionTable, pid_exists
 from .metrics import Metrics
+from .replies import ReplyOutbox
 from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,6 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
-_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
 MAX_DEAD_IDS = 65_536  # routing ids of dead watched peers remembered (frames from them are dropped)
@@ -78,6 +78,10 @@ class Actor:
         self.dec = p.make_router_decoder()
         self.admin_dec = p.make_admin_request_decoder()
         self.warn = RateLimitedLog(log)
+        self.batch_dec = p.make_batched_router_decoder()
+        self._batch_index: int | None = None  # position in the Batch being handled, for Error frames
+        self.outbox = ReplyOutbox(data_sock, daemon_cfg.max_frame_bytes, self.warn, loop.call_soon,
+                                  self._flush_replies)  # version-2 peers: the replies of one wake
         self.accepting = True
         self.stopped = False
         self.started_us = now_us()
@@ -87,6 +91,8 @@ class Actor:
         self._releases_this_wake = 0
         self._decisions_by_class: dict[str, object] = {}
         self._last_tick_s = 0.0
+        self._fold_timer: asyncio.TimerHandle | None = None
+        self._update_counters: dict[str, object] = {}
         self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
         # Routing ids of peers whose watched process died: frames they left buffered are dropped
         # unread (a flood must not keep the daemon busy after its sender is gone). Bounded, FIFO.
@@ -111,12 +117,16 @@ class Actor:
         time.sleep(seconds)
 
     def stop_reading(self) -> None:
+        self._flush_replies()  # what this wake still owes version-2 peers, while the socket is open
         self.stopped = True  # callbacks already queued (call_soon) must not touch closed sockets
         self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
         if self.admin_sock is not None:
             self.loop.remove_reader(self.admin_sock.getsockopt(zmq.FD))
         if self._timer is not None:
             self._timer.cancel()
+        if self._fold_timer is not None:
+            self._fold_timer.cancel()
+            self._fold_timer = None
 
     def begin_shutdown(self) -> None:
         """Stop accepting Enqueues and requeues; answer every waiting request `shutting_down`.
@@ -125,6 +135,7 @@ class Actor:
             return
         self.accepting = False
         self._deliver(self.scheduler.shutdown(now_us()), now_us())
+        self._flush_replies()
 
     # ------------------------------------------------------------------ data socket
     def _on_data(self) -> None:
@@ -134,6 +145,7 @@ class Actor:
         t = now_us()
         n = 0
         sock = self.data_sock
+        folded = self._fold()  # local routers' dispatched / prefill_done / tokens, before this wake's frames
         while n < budget:
             try:
                 identity = sock.recv(_NOBLOCK)
@@ -145,15 +157,41 @@ class Actor:
                     sock.recv(_NOBLOCK)
                 self.metrics.malformed.labels(code="malformed").inc()
                 continue
-            n += 1
-            self._handle_data(identity, payload, t)
+            n += self._handle_data(identity, payload, t) or 1  # a Batch counts its inner frames
         if n:
             self.metrics.frames.inc(n)
             if self._releases_this_wake:
                 self.metrics.cleanup_batch.observe(self._releases_this_wake)
                 self._releases_this_wake = 0
             self._deliver(self.scheduler.drain_cleanup(t), t)
+        elif folded:
+            self._deliver(self.scheduler.drain_cleanup(t), t)
+        self._arm_fold_timer()
+        self._flush_replies()
         self._rearm(self.data_sock, self._on_data, more=(n == budget))
+
+    # ------------------------------------------------------------------ shared-memory words
+    def _fold(self) -> bool:
+        """Fold the routers' progress and state words (one kernel call); True if anything changed."""
+        if self.scheduler.fold_words():
+            self.metrics.word_folds.inc()
+            return True
+        return False
+
+    def _arm_fold_timer(self) -> None:
+        """While a request waits, fold at least every `fold_interval_ms`: a `prefill_done` stored by a
+        local router then frees capacity for it within that bound even when no frame arrives."""
+        if self._fold_timer is None and self.scheduler.waiting:
+            self._fold_timer = self.loop.call_later(self.cfg.fold_interval_ms / 1000, self._on_fold_timer)
+
+    def _on_fold_timer(self) -> None:
+        self._fold_timer = None
+        if self.stopped:
+            return
+        if self._fold():
+            t = now_us()
+            self._deliver(self.scheduler.drain_cleanup(t), t)
+        self._arm_fold_timer()
 
     def _rearm(self, sock: zmq.Socket, cb: Callable[[], None], more: bool) -> None:
         # The ZMQ FD is edge-like: after a partial drain or a send, re-check EVENTS ourselves.
@@ -177,6 +215,11 @@ class Actor:
         if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
             self._error(conn, p.ErrorCode.NOT_HELLO, "send Hello first", getattr(frame, "request_id", None))
             return
+        if type(frame) is p.Batch:
+            return self._on_batch(conn, frame, t)
+        self._handle_frame(conn, frame, t)
+
+    def _handle_frame(self, conn: Connection, frame, t: int) -> None:
         match frame:
             case p.Enqueue():
                 self._on_enqueue(conn, frame, t)
@@ -205,6 +248,28 @@ class Actor:
         detail = str(exc)[:300] if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)) else \
             f"undecodable frame ({type(exc).__name__})"
         self._error(conn, p.ErrorCode.MALFORMED, detail, p.peek_request_id(payload))
+
+    def _on_batch(self, conn: Connection, batch: p.Batch, t: int) -> int:
+        """Handle a Batch's frames in order, as if they had arrived one by one; returns how many."""
+        if conn.protocol_version < p.BATCH_MIN_VERSION:
+            self._error(conn, p.ErrorCode.MALFORMED,
+                        f"batch frames need protocol version {p.BATCH_MIN_VERSION}; this connection said "
+                        f"Hello with version {conn.protocol_version}")
+            return 1
+        self.metrics.batches.inc()
+        dec = self.batch_dec
+        try:
+            for i, raw in enumerate(batch.frames):
+                self._batch_index = i
+                try:
+                    frame = dec.decode(raw)
+                except Exception as exc:  # noqa: BLE001 - as for a whole message: every failure answered
+                    self._undecodable(conn, raw, exc)  # its Error carries batch_index
+                    continue
+                self._handle_frame(conn, frame, t)
+        finally:
+            self._batch_index = None
+        return max(1, len(batch.frames))
 
     def _on_hello(self, conn: Connection, frame: p.Hello) -> None:
         if not (p.PROTOCOL_MIN <= frame.protocol_version <= p.PROTOCOL_MAX):
@@ -271,6 +336,10 @@ class Actor:
                                                 and old.host == conn.host and old.pid_ns == conn.pid_ns)
 
     def _on_update(self, conn: Connection, f: p.Update, t: int) -> None:
+        counter = self._update_counters.get(f.kind)
+        if counter is None:
+            counter = self._update_counters[f.kind] = self.metrics.update_frames.labels(kind=f.kind)
+        counter.inc()
         if not self._owns(conn, f.request_id):
             return
         if f.kind == "requeue" and not self.accepting:  # stopping: give the booking back, answer now
@@ -334,7 +403,7 @@ class Actor:
                         o.request_id, o.worker.worker_id, o.worker.dp_rank, o.slot, o.generation,
                         o.overlap_blocks, o.cached_tokens, o.queued_us,
                         self.worker_urls.get(o.worker.worker_id, ""),
-                        self.scheduler.ledger.ranks_of(o.worker.worker_id) or 1))
+                        self.scheduler.ledger.ranks_of(o.worker.worker_id) or 1), o)
                     if ok:
                         conn.inflight -= 1
                         self._admission_counter(o.policy_class).inc()
@@ -366,18 +435,32 @@ class Actor:
         self.metrics.malformed.labels(code=code.name.lower()).inc()
         self.warn.warning(f"bad-frame-{code.name}", "frame rejected owner=%d code=%s detail=%s",
                           conn.owner, code.name, message[:200])
-        self._send(conn, p.Error(int(code), message, request_id))
+        self._send(conn, p.Error(int(code), message, request_id, self._batch_index))
 
-    def _send(self, conn: Connection, frame) -> bool:
-        """Send one frame to a peer. False when the peer is unknown to ZeroMQ or its queue is full."""
-        try:
-            payload = self.enc.encode(frame)
-            self.data_sock.send(conn.identity, _SNDMORE_NOBLOCK)  # EHOSTUNREACH here for a gone peer
-            self.data_sock.send(payload, _NOBLOCK)
+    def _send(self, conn: Connection, frame, admit: Admit | None = None) -> bool:
+        """Send one frame to a peer. False when the peer is unknown to ZeroMQ or its queue is full.
+
+        To a version-2 peer the frame is queued and sent with everything else this wake owes it
+        (`_flush_replies`); an `admit` that then proves undeliverable is released there.
+        """
+        if conn.protocol_version >= p.BATCH_MIN_VERSION:
+            self.outbox.add(conn, self.enc.encode(frame), admit)
             return True
-        except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or EAGAIN (peer HWM)
-            self.warn.warning("undeliverable", "reply undeliverable owner=%d errno=%s", conn.owner, exc.errno)
-            return False
+        return self.outbox.send_now(conn, self.enc.encode(frame))
+
+    def _flush_replies(self) -> None:
+        """Send what this wake owes the version-2 peers; release admissions nobody can receive."""
+        if self.stopped:  # the sockets are closed (a queued safety-net flush after stop_reading)
+            return
+        while self.outbox:
+            lost = self.outbox.flush()
+            if not lost:
+                return
+            t = now_us()
+            for o in lost:
+                self.metrics.undeliverable.inc()
+                self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
+            self._deliver(self.scheduler.drain_cleanup(t), t)  # may owe more replies: loop
 
     # ------------------------------------------------------------------ admin socket
     def _on_admin(self) -> None:
@@ -430,6 +513,7 @@ class Actor:
         self._last_tick_s = now_s
         t = now_us()
         try:
+            self._fold()  # counted here; the tick's own fold then finds nothing new
             outcomes = self.scheduler.tick(t)
             released = getattr(self.scheduler, "orphans_released", 0)
             if released:
@@ -449,6 +533,7 @@ class Actor:
                 cb()
         finally:
             self._schedule_tick()
+            self._arm_fold_timer()
         self._rearm(self.data_sock, self._on_data, more=False)
 
     def _update_gauges(self, t: int) -> None:

@@ -113,6 +113,7 @@ class Daemon:
             daemon_epoch=epoch, protocol_min=p.PROTOCOL_MIN, protocol_max=p.PROTOCOL_MAX,
             block_size=d.block_size, shm_ledger=ledger_name(d.instance), shm_progress=progress_name(d.instance),
             heartbeat_ms=d.heartbeat_ms, liveness_timeout_ms=d.liveness_timeout_ms,
+            max_frame_bytes=d.max_frame_bytes,
         )
         self.metrics.bind(self.scheduler)
         self.admin_ctx = AdminContext(

@@ -76,6 +76,17 @@ class Metrics:
         self.admissions = Counter("kvsched_admissions", "Admitted frames delivered, per class", ["policy_class"], registry=r)
         self.rejections = Counter("kvsched_rejections", "Rejections by reason", ["reason"], registry=r)
         self.frames = Counter("kvsched_frames_received", "Frames received on the data socket", registry=r)
+        self.update_frames = Counter(
+            "kvsched_update_frames", "Update frames received, by kind (local routers store dispatched, "
+            "prefill_done and output tokens in shared memory instead)", ["kind"], registry=r,
+        )
+        self.batches = Counter(
+            "kvsched_batches_received", "Batch messages received (protocol version 2); their frames count "
+            "in kvsched_frames_received", registry=r,
+        )
+        self.word_folds = Counter(
+            "kvsched_word_folds", "Folds of the routers' shared-memory words that changed something", registry=r,
+        )
         self.malformed = Counter(
             "kvsched_frames_malformed", "Frames answered with Error, by lower-case error code (malformed, not_hello, ...)",
             ["code"], registry=r,

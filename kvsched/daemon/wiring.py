@@ -47,13 +47,13 @@ def segment_capacities(cfg: Config) -> dict[str, int]:
 def segment_sizes(cfg: Config) -> dict[str, int]:
     """Bytes of each segment of this instance for the configured capacities (name -> bytes)."""
     from ..shm.kv_index import kv_index_nbytes
-    from ..shm.layout import LedgerArrays, kv_index_name, ledger_name, progress_name
+    from ..shm.layout import LedgerArrays, kv_index_name, ledger_name, progress_name, progress_nbytes
 
     caps = segment_capacities(cfg)
     inst = cfg.daemon.instance
     return {
         ledger_name(inst): LedgerArrays.nbytes(caps["max_workers"], caps["max_slots"], caps["max_blocks_per_request"], caps["ref_capacity"]),
-        progress_name(inst): caps["max_slots"] * 8,
+        progress_name(inst): progress_nbytes(caps["max_slots"]),
         kv_index_name(inst): kv_index_nbytes(cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers)),
     }
 
@@ -74,8 +74,11 @@ def open_segments(cfg: Config):
         (Segments, restarted): restarted is True when existing segments were re-attached (the
         ledger is then rebuilt from its slot table under a new epoch). `Segments.kv_index` holds the
         KV-index segment; `Segments.kv_index_restored` says whether its contents were kept.
+    Existing segments of an older layout version (see `kvsched.shm.upgrade`) are replaced when they
+    hold no live lease; with live leases the start is refused.
     Raises:
-        ShmLayoutError: existing segments with another layout or capacities (use `--purge`).
+        ShmLayoutError: existing segments with another layout or capacities (use `--purge`), or
+            older-layout segments that still hold live leases.
         ShmSpaceError: /dev/shm has no room for the segments (the message names both sizes).
     """
     import os
@@ -86,6 +89,7 @@ def open_segments(cfg: Config):
 
     caps = segment_capacities(cfg)
     epoch = time.time_ns() // 1000
+    _replace_old_layout(cfg.daemon.instance)  # before the room check: replaced segments need room again
     check_free_space({name: n for name, n in segment_sizes(cfg).items() if not os.path.exists(f"{SHM_DIR}/{name}")})
     try:
         segs = create_segments(cfg.daemon.instance, epoch=epoch, **caps)
@@ -106,6 +110,31 @@ def open_segments(cfg: Config):
     return segs, restarted
 
 
+def _replace_old_layout(instance: str) -> None:
+    """Unlink `instance`'s segments when they have an older layout version and no live lease.
+
+    Raises:
+        ShmLayoutError: older-layout segments with live leases (message names `--purge`).
+    """
+    from ..errors import ShmLayoutError
+    from ..shm.layout import LAYOUT_VERSION, unlink_segments
+    from ..shm.upgrade import inspect_ledger
+
+    found = inspect_ledger(instance)
+    if found is None or found.version in (0, LAYOUT_VERSION) or found.version > LAYOUT_VERSION:
+        return  # none, not ours, current, or newer: attach_segments reports what does not match
+    if found.live_leases == 0:
+        log.warning("replacing segments of layout version %d (no live lease) instance=%s version=%d",
+                    found.version, instance, LAYOUT_VERSION)
+        unlink_segments(instance)
+        return
+    leases = "an unreadable slot table" if found.live_leases < 0 else f"{found.live_leases} live leases"
+    raise ShmLayoutError(
+        f"shared-memory segments of instance {instance!r} have layout version {found.version} with {leases}; "
+        f"this daemon uses layout version {LAYOUT_VERSION}. Stop the routers that hold them, then run "
+        f"`kvsched-daemon --purge --instance {instance}` and start again")
+
+
 def build_scheduler(cfg: Config, segments, restarted: bool):
     """Wire Ledger + overlap indexes + selector into a Scheduler and register the configured workers.
 
@@ -123,7 +152,7 @@ def build_scheduler(cfg: Config, segments, restarted: bool):
     from ..core.selector import create_selector
     from ..shm.overlap import OverlapIndex
 
-    ledger = Ledger(segments.ledger, segments.progress, cfg.overload)
+    ledger = Ledger(segments.ledger, segments.progress, cfg.overload, state=segments.state)
     w, cap = cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers)
     overlap, device, offload = OverlapIndex(w, cap), segments.kv_index.device, segments.kv_index.offload
     for index in (overlap, device, offload):
@@ -249,7 +278,7 @@ def warm_decision_path(cfg: Config) -> None:
 
     bs = cfg.daemon.block_size
     arrays = LedgerArrays.private(max_workers=2, max_slots=4, max_blocks_per_request=8, ref_capacity=1024, block_size=bs)
-    ledger = Ledger(arrays, np.zeros(4, np.uint64), cfg.overload)
+    ledger = Ledger(arrays, np.zeros(4, np.uint64), cfg.overload, state=np.zeros(4, np.uint64))
     warm_cfg = msgspec.structs.replace(cfg, workers=[])
     sched = Scheduler(warm_cfg, ledger, OverlapIndex(2, 1024), create_selector(cfg.selector),
                       event_device=OverlapIndex(2, 1024), event_offload=OverlapIndex(2, 1024))
@@ -263,6 +292,7 @@ def warm_decision_path(cfg: Config) -> None:
         for kind, tokens in (("dispatched", None), ("prefill_done", None), ("progress", 1)):
             sched.update(admit.request_id, admit.slot, admit.generation, kind, tokens, 2)
         ledger.progress[admit.slot] = (admit.generation << 32) | 2
+        ledger.state[admit.slot] = (admit.generation << 32) | 3
         sched.tick(3)
         sched.release(admit.request_id, admit.slot, admit.generation, "completed", 2 * bs + 2, 4)
         sched.drain_cleanup(4)

@@ -256,6 +256,72 @@ def fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefil
     return changed
 
 
+_FLAGS = np.uint64(3)  # state word flags: bit 0 dispatched, bit 1 prefill_done (see words.py)
+
+
+@njit(cache=True, nogil=True)
+def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts):
+    """Fold both words of each slot (state word, then progress word) into the slots and aggregates.
+
+    The state word (generation << 32 | flags; bit 0 dispatched, bit 1 prefill_done, which implies
+    dispatched) moves an admitted slot to dispatched (state 2) and, with prefill_done, takes the
+    slot's outstanding prefill off its worker (state 3), exactly as `Update(dispatched)` /
+    `Update(prefill_done)` frames do; the progress word is folded as in `fold_progress`. A word
+    whose generation differs from the slot's is ignored; states never move backwards.
+
+    Args:
+        n_slots: fold slots [0, n_slots) (the daemon passes its high-water mark of used slots).
+        progress / state: uint64[S], the routers' progress and state words.
+        seen_state: uint64[S], the state word last folded per slot (daemon-private; updated here).
+            A slot's `dispatched` is reported once per generation: when its flags first appear.
+        s_*: slot table arrays (layout.py dtypes), length S; free slots (state 0) and slots whose
+            worker row is out of range are skipped.
+        w_active_blocks / w_active_prefill: int64[W], updated in place.
+        block_size: tokens per block.
+        out_dispatched: int64[S], written: slots whose dispatched flag appeared in this call, first
+            `out_counts[1]` entries (the caller tells the admission policy).
+        out_counts: int64[2], written: [slots whose load changed, slots newly dispatched].
+    Returns:
+        int: slots whose load changed (prefill freed or output tokens moved).
+    Source: docs/PROTOCOL.md, "Shared memory" (the state word) and the `Update` frame's kinds.
+    """
+    n_rows = w_active_blocks.shape[0]
+    changed = 0
+    k = 0
+    for s in range(n_slots):
+        st = s_state[s]
+        if st == 0:
+            continue
+        row = s_worker_row[s]
+        if row < 0 or row >= n_rows:
+            continue
+        gen = np.uint64(s_generation[s])
+        sw = state[s]
+        old = seen_state[s]
+        if sw != old:
+            seen_state[s] = sw
+            if (sw >> _S32) == gen and (sw & _FLAGS) != 0:
+                had = (old & _FLAGS) if (old >> _S32) == gen else np.uint64(0)
+                if had == 0:
+                    out_dispatched[k] = s
+                    k += 1
+                if st == 1:
+                    s_state[s] = 2
+                    st = 2
+                if (sw & np.uint64(2)) != 0 and st < 3:
+                    w_active_prefill[row] -= s_prefill[s]
+                    s_prefill[s] = 0
+                    s_state[s] = 3
+                    changed += 1
+        pw = progress[s]
+        if (pw >> _S32) == gen:
+            if apply_output_tokens(s, np.int64(pw & _LOW32), s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+                changed += 1
+    out_counts[0] = changed
+    out_counts[1] = k
+    return changed
+
+
 def warm_kernels() -> None:
     """Compile (or load from NUMBA_CACHE_DIR) every kernel for the argument types the ledger and
     the overlap index use, on tiny arrays. Called before the daemon says READY."""
@@ -276,5 +342,6 @@ def warm_kernels() -> None:
         project_and_cost(a.w_active_blocks, a.w_active_prefill, elig, a.ref_keys, a.ref_counts, h, 5, 4, ob, 1.0, 1.0, ob_, op_, oc_)
     progress = np.zeros(2, np.uint64)
     fold_progress(progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
+    fold_words(2, progress, progress.copy(), progress.copy(), a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4, np.zeros(2, np.int64), np.zeros(2, np.int64))
     apply_output_tokens(0, 0, a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
     warm_overlap_kernels()

@@ -6,8 +6,11 @@ Two named segments per daemon instance:
 * ledger (`kvsched-<instance>-ledger`, mode 0640, written only by the daemon): one buffer holding
   the header, the worker table (`w_*`), the slot table (`s_*`), the block arena and the per-worker
   refcount index. `LedgerArrays` lays numpy views over it; every array starts on a 64-byte boundary.
-* progress (`kvsched-<instance>-progress`, mode 0660): `uint64[max_slots]` progress words (see
-  `kvsched.shm.progress`), each written only by the router holding that slot's lease.
+* progress (`kvsched-<instance>-progress`, mode 0660): `uint64[2 * max_slots]`, two words per slot,
+  each written only by the router holding that slot's lease: words [0, max_slots) are the progress
+  words (output tokens, see `kvsched.shm.progress`), words [max_slots, 2 * max_slots) the state
+  words (dispatched / prefill_done, see `kvsched.shm.words`). Layout version 2 added the state words;
+  a version-1 progress segment held the progress words only.
 * kv index (`kvsched-<instance>-kvindex`, mode 0640, daemon only): the event-fed overlap indexes and
   each KV-event stream's last applied seq (`kvsched.shm.kv_index`), so a restart keeps the cache view.
 
@@ -37,7 +40,8 @@ import numpy as np
 from ..errors import ShmLayoutError
 from .space import reserve_pages
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the progress segment holds a state word per slot after the progress words
+PROGRESS_WORDS_PER_SLOT = 2  # progress word + state word
 MAGIC = int.from_bytes(b"KVSCHED1", "little")  # u64 at header[0]
 HEADER_WORDS = 16  # u64 words reserved for the header
 _ALIGN = 64  # bytes; every array starts on a cache line
@@ -280,6 +284,8 @@ class Segments:
         instance: instance name.
         ledger: views over the ledger segment (read-only arrays if attached read-only).
         progress: uint64[max_slots] progress words (always writable).
+        state: uint64[max_slots] state words (always writable; the second half of the progress
+            segment).
     """
 
     instance: str
@@ -288,6 +294,7 @@ class Segments:
     _handles: list[Any]
     kv_index: Any = None  # the daemon's `kvsched.shm.kv_index.KvIndexSegment`, closed with the rest
     kv_index_restored: bool = False  # its contents were kept from the previous daemon
+    state: np.ndarray | None = None  # uint64[max_slots] state words (the progress segment's second half)
 
     def close(self) -> None:
         """Unmap this process's mappings. A mapping still exported to live numpy views stays until
@@ -381,15 +388,26 @@ def create_segments(
     nbytes = LedgerArrays.nbytes(max_workers, max_slots, max_blocks_per_request, ref_capacity)
     ledger_shm = _create(ledger_name(instance), nbytes, ledger_mode, group)
     try:
-        progress_shm = _create(progress_name(instance), max_slots * 8, progress_mode, group)
+        progress_shm = _create(progress_name(instance), progress_nbytes(max_slots), progress_mode, group)
     except BaseException:
         ledger_shm.close()
         _unlink(ledger_shm)
         raise
     arrays = LedgerArrays(ledger_shm.buf, max_workers=max_workers, max_slots=max_slots, max_blocks_per_request=max_blocks_per_request, ref_capacity=ref_capacity, block_size=block_size)
     arrays.write_header(epoch)
-    progress = np.frombuffer(progress_shm.buf, dtype=np.uint64, count=max_slots)
-    return Segments(instance, arrays, progress, [ledger_shm, progress_shm])
+    progress, state = _word_views(progress_shm.buf, max_slots)
+    return Segments(instance, arrays, progress, [ledger_shm, progress_shm], state=state)
+
+
+def progress_nbytes(max_slots: int) -> int:
+    """Bytes of the progress segment: `PROGRESS_WORDS_PER_SLOT` u64 words per slot."""
+    return PROGRESS_WORDS_PER_SLOT * 8 * max_slots
+
+
+def _word_views(buf: Any, max_slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """(progress words, state words): two uint64[max_slots] views over the progress segment."""
+    words = np.frombuffer(buf, dtype=np.uint64, count=PROGRESS_WORDS_PER_SLOT * max_slots)
+    return words[:max_slots], words[max_slots:]
 
 
 class _ReadOnlyMap:
@@ -436,18 +454,18 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
         handles.append(progress_shm)
         if writable_ledger:
             reserve_pages(progress_shm._fd, progress_shm.size, progress_name(instance))  # type: ignore[attr-defined]
-        if progress_shm.size < arrays.max_slots * 8:
-            raise ShmLayoutError(f"{progress_name(instance)}: {progress_shm.size} bytes, need {arrays.max_slots * 8}")
-        progress = np.frombuffer(progress_shm.buf, dtype=np.uint64, count=arrays.max_slots)
+        if progress_shm.size < progress_nbytes(arrays.max_slots):
+            raise ShmLayoutError(f"{progress_name(instance)}: {progress_shm.size} bytes, need {progress_nbytes(arrays.max_slots)}")
+        progress, state = _word_views(progress_shm.buf, arrays.max_slots)
     except BaseException:
-        arrays = progress = None  # drop views before closing
+        arrays = progress = state = None  # drop views before closing
         for handle in handles:
             try:
                 handle.close()
             except BufferError:
                 pass
         raise
-    return Segments(instance, arrays, progress, handles)
+    return Segments(instance, arrays, progress, handles, state=state)
 
 
 def unlink_segments(instance: str) -> None:

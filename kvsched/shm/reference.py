@@ -3,7 +3,7 @@
 Naming: `numpy_twin.<kernel>` and `python_twin.<kernel>` have the kernel's name and signature and
 write the same outputs (property tests in tests/shm/test_kernels.py; ratios in bench/bench_kernels.py).
 Covered: mix64, ref_add, ref_remove, ref_live_count, ref_live_prefix, project_and_cost, apply_output_tokens,
-fold_progress, overlap_depth. The numpy twins vectorise over workers/hashes/slots where the algorithm
+fold_progress, fold_words, overlap_depth. The numpy twins vectorise over workers/hashes/slots where the algorithm
 allows; inserts and deletes in the open-addressing table are sequential by nature, so their numpy
 twins only vectorise each probe window.
 """
@@ -163,6 +163,37 @@ def _py_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_pr
     return changed
 
 
+def _py_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts) -> int:
+    n_rows = w_active_blocks.shape[0]
+    changed = k = 0
+    for s in range(n_slots):
+        st = int(s_state[s])
+        row = int(s_worker_row[s])
+        if st == 0 or not 0 <= row < n_rows:
+            continue
+        gen = int(s_generation[s])
+        sw, old = int(state[s]), int(seen_state[s])
+        if sw != old:
+            seen_state[s] = sw
+            flags = sw & 3
+            if sw >> 32 == gen and flags:
+                if not (old >> 32 == gen and old & 3):
+                    out_dispatched[k] = s
+                    k += 1
+                if st == 1:
+                    st = s_state[s] = 2
+                if flags & 2 and st < 3:
+                    w_active_prefill[row] -= s_prefill[s]
+                    s_prefill[s] = 0
+                    s_state[s] = 3
+                    changed += 1
+        pw = int(progress[s])
+        if pw >> 32 == gen and _py_apply_output_tokens(s, pw & 0xFFFFFFFF, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+            changed += 1
+    out_counts[0], out_counts[1] = changed, k
+    return changed
+
+
 def _py_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out) -> None:
     mask = keys.shape[0] - 1
     limit = min(keys.shape[0], WINDOW)
@@ -316,6 +347,42 @@ def _np_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_pr
     return int(idx.size)
 
 
+def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts) -> int:
+    n = int(n_slots)
+    st, rows, gen = s_state[:n], s_worker_row[:n], s_generation[:n].astype(np.uint64)
+    ok = (st != 0) & (rows >= 0) & (rows < w_active_blocks.shape[0])
+    sw, old = state[:n].copy(), seen_state[:n].copy()
+    moved = ok & (sw != old)
+    seen_state[:n] = np.where(moved, sw, old)
+    flags = sw & _U(3)
+    live = moved & ((sw >> _U(32)) == gen) & (flags != 0)
+    had = ((old >> _U(32)) == gen) & ((old & _U(3)) != 0)
+    newly = np.flatnonzero(live & ~had)
+    out_dispatched[:newly.size] = newly
+    st[live & (st == 1)] = 2
+    done = np.flatnonzero(live & ((flags & _U(2)) != 0) & (st < 3))
+    np.subtract.at(w_active_prefill, rows[done], s_prefill[done])
+    s_prefill[done] = 0
+    st[done] = 3
+    # the progress words, as `fold_progress` folds them, restricted to the folded (valid) slots
+    pw = progress[:n]
+    tokens = (pw & _U(0xFFFFFFFF)).astype(np.int64)
+    idx = np.flatnonzero(ok & ((pw >> _U(32)) == gen) & (tokens > s_output_tokens[:n]))  # tokens only move forward
+    if idx.size:
+        isl, old_n, new_n, r = s_isl[idx], s_output_tokens[idx], tokens[idx], rows[idx]
+        delta = (isl + new_n + block_size - 1) // block_size - (isl + old_n + block_size - 1) // block_size
+        np.add.at(w_active_blocks, r, delta)
+        s_extra_blocks[idx] += delta
+        s_output_tokens[idx] = new_n
+        first = idx[new_n > 0]
+        np.subtract.at(w_active_prefill, s_worker_row[first], s_prefill[first])
+        s_prefill[first] = 0
+        st[first] = np.maximum(st[first], 3)
+    changed = int(done.size + idx.size)
+    out_counts[0], out_counts[1] = changed, newly.size
+    return changed
+
+
 def _np_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out) -> None:
     h = np.asarray(hashes, np.uint64)
     if h.size == 0:
@@ -334,7 +401,7 @@ def _np_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, 
     out[:] = np.cumprod(bits, axis=0, dtype=np.int64).sum(axis=0)
 
 
-_NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "ref_live_prefix", "project_and_cost", "apply_output_tokens", "fold_progress", "overlap_depth")
+_NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "ref_live_prefix", "project_and_cost", "apply_output_tokens", "fold_progress", "fold_words", "overlap_depth")
 
 python_twin = SimpleNamespace(**{name: globals()[f"_py_{name}"] for name in _NAMES})
 numpy_twin = SimpleNamespace(**{name: globals().get(f"_np_{name}", globals()[f"_py_{name}"]) for name in _NAMES})

@@ -251,3 +251,51 @@ def test_overlap_ttl_inserts_evict_one_permanent_entry_when_window_full():
 
 def test_warm_kernels_runs():
     kernels.warm_kernels()
+
+
+@FAST
+@given(
+    n_slots=st.integers(1, 12),
+    seed=st.integers(0, 2**32 - 1),
+    folds=st.integers(1, 3),
+)
+def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
+    """State + progress words: the three implementations agree fold after fold, and stale or
+    unchanged words never touch a slot."""
+    rng = np.random.default_rng(seed)
+    n_rows, bs = 3, 4
+    state = rng.integers(0, 4, n_slots).astype(np.uint8)
+    gen = rng.integers(1, 4, n_slots).astype(np.uint32)
+    rows = rng.integers(-1, n_rows + 1, n_slots).astype(np.int32)  # out-of-range rows are skipped
+    isl = rng.integers(1, 50, n_slots).astype(np.int64)
+    prefill = (isl * rng.integers(0, 2, n_slots)).astype(np.int64)
+    out_tok = rng.integers(0, 3, n_slots).astype(np.int64)
+    extra = rng.integers(0, 5, n_slots).astype(np.int64)
+    wb = rng.integers(100, 200, n_rows).astype(np.int64)
+    wp = rng.integers(100, 200, n_rows).astype(np.int64)
+    seen = ((gen.astype(np.uint64) << np.uint64(32)) | rng.integers(0, 4, n_slots).astype(np.uint64))
+    seen[rng.random(n_slots) < 0.5] = 0
+    arrs = {name: [a.copy() for a in (seen, state, gen, rows, isl, prefill, out_tok, extra, wb, wp)] for name in IMPLS}
+    for _ in range(folds):
+        def words():
+            g = np.where(rng.random(n_slots) < 0.7, gen, gen + 1).astype(np.uint64)
+            return (g << np.uint64(32)) | rng.integers(0, 20, n_slots).astype(np.uint64)
+        progress = words()
+        sw = (words() & ~np.uint64(0xFFFFFFFF)) | rng.integers(0, 4, n_slots).astype(np.uint64)
+        n = int(rng.integers(0, n_slots + 1))
+        results = {}
+        for name, impl in IMPLS.items():
+            a = arrs[name]
+            out_d, counts = np.full(n_slots, -1, np.int64), np.zeros(2, np.int64)
+            changed = impl.fold_words(n, progress.copy(), sw.copy(), *a, bs, out_d, counts)
+            results[name] = (changed, counts.tolist(), sorted(out_d[:counts[1]].tolist()))
+        for name in ("numpy", "python"):
+            assert results[name] == results["numba"], name
+            for got, want in zip(arrs[name], arrs["numba"]):
+                assert np.array_equal(got, want), name
+        assert results["numba"][1][0] == results["numba"][0]
+    # slots past n, free slots and slots with a bad row keep their output tokens from the last fold
+    a = arrs["numba"]
+    skipped = (state == 0) | (rows < 0) | (rows >= n_rows)
+    assert np.array_equal(a[6][skipped], out_tok[skipped])
+    assert np.all(a[1][state != 0] >= state[state != 0])  # states never move backwards
