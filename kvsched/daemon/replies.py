@@ -1,6 +1,6 @@
 """Replies to routers: sent at once to version-1 peers, gathered per wake for version-2 peers.
 
-A version-2 peer (protocol version 2, docs/PROTOCOL.md "Batching") gets everything one wake owes it
+A version-2 peer (protocol version 2, docs/PROTOCOL.md "Versions and batching") gets everything one wake owes it
 in one message: the frame itself when there is one, else a `Replies` frame holding them in order;
 split only to stay under `max_frame_bytes`. `ReplyOutbox.flush()` sends them and returns the
 admissions that could not be delivered, which the actor releases at once (a gone peer must not keep
