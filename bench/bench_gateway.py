@@ -14,7 +14,12 @@ added latency = gateway - direct at p50 and p99 (distributions compared, not req
 the gateway process's CPU per request (µs, /proc). Goal: <= 2 ms added at p50, <= 5 ms at p99 at 50
 concurrent streams.
 
-Usage: python bench/bench_gateway.py [--quick] [--requests N] [--concurrency C]
+With `--compare-ref REF` a second gateway process runs the `kvsched` package of git REF (e.g. the
+commit before a gateway change) against the same daemon and engines, as a third interleaved mode:
+before and after in one run, under the same load. CPU per request (process CPU time / requests,
+all threads) is the figure least disturbed by other jobs on a shared machine.
+
+Usage: python bench/bench_gateway.py [--quick] [--requests N] [--concurrency C] [--compare-ref REF]
        -> table, out/bench/gateway.json (out/bench/quick/ with --quick)
 """
 
@@ -106,51 +111,81 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _archive(ref: str, dest: Path) -> Path:
+    """The `kvsched` package of git `ref` extracted under `dest` (for `--compare-ref`)."""
+    import subprocess
+
+    dest.mkdir(parents=True, exist_ok=True)
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "kvsched"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
+    return dest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests, out/bench/quick/")
     ap.add_argument("--requests", type=int, default=0, help="requests per mode (default 3000, quick 600)")
     ap.add_argument("--concurrency", type=int, default=50, help="streams in flight (default 50)")
     ap.add_argument("--speedup", type=float, default=1000.0, help="sim engines' speedup (default 1000)")
+    ap.add_argument("--compare-ref", metavar="REF", help="also run a gateway from git REF's kvsched package "
+                    "(same daemon, so REF must speak this protocol), interleaved with the others: before/after "
+                    "of a gateway change in one run")
     args = ap.parse_args()
     n = args.requests or (600 if args.quick else 3000)
     from kvsched.gateway.local_fleet import LocalFleet
 
     out_dir = ROOT / "out" / "bench" / ("quick" if args.quick else "")
     out_dir.mkdir(parents=True, exist_ok=True)
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         fleet = LocalFleet.start(tmp, n_engines=2, n_gateways=1, speedup=args.speedup, total_kv_blocks=20000)
         try:
             engines = [e.url for e in fleet.engines]
-            gw = fleet.gateway_urls[0]
-            asyncio.run(run_mode(engines, 200, args.concurrency, 10_000_000))  # warm-up, both paths
-            asyncio.run(run_mode([gw], 200, args.concurrency, 20_000_000))
-            # Interleaved blocks (direct, gateway, direct, ...) so drift in the machine's load hits both.
-            acc_d, acc_g = ({"ttft": [], "total": [], "failed": 0, "elapsed": 0.0} for _ in range(2))
+            # mode -> (urls, gateway process or None)
+            modes = {"direct": (engines, None), "gateway": ([fleet.gateway_urls[0]], fleet.gateways[0])}
+            if args.compare_ref:
+                url = fleet.add_gateway(_archive(args.compare_ref, Path(tmp) / "ref"))
+                modes[f"gateway@{args.compare_ref}"] = ([url], fleet.gateways[-1])
+            for urls, _ in modes.values():  # warm-up, every path
+                asyncio.run(run_mode(urls, 200, args.concurrency, 10_000_000))
+            # Interleaved blocks (direct, gateway, [gateway@ref,] direct, ...) so drift in the machine's
+            # load hits every mode.
+            acc = {m: {"ttft": [], "total": [], "failed": 0, "elapsed": 0.0} for m in modes}
+            cpu = dict.fromkeys(modes, 0.0)
+            res: dict[str, dict] = {}
             per = max(args.concurrency * 2, n // ROUNDS)
-            gw_cpu = 0.0
             for r in range(ROUNDS):
-                direct = asyncio.run(run_mode(engines, per, args.concurrency, r * per, acc_d))
-                c0 = cpu_s(fleet.gateways[0].pid)
-                gateway = asyncio.run(run_mode([gw], per, args.concurrency, r * per, acc_g))
-                gw_cpu += cpu_s(fleet.gateways[0].pid) - c0
-            gateway["gateway_cpu_us_per_request"] = gw_cpu / (per * ROUNDS) * 1e6
+                for m, (urls, proc) in modes.items():
+                    c0 = cpu_s(proc.pid) if proc else 0.0
+                    res[m] = asyncio.run(run_mode(urls, per, args.concurrency, r * per, acc[m]))
+                    cpu[m] += (cpu_s(proc.pid) - c0) if proc else 0.0
+            for m, (_, proc) in modes.items():
+                if proc:
+                    res[m]["gateway_cpu_us_per_request"] = cpu[m] / (per * ROUNDS) * 1e6
         finally:
             fleet.stop()
-    added = {k: gateway[f"{k}_ms"] - direct[f"{k}_ms"] for k in ("ttft_p50", "ttft_p99", "total_p50", "total_p99")}
+    direct = res["direct"]
+    added = {m: {k: r[f"{k}_ms"] - direct[f"{k}_ms"] for k in ("ttft_p50", "ttft_p99", "total_p50", "total_p99")}
+             for m, r in res.items() if m != "direct"}
     result = {"meta": {"requests_per_mode": n, "concurrency": args.concurrency, "max_tokens": MAX_TOKENS,
-                       "prompt_tokens": PROMPT_WORDS + 4, "engines": 2, "speedup": args.speedup,
-                       "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "python": platform.python_version()},
-              "direct": direct, "gateway": gateway, "rounds": ROUNDS, "added_ms": added,
+                       "prompt_tokens": PROMPT_WORDS + 3, "engines": 2, "speedup": args.speedup,
+                       "cpus": os.cpu_count(), "load_avg_1m_start": load_start, "load_avg_1m": os.getloadavg()[0],
+                       "python": platform.python_version(), "compare_ref": args.compare_ref},
+              **res, "rounds": ROUNDS, "added_ms": added["gateway"], "added_ms_by_mode": added,
               "goal": {"added_p50_ms": 2.0, "added_p99_ms": 5.0}}
     (out_dir / "gateway.json").write_text(json.dumps(result, indent=1))
-    print(f"{'mode':<14}{'req/s':>8}{'ttft p50':>10}{'ttft p99':>10}{'total p50':>11}{'total p99':>11}  (ms)")
-    for name, r in (("direct", direct), ("gateway", gateway)):
-        print(f"{name:<14}{r['requests_per_s']:>8.0f}{r['ttft_p50_ms']:>10.2f}{r['ttft_p99_ms']:>10.2f}"
-              f"{r['total_p50_ms']:>11.2f}{r['total_p99_ms']:>11.2f}   failed={r['failed']}")
-    print(f"added by gateway + daemon: ttft p50 {added['ttft_p50']:+.2f} ms, p99 {added['ttft_p99']:+.2f} ms; "
-          f"total p50 {added['total_p50']:+.2f} ms, p99 {added['total_p99']:+.2f} ms; "
-          f"gateway CPU {gateway['gateway_cpu_us_per_request']:.0f} µs/request; load avg {os.getloadavg()[0]:.1f}")
+    w = max(len(m) for m in res) + 2
+    print(f"{'mode':<{w}}{'req/s':>8}{'ttft p50':>10}{'ttft p99':>10}{'total p50':>11}{'total p99':>11}"
+          f"{'CPU/req':>10}  (ms; CPU µs)")
+    for m, r in res.items():
+        c = r.get("gateway_cpu_us_per_request")
+        print(f"{m:<{w}}{r['requests_per_s']:>8.0f}{r['ttft_p50_ms']:>10.2f}{r['ttft_p99_ms']:>10.2f}"
+              f"{r['total_p50_ms']:>11.2f}{r['total_p99_ms']:>11.2f}{'' if c is None else f'{c:.0f}':>10}"
+              f"   failed={r['failed']}")
+    for m, a in added.items():
+        print(f"added by {m} + daemon: ttft p50 {a['ttft_p50']:+.2f} ms, p99 {a['ttft_p99']:+.2f} ms; "
+              f"total p50 {a['total_p50']:+.2f} ms, p99 {a['total_p99']:+.2f} ms")
+    print(f"load avg (1 min) {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end")
     print(f"-> {out_dir / 'gateway.json'}")
 
 

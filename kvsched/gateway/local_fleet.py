@@ -186,7 +186,26 @@ class LocalFleet:
         e.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
 
-    def _spawn_gateway(self, g: int, tok_dir: Path, endpoint: str, extra: str, port: int) -> None:
+    def add_gateway(self, source_dir: str | Path | None = None, extra: str = "") -> str:
+        """Start one more gateway process and return its base URL once it listens.
+
+        Args:
+            source_dir: a directory holding another `kvsched` package tree to run the gateway from
+                (e.g. `git archive` of an older commit, to compare two versions in one run; it must
+                speak this daemon's protocol); None = this package.
+            extra: more `[gateway]` TOML lines.
+        Raises:
+            RuntimeError: the process exited or did not listen within 90 s.
+        """
+        g = len(self.gateways)
+        endpoint = f"ipc://{self.workdir / 'run'}/{self.instance}.sock"
+        self._spawn_gateway(g, self.workdir / "tokenizer", endpoint, extra, 0, source_dir)
+        port = _wait_file(self.workdir / f"gateway-{g}.port", self.gateways[g], self.workdir / f"gateway-{g}.log", 90)
+        self.gateway_urls.append(f"http://127.0.0.1:{port}")
+        return self.gateway_urls[-1]
+
+    def _spawn_gateway(self, g: int, tok_dir: Path, endpoint: str, extra: str, port: int,
+                       source_dir: str | Path | None = None) -> None:
         cfg = self.workdir / f"gateway-{g}.toml"
         cfg.write_text(f"[gateway]\nport = {port}\ndaemon_endpoint = \"{endpoint}\"\nconnect_timeout_s = 90\n"
                        f"health_interval_s = 0.5\n{extra}\n\n[[models]]\nname = \"{self.model}\"\n"
@@ -194,9 +213,13 @@ class LocalFleet:
         ready = self.workdir / f"gateway-{g}.port"
         ready.unlink(missing_ok=True)
         log = open(self.workdir / f"gateway-{g}.log", "ab")
+        env = None
+        if source_dir is not None:  # first on sys.path: its kvsched shadows the installed one
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(source_dir),
+                                                                              os.environ.get("PYTHONPATH")]))}
         proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway", "--config", str(cfg),
                                  "--ready-file", str(ready), "--log-level", "WARNING"],
-                                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
         log.close()
         self.gateways.append(proc)
 
