@@ -19,7 +19,8 @@ import msgspec
 from aiohttp import web
 
 from ..client.lease import Lease
-from .openai import Collector, HttpError, Prompt, chunk_tokens, engine_body
+from .openai import Collector, HttpError, Prompt, engine_body
+from .relay import EngineStreamError, Relay
 
 if TYPE_CHECKING:
     from .app import Gateway
@@ -107,10 +108,14 @@ def _sse_data(buf: bytearray) -> list[bytes]:
 
 async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                   resp: aiohttp.ClientResponse) -> web.StreamResponse:
-    """Relay the engine's SSE stream. Reads whatever has arrived (`iter_any`) and writes what it
-    relays in one write per read, so a burst of chunks costs one syscall, not one per token."""
+    """Relay the engine's SSE stream. Reads whatever has arrived (`iter_any`), passes each chunk
+    through `Relay` and writes what it relays in one write per read; the output tokens of a read are
+    reported to the lease once, so a burst of chunks costs one syscall and one progress update, not
+    one per token."""
     out: web.StreamResponse | None = None
     collector = None if p.stream else Collector(p.kind)
+    # A non-streaming client gets everything collected (usage included) into one response.
+    relay = Relay(p.kind, p.include_usage or collector is not None, p.continuous_usage or collector is not None)
     first = True
     done = False
     buf = bytearray()
@@ -122,29 +127,18 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                 if data == b"[DONE]":
                     done = True
                     break
-                chunk = _json_decode(data)
-                if not isinstance(chunk, dict):
-                    continue
-                if "error" in chunk and not chunk.get("choices"):
-                    raise aiohttp.ClientPayloadError(f"engine error in stream: {chunk['error']}")
-                if first:
+                data = relay.chunk(data)
+                if first and relay.chunks:
                     first = False
                     lease.prefill_done()
-                usage = chunk.get("usage")
-                n = (usage.get("completion_tokens", 0) - lease.output_tokens) if usage else chunk_tokens(chunk, p.kind)
-                if n > 0:
-                    lease.add_output_tokens(n)
-                if collector is not None:
-                    collector.add(chunk)
+                if data is None:
                     continue
-                if usage is not None:
-                    if not chunk.get("choices"):
-                        if not p.include_usage:
-                            continue
-                    elif not p.continuous_usage:
-                        del chunk["usage"]
-                        data = _json_encode(chunk)
+                if collector is not None:
+                    collector.add(_json_decode(data))
+                    continue
                 pending.append(b"data: " + data + b"\n\n")
+            if relay.output_tokens > lease.output_tokens:
+                lease.add_output_tokens(relay.output_tokens - lease.output_tokens)
             if pending:
                 if out is None:
                     out = web.StreamResponse(headers=SSE_HEADERS)
@@ -152,7 +146,7 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                 await _write(out, b"".join(pending))
             if done:
                 break
-    except (aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError) as exc:
+    except (aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError, EngineStreamError) as exc:
         if first:
             raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
         lease.release("aborted")
