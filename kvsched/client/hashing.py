@@ -40,9 +40,11 @@ bool, float, tuple/list); tests check it byte for byte against ``cbor2``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import struct
+from array import array
 from typing import Any, Literal, Sequence
 
 import numpy as np
@@ -115,7 +117,11 @@ def _encode(obj: Any, out: bytearray) -> None:
 
 def vllm_none_hash(hash_seed: str | None = None) -> bytes:
     """vLLM's NONE_HASH for sha256_cbor: sha256(cbor(seed)); seed None -> "vllm-none-hash"."""
-    seed = DEFAULT_VLLM_SEED if hash_seed is None else str(hash_seed)
+    return _none_hash(DEFAULT_VLLM_SEED if hash_seed is None else str(hash_seed))
+
+
+@functools.lru_cache(maxsize=64)
+def _none_hash(seed: str) -> bytes:
     return hashlib.sha256(canonical_cbor(seed)).digest()
 
 
@@ -163,6 +169,84 @@ def _vllm(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequen
     return np.array(out, dtype=np.uint64)
 
 
+class BlockHashCache:
+    """Memo of `mode="vllm"` block digests, keyed by (parent digest, the block's token ids).
+
+    Prompts that share a prefix (a system prompt, the earlier turns of a conversation: the requests
+    a KV-aware router exists for) share their first blocks' hashes; with a cache, `block_hashes`
+    computes each of those blocks once per process instead of once per request (a dictionary
+    lookup instead of CBOR encoding + SHA-256). The key holds the parent's full 32-byte digest, so a
+    hit is the same chain position as computing it. Blocks with extra keys are not cached.
+
+    Args:
+        capacity: blocks kept (default 65,536, a few MB); when full the oldest entry is dropped.
+    Attributes:
+        hits / misses: blocks found / computed so far.
+    """
+
+    __slots__ = ("capacity", "_memo", "hits", "misses")
+
+    def __init__(self, capacity: int = 65_536) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._memo: dict[bytes, tuple[bytes, int]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+
+_U32_NATIVE = array("I").itemsize == 4
+
+
+def _u32_bytes(token_ids: Any, count: int) -> bytes | None:
+    """The first `count` token ids as native uint32 bytes, or None when one is not in [0, 2**32)."""
+    if isinstance(token_ids, np.ndarray):
+        arr = token_ids[:count]
+        if arr.dtype.kind not in "iu" or (arr.size and (arr.min() < 0 or arr.max() > 0xFFFF_FFFF)):
+            return None
+        return arr.astype(np.uint32).tobytes()
+    try:
+        return array("I", token_ids[:count]).tobytes()
+    except (OverflowError, TypeError):
+        return None
+
+
+def _vllm_cached(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequence[Any],
+                 cache: BlockHashCache) -> np.ndarray:
+    data = _u32_bytes(token_ids, n * block_size)
+    if data is None or not _U32_NATIVE:  # what the general path handles (or rejects)
+        return _vllm(token_ids, block_size, n, hash_seed, extra)
+    memo, step = cache._memo, 4 * block_size
+    parent = vllm_none_hash(hash_seed)
+    head = b"\x83\x58\x20", _head(4, block_size)
+    sha256, join, from_bytes, get = hashlib.sha256, b"".join, int.from_bytes, _CBOR_UINT.get
+    tokens: array[int] | None = None
+    out = [0] * n
+    for i in range(n):
+        e = extra[i]
+        key = parent + data[i * step:(i + 1) * step] if e is None else None
+        hit = memo.get(key) if key is not None else None
+        if hit is not None:
+            parent, out[i] = hit
+            cache.hits += 1
+            continue
+        if tokens is None:  # Python ints, whatever the caller's integer type
+            tokens = array("I")
+            tokens.frombytes(data)
+        enc = join([get(t) or _cbor_uint(t) for t in tokens[i * block_size:(i + 1) * block_size]])
+        parent = sha256(join((head[0], parent, head[1], enc, b"\xf6" if e is None else canonical_cbor(e)))).digest()
+        out[i] = from_bytes(parent, "big") & U64_MASK
+        if key is not None:
+            cache.misses += 1
+            if len(memo) >= cache.capacity:
+                del memo[next(iter(memo))]  # the oldest entry
+            memo[key] = (parent, out[i])
+    return np.array(out, dtype=np.uint64)
+
+
 def _xxhash_seed(hash_seed: Any) -> int:
     if hash_seed is None:
         return 0
@@ -191,7 +275,7 @@ def _xxhash(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequ
 
 def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int,
                  mode: Literal["xxhash", "vllm"] = "xxhash", hash_seed: str | int | None = None,
-                 extra_keys: Sequence[Any] | None = None) -> np.ndarray:
+                 extra_keys: Sequence[Any] | None = None, cache: BlockHashCache | None = None) -> np.ndarray:
     """Chained hashes of the complete blocks of `token_ids` (module docstring for both modes).
 
     Args:
@@ -200,6 +284,8 @@ def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int,
         mode: "xxhash" (fast, self-consistent) or "vllm" (equal to vLLM's KV-event hashes).
         hash_seed: vllm: the engine's PYTHONHASHSEED (str); xxhash: the seed (int or str).
         extra_keys: one entry per complete block (tuple or None), or None.
+        cache: a `BlockHashCache` to reuse the digests of blocks seen before (vllm mode only; the
+            result is the same with or without it).
     Returns:
         uint64[len(token_ids) // block_size]; pass to the client's `schedule(block_hashes=...)`.
     Raises:
@@ -210,6 +296,8 @@ def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int,
     n = len(token_ids) // block_size
     extra = _extra(extra_keys, n)
     if mode == "vllm":
+        if cache is not None:
+            return _vllm_cached(token_ids, block_size, n, hash_seed, extra, cache)
         return _vllm(token_ids, block_size, n, hash_seed, extra)
     if mode == "xxhash":
         return _xxhash(token_ids, block_size, n, hash_seed, extra)

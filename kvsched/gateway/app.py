@@ -21,7 +21,7 @@ import msgspec
 from aiohttp import web
 
 from ..client import SchedulerClient
-from ..client.hashing import block_hashes
+from ..client.hashing import BlockHashCache, block_hashes
 from ..errors import ConfigError, DaemonUnavailable, RequestRejected
 from . import openai as oa
 from .config import GatewayConfig, load_gateway_config
@@ -53,6 +53,7 @@ class Gateway:
         self.engine_timeout = aiohttp.ClientTimeout(total=None, sock_connect=g.engine_connect_timeout_s,
                                                     sock_read=g.engine_read_timeout_s)
         self.stats: Counter = Counter()
+        self.hash_cache = BlockHashCache()  # shared prefixes are hashed once per process
 
     async def start(self) -> None:
         """Connect to the daemon (raises DaemonUnavailable) and open the engine session."""
@@ -108,7 +109,8 @@ class Gateway:
         try:
             p = await self._parse(request, kind)
             hints = scheduling_hints(request, p)
-            hashes = block_hashes(p.token_ids, self.block_size, mode="vllm", hash_seed=self.cfg.gateway.hash_seed)
+            hashes = block_hashes(p.token_ids, self.block_size, mode="vllm", hash_seed=self.cfg.gateway.hash_seed,
+                                  cache=self.hash_cache)
             return await serve(self, request, p, path, hints, hashes, f"gw-{uuid.uuid4().hex}")
         except oa.HttpError as exc:
             self.stats[f"http_{exc.status}"] += 1

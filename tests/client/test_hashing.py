@@ -144,3 +144,42 @@ def test_extra_keys_change_the_vllm_hash_of_their_blocks_only():
     salted = block_hashes(toks, 16, mode="vllm", extra_keys=vllm_extra_keys("0.33.0", 3, cache_salt="s"))
     assert (plain != salted).all()  # block 0 differs, and the chain carries it to every later block
     assert (block_hashes(toks, 16, mode="vllm", extra_keys=[None, None, None]) == plain).all()
+
+
+prefixes = st.lists(st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=40), min_size=1, max_size=3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(prefixes, st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 70000), max_size=30),
+                                    st.booleans(), st.sampled_from(["list", "int64", "uint32"])), min_size=1, max_size=8),
+       st.integers(1, 5), st.integers(1, 6), st.sampled_from([None, "7"]))
+def test_cached_vllm_hashes_equal_the_reference_chain(heads, prompts, block_size, capacity, seed):
+    """Prompts sharing prefixes, hashed through one small cache (evictions included), give the
+    reference chain every time; salted prompts (extra keys on block 0) are never mixed up."""
+    from kvsched.client.hashing import BlockHashCache
+
+    cache = BlockHashCache(capacity)
+    for which, tail, salted, kind in prompts:
+        tokens = heads[which % len(heads)] + tail
+        n = len(tokens) // block_size
+        extra = [("cache_salt", "s")] + [None] * (n - 1) if salted and n else None
+        arg = tokens if kind == "list" else np.array(tokens, dtype=np.int64 if kind == "int64" else np.uint32)
+        got = block_hashes(arg, block_size, mode="vllm", hash_seed=seed, extra_keys=extra, cache=cache)
+        want = vllm_reference(tokens, block_size, "vllm-none-hash" if seed is None else seed, extra)
+        assert got.tolist() == want
+    assert len(cache) <= capacity
+
+
+def test_cache_hits_on_a_shared_prefix_and_falls_back_for_tokens_out_of_range():
+    from kvsched.client.hashing import BlockHashCache
+
+    cache = BlockHashCache()
+    a, b = list(range(100, 164)) + [1, 2, 3, 4], list(range(100, 164)) + [9, 9, 9, 9]
+    block_hashes(a, 16, mode="vllm", cache=cache)
+    assert (cache.hits, cache.misses) == (0, 4)
+    assert block_hashes(b, 16, mode="vllm", cache=cache).tolist() == vllm_reference(b, 16, "vllm-none-hash")
+    assert (cache.hits, cache.misses) == (4, 4)  # the 4 complete blocks are the shared prefix
+    big = [2**40] * 16  # beyond uint32: the general path, same result as without a cache
+    assert block_hashes(big, 16, mode="vllm", cache=cache).tolist() == vllm_reference(big, 16, "vllm-none-hash")
+    with pytest.raises(ValueError):
+        BlockHashCache(0)
