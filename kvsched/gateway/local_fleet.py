@@ -213,13 +213,11 @@ class LocalFleet:
         ready = self.workdir / f"gateway-{g}.port"
         ready.unlink(missing_ok=True)
         log = open(self.workdir / f"gateway-{g}.log", "ab")
-        env = None
-        if source_dir is not None:  # first on sys.path: its kvsched shadows the installed one
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(source_dir),
-                                                                              os.environ.get("PYTHONPATH")]))}
+        # `python -m` puts the working directory first on sys.path: run from `source_dir` so its
+        # kvsched shadows the installed one.
         proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway", "--config", str(cfg),
                                  "--ready-file", str(ready), "--log-level", "WARNING"],
-                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=source_dir)
         log.close()
         self.gateways.append(proc)
 
