@@ -11,7 +11,7 @@ temperature 0, as its start-up log prints). HTTP API used (JSON bodies; Dynamo's
 
 * `POST /workers` {worker_id, endpoint, block_size, kv_events_endpoints: {"<dp rank>": url}} —
   a worker is schedulable once it has an endpoint, a block size > 0 and a KV-event endpoint;
-* `POST /select_and_reserve` {token_ids} → {selection_id, worker_id, dp_rank, overlap{gpu, ...}, ...};
+* `POST /select_and_reserve` {token_ids} → {selection_id, worker_id, dp_rank, overlap{gpu: cached tokens, ...}, ...};
   `POST /reservations/{id}/prefill_complete`; `DELETE /reservations/{id}`;
 * `POST /overlap_scores` {token_ids} → {workers: [{worker_id, dp_rank, device_blocks, ...}]}.
 

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 ROUTER_READY_TIMEOUT_S = 120.0  # spawned routers import numpy/zmq/client and parse the trace
 START_LEAD_S = 0.3  # t0 is this far after the go signal, so no router starts late
 LEDGER_ZERO_TIMEOUT_S = 10.0  # releases are asynchronous: wait this long for the aggregates
+DYNAMO_SUBSCRIBE_S = 1.0  # after registering engines with Dynamo: time for its KV-event subscriptions
 
 
 @dataclass(slots=True)
@@ -279,7 +280,7 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profi
         transport = "tcp" if use_dynamo else opts.kv_transport  # Dynamo's subscriber gets loopback tcp
         kv_eps = kv_event_endpoints(spec, procs.runtime_dir, transport) if opts.kv_events else ()
         endpoint, admin = _start_daemon(opts, spec, procs, profile, kv_eps)
-        dynamo_url = _start_dynamo(spec, procs, kv_eps) if use_dynamo else None
+        dynamo_url = _start_dynamo(procs) if use_dynamo else None
         if procs.daemon is not None and console is not None:  # its sockets are in a private directory
             console.print(f"daemon admin endpoint: {admin}\n  inspect it while it runs: kvsched --admin-endpoint {admin} status",
                           markup=False, highlight=False, soft_wrap=True)
@@ -307,6 +308,11 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profi
             procs.routers.append(proc)
             readies.append(ready)
         _wait_ready([fleet_ready, *readies], [procs.fleet, *procs.routers], ROUTER_READY_TIMEOUT_S)
+        if procs.dynamo is not None:  # its subscribers connect once: the fleet's publishers must be bound
+            from .dynamo import register_fleet
+
+            register_fleet(procs.dynamo, spec.keys(), [pub for pub, _ in kv_eps], spec.block_size)
+            time.sleep(DYNAMO_SUBSCRIBE_S)
         t0.value = time.monotonic() + START_LEAD_S
         go.set()
         start = time.monotonic()
@@ -351,15 +357,14 @@ def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: 
     return procs.daemon.endpoint, procs.daemon.admin_endpoint
 
 
-def _start_dynamo(spec: FleetSpec, procs: _Procs, kv_eps: tuple) -> str:
-    """Start NVIDIA Dynamo's selection service, register every engine with its KV-event endpoint."""
-    from .dynamo import DynamoService, dynamo_unavailable_reason, register_fleet
+def _start_dynamo(procs: _Procs) -> str:
+    """Start NVIDIA Dynamo's selection service (engines are registered once the fleet is up); its URL."""
+    from .dynamo import DynamoService, dynamo_unavailable_reason
 
     reason = dynamo_unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"replay via dynamo: {reason}")
     procs.dynamo = DynamoService().start()
-    register_fleet(procs.dynamo, spec.keys(), [pub for pub, _ in kv_eps], spec.block_size)
     return procs.dynamo.base
 
 

@@ -221,7 +221,7 @@ class Router:
         r.admission_latency_us = (time.perf_counter_ns() - t_a) / 1000.0
         lease = _DynamoLease(self.dynamo, rep, self.loop)
         r.worker = str(lease.worker)
-        r.predicted_cached_tokens = int((rep.get("overlap") or {}).get("gpu", 0)) * self.trace.block_size
+        r.predicted_cached_tokens = int((rep.get("overlap") or {}).get("gpu", 0))  # Dynamo reports tokens
         try:
             fut = self.loop.create_future()
             self.inflight[rid] = _InFlight(lease, r, fut)

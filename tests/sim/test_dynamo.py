@@ -35,7 +35,7 @@ def test_service_sees_a_stored_block_and_routes_the_request_to_the_engine_holdin
     2. engine 1 publishes BlockStored for 4 blocks (resent until seen: PUB/SUB joins late);
     3. a request extending those blocks asks /overlap_scores, then /select_and_reserve.
     Result: the service sees 4 blocks on engine 1 and 0 on engine 0, picks engine 1 reporting 4
-    cached blocks, and prefill_complete and DELETE of the reservation succeed (async client)."""
+    cached blocks' tokens, and prefill_complete and DELETE of the reservation succeed (async client)."""
     ctx = zmq.Context()
     eps = [f"tcp://127.0.0.1:{_port()}" for _ in range(2)]
     pubs = [TokenIdPublisher(KvEventPublisher(ctx, ep)) for ep in eps]
@@ -66,7 +66,7 @@ def test_service_sees_a_stored_block_and_routes_the_request_to_the_engine_holdin
                     await r.close()
 
             rep = asyncio.run(route())
-            assert rep["worker_id"] == 1 and int(rep["overlap"]["gpu"]) == 4, rep
+            assert rep["worker_id"] == 1 and int(rep["overlap"]["gpu"]) == 4 * B, rep  # overlap in tokens
     finally:
         for p in pubs:
             p.close()
