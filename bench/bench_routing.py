@@ -150,7 +150,7 @@ def one_virtual(job: tuple) -> dict:
 WALL_POLICIES = (("kv", "kv", "daemon"), ("dynamo", "kv", "dynamo"), ("dynamo_cost", "dynamo_cost", "daemon"),
                  ("cache_aware", "cache_aware", "daemon"))  # (label, daemon selector, who routes)
 WALL_SPEEDUP = 10.0  # simulated seconds per wall second (admission latency is inflated by this)
-WALL_LIMIT = {4: 2500, 16: 6000}  # first N requests of the conversation trace (a few wall minutes each)
+WALL_LIMIT = {4: 1500, 16: 4000}  # first N requests of the conversation trace (a few wall minutes each)
 OVERLAP_SAMPLE_EVERY = 10  # kv run: the daemon's vs Dynamo's overlap on every 10th request
 
 
