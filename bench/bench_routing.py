@@ -155,18 +155,21 @@ OVERLAP_SAMPLE_EVERY = 10  # kv run: the daemon's vs Dynamo's overlap on every 1
 
 
 def wall_figures(results, trace, workers: int, blocks: int, wall_s: float, speedup: float) -> dict:
-    """`figures` plus TTFT with the admission latency subtracted: a wall-clock replay multiplies each
-    request's admission latency (HTTP for Dynamo, ZeroMQ for the daemon; both on shared cores) by the
-    speedup into simulated time, which says nothing about routing."""
+    """`figures` plus TTFT with the admission transport latency subtracted: a wall-clock replay
+    multiplies each request's admission latency (HTTP for Dynamo, ZeroMQ for the daemon; both on
+    shared cores) by the speedup into simulated time, which says nothing about routing. The time a
+    request waited in the daemon's queue (`queued_us`, wall) is part of its admission latency but is
+    scheduling, so it stays in the TTFT: subtracted = (admission latency - queued) x speedup."""
     import numpy as np
 
     from kvsched.sim.summary import COMPLETED
 
     f = figures(results, trace, workers, blocks, wall_s)
     done = [r for r in results if r.outcome == COMPLETED and r.ttft_us >= 0]
-    adm = np.array([r.admission_latency_us for r in done]) if done else np.zeros(1)
-    adj = np.array([max(0.0, r.ttft_us - r.admission_latency_us * speedup) / 1000.0 for r in done]) if done else np.zeros(1)
-    f.update(admission_ms_p50=round(float(np.percentile(adm, 50)) / 1000, 2),
+    adm = np.array([max(0.0, r.admission_latency_us - max(0, r.queued_us)) for r in done]) if done else np.zeros(1)
+    adj = np.array([max(0.0, r.ttft_us - a * speedup) / 1000.0 for r, a in zip(done, adm)]) if done else np.zeros(1)
+    f.update(queued_ms_p99=round(float(np.percentile([max(0, r.queued_us) for r in done] or [0], 99)) / 1000, 1),
+             admission_ms_p50=round(float(np.percentile(adm, 50)) / 1000, 2),
              admission_ms_p99=round(float(np.percentile(adm, 99)) / 1000, 2),
              ttft_adj_ms_p50=round(float(np.percentile(adj, 50)), 1), ttft_adj_ms_p99=round(float(np.percentile(adj, 99)), 1))
     return f
@@ -197,7 +200,8 @@ def overlap_agreement(path: Path) -> dict | None:
             "nonzero_samples": sum(1 for s in rows if max(s["dynamo"].values(), default=0) > 0)}
 
 
-def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup: float = WALL_SPEEDUP) -> dict:
+def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup: float = WALL_SPEEDUP,
+                    policies: tuple[str, ...] | None = None) -> dict:
     """Wall-clock replays (real daemon, simulated fleet process, router processes) of the same slice of
     the conversation trace routed by kv, NVIDIA Dynamo's selection service (`dynamo`, when installed),
     dynamo_cost and cache_aware; kv's overlap checked against Dynamo's first; plus kv in virtual time."""
@@ -217,7 +221,7 @@ def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup
         print(f"dynamo baseline skipped ({workers} workers): {reason}", flush=True)
     runs = {}
     for label, selector, via in WALL_POLICIES:
-        if via == "dynamo" and reason is not None:
+        if (via == "dynamo" and reason is not None) or (policies and label not in policies):
             continue
         out = ROOT / "out" / "bench" / f"routing-wall-{workers}-{label}"
         sample = OVERLAP_SAMPLE_EVERY if label == "kv" and reason is None else 0
@@ -337,6 +341,7 @@ def main() -> None:
     ap.add_argument("--wall-workers", default="4,16", help="Fleet sizes of the wall-clock cross-check.")
     ap.add_argument("--wall-limit", type=int, default=None, help="Requests per wall-clock run (default per fleet size).")
     ap.add_argument("--wall-speedup", type=float, default=WALL_SPEEDUP, help="Wall-clock replay speedup.")
+    ap.add_argument("--wall-policies", default=None, help="Subset of kv,dynamo,dynamo_cost,cache_aware (default all).")
     ap.add_argument("--wall-only", action="store_true", help="Only the wall-clock cross-check (no virtual grid).")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench" / "routing.json"))
     args = ap.parse_args()
@@ -379,7 +384,8 @@ def main() -> None:
         print(f"verdict {v['workload']} W={v['workers']} level={v['level']}: {v['verdict']} {'; '.join(v['missed'])}")
     wall = None
     if not args.no_wall:
-        wall = [wall_crosscheck(w, args.quick, args.wall_limit, args.wall_speedup) for w in ((4,) if args.quick else tuple(map(int, args.wall_workers.split(","))))]
+        wall = [wall_crosscheck(w, args.quick, args.wall_limit, args.wall_speedup,
+                                tuple(args.wall_policies.split(",")) if args.wall_policies else None) for w in ((4,) if args.quick else tuple(map(int, args.wall_workers.split(","))))]
         for c in wall:
             w, v = c["wall"], c["virtual"]
             print(f"cross-check (kv, {c['workers']} workers, {c['requests']} requests, {c['speedup']:g}x): "
