@@ -214,7 +214,8 @@ def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup
     from kvsched.sim.trace import load_trace
 
     trace_path = SLICE if quick or not FULL_TRACE.exists() else FULL_TRACE
-    limit = limit or (300 if quick else WALL_LIMIT.get(workers, 3000))
+    limit = limit or (150 if quick else WALL_LIMIT.get(workers, 3000))
+    policies = policies or (("kv", "dynamo") if quick else None)
     routers = 4
     trace = load_trace(trace_path, limit)
     per = kv_blocks_for(trace.block_size)
