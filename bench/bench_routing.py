@@ -147,45 +147,115 @@ def one_virtual(job: tuple) -> dict:
             **figures(run.results, trace, workers, spec.blocks_per_engine, time.perf_counter() - t0)}
 
 
-def wall_crosscheck(workers: int, quick: bool) -> dict:
-    """`kv` through the real daemon, simulated fleet and router processes (wall clock) and in virtual
-    time on the same requests; plus NVIDIA Dynamo's selector when `dynamo_driver` can run it."""
+WALL_POLICIES = (("kv", "kv", "daemon"), ("dynamo", "kv", "dynamo"), ("dynamo_cost", "dynamo_cost", "daemon"),
+                 ("cache_aware", "cache_aware", "daemon"))  # (label, daemon selector, who routes)
+# Simulated seconds per wall second. At 10x on 2 loaded cores Dynamo's HTTP service fell behind at 16
+# workers (p50 admission 19 s wall, half the requests timed out); at 2x it keeps up (docs/BENCHMARKS.md §5).
+WALL_SPEEDUP = 2.0
+WALL_LIMIT = {4: 450, 16: 2000}  # first N requests of the conversation trace (~2 wall minutes per run)
+OVERLAP_SAMPLE_EVERY = 10  # kv run: the daemon's vs Dynamo's overlap on every 10th request
+
+
+def wall_figures(results, trace, workers: int, blocks: int, wall_s: float, speedup: float) -> dict:
+    """`figures` plus TTFT with the admission transport latency subtracted: a wall-clock replay
+    multiplies each request's admission latency (HTTP for Dynamo, ZeroMQ for the daemon; both on
+    shared cores) by the speedup into simulated time, which says nothing about routing. The time a
+    request waited in the daemon's queue (`queued_us`, wall) is part of its admission latency but is
+    scheduling, so it stays in the TTFT: subtracted = (admission latency - queued) x speedup."""
+    import numpy as np
+
+    from kvsched.sim.summary import COMPLETED
+
+    f = figures(results, trace, workers, blocks, wall_s)
+    done = [r for r in results if r.outcome == COMPLETED and r.ttft_us >= 0]
+    adm = np.array([max(0.0, r.admission_latency_us - max(0, r.queued_us)) for r in done]) if done else np.zeros(1)
+    adj = np.array([max(0.0, r.ttft_us - a * speedup) / 1000.0 for r, a in zip(done, adm)]) if done else np.zeros(1)
+    f.update(queued_ms_p99=round(float(np.percentile([max(0, r.queued_us) for r in done] or [0], 99)) / 1000, 1),
+             admission_ms_p50=round(float(np.percentile(adm, 50)) / 1000, 2),
+             admission_ms_p99=round(float(np.percentile(adm, 99)) / 1000, 2),
+             ttft_adj_ms_p50=round(float(np.percentile(adj, 50)), 1), ttft_adj_ms_p99=round(float(np.percentile(adj, 99)), 1))
+    return f
+
+
+def overlap_agreement(path: Path) -> dict | None:
+    """Agreement of the daemon's and Dynamo's per-worker overlap on the sampled requests of a kv run
+    (`overlap_samples.jsonl`): share of (request, worker) pairs equal, of requests equal on every
+    worker, and of requests whose deepest-overlap worker sets agree."""
+    if not path.exists():
+        return None
+    pairs = equal = req_equal = deepest_equal = daemon_more = 0
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for s in rows:
+        d, y = s["daemon"], s["dynamo"]
+        keys = sorted(set(d) | set(y))
+        eq = [d.get(k, 0) == y.get(k, 0) for k in keys]
+        pairs += len(keys)
+        equal += sum(eq)
+        daemon_more += sum(d.get(k, 0) > y.get(k, 0) for k in keys)
+        req_equal += all(eq)
+        md, my = max(d.values(), default=0), max(y.values(), default=0)
+        deepest_equal += {k for k in keys if d.get(k, 0) == md} == {k for k in keys if y.get(k, 0) == my} and md == my
+    n = len(rows) or 1
+    return {"samples": len(rows), "pair_agreement": round(equal / max(1, pairs), 4),
+            "request_agreement": round(req_equal / n, 4), "deepest_agreement": round(deepest_equal / n, 4),
+            "daemon_higher_share": round(daemon_more / max(1, pairs), 4),
+            "nonzero_samples": sum(1 for s in rows if max(s["dynamo"].values(), default=0) > 0)}
+
+
+def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup: float = WALL_SPEEDUP,
+                    policies: tuple[str, ...] | None = None) -> dict:
+    """Wall-clock replays (real daemon, simulated fleet process, router processes) of the same slice of
+    the conversation trace routed by kv, NVIDIA Dynamo's selection service (`dynamo`, when installed),
+    dynamo_cost and cache_aware; kv's overlap checked against Dynamo's first; plus kv in virtual time."""
+    from kvsched.sim.dynamo import dynamo_unavailable_reason
+    from kvsched.sim.profile import kv_blocks_for
     from kvsched.sim.replay import ReplayOptions, run_replay
     from kvsched.sim.summary import read_results
     from kvsched.sim.trace import load_trace
 
-    from dynamo_driver import dynamo_unavailable_reason
-
     trace_path = SLICE if quick or not FULL_TRACE.exists() else FULL_TRACE
-    speedup, routers = (20.0, 4) if quick else (100.0, 4)
-    trace = load_trace(trace_path)
-    out = ROOT / "out" / "bench" / f"routing-wall-{workers}"
-    opts = ReplayOptions(trace=trace_path, routers=routers, workers=workers, speedup=speedup, load_scale=workers / 4,
-                         out=out, selector="kv", seed=0)
-    blocks = opts.kv_blocks if getattr(opts, "kv_blocks", None) else None
-    t0 = time.perf_counter()
-    summary = run_replay(opts)
-    from kvsched.sim.profile import kv_blocks_for
-
-    per = blocks or kv_blocks_for(trace.block_size)
-    wall = figures(read_results(out / "results.jsonl"), trace, workers, per, time.perf_counter() - t0)
-    wall.update(admission_latency_us_p50=summary.admission_latency_us_p50,
-                admission_latency_us_p99=summary.admission_latency_us_p99, ledger_zero=summary.ledger_zero,
-                rejected=summary.rejected, aborted=summary.aborted)
-    vopts = ReplayOptions(trace=trace_path, workers=workers, virtual=True, load_scale=workers / 4,
+    limit = limit or (150 if quick else WALL_LIMIT.get(workers, 3000))
+    policies = policies or (("kv", "dynamo") if quick else None)
+    routers = 4
+    trace = load_trace(trace_path, limit)
+    per = kv_blocks_for(trace.block_size)
+    reason = dynamo_unavailable_reason()
+    if reason is not None:
+        print(f"dynamo baseline skipped ({workers} workers): {reason}", flush=True)
+    runs = {}
+    for label, selector, via in WALL_POLICIES:
+        if (via == "dynamo" and reason is not None) or (policies and label not in policies):
+            continue
+        out = ROOT / "out" / "bench" / f"routing-wall-{workers}-{label}"
+        sample = OVERLAP_SAMPLE_EVERY if label == "kv" and reason is None else 0
+        opts = ReplayOptions(trace=trace_path, routers=routers, workers=workers, speedup=speedup, load_scale=workers / 4,
+                             limit=limit, out=out, selector=selector, seed=0, router_via=via, overlap_sample_every=sample)
+        t0 = time.perf_counter()
+        summary = run_replay(opts)
+        f = wall_figures(read_results(out / "results.jsonl"), trace, workers, per, time.perf_counter() - t0, speedup)
+        f.update(ledger_zero=summary.ledger_zero, rejected=summary.rejected, aborted=summary.aborted, notes=opts.notes)
+        if sample:
+            f["overlap_check"] = overlap_agreement(out / "overlap_samples.jsonl")
+        runs[label] = f
+        print(f"wall W={workers} {label}: hit {f['prefix_hit_ratio']:.3f} gave up {f['overlap_given_up_share']:.3f} "
+              f"TTFT-adm p50 {f['ttft_adj_ms_p50']:,.0f} p99 {f['ttft_adj_ms_p99']:,.0f} ms, admission p50 "
+              f"{f['admission_ms_p50']:.1f} ms, not completed {f['not_completed']} ({f['wall_s']:.0f} s)", flush=True)
+        if sample:
+            print(f"  overlap daemon vs dynamo: {f['overlap_check']}", flush=True)
+    vopts = ReplayOptions(trace=trace_path, workers=workers, virtual=True, load_scale=workers / 4, limit=limit,
                           out=ROOT / "out" / "bench" / f"routing-virtual-{workers}", selector="kv", seed=0)
     vs = run_replay(vopts)
     virt = figures(read_results(vopts.out / "results.jsonl"), trace, workers, per, vs.wall_time_s)
-    reason, dynamo = dynamo_unavailable_reason(), None
-    if reason is None:
-        from dynamo_driver import overlap_agrees
-
-        dynamo = {"overlap_check": overlap_agrees()}
-        reason = ("only the overlap check ran (Dynamo sees the same KV events: "
-                  f"{dynamo['overlap_check']}); the wall-clock replay routed by Dynamo is not implemented yet")
-    print(f"dynamo baseline skipped ({workers} workers): {reason}", flush=True)
-    return {"workers": workers, "routers": routers, "speedup": speedup, "load_scale": workers / 4,
-            "requests": len(trace), "wall": wall, "virtual": virt, "dynamo": dynamo, "dynamo_skipped": reason}
+    ratios = {}
+    if "dynamo" in runs:
+        d = runs["dynamo"]
+        for label, f in runs.items():
+            ratios[label] = {m: (round(f[m] / d[m], 3) if d[m] else None)
+                             for m in ("prefix_hit_ratio", "ttft_adj_ms_p50", "ttft_adj_ms_p99")}
+            ratios[label]["overlap_given_up_share"] = f["overlap_given_up_share"]
+    return {"workers": workers, "routers": routers, "speedup": speedup, "load_scale": workers / 4, "limit": limit,
+            "requests": len(trace), "runs": runs, "wall": runs.get("kv"), "virtual": virt, "ratios_vs_dynamo": ratios,
+            "dynamo_skipped": reason, "loadavg": os.getloadavg()}
 
 
 def aggregate(runs: list[dict]) -> list[dict]:
@@ -271,6 +341,11 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(p[0] for p in POLICIES), help="Comma-separated policy labels.")
     ap.add_argument("--jobs", type=int, default=2, help="Virtual runs in parallel (processes).")
     ap.add_argument("--no-wall", action="store_true", help="Skip the wall-clock cross-check against `dynamo`.")
+    ap.add_argument("--wall-workers", default="4,16", help="Fleet sizes of the wall-clock cross-check.")
+    ap.add_argument("--wall-limit", type=int, default=None, help="Requests per wall-clock run (default per fleet size).")
+    ap.add_argument("--wall-speedup", type=float, default=WALL_SPEEDUP, help="Wall-clock replay speedup.")
+    ap.add_argument("--wall-policies", default=None, help="Subset of kv,dynamo,dynamo_cost,cache_aware (default all).")
+    ap.add_argument("--wall-only", action="store_true", help="Only the wall-clock cross-check (no virtual grid).")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench" / "routing.json"))
     args = ap.parse_args()
     seeds = range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds))
@@ -278,6 +353,8 @@ def main() -> None:
     policies = [p for p in POLICIES if p[0] in names]
     workloads = args.workloads.split(",")
     jobs = []
+    if args.wall_only:
+        workloads = []
     if "conversation" in workloads:
         jobs += [("conversation", args.quick, w, lv, s, *p) for w in map(int, args.workers.split(","))
                  for lv in map(float, args.levels.split(",")) for s in seeds for p in policies]
@@ -310,13 +387,23 @@ def main() -> None:
         print(f"verdict {v['workload']} W={v['workers']} level={v['level']}: {v['verdict']} {'; '.join(v['missed'])}")
     wall = None
     if not args.no_wall:
-        wall = [wall_crosscheck(w, args.quick) for w in ((4,) if args.quick else (4, 16))]
+        wall = [wall_crosscheck(w, args.quick, args.wall_limit, args.wall_speedup,
+                                tuple(args.wall_policies.split(",")) if args.wall_policies else None) for w in ((4,) if args.quick else tuple(map(int, args.wall_workers.split(","))))]
         for c in wall:
             w, v = c["wall"], c["virtual"]
             print(f"cross-check (kv, {c['workers']} workers, {c['requests']} requests, {c['speedup']:g}x): "
                   f"hit {w['prefix_hit_ratio']:.3f} wall vs {v['prefix_hit_ratio']:.3f} virtual; "
                   f"TTFT p50 {w['ttft_ms_p50']:,.0f} vs {v['ttft_ms_p50']:,.0f} ms; "
                   f"p99 {w['ttft_ms_p99']:,.0f} vs {v['ttft_ms_p99']:,.0f} ms", flush=True)
+            for label, rt in c["ratios_vs_dynamo"].items():
+                print(f"  W={c['workers']} {label} / dynamo: hit x{rt['prefix_hit_ratio']}, TTFT-adm p50 "
+                      f"x{rt['ttft_adj_ms_p50']}, p99 x{rt['ttft_adj_ms_p99']}; overlap given up "
+                      f"{rt['overlap_given_up_share']:.3f}", flush=True)
+        wall_out = out.with_name(out.stem + "_wall.json")
+        wall_out.write_text(json.dumps({"loadavg": os.getloadavg(), "crosscheck": wall}, indent=1))
+        print(f"wrote {wall_out}")
+    if args.wall_only:
+        return
     meta = {"levels": args.levels, "workers": args.workers, "seeds": list(seeds), "quick": args.quick,
             "workloads": workloads, "load_scale_rule": "level * workers / 4", "virtual_runs": len(runs),
             "virtual_runs_s": round(virtual_s, 1), "jobs": args.jobs, "loadavg": os.getloadavg()}

@@ -19,27 +19,21 @@ traces carry only block hash ids, so engines publish synthetic token ids for eve
 block (`kvsched.sim.tokens`, `FleetParams.kv_token_ids`; the same ids for every request sharing that block) and requests are sent as the
 concatenation of their blocks' ids.
 
-Status: this client, the service lifecycle and the overlap check (`overlap_agrees`) work against
-the real service; the wall-clock replay with Dynamo routing the simulated fleet (routers calling it
-instead of the daemon, engines publishing token ids) is not written yet.
+The service lifecycle and clients live in `kvsched.sim.dynamo` (the wall-clock replay's
+`router_via="dynamo"` mode uses them); this module re-exports them for the benches and adds
+`overlap_agrees`, a one-worker check that the service indexes kvsched's KV events.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import socket
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+from pathlib import Path
 
-def dynamo_unavailable_reason() -> str | None:
-    """None when the service can run here; else why not (benches print it and skip `dynamo`)."""
-    if importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("dynamo.select_service") is None:
-        return "package ai-dynamo-runtime not installed (pip install -e '.[bench-dynamo]')"
-    return None
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvsched.sim.dynamo import (DynamoError, DynamoRoute, DynamoService, _free_port,  # noqa: E402,F401
+                                dynamo_unavailable_reason, register_fleet)
 
 
 def request_token_ids(block_hashes, block_size: int) -> list[int]:
@@ -47,96 +41,6 @@ def request_token_ids(block_hashes, block_size: int) -> list[int]:
     from kvsched.sim.tokens import token_ids_for
 
     return token_ids_for(block_hashes, block_size)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class DynamoService:
-    """A `dynamo.select_service` child process and a small HTTP client for it (module docstring).
-
-    Use as a context manager; `start()` waits until `GET /workers` answers (RuntimeError after
-    `start_timeout_s`). Errors from the service raise `DynamoError` with its message.
-    """
-
-    def __init__(self, port: int | None = None, threads: int = 1, start_timeout_s: float = 30.0) -> None:
-        self.port = port or _free_port()
-        self.threads = threads
-        self.start_timeout_s = start_timeout_s
-        self.proc: subprocess.Popen | None = None
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "DynamoService":
-        self.proc = subprocess.Popen([sys.executable, "-m", "dynamo.select_service", "--port", str(self.port),
-                                      "--threads", str(self.threads)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dynamo.select_service exited with {self.proc.returncode}")
-            try:
-                self._call("GET", "/workers")
-                return self
-            except (urllib.error.URLError, ConnectionError, OSError):
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"dynamo.select_service did not answer on {self.base} within {self.start_timeout_s} s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def __enter__(self) -> "DynamoService":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _call(self, method: str, path: str, body: dict | None = None) -> dict | list | None:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            raise DynamoError(f"{method} {path}: HTTP {e.code} {e.read()[:300]!r}") from None
-        return json.loads(raw) if raw else None
-
-    def add_worker(self, worker_id: int, block_size: int, kv_events_endpoint: str, endpoint: str | None = None,
-                   dp_rank: int = 0) -> dict:
-        """Register one engine (one DP rank) with its KV-event PUB endpoint; returns the service's record."""
-        return self._call("POST", "/workers", {"worker_id": worker_id, "endpoint": endpoint or f"http://sim/{worker_id}",
-                                               "block_size": block_size,
-                                               "kv_events_endpoints": {str(dp_rank): kv_events_endpoint}})
-
-    def select_and_reserve(self, token_ids: list[int]) -> dict:
-        """Pick and book a worker: {selection_id, worker_id, dp_rank, overlap{gpu}, effective_prefill_tokens, ...}."""
-        return self._call("POST", "/select_and_reserve", {"token_ids": token_ids})
-
-    def prefill_complete(self, selection_id: str) -> None:
-        self._call("POST", f"/reservations/{selection_id}/prefill_complete", {})
-
-    def release(self, selection_id: str) -> None:
-        self._call("DELETE", f"/reservations/{selection_id}")
-
-    def overlap_blocks(self, token_ids: list[int]) -> dict[tuple[int, int], int]:
-        """(worker_id, dp_rank) -> cached leading blocks of `token_ids`, as the service sees them."""
-        rep = self._call("POST", "/overlap_scores", {"token_ids": token_ids})
-        return {(w["worker_id"], w["dp_rank"]): int(w["device_blocks"]) for w in rep["workers"]}
-
-
-class DynamoError(RuntimeError):
-    """The selection service answered with an error (message included)."""
 
 
 def overlap_agrees(block_size: int = 16, blocks: int = 4, settle_s: float = 1.0) -> dict:

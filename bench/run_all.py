@@ -237,23 +237,42 @@ def md_routing(r: dict) -> str:
     return "\n\n".join(parts)
 
 
-def md_crosscheck(r: dict) -> str:
-    cs = r.get("wall_crosscheck")
+def md_crosscheck(cs) -> str:
+    """The wall-clock cross-check (`bench_routing.wall_crosscheck` results, one per fleet size)."""
     if not cs:
         return "_not run_"
     cs = cs if isinstance(cs, list) else [cs]
     out = []
     for c in cs:
-        w, v = c["wall"], c["virtual"]
-        rows = [[k, f"{w[k]:,.3f}" if isinstance(w[k], float) and w[k] < 10 else _f(w[k]),
-                 f"{v[k]:,.3f}" if isinstance(v[k], float) and v[k] < 10 else _f(v[k])]
-                for k in ("prefix_hit_ratio", "ttft_ms_p50", "ttft_ms_p99", "throughput_req_s", "imbalance_max_over_mean",
-                          "completed")]
+        runs = c.get("runs") or {"kv": c["wall"]}
+        rows = []
+        for label, f in runs.items():
+            rt = (c.get("ratios_vs_dynamo") or {}).get(label, {})
+            ratio = lambda m: f" ({rt[m]:.2f}×)" if rt.get(m) is not None and label != "dynamo" else ""  # noqa: E731
+            rows.append([("**kv**" if label == "kv" else label), f"{f['prefix_hit_ratio']:.3f}{ratio('prefix_hit_ratio')}",
+                         f"{f['overlap_given_up_share']:.3f}",
+                         f"{f['ttft_adj_ms_p50']:,.0f}{ratio('ttft_adj_ms_p50')}" if "ttft_adj_ms_p50" in f else "–",
+                         f"{f['ttft_adj_ms_p99']:,.0f}{ratio('ttft_adj_ms_p99')}" if "ttft_adj_ms_p99" in f else "–",
+                         _f(f["ttft_ms_p50"]), f"{f.get('admission_ms_p50', 0):.1f} / {f.get('admission_ms_p99', 0):.1f}",
+                         f"{f['tpot_ms_mean'] or 0:.1f}", f["not_completed"], f"{f['imbalance_max_over_mean'] or 0:.2f}"])
+        v = c["virtual"]
+        rows.append(["kv, virtual time", f"{v['prefix_hit_ratio']:.3f}", f"{v['overlap_given_up_share']:.3f}",
+                     _f(v["ttft_ms_p50"]), _f(v["ttft_ms_p99"]), _f(v["ttft_ms_p50"]), "0", f"{v['tpot_ms_mean'] or 0:.1f}",
+                     v["not_completed"], f"{v['imbalance_max_over_mean'] or 0:.2f}"])
+        chk = (runs.get("kv") or {}).get("overlap_check")
+        check = (f" Overlap check (kv run, every 10th request, Dynamo's `/overlap_scores` vs the daemon's per-worker "
+                 f"overlap for the same decision): {chk['samples']} requests, (request, worker) pairs equal "
+                 f"{chk['pair_agreement']:.1%}, requests equal on every worker {chk['request_agreement']:.1%}, same "
+                 f"deepest worker(s) {chk['deepest_agreement']:.1%}; daemon higher in {chk['daemon_higher_share']:.1%} "
+                 "of pairs." if chk else "")
         skipped = f" `dynamo` skipped: {c['dynamo_skipped']}." if c.get("dynamo_skipped") else ""
-        out.append(f"Policy `kv`, {c['workers']} workers, {c['requests']:,} requests, {c['routers']} router processes, "
-                   f"speedup {c['speedup']:g}× (wall-clock: real daemon + simulated fleet process; admission latency "
-                   f"p50/p99 {_f(w.get('admission_latency_us_p50'))}/{_f(w.get('admission_latency_us_p99'))} µs wall; "
-                   f"ledger back to zero: {w.get('ledger_zero')}).{skipped}\n\n" + table(["figure", "wall clock", "virtual time"], rows))
+        load = c.get("loadavg")
+        out.append(f"**{c['workers']} workers**: first {c['requests']:,} requests of the conversation trace, load scale "
+                   f"{c['load_scale']:g}, {c['routers']} router processes, speedup {c['speedup']:g}×"
+                   + (f", load average {load[0]:.1f} at the end" if load else "") + "." + skipped + check + "\n\n"
+                   + table(["policy", "hit (/ dynamo)", "gave up", "TTFT − admission p50 (/ dynamo)",
+                            "TTFT − admission p99 (/ dynamo)", "raw TTFT p50", "admission p50 / p99 (wall ms)",
+                            "TPOT", "not completed", "imbalance"], rows))
     return "\n\n".join(out)
 
 
@@ -320,7 +339,10 @@ def render_doc(bench_dir: Path, run: dict | None) -> None:
         blocks["queue"] = md_queue(q)
     if r:
         blocks["routing"] = md_routing(r)
-        blocks["crosscheck"] = md_crosscheck(r)
+        blocks["crosscheck"] = md_crosscheck(r.get("wall_crosscheck"))
+    wall = load("routing_wall")
+    if wall and (not r or not r.get("wall_crosscheck")):  # a `bench_routing.py --wall-only` run
+        blocks["crosscheck"] = md_crosscheck(wall["crosscheck"])
     blocks["targets"] = table(["target", "measured", "verdict"], targets(t, k, r))
     text = DOC.read_text()
     for name, body in blocks.items():

@@ -54,11 +54,17 @@ class SimSubmit(SimFrame, tag="submit"):
 
 
 class SimFirstToken(SimFrame, tag="first"):
-    """Fleet → router: prefill finished at simulated `t_us`; `cached_tokens` came from the cache."""
+    """Fleet → router: prefill finished at simulated `t_us`; `cached_tokens` came from the cache.
+
+    `overlap_blocks` / `best_overlap_blocks`: leading prompt blocks cached, at submission, on the
+    chosen engine / on the engine with the deepest such prefix (the ground truth every router's
+    overlap is judged against: "overlap given up" = best - chosen)."""
 
     request_id: str
     t_us: int
     cached_tokens: Tokens
+    overlap_blocks: int = 0
+    best_overlap_blocks: int = 0
 
 
 class SimProgress(SimFrame, tag="progress"):
@@ -152,6 +158,7 @@ class Fleet:
         self._owner: dict[str, bytes] = {}  # request_id -> router identity
         self._reported: dict[str, int] = {}  # request_id -> output tokens last reported
         self._out: dict[bytes, list] = {}
+        self._overlap: dict[str, tuple[int, int]] = {}  # request_id -> (chosen, best) cached blocks at submit
         self.t0 = 0.0
         self.submitted = 0
         self.completed = 0
@@ -210,6 +217,8 @@ class Fleet:
             return
         self._owner[msg.request_id] = ident
         self._reported[msg.request_id] = 0
+        self._overlap[msg.request_id] = (engine.cached_prefix_blocks(hashes),
+                                         max(e.cached_prefix_blocks(hashes) for e in self.engines.values()))
         self.submitted += 1
 
     def _collect(self, events: list[tuple[int, SeqRecord]]) -> None:
@@ -220,7 +229,7 @@ class Fleet:
                 continue
             out = self._out.setdefault(ident, [])
             if kind == FIRST_TOKEN:
-                out.append(SimFirstToken(rid, rec.first_token_us, rec.cached_tokens))
+                out.append(SimFirstToken(rid, rec.first_token_us, rec.cached_tokens, *self._overlap.pop(rid, (0, 0))))
             elif kind == DONE:
                 out.append(SimDone(rid, rec.done_us, rec.output_tokens))
                 del self._owner[rid]

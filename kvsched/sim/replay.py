@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 ROUTER_READY_TIMEOUT_S = 120.0  # spawned routers import numpy/zmq/client and parse the trace
 START_LEAD_S = 0.3  # t0 is this far after the go signal, so no router starts late
 LEDGER_ZERO_TIMEOUT_S = 10.0  # releases are asynchronous: wait this long for the aggregates
+DYNAMO_SUBSCRIBE_S = 1.0  # after registering engines with Dynamo: time for its KV-event subscriptions
 
 
 @dataclass(slots=True)
@@ -64,6 +65,8 @@ class ReplayOptions:
     kv_encoding: str = "array"  # "array" | "map" (vLLM event encodings)
     kv_transport: str = "ipc"  # KV-event sockets: "ipc" (runtime dir) | "tcp" (loopback)
     overlap_mode: str | None = None  # virtual only: "events" | "approx" | "none"; None = from kv_events
+    router_via: str = "daemon"  # wall only: "daemon" | "dynamo" (NVIDIA Dynamo's selection service routes)
+    overlap_sample_every: int = 0  # wall, daemon routing: compare the daemon's and Dynamo's overlap every N-th row
 
 
 def fleet_spec_for(opts: ReplayOptions, trace: Trace) -> FleetSpec:
@@ -104,7 +107,7 @@ def run_replay(opts: ReplayOptions, console=None) -> Summary:
         trace=str(opts.trace),
         workers=spec.workers,
         routers=routers,
-        selector=opts.selector,
+        selector="dynamo" if opts.router_via == "dynamo" and not opts.virtual else opts.selector,
         speedup=1.0 if opts.virtual else opts.speedup,
         load_scale=opts.load_scale,
         wall_time_s=wall_s,
@@ -258,6 +261,7 @@ class _Procs:
     fleet: mp.Process | None = None
     routers: list = field(default_factory=list)
     fleet_stop: object | None = None
+    dynamo: object | None = None  # kvsched.sim.dynamo.DynamoService
 
 
 def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profile: Config | None,
@@ -270,8 +274,13 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profi
     run_tag = f"{os.getpid():x}{int(time.time()) % 100000:x}"
     previous = signal.signal(signal.SIGTERM, _sigterm_to_exit)  # SIGTERM cleans up like Ctrl-C
     try:
-        kv_eps = kv_event_endpoints(spec, procs.runtime_dir, opts.kv_transport) if opts.kv_events else ()
+        use_dynamo = opts.router_via == "dynamo" or opts.overlap_sample_every > 0
+        if use_dynamo and not opts.kv_events:
+            raise ValueError("Dynamo needs the engines' KV events (drop --no-kv-events)")
+        transport = "tcp" if use_dynamo else opts.kv_transport  # Dynamo's subscriber gets loopback tcp
+        kv_eps = kv_event_endpoints(spec, procs.runtime_dir, transport) if opts.kv_events else ()
         endpoint, admin = _start_daemon(opts, spec, procs, profile, kv_eps)
+        dynamo_url = _start_dynamo(procs) if use_dynamo else None
         if procs.daemon is not None and console is not None:  # its sockets are in a private directory
             console.print(f"daemon admin endpoint: {admin}\n  inspect it while it runs: kvsched --admin-endpoint {admin} status",
                           markup=False, highlight=False, soft_wrap=True)
@@ -280,7 +289,7 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profi
         procs.fleet_stop, fleet_ready = ctx.Event(), ctx.Event()
         tick_ms = min(5.0, max(1.0, 50.0 / opts.speedup))  # <= ~50 ms of simulated time per wake
         fparams = FleetParams(fleet_ep, spec, opts.speedup, tick_ms=tick_ms, stats_path=str(opts.out / "fleet.json"),
-                              kv_events=kv_eps, kv_encoding=opts.kv_encoding)
+                              kv_events=kv_eps, kv_encoding=opts.kv_encoding, kv_token_ids=use_dynamo)
         procs.fleet = ctx.Process(target=fleet_main, args=(fparams, fleet_ready, go, t0, procs.fleet_stop),
                                   name="kvsched-fleet", daemon=True)
         procs.fleet.start()
@@ -289,13 +298,21 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profi
             ready = ctx.Event()
             rp = RouterParams(k, opts.routers, str(opts.trace), opts.limit, endpoint, fleet_ep,
                               str(procs.runtime_dir / f"router-{k}.jsonl"), opts.speedup, opts.load_scale,
-                              run_tag, opts.block_size, classes.names, classes.codes.astype("<u4").tobytes())
+                              run_tag, opts.block_size, classes.names, classes.codes.astype("<u4").tobytes(),
+                              dynamo_url=dynamo_url, route_via_dynamo=opts.router_via == "dynamo",
+                              admin_endpoint=admin, overlap_sample_every=opts.overlap_sample_every,
+                              overlap_path=str(procs.runtime_dir / f"overlap-{k}.jsonl"))
             proc = ctx.Process(target=router_main, args=(rp, ready, go, t0, counter), name=f"kvsched-router-{k}",
                                daemon=True)
             proc.start()
             procs.routers.append(proc)
             readies.append(ready)
         _wait_ready([fleet_ready, *readies], [procs.fleet, *procs.routers], ROUTER_READY_TIMEOUT_S)
+        if procs.dynamo is not None:  # its subscribers connect once: the fleet's publishers must be bound
+            from .dynamo import register_fleet
+
+            register_fleet(procs.dynamo, spec.keys(), [pub for pub, _ in kv_eps], spec.block_size)
+            time.sleep(DYNAMO_SUBSCRIBE_S)
         t0.value = time.monotonic() + START_LEAD_S
         go.set()
         start = time.monotonic()
@@ -306,6 +323,7 @@ def _run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profi
             opts.notes.append(failure)
         ledger_zero = _ledger_zero(admin) if admin else None
         results = _merge(procs, opts.routers, trace, run_tag, opts.load_scale, classes)
+        _merge_overlap_samples(procs.runtime_dir, opts.routers, opts.out / "overlap_samples.jsonl")
         return results, wall_s, ledger_zero
     finally:
         _stop_all(procs, keep=opts.keep_runtime_dir)
@@ -329,13 +347,35 @@ def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: 
 
     cfg = procs.runtime_dir / "replay.toml"
     if profile is None:
-        cfg.write_text(config_toml(spec, opts.selector, opts.seed, time_scale=opts.speedup, kv_events=kv_eps))
+        selector = "kv" if opts.router_via == "dynamo" else opts.selector  # the daemon only watches then
+        cfg.write_text(config_toml(spec, selector, opts.seed, time_scale=opts.speedup, kv_events=kv_eps))
     else:
         cfg.write_text(config_dict_toml(replay_config_dict(spec, opts, profile, time_scale=opts.speedup,
                                                            kv_events=kv_eps)))
         load_config(cfg, env={})  # fail here, naming the file, rather than in the daemon's log
     procs.daemon = DaemonProcess.start(cfg, instance=f"replay-{os.getpid()}", runtime_dir=procs.runtime_dir)
     return procs.daemon.endpoint, procs.daemon.admin_endpoint
+
+
+def _start_dynamo(procs: _Procs) -> str:
+    """Start NVIDIA Dynamo's selection service (engines are registered once the fleet is up); its URL."""
+    from .dynamo import DynamoService, dynamo_unavailable_reason
+
+    reason = dynamo_unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"replay via dynamo: {reason}")
+    procs.dynamo = DynamoService().start()
+    return procs.dynamo.base
+
+
+def _merge_overlap_samples(runtime_dir: Path, routers: int, dest: Path) -> None:
+    """Concatenate the routers' overlap samples (daemon vs Dynamo, `Router._sample_overlap`), if any."""
+    parts = [runtime_dir / f"overlap-{k}.jsonl" for k in range(routers)]
+    text = "".join(p.read_text() for p in parts if p.exists())
+    if text:
+        dest.write_text(text)
+    elif dest.exists():
+        dest.unlink()
 
 
 def _wait_ready(events, processes, timeout_s: float) -> None:
@@ -416,6 +456,8 @@ def _stop_all(procs: _Procs, keep: bool) -> None:
         if procs.fleet.is_alive():
             procs.fleet.terminate()
             procs.fleet.join(2)
+    if procs.dynamo is not None:
+        procs.dynamo.stop()
     if procs.daemon is not None:
         try:
             procs.daemon.stop(timeout_s=10)

@@ -45,10 +45,40 @@ class RouterParams:
     block_size: int | None = None  # None = the trace's
     class_names: tuple[str, ...] = ()  # policy classes; row i's is class_names[class_codes[i]]
     class_codes: bytes = b""  # little-endian u32 per trace row (empty = every request sent without a class)
+    dynamo_url: str | None = None  # a running Dynamo selection service (`kvsched.sim.dynamo`)
+    route_via_dynamo: bool = False  # route with Dynamo's select_and_reserve instead of the daemon
+    admin_endpoint: str | None = None  # the daemon's admin socket (overlap samples use `Explain`)
+    overlap_sample_every: int = 0  # daemon routing + dynamo_url: compare overlaps on every N-th row (0 = off)
+    overlap_path: str | None = None  # JSON Lines of those samples
 
 
 class _FleetAbort(Exception):
     """The fleet could not run the request."""
+
+
+class _DynamoLease:
+    """A Dynamo reservation behind the lease interface `_on_event` drives: `prefill_done()` posts
+    prefill_complete (in the background), output tokens are only counted, `release()` deletes it."""
+
+    def __init__(self, route, rep: dict, loop) -> None:
+        from ..core.types import WorkerKey
+
+        self.route, self.loop = route, loop
+        self.selection_id = str(rep["selection_id"])
+        self.worker = WorkerKey(int(rep["worker_id"]), int(rep.get("dp_rank") or 0))
+        self.output_tokens = 0
+        self._prefill: asyncio.Task | None = None
+
+    def prefill_done(self) -> None:
+        self._prefill = self.loop.create_task(self.route.prefill_complete(self.selection_id))
+
+    def add_output_tokens(self, n: int) -> None:
+        self.output_tokens += n
+
+    async def release(self) -> None:
+        if self._prefill is not None:
+            await asyncio.gather(self._prefill, return_exceptions=True)
+        await self.route.release(self.selection_id)
 
 
 @dataclass(slots=True)
@@ -78,6 +108,8 @@ class Router:
         self.fleet.setsockopt(zmq.SNDHWM, 100_000)
         self.fleet.setsockopt(zmq.RCVHWM, 100_000)
         self.client = None
+        self.dynamo = None
+        self.overlap_samples: list[dict] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self._poll_handle: asyncio.TimerHandle | None = None
 
@@ -88,12 +120,20 @@ class Router:
         self.fleet.connect(self.p.fleet_endpoint)
         self.loop.add_reader(self.fleet.getsockopt(zmq.FD), self._on_fleet)
         self._poll_handle = self.loop.call_later(0.02, self._poll_fleet)
-        self.client = SchedulerClient(self.p.endpoint, client_name=f"replay-{self.p.run_tag}-r{self.p.index}")
-        await self.client.connect()
+        if self.p.dynamo_url:
+            from .dynamo import DynamoRoute
+
+            self.dynamo = DynamoRoute(self.p.dynamo_url)
+            await self.dynamo.open()
+        if not self.p.route_via_dynamo:
+            self.client = SchedulerClient(self.p.endpoint, client_name=f"replay-{self.p.run_tag}-r{self.p.index}")
+            await self.client.connect()
 
     async def close(self) -> None:
         if self.client is not None:
             await self.client.close()
+        if self.dynamo is not None:
+            await self.dynamo.close()
         if self._poll_handle is not None:
             self._poll_handle.cancel()
         if self.loop is not None and not self.fleet.closed:
@@ -117,6 +157,8 @@ class Router:
         return self.results
 
     async def _one(self, i: int) -> None:
+        if self.p.route_via_dynamo:
+            return await self._one_dynamo(i)
         from ..errors import KvschedError, RequestRejected
 
         rid = f"{self.p.run_tag}-{i}"
@@ -139,6 +181,8 @@ class Router:
         r.queued_us = int(lease.queued_us)
         r.queue_wait_us = int(lease.queued_us * self.p.speedup)
         r.predicted_cached_tokens = int(lease.cached_tokens)
+        if self.dynamo is not None and self.p.overlap_sample_every and i % self.p.overlap_sample_every == 0:
+            await self._sample_overlap(i, rid, hashes)
         try:
             async with lease:
                 fut = self.loop.create_future()
@@ -155,6 +199,66 @@ class Router:
         finally:
             self.inflight.pop(rid, None)
         self._finish(r)
+
+    async def _one_dynamo(self, i: int) -> None:
+        """Route row i with Dynamo: select_and_reserve on its token ids, run it, prefill_complete at
+        the first token (`_on_event`), DELETE the reservation at the end (or on any failure)."""
+        from .tokens import token_ids_for
+
+        rid = f"{self.p.run_tag}-{i}"
+        r = RequestResult(index=i, request_id=rid, arrival_us=int(self.arrivals[i]),
+                          isl=int(self.trace.isl[i]), osl=int(self.trace.osl[i]),
+                          policy_class=self.p.class_names[self.classes[i]] if self.classes is not None else "")
+        hashes = self.trace.hashes_of(i)
+        tokens = token_ids_for(hashes.tolist(), self.trace.block_size)
+        t_a = time.perf_counter_ns()
+        try:
+            rep = await self.dynamo.select_and_reserve(tokens)
+        except Exception as exc:  # the service refused or failed: the request is not run
+            r.admission_latency_us = (time.perf_counter_ns() - t_a) / 1000.0
+            r.outcome, r.detail = ABORTED, f"dynamo select_and_reserve: {type(exc).__name__}: {exc}"
+            return self._finish(r)
+        r.admission_latency_us = (time.perf_counter_ns() - t_a) / 1000.0
+        lease = _DynamoLease(self.dynamo, rep, self.loop)
+        r.worker = str(lease.worker)
+        r.predicted_cached_tokens = int((rep.get("overlap") or {}).get("gpu", 0))  # Dynamo reports tokens
+        try:
+            fut = self.loop.create_future()
+            self.inflight[rid] = _InFlight(lease, r, fut)
+            w = lease.worker
+            self._send(SimSubmit(rid, w.worker_id, w.dp_rank, r.isl, r.osl, hashes.astype("<u8").tobytes()))
+            await fut
+            r.outcome = COMPLETED
+        except _FleetAbort as exc:
+            r.outcome, r.detail = ABORTED, f"fleet: {exc}"
+        finally:
+            self.inflight.pop(rid, None)
+            try:
+                await lease.release()
+            except Exception as exc:
+                log.warning("router: dynamo release failed request_id=%s err=%s", rid, exc)
+        self._finish(r)
+
+    async def _sample_overlap(self, i: int, rid: str, hashes) -> None:
+        """Record the daemon's per-worker overlap for this decision (`Explain`) beside Dynamo's
+        `/overlap_scores` for the same token ids, taken at the same moment."""
+        from .. import protocol as p
+        from ..client.admin import AdminClient
+        from .tokens import token_ids_for
+
+        def explain():
+            with AdminClient(self.p.admin_endpoint) as admin:
+                return admin.call(p.Explain(request_id=rid))
+
+        try:
+            dyn, rep = await asyncio.gather(self.dynamo.overlap_blocks(token_ids_for(hashes.tolist(), self.trace.block_size)),
+                                            self.loop.run_in_executor(None, explain))
+        except Exception as exc:  # a sample is evidence, not a reason to fail the request
+            log.warning("router: overlap sample failed row=%d err=%s", i, exc)
+            return
+        if isinstance(rep, p.ExplainReply):
+            daemon = {f"{row.worker_id}:{row.dp_rank}": int(row.overlap_blocks) for row in rep.rows}
+            self.overlap_samples.append({"row": i, "blocks": len(hashes), "daemon": daemon, "dynamo": dyn})
 
     def _finish(self, r: RequestResult) -> None:
         self.results.append(r)
@@ -192,6 +296,7 @@ class Router:
         if isinstance(ev, SimFirstToken):
             r.ttft_us = ev.t_us - r.arrival_us
             r.cached_tokens = ev.cached_tokens
+            r.overlap_blocks, r.best_overlap_blocks = ev.overlap_blocks, ev.best_overlap_blocks
             lease.prefill_done()
             self._add_tokens(lease, 1)
         elif isinstance(ev, SimProgress):
@@ -236,6 +341,10 @@ def router_main(params: RouterParams, ready, go, t0_value, done_counter) -> None
             await router.run(t0_value.value)
         finally:
             write_results(router.results, Path(params.results_path))
+            if params.overlap_path and router.overlap_samples:
+                import json
+
+                Path(params.overlap_path).write_text("".join(json.dumps(x) + "\n" for x in router.overlap_samples))
             await router.close()
 
     uvloop.run(main())

@@ -37,9 +37,10 @@ class RequestResult(msgspec.Struct, kw_only=True, omit_defaults=True):
         cached_tokens: prompt tokens the engine served from its prefix cache.
         predicted_cached_tokens: what the scheduler expected on the chosen worker.
         policy_class: the class the request was sent with ("" = the default class).
-        overlap_blocks / best_overlap_blocks: (virtual driver) overlap credited on the chosen worker /
-            the deepest overlap on any eligible worker at the decision (blocks); their gap is overlap
-            given up.
+        overlap_blocks / best_overlap_blocks: overlap on the chosen worker / the deepest overlap on any
+            eligible worker (blocks); their gap is overlap given up. Virtual driver: the scheduler's
+            credited overlap at the decision; wall clock: the engines' cached prefixes when the fleet
+            received the request (the same ground truth whichever router chose).
     """
 
     index: int

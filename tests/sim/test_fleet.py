@@ -59,3 +59,37 @@ def test_fleet_streams_first_token_then_done_when_request_submitted(tmp_path):
     first = {it.request_id: it for it in items if isinstance(it, SimFirstToken)}
     assert done["a"].output_tokens == 40 and done["a"].t_us > first["a"].t_us
     assert fleet.stats()["completed"] == 2
+
+
+def test_first_token_reports_chosen_and_deepest_cached_prefix_across_engines(tmp_path):
+    """Engine 0 has cached 4 blocks of a prompt (a first request finished there); a second request with
+    the same prompt sent to engine 1 reports 0 blocks on its engine and 4 on the deepest engine (the
+    overlap it gave up); the same request sent to engine 0 reports 4 and 4."""
+    ep = f"ipc://{tmp_path}/fleet.sock"
+    ctx = zmq.Context()
+    fleet = Fleet(FleetParams(ep, FleetSpec(workers=2, block_size=16, kv_blocks=1024), speedup=200.0), ctx)
+    stop = threading.Event()
+    th = threading.Thread(target=fleet.serve, args=(time.monotonic(), stop.is_set), daemon=True)
+    th.start()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(ep)
+    enc = msgspec.msgpack.Encoder()
+    hashes = np.arange(1, 6, dtype="<u8").tobytes()  # 5 blocks, 80 tokens: the first 4 full ones get cached
+    try:
+        sock.send(enc.encode(SimSubmit("warm", 0, 0, 80, 2, hashes)))
+        items = _collect(sock, {"warm"})
+        sock.send(enc.encode(SimSubmit("elsewhere", 1, 0, 80, 2, hashes)))
+        sock.send(enc.encode(SimSubmit("same", 0, 0, 80, 2, hashes)))
+        items += _collect(sock, {"elsewhere", "same"})
+    finally:
+        stop.set()
+        th.join(5)
+        sock.close(0)
+        fleet.close()
+        ctx.term()
+    first = {it.request_id: it for it in items if isinstance(it, SimFirstToken)}
+    assert (first["warm"].overlap_blocks, first["warm"].best_overlap_blocks) == (0, 0)
+    deep = first["same"].overlap_blocks
+    assert deep >= 4 and first["same"].best_overlap_blocks == deep
+    assert (first["elsewhere"].overlap_blocks, first["elsewhere"].best_overlap_blocks) == (0, deep)
