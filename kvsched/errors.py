@@ -31,6 +31,19 @@ class LeaseError(KvschedError):
     """A lease was used after release, or released twice with different outcomes."""
 
 
+class LeaseLost(LeaseError):
+    """The daemon no longer holds this lease: it declared the router dead after `liveness_timeout_ms`
+    of silence (e.g. an event loop blocked that long), or it restarted without the lease. The
+    message says which. Stop streaming for the request (the worker's booking is gone) and schedule
+    it again if it must still run. `reason` holds the same text.
+    """
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(f"lease {request_id!r} was lost: {reason}")
+        self.request_id = request_id
+        self.reason = reason
+
+
 class RequestRejected(KvschedError):
     """Client-side face of a `Rejected` frame (docs/DESIGN.md §2.4).
 

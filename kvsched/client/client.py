@@ -119,6 +119,8 @@ class SchedulerClient:
         self._segments: Segments | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self.degraded_total = 0
+        self._epoch: int | None = None  # daemon_epoch of the last Welcome
+        self._loss_reason = "released by the daemon after its restart"
         self.lost_leases: list[str] = []
         self.errors: list[p.Error] = []  # Error frames not tied to a waiting call (diagnostics)
 
@@ -167,7 +169,14 @@ class SchedulerClient:
         if self.attach_progress:
             self._attach_progress(welcome)
         if reconnected:
+            if welcome.daemon_epoch == self._epoch:  # same daemon: it reaped this router as silent
+                self._loss_reason = (f"the daemon (same daemon_epoch, it did not restart) declared this router dead "
+                                     f"after {welcome.liveness_timeout_ms / 1000:.1f} s of silence "
+                                     f"(event loop blocked or link down longer than liveness_timeout_ms); lease lost")
+            else:
+                self._loss_reason = f"the daemon restarted (daemon_epoch {self._epoch} -> {welcome.daemon_epoch}) without it; lease lost"
             self._reattach(welcome)
+        self._epoch = welcome.daemon_epoch
 
     def _reattach(self, welcome: p.Welcome) -> None:
         """Claim open leases, re-send waiting Enqueues and unanswered requeues (each with the lease it
@@ -392,8 +401,9 @@ class SchedulerClient:
             self._link.send(frame)
 
     def _revoke(self, request_id: str, why: str, outcome: str = "revoked") -> bool:
-        """The daemon no longer holds this lease (operator cancel, restart): close it locally; its
-        progress calls and release become no-ops so the caller's stream is not interrupted."""
+        """The daemon no longer holds this lease: close it locally. "revoked" (operator cancel): its
+        progress calls and release become no-ops; "lost" (reaped as silent, or a restart): its
+        progress calls raise `LeaseLost(why)` and release is a logged no-op (see `Lease`)."""
         ref = self._leases.pop(request_id, None)
         if request_id not in self._pending:
             self._origins.pop(request_id, None)
@@ -401,6 +411,8 @@ class SchedulerClient:
         if lease is None or lease.outcome is not None:
             return False
         lease.outcome = outcome
+        if outcome == "lost":
+            lease.lost_reason = why
         log.warning("lease %s request_id=%s reason=%s", outcome, request_id, why)
         return True
 
@@ -420,11 +432,11 @@ class SchedulerClient:
                     self._revoke(frame.request_id, frame.detail)
             case p.Reattached():
                 for rid in frame.lost:
-                    if self._revoke(rid, "released by the daemon after its restart", outcome="lost"):
+                    if self._revoke(rid, self._loss_reason, outcome="lost"):
                         self.lost_leases.append(rid)
                         del self.lost_leases[:-1000]
                 if frame.lost:
-                    log.warning("daemon lost leases after restart count=%d", len(frame.lost))
+                    log.warning("daemon lost leases count=%d reason=%s", len(frame.lost), self._loss_reason)
             case p.Error():
                 entry = self._pending.get(frame.request_id) if frame.request_id else None
                 if frame.code == p.ErrorCode.VERSION and self._welcome_fut and not self._welcome_fut.done():

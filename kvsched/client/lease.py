@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 from .. import protocol as p
 from ..core.types import WorkerKey
-from ..errors import LeaseError
+from ..errors import LeaseError, LeaseLost
 
 if TYPE_CHECKING:
     from .client import SchedulerClient
@@ -93,14 +93,19 @@ class Lease:
             (`on_unavailable="bypass"`): nothing is reported for it.
         output_tokens: output tokens reported so far.
         outcome: None while open; then "completed" / "aborted" / "requeued" (closed by the caller),
-            or "lost" (the daemon restarted without it) / "revoked" (`kvsched cancel`): after those
-            the progress calls and `release()` are no-ops.
+            or "lost" / "revoked" (closed by the daemon). After "lost" (the daemon declared this
+            router dead after its liveness timeout of silence, or restarted without the lease) the
+            progress calls and `requeue()` raise `LeaseLost` naming the cause, and `release()` /
+            guard exit log it once and return. After "revoked" (`kvsched cancel`) the progress
+            calls and `release()` are no-ops.
+        lost_reason: why the lease was lost ("" unless outcome == "lost").
         url: the worker's base URL from the daemon (`Admitted.url`; "" when none is configured).
         dp_size: ranks of the worker (> 1: tell a vLLM engine the rank, `X-data-parallel-rank`).
     """
 
     __slots__ = ("request_id", "worker", "slot", "generation", "cached_tokens", "overlap_blocks", "queued_us",
-                 "isl_tokens", "degraded", "output_tokens", "outcome", "url", "dp_size", "_client", "_dispatched", "__weakref__")
+                 "isl_tokens", "degraded", "output_tokens", "outcome", "url", "dp_size", "lost_reason", "_client", "_dispatched",
+                 "_loss_logged", "__weakref__")
 
     def __init__(self, client: "SchedulerClient | None", request_id: str, worker: WorkerKey, slot: int,
                  generation: int, cached_tokens: int, overlap_blocks: int, queued_us: int, isl_tokens: int,
@@ -119,6 +124,8 @@ class Lease:
         self.degraded = degraded
         self.output_tokens = 0
         self.outcome: str | None = None
+        self.lost_reason = ""
+        self._loss_logged = False
         self._dispatched = False
 
     def __repr__(self) -> str:
@@ -130,11 +137,13 @@ class Lease:
         return self.outcome is not None
 
     def _check_open(self, what: str) -> bool:
-        """True when the lease is open. A lease the daemon dropped ("lost" after a restart, "revoked"
-        by an operator) answers False so streaming code is not interrupted; a lease the caller
-        already closed raises LeaseError (a bug in the caller)."""
+        """True when the lease is open. A lease "revoked" by an operator answers False so streaming
+        code is not interrupted; a "lost" one raises LeaseLost (the worker's booking is gone and the
+        caller must know); a lease the caller already closed raises LeaseError (a bug in the caller)."""
         if self.outcome is None:
             return True
+        if self.outcome == "lost":
+            raise LeaseLost(self.request_id, self.lost_reason or "the daemon no longer holds it")
         if self.outcome in _DROPPED:
             return False
         raise LeaseError(f"{what} on lease {self.request_id!r} after it was {self.outcome}")
@@ -178,6 +187,9 @@ class Lease:
         Args:
             outcome: "completed" (normal end) or "aborted" (failed / cancelled mid-way).
             context_tokens: tokens of context at the end (isl + output); default computed here.
+        A lease the daemon dropped ("lost", "revoked") is already released there: this returns
+        without raising (so guards and `finally:` blocks stay simple) and logs a lost lease once.
+
         Raises:
             ValueError: any other outcome (it would never reach the daemon and the lease would leak).
             LeaseError: closing again with a different outcome.
@@ -186,6 +198,10 @@ class Lease:
             raise ValueError(f"lease outcome must be 'completed' or 'aborted', not {outcome!r}")
         if self.outcome is not None:
             if self.outcome in _DROPPED:
+                if self.outcome == "lost" and not self._loss_logged:
+                    self._loss_logged = True
+                    log.warning("release(%s) of lost lease request_id=%s ignored: %s", outcome,
+                                self.request_id, self.lost_reason)
                 return
             if self.outcome != outcome:
                 raise LeaseError(f"lease {self.request_id!r} already {self.outcome}, cannot be {outcome}")
@@ -203,6 +219,8 @@ class Lease:
 
         Raises:
             RequestRejected: the daemon rejected the re-admission.
+            LeaseLost: the daemon lost the lease (schedule the request again).
+            LeaseError: the lease is closed, revoked or degraded.
         """
         if not self._check_open("requeue()"):
             raise LeaseError(f"lease {self.request_id!r} was {self.outcome} by the daemon; schedule it again")

@@ -94,3 +94,41 @@ async def test_a_requeue_in_flight_survives_a_daemon_crash(daemon):
         new_b = await asyncio.wait_for(requeue, 20)
         assert new_b.request_id == "requeued-b" and not new_b.closed
         new_b.release()
+
+
+async def test_a_router_whose_loop_blocks_past_the_liveness_timeout_is_told_its_lease_was_lost(daemon, caplog):
+    """1. a router holds a lease, 2. its event loop blocks (a synchronous call) for longer than the
+    daemon's liveness timeout (1.5 s), so the daemon reaps it, 3. the loop resumes and the client
+    reconnects to the SAME daemon (no restart). Result: the lease is "lost" with a reason that says
+    the daemon declared the router dead (not "after its restart"); progress calls and requeue()
+    raise LeaseLost naming that reason; release() and guard exit stay quiet no-ops, logged once."""
+    import logging
+    import time
+
+    from kvsched.errors import LeaseLost
+
+    caplog.set_level(logging.WARNING, logger="kvsched.client")
+    async with SchedulerClient(daemon.endpoint) as client:
+        epoch = client.welcome.daemon_epoch
+        lease = await client.schedule("blk", isl_tokens=10)
+        time.sleep(4.0)  # blocks the loop: no heartbeat for > liveness_timeout_ms
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while lease.outcome is None and loop.time() < end:
+            await asyncio.sleep(0.05)
+        assert lease.outcome == "lost"
+        assert client.welcome.daemon_epoch == epoch
+        assert "declared this router dead after 1.5 s of silence" in lease.lost_reason
+        assert "restart" not in lease.lost_reason.replace("did not restart", "")
+        for call in (lambda: lease.add_output_tokens(1), lease.dispatched, lease.prefill_done):
+            with pytest.raises(LeaseLost, match="declared this router dead"):
+                call()
+        with pytest.raises(LeaseLost):
+            await lease.requeue()
+        lease.release("completed")
+        lease.release("completed")
+        async with lease:
+            pass
+        logged = [r for r in caplog.records if "release(completed) of lost lease" in r.getMessage()]
+        assert len(logged) == 1
+        assert (await _status(daemon)).active_leases == 0
