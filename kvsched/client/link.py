@@ -5,8 +5,10 @@ and about each `Welcome` (first connect or after a reconnect). It sends a `Heart
 *sent* nothing or *received* nothing for `heartbeat_ms` (a router whose requests wait in the queue
 hears nothing for a long time, however much it sends), so a live daemon always answers within a
 heartbeat period. The daemon is presumed gone only when no frame at all (a `HeartbeatAck` included)
-arrived for `liveness_timeout_ms`, or when it answers `Error(3)` ("send Hello first": a restarted
-daemon does not know this connection). The link then opens a fresh
+arrived for `liveness_timeout_ms` (checked before any frame is sent, so a loop that blocked that
+long does not talk on a connection the daemon has reaped), when a send finds the connection closed
+(ZeroMQ's own reconnect is off, so a dead daemon's pipe is gone at once), or when it answers
+`Error(3)` ("send Hello first"). The link then opens a fresh
 DEALER and says Hello again with exponential backoff (0.05 s doubling to `max_backoff_s`) until a
 `Welcome` arrives; while reconnecting, lease frames are buffered (bounded) and flushed after it.
 
@@ -122,8 +124,11 @@ class Link:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.setsockopt(zmq.RECONNECT_IVL, 50)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.max_backoff_s * 1000))
+        # No automatic reconnect by ZeroMQ: a reconnected socket would deliver its next frame (a
+        # heartbeat, a Release) to a restarted daemon before any Hello. The link opens a fresh
+        # socket that says Hello first instead; with the pipe gone, a send fails at once (EAGAIN),
+        # which tells the link the daemon went away (zmq_setsockopt(3), ZMQ_RECONNECT_IVL = -1).
+        sock.setsockopt(zmq.RECONNECT_IVL, -1)
         if self.curve_server_key is not None and self.curve_client_keys is not None:  # both or neither
             sock.curve_serverkey = self.curve_server_key
             sock.curve_publickey, sock.curve_secretkey = self.curve_client_keys
@@ -155,6 +160,8 @@ class Link:
         """Send a frame now, or buffer it while reconnecting (Release / Update frames). Returns False
         when the frame was dropped (link down and not bufferable)."""
         raw = self.enc.encode(frame)
+        if self.connected and self._silent_too_long(time.monotonic()):
+            self.link_down()  # e.g. our loop was blocked: the daemon reaped this connection
         if self.connected:
             if self.batching:
                 self._queue_out(raw, buffer_when_down)
@@ -276,6 +283,15 @@ class Link:
                 self.on_frame(frame)
 
     # ------------------------------------------------------------------ liveness
+    def _silent_too_long(self, now: float) -> bool:
+        """No frame from the daemon for its liveness timeout: it presumes us dead too (a frame on
+        this connection would arrive before a Hello). Reads what is already queued first, so a
+        loop that was merely busy does not mistake unread frames for silence."""
+        if self.welcome is None or now - self._last_recv <= self.welcome.liveness_timeout_ms / 1000:
+            return False
+        self._on_readable()
+        return self.connected and now - self._last_recv > self.welcome.liveness_timeout_ms / 1000
+
     def link_down(self) -> None:
         """The daemon is presumed gone: reconnect with backoff."""
         if self.connected:
@@ -289,19 +305,27 @@ class Link:
             return
         now = time.monotonic()
         if self.connected and self.welcome is not None:
+            if self._silent_too_long(now):  # checked before a heartbeat could go out on a reaped connection
+                log.warning("daemon silent for %.1fs endpoint=%s; reconnecting", now - self._last_recv, self.endpoint)
+                self.link_down()
+        if self.connected and self.welcome is not None:
             hb_s = self.welcome.heartbeat_ms / 1000
             quiet = now - self._last_send >= hb_s * 0.9 or now - self._last_recv >= hb_s * 0.9
             if quiet and now - self._last_hb >= hb_s * 0.9:  # at most one heartbeat per period
                 self._hb_seq += 1
                 self._last_hb = now
-                self._raw_send(self.enc.encode(p.Heartbeat(self._hb_seq)))
-            if now - self._last_recv > self.welcome.liveness_timeout_ms / 1000:
-                log.warning("daemon silent for %.1fs endpoint=%s; reconnecting", now - self._last_recv, self.endpoint)
-                self.link_down()
+                if not self._raw_send(self.enc.encode(p.Heartbeat(self._hb_seq))):
+                    log.warning("daemon connection closed endpoint=%s; reconnecting", self.endpoint)
+                    self.link_down()  # no pipe any more: the daemon is gone
         if not self.connected and now >= self._next_hello:
             self.version = self.max_version  # a new (maybe upgraded) daemon: offer our highest again
             self._new_socket()  # a fresh identity: the (new) daemon treats us as a new connection
             self._next_hello = now + self._backoff_s
-            self._backoff_s = min(self._backoff_s * 2, self.max_backoff_s)
+            # A socket tries its endpoint once (no ZeroMQ reconnect): retry often enough that a
+            # restarted daemon hears our Reattach within its re-attach grace (its liveness timeout).
+            ceiling = self.max_backoff_s
+            if self.welcome is not None:
+                ceiling = min(ceiling, self.welcome.liveness_timeout_ms / 1000 / 4)
+            self._backoff_s = min(self._backoff_s * 2, ceiling)
         period = 0.05 if not self.connected or self.welcome is None else min(0.25, (self.welcome.heartbeat_ms / 1000) / 2)
         self._timer = self._running_loop().call_later(period, self._on_timer)

@@ -132,3 +132,32 @@ async def test_a_router_whose_loop_blocks_past_the_liveness_timeout_is_told_its_
         logged = [r for r in caplog.records if "release(completed) of lost lease" in r.getMessage()]
         assert len(logged) == 1
         assert (await _status(daemon)).active_leases == 0
+
+
+async def test_hello_is_the_first_frame_on_every_new_connection(daemon):
+    """1. a router holds a lease and the daemon is SIGKILLed and restarted, 2. later the router's
+    loop blocks past the liveness timeout and it reconnects to the same daemon. Result: both
+    reconnects say Hello first — the daemon never rejects a frame with NOT_HELLO (before: a
+    heartbeat or a lease frame went out on the old connection first, on every reconnect)."""
+    import time
+
+    async with SchedulerClient(daemon.endpoint, reconnect_deadline_s=60) as client:
+        lease = await client.schedule("kept", isl_tokens=10)
+        await asyncio.to_thread(daemon.kill)
+        await asyncio.sleep(1.0)  # heartbeats fall due while no daemon runs
+        await asyncio.to_thread(daemon.restart)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while "kept=1" not in daemon.log_path.read_text() and loop.time() < end:
+            await asyncio.sleep(0.1)
+        assert "kept=1" in daemon.log_path.read_text()
+        lease.dispatched()
+        reconnects = client._link.reconnects
+        time.sleep(3.0)  # blocks the loop past liveness_timeout_ms: the daemon reaps this router
+        lease.dispatched()  # a frame sent right after the loop resumes
+        end = loop.time() + 20
+        while lease.outcome is None and loop.time() < end:
+            await asyncio.sleep(0.05)
+        assert client._link.reconnects > reconnects and client.connected
+        await asyncio.sleep(1.0)
+        assert "NOT_HELLO" not in daemon.log_path.read_text()
