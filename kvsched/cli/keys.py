@@ -53,6 +53,8 @@ def keys(
     public key to the routers (`SchedulerClient(curve_server_key=...)`). For a router: copy its NAME.key
     into the daemon's `curve_authorized_keys_dir` and load the pair with
     `zmq.auth.load_certificate("NAME.key_secret")` for `curve_client_keys`.
+
+    Exits 2 with a one-line message when the files exist (without --force) or cannot be written.
     """
     import zmq
 
@@ -63,11 +65,16 @@ def keys(
     if existing and not force:
         typer.echo(f"kvsched keys: {', '.join(existing)} already exist(s); use --force to replace", err=True)
         raise typer.Exit(EXIT_USAGE)
-    if not directory.exists():
-        directory.mkdir(mode=DIR_MODE, parents=True)
     public, secret = zmq.curve_keypair()
-    _write(secret_path, _cert_text(name, public, secret), SECRET_MODE, force)
-    _write(public_path, _cert_text(name, public, None), PUBLIC_MODE, force)
+    try:
+        if not directory.exists():
+            directory.mkdir(mode=DIR_MODE, parents=True)
+        _write(secret_path, _cert_text(name, public, secret), SECRET_MODE, force)
+        _write(public_path, _cert_text(name, public, None), PUBLIC_MODE, force)
+    except OSError as exc:  # unwritable / nonexistent parent (/proc), a file in the way, disk full
+        typer.echo(f"kvsched keys: cannot write keys to {directory}: {exc.strerror or exc}"
+                   f"{f' ({exc.filename})' if exc.filename else ''}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
     typer.echo(f"public key {public_path} (mode 0644)\nsecret key {secret_path} (mode 0600)\n"
                f"public key: {public.decode()}")
 

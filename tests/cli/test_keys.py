@@ -86,3 +86,17 @@ def test_generated_keys_let_an_authorized_router_in_over_tcp_and_keep_others_out
     finally:
         d.stop()
         purge(instance)
+
+
+def test_keys_into_an_unwritable_directory_is_a_one_line_usage_error():
+    """Before: a FileNotFoundError traceback. After: one line on stderr naming the directory, exit 2
+    (a real process: what the user sees)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "kvsched.cli", "keys", "/proc/nope", "--name", "x"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == EXIT_USAGE
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "/proc/nope" in lines[0], proc.stderr
