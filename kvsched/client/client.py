@@ -31,7 +31,7 @@ import numpy as np
 import zmq
 
 from .. import protocol as p
-from ..config import data_endpoint
+from ..config import data_endpoint, endpoint_problem
 from ..core.types import WorkerKey
 from ..errors import DaemonUnavailable, ProtocolError, ShuttingDown, rejection_error
 from .checks import checked_enqueue
@@ -76,6 +76,9 @@ class SchedulerClient:
         protocol_version: the highest wire protocol version to offer (default: the newest; the
             client falls back to version 1 when the daemon refuses it). Version 2 coalesces the
             frames of one event-loop turn into one `Batch` message.
+    Raises:
+        ValueError: a malformed endpoint (accepted: ipc://PATH, tcp://HOST:PORT, inproc://NAME with a
+            shared `ctx`), an unknown `on_unavailable`, or bypass mode without `bypass_workers`.
     Usage:
         async with SchedulerClient() as client:
             lease = await client.schedule(request_id="r1", isl_tokens=812, block_hashes=hashes)
@@ -94,6 +97,10 @@ class SchedulerClient:
         if on_unavailable not in ("fail", "bypass"):
             raise ValueError("on_unavailable must be 'fail' or 'bypass'")
         self.endpoint = endpoint or data_endpoint(instance)
+        problem = endpoint_problem(self.endpoint)
+        if problem is not None:  # else pyzmq raises a bare ZMQError at connect() time
+            raise ValueError(f"bad kvsched endpoint {self.endpoint!r}: {problem}; "
+                             "use ipc://PATH or tcp://HOST:PORT")
         self.client_name = client_name or f"router-{os.getpid()}"
         self.connect_timeout_s = connect_timeout_s
         self.reconnect_deadline_s = reconnect_deadline_s

@@ -40,3 +40,11 @@ async def test_bypass_mode_returns_counted_degraded_leases_on_bypass_workers(tmp
 def test_bypass_needs_workers():
     with pytest.raises(ValueError):
         SchedulerClient("ipc:///nowhere", on_unavailable="bypass")
+
+
+@pytest.mark.parametrize("endpoint", ["http://nope", "nope", "tcp://nohostport", "ipc://"])
+def test_a_malformed_endpoint_is_refused_at_construction_naming_the_schemes(endpoint):
+    """Before: accepted, then a raw ZMQError at connect(). After: ValueError naming ipc:// and tcp://."""
+    with pytest.raises(ValueError, match=r"ipc://PATH or tcp://HOST:PORT"):
+        SchedulerClient(endpoint)
+
