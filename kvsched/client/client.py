@@ -34,6 +34,7 @@ from .. import protocol as p
 from ..config import data_endpoint, endpoint_problem
 from ..core.types import WorkerKey
 from ..errors import DaemonUnavailable, ProtocolError, ShuttingDown, rejection_error
+from .admin import missing_ipc_path
 from .checks import checked_enqueue
 from ..shm.words import STATE_DISPATCHED, STATE_PREFILL_DONE, write_state
 from .lease import DroppedLeases, Lease
@@ -149,17 +150,26 @@ class SchedulerClient:
         """Open the DEALER, say Hello, wait for Welcome.
 
         Raises:
-            DaemonUnavailable: no Welcome within `connect_timeout_s` (names the endpoint); in
-                bypass mode it does not raise and keeps trying in the background.
+            DaemonUnavailable: no Welcome within `connect_timeout_s`, or at once when the endpoint
+                is an ipc:// socket file that does not exist (no daemon bound it; the `kvsched` CLI
+                makes the same check); names the endpoint. In bypass mode it does not raise, returns
+                at once when the socket file is missing, and keeps trying in the background.
             ProtocolError: the daemon refused our protocol version.
         """
         self._loop = asyncio.get_running_loop()
+        missing = missing_ipc_path(self.endpoint)
+        if missing is not None and self.on_unavailable != "bypass":
+            await self.close()
+            raise DaemonUnavailable(f"no kvsched daemon at {self.endpoint}: socket file {missing} does not exist "
+                                    "(is the daemon running, with the same XDG_RUNTIME_DIR / instance?)")
         self._welcome_fut = self._loop.create_future()
         self._link = Link(self._ctx, self.endpoint, self.client_name, self._on_frame, self._on_welcome,
                           curve_server_key=self.curve_server_key, curve_client_keys=self.curve_client_keys,
                           protocol_version=self.protocol_version)
         self._link.open(self._loop)
         try:
+            if missing is not None:  # bypass mode, no daemon bound the socket: do not wait for one
+                raise asyncio.TimeoutError
             await asyncio.wait_for(asyncio.shield(self._welcome_fut), self.connect_timeout_s)
         except asyncio.TimeoutError:
             if self.on_unavailable == "bypass":

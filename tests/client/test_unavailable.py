@@ -48,3 +48,24 @@ def test_a_malformed_endpoint_is_refused_at_construction_naming_the_schemes(endp
     with pytest.raises(ValueError, match=r"ipc://PATH or tcp://HOST:PORT"):
         SchedulerClient(endpoint)
 
+
+async def test_a_missing_ipc_socket_file_fails_at_once_not_after_the_connect_timeout(tmp_path):
+    """The socket file does not exist (no daemon bound it): DaemonUnavailable at once, like the
+    `kvsched` CLI, not after `connect_timeout_s` (60 s here); bypass mode returns degraded leases
+    at once too."""
+    import time
+
+    endpoint = f"ipc://{tmp_path}/absent.sock"
+    t0 = time.monotonic()
+    with pytest.raises(DaemonUnavailable, match="does not exist"):
+        await SchedulerClient(endpoint, connect_timeout_s=60).connect()
+    assert time.monotonic() - t0 < 20
+    t0 = time.monotonic()
+    client = await SchedulerClient(endpoint, connect_timeout_s=60, on_unavailable="bypass",
+                                   bypass_workers=[(0, 0)]).connect()
+    try:
+        lease = await client.schedule("b", isl_tokens=10)
+        assert lease.degraded
+        assert time.monotonic() - t0 < 20
+    finally:
+        await client.close()
