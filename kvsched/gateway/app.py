@@ -45,6 +45,7 @@ class Gateway:
         self.cfg = cfg
         g = cfg.gateway
         self.tokenizers = {m.name: ModelTokenizer(m.tokenizer_dir, m.chat_template) for m in cfg.models}
+        self.max_model_len = {m.name: m.max_model_len for m in cfg.models}  # tokens, prompt + output
         self.created = int(time.time())
         self.client: SchedulerClient | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -122,12 +123,12 @@ class Gateway:
     async def _parse(self, request: web.Request, kind: str) -> oa.Prompt:
         g = self.cfg.gateway
         if request.content_length is not None and request.content_length > g.max_body_bytes:
-            raise oa.HttpError(400, f"request body of {request.content_length} bytes exceeds the limit of "
+            raise oa.HttpError(413, f"request body of {request.content_length} bytes exceeds the limit of "
                                f"{g.max_body_bytes} bytes", code="body_too_large")
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise oa.HttpError(400, f"request body exceeds the limit of {g.max_body_bytes} bytes",
+            raise oa.HttpError(413, f"request body exceeds the limit of {g.max_body_bytes} bytes",
                                code="body_too_large") from None
         try:
             body = msgspec.json.decode(raw)
@@ -151,9 +152,20 @@ class Gateway:
         if len(p.token_ids) > g.max_prompt_tokens:
             raise oa.HttpError(400, f"prompt of {len(p.token_ids)} tokens exceeds the limit of "
                                f"{g.max_prompt_tokens} tokens", code="prompt_too_long")
+        limit = self.max_model_len[p.model]
+        room = limit - len(p.token_ids)  # output tokens the context window leaves
         if p.max_tokens is None:
-            p.max_tokens = g.default_max_tokens
-            p.body = {**p.body, "max_tokens": g.default_max_tokens}
+            if room < 1:
+                raise oa.HttpError(400, f"this model's maximum context length is {limit} tokens; the prompt has "
+                                   f"{len(p.token_ids)} tokens, leaving no room for output. Shorten the prompt.",
+                                   code="context_length_exceeded", param="messages" if kind == "chat" else "prompt")
+            p.max_tokens = min(g.default_max_tokens, room)
+            p.body = {**p.body, "max_tokens": p.max_tokens}
+        elif p.max_tokens > room:
+            raise oa.HttpError(400, f"this model's maximum context length is {limit} tokens; you requested "
+                               f"{len(p.token_ids) + p.max_tokens} tokens ({len(p.token_ids)} in the prompt, "
+                               f"{p.max_tokens} in max_tokens). Reduce the prompt or max_tokens.",
+                               code="context_length_exceeded", param="max_tokens")
         return p
 
 
@@ -192,7 +204,7 @@ def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
 
 
 def make_app(gw: Gateway) -> web.Application:
-    """The aiohttp application (body size checked by the handlers, so oversize answers 400)."""
+    """The aiohttp application (body size checked by the handlers, so oversize answers an OpenAI-style 413)."""
     app = web.Application(client_max_size=gw.cfg.gateway.max_body_bytes)
     app.add_routes([web.post("/v1/completions", gw.completions), web.post("/v1/chat/completions", gw.chat),
                     web.get("/v1/models", gw.models), web.get("/health", gw.health_endpoint)])

@@ -9,6 +9,7 @@ Example (docs/GATEWAY.md)::
     [[models]]
     name = "llama-3-8b"
     tokenizer_dir = "/models/llama-3-8b"   # tokenizer.json + chat template; nothing is downloaded
+    max_model_len = 32768                  # prompt + max_tokens (tokens); more -> 400
 
 The block size is not here: block hashes use the daemon's `Welcome.block_size`.
 """
@@ -37,7 +38,7 @@ class GatewaySection(_Section):
     daemon_endpoint: str = ""  # "" = discovery (KVSCHED_ENDPOINT, else the ipc path of `instance`)
     instance: str = "default"
     client_name: str = ""  # shown by `kvsched status` ("" = gateway-<pid>)
-    max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024  # larger request bodies -> 400
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024  # larger request bodies -> 413
     max_prompt_tokens: Annotated[int, Meta(ge=1)] = 131_072  # longer prompts -> 400
     default_max_tokens: Annotated[int, Meta(ge=1)] = 256  # output tokens when the request names none
     hash_seed: str | None = None  # the engines' PYTHONHASHSEED (docs/VLLM.md); None = vLLM >= 0.29 default
@@ -55,6 +56,9 @@ class ModelSection(_Section):
     name: Annotated[str, Meta(min_length=1)]
     tokenizer_dir: str  # holds tokenizer.json, and chat_template.jinja or tokenizer_config.json
     chat_template: str | None = None  # a template file overriding the directory's
+    # The engine's context window (tokens, prompt + max_tokens; vLLM's --max-model-len): a request
+    # asking for more answers 400 `context_length_exceeded` before it is scheduled.
+    max_model_len: Annotated[int, Meta(ge=2)] = 32_768
 
 
 class GatewayConfig(_Section):

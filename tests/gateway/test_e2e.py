@@ -61,7 +61,7 @@ async def test_concurrent_streaming_chats_complete_and_beat_round_robin_hit_rati
 async def test_client_disconnect_mid_stream_releases_the_lease_within_a_second(fleet):
     admin = fleet.daemon.admin_endpoint
     body = {"model": "tiny", "messages": [{"role": "user", "content": words(500, 40)}],
-            "max_tokens": 50_000, "stream": True}
+            "max_tokens": 30_000, "stream": True}  # within max_model_len (32768)
     async with aiohttp.ClientSession() as s:
         resp = await s.post(fleet.gateway_urls[0] + "/v1/chat/completions", json=body)
         assert resp.status == 200
@@ -77,7 +77,7 @@ async def test_client_disconnect_mid_stream_releases_the_lease_within_a_second(f
         assert time.monotonic() - t0 < 1.0
 
 
-async def test_bad_requests_get_400_or_404_with_a_clear_message_and_book_nothing(fleet):
+async def test_bad_requests_get_400_404_or_413_with_a_clear_message_and_book_nothing(fleet):
     url = fleet.gateway_urls[0]
     before = decisions(fleet.daemon.admin_endpoint)
     cases = [
@@ -88,8 +88,13 @@ async def test_bad_requests_get_400_or_404_with_a_clear_message_and_book_nothing
          "'model'"),
         ("/v1/completions", json.dumps({"model": "tiny", "prompt": words(0, 5000)}).encode(), 400,
          "exceeds the limit of 4000 tokens"),
-        ("/v1/completions", json.dumps({"model": "tiny", "prompt": "x" * 70_000}).encode(), 400,
+        ("/v1/completions", json.dumps({"model": "tiny", "prompt": "x" * 70_000}).encode(), 413,
          "exceeds the limit of 65536 bytes"),
+        ("/v1/completions", json.dumps({"model": "tiny", "prompt": "w1 w2", "max_tokens": 40_000}).encode(), 400,
+         "maximum context length is 32768 tokens"),
+        ("/v1/chat/completions", json.dumps({"model": "tiny", "max_completion_tokens": 32_768,
+                                              "messages": [{"role": "user", "content": "w1"}]}).encode(), 400,
+         "maximum context length is 32768 tokens"),
         ("/v1/completions", json.dumps({"model": "tiny", "prompt": "w1", "max_tokens": -3}).encode(), 400,
          "'max_tokens'"),
         ("/v1/chat/completions", json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "w1"}]})
