@@ -85,6 +85,11 @@ class SyncLease:
         return self.lease.outcome
 
     @property
+    def lost_reason(self) -> str:
+        """Why the daemon dropped the lease ("" unless outcome == "lost"; see `Lease`)."""
+        return self.lease.lost_reason
+
+    @property
     def closed(self) -> bool:
         return self.lease.closed
 
