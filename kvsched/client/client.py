@@ -123,9 +123,6 @@ class SchedulerClient:
         self._dropped = DroppedLeases(self)  # leases garbage-collected while open (one wake per batch)
         self._origins: dict[str, p.Enqueue] = {}  # open lease -> its Enqueue (re-sent by Reattach.requeues)
         self._parked: set[str] = set()  # pending ids answered shutting_down: re-sent after reconnecting
-        # Leases released while the link was down (their Release is buffered in the link): claimed
-        # in the next Reattach, so the buffered Release that follows it comes from their owner.
-        self._released_offline: dict[str, p.LeaseRef] = {}
         self._welcome_fut: asyncio.Future[p.Welcome] | None = None
         self._progress: np.ndarray | None = None
         self._state: np.ndarray | None = None  # state words (dispatched / prefill_done) when mapped
@@ -204,8 +201,8 @@ class SchedulerClient:
         """Claim open leases, re-send waiting Enqueues and unanswered requeues (each with the lease it
         gave back and the request's original Enqueue)."""
         leases = [p.LeaseRef(l.request_id, l.slot, l.generation) for l in self._open_leases()]
-        leases += self._released_offline.values()  # their buffered Releases follow this Reattach
-        self._released_offline.clear()
+        if self._link is not None:  # released while disconnected: their buffered Releases follow the Reattach
+            leases += self._link.buffered_releases()
         pending: list[p.Enqueue] = []
         requeues: list[p.Requeued] = []
         for rid, (fut, frame, _) in self._pending.items():
@@ -390,8 +387,6 @@ class SchedulerClient:
         if self._link is None:
             raise DaemonUnavailable(f"connection to {self.endpoint} is closed")
         self._link.send(frame)
-        if not self._link.connected and isinstance(frame, p.Release) and frame.slot >= 0:
-            self._released_offline[frame.request_id] = p.LeaseRef(frame.request_id, frame.slot, frame.generation)
 
     def _report_progress(self, lease: Lease) -> None:
         if self._progress is not None:

@@ -174,6 +174,21 @@ class Link:
             return True
         return False
 
+    def buffered_releases(self) -> list[p.LeaseRef]:
+        """The leases whose `Release` waits in the reconnect buffer (sent after the next Welcome).
+        The owner claims them in its `Reattach`, which goes out first, so the restarted daemon
+        accepts those releases from this new connection. Decodes the buffer (at reconnect only)."""
+        dec = p.make_router_decoder()
+        refs: dict[str, p.LeaseRef] = {}
+        for raw in self._buffer:
+            try:
+                frame = dec.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if isinstance(frame, p.Release) and frame.slot >= 0:
+                refs[frame.request_id] = p.LeaseRef(frame.request_id, frame.slot, frame.generation)
+        return list(refs.values())
+
     def _queue_out(self, raw: bytes, bufferable: bool) -> None:
         """Coalesce: the first frame of a loop turn schedules one flush for everything sent in it."""
         self._out.append((raw, bufferable))
