@@ -417,10 +417,6 @@ class SchedulerClient:
         self._origins.pop(request_id, None)  # a single dict operation: safe from any thread (GIL)
         self._dropped.push(request_id, slot, generation)
 
-    def _send_quiet(self, frame: p.Frame) -> None:
-        if self._link is not None:
-            self._link.send(frame)
-
     def _revoke(self, request_id: str, why: str, outcome: str = "revoked") -> bool:
         """The daemon no longer holds this lease: close it locally. "revoked" (operator cancel): its
         progress calls and release become no-ops; "lost" (reaped as silent, or a restart): its
