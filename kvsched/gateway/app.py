@@ -21,6 +21,7 @@ import msgspec
 from aiohttp import web
 
 from ..client import SchedulerClient
+from ..client.admin import missing_ipc_path
 from ..client.hashing import BlockHashCache, block_hashes
 from ..errors import ConfigError, DaemonUnavailable, RequestRejected
 from . import openai as oa
@@ -59,9 +60,7 @@ class Gateway:
     async def start(self) -> None:
         """Connect to the daemon (raises DaemonUnavailable) and open the engine session."""
         g = self.cfg.gateway
-        self.client = SchedulerClient(g.daemon_endpoint or None, instance=g.instance,
-                                      client_name=g.client_name or f"gateway-{os.getpid()}", connect_timeout_s=g.connect_timeout_s)
-        await self.client.connect()
+        self.client = await self._connect_when_daemon_up(g)
         self.block_size = self.client.welcome.block_size
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
                                              auto_decompress=False)
@@ -69,6 +68,24 @@ class Gateway:
         self.health.start()
         log.info("gateway ready daemon=%s block_size=%d models=%s", self.client.endpoint, self.block_size,
                  ",".join(self.tokenizers))
+
+    async def _connect_when_daemon_up(self, g) -> SchedulerClient:
+        """Connect, waiting up to `connect_timeout_s` (s) for the daemon to bind its socket and answer.
+
+        A gateway started beside its daemon (one pod, one compose file, `make gateway-demo`) may
+        start first: it waits instead of exiting. Raises DaemonUnavailable after the timeout.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + g.connect_timeout_s
+        client = SchedulerClient(g.daemon_endpoint or None, instance=g.instance,
+                                 client_name=g.client_name or f"gateway-{os.getpid()}",
+                                 connect_timeout_s=g.connect_timeout_s)
+        if missing_ipc_path(client.endpoint) is not None:
+            log.info("waiting up to %.1fs for the daemon at %s", g.connect_timeout_s, client.endpoint)
+            while missing_ipc_path(client.endpoint) is not None and loop.time() < deadline:
+                await asyncio.sleep(0.1)
+        client.connect_timeout_s = max(0.5, deadline - loop.time())
+        return await client.connect()  # DaemonUnavailable names the endpoint (and a still-missing socket)
 
     async def stop(self) -> None:
         if self.health is not None:

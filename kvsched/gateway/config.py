@@ -47,7 +47,9 @@ class GatewaySection(_Section):
     health_interval_s: Annotated[float, Meta(gt=0)] = 2.0  # period of the engine health checks (s)
     health_timeout_s: Annotated[float, Meta(gt=0)] = 2.0  # one health check's timeout (s)
     health_path: str = "/health"  # vLLM's liveness endpoint
-    connect_timeout_s: Annotated[float, Meta(gt=0)] = 10.0  # first Welcome from the daemon (s)
+    # How long to wait at start for the daemon to bind its socket and answer (s); a gateway started
+    # beside its daemon waits instead of exiting.
+    connect_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
 
 
 class ModelSection(_Section):

@@ -1,0 +1,70 @@
+"""A gateway started before its daemon waits for it (one pod, one compose file); without one it fails clearly.
+
+Found from outside: CI started the gateways of a local fleet before the daemon had bound its socket,
+and every gateway exited at once ("socket file ... does not exist") although its config allowed
+90 s for the daemon to answer.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+from kvsched.daemon.process import DaemonProcess
+from kvsched.gateway.local_fleet import write_tiny_tokenizer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _gateway(tmp_path, endpoint: str, connect_timeout_s: float) -> tuple[subprocess.Popen, object]:
+    tok = write_tiny_tokenizer(tmp_path / "tok")
+    cfg = tmp_path / "gateway.toml"
+    cfg.write_text(f"[gateway]\nport = 0\ndaemon_endpoint = \"{endpoint}\"\nconnect_timeout_s = {connect_timeout_s}\n\n"
+                   f"[[models]]\nname = \"tiny\"\ntokenizer_dir = \"{tok}\"\n")
+    ready = tmp_path / "gateway.port"
+    proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway", "--config", str(cfg), "--ready-file", str(ready),
+                             "--log-level", "INFO"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, ready
+
+
+def test_gateway_started_before_its_daemon_waits_and_then_serves(tmp_path):
+    instance = f"gws-{uuid.uuid4().hex[:8]}"
+    run = tmp_path / "run"
+    run.mkdir()
+    endpoint = f"ipc://{run}/{instance}.sock"
+    proc, ready = _gateway(tmp_path, endpoint, 60)
+    daemon = None
+    try:
+        time.sleep(3.0)  # the gateway has imported and found no socket by now
+        assert proc.poll() is None, f"gateway exited without waiting: {proc.communicate()[0][-2000:]}"
+        daemon = DaemonProcess.start(None, instance=instance, runtime_dir=run)
+        deadline = time.monotonic() + 60
+        while not (ready.exists() and ready.read_text().strip()):
+            assert proc.poll() is None, proc.communicate()[0][-2000:]
+            assert time.monotonic() < deadline, "gateway did not listen after the daemon came up"
+            time.sleep(0.1)
+        port = int(ready.read_text())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+        if daemon is not None:
+            daemon.stop()
+    assert "waiting up to 60.0s for the daemon" in out
+
+
+def test_gateway_without_a_daemon_exits_3_after_its_connect_timeout_naming_the_socket(tmp_path):
+    endpoint = f"ipc://{tmp_path}/absent.sock"
+    t0 = time.monotonic()
+    proc, _ = _gateway(tmp_path, endpoint, 2)
+    out = proc.communicate(timeout=60)[0]
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 3, out
+    assert "absent.sock does not exist" in out
+    assert elapsed >= 2.0  # it waited for the daemon first
