@@ -53,6 +53,29 @@ def start_daemon(tmp_path: Path, config_text: str = "", *, instance: str | None 
     return DaemonProcess.start(cfg, instance=instance, runtime_dir=tmp_path, extra_args=list(extra_args))
 
 
+def daemon_fixture(config_text: str):
+    """A function-scoped pytest fixture: a daemon from `config_text`, stopped and purged afterwards.
+
+    Use as `daemon = daemon_fixture(CONFIG)` at module level."""
+
+    @pytest.fixture
+    def daemon(tmp_path):
+        d = start_daemon(tmp_path, config_text)
+        yield d
+        d.stop()
+        purge(d.instance)
+
+    return daemon
+
+
+def admin_call(d, request):
+    """One admin request to the daemon handle `d` (blocking); returns its reply frame."""
+    from kvsched.client import AdminClient
+
+    with AdminClient(d.admin_endpoint) as admin:
+        return admin.call(request)
+
+
 def purge(instance: str) -> None:
     from kvsched.shm.layout import unlink_segments
 
@@ -88,7 +111,7 @@ def session_daemon(tmp_path_factory):
     d = start_daemon(tmp, TWO_WORKERS)
     yield d
     d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+    purge(d.instance)
 
 
 class RawPeer:

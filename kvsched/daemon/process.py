@@ -39,6 +39,11 @@ class DaemonProcess:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def instance(self) -> str:
+        """The `--instance` name it was started with (names its shm segments)."""
+        return self.argv[self.argv.index("--instance") + 1]
+
     @classmethod
     def start(
         cls,

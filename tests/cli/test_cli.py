@@ -82,7 +82,7 @@ def test_explain_cancel_and_reload_succeed_against_a_live_daemon(tmp_path):
     cfg_text = "[daemon]\nblock_size = 16\n[[workers]]\nworker_id = 1\nmax_num_batched_tokens = 100\n" \
                "[[classes]]\nname = 'default'\nprefill_busy_threshold = 100\n"
     d = start_daemon(tmp_path, cfg_text)
-    instance = d.argv[d.argv.index("--instance") + 1]
+    instance = d.instance
     try:
         async def scenario() -> None:
             async with SchedulerClient(d.endpoint) as client:

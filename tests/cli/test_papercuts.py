@@ -25,7 +25,7 @@ def run(daemon, *args: str):
 
 
 def instance_of(daemon) -> str:
-    return daemon.argv[daemon.argv.index("--instance") + 1]
+    return daemon.instance
 
 
 @pytest.fixture()

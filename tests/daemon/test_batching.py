@@ -54,7 +54,7 @@ def daemon(tmp_path):
     d.port = port
     yield d
     d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+    purge(d.instance)
 
 
 def test_v2_batch_is_handled_in_order_and_answered_in_one_replies_message(daemon):

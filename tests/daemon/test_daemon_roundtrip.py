@@ -14,7 +14,7 @@ import zmq
 from kvsched import protocol as p
 from kvsched.client import AdminClient, SchedulerClient
 from kvsched.errors import DuplicateRequest, InvalidRequest, NoEndpoints, PinnedNotAllowed
-from tests.conftest import TWO_WORKERS, RawPeer, purge, start_daemon, wait_until
+from tests.conftest import RawPeer, TWO_WORKERS, daemon_fixture, purge, start_daemon, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,12 +30,7 @@ def ledger_is_zero(admin_endpoint: str) -> bool:
     return all(v == (0, 0, 0) for v in workers_load(admin_endpoint).values())
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = start_daemon(tmp_path, TWO_WORKERS)
-    yield d
-    d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+daemon = daemon_fixture(TWO_WORKERS)
 
 
 async def test_request_admitted_and_released_when_a_worker_is_free(session_daemon):
@@ -270,4 +265,4 @@ async def test_admitted_carries_worker_url_and_dp_size_and_excluded_workers_are_
         assert wait_until(lambda: ledger_is_zero(d.admin_endpoint))
     finally:
         d.stop()
-        purge(d.argv[d.argv.index("--instance") + 1])
+        purge(d.instance)

@@ -16,7 +16,7 @@ import zmq
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient, SchedulerClient
-from tests.conftest import RawPeer, purge, start_daemon, wait_until
+from tests.conftest import admin_call, daemon_fixture, RawPeer, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,17 +42,11 @@ prefill_busy_threshold_frac = 1.0
 """
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = start_daemon(tmp_path, FAULT_CONFIG)
-    yield d
-    d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+daemon = daemon_fixture(FAULT_CONFIG)
 
 
 def status(d) -> p.StatusReply:
-    with AdminClient(d.admin_endpoint) as admin:
-        return admin.call(p.Status())
+    return admin_call(d, p.Status())
 
 
 def loads(d) -> list[tuple[int, int, int]]:

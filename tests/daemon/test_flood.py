@@ -18,8 +18,8 @@ import time
 import pytest
 
 from kvsched import protocol as p
-from kvsched.client import AdminClient, SchedulerClient
-from tests.conftest import ROOT, purge, start_daemon
+from kvsched.client import SchedulerClient
+from tests.conftest import admin_call, daemon_fixture, ROOT
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -69,21 +69,11 @@ FLOODER = textwrap.dedent("""
 N_FLOOD = 50_000
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = start_daemon(tmp_path, CONFIG)
-    yield d
-    d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
-
-
-def _admin(d, req):
-    with AdminClient(d.admin_endpoint) as admin:
-        return admin.call(req)
+daemon = daemon_fixture(CONFIG)
 
 
 def _depth(d) -> int:
-    return sum(row.depth + row.deferred for row in _admin(d, p.Queues()).classes)
+    return sum(row.depth + row.deferred for row in admin_call(d, p.Queues()).classes)
 
 
 async def test_a_flooder_cannot_fill_a_class_and_its_backlog_leaves_with_it(daemon, tmp_path):
@@ -119,5 +109,5 @@ async def test_a_flooder_cannot_fill_a_class_and_its_backlog_leaves_with_it(daem
         gone_s = time.monotonic() - t0
         assert gone_s < 1.5, f"the dead flooder's queued requests left after {gone_s:.1f}s"
         await asyncio.sleep(0.5)
-        assert (await asyncio.to_thread(_admin, daemon, p.Status())).connections == 2
+        assert (await asyncio.to_thread(admin_call, daemon, p.Status())).connections == 2
         blocker.release()

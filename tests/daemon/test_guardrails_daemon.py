@@ -57,7 +57,7 @@ def _start(tmp_path, text: str, env: dict | None = None) -> DaemonProcess:
 
 def _stop(d: DaemonProcess) -> None:
     d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+    purge(d.instance)
 
 
 def _queues(d: DaemonProcess):

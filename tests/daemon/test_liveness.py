@@ -12,8 +12,8 @@ import asyncio
 import pytest
 
 from kvsched import protocol as p
-from kvsched.client import AdminClient, SchedulerClient
-from tests.conftest import purge, start_daemon
+from kvsched.client import SchedulerClient
+from tests.conftest import admin_call, daemon_fixture
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -35,19 +35,11 @@ prefill_busy_threshold = 1000
 """
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = start_daemon(tmp_path, BUSY_CONFIG)
-    yield d
-    d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+daemon = daemon_fixture(BUSY_CONFIG)
 
 
 async def _status(d) -> p.StatusReply:
-    def call():
-        with AdminClient(d.admin_endpoint) as admin:
-            return admin.call(p.Status())
-    return await asyncio.to_thread(call)
+    return await asyncio.to_thread(admin_call, d, p.Status())
 
 
 async def test_a_router_whose_requests_wait_never_reconnects_to_a_live_daemon(daemon):

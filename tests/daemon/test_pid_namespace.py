@@ -17,8 +17,7 @@ import time
 import pytest
 
 from kvsched import protocol as p
-from kvsched.client import AdminClient
-from tests.conftest import ROOT, RawPeer, purge, start_daemon, wait_until
+from tests.conftest import admin_call, daemon_fixture, RawPeer, ROOT, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,17 +58,11 @@ def _unshare_works() -> bool:
         return False
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = start_daemon(tmp_path, CONFIG)
-    yield d
-    d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+daemon = daemon_fixture(CONFIG)
 
 
 def _leases(d) -> int:
-    with AdminClient(d.admin_endpoint) as admin:
-        return admin.call(p.Status()).active_leases
+    return admin_call(d, p.Status()).active_leases
 
 
 @pytest.mark.skipif(not _unshare_works(), reason="unshare cannot create a PID namespace here")

@@ -35,7 +35,7 @@ def test_reload_keeps_queued_requests_and_refuses_invalid_files(tmp_path):
     Result: 2 applies and every queued request survives; 3 and 4 are refused and the old profile is
     kept; releasing the lease dispatches all 20."""
     d = start_daemon(tmp_path, BASE)
-    instance = d.argv[d.argv.index("--instance") + 1]
+    instance = d.instance
     cfg = tmp_path / f"{instance}.toml"
 
     async def scenario() -> None:

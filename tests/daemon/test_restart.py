@@ -68,7 +68,7 @@ def test_daemon_sigkill_and_restart_loses_no_admitted_request(tmp_path):
     Result: every request completes exactly once, no slot is held by two requests at once, the final
     ledger is zero and no lease was reported lost."""
     daemon = start_daemon(tmp_path, RESTART_CONFIG)
-    instance = daemon.argv[daemon.argv.index("--instance") + 1]
+    instance = daemon.instance
     outs = [tmp_path / f"r{k}.jsonl" for k in range(2)]
     procs = [subprocess.Popen([sys.executable, "-c", WORKLOAD, daemon.endpoint, f"r{k}", "120", str(outs[k])],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())

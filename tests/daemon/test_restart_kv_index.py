@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import zmq
 
+from kvsched import protocol as p
 from kvsched.client import SchedulerClient
 from kvsched.shm.layout import segment_names
 from kvsched.sim.fleet import FleetParams, SimBatch, SimDone, SimSubmit, fleet_main, kv_event_endpoints
 from kvsched.sim.fleet_spec import FleetSpec, config_toml
-from tests.conftest import start_daemon
+from tests.conftest import admin_call, start_daemon, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -95,7 +96,7 @@ def test_restart_keeps_the_cache_view_and_catches_up_without_new_events(tmp_path
     holders = {i: i % W for i in range(10)}
     submit([(holders[i], p + [rng.getrandbits(63)]) for i, p in warm.items()])
     daemon = start_daemon(tmp_path, config_toml(spec, "kv", kv_events=eps))
-    instance = daemon.argv[daemon.argv.index("--instance") + 1]
+    instance = daemon.instance
     try:
         deadline = time.monotonic() + 30
         while True:  # the daemon learns them (replay of the engines' history on their next publish)
@@ -104,7 +105,8 @@ def test_restart_keeps_the_cache_view_and_catches_up_without_new_events(tmp_path
             if all(got[i] == (holders[i], DEPTH) for i in warm) or time.monotonic() > deadline:
                 break
         assert all(got[i] == (holders[i], DEPTH) for i in warm), got
-        time.sleep(0.5)  # the last releases land: no lease is live at the crash
+        # the last releases land: no lease is live at the crash (a re-adopted lease would load its worker)
+        assert wait_until(lambda: admin_call(daemon, p.Status()).active_leases == 0, 30)
         daemon.kill()
         assert os.path.exists(f"/dev/shm/kvsched-{instance}-kvindex")
         down = {i: [rng.getrandbits(63) for _ in range(DEPTH)] for i in range(6, 10)}

@@ -12,8 +12,8 @@ import asyncio
 import pytest
 
 from kvsched import protocol as p
-from kvsched.client import AdminClient, SchedulerClient
-from tests.conftest import purge, start_daemon
+from kvsched.client import SchedulerClient
+from tests.conftest import admin_call, daemon_fixture
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -32,17 +32,11 @@ max_num_batched_tokens = 100000
 """
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = start_daemon(tmp_path, CONFIG)
-    yield d
-    d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+daemon = daemon_fixture(CONFIG)
 
 
 def _status(d) -> p.StatusReply:
-    with AdminClient(d.admin_endpoint) as admin:
-        return admin.call(p.Status())
+    return admin_call(d, p.Status())
 
 
 async def test_a_release_made_while_the_daemon_is_down_is_applied_after_its_restart(daemon):

@@ -48,6 +48,6 @@ def test_socket_and_segment_modes(session_daemon):
     admin = session_daemon.admin_endpoint[len("ipc://"):]
     assert stat.S_IMODE(os.stat(data).st_mode) == 0o660
     assert stat.S_IMODE(os.stat(admin).st_mode) == 0o600
-    instance = session_daemon.argv[session_daemon.argv.index("--instance") + 1]
+    instance = session_daemon.instance
     assert stat.S_IMODE(os.stat(f"/dev/shm/kvsched-{instance}-ledger").st_mode) == 0o640
     assert stat.S_IMODE(os.stat(f"/dev/shm/kvsched-{instance}-progress").st_mode) == 0o660

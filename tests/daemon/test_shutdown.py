@@ -15,7 +15,7 @@ import pytest
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient, SchedulerClient
-from tests.conftest import purge, start_daemon
+from tests.conftest import daemon_fixture
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -38,19 +38,14 @@ prefill_busy_threshold = 1000
 
 
 def _instance(d) -> str:
-    return d.argv[d.argv.index("--instance") + 1]
+    return d.instance
 
 
 def _segments(instance: str) -> list[str]:
     return [x.name for x in Path("/dev/shm").glob(f"kvsched-{instance}-*") if not x.name.endswith(".lock")]
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = start_daemon(tmp_path, CONFIG)
-    yield d
-    d.stop()
-    purge(_instance(d))
+daemon = daemon_fixture(CONFIG)
 
 
 async def test_sigterm_serves_the_release_of_a_live_lease_then_unlinks_segments(daemon):

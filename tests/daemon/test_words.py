@@ -86,7 +86,7 @@ def daemon(tmp_path):
     d = _daemon(tmp_path, ONE_WORKER)
     yield d
     d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+    purge(d.instance)
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def quiet_daemon(tmp_path):
                 .replace("heartbeat_ms = 200", "heartbeat_ms = 10000"))
     yield d
     d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+    purge(d.instance)
 
 
 async def test_local_lifecycle_sends_no_update_frames_and_prefill_done_admits_waiting_request(quiet_daemon):
@@ -125,7 +125,7 @@ async def test_local_lifecycle_sends_no_update_frames_and_prefill_done_admits_wa
 
 
 async def test_stale_generation_store_after_release_does_not_touch_reused_slot(daemon):
-    instance = daemon.argv[daemon.argv.index("--instance") + 1]
+    instance = daemon.instance
     segs = attach_segments(instance)
     try:
         async with SchedulerClient(daemon.endpoint, client_name="stale") as client:

@@ -79,7 +79,7 @@ url = "http://127.0.0.1:{ports[2]}"
     d.engine_ports = ports
     yield d
     d.stop()
-    purge(d.argv[d.argv.index("--instance") + 1])
+    purge(d.instance)
 
 
 @pytest.fixture

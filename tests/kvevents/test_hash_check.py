@@ -119,4 +119,4 @@ kv_replay_endpoint = "tcp://127.0.0.1:{ports[3]}"
         bad.close()
         ctx.term()
         d.stop()
-        purge(d.argv[d.argv.index("--instance") + 1])
+        purge(d.instance)
