@@ -31,10 +31,8 @@ import numpy as np
 import zmq
 
 from .. import protocol as p
-from ..config import data_endpoint, endpoint_problem
-from ..core.types import WorkerKey
+from ..endpoints import data_endpoint, endpoint_problem, missing_ipc_path
 from ..errors import DaemonUnavailable, ProtocolError, ShuttingDown, rejection_error
-from .admin import missing_ipc_path
 from .checks import checked_enqueue
 from ..shm.words import STATE_DISPATCHED, STATE_PREFILL_DONE, write_state
 from .lease import DroppedLeases, Lease
@@ -106,7 +104,7 @@ class SchedulerClient:
         self.connect_timeout_s = connect_timeout_s
         self.reconnect_deadline_s = reconnect_deadline_s
         self.on_unavailable = on_unavailable
-        self.bypass_workers = [WorkerKey(*w) for w in bypass_workers]
+        self.bypass_workers = [p.WorkerKey(*w) for w in bypass_workers]
         if on_unavailable == "bypass" and not self.bypass_workers:
             raise ValueError("on_unavailable='bypass' needs bypass_workers")
         self.attach_progress = attach_progress
@@ -316,7 +314,7 @@ class SchedulerClient:
 
     def _degraded_lease(self, request_id: str, isl_tokens: int, pinned: tuple[int, int] | None) -> Lease:
         self.degraded_total += 1
-        worker = WorkerKey(*pinned) if pinned is not None else random.choice(self.bypass_workers)
+        worker = p.WorkerKey(*pinned) if pinned is not None else random.choice(self.bypass_workers)
         return Lease(None, request_id, worker, -1, 0, 0, 0, 0, isl_tokens, degraded=True)
 
     async def _await_admission(self, request_id: str, isl_tokens: int, frame: p.Enqueue | p.Update) -> Lease:
@@ -350,7 +348,7 @@ class SchedulerClient:
             self._origins.pop(request_id, None)
             raise rejection_error(reply.request_id, reply.reason, reply.detail, reply.policy_class,
                                   reply.limit_kind, reply.current, reply.limit)
-        lease = Lease(self, reply.request_id, WorkerKey(reply.worker_id, reply.dp_rank), reply.slot,
+        lease = Lease(self, reply.request_id, p.WorkerKey(reply.worker_id, reply.dp_rank), reply.slot,
                       reply.generation, reply.cached_tokens, reply.overlap_blocks, reply.queued_us, isl_tokens,
                       url=reply.url, dp_size=reply.dp_size)
         self._leases[request_id] = weakref.ref(lease)

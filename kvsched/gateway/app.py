@@ -21,7 +21,7 @@ import msgspec
 from aiohttp import web
 
 from ..client import SchedulerClient
-from ..client.admin import missing_ipc_path
+from ..endpoints import missing_ipc_path
 from ..client.hashing import BlockHashCache, block_hashes
 from ..errors import ConfigError, DaemonUnavailable, RequestRejected
 from . import openai as oa
