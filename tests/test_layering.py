@@ -75,7 +75,7 @@ def test_client_with_mapped_words_stays_on_the_ground_floor(session_daemon):
         "            lease.dispatched()\n"
         "            lease.prefill_done()\n"
         "            lease.add_output_tokens(3)\n"
-        "            assert client._state is not None and client._progress is not None\n"
+        "            assert client._words.mapped\n"
         "asyncio.run(main())\n"
         + _PRINT_LOADED))
     assert "kvsched.shm.layout" in loaded  # the words were mapped, not sent as frames
