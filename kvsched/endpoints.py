@@ -35,24 +35,20 @@ def runtime_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(f"/tmp/kvsched-{os.getuid()}")
 
 
-def data_endpoint(instance: str = "default", configured: str = "", env: Mapping[str, str] | None = None) -> str:
-    """The data socket endpoint: `KVSCHED_ENDPOINT`, else the configured one, else ipc discovery."""
+def _discover(variable: str, configured: str, socket_name: str, env: Mapping[str, str] | None) -> str:
     env = os.environ if env is None else env
-    if env.get("KVSCHED_ENDPOINT"):
-        return env["KVSCHED_ENDPOINT"]
-    if configured:
-        return configured
-    return f"ipc://{runtime_dir(env)}/{instance}.sock"
+    return env.get(variable) or configured or f"ipc://{runtime_dir(env)}/{socket_name}"
+
+
+def data_endpoint(instance: str = "default", configured: str = "", env: Mapping[str, str] | None = None) -> str:
+    """The data socket endpoint: `KVSCHED_ENDPOINT`, else the configured one, else ipc discovery
+    (`<runtime dir>/<instance>.sock`). `env` defaults to `os.environ`."""
+    return _discover("KVSCHED_ENDPOINT", configured, f"{instance}.sock", env)
 
 
 def admin_endpoint(instance: str = "default", configured: str = "", env: Mapping[str, str] | None = None) -> str:
     """The admin socket endpoint: `KVSCHED_ADMIN_ENDPOINT`, else configured, else `<instance>-admin.sock`."""
-    env = os.environ if env is None else env
-    if env.get("KVSCHED_ADMIN_ENDPOINT"):
-        return env["KVSCHED_ADMIN_ENDPOINT"]
-    if configured:
-        return configured
-    return f"ipc://{runtime_dir(env)}/{instance}-admin.sock"
+    return _discover("KVSCHED_ADMIN_ENDPOINT", configured, f"{instance}-admin.sock", env)
 
 
 def endpoint_problem(endpoint: str) -> str | None:

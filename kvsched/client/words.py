@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_PREFIX, _SUFFIX = "kvsched-", "-ledger"  # `Welcome.shm_ledger` = kvsched-<instance>-ledger
-
 
 class SlotWords:
     """The progress segment as this router maps it (or not).
@@ -59,12 +57,13 @@ class SlotWords:
         """
         if self._segments is not None:
             return self.mapped
-        if not (shm_ledger.startswith(_PREFIX) and shm_ledger.endswith(_SUFFIX)):
+        from ..shm.layout import attach_segments, ledger_instance
+
+        instance = ledger_instance(shm_ledger)
+        if instance is None:
             return False
         try:
-            from ..shm.layout import attach_segments
-
-            self._segments = attach_segments(shm_ledger[len(_PREFIX):-len(_SUFFIX)], writable_ledger=False)
+            self._segments = attach_segments(instance, writable_ledger=False)
             self.progress = self._segments.progress
             self.state = self._segments.state
         except Exception as exc:  # remote host, permissions, a layout we do not know: fall back to frames
