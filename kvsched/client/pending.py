@@ -4,9 +4,10 @@ a daemon restart.
 Each `schedule()` / `requeue()` waits on a future keyed by request_id until an `Admitted`, a
 `Rejected` or an `Error` for that id arrives. The book also keeps each open lease's original
 `Enqueue` (a requeue not answered yet is re-sent with it) and the ids answered `shutting_down` (the
-daemon is stopping: they stay waiting and are re-sent to the next daemon). From these it builds the
-`Reattach` a reconnected link sends (docs/PROTOCOL.md, "Reattach"), and at the reconnect deadline it
-fails, or resolves in bypass mode, every call still waiting. No I/O: the client sends what it returns.
+daemon is stopping: they stay waiting and are re-sent to the next daemon). From these it builds
+the `Reattach` a reconnected link sends (docs/PROTOCOL.md "Router → daemon (data socket)"), and at
+the reconnect deadline it fails, or resolves in bypass mode, every call still waiting. No I/O: the
+client sends what it returns.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ one aligned 8-byte store each into its slot's state and progress words (`kvsched
 `kvsched.shm.progress`): no frame, no syscall. The daemon folds changed words on its next wake and on
 its `fold_interval_ms` timer. When the segment cannot be mapped (a remote host, permissions, a layout
 this package does not know) nothing is mapped and the client sends `Update` frames instead
-(docs/PROTOCOL.md, "Shared memory").
+(docs/PROTOCOL.md "Shared memory (local routers)").
 """
 
 from __future__ import annotations
