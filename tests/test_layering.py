@@ -82,3 +82,11 @@ def test_client_with_mapped_words_stays_on_the_ground_floor(session_daemon):
     assert "numba" not in loaded
     own = {m for m in loaded if m.startswith("kvsched") and not m.startswith("kvsched.client")}
     assert own <= CLIENT_ALLOWED, sorted(own - CLIENT_ALLOWED)
+
+
+def test_ground_floor_imports_nothing_else_of_kvsched():
+    """`protocol`, `endpoints` and `errors` stand on the standard library and msgspec alone."""
+    loaded = _loaded(_run("import sys\nimport kvsched.protocol, kvsched.endpoints, kvsched.errors\n" + _PRINT_LOADED))
+    assert {m for m in loaded if m.startswith("kvsched")} == {"kvsched", "kvsched.protocol", "kvsched.endpoints",
+                                                              "kvsched.errors"}
+    assert not loaded & {"numpy", "zmq", "numba"}
