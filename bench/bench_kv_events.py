@@ -78,7 +78,7 @@ def bench_ingest(n_batches: int) -> dict:
     import zmq
 
     from kvsched.daemon.process import DaemonProcess
-    from kvsched.kvevents.publisher import KvEventPublisher
+    from kvsched.sim.kv_publisher import KvEventPublisher
 
     d = Path(tempfile.mkdtemp(prefix="kvbench", dir="/tmp"))
     with socket.socket() as s:

@@ -50,7 +50,7 @@ def overlap_agrees(block_size: int = 16, blocks: int = 4, settle_s: float = 1.0)
     is `blocks`). Returns {"agrees", "dynamo_blocks", "expected_blocks"}."""
     import zmq
 
-    from kvsched.kvevents.publisher import KvEventPublisher
+    from kvsched.sim.kv_publisher import KvEventPublisher
 
     ctx = zmq.Context.instance()
     port = _free_port()

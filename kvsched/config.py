@@ -2,8 +2,8 @@
 
 `load_config(path, env, overrides)` is the only loader (defaults < file < env < flags). Every table is a
 `Section` (unknown keys are errors naming their path). `examples/kvsched.toml` is kept equal to the
-defaults (a test checks it). Discovery of endpoints follows docs/DESIGN.md §1.2 (`data_endpoint`,
-`admin_endpoint`).
+defaults (a test checks it). Endpoint discovery (`data_endpoint`, `admin_endpoint`, docs/DESIGN.md §1.2)
+lives in `kvsched.endpoints`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Mapping
 import msgspec
 from msgspec import Meta
 
+from .endpoints import admin_endpoint, data_endpoint, endpoint_problem, is_loopback_endpoint
 from .errors import ConfigError
 
 
@@ -189,43 +190,6 @@ class Config(Section):
             raise ValueError(f"[[workers]] declare {ranks} ranks, more than daemon.max_workers={self.daemon.max_workers}")
 
 
-def endpoint_problem(endpoint: str) -> str | None:
-    """What is wrong with a ZeroMQ endpoint string, or None when it is well formed.
-
-    Accepted: `ipc://PATH`, `inproc://NAME`, `tcp://HOST:PORT` (PORT 1..65535, or `*` for an
-    ephemeral bind). ZeroMQ itself reports a missing port only when the socket connects, at which
-    point a daemon has already started; checking here makes it a config error (zmq_tcp(7)).
-    """
-    scheme, sep, rest = endpoint.partition("://")
-    if not sep:
-        return "expected ipc://PATH, tcp://HOST:PORT or inproc://NAME"
-    if scheme in ("ipc", "inproc"):
-        return None if rest else f"{scheme}:// needs a name"
-    if scheme != "tcp":
-        return f"unsupported transport {scheme!r} (ipc, tcp or inproc)"
-    host, colon, port = rest.rpartition(":")
-    if not colon or not host or host == "[]":
-        return "tcp:// needs HOST:PORT"
-    if port == "*":
-        return None
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        return f"port {port!r} is not in 1..65535"
-    return None
-
-
-def is_loopback_endpoint(endpoint: str) -> bool:
-    """True for `tcp://127.x:P`, `tcp://[::1]:P` and `tcp://localhost:P`."""
-    import ipaddress
-
-    host = endpoint.partition("://")[2].rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def curve_problem(endpoint: str, curve_secret_key_file: str | None) -> str | None:
     """The CURVE rule: a TCP endpoint not bound to loopback requires `daemon.curve_secret_key_file`."""
     if endpoint.startswith("tcp://") and not is_loopback_endpoint(endpoint) and not curve_secret_key_file:
@@ -342,39 +306,3 @@ def config_from_dict(raw: Mapping[str, Any], where: str = "config") -> Config:
         raise ConfigError(f"{where}: {exc}") from exc
     except ValueError as exc:  # __post_init__ cross-field checks
         raise ConfigError(f"{where}: {exc}") from exc
-
-
-# --------------------------------------------------------------------------------------------
-# Discovery (docs/DESIGN.md §1.2)
-# --------------------------------------------------------------------------------------------
-
-
-def runtime_dir(env: Mapping[str, str] | None = None) -> Path:
-    """`/run/kvsched` if it exists, else `$XDG_RUNTIME_DIR/kvsched`, else `/tmp/kvsched-<uid>`."""
-    env = os.environ if env is None else env
-    if Path("/run/kvsched").is_dir():
-        return Path("/run/kvsched")
-    xdg = env.get("XDG_RUNTIME_DIR")
-    if xdg:
-        return Path(xdg) / "kvsched"
-    return Path(f"/tmp/kvsched-{os.getuid()}")
-
-
-def data_endpoint(instance: str = "default", configured: str = "", env: Mapping[str, str] | None = None) -> str:
-    """The data socket endpoint: `KVSCHED_ENDPOINT`, else the configured one, else ipc discovery."""
-    env = os.environ if env is None else env
-    if env.get("KVSCHED_ENDPOINT"):
-        return env["KVSCHED_ENDPOINT"]
-    if configured:
-        return configured
-    return f"ipc://{runtime_dir(env)}/{instance}.sock"
-
-
-def admin_endpoint(instance: str = "default", configured: str = "", env: Mapping[str, str] | None = None) -> str:
-    """The admin socket endpoint: `KVSCHED_ADMIN_ENDPOINT`, else configured, else `<instance>-admin.sock`."""
-    env = os.environ if env is None else env
-    if env.get("KVSCHED_ADMIN_ENDPOINT"):
-        return env["KVSCHED_ADMIN_ENDPOINT"]
-    if configured:
-        return configured
-    return f"ipc://{runtime_dir(env)}/{instance}-admin.sock"

@@ -11,7 +11,7 @@ a default; a breaking change bumps `PROTOCOL_VERSION`. `docs/PROTOCOL.md` descri
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, NamedTuple, Union
 
 import msgspec
 from msgspec import Meta
@@ -36,6 +36,19 @@ Name = Annotated[str, Meta(max_length=MAX_NAME_CHARS)]
 Tokens = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 HashBytes = Annotated[bytes, Meta(max_length=8 * MAX_BLOCK_HASHES)]
 Slot = Annotated[int, Meta(ge=-1, le=2**31 - 1)]
+
+
+
+class WorkerKey(NamedTuple):
+    """One worker = (engine instance id, data-parallel rank): `Admitted.worker_id` / `.dp_rank`, the
+    `pinned` pair of an `Enqueue`, and the key of every worker row in the daemon."""
+
+    worker_id: int  # u32
+    dp_rank: int  # u16
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}:{self.dp_rank}"
+
 
 RejectReason = Literal[
     "queue_full",

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsched.config import Config, admin_endpoint, data_endpoint, load_config
+from kvsched.config import Config, load_config
+from kvsched.endpoints import admin_endpoint, data_endpoint
 from kvsched.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

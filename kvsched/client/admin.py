@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import msgspec
 import zmq
 
 from .. import protocol as p
-from ..config import admin_endpoint
+from ..endpoints import admin_endpoint, missing_ipc_path
 from ..errors import DaemonUnavailable, ProtocolError
-
-
-def missing_ipc_path(endpoint: str) -> str | None:
-    """The socket path of an `ipc://` endpoint when that file does not exist, else None.
-
-    An abstract-namespace endpoint (`ipc://@name`) has no file and is never reported missing.
-    """
-    if not endpoint.startswith("ipc://"):
-        return None
-    path = endpoint[len("ipc://"):]
-    if path.startswith("@") or os.path.exists(path):
-        return None
-    return path
 
 
 class AdminClient:

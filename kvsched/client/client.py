@@ -2,7 +2,9 @@
 (docs/DESIGN.md §1.2, §5).
 
 I/O follows the daemon's own pattern (see `link.py`): a plain ZeroMQ socket whose FD is registered
-with `loop.add_reader`; each waiting `schedule()` is a future keyed by request_id. Cancelling a caller
+with `loop.add_reader`; each waiting `schedule()` is a future keyed by request_id (`pending.py` keeps
+them and builds the `Reattach`); a local router reports lease progress by stores into its slot's
+shared-memory words (`words.py`). Cancelling a caller
 still waiting in `schedule()` sends `Release(cancelled)`; an `Admitted` that arrives for a request
 nobody waits for any more is released at once, so nothing leaks.
 
@@ -25,35 +27,24 @@ import os
 import random
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence, Union
+from typing import Any, Iterable, Literal, Sequence, Union
 
 import numpy as np
 import zmq
 
 from .. import protocol as p
-from ..config import data_endpoint, endpoint_problem
-from ..core.types import WorkerKey
-from ..errors import DaemonUnavailable, ProtocolError, ShuttingDown, rejection_error
-from .admin import missing_ipc_path
+from ..endpoints import data_endpoint, endpoint_problem, missing_ipc_path
+from ..errors import DaemonUnavailable, ProtocolError, rejection_error
 from .checks import checked_enqueue
-from ..shm.words import STATE_DISPATCHED, STATE_PREFILL_DONE, write_state
 from .lease import DroppedLeases, Lease
 from .link import Link
-
-if TYPE_CHECKING:
-    from ..shm.layout import Segments
+from .pending import Answer, Bypass, PendingCalls
+from .words import SlotWords
 
 log = logging.getLogger(__name__)
 
 # What `schedule(block_hashes=...)` accepts: little-endian u64 bytes, ints, or a numpy integer array.
 BlockHashes = Union[bytes, bytearray, memoryview, Sequence[int], "np.ndarray[Any, np.dtype[np.integer[Any]]]"]
-
-
-class _Bypass:
-    """Result of a waiting call resolved by bypass mode at the reconnect deadline (a degraded lease)."""
-
-
-_BYPASS = _Bypass()
 
 
 class SchedulerClient:
@@ -106,7 +97,7 @@ class SchedulerClient:
         self.connect_timeout_s = connect_timeout_s
         self.reconnect_deadline_s = reconnect_deadline_s
         self.on_unavailable = on_unavailable
-        self.bypass_workers = [WorkerKey(*w) for w in bypass_workers]
+        self.bypass_workers = [p.WorkerKey(*w) for w in bypass_workers]
         if on_unavailable == "bypass" and not self.bypass_workers:
             raise ValueError("on_unavailable='bypass' needs bypass_workers")
         self.attach_progress = attach_progress
@@ -117,16 +108,11 @@ class SchedulerClient:
         self._own_ctx = ctx is None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._link: Link | None = None
-        # rid -> (future, frame, isl)
-        self._pending: dict[str, tuple[asyncio.Future[p.Admitted | p.Rejected | _Bypass], p.Enqueue | p.Update, int]] = {}
+        self._pending = PendingCalls()  # waiting calls, open leases' Enqueues (`_pending.origins`)
         self._leases: dict[str, weakref.ref[Lease]] = {}
         self._dropped = DroppedLeases(self)  # leases garbage-collected while open (one wake per batch)
-        self._origins: dict[str, p.Enqueue] = {}  # open lease -> its Enqueue (re-sent by Reattach.requeues)
-        self._parked: set[str] = set()  # pending ids answered shutting_down: re-sent after reconnecting
         self._welcome_fut: asyncio.Future[p.Welcome] | None = None
-        self._progress: np.ndarray | None = None
-        self._state: np.ndarray | None = None  # state words (dispatched / prefill_done) when mapped
-        self._segments: Segments | None = None
+        self._words = SlotWords()  # the slot's state / progress words when the segment is mapped
         self._deadline_timer: asyncio.TimerHandle | None = None
         self.degraded_total = 0
         self._epoch: int | None = None  # daemon_epoch of the last Welcome
@@ -186,7 +172,7 @@ class SchedulerClient:
         if self._welcome_fut is not None and not self._welcome_fut.done():
             self._welcome_fut.set_result(welcome)
         if self.attach_progress:
-            self._attach_progress(welcome)
+            self._words.attach(welcome.shm_ledger)
         if reconnected:
             if welcome.daemon_epoch == self._epoch:  # same daemon: it reaped this router as silent
                 self._loss_reason = (f"the daemon (same daemon_epoch, it did not restart) declared this router dead "
@@ -203,20 +189,11 @@ class SchedulerClient:
         leases = [p.LeaseRef(l.request_id, l.slot, l.generation) for l in self._open_leases()]
         if self._link is not None:  # released while disconnected: their buffered Releases follow the Reattach
             leases += self._link.buffered_releases()
-        pending: list[p.Enqueue] = []
-        requeues: list[p.Requeued] = []
-        for rid, (fut, frame, _) in self._pending.items():
-            if fut.done():
-                continue
-            if isinstance(frame, p.Enqueue):
-                pending.append(frame)
-            elif rid in self._origins:  # an Update(requeue) not answered yet
-                requeues.append(p.Requeued(p.LeaseRef(rid, frame.slot, frame.generation), self._origins[rid]))
-        self._parked.clear()
+        frame = self._pending.reattach(leases)
         log.info("reconnected epoch=%d reattaching leases=%d pending=%d requeues=%d", welcome.daemon_epoch,
-                 len(leases), len(pending), len(requeues))
+                 len(frame.leases), len(frame.pending), len(frame.requeues))
         if self._link is not None:
-            self._link.send(p.Reattach(leases, pending, requeues))
+            self._link.send(frame)
 
     def _open_leases(self) -> list[Lease]:
         out = []
@@ -226,40 +203,17 @@ class SchedulerClient:
                 out.append(lease)
         return out
 
-    def _attach_progress(self, welcome: p.Welcome) -> None:
-        if self._segments is not None:
-            return
-        prefix, suffix = "kvsched-", "-ledger"
-        name = welcome.shm_ledger
-        if not (name.startswith(prefix) and name.endswith(suffix)):
-            return
-        try:
-            from ..shm.layout import attach_segments
-
-            self._segments = attach_segments(name[len(prefix):-len(suffix)], writable_ledger=False)
-            self._progress = self._segments.progress
-            self._state = self._segments.state
-        except Exception as exc:  # remote host, permissions, a layout we do not know: fall back to frames
-            log.info("progress segment not mapped (using Update frames) reason=%s", exc)
-            self._progress = self._state = None
-
     async def close(self) -> None:
         """Abort every open lease, fail every waiting call, close the socket."""
         for lease in self._open_leases():
             lease.release("aborted")
-        for rid, (fut, _, _) in list(self._pending.items()):
-            if not fut.done():
-                fut.set_exception(DaemonUnavailable(f"client closed while {rid!r} was waiting"))
-        self._pending.clear()
+        self._pending.fail_all()
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
         if self._link is not None:
             self._link.close()
             self._link = None
-        if self._segments is not None:
-            self._progress = self._state = None
-            self._segments.close()
-            self._segments = None
+        self._words.close()
         if self._own_ctx and not self._ctx.closed:
             self._ctx.term()
 
@@ -316,7 +270,7 @@ class SchedulerClient:
 
     def _degraded_lease(self, request_id: str, isl_tokens: int, pinned: tuple[int, int] | None) -> Lease:
         self.degraded_total += 1
-        worker = WorkerKey(*pinned) if pinned is not None else random.choice(self.bypass_workers)
+        worker = p.WorkerKey(*pinned) if pinned is not None else random.choice(self.bypass_workers)
         return Lease(None, request_id, worker, -1, 0, 0, 0, 0, isl_tokens, degraded=True)
 
     async def _await_admission(self, request_id: str, isl_tokens: int, frame: p.Enqueue | p.Update) -> Lease:
@@ -324,16 +278,17 @@ class SchedulerClient:
             raise ValueError(f"request {request_id!r} is already waiting in this client")
         if self._link is None or self._loop is None:
             raise DaemonUnavailable(f"connection to {self.endpoint} is closed")
-        fut: asyncio.Future[p.Admitted | p.Rejected | _Bypass] = self._loop.create_future()
-        self._pending[request_id] = (fut, frame, isl_tokens)
+        fut: asyncio.Future[Answer] = self._loop.create_future()
+        self._pending.open(request_id, fut, frame, isl_tokens)
+        origins = self._pending.origins
         try:
             # An Enqueue is not buffered while the link is down: Reattach re-sends every waiting one.
             self._link.send(frame, buffer_when_down=not isinstance(frame, p.Enqueue))
             reply = await fut
         except asyncio.CancelledError:
-            self._origins.pop(request_id, None)
-            entry = self._pending.pop(request_id, None)
-            if entry is not None and entry[0] is fut and self._link is not None:
+            origins.pop(request_id, None)
+            entry = self._pending.close(request_id)
+            if entry is not None and entry.future is fut and self._link is not None:
                 answer = fut.result() if fut.done() and not fut.cancelled() and fut.exception() is None else None
                 if isinstance(answer, p.Admitted):  # admitted just before the cancel landed: give it back
                     self._link.send(p.Release(request_id, answer.slot, answer.generation, "aborted", 0))
@@ -341,21 +296,20 @@ class SchedulerClient:
                     self._link.send(p.Release(request_id, -1, 0, "cancelled", 0))
             raise
         finally:
-            self._pending.pop(request_id, None)
-            self._parked.discard(request_id)
-        if isinstance(reply, _Bypass):
-            self._origins.pop(request_id, None)
+            self._pending.close(request_id)
+        if isinstance(reply, Bypass):
+            origins.pop(request_id, None)
             return self._degraded_lease(request_id, isl_tokens, frame.pinned if isinstance(frame, p.Enqueue) else None)
         if isinstance(reply, p.Rejected):
-            self._origins.pop(request_id, None)
+            origins.pop(request_id, None)
             raise rejection_error(reply.request_id, reply.reason, reply.detail, reply.policy_class,
                                   reply.limit_kind, reply.current, reply.limit)
-        lease = Lease(self, reply.request_id, WorkerKey(reply.worker_id, reply.dp_rank), reply.slot,
+        lease = Lease(self, reply.request_id, p.WorkerKey(reply.worker_id, reply.dp_rank), reply.slot,
                       reply.generation, reply.cached_tokens, reply.overlap_blocks, reply.queued_us, isl_tokens,
                       url=reply.url, dp_size=reply.dp_size)
         self._leases[request_id] = weakref.ref(lease)
         if isinstance(frame, p.Enqueue):
-            self._origins[request_id] = frame
+            origins[request_id] = frame
         return lease
 
     async def _requeue(self, lease: Lease) -> Lease:
@@ -371,15 +325,7 @@ class SchedulerClient:
             return
         if self._pending and self._link.ever_connected and self._outage_expired():
             err = f"daemon at {self.endpoint} unreachable for more than {self.reconnect_deadline_s:.0f}s"
-            for rid, (fut, _, _) in list(self._pending.items()):
-                if fut.done():
-                    continue
-                if self.on_unavailable == "bypass":
-                    fut.set_result(_BYPASS)
-                elif rid in self._parked:
-                    fut.set_exception(ShuttingDown(rid, f"the daemon stopped and none came back: {err}"))
-                else:
-                    fut.set_exception(DaemonUnavailable(err))
+            self._pending.expire(err, bypass=self.on_unavailable == "bypass")
         self._arm_deadline_timer()
 
     # ------------------------------------------------------------------ lease callbacks
@@ -389,20 +335,13 @@ class SchedulerClient:
         self._link.send(frame)
 
     def _report_progress(self, lease: Lease) -> None:
-        if self._progress is not None:
-            from ..shm.progress import write_progress
-
-            write_progress(self._progress, lease.slot, lease.generation, lease.output_tokens)
-        else:
+        if not self._words.store_progress(lease.slot, lease.generation, lease.output_tokens):
             self._send(p.Update(lease.request_id, lease.slot, lease.generation, "progress", lease.output_tokens))
 
     def _report_state(self, lease: Lease, kind: Literal["dispatched", "prefill_done"]) -> None:
         """`dispatched` / `prefill_done` of a lease: one store into its slot's state word when the
         progress segment is mapped (no frame), else an `Update(kind)` frame."""
-        if self._state is not None:
-            flags = STATE_PREFILL_DONE if kind == "prefill_done" else STATE_DISPATCHED
-            write_state(self._state, lease.slot, lease.generation, flags)
-        else:
+        if not self._words.store_state(lease.slot, lease.generation, kind):
             self._send(p.Update(lease.request_id, lease.slot, lease.generation, kind))
 
     def _forget_lease(self, lease: Lease) -> None:
@@ -410,11 +349,11 @@ class SchedulerClient:
         if ref is not None and ref() is lease:
             del self._leases[lease.request_id]
             if lease.outcome != "requeued":  # a requeue still needs its Enqueue (Reattach.requeues)
-                self._origins.pop(lease.request_id, None)
+                self._pending.origins.pop(lease.request_id, None)
 
     def _release_from_gc(self, request_id: str, slot: int, generation: int) -> None:
         """A lease was collected while open: abort it through the batched cleanup queue."""
-        self._origins.pop(request_id, None)  # a single dict operation: safe from any thread (GIL)
+        self._pending.origins.pop(request_id, None)  # a single dict operation: safe from any thread (GIL)
         self._dropped.push(request_id, slot, generation)
 
     def _revoke(self, request_id: str, why: str, outcome: str = "revoked") -> bool:
@@ -423,7 +362,7 @@ class SchedulerClient:
         progress calls raise `LeaseLost(why)` and release is a logged no-op (see `Lease`)."""
         ref = self._leases.pop(request_id, None)
         if request_id not in self._pending:
-            self._origins.pop(request_id, None)
+            self._pending.origins.pop(request_id, None)
         lease = ref() if ref is not None else None
         if lease is None or lease.outcome is not None:
             return False
@@ -437,13 +376,9 @@ class SchedulerClient:
     def _on_frame(self, frame: p.DaemonFrame) -> None:
         match frame:
             case p.Admitted() | p.Rejected():
-                entry = self._pending.get(frame.request_id)
-                if entry is not None and not entry[0].done():
-                    if isinstance(frame, p.Rejected) and frame.reason == "shutting_down":
-                        self._parked.add(frame.request_id)  # the daemon is stopping: re-sent to the next one
-                        return
-                    entry[0].set_result(frame)
-                elif isinstance(frame, p.Admitted):  # nobody waits (cancelled): give it back
+                if self._pending.answer(frame):  # a waiting call took it (or parked it: shutting_down)
+                    return
+                if isinstance(frame, p.Admitted):  # nobody waits (cancelled): give it back
                     self._send(p.Release(frame.request_id, frame.slot, frame.generation, "aborted", 0))
                 else:
                     self._revoke(frame.request_id, frame.detail)
@@ -455,11 +390,10 @@ class SchedulerClient:
                 if frame.lost:
                     log.warning("daemon lost leases count=%d reason=%s", len(frame.lost), self._loss_reason)
             case p.Error():
-                entry = self._pending.get(frame.request_id) if frame.request_id else None
                 if frame.code == p.ErrorCode.VERSION and self._welcome_fut and not self._welcome_fut.done():
                     self._welcome_fut.set_exception(ProtocolError(frame.message))
-                elif entry is not None and not entry[0].done():
-                    entry[0].set_exception(ProtocolError(f"daemon error {p.error_code_name(frame.code)}: {frame.message}"))
-                else:
+                    return
+                error = ProtocolError(f"daemon error {p.error_code_name(frame.code)}: {frame.message}")
+                if not frame.request_id or not self._pending.fail(frame.request_id, error):
                     self.errors.append(frame)
                     del self.errors[:-100]

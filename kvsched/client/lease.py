@@ -17,7 +17,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
 from .. import protocol as p
-from ..core.types import WorkerKey
 from ..errors import LeaseError, LeaseLost
 
 if TYPE_CHECKING:
@@ -107,7 +106,7 @@ class Lease:
                  "isl_tokens", "degraded", "output_tokens", "outcome", "url", "dp_size", "lost_reason", "_client", "_dispatched",
                  "_loss_logged", "__weakref__")
 
-    def __init__(self, client: "SchedulerClient | None", request_id: str, worker: WorkerKey, slot: int,
+    def __init__(self, client: "SchedulerClient | None", request_id: str, worker: p.WorkerKey, slot: int,
                  generation: int, cached_tokens: int, overlap_blocks: int, queued_us: int, isl_tokens: int,
                  degraded: bool = False, url: str = "", dp_size: int = 1) -> None:
         self._client = client

@@ -145,8 +145,8 @@ class Link:
             self.sock = None
 
     def _hello(self) -> None:
-        self._raw_send(self.enc.encode(p.Hello(self.version, self.client_name[:128], os.getpid(),
-                                               socket.gethostname()[:128], _pid_ns())))
+        self._raw_send(self.enc.encode(p.Hello(self.version, self.client_name[:p.MAX_NAME_CHARS], os.getpid(),
+                                               socket.gethostname()[:p.MAX_NAME_CHARS], _pid_ns())))
 
     def close(self) -> None:
         self._flush_out()

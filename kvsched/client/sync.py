@@ -17,7 +17,6 @@ from typing import Any, Callable, Iterable, Literal, TypeVar
 import zmq
 
 from .. import protocol as p
-from ..core.types import WorkerKey
 from .client import BlockHashes, SchedulerClient
 from .lease import Lease
 
@@ -40,7 +39,7 @@ class SyncLease:
         return self.lease.request_id
 
     @property
-    def worker(self) -> WorkerKey:
+    def worker(self) -> p.WorkerKey:
         """(worker_id, dp_rank) to send the request to."""
         return self.lease.worker
 

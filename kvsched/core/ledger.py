@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import OverloadConfig
+from ..protocol import MAX_REQUEST_ID_BYTES
 from ..shm.kernels import apply_output_tokens, fold_progress, fold_words, project_and_cost, ref_add, ref_remove
-from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, REQUEST_ID_BYTES, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
+from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
 from .types import WorkerKey
 
 _U32_MAX = 0xFFFF_FFFF
@@ -265,13 +266,13 @@ class Ledger:
             expected_osl: expected output tokens or None; class_idx: policy class index.
             enqueue_us / now_us: enqueue and admission times (µs).
         Raises:
-            ValueError: request_id already booked or longer than 128 UTF-8 bytes.
+            ValueError: request_id already booked or longer than `protocol.MAX_REQUEST_ID_BYTES` UTF-8 bytes.
             KeyError: no worker in `row`.
         """
         self._check_row(row)
         rid = request_id.encode()
-        if len(rid) > REQUEST_ID_BYTES:
-            raise ValueError(f"request_id longer than {REQUEST_ID_BYTES} bytes")
+        if len(rid) > MAX_REQUEST_ID_BYTES:
+            raise ValueError(f"request_id longer than {MAX_REQUEST_ID_BYTES} bytes")
         if request_id in self._slot_of:
             raise ValueError(f"request {request_id!r} is already booked")
         if not self._free:

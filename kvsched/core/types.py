@@ -7,19 +7,10 @@ records (`Admit`, `Reject`) that the actor turns into frames, log lines and metr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
-
-class WorkerKey(NamedTuple):
-    """One worker = (engine instance id, data-parallel rank)."""
-
-    worker_id: int  # u32
-    dp_rank: int  # u16
-
-    def __str__(self) -> str:
-        return f"{self.worker_id}:{self.dp_rank}"
+from ..protocol import WorkerKey  # noqa: F401  (defined on the ground floor; re-exported for the core)
 
 
 EMPTY_HASHES = np.zeros(0, dtype=np.uint64)

@@ -20,7 +20,8 @@ import typer
 import zmq
 
 from .. import protocol as p
-from ..config import Config, admin_endpoint, check_endpoints, data_endpoint, load_config
+from ..config import Config, check_endpoints, load_config
+from ..endpoints import admin_endpoint, data_endpoint
 from ..errors import ConfigError, KvschedError, ShmLayoutError
 from .instance_lock import InstanceLock
 from .logging_setup import setup_logging

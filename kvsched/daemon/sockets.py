@@ -5,15 +5,14 @@ No policy here: the actor decides what to do with frames; this module only opens
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import socket
 from pathlib import Path
-from urllib.parse import urlparse
 
 import zmq
 
+from ..endpoints import is_loopback_endpoint
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -45,18 +44,6 @@ def ipc_path(endpoint: str) -> Path | None:
     return None
 
 
-def is_loopback_tcp(endpoint: str) -> bool:
-    """True for `tcp://127.x`, `tcp://[::1]` and `tcp://localhost` endpoints."""
-    parsed = urlparse(endpoint)
-    host = parsed.hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def bind_router(
     ctx: zmq.Context,
     endpoint: str,
@@ -80,7 +67,7 @@ def bind_router(
     Raises:
         ConfigError: a non-loopback TCP endpoint without CURVE keys, or a bind failure.
     """
-    if endpoint.startswith("tcp://") and not is_loopback_tcp(endpoint) and curve_secret_key is None:
+    if endpoint.startswith("tcp://") and not is_loopback_endpoint(endpoint) and curve_secret_key is None:
         raise ConfigError(
             f"endpoint {endpoint}: a TCP endpoint not bound to loopback requires "
             "daemon.curve_secret_key_file (CURVE keys)"

@@ -21,9 +21,10 @@ import msgspec
 from aiohttp import web
 
 from ..client import SchedulerClient
-from ..client.admin import missing_ipc_path
 from ..client.hashing import BlockHashCache, block_hashes
+from ..endpoints import missing_ipc_path
 from ..errors import ConfigError, DaemonUnavailable, RequestRejected
+from ..protocol import MAX_NAME_CHARS
 from . import openai as oa
 from .config import GatewayConfig, load_gateway_config
 from .forward import ClientGone, serve
@@ -208,11 +209,11 @@ def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
         session = p.body["user"]
     hints = {"policy_class": h.get(oa.H_CLASS, ""), "priority": prio,
              "strict_priority": _int_header(request, oa.H_STRICT) or 0,
-             "session_id": session[:128] if session else None, "expected_osl": p.max_tokens,
+             "session_id": session[:MAX_NAME_CHARS] if session else None, "expected_osl": p.max_tokens,
              "deadline_ms": _int_header(request, oa.H_DEADLINE),
              "do_not_queue": h.get(oa.H_DO_NOT_QUEUE, "").lower() in ("1", "true", "yes")}
-    if len(hints["policy_class"]) > 128:
-        raise oa.HttpError(400, f"header {oa.H_CLASS} longer than 128 characters", code="invalid_header")
+    if len(hints["policy_class"]) > MAX_NAME_CHARS:
+        raise oa.HttpError(400, f"header {oa.H_CLASS} longer than {MAX_NAME_CHARS} characters", code="invalid_header")
     if not (-(2**31) <= prio < 2**31) or not (-(2**31) <= hints["strict_priority"] < 2**31):
         raise oa.HttpError(400, "priority out of the 32-bit range", code="invalid_header")
     if hints["deadline_ms"] is not None and not (0 <= hints["deadline_ms"] <= 86_400_000):

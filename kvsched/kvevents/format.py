@@ -37,9 +37,9 @@ import msgspec
 import numpy as np
 
 from ..errors import ProtocolError
+from ..shm.mix import GOLDEN, U64_MASK, mix64
 
-U64_MASK = (1 << 64) - 1
-GROUP_MIX = 0x9E3779B97F4A7C15  # 2**64 / golden ratio
+GROUP_MIX = GOLDEN  # 2**64 / golden ratio
 MEDIUM_GPU = "GPU"
 
 STORED_FIELDS = (
@@ -123,17 +123,11 @@ def normalize_hash(h: Any) -> int:
     raise TypeError(f"a block hash must be int or bytes, not {type(h).__name__}")
 
 
-def _splitmix64_finalize(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & U64_MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & U64_MASK
-    return z ^ (z >> 31)
-
-
 def block_key(h: int, group_idx: int | None) -> int:
     """Index key of block (hash u64, group): the hash itself for group 0/None, else a mix (module doc)."""
     if not group_idx:
         return h
-    return _splitmix64_finalize((h + group_idx * GROUP_MIX) & U64_MASK)
+    return mix64((h + group_idx * GROUP_MIX) & U64_MASK)
 
 
 def _keys(hashes: Any, group_idx: int) -> np.ndarray:

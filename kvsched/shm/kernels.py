@@ -19,20 +19,24 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .layout import SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE
+from .mix import MIX_M1, MIX_M2, MIX_S1, MIX_S2, MIX_S3
+from .words import STATE_FLAGS, STATE_PREFILL_DONE
+
 MAX_PROBE = 128  # probes per lookup in the refcount index
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
+_M1 = np.uint64(MIX_M1)
+_M2 = np.uint64(MIX_M2)
+_S1, _S2, _S3, _S32 = np.uint64(MIX_S1), np.uint64(MIX_S2), np.uint64(MIX_S3), np.uint64(32)
 _LOW32 = np.uint64(0xFFFFFFFF)
 
 
 @njit(cache=True, nogil=True)
 def mix64(key):
-    """splitmix64 finalizer: u64 -> well-mixed u64 (dense small keys spread over the table)."""
+    """splitmix64 finalizer (`mix.py`): u64 -> well-mixed u64 (dense small keys spread over the table)."""
     z = np.uint64(key)
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
+    z = (z ^ (z >> _S1)) * _M1
+    z = (z ^ (z >> _S2)) * _M2
+    return z ^ (z >> _S3)
 
 
 @njit(cache=True, nogil=True)
@@ -226,8 +230,8 @@ def apply_output_tokens(slot, n, s_state, s_worker_row, s_isl, s_prefill, s_outp
     if n > 0:
         w_active_prefill[row] -= s_prefill[slot]
         s_prefill[slot] = 0
-        if s_state[slot] < 3:
-            s_state[slot] = 3
+        if s_state[slot] < SLOT_PREFILL_DONE:
+            s_state[slot] = SLOT_PREFILL_DONE
     return True
 
 
@@ -245,7 +249,7 @@ def fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefil
     """
     changed = 0
     for s in range(progress.shape[0]):
-        if s_state[s] == 0:
+        if s_state[s] == SLOT_FREE:
             continue
         word = progress[s]
         if (word >> _S32) != s_generation[s]:
@@ -256,7 +260,8 @@ def fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefil
     return changed
 
 
-_FLAGS = np.uint64(3)  # state word flags: bit 0 dispatched, bit 1 prefill_done (see words.py)
+_FLAGS = np.uint64(STATE_FLAGS)  # state word flags: bit 0 dispatched, bit 1 prefill_done (see words.py)
+_PREFILL_DONE_FLAG = np.uint64(STATE_PREFILL_DONE)
 
 
 @njit(cache=True, nogil=True)
@@ -290,7 +295,7 @@ def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_wo
     k = 0
     for s in range(n_slots):
         st = s_state[s]
-        if st == 0:
+        if st == SLOT_FREE:
             continue
         row = s_worker_row[s]
         if row < 0 or row >= n_rows:
@@ -305,13 +310,13 @@ def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_wo
                 if had == 0:
                     out_dispatched[k] = s
                     k += 1
-                if st == 1:
-                    s_state[s] = 2
-                    st = 2
-                if (sw & np.uint64(2)) != 0 and st < 3:
+                if st == SLOT_ADMITTED:
+                    s_state[s] = SLOT_DISPATCHED
+                    st = SLOT_DISPATCHED
+                if (sw & _PREFILL_DONE_FLAG) != 0 and st < SLOT_PREFILL_DONE:
                     w_active_prefill[row] -= s_prefill[s]
                     s_prefill[s] = 0
-                    s_state[s] = 3
+                    s_state[s] = SLOT_PREFILL_DONE
                     changed += 1
         pw = progress[s]
         if (pw >> _S32) == gen:

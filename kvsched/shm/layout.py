@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShmLayoutError
+from ..protocol import MAX_REQUEST_ID_BYTES
 from .space import reserve_pages
 
 LAYOUT_VERSION = 2  # 2: the progress segment holds a state word per slot after the progress words
@@ -56,7 +57,6 @@ CAPACITY_KEYS = ("max_workers", "max_slots", "max_blocks_per_request", "ref_capa
 FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE = 1, 2, 4
 # slot states (s_state)
 SLOT_FREE, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_PREFILL_DONE = 0, 1, 2, 3
-REQUEST_ID_BYTES = 128
 
 # (name, dtype, length-kind); kind: "W" = max_workers, "S" = max_slots, "A" = arena, "R" = W x ref_capacity
 _FIELDS: tuple[tuple[str, Any, str], ...] = (
@@ -86,16 +86,28 @@ _FIELDS: tuple[tuple[str, Any, str], ...] = (
     ("s_arena_off", np.int64, "S"),  # index into arena
     ("s_arena_len", np.int32, "S"),  # hashes stored
     ("s_owner_pid", np.int64, "S"),
-    ("s_request_id", f"S{REQUEST_ID_BYTES}", "S"),
+    ("s_request_id", f"S{MAX_REQUEST_ID_BYTES}", "S"),  # the wire limit; changing it changes the layout
     ("arena", np.uint64, "A"),
     ("ref_keys", np.uint64, "R"),
     ("ref_counts", np.int32, "R"),
 )
 
 
+_LEDGER_PREFIX, _LEDGER_SUFFIX = "kvsched-", "-ledger"
+
+
 def ledger_name(instance: str) -> str:
     """Name of the ledger segment of `instance` (file /dev/shm/<name> on Linux)."""
-    return f"kvsched-{instance}-ledger"
+    return f"{_LEDGER_PREFIX}{instance}{_LEDGER_SUFFIX}"
+
+
+def ledger_instance(name: str) -> str | None:
+    """The instance whose ledger segment is called `name` (inverse of `ledger_name`), or None when
+    `name` is not a ledger segment name (routers read it from `Welcome.shm_ledger`)."""
+    if len(name) > len(_LEDGER_PREFIX) + len(_LEDGER_SUFFIX) and name.startswith(_LEDGER_PREFIX) \
+            and name.endswith(_LEDGER_SUFFIX):
+        return name[len(_LEDGER_PREFIX):-len(_LEDGER_SUFFIX)]
+    return None
 
 
 def progress_name(instance: str) -> str:

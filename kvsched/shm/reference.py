@@ -15,22 +15,18 @@ from types import SimpleNamespace
 import numpy as np
 
 from .kernels import MAX_PROBE
+from .layout import SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE
+from .mix import mix64 as _py_mix64
+from .mix import mix64_array
 from .overlap import WINDOW
+from .words import STATE_FLAGS, STATE_PREFILL_DONE
 
-_M64 = (1 << 64) - 1
 _U = np.uint64
 
 
 # --------------------------------------------------------------------------------------------
 # pure Python
 # --------------------------------------------------------------------------------------------
-
-
-def _py_mix64(z: int) -> int:
-    z = int(z) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
 
 
 def _py_find(keys_row, counts_row, h: int, mask: int, limit: int) -> int:
@@ -145,15 +141,15 @@ def _py_apply_output_tokens(slot, n, s_state, s_worker_row, s_isl, s_prefill, s_
     if n > 0:
         w_active_prefill[row] -= s_prefill[slot]
         s_prefill[slot] = 0
-        if s_state[slot] < 3:
-            s_state[slot] = 3
+        if s_state[slot] < SLOT_PREFILL_DONE:
+            s_state[slot] = SLOT_PREFILL_DONE
     return True
 
 
 def _py_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size) -> int:
     changed = 0
     for s in range(progress.shape[0]):
-        if s_state[s] == 0:
+        if s_state[s] == SLOT_FREE:
             continue
         word = int(progress[s])
         if word >> 32 != int(s_generation[s]):
@@ -169,23 +165,23 @@ def _py_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, 
     for s in range(n_slots):
         st = int(s_state[s])
         row = int(s_worker_row[s])
-        if st == 0 or not 0 <= row < n_rows:
+        if st == SLOT_FREE or not 0 <= row < n_rows:
             continue
         gen = int(s_generation[s])
         sw, old = int(state[s]), int(seen_state[s])
         if sw != old:
             seen_state[s] = sw
-            flags = sw & 3
+            flags = sw & STATE_FLAGS
             if sw >> 32 == gen and flags:
-                if not (old >> 32 == gen and old & 3):
+                if not (old >> 32 == gen and old & STATE_FLAGS):
                     out_dispatched[k] = s
                     k += 1
-                if st == 1:
-                    st = s_state[s] = 2
-                if flags & 2 and st < 3:
+                if st == SLOT_ADMITTED:
+                    st = s_state[s] = SLOT_DISPATCHED
+                if flags & STATE_PREFILL_DONE and st < SLOT_PREFILL_DONE:
                     w_active_prefill[row] -= s_prefill[s]
                     s_prefill[s] = 0
-                    s_state[s] = 3
+                    s_state[s] = SLOT_PREFILL_DONE
                     changed += 1
         pw = int(progress[s])
         if pw >> 32 == gen and _py_apply_output_tokens(s, pw & 0xFFFFFFFF, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
@@ -226,10 +222,7 @@ def _py_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, 
 
 
 def _np_mix64(keys: np.ndarray) -> np.ndarray:
-    z = np.asarray(keys, dtype=np.uint64).reshape(-1)
-    z = (z ^ (z >> _U(30))) * _U(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> _U(27))) * _U(0x94D049BB133111EB)
-    return z ^ (z >> _U(31))
+    return mix64_array(np.asarray(keys, dtype=np.uint64).reshape(-1))
 
 
 def _np_window(keys_row, counts_row, h: int, mask: int, limit: int):
@@ -332,7 +325,7 @@ def _np_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, 
 def _np_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size) -> int:
     gen = progress >> _U(32)
     n = (progress & _U(0xFFFFFFFF)).astype(np.int64)
-    idx = np.flatnonzero((s_state != 0) & (gen == s_generation) & (n > s_output_tokens))
+    idx = np.flatnonzero((s_state != SLOT_FREE) & (gen == s_generation) & (n > s_output_tokens))
     if idx.size == 0:
         return 0
     isl, old, new, rows = s_isl[idx], s_output_tokens[idx], n[idx], s_worker_row[idx]
@@ -343,27 +336,27 @@ def _np_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_pr
     first = idx[new > 0]
     np.subtract.at(w_active_prefill, s_worker_row[first], s_prefill[first])
     s_prefill[first] = 0
-    s_state[first] = np.maximum(s_state[first], 3)
+    s_state[first] = np.maximum(s_state[first], SLOT_PREFILL_DONE)
     return int(idx.size)
 
 
 def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts) -> int:
     n = int(n_slots)
     st, rows, gen = s_state[:n], s_worker_row[:n], s_generation[:n].astype(np.uint64)
-    ok = (st != 0) & (rows >= 0) & (rows < w_active_blocks.shape[0])
+    ok = (st != SLOT_FREE) & (rows >= 0) & (rows < w_active_blocks.shape[0])
     sw, old = state[:n].copy(), seen_state[:n].copy()
     moved = ok & (sw != old)
     seen_state[:n] = np.where(moved, sw, old)
-    flags = sw & _U(3)
+    flags = sw & _U(STATE_FLAGS)
     live = moved & ((sw >> _U(32)) == gen) & (flags != 0)
-    had = ((old >> _U(32)) == gen) & ((old & _U(3)) != 0)
+    had = ((old >> _U(32)) == gen) & ((old & _U(STATE_FLAGS)) != 0)
     newly = np.flatnonzero(live & ~had)
     out_dispatched[:newly.size] = newly
-    st[live & (st == 1)] = 2
-    done = np.flatnonzero(live & ((flags & _U(2)) != 0) & (st < 3))
+    st[live & (st == SLOT_ADMITTED)] = SLOT_DISPATCHED
+    done = np.flatnonzero(live & ((flags & _U(STATE_PREFILL_DONE)) != 0) & (st < SLOT_PREFILL_DONE))
     np.subtract.at(w_active_prefill, rows[done], s_prefill[done])
     s_prefill[done] = 0
-    st[done] = 3
+    st[done] = SLOT_PREFILL_DONE
     # the progress words, as `fold_progress` folds them, restricted to the folded (valid) slots
     pw = progress[:n]
     tokens = (pw & _U(0xFFFFFFFF)).astype(np.int64)
@@ -377,7 +370,7 @@ def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, 
         first = idx[new_n > 0]
         np.subtract.at(w_active_prefill, s_worker_row[first], s_prefill[first])
         s_prefill[first] = 0
-        st[first] = np.maximum(st[first], 3)
+        st[first] = np.maximum(st[first], SLOT_PREFILL_DONE)
     changed = int(done.size + idx.size)
     out_counts[0], out_counts[1] = changed, newly.size
     return changed

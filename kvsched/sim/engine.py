@@ -29,7 +29,7 @@ What is modelled (vLLM v1-like):
   not-yet-eligible arrival, or `max_macro_us`) in one call, with the exact arithmetic-series duration,
   so cost is per event, not per token.
 
-Cache changes can be observed (`cache_listener`, e.g. a `kvsched.kvevents.KvEventPublisher`):
+Cache changes can be observed (`cache_listener`, e.g. a `kvsched.sim.kv_publisher.KvEventPublisher`):
 `block_stored(hashes, parent, block_size)` when blocks enter the prefix cache (at prefill end, one
 call per contiguous run of newly registered hashes) and `block_removed(hashes)` when blocks are
 evicted — the same changes vLLM publishes as BlockStored / BlockRemoved KV events.

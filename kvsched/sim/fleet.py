@@ -28,7 +28,7 @@ import zmq
 from msgspec import Meta
 
 from ..core.types import WorkerKey
-from ..kvevents.publisher import KvEventPublisher
+from .kv_publisher import KvEventPublisher
 from .tokens import TokenIdPublisher
 from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
 from .fleet_spec import FleetSpec, make_engines

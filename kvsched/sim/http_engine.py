@@ -5,7 +5,7 @@ The engine model is `sim/engine.py`'s `SimEngine` (continuous batching, prefix c
 completion bodies); the server renders and tokenizes them with the same local tokenizer directory as
 the gateway (`kvsched.gateway.tokenizer`), hashes the prompt's blocks the way vLLM does
 (`block_hashes(mode="vllm")`), and publishes the prefix-cache changes as vLLM KV events (PUB +
-replay ROUTER, `kvevents/publisher.py`); BlockStored events carry the blocks' token ids, as vLLM's
+replay ROUTER, `sim/kv_publisher.py`); BlockStored events carry the blocks' token ids, as vLLM's
 do. So gateway + daemon + several of these run on one machine and the daemon's overlap index sees
 what it would see in front of vLLM.
 
@@ -264,7 +264,7 @@ async def _serve(args) -> None:
     import zmq
 
     from ..gateway.tokenizer import ModelTokenizer
-    from ..kvevents.publisher import KvEventPublisher
+    from .kv_publisher import KvEventPublisher
 
     publisher = None
     ctx = zmq.Context()

@@ -61,7 +61,7 @@ class _DynamoLease:
     prefill_complete (in the background), output tokens are only counted, `release()` deletes it."""
 
     def __init__(self, route, rep: dict, loop) -> None:
-        from ..core.types import WorkerKey
+        from ..protocol import WorkerKey
 
         self.route, self.loop = route, loop
         self.selection_id = str(rep["selection_id"])

@@ -12,6 +12,8 @@ from typing import Iterable
 
 import numpy as np
 
+from ..shm.mix import GOLDEN, U64_MASK, mix64_array
+
 VOCAB = 32_000  # ids are in [0, VOCAB)
 _U64 = np.uint64
 
@@ -19,10 +21,7 @@ _U64 = np.uint64
 def block_token_ids(block_hash: int, block_size: int) -> np.ndarray:
     """int64[block_size] token ids of one block: SplitMix64 of hash + k·golden, modulo VOCAB."""
     with np.errstate(over="ignore"):
-        z = _U64(int(block_hash) & 0xFFFF_FFFF_FFFF_FFFF) + (np.arange(1, block_size + 1, dtype=_U64) * _U64(0x9E3779B97F4A7C15))
-        z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
-        z = z ^ (z >> _U64(31))
+        z = mix64_array(_U64(int(block_hash) & U64_MASK) + np.arange(1, block_size + 1, dtype=_U64) * _U64(GOLDEN))
     return (z % _U64(VOCAB)).astype(np.int64)
 
 

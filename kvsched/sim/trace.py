@@ -19,11 +19,10 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from ..shm.mix import splitmix64_array
+
 MOONCAKE_BLOCK_SIZE = 512  # tokens per `hash_ids` entry in the Mooncake traces
 AZURE_BLOCK_SIZE = 16  # no hashes in the Azure traces; vLLM's default block size
-
-_U64 = np.uint64
-
 
 class _MooncakeRow(msgspec.Struct):
     timestamp: float  # ms since the start of the trace
@@ -33,12 +32,8 @@ class _MooncakeRow(msgspec.Struct):
 
 
 def splitmix64(ids: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser of `ids` + 1 (uint64 → uint64, a bijection): trace block id → block hash."""
-    with np.errstate(over="ignore"):
-        z = ids.astype(_U64) + _U64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
-        return z ^ (z >> _U64(31))
+    """SplitMix64 output for state `ids` (uint64 → uint64, a bijection): trace block id → block hash."""
+    return splitmix64_array(ids)
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ import threading
 from kvsched import protocol as p
 from kvsched.client import SchedulerClient
 from kvsched.client.lease import Lease
-from kvsched.core.types import WorkerKey
+from kvsched.protocol import WorkerKey
 
 
 class CountingLoop:

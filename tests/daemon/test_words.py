@@ -221,7 +221,7 @@ async def test_client_that_does_not_know_the_layout_falls_back_to_update_frames(
 
     monkeypatch.setattr(layout, "LAYOUT_VERSION", layout.LAYOUT_VERSION + 1)  # a client of another layout
     async with SchedulerClient(daemon.endpoint, client_name="other-layout") as client:
-        assert client._state is None and client._progress is None
+        assert not client._words.mapped
         a = await client.schedule("l-a", isl_tokens=100)
         a.dispatched()
         a.prefill_done()

@@ -16,7 +16,7 @@ from kvsched.client import AdminClient
 from kvsched.client.hashing import vllm_extra_keys
 from kvsched.kvevents.format import decode_batch
 from kvsched.kvevents.hash_check import HashCheck
-from kvsched.kvevents.publisher import KvEventPublisher
+from kvsched.sim.kv_publisher import KvEventPublisher
 from tests.conftest import free_port, purge, start_daemon, wait_until
 
 

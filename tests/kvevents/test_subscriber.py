@@ -16,7 +16,7 @@ import zmq
 from kvsched.config import WorkerConfig
 from kvsched.daemon.kv_events import KvEventSource, KvEventSubscriber, sources_for_worker
 from kvsched.kvevents.format import END_SEQ, seq_from_bytes, seq_to_bytes
-from kvsched.kvevents.publisher import KvEventPublisher
+from kvsched.sim.kv_publisher import KvEventPublisher
 from kvsched.shm.overlap import OverlapIndex
 
 pytestmark = pytest.mark.timeout(60)

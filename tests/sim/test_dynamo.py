@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from kvsched.core.types import WorkerKey
-from kvsched.kvevents.publisher import KvEventPublisher
+from kvsched.sim.kv_publisher import KvEventPublisher
 from kvsched.sim.dynamo import DynamoRoute, DynamoService, dynamo_unavailable_reason, register_fleet
 from kvsched.sim.tokens import TokenIdPublisher, token_ids_for
 
