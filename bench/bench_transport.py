@@ -1,29 +1,22 @@
-"""Transport ceiling vs the daemon vs what users would pick instead, side by side in one run.
+"""The daemon against an echo of its frames, Redis-Lua and NVIDIA Dynamo's selection service, in one run.
 
 One lifecycle = Enqueue → reply, dispatched, prefill_done, Release(completed). On the daemon's wire
 (protocol version 2, local routers) that is 2 frames in (Enqueue, Release) and 1 out: dispatched and
 prefill_done are stores into the slot's shared-memory state word, and the frames a router's coroutines
 send within one event-loop turn travel as one `Batch` message (replies of one wake as one `Replies`).
-Backends, all driven by the same long-lived router processes in the same run:
+Backends (`transport_backends.py`), all driven by the same long-lived router processes in the same run:
+`echo` (the daemon's I/O pattern and decoders, no scheduling), `daemon` (`kvsched-daemon`, 8 workers,
+real `SchedulerClient`), `redis` (Lua scripts; the reserve awaited, the other three commands as one
+pipeline), `dynamo` (Dynamo's `select_service` over HTTP; skipped with the reason when
+`ai-dynamo-runtime` is not installed).
 
-* `echo` — a ZeroMQ ROUTER with the daemon's own I/O pattern (FD on uvloop's `add_reader`, NOBLOCK
-  drain with a budget of 512 frames per wake, replies of a wake in one message per peer) that decodes
-  every frame with the daemon's decoders (`Batch` unpacked) and answers each Enqueue with an
-  `Admitted`-shaped frame: everything but the scheduling. The routers send the daemon client's frames
-  over a DEALER (same encoder, same bytes, one `Batch` per loop turn): 2 in, 1 out per lifecycle.
-* `daemon` — `kvsched-daemon` (8 workers) doing full lifecycles; routers use the real
-  `SchedulerClient` and leases (state words, version-2 batching).
-* `redis` — a `redis-server` the bench starts (loopback, persistence off; clients on its unix
-  socket, like the daemon's ipc://) holding the same per-worker arrays as hashes: select-and-reserve
-  and prefill_done and release are Lua scripts (EVALSHA), dispatched an HSET; redis-py asyncio with
-  hiredis, one awaited command per frame (RESP has no fire-and-forget).
-* `ray` — a detached named actor holding the same arrays: only if Ray is installed (it is not
-  installed by this bench; the row is skipped with the reason).
-
-Grid: 1, 4, 8, 16 router processes × in-flight windows (coroutines per router). Figures: lifecycles/s,
-frames/s (3 per lifecycle, both directions), select/admission latency p50/p99 (router side, µs),
-server CPU per lifecycle (µs, from /proc), and the ratios daemon / echo and daemon / redis. Also:
-daemon start-to-ready time with a cold and a warm numba cache.
+Grid: {1, 4, 8, 16} router processes × {1, 8, 32} lifecycles in flight per router. Per cell:
+lifecycles/s, admission (select) latency p50 / p99 at the router (µs), server CPU per lifecycle
+(µs, from /proc), the daemon's ratios to each other backend and the goal verdicts (`verdicts`):
+lifecycles/s ≥ 3× Dynamo in every cell, ≥ 2.5× Redis at window ≥ 8 and ≥ 1.5× at window 1,
+admission p99 ≤ 1.3× the echo's, server CPU per lifecycle ≤ 2× the echo's. Also printed: the core's
+in-process cost per lifecycle (goal ≤ 15 µs), the long-prompt cell (100k-token prompts at 64 workers,
+no target; `transport_core.py`) and the daemon's start-to-ready time.
 
 Usage: python bench/bench_transport.py [--quick]  ->  tables, out/bench/transport.json
 """
@@ -36,7 +29,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,17 +36,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-ISL = 1024  # prompt tokens per request
-BLOCK = 16  # tokens per block
-N_HASHES = 64  # hashes per request (ISL / BLOCK)
-PREFIX_BLOCKS = 16  # of which a shared "system prompt" prefix
-N_PREFIXES = 32
+from transport_backends import (BLOCK, N_HASHES, WORKERS, echo_server, make_backend,  # noqa: E402
+                                request_hashes, start_dynamo, start_redis)
+
+ISL = BLOCK * N_HASHES
 N_SEQUENCES = 4096  # distinct requests cycled through by each router
-WORKERS = 8
-FRAME_BUDGET = 512  # the daemon's default frame_budget_per_wake
 FRAMES_PER_LIFECYCLE = 3  # Enqueue + Release in, Admitted out (dispatched / prefill_done: shared-memory stores)
 CDF_POINTS = 200
+BACKENDS = ("echo", "daemon", "redis", "dynamo")
+GOALS = {"over_dynamo": 3.0, "over_redis_window1": 1.5, "over_redis_window8": 2.5, "p99_over_echo": 1.3,
+         "cpu_over_echo": 2.0}
 DAEMON_TOML = f"""
 [daemon]
 block_size = {BLOCK}
@@ -72,241 +65,18 @@ total_kv_blocks = 1000000
 max_num_batched_tokens = 100000000
 """ for w in range(WORKERS))
 
-# ---------------------------------------------------------------------------- Redis Lua scripts
-# Per-worker hash w:<i> {blocks, prefill, requests}; per-request hash q:<rid> {w, blocks, prefill}.
-# Cost = the selection cost of docs/DESIGN.md §4.12 without the overlap credit (no prefix index in Redis):
-# prefill/B + isl/B + blocks + n.
-LUA_RESERVE = """
-local n, isl, nb, bs = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local best, best_cost = -1, nil
-for i = 0, n - 1 do
-  local v = redis.call('HMGET', 'w:' .. i, 'blocks', 'prefill')
-  local cost = ((tonumber(v[2]) or 0) + isl) / bs + (tonumber(v[1]) or 0) + nb
-  if best_cost == nil or cost < best_cost then best, best_cost = i, cost end
-end
-local w = 'w:' .. best
-redis.call('HINCRBY', w, 'blocks', nb)
-redis.call('HINCRBY', w, 'prefill', isl)
-redis.call('HINCRBY', w, 'requests', 1)
-redis.call('HSET', 'q:' .. ARGV[1], 'w', best, 'blocks', nb, 'prefill', isl)
-return best
-"""
-LUA_PREFILL_DONE = """
-local v = redis.call('HMGET', 'q:' .. ARGV[1], 'w', 'prefill')
-if not v[1] then return 0 end
-redis.call('HINCRBY', 'w:' .. v[1], 'prefill', 0 - tonumber(v[2]))
-redis.call('HSET', 'q:' .. ARGV[1], 'prefill', 0)
-return 1
-"""
-LUA_RELEASE = """
-local v = redis.call('HMGET', 'q:' .. ARGV[1], 'w', 'blocks', 'prefill')
-if not v[1] then return 0 end
-local w = 'w:' .. v[1]
-redis.call('HINCRBY', w, 'blocks', 0 - tonumber(v[2]))
-redis.call('HINCRBY', w, 'prefill', 0 - tonumber(v[3]))
-redis.call('HINCRBY', w, 'requests', -1)
-redis.call('DEL', 'q:' .. ARGV[1])
-return 1
-"""
-
-
-def request_hashes(i: int) -> bytes:
-    """The block hashes of sequence `i` (little-endian u64 bytes): a shared prefix + a unique suffix."""
-    import numpy as np
-
-    g = i % N_PREFIXES
-    prefix = np.arange(g * 1000 + 1, g * 1000 + 1 + PREFIX_BLOCKS, dtype="<u8")
-    base = 10**9 + i * N_HASHES
-    suffix = np.arange(base, base + N_HASHES - PREFIX_BLOCKS, dtype="<u8")
-    return np.concatenate([prefix, suffix]).tobytes()
-
-
-# ---------------------------------------------------------------------------- echo server
-def echo_server(endpoint: str, ready_path: str) -> None:
-    """ROUTER with the daemon's I/O pattern; answers each Enqueue with an Admitted-shaped frame."""
-    import uvloop
-    import zmq
-
-    from kvsched import protocol as p
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.bind(endpoint)
-        enc, dec, inner = p.make_encoder(), p.make_router_decoder(), p.make_batched_router_decoder()
-        done = loop.create_future()
-        slot = [0]
-
-        def on_readable() -> None:
-            replies: dict[bytes, list[bytes]] = {}
-            n = 0
-            while n < FRAME_BUDGET:
-                try:
-                    identity, payload = sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                frame = dec.decode(payload)
-                frames = [inner.decode(r) for r in frame.frames] if isinstance(frame, p.Batch) else [frame]
-                n += len(frames)
-                for f in frames:
-                    if isinstance(f, p.Enqueue):
-                        slot[0] = (slot[0] + 1) & 0xFFFF
-                        replies.setdefault(identity, []).append(enc.encode(p.Admitted(f.request_id, slot[0] % WORKERS, 0, slot[0], 1, 0, 0, 0)))
-            for identity, raws in replies.items():
-                sock.send_multipart((identity, raws[0] if len(raws) == 1 else p.encode_replies(raws)), zmq.NOBLOCK)
-            if n == FRAME_BUDGET or sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                loop.call_soon(on_readable)
-
-        loop.add_reader(sock.getsockopt(zmq.FD), on_readable)
-        loop.add_signal_handler(15, done.set_result, None)
-        Path(ready_path).write_text("ready")
-        await done
-        sock.close(0)
-        ctx.term()
-
-    uvloop.run(main())
-
 
 # ---------------------------------------------------------------------------- router side
-class EchoBackend:
-    """A DEALER sending the daemon client's exact frames; one future per waiting Enqueue."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-
-    async def open(self) -> None:
-        import zmq
-
-        from kvsched import protocol as p
-
-        self.p = p
-        self.zmq = zmq
-        self.loop = asyncio.get_running_loop()
-        self.ctx = zmq.Context()
-        s = self.ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, 100_000)
-        s.setsockopt(zmq.RCVHWM, 100_000)
-        s.connect(self.endpoint)
-        self.sock = s
-        self.enc, self.dec, self.inner = p.make_encoder(), p.make_daemon_decoder(), p.make_replied_daemon_decoder()
-        self.waiting: dict[str, asyncio.Future] = {}
-        self.out: list[bytes] = []
-        self.loop.add_reader(s.getsockopt(zmq.FD), self._on_readable)
-
-    def _on_readable(self) -> None:
-        zmq = self.zmq
-        while True:
-            try:
-                raw = self.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            frame = self.dec.decode(raw)
-            for f in [self.inner.decode(r) for r in frame.frames] if isinstance(frame, self.p.Replies) else [frame]:
-                fut = self.waiting.pop(f.request_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(f)
-
-    def _send(self, frame) -> None:
-        """Like the client's link: the frames of one loop turn go out as one Batch (a lone one as is)."""
-        self.out.append(self.enc.encode(frame))
-        if len(self.out) == 1:
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        out, self.out = self.out, []
-        self.sock.send(out[0] if len(out) == 1 else self.p.encode_batch(out), self.zmq.NOBLOCK)
-        if self.sock.getsockopt(self.zmq.EVENTS) & self.zmq.POLLIN:  # edge-triggered FD: re-check
-            self.loop.call_soon(self._on_readable)
-
-    async def lifecycle(self, rid: str, hashes: bytes) -> float:
-        p = self.p
-        fut = self.loop.create_future()
-        self.waiting[rid] = fut
-        t0 = time.perf_counter_ns()
-        self._send(p.Enqueue(rid, ISL, hashes))
-        a = await fut
-        lat = (time.perf_counter_ns() - t0) / 1000.0
-        self._send(p.Release(rid, a.slot, a.generation, "completed", ISL))  # dispatched / prefill_done: stores
-        return lat
-
-    async def close(self) -> None:
-        self.loop.remove_reader(self.sock.getsockopt(self.zmq.FD))
-        self.sock.close(0)
-        self.ctx.term()
-
-
-class DaemonBackend:
-    """The real `SchedulerClient` and leases."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-
-    async def open(self) -> None:
-        from kvsched.client import SchedulerClient
-
-        self.client = SchedulerClient(self.endpoint, client_name=f"bench-{os.getpid()}")
-        await self.client.connect()
-
-    async def lifecycle(self, rid: str, hashes: bytes) -> float:
-        t0 = time.perf_counter_ns()
-        lease = await self.client.schedule(rid, ISL, hashes)
-        lat = (time.perf_counter_ns() - t0) / 1000.0
-        lease.dispatched()
-        lease.prefill_done()
-        lease.release("completed")
-        return lat
-
-    async def close(self) -> None:
-        await self.client.close()
-
-
-class RedisBackend:
-    """redis-py asyncio (hiredis parser) over the unix socket; one awaited command per frame."""
-
-    def __init__(self, endpoint: str, window: int) -> None:
-        self.endpoint, self.window = endpoint, window
-
-    async def open(self) -> None:
-        import redis.asyncio as aredis
-
-        self.r = aredis.Redis(unix_socket_path=self.endpoint, max_connections=max(1, self.window))
-        self.reserve = self.r.register_script(LUA_RESERVE)
-        self.prefill_done = self.r.register_script(LUA_PREFILL_DONE)
-        self.release = self.r.register_script(LUA_RELEASE)
-        await self.r.ping()
-
-    async def lifecycle(self, rid: str, hashes: bytes) -> float:
-        t0 = time.perf_counter_ns()
-        await self.reserve(args=[rid, WORKERS, ISL, N_HASHES, BLOCK])
-        lat = (time.perf_counter_ns() - t0) / 1000.0
-        await self.r.hset("q:" + rid, "state", "dispatched")
-        await self.prefill_done(args=[rid])
-        await self.release(args=[rid])
-        return lat
-
-    async def close(self) -> None:
-        await self.r.aclose()
-
-
-async def session(cmd: dict, idx: int, hashes: list[bytes]) -> dict:
+async def session(cmd: dict, idx: int, hashes: list[bytes], tokens: list) -> dict:
     """One measured run of one router process: `window` coroutines doing lifecycles back to back."""
-    kind = cmd["backend"]
-    if kind == "echo":
-        backend = EchoBackend(cmd["endpoint"])
-    elif kind == "daemon":
-        backend = DaemonBackend(cmd["endpoint"])
-    else:
-        backend = RedisBackend(cmd["endpoint"], cmd["window"])
+    backend = make_backend(cmd["backend"], cmd["endpoint"], cmd["window"])
     await backend.open()
     await asyncio.sleep(max(0.0, cmd["start_at"] - time.monotonic()))
     measure_from, end_at = cmd["measure_from"], cmd["end_at"]
     lats: list[float] = []
     errors = [0]
+    first_error: list[str] = []
+    dynamo = cmd["backend"] == "dynamo"
 
     async def worker(k: int) -> None:
         i = k
@@ -315,10 +85,14 @@ async def session(cmd: dict, idx: int, hashes: list[bytes]) -> dict:
             if t >= end_at:
                 return
             rid = f"{cmd['tag']}-{idx}-{k}-{i}"
+            j = i % len(hashes)
             try:
-                lat = await backend.lifecycle(rid, hashes[i % len(hashes)])
-            except Exception:  # counted; a bench must report failures, not hide them
+                lat = await backend.lifecycle(rid, hashes[j], tokens[j] if dynamo else None)
+            except Exception as exc:  # counted; a bench must report failures, not hide them
                 errors[0] += 1
+                if not first_error:
+                    first_error.append(repr(exc)[:300])
+                await asyncio.sleep(0.001)
                 continue
             finally:
                 i += cmd["window"]
@@ -327,7 +101,10 @@ async def session(cmd: dict, idx: int, hashes: list[bytes]) -> dict:
 
     await asyncio.gather(*(worker(k) for k in range(cmd["window"])))
     await backend.close()
-    return {"count": len(lats), "lats": lats, "errors": errors[0]}
+    out = {"count": len(lats), "lats": lats, "errors": errors[0]}
+    if first_error:
+        out["exception"] = first_error[0]
+    return out
 
 
 def router_main(conn, idx: int) -> None:
@@ -335,25 +112,34 @@ def router_main(conn, idx: int) -> None:
     import uvloop
 
     hashes = [request_hashes(idx * N_SEQUENCES + i) for i in range(N_SEQUENCES)]
+    tokens: list = [None] * N_SEQUENCES
     conn.send("ready")
     while True:
         cmd = conn.recv()
         if cmd is None:
             return
+        if cmd == "tokens":  # Dynamo's API takes token ids: build them before its cells are timed
+            from dynamo_driver import request_token_ids
+
+            tokens[:] = [request_token_ids(memoryview(h).cast("Q"), BLOCK) for h in hashes]
+            conn.send("tokens")
+            continue
         try:
-            conn.send(uvloop.run(session(cmd, idx, hashes)))
+            conn.send(uvloop.run(session(cmd, idx, hashes, tokens)))
         except Exception as exc:  # report to the parent instead of dying silently
             conn.send({"count": 0, "lats": [], "errors": 1, "exception": repr(exc)})
 
 
 # ---------------------------------------------------------------------------- parent
 def cpu_s(pid: int) -> float:
-    """utime + stime of `pid` (s)."""
+    """utime + stime of `pid` (s), all its threads."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Routers:
+    """`n` spawned router processes (`router_main`) that run one backend's session per `run`."""
+
     def __init__(self, n: int) -> None:
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
@@ -366,8 +152,16 @@ class Routers:
         for pipe in self.pipes:
             assert pipe.recv() == "ready"
 
+    def build_tokens(self) -> None:
+        """Have every router build its sequences' token ids (the `dynamo` backend sends them)."""
+        for pipe in self.pipes:
+            pipe.send("tokens")
+        for pipe in self.pipes:
+            assert pipe.recv() == "tokens"
+
     def run(self, backend: str, endpoint: str, window: int, server_pid: int, warm_s: float, measure_s: float,
             tag: str) -> dict:
+        """One cell: every router runs `window` lifecycles in flight against `backend`; the row of figures."""
         import numpy as np
 
         start = time.monotonic() + 0.5 + 0.05 * len(self.pipes)
@@ -387,7 +181,7 @@ class Routers:
         exc = [o["exception"] for o in outs if "exception" in o]
         lc_s = count / measure_s
         row = {"backend": backend, "routers": len(self.pipes), "window": window, "lifecycles": count,
-               "lifecycles_per_s": round(lc_s, 1), "frames_per_s": round(lc_s * FRAMES_PER_LIFECYCLE, 1),
+               "lifecycles_per_s": round(lc_s, 1),
                "select_us_p50": round(float(np.percentile(lats, 50)), 1) if lats.size else None,
                "select_us_p99": round(float(np.percentile(lats, 99)), 1) if lats.size else None,
                "server_cpu_us_per_lifecycle": round((cpu1 - cpu0) / count * 1e6, 1) if count else None,
@@ -405,44 +199,6 @@ class Routers:
             pr.join(5)
             if pr.is_alive():
                 pr.kill()
-
-
-def start_redis(tmp: Path) -> tuple[subprocess.Popen | None, str, str]:
-    """redis-server on 127.0.0.1 (free port) + a unix socket, persistence off. Returns (proc, socket, note)."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        return None, "", "redis-server not installed (Debian: apt-get install redis-server); Redis rows skipped"
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        return None, "", "redis-py not installed (pip install 'kvsched[bench]'); Redis rows skipped"
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    sock = str(tmp / "redis.sock")
-    proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--unixsocket", sock,
-                             "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--daemonize", "no",
-                             "--dir", str(tmp), "--logfile", str(tmp / "redis.log")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not os.path.exists(sock):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            return None, "", "redis-server did not start; Redis rows skipped"
-        time.sleep(0.05)
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
-    return proc, sock, version
-
-
-def ray_note() -> str:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return ("Ray not installed (pip install ray: several hundred MB, not installed by this bench); "
-                "Ray actor rows skipped")
-    return "Ray is installed but the Ray actor rows are not implemented in this bench; skipped"
 
 
 def start_to_ready(tmp: Path, cache_dir: str | None) -> float:
@@ -463,50 +219,131 @@ def start_to_ready(tmp: Path, cache_dir: str | None) -> float:
     return dt
 
 
+# ---------------------------------------------------------------------------- figures
+def _ratio(a, b, digits: int | None = 2):
+    """a / b (rounded to `digits`, None = unrounded), or None when either is missing."""
+    if a is None or not b:
+        return None
+    return a / b if digits is None else round(a / b, digits)
+
+
+def verdicts(rows: list[dict]) -> list[dict]:
+    """Per (routers, window) cell with a daemon row: its ratios to the other backends and the goals.
+
+    Ratios: `over_<backend>` = daemon lifecycles/s / theirs; `p99_over_echo` and `cpu_over_echo` =
+    daemon admission p99 / CPU µs per lifecycle over the echo's. Verdicts (True / False, None when the
+    other backend was not measured): `dynamo_3x`, `redis` (≥ 2.5× at window ≥ 8, ≥ 1.5× below),
+    `p99_1_3x_echo`, `cpu_2x_echo`. Goals: docs/BENCHMARKS.md, "Transport".
+    """
+    by = {(r["backend"], r["routers"], r["window"]): r for r in rows}
+    out = []
+    for n, w in sorted({(r["routers"], r["window"]) for r in rows if r["backend"] == "daemon"}):
+        d = by[("daemon", n, w)]
+        e, rd, dy = by.get(("echo", n, w)), by.get(("redis", n, w)), by.get(("dynamo", n, w))
+        lc = d["lifecycles_per_s"]
+        v = {"routers": n, "window": w, "daemon_lifecycles_per_s": lc,
+             "over_echo": _ratio(lc, e and e["lifecycles_per_s"]),
+             "over_redis": _ratio(lc, rd and rd["lifecycles_per_s"]),
+             "over_dynamo": _ratio(lc, dy and dy["lifecycles_per_s"]),
+             "p99_over_echo": _ratio(d["select_us_p99"], e and e["select_us_p99"]),
+             "cpu_over_echo": _ratio(d["server_cpu_us_per_lifecycle"], e and e["server_cpu_us_per_lifecycle"]),
+             "daemon_p99_us": d["select_us_p99"], "echo_p99_us": e and e["select_us_p99"],
+             "redis_p99_us": rd and rd["select_us_p99"], "dynamo_p99_us": dy and dy["select_us_p99"],
+             "daemon_cpu_us": d["server_cpu_us_per_lifecycle"], "echo_cpu_us": e and e["server_cpu_us_per_lifecycle"]}
+        raw = {k: _ratio(*pair, digits=None) for k, pair in (
+            ("over_dynamo", (lc, dy and dy["lifecycles_per_s"])), ("over_redis", (lc, rd and rd["lifecycles_per_s"])),
+            ("p99_over_echo", (d["select_us_p99"], e and e["select_us_p99"])),
+            ("cpu_over_echo", (d["server_cpu_us_per_lifecycle"], e and e["server_cpu_us_per_lifecycle"])))}
+        redis_goal = GOALS["over_redis_window8"] if w >= 8 else GOALS["over_redis_window1"]
+        v["redis_goal"] = redis_goal
+        v["dynamo_3x"] = None if raw["over_dynamo"] is None else raw["over_dynamo"] >= GOALS["over_dynamo"]
+        v["redis"] = None if raw["over_redis"] is None else raw["over_redis"] >= redis_goal
+        v["p99_1_3x_echo"] = None if raw["p99_over_echo"] is None else raw["p99_over_echo"] <= GOALS["p99_over_echo"]
+        v["cpu_2x_echo"] = None if raw["cpu_over_echo"] is None else raw["cpu_over_echo"] <= GOALS["cpu_over_echo"]
+        out.append(v)
+    return out
+
+
+VERDICT_KEYS = (("dynamo_3x", "≥ 3× Dynamo lifecycles/s"), ("redis", "≥ 2.5× Redis at window ≥ 8, ≥ 1.5× at window 1"),
+                ("p99_1_3x_echo", "admission p99 ≤ 1.3× echo"), ("cpu_2x_echo", "server CPU / lifecycle ≤ 2× echo"))
+
+
+def goal_summary(ver: list[dict]) -> list[dict]:
+    """Per goal: cells met / measured (None verdicts are not measured)."""
+    out = []
+    for key, label in VERDICT_KEYS:
+        got = [v[key] for v in ver if v[key] is not None]
+        out.append({"goal": key, "label": label, "met": sum(got), "cells": len(got),
+                    "verdict": "not measured" if not got else ("met" if all(got) else "missed")})
+    return out
+
+
+def _fmt(v, spec: str = ",.0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
 def print_rows(rows: list[dict]) -> None:
-    hdr = (f"{'backend':<8} {'routers':>7} {'window':>6} | {'lifecycles/s':>12} {'frames/s':>10} | "
+    hdr = (f"{'backend':<8} {'routers':>7} {'window':>6} | {'lifecycles/s':>12} | "
            f"{'select p50 µs':>13} {'p99 µs':>9} | {'server CPU µs/lc':>16} {'load':>5}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        p50 = f"{r['select_us_p50']:,.0f}" if r["select_us_p50"] is not None else "-"
-        p99 = f"{r['select_us_p99']:,.0f}" if r["select_us_p99"] is not None else "-"
-        cpu = f"{r['server_cpu_us_per_lifecycle']:,.1f}" if r["server_cpu_us_per_lifecycle"] is not None else "-"
-        print(f"{r['backend']:<8} {r['routers']:>7} {r['window']:>6} | {r['lifecycles_per_s']:>12,.0f} "
-              f"{r['frames_per_s']:>10,.0f} | {p50:>13} {p99:>9} | {cpu:>16} {r['loadavg_1m']:>5.2f}"
-              + (f"  errors={r['errors']}" if r["errors"] else ""), flush=True)
+        print(f"{r['backend']:<8} {r['routers']:>7} {r['window']:>6} | {r['lifecycles_per_s']:>12,.0f} | "
+              f"{_fmt(r['select_us_p50']):>13} {_fmt(r['select_us_p99']):>9} | "
+              f"{_fmt(r['server_cpu_us_per_lifecycle'], ',.1f'):>16} {r['loadavg_1m']:>5.2f}"
+              + (f"  errors={r['errors']} ({r.get('exception', '')})" if r["errors"] else ""), flush=True)
 
 
-def summarize(rows: list[dict]) -> list[dict]:
-    """Per (routers, window): daemon / echo and daemon / redis ratios."""
-    by = {(r["backend"], r["routers"], r["window"]): r for r in rows}
-    out = []
-    for (b, n, w), d in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        if b != "daemon":
-            continue
-        e, rd = by.get(("echo", n, w)), by.get(("redis", n, w))
-        out.append({
-            "routers": n, "window": w,
-            "daemon_over_echo_frames": round(d["frames_per_s"] / e["frames_per_s"], 3) if e and e["frames_per_s"] else None,
-            "daemon_p50_over_echo_p50": round(d["select_us_p50"] / e["select_us_p50"], 3) if e and e["select_us_p50"] else None,
-            "daemon_over_redis_lifecycles": round(d["lifecycles_per_s"] / rd["lifecycles_per_s"], 2) if rd and rd["lifecycles_per_s"] else None,
-            "daemon_p99_us": d["select_us_p99"], "redis_p99_us": rd["select_us_p99"] if rd else None,
-        })
-    return out
+def print_verdicts(ver: list[dict]) -> None:
+    yn = lambda b: "-" if b is None else ("met" if b else "MISS")  # noqa: E731
+    print(f"{'routers':>7} {'window':>6} | {'/echo':>6} {'/redis':>7} {'/dynamo':>8} | {'p99/echo':>8} "
+          f"{'cpu/echo':>8} | dynamo≥3x  redis     p99≤1.3x  cpu≤2x")
+    for v in ver:
+        print(f"{v['routers']:>7} {v['window']:>6} | {_fmt(v['over_echo'], '.2f'):>6} {_fmt(v['over_redis'], '.2f'):>7} "
+              f"{_fmt(v['over_dynamo'], '.2f'):>8} | {_fmt(v['p99_over_echo'], '.2f'):>8} "
+              f"{_fmt(v['cpu_over_echo'], '.2f'):>8} | {yn(v['dynamo_3x']):<10} {yn(v['redis']):<9} "
+              f"{yn(v['p99_1_3x_echo']):<9} {yn(v['cpu_2x_echo'])}")
+    for g in goal_summary(ver):
+        print(f"  {g['label']}: {g['met']} of {g['cells']} cells -> {g['verdict']}")
 
 
-def main() -> None:
+# ---------------------------------------------------------------------------- main
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="Fewer router counts and windows, shorter runs.")
+    ap.add_argument("--quick", action="store_true", help="Router counts 1,8 × windows 1,8, 1 s cells, short in-process runs.")
     ap.add_argument("--routers", default=None, help="Comma-separated router counts (default 1,4,8,16; quick 1,8).")
-    ap.add_argument("--windows", default=None, help="Comma-separated in-flight windows per router (default 1,8,32; quick 1,16).")
-    ap.add_argument("--measure-s", type=float, default=None, help="Measured seconds per cell (default 3; quick 1.5).")
-    ap.add_argument("--no-redis", action="store_true")
+    ap.add_argument("--windows", default=None, help="Comma-separated in-flight windows per router (default 1,8,32; quick 1,8).")
+    ap.add_argument("--measure-s", type=float, default=None, help="Measured seconds per cell (default 3; quick 1).")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help=f"Comma-separated subset of {','.join(BACKENDS)}.")
+    ap.add_argument("--no-redis", action="store_true", help="Skip the Redis rows.")
+    ap.add_argument("--no-dynamo", action="store_true", help="Skip the Dynamo rows.")
+    ap.add_argument("--no-inprocess", action="store_true", help="Skip the in-process core cost and long-prompt cell.")
+    ap.add_argument("--dynamo-threads", type=int, default=os.cpu_count() or 1, help="select_service --threads (default: nproc).")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench" / "transport.json"))
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def inprocess(quick: bool) -> dict:
+    """The core's cost per lifecycle and the long-prompt cell (`transport_core.py`), printed."""
+    from transport_core import core_cost, long_prompt_cell
+
+    core = core_cost(n=2000 if quick else 10_000, repeats=3 if quick else 5)
+    print(f"in-process core ({core['source']}): {core['cpu_us_per_lifecycle']:.1f} µs CPU per lifecycle "
+          f"(8 workers, 64 hashes, kv selector; goal ≤ {core['goal_us']:g} µs -> "
+          f"{'met' if core['cpu_us_per_lifecycle'] <= core['goal_us'] else 'MISS'})", flush=True)
+    long = long_prompt_cell(n=60 if quick else 400)
+    print(f"long prompts ({long['prompt_tokens']:,} tokens = {long['blocks']:,} blocks, {long['workers']} workers, "
+          f"in process): {long['decisions_per_s']:,.0f} decisions/s, decision p50 {long['decision_us_p50']:,.0f} µs, "
+          f"p99 {long['decision_us_p99']:,.0f} µs (no target)", flush=True)
+    return {"core": core, "long_prompt": long}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     router_counts = [int(x) for x in (args.routers or ("1,8" if args.quick else "1,4,8,16")).split(",")]
-    windows = [int(x) for x in (args.windows or ("1,16" if args.quick else "1,8,32")).split(",")]
-    measure_s = args.measure_s or (1.5 if args.quick else 3.0)
+    windows = [int(x) for x in (args.windows or ("1,8" if args.quick else "1,8,32")).split(",")]
+    wanted = [b for b in args.backends.split(",") if b]
+    measure_s = args.measure_s or (1.0 if args.quick else 3.0)
     warm_s = 0.5
 
     from kvsched.daemon.process import DaemonProcess
@@ -515,34 +352,47 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kvsched-bench-transport-"))
     (tmp / "daemon.toml").write_text(DAEMON_TOML)
     notes: list[str] = []
+    t0 = time.perf_counter()
+    extra = {} if args.no_inprocess else inprocess(args.quick)
     with tempfile.TemporaryDirectory() as cold_cache:
-        ready_cold = start_to_ready(tmp, cold_cache)
+        ready_cold = start_to_ready(tmp, cold_cache) if not args.quick else None
     ready_warm = start_to_ready(tmp, None)
-    print(f"daemon start-to-ready: cold numba cache {ready_cold:.2f} s, warm cache {ready_warm:.2f} s")
+    print(f"daemon start-to-ready: cold numba cache {_fmt(ready_cold, '.2f')} s, warm cache {ready_warm:.2f} s")
 
     instance = f"bench-transport-{os.getpid()}"
     daemon = DaemonProcess.start(tmp / "daemon.toml", instance=instance, runtime_dir=tmp)
     echo_ep = f"ipc://{tmp}/echo.sock"
-    ctx = mp.get_context("spawn")
-    echo = ctx.Process(target=echo_server, args=(echo_ep, str(tmp / "echo.ready")), daemon=True)
+    echo = mp.get_context("spawn").Process(target=echo_server, args=(echo_ep, str(tmp / "echo.ready")), daemon=True)
     echo.start()
-    redis_proc, redis_sock, redis_note = (None, "", "--no-redis given; Redis rows skipped") if args.no_redis else start_redis(tmp)
-    if redis_proc is None:
-        notes.append(redis_note)
-        print(redis_note)
-    notes.append(ray_note())
-    print(notes[-1])
+    redis_proc = dynamo_svc = None
+    versions: dict[str, str] = {}
+    if "redis" in wanted and not args.no_redis:
+        redis_proc, redis_sock, versions["redis"] = start_redis(tmp)
+    else:
+        versions["redis"] = "Redis rows not requested"
+    if "dynamo" in wanted and not args.no_dynamo:
+        dynamo_svc, dynamo_url, versions["dynamo"] = start_dynamo(args.dynamo_threads)
+    else:
+        versions["dynamo"] = "Dynamo rows not requested"
+    for name, proc in (("redis", redis_proc), ("dynamo", dynamo_svc)):
+        if proc is None:
+            notes.append(versions[name])
+            print(versions[name])
     while not (tmp / "echo.ready").exists():
         time.sleep(0.02)
     backends = [("echo", echo_ep, echo.pid), ("daemon", daemon.endpoint, daemon.pid)]
     if redis_proc is not None:
         backends.append(("redis", redis_sock, redis_proc.pid))
+    if dynamo_svc is not None:
+        backends.append(("dynamo", dynamo_url, dynamo_svc.proc.pid))
+    backends = [b for b in backends if b[0] in wanted]
     rows: list[dict] = []
-    t0 = time.perf_counter()
     try:
         for n in router_counts:
             routers = Routers(n)
             try:
+                if any(b[0] == "dynamo" for b in backends):
+                    routers.build_tokens()
                 for w in windows:
                     for name, ep, pid in backends:
                         rows.append(routers.run(name, ep, w, pid, warm_s, measure_s, f"{name}{n}x{w}"))
@@ -558,25 +408,29 @@ def main() -> None:
         if redis_proc is not None:
             redis_proc.terminate()
             redis_proc.wait(10)
+        if dynamo_svc is not None:
+            dynamo_svc.stop()
     print()
     print_rows(rows)
-    ratios = summarize(rows)
-    for r in ratios:
-        print(f"routers={r['routers']:>2} window={r['window']:>2}: daemon/echo frames {r['daemon_over_echo_frames']}, "
-              f"daemon p50 / echo p50 {r['daemon_p50_over_echo_p50']}, daemon/redis lifecycles {r['daemon_over_redis_lifecycles']}")
+    ver = verdicts(rows)
+    print()
+    print_verdicts(ver)
     import msgspec
     import numpy as np
     import zmq
 
     meta = {"workers": WORKERS, "isl_tokens": ISL, "block_size": BLOCK, "hashes_per_request": N_HASHES,
             "frames_per_lifecycle": FRAMES_PER_LIFECYCLE, "measure_s": measure_s, "warm_s": warm_s,
-            "quick": args.quick, "redis": redis_note if redis_proc is not None else None, "notes": notes,
-            "daemon_start_to_ready_cold_s": round(ready_cold, 2), "daemon_start_to_ready_warm_s": round(ready_warm, 2),
+            "quick": args.quick, "redis": versions["redis"], "dynamo": versions["dynamo"], "notes": notes,
+            "daemon_start_to_ready_cold_s": ready_cold and round(ready_cold, 2),
+            "daemon_start_to_ready_warm_s": round(ready_warm, 2), "goals": GOALS,
             "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "msgspec": msgspec.__version__,
-            "numpy": np.__version__, "python": sys.version.split()[0], "wall_s": round(time.perf_counter() - t0, 1)}
+            "numpy": np.__version__, "python": sys.version.split()[0], "nproc": os.cpu_count(),
+            "wall_s": round(time.perf_counter() - t0, 1)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows, "ratios": ratios}, indent=1))
+    out.write_text(json.dumps({"meta": meta, "rows": rows, "verdicts": ver, "goal_summary": goal_summary(ver),
+                               **extra}, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {out}")
 

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-COLORS = {"echo": "tab:gray", "daemon": "tab:blue", "redis": "tab:red", "ray": "tab:purple"}
+COLORS = {"echo": "tab:gray", "daemon": "tab:blue", "redis": "tab:red", "dynamo": "tab:green", "ray": "tab:purple"}
 DPI = 110
 
 
@@ -59,7 +59,7 @@ def throughput_vs_routers(transport: dict, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     styles = ["-", "--", ":", "-."]
     windows = sorted({r["window"] for r in rows})
-    for backend in ("echo", "daemon", "redis", "ray"):
+    for backend in ("echo", "daemon", "redis", "dynamo"):
         for i, w in enumerate(windows):
             pts = sorted((r["routers"], r["lifecycles_per_s"]) for r in rows if r["backend"] == backend and r["window"] == w)
             if pts:
@@ -68,7 +68,7 @@ def throughput_vs_routers(transport: dict, out: Path) -> Path:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("router processes")
-    ax.set_ylabel("lifecycles/s (Enqueue→reply, Update, Update, Release)")
+    ax.set_ylabel("lifecycles/s (select, dispatched, prefill_done, release)")
     ax.set_title("Throughput vs routers (same run, same machine)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=3)

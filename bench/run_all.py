@@ -120,18 +120,39 @@ def md_machine(m: dict, run: dict) -> str:
 
 
 def md_transport(t: dict) -> str:
-    rows = [[r["backend"], r["routers"], r["window"], _f(r["lifecycles_per_s"]), _f(r["frames_per_s"]),
-             _f(r["select_us_p50"]), _f(r["select_us_p99"]), _f(r["server_cpu_us_per_lifecycle"], ",.1f"),
-             f"{r['loadavg_1m']:.1f}"] for r in t["rows"]]
-    return table(["backend", "routers", "window", "lifecycles/s", "frames/s", "select p50 µs", "select p99 µs",
+    rows = [[r["backend"], r["routers"], r["window"], _f(r["lifecycles_per_s"]), _f(r["select_us_p50"]),
+             _f(r["select_us_p99"]), _f(r["server_cpu_us_per_lifecycle"], ",.1f"), f"{r['loadavg_1m']:.1f}"]
+            for r in t["rows"]]
+    return table(["backend", "routers", "window", "lifecycles/s", "select p50 µs", "select p99 µs",
                   "server CPU µs / lifecycle", "load"], rows)
 
 
+def _yn(v) -> str:
+    return "–" if v is None else ("met" if v else "**missed**")
+
+
 def md_ratios(t: dict) -> str:
-    rows = [[r["routers"], r["window"], _f(r["daemon_over_echo_frames"], ".2f"), _f(r["daemon_p50_over_echo_p50"], ".2f"),
-             _f(r["daemon_over_redis_lifecycles"], ".2f"), _f(r["daemon_p99_us"]), _f(r["redis_p99_us"])] for r in t["ratios"]]
-    return table(["routers", "window", "daemon / echo frames/s", "daemon p50 / echo p50",
-                  "daemon / Redis lifecycles/s", "daemon p99 µs", "Redis p99 µs"], rows)
+    """The daemon's ratios and goal verdicts per cell (`bench_transport.verdicts`), then per goal."""
+    ver = t.get("verdicts") or []
+    rows = [[v["routers"], v["window"], _f(v["over_dynamo"], ".2f"), _f(v["over_redis"], ".2f"), _f(v["over_echo"], ".2f"),
+             f"{_f(v['daemon_p99_us'])} / {_f(v['echo_p99_us'])} / {_f(v['redis_p99_us'])} / {_f(v['dynamo_p99_us'])}",
+             _f(v["p99_over_echo"], ".2f"), _f(v["cpu_over_echo"], ".2f"), _yn(v["dynamo_3x"]), _yn(v["redis"]),
+             _yn(v["p99_1_3x_echo"]), _yn(v["cpu_2x_echo"])] for v in ver]
+    parts = [table(["routers", "window", "/ Dynamo", "/ Redis", "/ echo", "p99 µs daemon / echo / Redis / Dynamo",
+                    "p99 / echo", "CPU / echo", "≥ 3× Dynamo", "Redis goal", "p99 ≤ 1.3× echo", "CPU ≤ 2× echo"], rows)]
+    summary = t.get("goal_summary") or []
+    if summary:
+        parts.append(table(["goal", "cells met", "verdict"],
+                           [[g["label"], f"{g['met']} of {g['cells']}", g["verdict"]] for g in summary]))
+    c, lp = t.get("core"), t.get("long_prompt")
+    if c:
+        parts.append(f"In-process core ({c['source']}): **{c['cpu_us_per_lifecycle']:.1f} µs CPU per lifecycle** "
+                     f"(8 workers, 64 hashes, kv selector; goal ≤ {c['goal_us']:g} µs).")
+    if lp:
+        parts.append(f"Long prompts, no target: {lp['prompt_tokens']:,}-token prompts ({lp['blocks']:,} blocks of 16) at "
+                     f"{lp['workers']} workers, in process: **{lp['decisions_per_s']:,.0f} decisions/s**, decision p50 "
+                     f"{lp['decision_us_p50']:,.0f} µs, p99 {lp['decision_us_p99']:,.0f} µs.")
+    return "\n\n".join(parts)
 
 
 def _peak(rows: list[dict], backend: str, routers: int) -> dict | None:
@@ -144,7 +165,7 @@ def md_alternatives(t: dict) -> str:
     n = 8 if 8 in counts else counts[-1]
     rows = []
     for b, label in (("echo", "ZeroMQ echo (same frames, no scheduling)"), ("daemon", "kvsched daemon"),
-                     ("redis", "Redis + Lua"), ("ray", "Ray detached actor")):
+                     ("redis", "Redis + Lua"), ("dynamo", "NVIDIA Dynamo select_service")):
         r = _peak(t["rows"], b, n)
         if r is None:
             note = next((x for x in t["meta"]["notes"] if b in x.lower()), "not measured")
@@ -280,28 +301,13 @@ def targets(t: dict | None, k: dict | None, r: dict | None) -> list[list[str]]:
     """[target, measured, verdict] rows computed from the JSON."""
     out = []
     if t:
-        ratios = [x["daemon_over_echo_frames"] for x in t["ratios"] if x["daemon_over_echo_frames"] is not None]
-        if ratios:
-            out.append(["daemon frames/s ≥ 80 % of the same-frame echo (same run)",
-                        f"{min(ratios):.0%} – {max(ratios):.0%} over the grid", "met" if min(ratios) >= 0.8 else "missed"])
-        low = next((x for x in t["ratios"] if x["routers"] == 1 and x["window"] == 1), None)
-        if low and low["daemon_p50_over_echo_p50"] is not None:
-            out.append(["admission p50 at low load ≤ 1.3 × echo round trip (1 router, window 1)",
-                        f"{low['daemon_p50_over_echo_p50']:.2f}×", "met" if low["daemon_p50_over_echo_p50"] <= 1.3 else "missed"])
-        counts = sorted({x["routers"] for x in t["rows"]})
-        n = 8 if 8 in counts else counts[-1]
-        d, rd = _peak(t["rows"], "daemon", n), _peak(t["rows"], "redis", n)
-        if d and rd:
-            ratio = d["lifecycles_per_s"] / rd["lifecycles_per_s"]
-            out.append([f"≥ 2.5× Redis-Lua lifecycles/s at {n} routers (peak vs peak)", f"{ratio:.2f}×",
-                        "met" if ratio >= 2.5 else "missed"])
-            same = next((x for x in t["rows"] if x["backend"] == "redis" and x["routers"] == n and x["window"] == d["window"]), rd)
-            out.append([f"select p99 below Redis at {n} routers (window {d['window']})",
-                        f"{_f(d['select_us_p99'])} µs vs {_f(same['select_us_p99'])} µs",
-                        "met" if d["select_us_p99"] < same["select_us_p99"] else "missed"])
-        elif d:
-            out.append([f"≥ 2.5× Redis-Lua lifecycles/s at {n} routers", "Redis not measured", "not measured"])
-        out.append(["≥ 10× the Ray actor's lifecycles/s, p99 below it", "Ray not installed", "not measured"])
+        for g in t.get("goal_summary") or []:
+            out.append([f"{g['label']}, every cell of the grid (same run)", f"{g['met']} of {g['cells']} cells",
+                        g["verdict"]])
+        c = t.get("core")
+        if c:
+            out.append([f"in-process core ≤ {c['goal_us']:g} µs per lifecycle (8 workers, 64 hashes)",
+                        f"{c['cpu_us_per_lifecycle']:.1f} µs", "met" if c["cpu_us_per_lifecycle"] <= c["goal_us"] else "missed"])
     if k:
         c64 = [c for c in k["cases"] if c["workers"] == 64]
         if c64:

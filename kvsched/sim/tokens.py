@@ -26,9 +26,17 @@ def block_token_ids(block_hash: int, block_size: int) -> np.ndarray:
 
 
 def token_ids_for(block_hashes: Iterable[int], block_size: int) -> list[int]:
-    """The concatenated token ids of consecutive blocks (a request's prompt, or a BlockStored run)."""
-    parts = [block_token_ids(h, block_size) for h in block_hashes]
-    return np.concatenate(parts).tolist() if parts else []
+    """The concatenated token ids of consecutive blocks (a request's prompt, or a BlockStored run):
+    `block_token_ids` of each block, computed for all blocks at once."""
+    h = np.fromiter((int(x) & 0xFFFF_FFFF_FFFF_FFFF for x in block_hashes), dtype=_U64)
+    if h.size == 0:
+        return []
+    with np.errstate(over="ignore"):
+        z = h[:, None] + (np.arange(1, block_size + 1, dtype=_U64) * _U64(0x9E3779B97F4A7C15))[None, :]
+        z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
+        z = z ^ (z >> _U64(31))
+    return (z % _U64(VOCAB)).astype(np.int64).ravel().tolist()
 
 
 class TokenIdPublisher:

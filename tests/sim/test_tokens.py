@@ -50,3 +50,11 @@ def test_engine_events_carry_the_token_ids_of_their_blocks():
         assert ids == token_ids_for(hashes, bs)
     eng.cache_listener.flush()
     assert rec.flushed == 1
+
+
+def test_token_ids_for_equals_the_blocks_ids_concatenated():
+    hashes = [0, 1, 2**63 + 5, 2**64 - 1, 10**9 + 17, -1]  # -1: a signed view of 2**64 - 1
+    want = np.concatenate([block_token_ids(h & (2**64 - 1), 16) for h in hashes]).tolist()
+    assert token_ids_for(hashes, 16) == want
+    assert token_ids_for(np.asarray(hashes[:5], dtype=np.uint64), 16) == want[:80]
+    assert token_ids_for([], 16) == []
