@@ -12,7 +12,8 @@ pipeline), `dynamo` (Dynamo's `select_service` over HTTP; skipped with the reaso
 
 Grid: {1, 4, 8, 16} router processes × {1, 8, 32} lifecycles in flight per router. Per cell:
 lifecycles/s, admission (select) latency p50 / p99 at the router (µs), server CPU per lifecycle
-(µs, from /proc), the daemon's ratios to each other backend and the goal verdicts (`verdicts`):
+(µs, from /proc; the router processes' CPU per lifecycle beside it), the daemon's ratios to each
+other backend and the goal verdicts (`verdicts`):
 lifecycles/s ≥ 3× Dynamo in every cell, ≥ 2.5× Redis at window ≥ 8 and ≥ 1.5× at window 1,
 admission p99 ≤ 1.3× the echo's, server CPU per lifecycle ≤ 2× the echo's. Also printed: the core's
 in-process cost per lifecycle (goal ≤ 15 µs), the long-prompt cell (100k-token prompts at 64 workers,
@@ -172,8 +173,10 @@ class Routers:
         while time.monotonic() < cmd["measure_from"]:
             time.sleep(0.005)
         cpu0, load0 = cpu_s(server_pid), os.getloadavg()[0]
+        rcpu0 = sum(cpu_s(pr.pid) for pr in self.procs)
         time.sleep(max(0.0, cmd["end_at"] - time.monotonic()))
         cpu1 = cpu_s(server_pid)
+        rcpu1 = sum(cpu_s(pr.pid) for pr in self.procs)
         outs = [pipe.recv() for pipe in self.pipes]
         lats = np.concatenate([np.asarray(o["lats"], dtype=np.float64) for o in outs]) if outs else np.zeros(0)
         count = sum(o["count"] for o in outs)
@@ -185,6 +188,7 @@ class Routers:
                "select_us_p50": round(float(np.percentile(lats, 50)), 1) if lats.size else None,
                "select_us_p99": round(float(np.percentile(lats, 99)), 1) if lats.size else None,
                "server_cpu_us_per_lifecycle": round((cpu1 - cpu0) / count * 1e6, 1) if count else None,
+               "router_cpu_us_per_lifecycle": round((rcpu1 - rcpu0) / count * 1e6, 1) if count else None,
                "server_cpu_share": round((cpu1 - cpu0) / measure_s, 3), "errors": errors, "loadavg_1m": load0}
         if exc:
             row["exception"] = exc[0]
@@ -217,6 +221,29 @@ def start_to_ready(tmp: Path, cache_dir: str | None) -> float:
     d.stop()
     unlink_segments(instance)
     return dt
+
+
+def start_baseline_daemon(rev: str, tmp: Path):
+    """`kvsched-daemon` from the `kvsched/` package of git revision `rev` (exported to `tmp`, run with
+    PYTHONPATH pointing there), same config: the before/after comparison of one run. Returns
+    (DaemonProcess, instance, short commit)."""
+    import io
+    import subprocess
+    import tarfile
+
+    from kvsched.daemon.process import DaemonProcess
+
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    src = tmp / f"base-{commit}"
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kvsched"], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(src, filter="data")
+    env = dict(os.environ, PYTHONPATH=str(src), NUMBA_CACHE_DIR=str(src / ".numba-cache"))
+    instance = f"bench-transport-base-{os.getpid()}"
+    d = DaemonProcess.start(tmp / "daemon.toml", instance=instance, runtime_dir=tmp / "base", env=env,
+                            ready_timeout_s=120)
+    return d, instance, commit
 
 
 # ---------------------------------------------------------------------------- figures
@@ -254,6 +281,10 @@ def verdicts(rows: list[dict]) -> list[dict]:
             ("over_dynamo", (lc, dy and dy["lifecycles_per_s"])), ("over_redis", (lc, rd and rd["lifecycles_per_s"])),
             ("p99_over_echo", (d["select_us_p99"], e and e["select_us_p99"])),
             ("cpu_over_echo", (d["server_cpu_us_per_lifecycle"], e and e["server_cpu_us_per_lifecycle"])))}
+        b = next((r for r in rows if r["backend"].startswith("daemon@") and (r["routers"], r["window"]) == (n, w)), None)
+        if b is not None:  # --baseline: the same cell on the daemon of another revision
+            v.update(baseline=b["backend"], baseline_lifecycles_per_s=b["lifecycles_per_s"],
+                     baseline_cpu_us=b["server_cpu_us_per_lifecycle"], baseline_p99_us=b["select_us_p99"])
         redis_goal = GOALS["over_redis_window8"] if w >= 8 else GOALS["over_redis_window1"]
         v["redis_goal"] = redis_goal
         v["dynamo_3x"] = None if raw["over_dynamo"] is None else raw["over_dynamo"] >= GOALS["over_dynamo"]
@@ -284,13 +315,14 @@ def _fmt(v, spec: str = ",.0f") -> str:
 
 def print_rows(rows: list[dict]) -> None:
     hdr = (f"{'backend':<8} {'routers':>7} {'window':>6} | {'lifecycles/s':>12} | "
-           f"{'select p50 µs':>13} {'p99 µs':>9} | {'server CPU µs/lc':>16} {'load':>5}")
+           f"{'select p50 µs':>13} {'p99 µs':>9} | {'server CPU µs/lc':>16} {'router CPU':>10} {'load':>5}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['backend']:<8} {r['routers']:>7} {r['window']:>6} | {r['lifecycles_per_s']:>12,.0f} | "
               f"{_fmt(r['select_us_p50']):>13} {_fmt(r['select_us_p99']):>9} | "
-              f"{_fmt(r['server_cpu_us_per_lifecycle'], ',.1f'):>16} {r['loadavg_1m']:>5.2f}"
+              f"{_fmt(r['server_cpu_us_per_lifecycle'], ',.1f'):>16} {_fmt(r.get('router_cpu_us_per_lifecycle'), ',.1f'):>10} "
+              f"{r['loadavg_1m']:>5.2f}"
               + (f"  errors={r['errors']} ({r.get('exception', '')})" if r["errors"] else ""), flush=True)
 
 
@@ -303,6 +335,11 @@ def print_verdicts(ver: list[dict]) -> None:
               f"{_fmt(v['over_dynamo'], '.2f'):>8} | {_fmt(v['p99_over_echo'], '.2f'):>8} "
               f"{_fmt(v['cpu_over_echo'], '.2f'):>8} | {yn(v['dynamo_3x']):<10} {yn(v['redis']):<9} "
               f"{yn(v['p99_1_3x_echo']):<9} {yn(v['cpu_2x_echo'])}")
+    for v in ver:
+        if "baseline" in v:
+            print(f"  {v['routers']}x{v['window']}: daemon vs {v['baseline']}: lifecycles/s {v['daemon_lifecycles_per_s']:,.0f} "
+                  f"vs {v['baseline_lifecycles_per_s']:,.0f}, CPU µs/lc {_fmt(v['daemon_cpu_us'], '.1f')} vs "
+                  f"{_fmt(v['baseline_cpu_us'], '.1f')}, p99 µs {_fmt(v['daemon_p99_us'])} vs {_fmt(v['baseline_p99_us'])}")
     for g in goal_summary(ver):
         print(f"  {g['label']}: {g['met']} of {g['cells']} cells -> {g['verdict']}")
 
@@ -318,6 +355,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-redis", action="store_true", help="Skip the Redis rows.")
     ap.add_argument("--no-dynamo", action="store_true", help="Skip the Dynamo rows.")
     ap.add_argument("--no-inprocess", action="store_true", help="Skip the in-process core cost and long-prompt cell.")
+    ap.add_argument("--baseline", metavar="REV", default=None,
+                    help="Also run a daemon from the kvsched/ package of this git revision (backend daemon@REV).")
     ap.add_argument("--dynamo-threads", type=int, default=os.cpu_count() or 1, help="select_service --threads (default: nproc).")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench" / "transport.json"))
     return ap.parse_args(argv)
@@ -386,6 +425,12 @@ def main(argv=None) -> None:
     if dynamo_svc is not None:
         backends.append(("dynamo", dynamo_url, dynamo_svc.proc.pid))
     backends = [b for b in backends if b[0] in wanted]
+    base = None
+    if args.baseline:
+        base, base_instance, base_commit = start_baseline_daemon(args.baseline, tmp)
+        backends.insert(backends.index(next(b for b in backends if b[0] == "daemon")) + 1,
+                        (f"daemon@{base_commit}", base.endpoint, base.pid))
+        notes.append(f"daemon@{base_commit}: the daemon of revision {args.baseline} ({base_commit}), same run")
     rows: list[dict] = []
     try:
         for n in router_counts:
@@ -402,6 +447,9 @@ def main(argv=None) -> None:
     finally:
         daemon.stop()
         unlink_segments(instance)
+        if base is not None:
+            base.stop()
+            unlink_segments(base_instance)
         if echo.is_alive():
             echo.terminate()
             echo.join(5)

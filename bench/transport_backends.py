@@ -297,7 +297,7 @@ def make_backend(kind: str, endpoint: str, window: int):
     """The router-side client of backend `kind` (echo, daemon, redis, dynamo)."""
     if kind == "echo":
         return EchoBackend(endpoint)
-    if kind == "daemon":
+    if kind == "daemon" or kind.startswith("daemon@"):
         return DaemonBackend(endpoint)
     if kind == "redis":
         return RedisBackend(endpoint, window)

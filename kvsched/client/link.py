@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # A plain int: pyzmq's enum flags cost an enum construction per call on the hot path.
 _NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 MAX_BUFFERED_FRAMES = 100_000
 
@@ -230,7 +232,9 @@ class Link:
         except zmq.Again:
             return False
         self._last_send = time.monotonic()
-        if not self._recheck_queued:  # a send can consume the FD's edge: re-check once per loop turn
+        # A send can consume the FD's edge (ZeroMQ's FD is edge-like): read EVENTS now, which is
+        # cheap, and schedule one read only when a frame is already waiting.
+        if not self._recheck_queued and self.sock.getsockopt(_EVENTS) & _POLLIN:
             self._recheck_queued = True
             self._running_loop().call_soon(self._recheck)
         return True

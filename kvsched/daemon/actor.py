@@ -139,6 +139,17 @@ class Actor:
 
     # ------------------------------------------------------------------ data socket
     def _on_data(self) -> None:
+        """Reader callback: one wake (`_drain_data`), whose replies it flushes itself (no safety-net
+        callback per wake); if the wake failed midway, what it queued is flushed on the next turn."""
+        self.outbox.in_wake = True
+        try:
+            self._drain_data()
+        finally:
+            self.outbox.in_wake = False
+            if self.outbox:
+                self.loop.call_soon(self._flush_replies)
+
+    def _drain_data(self) -> None:
         if self.stopped:
             return
         budget = self.cfg.frame_budget_per_wake

@@ -30,8 +30,12 @@ class ReplyOutbox:
         sock: the bound ROUTER (ROUTER_MANDATORY set: a send to a gone peer raises EHOSTUNREACH).
         max_frame_bytes: largest message sent (bytes); bigger `Replies` are split.
         warn: rate-limited logger for undeliverable replies.
-        schedule: `loop.call_soon`, used once per wake as a safety net for paths that do not flush.
+        schedule: `loop.call_soon`, used as a safety net for paths that do not flush: once per batch
+            of replies queued outside a data-socket wake (timers, admin); a wake flushes itself.
         on_flush_due: the callback `schedule` runs (the actor's flush-and-release).
+    Attributes:
+        in_wake: True while the actor drains the data socket; replies queued then are flushed at the
+            end of the wake, so no safety-net callback is scheduled for them.
     """
 
     def __init__(self, sock: zmq.Socket, max_frame_bytes: int, warn: RateLimitedLog,
@@ -43,6 +47,7 @@ class ReplyOutbox:
         self._on_flush_due = on_flush_due
         self._boxes: dict[bytes, tuple[Connection, list[tuple[bytes, Admit | None]]]] = {}
         self._queued = False
+        self.in_wake = False
 
     def __bool__(self) -> bool:
         return bool(self._boxes)
@@ -52,7 +57,7 @@ class ReplyOutbox:
         box = self._boxes.get(conn.identity)
         if box is None:
             box = self._boxes[conn.identity] = (conn, [])
-            if not self._queued:
+            if not self._queued and not self.in_wake:
                 self._queued = True
                 self._schedule(self._flush_due)
         box[1].append((raw, admit))

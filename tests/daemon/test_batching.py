@@ -180,3 +180,29 @@ async def test_client_falls_back_to_version_1_when_daemon_refuses_version_2(tmp_
         assert fake.hellos[:2] == [2, 1]
     finally:
         fake.close()
+
+
+def test_reply_outbox_schedules_no_flush_callback_for_replies_of_a_wake():
+    """Replies queued while the actor drains the data socket are flushed by the wake itself: no
+    safety-net callback per wake. Outside a wake (timers, admin) one callback per batch of replies."""
+    from kvsched.daemon.connections import Connection
+    from kvsched.daemon.replies import ReplyOutbox
+
+    scheduled = []
+    sent = []
+
+    class _Sock:
+        def send(self, data, flags=0):
+            sent.append(data)
+
+    box = ReplyOutbox(_Sock(), 1 << 20, None, scheduled.append, lambda: None)
+    a, b = Connection(identity=b"a", owner=1), Connection(identity=b"b", owner=2)
+    box.in_wake = True
+    box.add(a, b"x", None)
+    box.add(b, b"y", None)
+    assert scheduled == []
+    assert box.flush() == [] and sent == [b"a", b"x", b"b", b"y"]
+    box.in_wake = False
+    box.add(a, b"z", None)
+    box.add(b, b"w", None)
+    assert len(scheduled) == 1
