@@ -121,10 +121,10 @@ def md_machine(m: dict, run: dict) -> str:
 
 def md_transport(t: dict) -> str:
     rows = [[r["backend"], r["routers"], r["window"], _f(r["lifecycles_per_s"]), _f(r["select_us_p50"]),
-             _f(r["select_us_p99"]), _f(r["server_cpu_us_per_lifecycle"], ",.1f"), f"{r['loadavg_1m']:.1f}"]
-            for r in t["rows"]]
+             _f(r["select_us_p99"]), _f(r["server_cpu_us_per_lifecycle"], ",.1f"),
+             _f(r.get("router_cpu_us_per_lifecycle"), ",.1f"), f"{r['loadavg_1m']:.1f}"] for r in t["rows"]]
     return table(["backend", "routers", "window", "lifecycles/s", "select p50 µs", "select p99 µs",
-                  "server CPU µs / lifecycle", "load"], rows)
+                  "server CPU µs / lifecycle", "router CPU µs / lifecycle", "load"], rows)
 
 
 def _yn(v) -> str:
