@@ -68,10 +68,15 @@ max_num_batched_tokens = 100000000
 
 
 # ---------------------------------------------------------------------------- router side
-async def session(cmd: dict, idx: int, hashes: list[bytes], tokens: list) -> dict:
-    """One measured run of one router process: `window` coroutines doing lifecycles back to back."""
+async def session(cmd: dict, idx: int, hashes: list[bytes], tokens: list, conn) -> dict:
+    """One measured run of one router process: `window` coroutines doing lifecycles back to back.
+    After opening its backend the router says "open" and waits for the parent's clock times, so a
+    slow start of any router (a loaded machine) never eats into the measured interval."""
     backend = make_backend(cmd["backend"], cmd["endpoint"], cmd["window"])
     await backend.open()
+    conn.send("open")
+    times = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+    cmd = {**cmd, **times}
     await asyncio.sleep(max(0.0, cmd["start_at"] - time.monotonic()))
     measure_from, end_at = cmd["measure_from"], cmd["end_at"]
     lats: list[float] = []
@@ -139,7 +144,7 @@ def router_main(conn, idx: int) -> None:
             conn.send("tokens")
             continue
         try:
-            conn.send(uvloop.run(session(cmd, idx, hashes, tokens)))
+            conn.send(uvloop.run(session(cmd, idx, hashes, tokens, conn)))
         except Exception as exc:  # report to the parent instead of dying silently
             conn.send({"count": 0, "lats": [], "errors": 1, "exception": repr(exc)})
 
@@ -178,11 +183,22 @@ class Routers:
         """One cell: every router runs `window` lifecycles in flight against `backend`; the row of figures."""
         import numpy as np
 
-        start = time.monotonic() + 0.5 + 0.05 * len(self.pipes)
-        cmd = {"backend": backend, "endpoint": endpoint, "window": window, "start_at": start,
-               "measure_from": start + warm_s, "end_at": start + warm_s + measure_s, "tag": tag}
+        cmd = {"backend": backend, "endpoint": endpoint, "window": window, "tag": tag}
         for pipe in self.pipes:
             pipe.send(cmd)
+        early: dict[int, dict] = {}  # routers whose backend failed to open: their result came instead
+        for i, pipe in enumerate(self.pipes):
+            if not pipe.poll(120):
+                raise RuntimeError(f"a router did not open backend {backend} within 120 s")
+            msg = pipe.recv()
+            if msg != "open":
+                early[i] = msg
+        start = time.monotonic() + 0.2 + 0.02 * len(self.pipes)
+        times = {"start_at": start, "measure_from": start + warm_s, "end_at": start + warm_s + measure_s}
+        cmd.update(times)
+        for i, pipe in enumerate(self.pipes):
+            if i not in early:
+                pipe.send(times)
         while time.monotonic() < cmd["measure_from"]:
             time.sleep(0.005)
         cpu0, load0 = cpu_s(server_pid), os.getloadavg()[0]
@@ -190,7 +206,7 @@ class Routers:
         time.sleep(max(0.0, cmd["end_at"] - time.monotonic()))
         cpu1 = cpu_s(server_pid)
         rcpu1 = sum(cpu_s(pr.pid) for pr in self.procs)
-        outs = [pipe.recv() for pipe in self.pipes]
+        outs = [early[i] if i in early else pipe.recv() for i, pipe in enumerate(self.pipes)]
         lats = np.concatenate([np.asarray(o["lats"], dtype=np.float64) for o in outs]) if outs else np.zeros(0)
         count = sum(o["count"] for o in outs)
         errors = sum(o["errors"] for o in outs)
