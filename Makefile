@@ -25,7 +25,7 @@ $(BENCH_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e '.[bench-dynamo]' || echo "ai-dynamo-runtime not installable here: the dynamo routing baseline will be skipped"
 	touch $(BENCH_STAMP)
 
-## Every benchmark (kernels, queue, transport vs echo vs Redis, routing quality), plots and
+## Every benchmark (kernels, queue, the daemon vs echo vs Redis vs Dynamo, routing quality), plots and
 ## docs/BENCHMARKS.md tables from this machine (starts redis-server itself). About 3 h on 2 shared cores:
 ## the routing grid alone is ~340 virtual replays of ~1 min each, 2 at a time (bench/bench_routing.py),
 ## then 8 wall-clock replays (kv, dynamo, dynamo_cost, cache_aware at 4 and 16 workers, ~3 min each).

@@ -1,6 +1,6 @@
 """Run every benchmark in order, collect the JSON, draw the plots, regenerate docs/BENCHMARKS.md tables.
 
-Order: kernels (`bench_kernels.py`), queue core (`bench_queue.py`), transport vs daemon vs Redis
+Order: kernels (`bench_kernels.py`), queue core (`bench_queue.py`), the daemon vs echo, Redis and Dynamo
 (`bench_transport.py`), routing quality (`bench_routing.py`). Each step's output goes to
 `<out>/<name>.log` and `<out>/<name>.json`; then `plots.py` draws the PNGs and the blocks between
 `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` in `docs/BENCHMARKS.md` are rewritten from
