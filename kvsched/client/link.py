@@ -25,7 +25,7 @@ import logging
 import os
 import socket
 import time
-from typing import Callable
+from typing import Callable, cast
 
 import msgspec
 import zmq
@@ -234,7 +234,7 @@ class Link:
         self._last_send = time.monotonic()
         # A send can consume the FD's edge (ZeroMQ's FD is edge-like): read EVENTS now, which is
         # cheap, and schedule one read only when a frame is already waiting.
-        if not self._recheck_queued and self.sock.getsockopt(_EVENTS) & _POLLIN:
+        if not self._recheck_queued and cast(int, self.sock.getsockopt(_EVENTS)) & _POLLIN:
             self._recheck_queued = True
             self._running_loop().call_soon(self._recheck)
         return True
