@@ -422,14 +422,21 @@ def _word_views(buf: Any, max_slots: int) -> tuple[np.ndarray, np.ndarray]:
     return words[:max_slots], words[max_slots:]
 
 
-class _ReadOnlyMap:
-    """A PROT_READ mapping of /dev/shm/<name> (clients never write the ledger)."""
+class _FileMap:
+    """A shared mapping of /dev/shm/<name>, read-only unless `writable` (routers).
 
-    def __init__(self, name: str) -> None:
-        fd = os.open(f"/dev/shm/{name}", os.O_RDONLY)
+    Routers map their segments this way rather than through `SharedMemory`, which registers every
+    segment with multiprocessing's resource tracker: router processes that share one tracker (the
+    children of one multiprocessing parent) then race register/unregister pairs and the tracker
+    prints KeyError tracebacks. Plain mmap involves no tracker.
+    """
+
+    def __init__(self, name: str, writable: bool = False) -> None:
+        fd = os.open(f"/dev/shm/{name}", os.O_RDWR if writable else os.O_RDONLY)
         try:
-            size = os.fstat(fd).st_size
-            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            self.size = os.fstat(fd).st_size
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            self.mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, prot)
         finally:
             os.close(fd)
 
@@ -457,18 +464,24 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
                 reserve_pages(ledger_shm._fd, ledger_shm.size, ledger_name(instance))  # type: ignore[attr-defined]
             buf: Any = ledger_shm.buf
         else:
-            ro = _ReadOnlyMap(ledger_name(instance))
+            ro = _FileMap(ledger_name(instance))
             handles.append(ro)
             buf = ro.mm
         arrays = LedgerArrays.from_header(buf, expect, what=ledger_name(instance))
-        progress_shm = SharedMemory(name=progress_name(instance))
-        _untrack(progress_shm)
-        handles.append(progress_shm)
-        if writable_ledger:
-            reserve_pages(progress_shm._fd, progress_shm.size, progress_name(instance))  # type: ignore[attr-defined]
-        if progress_shm.size < progress_nbytes(arrays.max_slots):
-            raise ShmLayoutError(f"{progress_name(instance)}: {progress_shm.size} bytes, need {progress_nbytes(arrays.max_slots)}")
-        progress, state = _word_views(progress_shm.buf, arrays.max_slots)
+        if writable_ledger or not os.path.isdir("/dev/shm"):
+            progress_shm = SharedMemory(name=progress_name(instance))
+            _untrack(progress_shm)
+            handles.append(progress_shm)
+            if writable_ledger:
+                reserve_pages(progress_shm._fd, progress_shm.size, progress_name(instance))  # type: ignore[attr-defined]
+            size, words_buf = progress_shm.size, progress_shm.buf
+        else:  # a router: its slot's words are written through a plain shared mapping
+            rw = _FileMap(progress_name(instance), writable=True)
+            handles.append(rw)
+            size, words_buf = rw.size, rw.mm
+        if size < progress_nbytes(arrays.max_slots):
+            raise ShmLayoutError(f"{progress_name(instance)}: {size} bytes, need {progress_nbytes(arrays.max_slots)}")
+        progress, state = _word_views(words_buf, arrays.max_slots)
     except BaseException:
         arrays = progress = state = None  # drop views before closing
         for handle in handles:

@@ -215,3 +215,25 @@ def test_survival_check_fails_when_process_does_not_unregister(instance):
     finally:
         _CHILD = saved
     assert not os.path.exists(_shm_path(ledger_name(instance)))
+
+
+def test_router_attach_never_talks_to_the_resource_tracker(instance, monkeypatch):
+    """Routers that share one resource tracker (children of one multiprocessing parent) raced its
+    register/unregister pairs and the tracker printed KeyError tracebacks: a router's attach must
+    not register anything, and its state-word stores must reach the daemon's mapping."""
+    from multiprocessing import resource_tracker
+
+    seg = _create(instance)
+    calls = []
+    monkeypatch.setattr(resource_tracker, "register", lambda *a: calls.append(("register", a)))
+    monkeypatch.setattr(resource_tracker, "unregister", lambda *a: calls.append(("unregister", a)))
+    router = attach_segments(instance, writable_ledger=False)
+    try:
+        router.state[3] = 5
+        router.progress[3] = 9
+        assert (seg.state[3], seg.progress[3]) == (5, 9)
+        assert router.ledger.max_slots == seg.ledger.max_slots
+    finally:
+        router.close()
+        seg.close()
+    assert calls == []
