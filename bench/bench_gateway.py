@@ -19,7 +19,11 @@ commit before a gateway change) against the same daemon and engines, as a third 
 before and after in one run, under the same load. CPU per request (process CPU time / requests,
 all threads) is the figure least disturbed by other jobs on a shared machine.
 
-Usage: python bench/bench_gateway.py [--quick] [--requests N] [--concurrency C] [--compare-ref REF]
+With `--workers N` one more gateway runs as `kvsched-gateway --workers N` (N processes sharing its
+port through SO_REUSEPORT, each a router of the daemon), as another interleaved mode; its CPU per
+request sums the supervisor and its workers.
+
+Usage: python bench/bench_gateway.py [--quick] [--requests N] [--concurrency C] [--workers N] [--compare-ref REF]
        -> table, out/bench/gateway.json (out/bench/quick/ with --quick)
 """
 
@@ -107,8 +111,28 @@ async def run_mode(urls: list[str], n: int, concurrency: int, start: int, acc: d
 
 
 def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time (s, user + system, all threads) of `pid` and of its child processes (the workers of
+    `kvsched-gateway --workers N` are children of its supervisor)."""
+    total = 0.0
+    for q in [pid] + _children(pid):
+        try:
+            fields = Path(f"/proc/{q}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
 
 
 def _archive(ref: str, dest: Path) -> Path:
@@ -127,6 +151,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=0, help="requests per mode (default 3000, quick 600)")
     ap.add_argument("--concurrency", type=int, default=50, help="streams in flight (default 50)")
     ap.add_argument("--speedup", type=float, default=1000.0, help="sim engines' speedup (default 1000)")
+    ap.add_argument("--workers", type=int, default=0, metavar="N", help="also run `kvsched-gateway --workers N` "
+                    "(N processes on one port, SO_REUSEPORT) as another interleaved mode")
     ap.add_argument("--compare-ref", metavar="REF", help="also run a gateway from git REF's kvsched package "
                     "(same daemon, so REF must speak this protocol), interleaved with the others: before/after "
                     "of a gateway change in one run")
@@ -143,6 +169,9 @@ def main() -> None:
             engines = [e.url for e in fleet.engines]
             # mode -> (urls, gateway process or None)
             modes = {"direct": (engines, None), "gateway": ([fleet.gateway_urls[0]], fleet.gateways[0])}
+            if args.workers > 1:
+                url = fleet.add_gateway(extra=f"workers = {args.workers}")
+                modes[f"gateway x{args.workers}"] = ([url], fleet.gateways[-1])
             if args.compare_ref:
                 url = fleet.add_gateway(_archive(args.compare_ref, Path(tmp) / "ref"))
                 modes[f"gateway@{args.compare_ref}"] = ([url], fleet.gateways[-1])
@@ -170,7 +199,8 @@ def main() -> None:
     result = {"meta": {"requests_per_mode": n, "concurrency": args.concurrency, "max_tokens": MAX_TOKENS,
                        "prompt_tokens": PROMPT_WORDS + 3, "engines": 2, "speedup": args.speedup,
                        "cpus": os.cpu_count(), "load_avg_1m_start": load_start, "load_avg_1m": os.getloadavg()[0],
-                       "python": platform.python_version(), "compare_ref": args.compare_ref},
+                       "python": platform.python_version(), "compare_ref": args.compare_ref,
+                       "workers": args.workers},
               **res, "rounds": ROUNDS, "added_ms": added["gateway"], "added_ms_by_mode": added,
               "goal": {"added_p50_ms": 2.0, "added_p99_ms": 5.0}}
     (out_dir / "gateway.json").write_text(json.dumps(result, indent=1))
