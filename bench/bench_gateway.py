@@ -146,11 +146,14 @@ def _archive(ref: str, dest: Path) -> Path:
 
 
 def main() -> None:
+    global MAX_TOKENS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests, out/bench/quick/")
     ap.add_argument("--requests", type=int, default=0, help="requests per mode (default 3000, quick 600)")
     ap.add_argument("--concurrency", type=int, default=50, help="streams in flight (default 50)")
     ap.add_argument("--speedup", type=float, default=1000.0, help="sim engines' speedup (default 1000)")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=f"output tokens per request, one "
+                    f"streamed chunk each (default {MAX_TOKENS})")
     ap.add_argument("--workers", type=int, default=0, metavar="N", help="also run `kvsched-gateway --workers N` "
                     "(N processes on one port, SO_REUSEPORT) as another interleaved mode")
     ap.add_argument("--compare-ref", metavar="REF", help="also run a gateway from git REF's kvsched package "
@@ -158,6 +161,7 @@ def main() -> None:
                     "of a gateway change in one run")
     args = ap.parse_args()
     n = args.requests or (600 if args.quick else 3000)
+    MAX_TOKENS = args.max_tokens
     from kvsched.gateway.local_fleet import LocalFleet
 
     out_dir = ROOT / "out" / "bench" / ("quick" if args.quick else "")

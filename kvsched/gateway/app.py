@@ -54,8 +54,9 @@ class Gateway:
         self.session: aiohttp.ClientSession | None = None
         self.health: EngineHealth | None = None
         self.block_size = 0
-        self.engine_timeout = aiohttp.ClientTimeout(total=None, sock_connect=g.engine_connect_timeout_s,
-                                                    sock_read=g.engine_read_timeout_s)
+        # The longest silence (engine_read_timeout_s) is enforced by forward.Silence, one timer per
+        # request, not by aiohttp's sock_read, which re-arms a timer per chunk received.
+        self.engine_timeout = aiohttp.ClientTimeout(total=None, sock_connect=g.engine_connect_timeout_s)
         self.stats: Counter = Counter()
         self.hash_cache = BlockHashCache()  # shared prefixes are hashed once per process
         # Request ids: a random per-process prefix (unique across worker processes and restarts)

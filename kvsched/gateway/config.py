@@ -45,8 +45,10 @@ class GatewaySection(_Section):
     max_prompt_tokens: Annotated[int, Meta(ge=1)] = 131_072  # longer prompts -> 400
     default_max_tokens: Annotated[int, Meta(ge=1)] = 256  # output tokens when the request names none
     hash_seed: str | None = None  # the engines' PYTHONHASHSEED (docs/VLLM.md); None = vLLM >= 0.29 default
-    engine_connect_timeout_s: Annotated[float, Meta(gt=0)] = 5.0  # connect + response headers (s)
-    engine_read_timeout_s: Annotated[float, Meta(gt=0)] = 600.0  # longest silence between chunks (s)
+    engine_connect_timeout_s: Annotated[float, Meta(gt=0)] = 5.0  # TCP connect to the engine (s)
+    # Longest wait for the engine's response headers, and longest silence between two reads of its
+    # stream (s); then the stream fails as an engine error.
+    engine_read_timeout_s: Annotated[float, Meta(gt=0)] = 600.0
     health_interval_s: Annotated[float, Meta(gt=0)] = 2.0  # period of the engine health checks (s)
     health_timeout_s: Annotated[float, Meta(gt=0)] = 2.0  # one health check's timeout (s)
     health_path: str = "/health"  # vLLM's liveness endpoint

@@ -3,6 +3,7 @@ retry once with the failed worker excluded, 502 after two engine failures, nothi
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.timeout(120)
 
 class ScriptedEngine:
     """An OpenAI-ish engine that records each request's headers and answers `mode`: "ok" (two
-    tokens, usage on every chunk) or "fail" (HTTP 500)."""
+    tokens, usage on every chunk), "fail" (HTTP 500), "stall_headers" (no answer for 30 s) or
+    "stall" (the first token, then silence for 30 s)."""
 
     def __init__(self, port: int, mode: str = "ok") -> None:
         self.mode = mode
@@ -38,9 +40,13 @@ class ScriptedEngine:
         self.seen.append({"headers": dict(request.headers), "body": body})
         if self.mode == "fail":
             return web.Response(status=500, text="boom")
+        if self.mode == "stall_headers":
+            await asyncio.sleep(30)
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         for i, text in enumerate(("a", "b")):
+            if i and self.mode == "stall":
+                await asyncio.sleep(30)
             chunk = {"id": "e", "choices": [{"index": 0, "delta": {"content": text},
                                              "finish_reason": "stop" if i else None}],
                      "usage": {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i}}
@@ -84,11 +90,23 @@ url = "http://127.0.0.1:{ports[2]}"
 
 @pytest.fixture
 async def stack(daemon, tmp_path):
+    async for s in _stack(daemon, tmp_path):
+        yield s
+
+
+@pytest.fixture
+async def stack_short_read(daemon, tmp_path):
+    """The stack with engine_read_timeout_s = 0.5 s."""
+    async for s in _stack(daemon, tmp_path, engine_read_timeout_s=0.5):
+        yield s
+
+
+async def _stack(daemon, tmp_path, **gateway):
     engines = {w: ScriptedEngine(port) for w, port in daemon.engine_ports.items()}
     for e in engines.values():
         await e.start()
     cfg = GatewayConfig(gateway=GatewaySection(port=free_port(), daemon_endpoint=daemon.endpoint,
-                                               health_interval_s=60.0),
+                                               health_interval_s=60.0, **gateway),
                         models=[ModelSection(name="tiny", tokenizer_dir=str(write_tiny_tokenizer(tmp_path / "tok")))])
     gw = Gateway(cfg)
     await gw.start()
@@ -143,4 +161,26 @@ async def test_two_engine_failures_answer_502_and_release_everything(stack):
     async with aiohttp.ClientSession() as s:
         r = await stream_chat(s, url, "w1 w2")
     assert r["status"] == 200 and r["text"] == "ab", r
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+
+
+async def test_engine_silent_longer_than_the_read_timeout_fails_the_stream_and_releases(stack_short_read):
+    """Mid-stream silence: the client gets the first token, then an error event, within a few
+    timeouts (not the engine's 30 s); the lease is released. Silent before its headers: retried."""
+    gw, url, engines, d = stack_short_read
+    engines[1].mode = engines[2].mode = "stall"
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as s:
+        t0 = loop.time()
+        r = await stream_chat(s, url, "w1 w2")
+        took = loop.time() - t0
+    assert r["status"] == 200 and r["text"] == "a", r
+    assert r["error"] and "engine sent nothing" in r["error"]["error"]["message"], r
+    assert took < 10, took
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+    engines[1].mode, engines[2].mode = "stall_headers", "ok"
+    async with aiohttp.ClientSession() as s:
+        for i in range(4):
+            r = await stream_chat(s, url, words(40 * i, 20))
+            assert r["status"] == 200 and r["text"] == "ab", r
     assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
