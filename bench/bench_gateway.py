@@ -10,8 +10,10 @@ run in interleaved blocks (direct, gateway, direct, ... `ROUNDS` each) so a chan
 load during the run affects both.
 
 Figures per mode: time to first token and to the last byte (ms, p50 / p99), requests/s; then the
-added latency = gateway - direct at p50 and p99 (distributions compared, not requests paired), and
-the gateway process's CPU per request (µs, /proc). Goal: <= 2 ms added at p50, <= 5 ms at p99 at 50
+added latency = gateway - direct at p50 and p99 (distributions compared, not requests paired), the
+gateway process's CPU per request (µs, /proc), and the gateway's own split of each request from its
+`Server-Timing` header (prep = parse + tokenize + hash, schedule = the daemon's answer, engine =
+the engine's response headers; ms). Goal: <= 2 ms added at p50, <= 5 ms at p99 at 50
 concurrent streams.
 
 With `--compare-ref REF` a second gateway process runs the `kvsched` package of git REF (e.g. the
@@ -58,7 +60,8 @@ def prompt(i: int) -> str:
     return head + " " + tail
 
 
-async def one(session, url: str, i: int) -> tuple[float, float, bool]:
+async def one(session, url: str, i: int) -> tuple[float, float, bool, dict[str, float]]:
+    """One streamed chat: (TTFT s, whole request s, complete?, the gateway's Server-Timing in ms)."""
     body = {"model": "tiny", "messages": [{"role": "user", "content": prompt(i)}], "max_tokens": MAX_TOKENS,
             "stream": True}
     t0 = time.perf_counter()
@@ -67,13 +70,18 @@ async def one(session, url: str, i: int) -> tuple[float, float, bool]:
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             await resp.read()
-            return 0.0, 0.0, False
+            return 0.0, 0.0, False, {}
+        timing = {}
+        for part in resp.headers.get("Server-Timing", "").split(","):
+            name, _, dur = part.strip().partition(";dur=")
+            if dur:
+                timing[name] = float(dur)
         async for line in resp.content:
             if ttft is None and line.startswith(b"data: "):
                 ttft = time.perf_counter() - t0
             if line.startswith(b"data: [DONE]"):
                 ok = True
-    return (ttft or 0.0), time.perf_counter() - t0, ok
+    return (ttft or 0.0), time.perf_counter() - t0, ok, timing
 
 
 async def run_mode(urls: list[str], n: int, concurrency: int, start: int, acc: dict | None = None) -> dict:
@@ -82,6 +90,7 @@ async def run_mode(urls: list[str], n: int, concurrency: int, start: int, acc: d
     import aiohttp
 
     ttfts, totals, fails = [], [], 0
+    timings: dict[str, list[float]] = {}
     next_i = start
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         async def worker() -> None:
@@ -89,25 +98,34 @@ async def run_mode(urls: list[str], n: int, concurrency: int, start: int, acc: d
             while next_i < start + n:
                 i = next_i
                 next_i += 1
-                ttft, total, ok = await one(s, urls[i % len(urls)], i)
+                ttft, total, ok, timing = await one(s, urls[i % len(urls)], i)
                 if ok:
                     ttfts.append(ttft)
                     totals.append(total)
+                    for k, v in timing.items():
+                        timings.setdefault(k, []).append(v)
                 else:
                     fails += 1
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t0
     if acc is not None:
+        for k, v in timings.items():
+            acc.setdefault("timing", {}).setdefault(k, []).extend(v)
+        timings = acc.get("timing", {})
         acc["ttft"] += ttfts
         acc["total"] += totals
         acc["failed"] += fails
         acc["elapsed"] += elapsed
         ttfts, totals, fails, elapsed, n = acc["ttft"], acc["total"], acc["failed"], acc["elapsed"], len(acc["total"]) + acc["failed"]
     ms = lambda a, q: float(np.percentile(np.asarray(a) * 1e3, q)) if a else float("nan")  # noqa: E731
-    return {"requests": n, "failed": fails, "elapsed_s": elapsed, "requests_per_s": len(totals) / elapsed,
-            "ttft_p50_ms": ms(ttfts, 50), "ttft_p99_ms": ms(ttfts, 99),
-            "total_p50_ms": ms(totals, 50), "total_p99_ms": ms(totals, 99)}
+    out = {"requests": n, "failed": fails, "elapsed_s": elapsed, "requests_per_s": len(totals) / elapsed,
+           "ttft_p50_ms": ms(ttfts, 50), "ttft_p99_ms": ms(ttfts, 99),
+           "total_p50_ms": ms(totals, 50), "total_p99_ms": ms(totals, 99)}
+    for k, v in timings.items():  # the gateway's own split (Server-Timing, ms)
+        out[f"gw_{k}_p50_ms"] = float(np.percentile(v, 50))
+        out[f"gw_{k}_p99_ms"] = float(np.percentile(v, 99))
+    return out
 
 
 def cpu_s(pid: int) -> float:
@@ -216,6 +234,11 @@ def main() -> None:
         print(f"{m:<{w}}{r['requests_per_s']:>8.0f}{r['ttft_p50_ms']:>10.2f}{r['ttft_p99_ms']:>10.2f}"
               f"{r['total_p50_ms']:>11.2f}{r['total_p99_ms']:>11.2f}{'' if c is None else f'{c:.0f}':>10}"
               f"   failed={r['failed']}")
+    for m, r in res.items():
+        if "gw_schedule_p50_ms" in r:
+            print(f"{m}: inside the gateway (Server-Timing, ms p50 / p99): " + ", ".join(
+                f"{k} {r[f'gw_{k}_p50_ms']:.2f} / {r[f'gw_{k}_p99_ms']:.2f}" for k in ("prep", "schedule", "engine")
+                if f"gw_{k}_p50_ms" in r))
     for m, a in added.items():
         print(f"added by {m} + daemon: ttft p50 {a['ttft_p50']:+.2f} ms, p99 {a['ttft_p99']:+.2f} ms; "
               f"total p50 {a['total_p50']:+.2f} ms, p99 {a['total_p99']:+.2f} ms")

@@ -27,7 +27,7 @@ from ..errors import ConfigError, DaemonUnavailable, RequestRejected
 from ..protocol import MAX_NAME_CHARS
 from . import openai as oa
 from .config import GatewayConfig, load_gateway_config
-from .forward import ClientGone, serve
+from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
 from .tokenizer import ModelTokenizer, TemplateError
 from .workers import default_workers, supervise
@@ -131,12 +131,14 @@ class Gateway:
                                   "pid": os.getpid()}, status=200 if up else 503)
 
     async def _handle(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
+        marks = Marks()
         try:
             p = await self._parse(request, kind)
             hints = scheduling_hints(request, p)
             hashes = block_hashes(p.token_ids, self.block_size, mode="vllm", hash_seed=self.cfg.gateway.hash_seed,
                                   cache=self.hash_cache)
-            return await serve(self, request, p, path, hints, hashes, f"{self._id_prefix}{next(self._ids):x}")
+            marks.prepared = marks.admitted = marks.engine = time.perf_counter()
+            return await serve(self, request, p, path, hints, hashes, f"{self._id_prefix}{next(self._ids):x}", marks)
         except oa.HttpError as exc:
             self.stats[f"http_{exc.status}"] += 1
             return web.json_response(exc.body(), status=exc.status, headers=exc.headers())

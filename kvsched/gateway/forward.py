@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -30,6 +31,26 @@ log = logging.getLogger(__name__)
 _json_decode = msgspec.json.decode
 _json_encode = msgspec.json.encode
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_now = time.perf_counter
+
+
+class Marks:
+    """When one request passed each step in this process (`time.perf_counter`, s), sent back as a
+    `Server-Timing` header (W3C Server Timing) with the successful response:
+    `prep` = handler start -> parsed, tokenized, hashed; `schedule` = -> admitted (the daemon's
+    round trip plus any queueing); `engine` = -> the engine's response headers (connect, request,
+    the engine's own wait). Durations in ms; engine retries are inside `schedule` + `engine`."""
+
+    __slots__ = ("start", "prepared", "admitted", "engine")
+
+    def __init__(self) -> None:
+        self.start = _now()
+        self.prepared = self.admitted = self.engine = self.start
+
+    def header(self) -> str:
+        return (f"prep;dur={(self.prepared - self.start) * 1e3:.3f}, "
+                f"schedule;dur={(self.admitted - self.prepared) * 1e3:.3f}, "
+                f"engine;dur={(self.engine - self.admitted) * 1e3:.3f}")
 
 
 class EngineFailed(Exception):
@@ -48,16 +69,17 @@ async def _write(out: web.StreamResponse, data: bytes) -> None:
 
 
 async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints: dict,
-                hashes, request_id: str) -> web.StreamResponse:
+                hashes, request_id: str, marks: Marks) -> web.StreamResponse:
     """Schedule and forward `p`; returns the response sent (or raises HttpError before any byte)."""
     excluded = gw.health.excluded()
     isl = len(p.token_ids)
     last: EngineFailed | None = None
     for _attempt in range(2):
         lease = await gw.schedule(request_id, isl, hashes, excluded, hints)
+        marks.admitted = _now()
         gw.health.learn(lease.worker.worker_id, lease.url)
         try:
-            return await _forward(gw, request, p, path, lease, request_id)
+            return await _forward(gw, request, p, path, lease, request_id, marks)
         except EngineFailed as exc:
             lease.release("aborted")
             gw.health.mark_failed(lease.worker.worker_id, str(exc))
@@ -72,7 +94,7 @@ async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints
 
 
 async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, lease: Lease,
-                   request_id: str) -> web.StreamResponse:
+                   request_id: str, marks: Marks) -> web.StreamResponse:
     if not lease.url:
         lease.release("aborted")
         raise HttpError(503, f"worker {lease.worker.worker_id} has no url in the daemon's config "
@@ -87,6 +109,7 @@ async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, le
                                          headers=headers, timeout=gw.engine_timeout)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
+    marks.engine = _now()
     async with resp:
         if resp.status >= 500:
             raise EngineFailed(f"engine answered HTTP {resp.status}")
@@ -97,7 +120,7 @@ async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, le
         lease.dispatched()
         silence = Silence(asyncio.get_running_loop(), read_timeout_s, resp)
         try:
-            return await _stream(gw, request, p, lease, resp, silence)
+            return await _stream(gw, request, p, lease, resp, silence, marks)
         finally:
             silence.cancel()
 
@@ -156,7 +179,7 @@ def _sse_data(buf: bytearray) -> list[bytes]:
 
 
 async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
-                  resp: aiohttp.ClientResponse, silence: Silence) -> web.StreamResponse:
+                  resp: aiohttp.ClientResponse, silence: Silence, marks: Marks) -> web.StreamResponse:
     """Relay the engine's SSE stream. Reads whatever has arrived (`iter_any`), passes each chunk
     through `Relay` and writes what it relays in one write per read; the output tokens of a read are
     reported to the lease once, so a burst of chunks costs one syscall and one progress update, not
@@ -191,7 +214,7 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                 lease.add_output_tokens(relay.output_tokens - lease.output_tokens)
             if pending:
                 if out is None:
-                    out = web.StreamResponse(headers=SSE_HEADERS)
+                    out = web.StreamResponse(headers={**SSE_HEADERS, "Server-Timing": marks.header()})
                     await out.prepare(request)
                 await _write(out, b"".join(pending))
             if done:
@@ -212,9 +235,10 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
     lease.release("completed")
     gw.stats["completed"] += 1
     if collector is not None:
-        return web.json_response(collector.response(), dumps=lambda o: _json_encode(o).decode())
+        return web.json_response(collector.response(), dumps=lambda o: _json_encode(o).decode(),
+                                 headers={"Server-Timing": marks.header()})
     if out is None:
-        out = web.StreamResponse(headers=SSE_HEADERS)
+        out = web.StreamResponse(headers={**SSE_HEADERS, "Server-Timing": marks.header()})
         await out.prepare(request)
     await _write(out, b"data: [DONE]\n\n")
     await out.write_eof()

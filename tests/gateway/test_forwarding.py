@@ -184,3 +184,29 @@ async def test_engine_silent_longer_than_the_read_timeout_fails_the_stream_and_r
             r = await stream_chat(s, url, words(40 * i, 20))
             assert r["status"] == 200 and r["text"] == "ab", r
     assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+
+
+def _server_timing(value: str) -> dict[str, float]:
+    out = {}
+    for part in value.split(","):
+        name, dur = part.strip().split(";dur=")
+        out[name] = float(dur)
+    return out
+
+
+async def test_server_timing_header_splits_the_gateway_time_streaming_and_buffered(stack):
+    gw, url, engines, d = stack
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as s:
+        for stream in (True, False):
+            body = {"model": "tiny", "messages": [{"role": "user", "content": words(0, 20)}], "stream": stream}
+            t0 = loop.time()
+            async with s.post(url + "/v1/chat/completions", json=body) as resp:
+                took_ms = (loop.time() - t0) * 1e3
+                await resp.read()
+            assert resp.status == 200
+            timing = _server_timing(resp.headers["Server-Timing"])
+            assert set(timing) == {"prep", "schedule", "engine"}, timing
+            assert all(v >= 0 for v in timing.values()) and sum(timing.values()) <= took_ms, (timing, took_ms)
+            assert timing["schedule"] > 0 and timing["engine"] > 0  # a daemon round trip, an HTTP round trip
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
