@@ -12,8 +12,8 @@ load during the run affects both.
 Figures per mode: time to first token and to the last byte (ms, p50 / p99), requests/s; then the
 added latency = gateway - direct at p50 and p99 (distributions compared, not requests paired), the
 gateway process's CPU per request (µs, /proc), and the gateway's own split of each request from its
-`Server-Timing` header (prep = parse + tokenize + hash, schedule = the daemon's answer, engine =
-the engine's response headers; ms). Goal: <= 2 ms added at p50, <= 5 ms at p99 at 50
+`Server-Timing` header (prep = parse + tokenize + hash, schedule = the daemon's answer, queue = the
+part of it spent in the daemon's queue, engine = the engine's response headers; ms). Goal: <= 2 ms added at p50, <= 5 ms at p99 at 50
 concurrent streams.
 
 With `--compare-ref REF` a second gateway process runs the `kvsched` package of git REF (e.g. the
@@ -237,7 +237,7 @@ def main() -> None:
     for m, r in res.items():
         if "gw_schedule_p50_ms" in r:
             print(f"{m}: inside the gateway (Server-Timing, ms p50 / p99): " + ", ".join(
-                f"{k} {r[f'gw_{k}_p50_ms']:.2f} / {r[f'gw_{k}_p99_ms']:.2f}" for k in ("prep", "schedule", "engine")
+                f"{k} {r[f'gw_{k}_p50_ms']:.2f} / {r[f'gw_{k}_p99_ms']:.2f}" for k in ("prep", "schedule", "queue", "engine")
                 if f"gw_{k}_p50_ms" in r))
     for m, a in added.items():
         print(f"added by {m} + daemon: ttft p50 {a['ttft_p50']:+.2f} ms, p99 {a['ttft_p99']:+.2f} ms; "

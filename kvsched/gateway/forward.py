@@ -38,18 +38,22 @@ class Marks:
     """When one request passed each step in this process (`time.perf_counter`, s), sent back as a
     `Server-Timing` header (W3C Server Timing) with the successful response:
     `prep` = handler start -> parsed, tokenized, hashed; `schedule` = -> admitted (the daemon's
-    round trip plus any queueing); `engine` = -> the engine's response headers (connect, request,
-    the engine's own wait). Durations in ms; engine retries are inside `schedule` + `engine`."""
+    round trip plus any queueing); `queue` = the part of `schedule` the request waited in the
+    daemon's queue (its `Admitted.queued_us`); `engine` = -> the engine's response headers
+    (connect, request, the engine's own wait). Durations in ms; engine retries are inside
+    `schedule` + `engine`."""
 
-    __slots__ = ("start", "prepared", "admitted", "engine")
+    __slots__ = ("start", "prepared", "admitted", "engine", "queued_us")
 
     def __init__(self) -> None:
         self.start = _now()
         self.prepared = self.admitted = self.engine = self.start
+        self.queued_us = 0
 
     def header(self) -> str:
         return (f"prep;dur={(self.prepared - self.start) * 1e3:.3f}, "
                 f"schedule;dur={(self.admitted - self.prepared) * 1e3:.3f}, "
+                f"queue;dur={self.queued_us / 1e3:.3f}, "
                 f"engine;dur={(self.engine - self.admitted) * 1e3:.3f}")
 
 
@@ -77,6 +81,7 @@ async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints
     for _attempt in range(2):
         lease = await gw.schedule(request_id, isl, hashes, excluded, hints)
         marks.admitted = _now()
+        marks.queued_us = lease.queued_us
         gw.health.learn(lease.worker.worker_id, lease.url)
         try:
             return await _forward(gw, request, p, path, lease, request_id, marks)
