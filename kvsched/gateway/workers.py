@@ -92,7 +92,7 @@ def supervise(config: str, host: str, port: int, workers: int, ready_file: str |
             announced = False
             while stop["sig"] is None:
                 for proc in procs:
-                    if proc.poll() is not None:
+                    if proc.poll() is not None and stop["sig"] is None:  # not a Ctrl-C the worker saw too
                         log.error("gateway worker pid=%d exited with status %d; stopping the group", proc.pid,
                                   proc.returncode)
                         rc = proc.returncode
