@@ -22,8 +22,8 @@ pytestmark = pytest.mark.timeout(120)
 
 class ScriptedEngine:
     """An OpenAI-ish engine that records each request's headers and answers `mode`: "ok" (two
-    tokens, usage on every chunk), "fail" (HTTP 500), "stall_headers" (no answer for 30 s) or
-    "stall" (the first token, then silence for 30 s)."""
+    tokens, usage on every chunk), "fail" (HTTP 500), "stall_headers" (no answer for 30 s),
+    "stall" (the first token, then silence for 30 s) or "slow" (six tokens, 0.3 s apart)."""
 
     def __init__(self, port: int, mode: str = "ok") -> None:
         self.mode = mode
@@ -44,11 +44,14 @@ class ScriptedEngine:
             await asyncio.sleep(30)
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
-        for i, text in enumerate(("a", "b")):
+        texts = tuple("abcdef") if self.mode == "slow" else ("a", "b")
+        for i, text in enumerate(texts):
             if i and self.mode == "stall":
                 await asyncio.sleep(30)
+            if self.mode == "slow":
+                await asyncio.sleep(0.3)
             chunk = {"id": "e", "choices": [{"index": 0, "delta": {"content": text},
-                                             "finish_reason": "stop" if i else None}],
+                                             "finish_reason": "stop" if i == len(texts) - 1 else None}],
                      "usage": {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i}}
             await out.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await out.write(b"data: [DONE]\n\n")
@@ -211,4 +214,14 @@ async def test_server_timing_header_splits_the_gateway_time_streaming_and_buffer
             assert timing["prep"] + timing["schedule"] + timing["engine"] <= took_ms, (timing, took_ms)
             assert timing["queue"] <= timing["schedule"], timing  # the daemon's queue is inside its round trip
             assert timing["schedule"] > 0 and timing["engine"] > 0  # a daemon round trip, an HTTP round trip
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+
+
+async def test_a_slow_stream_within_the_read_timeout_between_chunks_completes(stack_short_read):
+    """Six chunks 0.3 s apart with a 0.5 s read timeout: 1.8 s in all, never 0.5 s of silence."""
+    gw, url, engines, d = stack_short_read
+    engines[1].mode = engines[2].mode = "slow"
+    async with aiohttp.ClientSession() as s:
+        r = await stream_chat(s, url, "w1 w2")
+    assert r["status"] == 200 and r["text"] == "abcdef" and r["done"] and not r["error"], r
     assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
