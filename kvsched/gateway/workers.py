@@ -5,7 +5,7 @@ per streamed request). For more throughput on a host with cores to spare, the su
 here runs N ordinary gateway processes that each bind the same `host:port` with `SO_REUSEPORT`: the
 kernel spreads new connections over their listening sockets (socket(7), SO_REUSEPORT; Linux 3.9 and
 later). Each worker is a complete gateway with its own `SchedulerClient` (one router of the daemon
-per process, as the daemon expects: docs/GATEWAY.md "Processes").
+per process, as the daemon expects: docs/GATEWAY.md "Run it").
 
 The supervisor holds no connection and serves nothing. With `port = 0` it reserves a free port by
 binding (not listening on) a `SO_REUSEPORT` socket, so every worker binds the same port; that socket
