@@ -173,14 +173,20 @@ class Silence:
             self.handle = None
 
 
-def _sse_data(buf: bytearray) -> list[bytes]:
-    """Pop the complete lines of `buf` and return the payloads of its `data:` lines (SSE)."""
-    cut = buf.rfind(b"\n")
-    if cut < 0:
-        return []
-    lines = bytes(buf[:cut]).split(b"\n")
-    del buf[:cut + 1]
-    return [ln[5:].strip() for ln in lines if ln.startswith(b"data:")]
+def _sse_data(buf: bytearray, piece: bytes) -> list[bytes]:
+    """The payloads of the `data:` lines (SSE) completed by `piece`; an incomplete last line stays
+    in `buf`. A piece that ends a line with nothing pending (the usual read) is split as it is,
+    without copying it through `buf`."""
+    if not buf and piece.endswith(b"\n"):
+        block = piece
+    else:
+        buf += piece
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            return []
+        block = bytes(buf[:cut])
+        del buf[:cut + 1]
+    return [ln[5:].strip() for ln in block.split(b"\n") if ln.startswith(b"data:")]
 
 
 async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
@@ -199,9 +205,8 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
     try:
         async for piece in resp.content.iter_any():
             silence.touch()
-            buf += piece
             pending: list[bytes] = []
-            for data in _sse_data(buf):
+            for data in _sse_data(buf, piece):
                 if data == b"[DONE]":
                     done = True
                     break
