@@ -48,7 +48,9 @@ def test_workers_share_the_port_each_with_its_own_daemon_connection_and_stop_tog
     fleet = LocalFleet.start(tmp_path, n_engines=2, n_gateways=1, speedup=20.0, gateway_extra="workers = 2")
     try:
         url = fleet.gateway_urls[0]
-        assert _connections(fleet) == 2  # one SchedulerClient per worker process
+        # One SchedulerClient per worker process. Under load a link may say Hello on a second socket
+        # before the first is answered; the daemon reaps the silent one within its liveness timeout.
+        assert asyncio.run(eventually(lambda: _connections(fleet) == 2, 20, 0.2)), _connections(fleet)
         pids, chats = asyncio.run(_pids_and_chats(url, 40))
         assert len(pids) == 2, f"40 new connections all reached one worker: {pids}"  # 2**-39 by chance
         assert all(c["status"] == 200 and c["done"] and c["usage"]["completion_tokens"] == 8 for c in chats), chats
