@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import time
-import uuid
+import itertools
 from collections import Counter
 
 import aiohttp
@@ -27,9 +27,10 @@ from ..errors import ConfigError, DaemonUnavailable, RequestRejected
 from ..protocol import MAX_NAME_CHARS
 from . import openai as oa
 from .config import GatewayConfig, load_gateway_config
-from .forward import ClientGone, serve
+from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
 from .tokenizer import ModelTokenizer, TemplateError
+from .workers import default_workers, supervise
 
 log = logging.getLogger("kvsched.gateway")
 
@@ -53,10 +54,15 @@ class Gateway:
         self.session: aiohttp.ClientSession | None = None
         self.health: EngineHealth | None = None
         self.block_size = 0
-        self.engine_timeout = aiohttp.ClientTimeout(total=None, sock_connect=g.engine_connect_timeout_s,
-                                                    sock_read=g.engine_read_timeout_s)
+        # The longest silence (engine_read_timeout_s) is enforced by forward.Silence, one timer per
+        # request, not by aiohttp's sock_read, which re-arms a timer per chunk received.
+        self.engine_timeout = aiohttp.ClientTimeout(total=None, sock_connect=g.engine_connect_timeout_s)
         self.stats: Counter = Counter()
         self.hash_cache = BlockHashCache()  # shared prefixes are hashed once per process
+        # Request ids: a random per-process prefix (unique across worker processes and restarts)
+        # plus a counter; a twentieth of uuid4's cost per request.
+        self._id_prefix = f"gw-{os.urandom(8).hex()}-"
+        self._ids = itertools.count(1)
 
     async def start(self) -> None:
         """Connect to the daemon (raises DaemonUnavailable) and open the engine session."""
@@ -121,16 +127,18 @@ class Gateway:
     async def health_endpoint(self, request: web.Request) -> web.Response:
         up = self.client is not None and self.client.connected
         failing = sorted(self.health.failing) if self.health else []
-        return web.json_response({"status": "ok" if up else "daemon_unavailable", "failing_workers": failing},
-                                 status=200 if up else 503)
+        return web.json_response({"status": "ok" if up else "daemon_unavailable", "failing_workers": failing,
+                                  "pid": os.getpid()}, status=200 if up else 503)
 
     async def _handle(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
+        marks = Marks()
         try:
             p = await self._parse(request, kind)
             hints = scheduling_hints(request, p)
             hashes = block_hashes(p.token_ids, self.block_size, mode="vllm", hash_seed=self.cfg.gateway.hash_seed,
                                   cache=self.hash_cache)
-            return await serve(self, request, p, path, hints, hashes, f"gw-{uuid.uuid4().hex}")
+            marks.prepared = marks.admitted = marks.engine = time.perf_counter()
+            return await serve(self, request, p, path, hints, hashes, f"{self._id_prefix}{next(self._ids):x}", marks)
         except oa.HttpError as exc:
             self.stats[f"http_{exc.status}"] += 1
             return web.json_response(exc.body(), status=exc.status, headers=exc.headers())
@@ -229,15 +237,15 @@ def make_app(gw: Gateway) -> web.Application:
     return app
 
 
-async def run(cfg: GatewayConfig, ready_file: str | None = None) -> None:
-    """Serve until SIGINT/SIGTERM."""
+async def run(cfg: GatewayConfig, ready_file: str | None = None, reuse_port: bool = False) -> None:
+    """Serve until SIGINT/SIGTERM. `reuse_port`: bind with SO_REUSEPORT (a worker of `--workers`)."""
     import signal
 
     gw = Gateway(cfg)
     await gw.start()
     runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.gateway.host, cfg.gateway.port, backlog=1024)
+    site = web.TCPSite(runner, cfg.gateway.host, cfg.gateway.port, backlog=1024, reuse_port=reuse_port or None)
     await site.start()
     port = runner.addresses[0][1] if runner.addresses else cfg.gateway.port
     log.info("listening on http://%s:%d", cfg.gateway.host, port)
@@ -262,8 +270,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", required=True, help="gateway TOML: [gateway] and [[models]] (docs/GATEWAY.md)")
     ap.add_argument("--host", help="listen address (overrides [gateway] host)")
     ap.add_argument("--port", type=int, help="listen port, 0 = any free port (overrides [gateway] port)")
+    ap.add_argument("--workers", type=int, metavar="N", help="gateway processes sharing the port with "
+                    "SO_REUSEPORT, each with its own daemon connection; 0 = one per CPU (overrides [gateway] "
+                    "workers; default 1)")
     ap.add_argument("--ready-file", help="write the bound port here once serving (for scripts and tests)")
     ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    ap.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set by --workers on its workers
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
@@ -272,13 +284,25 @@ def main(argv: list[str] | None = None) -> None:
             cfg.gateway.host = args.host
         if args.port is not None:
             cfg.gateway.port = args.port
+        workers = cfg.gateway.workers if args.workers is None else args.workers
+        if workers < 0:
+            raise ConfigError(f"--workers must be >= 0, got {workers}")
+        if workers == 0:
+            workers = default_workers()
+        if workers > 1 and not args.reuse_port:
+            try:
+                sys.exit(supervise(args.config, cfg.gateway.host, cfg.gateway.port, workers, args.ready_file,
+                                   args.log_level, cfg.gateway.connect_timeout_s + 60.0))
+            except OSError as exc:
+                print(f"kvsched-gateway: cannot bind {cfg.gateway.host}:{cfg.gateway.port}: {exc}", file=sys.stderr)
+                sys.exit(2)
         try:
             import uvloop
 
             uvloop.install()
         except ImportError:
             pass
-        asyncio.run(run(cfg, args.ready_file))
+        asyncio.run(run(cfg, args.ready_file, reuse_port=args.reuse_port))
     except ConfigError as exc:
         print(f"kvsched-gateway: {exc}", file=sys.stderr)
         sys.exit(2)

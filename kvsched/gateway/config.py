@@ -35,6 +35,9 @@ class GatewaySection(_Section):
 
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080
+    # Gateway processes sharing the port (SO_REUSEPORT), each its own router of the daemon; 0 = one
+    # per CPU. Overridden by --workers.
+    workers: Annotated[int, Meta(ge=0, le=256)] = 1
     daemon_endpoint: str = ""  # "" = discovery (KVSCHED_ENDPOINT, else the ipc path of `instance`)
     instance: str = "default"
     client_name: str = ""  # shown by `kvsched status` ("" = gateway-<pid>)
@@ -42,8 +45,10 @@ class GatewaySection(_Section):
     max_prompt_tokens: Annotated[int, Meta(ge=1)] = 131_072  # longer prompts -> 400
     default_max_tokens: Annotated[int, Meta(ge=1)] = 256  # output tokens when the request names none
     hash_seed: str | None = None  # the engines' PYTHONHASHSEED (docs/VLLM.md); None = vLLM >= 0.29 default
-    engine_connect_timeout_s: Annotated[float, Meta(gt=0)] = 5.0  # connect + response headers (s)
-    engine_read_timeout_s: Annotated[float, Meta(gt=0)] = 600.0  # longest silence between chunks (s)
+    engine_connect_timeout_s: Annotated[float, Meta(gt=0)] = 5.0  # TCP connect to the engine (s)
+    # Longest wait for the engine's response headers, and longest silence between two reads of its
+    # stream (s); then the stream fails as an engine error.
+    engine_read_timeout_s: Annotated[float, Meta(gt=0)] = 600.0
     health_interval_s: Annotated[float, Meta(gt=0)] = 2.0  # period of the engine health checks (s)
     health_timeout_s: Annotated[float, Meta(gt=0)] = 2.0  # one health check's timeout (s)
     health_path: str = "/health"  # vLLM's liveness endpoint

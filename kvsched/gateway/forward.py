@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -30,6 +31,30 @@ log = logging.getLogger(__name__)
 _json_decode = msgspec.json.decode
 _json_encode = msgspec.json.encode
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_now = time.perf_counter
+
+
+class Marks:
+    """When one request passed each step in this process (`time.perf_counter`, s), sent back as a
+    `Server-Timing` header (W3C Server Timing) with the successful response:
+    `prep` = handler start -> parsed, tokenized, hashed; `schedule` = -> admitted (the daemon's
+    round trip plus any queueing); `queue` = the part of `schedule` the request waited in the
+    daemon's queue (its `Admitted.queued_us`); `engine` = -> the engine's response headers
+    (connect, request, the engine's own wait). Durations in ms; engine retries are inside
+    `schedule` + `engine`."""
+
+    __slots__ = ("start", "prepared", "admitted", "engine", "queued_us")
+
+    def __init__(self) -> None:
+        self.start = _now()
+        self.prepared = self.admitted = self.engine = self.start
+        self.queued_us = 0
+
+    def header(self) -> str:
+        return (f"prep;dur={(self.prepared - self.start) * 1e3:.3f}, "
+                f"schedule;dur={(self.admitted - self.prepared) * 1e3:.3f}, "
+                f"queue;dur={self.queued_us / 1e3:.3f}, "
+                f"engine;dur={(self.engine - self.admitted) * 1e3:.3f}")
 
 
 class EngineFailed(Exception):
@@ -48,16 +73,18 @@ async def _write(out: web.StreamResponse, data: bytes) -> None:
 
 
 async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints: dict,
-                hashes, request_id: str) -> web.StreamResponse:
+                hashes, request_id: str, marks: Marks) -> web.StreamResponse:
     """Schedule and forward `p`; returns the response sent (or raises HttpError before any byte)."""
     excluded = gw.health.excluded()
     isl = len(p.token_ids)
     last: EngineFailed | None = None
     for _attempt in range(2):
         lease = await gw.schedule(request_id, isl, hashes, excluded, hints)
+        marks.admitted = _now()
+        marks.queued_us = lease.queued_us
         gw.health.learn(lease.worker.worker_id, lease.url)
         try:
-            return await _forward(gw, request, p, path, lease, request_id)
+            return await _forward(gw, request, p, path, lease, request_id, marks)
         except EngineFailed as exc:
             lease.release("aborted")
             gw.health.mark_failed(lease.worker.worker_id, str(exc))
@@ -72,7 +99,7 @@ async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints
 
 
 async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, lease: Lease,
-                   request_id: str) -> web.StreamResponse:
+                   request_id: str, marks: Marks) -> web.StreamResponse:
     if not lease.url:
         lease.release("aborted")
         raise HttpError(503, f"worker {lease.worker.worker_id} has no url in the daemon's config "
@@ -80,34 +107,108 @@ async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, le
     headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
     if lease.dp_size > 1:
         headers["X-data-parallel-rank"] = str(lease.worker.dp_rank)
+    silence = Silence(asyncio.get_running_loop(), gw.cfg.gateway.engine_read_timeout_s)
     try:
-        resp = await gw.session.post(lease.url.rstrip("/") + path, data=_json_encode(engine_body(p)),
-                                     headers=headers, timeout=gw.engine_timeout)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
-    async with resp:
-        if resp.status >= 500:
-            raise EngineFailed(f"engine answered HTTP {resp.status}")
-        if resp.status != 200:  # the engine refused the request itself (e.g. 400): pass it on
-            body = await resp.read()
-            lease.release("aborted")
-            return web.Response(status=resp.status, body=body, content_type="application/json")
-        lease.dispatched()
-        return await _stream(gw, request, p, lease, resp)
+        try:
+            resp = await gw.session.post(lease.url.rstrip("/") + path, data=_json_encode(engine_body(p)),
+                                         headers=headers, timeout=gw.engine_timeout)
+        except asyncio.CancelledError:
+            if silence.expired and silence.task is not None and silence.task.uncancel() == 0:
+                raise EngineFailed(f"no response headers from the engine within {silence.timeout_s:g} s "
+                                   "(engine_read_timeout_s)") from None
+            raise  # the client went away (or both at once)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
+        marks.engine = _now()
+        silence.streaming(resp)
+        async with resp:
+            if resp.status >= 500:
+                raise EngineFailed(f"engine answered HTTP {resp.status}")
+            if resp.status != 200:  # the engine refused the request itself (e.g. 400): pass it on
+                body = await resp.read()
+                lease.release("aborted")
+                return web.Response(status=resp.status, body=body, content_type="application/json")
+            lease.dispatched()
+            return await _stream(gw, request, p, lease, resp, silence, marks)
+    finally:
+        silence.cancel()
 
 
-def _sse_data(buf: bytearray) -> list[bytes]:
-    """Pop the complete lines of `buf` and return the payloads of its `data:` lines (SSE)."""
-    cut = buf.rfind(b"\n")
-    if cut < 0:
-        return []
-    lines = bytes(buf[:cut]).split(b"\n")
-    del buf[:cut + 1]
-    return [ln[5:].strip() for ln in lines if ln.startswith(b"data:")]
+class Silence:
+    """The engine's longest silence (`engine_read_timeout_s`): for its response headers, then
+    between two reads of its stream, with one timer per request.
+
+    aiohttp's own `sock_read` timeout cancels and re-creates a timer on every piece of data the
+    connection receives (~3 µs each on uvloop, i.e. per streamed token), and `asyncio.timeout`
+    around the request costs ~12 µs on Python 3.11. Here each read stores the loop time (`touch`);
+    the timer fires at most once per `timeout_s` and re-arms from the last read. After a full
+    `timeout_s` without data it cancels the waiting task while no response has arrived (`expired`
+    tells the caller the cancellation was ours), or fails the stream with aiohttp's
+    `ServerTimeoutError` (what `sock_read` raised) and closes the connection.
+
+    Args:
+        loop: the running loop (the current task is the one cancelled). timeout_s: longest silence (s).
+    """
+
+    __slots__ = ("loop", "timeout_s", "last", "handle", "resp", "task", "expired")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
+        self.loop = loop
+        self.timeout_s = timeout_s
+        self.resp: aiohttp.ClientResponse | None = None
+        self.task = asyncio.current_task(loop)
+        self.expired = False
+        self.last = loop.time()
+        self.handle: asyncio.TimerHandle | None = loop.call_at(self.last + timeout_s, self._fire)
+
+    def streaming(self, resp: aiohttp.ClientResponse) -> None:
+        """The response headers arrived: from now on a silence fails `resp`'s stream."""
+        self.resp = resp
+        self.last = self.loop.time()
+
+    def touch(self) -> None:
+        """Data arrived now."""
+        self.last = self.loop.time()
+
+    def _fire(self) -> None:
+        idle = self.loop.time() - self.last
+        if idle < self.timeout_s:
+            self.handle = self.loop.call_at(self.last + self.timeout_s, self._fire)
+            return
+        self.handle = None
+        self.expired = True
+        if self.resp is None:
+            if self.task is not None:
+                self.task.cancel()
+            return
+        self.resp.content.set_exception(aiohttp.ServerTimeoutError(
+            f"engine sent nothing for {idle:.1f} s (engine_read_timeout_s = {self.timeout_s:g})"))
+        self.resp.close()
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
+def _sse_data(buf: bytearray, piece: bytes) -> list[bytes]:
+    """The payloads of the `data:` lines (SSE) completed by `piece`; an incomplete last line stays
+    in `buf`. A piece that ends a line with nothing pending (the usual read) is split as it is,
+    without copying it through `buf`."""
+    if not buf and piece.endswith(b"\n"):
+        block = piece
+    else:
+        buf += piece
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            return []
+        block = bytes(buf[:cut])
+        del buf[:cut + 1]
+    return [ln[5:].strip() for ln in block.split(b"\n") if ln.startswith(b"data:")]
 
 
 async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
-                  resp: aiohttp.ClientResponse) -> web.StreamResponse:
+                  resp: aiohttp.ClientResponse, silence: Silence, marks: Marks) -> web.StreamResponse:
     """Relay the engine's SSE stream. Reads whatever has arrived (`iter_any`), passes each chunk
     through `Relay` and writes what it relays in one write per read; the output tokens of a read are
     reported to the lease once, so a burst of chunks costs one syscall and one progress update, not
@@ -121,9 +222,9 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
     buf = bytearray()
     try:
         async for piece in resp.content.iter_any():
-            buf += piece
+            silence.touch()
             pending: list[bytes] = []
-            for data in _sse_data(buf):
+            for data in _sse_data(buf, piece):
                 if data == b"[DONE]":
                     done = True
                     break
@@ -141,7 +242,7 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                 lease.add_output_tokens(relay.output_tokens - lease.output_tokens)
             if pending:
                 if out is None:
-                    out = web.StreamResponse(headers=SSE_HEADERS)
+                    out = web.StreamResponse(headers={**SSE_HEADERS, "Server-Timing": marks.header()})
                     await out.prepare(request)
                 await _write(out, b"".join(pending))
             if done:
@@ -162,9 +263,10 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
     lease.release("completed")
     gw.stats["completed"] += 1
     if collector is not None:
-        return web.json_response(collector.response(), dumps=lambda o: _json_encode(o).decode())
+        return web.json_response(collector.response(), dumps=lambda o: _json_encode(o).decode(),
+                                 headers={"Server-Timing": marks.header()})
     if out is None:
-        out = web.StreamResponse(headers=SSE_HEADERS)
+        out = web.StreamResponse(headers={**SSE_HEADERS, "Server-Timing": marks.header()})
         await out.prepare(request)
     await _write(out, b"data: [DONE]\n\n")
     await out.write_eof()

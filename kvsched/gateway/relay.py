@@ -105,9 +105,17 @@ class Relay:
             return data if self.include_usage else None
         if self.continuous_usage:
             return data
-        for cut in (b',"usage":' + raw, b'"usage":' + raw + b","):
-            if data.count(cut) == 1:
-                return data.replace(cut, b"", 1)
+        # Cut `"usage":<raw>` and its comma out of the bytes: the key written compactly exactly
+        # once (a key inside a JSON string has escaped quotes, so it cannot match), followed by
+        # the member's bytes as decoded.
+        if data.count(b'"usage":') == 1:
+            start = data.find(b'"usage":')
+            end = start + 8 + len(raw)
+            if data.startswith(raw, start + 8):
+                if data[start - 1:start] == b",":
+                    return data[:start - 1] + data[end:]
+                if data[end:end + 1] == b",":
+                    return data[:start] + data[end + 1:]
         return self._general(data, counted=True)  # usage not written compactly: re-encode
 
     def _count(self, choices: list[_Choice] | None) -> int:

@@ -3,6 +3,7 @@ retry once with the failed worker excluded, 502 after two engine failures, nothi
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.timeout(120)
 
 class ScriptedEngine:
     """An OpenAI-ish engine that records each request's headers and answers `mode`: "ok" (two
-    tokens, usage on every chunk) or "fail" (HTTP 500)."""
+    tokens, usage on every chunk), "fail" (HTTP 500), "stall_headers" (no answer for 8 s),
+    "stall" (the first token, then silence for 8 s) or "slow" (six tokens, 0.3 s apart)."""
 
     def __init__(self, port: int, mode: str = "ok") -> None:
         self.mode = mode
@@ -38,11 +40,18 @@ class ScriptedEngine:
         self.seen.append({"headers": dict(request.headers), "body": body})
         if self.mode == "fail":
             return web.Response(status=500, text="boom")
+        if self.mode == "stall_headers":
+            await asyncio.sleep(8)
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
-        for i, text in enumerate(("a", "b")):
+        texts = tuple("abcdef") if self.mode == "slow" else ("a", "b")
+        for i, text in enumerate(texts):
+            if i and self.mode == "stall":
+                await asyncio.sleep(8)
+            if self.mode == "slow":
+                await asyncio.sleep(0.3)
             chunk = {"id": "e", "choices": [{"index": 0, "delta": {"content": text},
-                                             "finish_reason": "stop" if i else None}],
+                                             "finish_reason": "stop" if i == len(texts) - 1 else None}],
                      "usage": {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i}}
             await out.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await out.write(b"data: [DONE]\n\n")
@@ -84,11 +93,23 @@ url = "http://127.0.0.1:{ports[2]}"
 
 @pytest.fixture
 async def stack(daemon, tmp_path):
+    async for s in _stack(daemon, tmp_path):
+        yield s
+
+
+@pytest.fixture
+async def stack_short_read(daemon, tmp_path):
+    """The stack with engine_read_timeout_s = 0.5 s."""
+    async for s in _stack(daemon, tmp_path, engine_read_timeout_s=0.5):
+        yield s
+
+
+async def _stack(daemon, tmp_path, **gateway):
     engines = {w: ScriptedEngine(port) for w, port in daemon.engine_ports.items()}
     for e in engines.values():
         await e.start()
     cfg = GatewayConfig(gateway=GatewaySection(port=free_port(), daemon_endpoint=daemon.endpoint,
-                                               health_interval_s=60.0),
+                                               health_interval_s=60.0, **gateway),
                         models=[ModelSection(name="tiny", tokenizer_dir=str(write_tiny_tokenizer(tmp_path / "tok")))])
     gw = Gateway(cfg)
     await gw.start()
@@ -143,4 +164,70 @@ async def test_two_engine_failures_answer_502_and_release_everything(stack):
     async with aiohttp.ClientSession() as s:
         r = await stream_chat(s, url, "w1 w2")
     assert r["status"] == 200 and r["text"] == "ab", r
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+
+
+async def test_engine_silent_longer_than_the_read_timeout_fails_the_stream_and_releases(stack_short_read):
+    """Mid-stream silence: the client gets the first token, then an error event, within a few
+    timeouts (not the engine's 8 s); the lease is released. Silent before its headers: an engine
+    failure (retried elsewhere once, then 502)."""
+    gw, url, engines, d = stack_short_read
+    engines[1].mode = engines[2].mode = "stall"
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as s:
+        t0 = loop.time()
+        r = await stream_chat(s, url, "w1 w2")
+        took = loop.time() - t0
+    assert r["status"] == 200 and r["text"] == "a", r
+    assert r["error"] and "engine sent nothing" in r["error"]["error"]["message"], r
+    assert took < 6, took
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+    engines[1].mode = engines[2].mode = "stall_headers"
+    async with aiohttp.ClientSession() as s:
+        t0 = loop.time()
+        r = await stream_chat(s, url, "w3 w4")
+        took = loop.time() - t0
+        assert r["status"] == 502 and "no response headers" in r["error"]["error"]["message"], r
+        assert took < 6, took  # two engines tried, 0.5 s each, not the engines' 8 s
+        engines[1].mode = engines[2].mode = "ok"
+        r = await stream_chat(s, url, "w3 w4")
+        assert r["status"] == 200 and r["text"] == "ab", r
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+
+
+def _server_timing(value: str) -> dict[str, float]:
+    out = {}
+    for part in value.split(","):
+        name, dur = part.strip().split(";dur=")
+        out[name] = float(dur)
+    return out
+
+
+async def test_server_timing_header_splits_the_gateway_time_streaming_and_buffered(stack):
+    gw, url, engines, d = stack
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as s:
+        for stream in (True, False):
+            body = {"model": "tiny", "messages": [{"role": "user", "content": words(0, 20)}], "stream": stream}
+            t0 = loop.time()
+            async with s.post(url + "/v1/chat/completions", json=body) as resp:
+                took_ms = (loop.time() - t0) * 1e3
+                await resp.read()
+            assert resp.status == 200
+            timing = _server_timing(resp.headers["Server-Timing"])
+            assert set(timing) == {"prep", "schedule", "queue", "engine"}, timing
+            assert all(v >= 0 for v in timing.values()), timing
+            assert timing["prep"] + timing["schedule"] + timing["engine"] <= took_ms, (timing, took_ms)
+            assert timing["queue"] <= timing["schedule"], timing  # the daemon's queue is inside its round trip
+            assert timing["schedule"] > 0 and timing["engine"] > 0  # a daemon round trip, an HTTP round trip
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+
+
+async def test_a_slow_stream_within_the_read_timeout_between_chunks_completes(stack_short_read):
+    """Six chunks 0.3 s apart with a 0.5 s read timeout: 1.8 s in all, never 0.5 s of silence."""
+    gw, url, engines, d = stack_short_read
+    engines[1].mode = engines[2].mode = "slow"
+    async with aiohttp.ClientSession() as s:
+        r = await stream_chat(s, url, "w1 w2")
+    assert r["status"] == 200 and r["text"] == "abcdef" and r["done"] and not r["error"], r
     assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
