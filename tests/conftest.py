@@ -53,12 +53,11 @@ def start_daemon(tmp_path: Path, config_text: str = "", *, instance: str | None 
     return DaemonProcess.start(cfg, instance=instance, runtime_dir=tmp_path, extra_args=list(extra_args))
 
 
-def daemon_fixture(config_text: str):
-    """A function-scoped pytest fixture: a daemon from `config_text`, stopped and purged afterwards.
+def daemon_fixture(config_text: str, name: str = "daemon"):
+    """A function-scoped pytest fixture `name`: a daemon from `config_text`, stopped and purged
+    afterwards. Use as `daemon = daemon_fixture(CONFIG)` at module level."""
 
-    Use as `daemon = daemon_fixture(CONFIG)` at module level."""
-
-    @pytest.fixture
+    @pytest.fixture(name=name)
     def daemon(tmp_path):
         d = start_daemon(tmp_path, config_text)
         yield d

@@ -36,22 +36,28 @@ prefill_busy_threshold = 1000
 
 
 daemon = daemon_fixture(BUSY_CONFIG)
+# A longer liveness timeout where the test must not see a reconnect: on a loaded 2-core machine a
+# heartbeat's answer was once later than 1.5 s (the router reconnected against a live daemon).
+SLOW_LIVENESS_MS = 3000
+slow_daemon = daemon_fixture(BUSY_CONFIG.replace("liveness_timeout_ms = 1500", f"liveness_timeout_ms = {SLOW_LIVENESS_MS}"),
+                             name="slow_daemon")
 
 
 async def _status(d) -> p.StatusReply:
     return await asyncio.to_thread(admin_call, d, p.Status())
 
 
-async def test_a_router_whose_requests_wait_never_reconnects_to_a_live_daemon(daemon):
+async def test_a_router_whose_requests_wait_never_reconnects_to_a_live_daemon(slow_daemon):
     """1. a router holds a lease that makes the worker busy, 2. it sends a new request every 100 ms
     for twice the liveness timeout (it never stops sending; every request waits, so the daemon
     answers nothing). Result: the client never presumes the daemon gone (no reconnect, no Reattach,
     one connection), and every waiting request is admitted once the blocker is released."""
+    daemon = slow_daemon
     async with SchedulerClient(daemon.endpoint) as client:
         blocker = await client.schedule("blocker", isl_tokens=2000)
         waiting = []
         loop = asyncio.get_running_loop()
-        end = loop.time() + 3.0
+        end = loop.time() + 2 * SLOW_LIVENESS_MS / 1000
         while loop.time() < end:
             waiting.append(asyncio.ensure_future(client.schedule(f"wait-{len(waiting)}", isl_tokens=100)))
             await asyncio.sleep(0.1)
