@@ -188,8 +188,8 @@ async def test_ten_thousand_hostile_frames_change_nothing_for_a_good_client(daem
                 hostile.send(raw)
                 while hostile.poll(0):
                     replies += _frames_in(hostile.recv())
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and hostile.poll(200):
+            deadline = time.monotonic() + 60  # until the daemon goes quiet (slow on a loaded machine)
+            while time.monotonic() < deadline and hostile.poll(2000):
                 replies += _frames_in(hostile.recv())
             return replies
 
@@ -200,7 +200,7 @@ async def test_ten_thousand_hostile_frames_change_nothing_for_a_good_client(daem
         # hostile Enqueues that were admitted belong to the hostile peer; release them by killing it:
         # its connection goes silent and is reaped after the liveness timeout
         assert await asyncio.to_thread(
-            wait_until, lambda: status(daemon).active_leases == 1, 10
+            wait_until, lambda: status(daemon).active_leases == 1, 30
         ), (status(daemon), loads(daemon))
         assert await asyncio.to_thread(loads, daemon) == before
         lease.add_output_tokens(3)
