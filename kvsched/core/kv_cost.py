@@ -40,9 +40,10 @@ class KvSelector(DynamoCostSelector):
     name = "kv"
 
     def __init__(self, temperature: float = 0.0, seed: int | None = None, *, prefill_weight: float = 16.0,
-                 active_blocks_weight: float = 0.1, lead_bonus: float = 160.0, lead_cap_blocks: float = 64.0,
-                 lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0, recent_weight: float = 1.0,
-                 recent_half_life_s: float = 30.0) -> None:
+                 active_blocks_weight: float = 0.1, lead_bonus: float = 1000.0, lead_cap_blocks: float = 1000.0,
+                 lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0,
+                 lead_max_wait_steps: float = 8.0, lead_max_wait_per_lead: float = 6.0, recent_weight: float = 1.0,
+                 recent_half_life_s: float = 30.0, interference_weight: float = 0.0) -> None:
         super().__init__(temperature, seed)
         self.prefill_weight = float(prefill_weight)
         self.active_blocks_weight = float(active_blocks_weight)
@@ -50,8 +51,11 @@ class KvSelector(DynamoCostSelector):
         self.lead_cap_blocks = float(lead_cap_blocks)
         self.lead_release_steps = float(lead_release_steps)
         self.lead_release_recent_ratio = float(lead_release_recent_ratio)
+        self.lead_max_wait_steps = float(lead_max_wait_steps)
+        self.lead_max_wait_per_lead = float(lead_max_wait_per_lead)
         self.recent_weight = float(recent_weight)
         self.recent_half_life_us = float(recent_half_life_s) * 1e6
+        self.interference_weight = float(interference_weight)
         self.recent = np.zeros(0, np.float64)
         self.recent_at_us = 0
 
@@ -62,8 +66,9 @@ class KvSelector(DynamoCostSelector):
                    active_blocks_weight=cfg.active_blocks_weight, lead_bonus=cfg.lead_bonus,
                    lead_cap_blocks=cfg.lead_cap_blocks, lead_release_steps=cfg.lead_release_steps,
                    lead_release_recent_ratio=cfg.lead_release_recent_ratio,
-                   recent_weight=cfg.recent_weight,
-                   recent_half_life_s=cfg.recent_half_life_s)
+                   lead_max_wait_steps=cfg.lead_max_wait_steps, lead_max_wait_per_lead=cfg.lead_max_wait_per_lead,
+                   recent_weight=cfg.recent_weight, recent_half_life_s=cfg.recent_half_life_s,
+                   interference_weight=cfg.interference_weight)
 
     # ---- terms (pure) ----------------------------------------------------------------------------
     def _decay(self, now_us: int) -> float:
@@ -71,7 +76,7 @@ class KvSelector(DynamoCostSelector):
         return math.exp2(-dt / self.recent_half_life_us) if self.recent_half_life_us > 0 else 0.0
 
     def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
-              view: SelectionView) -> dict[str, np.ndarray]:
+              view: SelectionView, active_requests: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """float64[W] per term (module docstring); ineligible rows: +inf in "prefill", 0 elsewhere. Pure."""
         n = eligible.shape[0]
         rows = np.flatnonzero(eligible)
@@ -80,11 +85,16 @@ class KvSelector(DynamoCostSelector):
         active = np.zeros(n)
         lead = np.zeros(n)
         recent = np.zeros(n)
+        interference = np.zeros(n)
         if rows.size == 0:
-            return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent}
+            return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent,
+                    "interference": interference}
         prefill[rows] = view.prefill_tokens[rows] * (self.prefill_weight * inv_bs)
         if self.active_blocks_weight:
             active[rows] = view.blocks[rows] * self.active_blocks_weight
+        if self.interference_weight and active_requests is not None:  # own uncached prefill x requests it slows
+            own = np.maximum(view.prefill_tokens[rows] - view.active_prefill[rows], 0)
+            interference[rows] = own * active_requests[rows] * (self.interference_weight * inv_bs)
         m = min(n, self.recent.size)
         rt = None
         if m:
@@ -102,8 +112,15 @@ class KvSelector(DynamoCostSelector):
                 top = int(rows[k])
                 second = int(np.partition(depth, -2)[-2]) if rows.size > 1 else 0
                 if first > second and not self._saturated(top, rt, rows, view):
-                    lead[top] = -self.lead_bonus * min(float(first - max(0, second)), self.lead_cap_blocks)
-        return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent}
+                    gap = float(first - max(0, second))
+                    bonus = self.lead_bonus * min(gap, self.lead_cap_blocks)
+                    if self.lead_max_wait_steps > 0.0:  # at most this much extra queued prefill for affinity
+                        wait_blocks = max(self.lead_max_wait_steps * float(view.max_batched_tokens[top]) * inv_bs,
+                                          self.lead_max_wait_per_lead * gap)
+                        bonus = min(bonus, self.prefill_weight * wait_blocks)
+                    lead[top] = -bonus
+        return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent,
+                "interference": interference}
 
     def _saturated(self, row: int, recent_tokens: np.ndarray | None, rows: np.ndarray, view: SelectionView) -> bool:
         """The lead bonus is released on `row`: queued prefill > lead_release_steps x its step budget, or
@@ -122,8 +139,8 @@ class KvSelector(DynamoCostSelector):
                          view: SelectionView | None = None) -> tuple[int, dict[str, np.ndarray] | None]:
         if view is None:
             return super().select(costs, eligible, active_requests), None
-        t = self.terms(costs, eligible, overlap_blocks, view)
-        total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"]
+        t = self.terms(costs, eligible, overlap_blocks, view, active_requests)
+        total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"]
         return super().select(total, eligible, active_requests), t
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
