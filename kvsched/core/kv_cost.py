@@ -1,23 +1,31 @@
 """The default `kv` selector: Dynamo's load terms re-weighted for prefix locality, plus a capped
-exclusive-lead bonus and decayed recently admitted work (docs/ROUTING.md has each term's source
-and measured effect).
+exclusive-lead bonus, decayed recently admitted work and LMetric's prefill x batch product
+(docs/ROUTING.md has each term's source and measured effect).
 
 Cost per eligible row w, in blocks (B tokens per block; lower wins):
 
     prefill_weight       x (active prefill_w + isl - cached_w) / B        "prefill"
   + active_blocks_weight x projected active blocks_w                      "active_blocks"
-  - lead_bonus           x min(lead_w, lead_cap_blocks)                   "lead"
+  - min(lead_bonus x min(lead_w, lead_cap_blocks),                        "lead"
+        prefill_weight x max(lead_max_wait_steps x max_num_batched_tokens_w / B,
+                             lead_max_wait_per_lead x lead_w))
       (released while w's active prefill > lead_release_steps x max_num_batched_tokens_w, or its
        recent work > lead_release_recent_ratio x the other eligible rows' mean)
   + recent_weight        x recent_w / B                                   "recent"
+  + interference_weight  x (isl - cached_w) / B x active_requests_w       "interference"
 
 cached_w = min(isl, overlap_w x B), so a deeper overlap always costs less (no clamp: a shallow and a
 deep overlap never tie, unlike raising Dynamo's `overlap_credit`). lead_w = overlap_w minus the deepest
-overlap on any other eligible row (> 0 only on the unique deepest row); like llm-d's "sticky until
-saturated" filter, the bonus is released once that row's queued prefill passes a threshold, so a
-popular prefix cached on one row cannot pile work onto it without bound. recent_w = uncached prompt
-tokens admitted to w, each decayed by 2^(-age / recent_half_life_s): an idle fleet (no leases, every
-load term 0) still spreads new sessions, while a later turn's overlap keeps its affinity.
+overlap on any other eligible row (> 0 only on the unique deepest row). The bonus is worth at most
+max(lead_max_wait_steps steps of prefill, lead_max_wait_per_lead x the lead's own tokens) of extra
+queued prefill: affinity may make a request wait that much longer than on the best other row, never
+more (llm-d's "sticky until saturated" with τ = prefill throughput x the largest TTFT penalty accepted,
+applied to the extra wait); like that filter it is also released once the row's queued prefill passes
+a threshold, so a popular prefix cached on one row cannot pile work onto it without bound.
+recent_w = uncached prompt tokens admitted to w, each decayed by 2^(-age / recent_half_life_s): an idle
+fleet (no leases, every load term 0) still spreads new sessions, while a later turn's overlap keeps its
+affinity. The interference term is LMetric's score (new prefill tokens x batch size): a chunked prefill
+slows every request decoding on the same engine, so new prefill goes where it slows the fewest.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ class KvSelector(DynamoCostSelector):
                  active_blocks_weight: float = 0.1, lead_bonus: float = 1000.0, lead_cap_blocks: float = 1000.0,
                  lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0,
                  lead_max_wait_steps: float = 8.0, lead_max_wait_per_lead: float = 6.0, recent_weight: float = 1.0,
-                 recent_half_life_s: float = 30.0, interference_weight: float = 0.0) -> None:
+                 recent_half_life_s: float = 30.0, interference_weight: float = 1.0) -> None:
         super().__init__(temperature, seed)
         self.prefill_weight = float(prefill_weight)
         self.active_blocks_weight = float(active_blocks_weight)
@@ -77,7 +85,11 @@ class KvSelector(DynamoCostSelector):
 
     def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
               view: SelectionView, active_requests: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """float64[W] per term (module docstring); ineligible rows: +inf in "prefill", 0 elsewhere. Pure."""
+        """float64[W] per term (module docstring); ineligible rows: +inf in "prefill", 0 elsewhere. Pure.
+
+        `active_requests` (int64[W], live bookings per row) feeds "interference"; None (the dispatcher's
+        explain path for a pinned request) leaves that term 0.
+        """
         n = eligible.shape[0]
         rows = np.flatnonzero(eligible)
         inv_bs = 1.0 / float(view.block_size)

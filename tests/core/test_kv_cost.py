@@ -7,6 +7,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsched.config import SelectorConfig
 from kvsched.core.kv_cost import KvSelector
@@ -106,11 +108,89 @@ def test_explain_shows_the_cost_terms_summing_to_the_cost():
     rep = s.explain("a")
     assert rep is not None and len(rep.rows) == 2
     for row in rep.rows:
-        assert set(row.terms) == {"prefill", "active_blocks", "lead", "recent"}
+        assert set(row.terms) == {"prefill", "active_blocks", "lead", "recent", "interference"}
         assert sum(row.terms.values()) == pytest.approx(row.cost)
 
 
 def test_create_selector_passes_the_kv_keys():
-    sel = create_selector(SelectorConfig(type="kv", prefill_weight=3.0, lead_bonus=0.5, recent_half_life_s=7.0))
+    sel = create_selector(SelectorConfig(type="kv", prefill_weight=3.0, lead_bonus=0.5, recent_half_life_s=7.0,
+                                         lead_max_wait_steps=2.0, lead_max_wait_per_lead=3.0, interference_weight=0.25))
     assert isinstance(sel, KvSelector)
     assert (sel.prefill_weight, sel.lead_bonus, sel.recent_half_life_us) == (3.0, 0.5, 7e6)
+    assert (sel.lead_max_wait_steps, sel.lead_max_wait_per_lead, sel.interference_weight) == (2.0, 3.0, 0.25)
+
+
+MOONCAKE_BS = 512  # tokens per block of the Mooncake conversation trace (the bench's grid)
+
+
+def _home_vs_idle(home_queue_tokens: int) -> int:
+    """Default kv, 2 workers, block size 512, step budget 8192: a conversation turn of 17 blocks whose
+    history (16 blocks) is cached only on worker 0, which has `home_queue_tokens` of prefill queued;
+    worker 1 is idle and holds only the shared first block (lead: 15 blocks, 7,680 tokens). Returns the
+    chosen row."""
+    isl = 17 * MOONCAKE_BS
+    cached = np.array([16, 1]) * MOONCAKE_BS
+    queue = np.array([home_queue_tokens, 0])
+    view = _view(queue + isl - cached, [17, 16], active_prefill=queue, isl=isl, bs=MOONCAKE_BS)
+    sel = KvSelector(seed=0)
+    return sel.select(np.zeros(2), np.ones(2, np.uint8), np.zeros(2, np.int64),
+                      overlap_blocks=np.array([16, 1], np.int32), request_blocks=17, view=view)
+
+
+def test_a_turn_whose_home_is_behind_a_giant_prefill_goes_elsewhere():
+    """The 16-worker TTFT p99 tail of docs/BENCHMARKS.md: turns kept on their home worker while it had
+    70-120k prompt tokens queued (below the 16-step release) waited 5-13 s where recomputing their
+    history elsewhere took ~1-2 s. Staying home here costs 80,000 + 512 - 7,680 - 512 = 72,320 tokens
+    more prefill than the idle worker: more than the cap max(8 x 8192, 6 x 7,680) = 65,536 (the former
+    default paid up to 10 x the lead = 76,800). A modest queue keeps the turn with its history."""
+    assert _home_vs_idle(80_000) == 1
+    assert _home_vs_idle(40_000) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 6), st.data())
+def test_affinity_never_buys_more_extra_wait_than_the_cap(w, data):
+    """Reference model (only the prefill and lead terms on): the chosen row's projected prefill exceeds
+    another eligible row's by at most max(steps x budget, per_lead x lead tokens) — the lead's extra
+    pull never makes a request wait longer than the cap for affinity."""
+    bs, mbt = data.draw(st.sampled_from([16, 512])), data.draw(st.sampled_from([512, 8192]))
+    steps, per_lead = data.draw(st.floats(0.5, 16)), data.draw(st.floats(0.5, 10))
+    depth = np.array(data.draw(st.lists(st.integers(0, 80), min_size=w, max_size=w)), np.int32)
+    queue = np.array(data.draw(st.lists(st.integers(0, 300_000), min_size=w, max_size=w)), np.int64)
+    isl = int(bs * (int(depth.max()) + data.draw(st.integers(1, 20))))
+    prefill = queue + isl - np.minimum(isl, depth.astype(np.int64) * bs)
+    sel = KvSelector(seed=0, active_blocks_weight=0.0, recent_weight=0.0, lead_release_steps=1e9,
+                     lead_max_wait_steps=steps, lead_max_wait_per_lead=per_lead)
+    view = _view(prefill, np.zeros(w), active_prefill=queue, isl=isl, bs=bs, mbt=mbt)
+    row = sel.select(np.zeros(w), np.ones(w, np.uint8), np.zeros(w, np.int64), overlap_blocks=depth, view=view)
+    others = np.delete(depth, row)
+    lead = max(0, int(depth[row]) - int(others.max()))
+    allowed = max(steps * mbt, per_lead * lead * bs)
+    assert prefill[row] - prefill.min() <= allowed * (1 + 1e-9) + 1e-6
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50_000), st.integers(0, 20_000), st.integers(0, 200)), min_size=2, max_size=6),
+       st.floats(0.01, 4.0))
+def test_interference_term_is_own_uncached_prefill_times_active_requests(rows, weight):
+    """LMetric's product (new prefill tokens x batch size) as a cost term: weight x own uncached blocks x
+    active requests per row; 0 when `interference_weight` is 0."""
+    queue = np.array([r[0] for r in rows], np.int64)
+    own = np.array([r[1] for r in rows], np.int64)
+    active = np.array([r[2] for r in rows], np.int64)
+    w, bs = len(rows), 16
+    view = _view(queue + own, np.zeros(w), active_prefill=queue, isl=int(own.max()), bs=bs)
+    elig = np.ones(w, np.uint8)
+    t = KvSelector(seed=0, interference_weight=weight).terms(np.zeros(w), elig, np.zeros(w, np.int32), view, active)
+    np.testing.assert_allclose(t["interference"], weight * own / bs * active, rtol=1e-12)
+    off = KvSelector(seed=0, interference_weight=0.0).terms(np.zeros(w), elig, np.zeros(w, np.int32), view, active)
+    assert not off["interference"].any()
+
+
+def test_a_prefill_heavy_request_avoids_the_worker_with_many_decoding_requests():
+    """Equal queues and caches: the default cost sends new prefill where it slows the fewest running
+    requests (LMetric's product), where the former default tied and picked at random."""
+    view = _view([8192, 8192], [600, 600], isl=8192)
+    picks = {KvSelector(seed=s).select(np.zeros(2), np.ones(2, np.uint8), np.array([40, 2], np.int64),
+                                       overlap_blocks=np.zeros(2, np.int32), view=view) for s in range(20)}
+    assert picks == {1}
