@@ -29,6 +29,8 @@ Rows aggregate the seeds: mean, and min–max as the spread.
 
 Usage: python bench/bench_routing.py [--quick] [--seeds N] [--workloads conversation,synthetic,azure]
        -> tables, out/bench/routing.json
+       python bench/bench_routing.py --policies kv --no-wall --out out/bench/routing-kv.json   # one policy changed
+       python bench/bench_routing.py --merge earlier.json out/bench/routing-kv.json            # -> routing.json
 """
 
 from __future__ import annotations
@@ -330,6 +332,41 @@ def print_table(rows: list[dict]) -> None:
               flush=True)
 
 
+def load_runs(path: Path) -> list[dict]:
+    """The per-run records of a `bench_routing.py` output: `runs` of a routing.json, or one JSON object
+    per line of a .partial.jsonl."""
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)["runs"]
+
+
+def merge_outputs(paths: list[Path], out: Path) -> None:
+    """Aggregate the runs of several outputs (e.g. a grid of one changed policy and the baselines run
+    earlier on the same code) into one routing.json: tables, verdicts, meta listing the sources."""
+    merged: dict[tuple, dict] = {}
+    for path in paths:
+        for run in load_runs(path):
+            merged[(run["workload"], run["workers"], run["level"], run["seed"], run["policy"])] = run
+    runs = list(merged.values())
+    order = [p[0] for p in POLICIES]
+    workloads = [w for w in ("conversation", "synthetic", "azure") if any(r["workload"] == w for r in runs)]
+    rows = sorted(aggregate(runs), key=lambda r: (workloads.index(r["workload"]), r["workers"], r["level"],
+                                                   order.index(r["policy"]) if r["policy"] in order else len(order)))
+    print_table(rows)
+    ver = verdicts(rows)
+    for v in ver:
+        print(f"verdict {v['workload']} W={v['workers']} level={v['level']}: {v['verdict']} {'; '.join(v['missed'])}")
+    seeds = sorted({r["seed"] for r in runs})
+    meta = {"merged_from": [str(p) for p in paths], "seeds": seeds, "workloads": workloads, "quick": False,
+            "load_scale_rule": "level * workers / 4", "virtual_runs": len(runs),
+            "virtual_runs_s": round(sum(r.get("wall_s", 0.0) for r in runs), 1), "loadavg": os.getloadavg()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs, "verdicts": ver, "wall_crosscheck": None},
+                              indent=1))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="The bundled 1,500-request slice, 1 seed, small workloads.")
@@ -346,8 +383,15 @@ def main() -> None:
     ap.add_argument("--wall-speedup", type=float, default=WALL_SPEEDUP, help="Wall-clock replay speedup.")
     ap.add_argument("--wall-policies", default=None, help="Subset of kv,dynamo,dynamo_cost,cache_aware (default all).")
     ap.add_argument("--wall-only", action="store_true", help="Only the wall-clock cross-check (no virtual grid).")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="FILE",
+                    help="Run nothing: aggregate the runs of earlier outputs (routing.json or .partial.jsonl files; a "
+                         "later file's run of the same workload/workers/level/seed/policy replaces an earlier one) "
+                         "into the tables, verdicts and --out.")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench" / "routing.json"))
     args = ap.parse_args()
+    if args.merge:
+        merge_outputs([Path(p) for p in args.merge], Path(args.out))
+        return
     seeds = range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds))
     names = set(args.policies.split(","))
     policies = [p for p in POLICIES if p[0] in names]

@@ -229,8 +229,10 @@ WORKLOAD_TITLES = {"conversation": "Mooncake conversation trace (a seeded 90 % o
 
 def md_routing(r: dict) -> str:
     rows_all = r["rows"]
-    parts = [f"{r['meta'].get('virtual_runs', len(rows_all))} virtual runs in {r['meta']['virtual_runs_s']:,.0f} s "
-             f"({r['meta'].get('jobs', 2)} processes); load scale = level × workers / 4; times in simulated ms; "
+    runs_s = (f"merged from {len(r['meta']['merged_from'])} outputs, {r['meta']['virtual_runs_s']:,.0f} s of run time"
+              if r["meta"].get("merged_from") else
+              f"in {r['meta']['virtual_runs_s']:,.0f} s ({r['meta'].get('jobs', 2)} processes)")
+    parts = [f"{r['meta'].get('virtual_runs', len(rows_all))} virtual runs {runs_s}; load scale = level × workers / 4; times in simulated ms; "
              "spread = min–max over seeds; hit = cached / prompt tokens; fleet LRU = one LRU cache of the fleet's "
              "blocks seeing every request (achievable reference); bound = infinite cache; TPOT = mean inter-token "
              "latency; lost = share of requests not completed (rejected or shed); gave up = share of the deepest "
