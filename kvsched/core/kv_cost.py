@@ -24,7 +24,7 @@ applied to the extra wait); like that filter it is also released once the row's 
 a threshold, so a popular prefix cached on one row cannot pile work onto it without bound.
 recent_w = uncached prompt tokens admitted to w, each decayed by 2^(-age / recent_half_life_s): an idle
 fleet (no leases, every load term 0) still spreads new sessions, while a later turn's overlap keeps its
-affinity. The interference term is LMetric's score (new prefill tokens x batch size): a chunked prefill
+affinity. The interference term (off by default: docs/ROUTING.md) is LMetric's score (new prefill tokens x batch size): a chunked prefill
 slows every request decoding on the same engine, so new prefill goes where it slows the fewest.
 """
 
@@ -51,7 +51,7 @@ class KvSelector(DynamoCostSelector):
                  active_blocks_weight: float = 0.1, lead_bonus: float = 1000.0, lead_cap_blocks: float = 1000.0,
                  lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0,
                  lead_max_wait_steps: float = 8.0, lead_max_wait_per_lead: float = 6.0, recent_weight: float = 1.0,
-                 recent_half_life_s: float = 30.0, interference_weight: float = 1.0) -> None:
+                 recent_half_life_s: float = 30.0, interference_weight: float = 0.0) -> None:
         super().__init__(temperature, seed)
         self.prefill_weight = float(prefill_weight)
         self.active_blocks_weight = float(active_blocks_weight)
