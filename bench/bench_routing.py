@@ -133,7 +133,10 @@ def figures(results, trace, workers: int, blocks_per_worker: int, wall_s: float)
 
 def one_virtual(job: tuple) -> dict:
     """One (workload, workers, level, seed, policy) virtual-time run; executed in a pool worker."""
-    workload, quick, workers, level, seed, label, selector, overlap_mode = job
+    workload, quick, workers, level, seed, label, selector, overlap_mode, *rest = job
+    overrides = rest[0] if rest else {}
+    import msgspec
+
     from kvsched.sim.fleet_spec import FleetSpec, build_config
     from kvsched.sim.virtual import run_virtual
 
@@ -142,10 +145,12 @@ def one_virtual(job: tuple) -> dict:
     spec = FleetSpec(workers=workers, block_size=trace.block_size, max_blocks_per_request=max(1024, longest))
     load_scale = level * workers / 4
     t0 = time.perf_counter()
-    run = run_virtual(trace, spec, config=build_config(spec, selector, seed), load_scale=load_scale, seed=seed,
-                      overlap_mode=overlap_mode)
+    cfg = build_config(spec, selector, seed)
+    if overrides:
+        cfg = msgspec.structs.replace(cfg, selector=msgspec.structs.replace(cfg.selector, **overrides))
+    run = run_virtual(trace, spec, config=cfg, load_scale=load_scale, seed=seed, overlap_mode=overlap_mode)
     return {"workload": workload, "workers": workers, "level": level, "seed": seed, "load_scale": load_scale,
-            "policy": label, "selector": selector, "overlap_mode": overlap_mode,
+            "policy": label, "selector": selector, "overlap_mode": overlap_mode, "selector_overrides": overrides,
             **figures(run.results, trace, workers, spec.blocks_per_engine, time.perf_counter() - t0)}
 
 
@@ -383,6 +388,8 @@ def main() -> None:
     ap.add_argument("--wall-speedup", type=float, default=WALL_SPEEDUP, help="Wall-clock replay speedup.")
     ap.add_argument("--wall-policies", default=None, help="Subset of kv,dynamo,dynamo_cost,cache_aware (default all).")
     ap.add_argument("--wall-only", action="store_true", help="Only the wall-clock cross-check (no virtual grid).")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="Override a [selector] key for every policy run (repeatable; e.g. --set interference_weight=1).")
     ap.add_argument("--merge", nargs="+", default=None, metavar="FILE",
                     help="Run nothing: aggregate the runs of earlier outputs (routing.json or .partial.jsonl files; a "
                          "later file's run of the same workload/workers/level/seed/policy replaces an earlier one) "
@@ -395,6 +402,9 @@ def main() -> None:
     seeds = range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds))
     names = set(args.policies.split(","))
     policies = [p for p in POLICIES if p[0] in names]
+    overrides = {k: float(v) for k, v in (kv.split("=", 1) for kv in args.set)}
+    if overrides:
+        policies = [(*p, overrides) for p in policies]
     workloads = args.workloads.split(",")
     jobs = []
     if args.wall_only:
