@@ -91,8 +91,8 @@ class SelectorConfig(Section):
     # active blocks - lead_bonus x min(exclusive overlap lead, lead_cap_blocks) + recent_weight x decayed recent blocks
     prefill_weight: Annotated[float, Meta(ge=0)] = 16.0  # per block of projected uncached prefill
     active_blocks_weight: Annotated[float, Meta(ge=0)] = 0.1  # per projected active KV block
-    lead_bonus: Annotated[float, Meta(ge=0)] = 1000.0  # per block of exclusive overlap lead (large: the wait cap decides)
-    lead_cap_blocks: Annotated[float, Meta(ge=0)] = 1000.0  # lead credited at most this many blocks
+    lead_bonus: Annotated[float, Meta(ge=0)] = 160.0  # per block of exclusive overlap lead
+    lead_cap_blocks: Annotated[float, Meta(ge=0)] = 64.0  # lead credited at most this many blocks
     # the lead bonus buys at most max(this many x max_num_batched_tokens, lead_max_wait_per_lead x the lead's
     # tokens) of extra queued prefill over another worker (0 = no cap)
     lead_max_wait_steps: Annotated[float, Meta(ge=0)] = 8.0

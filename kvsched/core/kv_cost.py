@@ -49,7 +49,7 @@ class KvSelector(DynamoCostSelector):
     name = "kv"
 
     def __init__(self, temperature: float = 0.0, seed: int | None = None, *, prefill_weight: float = 16.0,
-                 active_blocks_weight: float = 0.1, lead_bonus: float = 1000.0, lead_cap_blocks: float = 1000.0,
+                 active_blocks_weight: float = 0.1, lead_bonus: float = 160.0, lead_cap_blocks: float = 64.0,
                  lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0,
                  lead_max_wait_steps: float = 8.0, lead_max_wait_per_lead: float = 6.0, recent_weight: float = 1.0,
                  recent_half_life_s: float = 30.0, interference_weight: float = 0.0) -> None:
