@@ -163,6 +163,8 @@ class Gateway:
             body = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
             raise oa.HttpError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        except RecursionError:  # msgspec stops at the interpreter's recursion limit (~1,000 levels)
+            raise oa.HttpError(400, "request body is nested too deeply", code="invalid_json") from None
         p = oa.parse_body(kind, body)
         tok = self.tokenizers.get(p.model)
         if tok is None:
