@@ -37,6 +37,17 @@ def test_out_of_range_value_is_an_error(tmp_path):
         load_config(bad, env={})
 
 
+@pytest.mark.parametrize("url", ["10.0.0.5:8000", "notaurl", "http://", "http://a:99999"])
+def test_worker_url_without_http_scheme_and_host_is_an_error(tmp_path, url):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f"[[workers]]\nworker_id = 1\nurl = '{url}'\n")
+    with pytest.raises(ConfigError, match=r"workers\[worker_id=1\]\.url"):
+        load_config(bad, env={})
+    good = tmp_path / "good.toml"
+    good.write_text("[[workers]]\nworker_id = 1\nurl = 'http://10.0.0.5:8000'\n")
+    assert load_config(good, env={}).workers[0].url == "http://10.0.0.5:8000"
+
+
 def test_default_class_must_exist(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("default_class = 'nope'\n")

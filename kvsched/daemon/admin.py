@@ -13,8 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import zmq
+
 from .. import protocol as p
-from ..config import load_config
+from ..config import endpoint_problem, load_config, url_problem
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -87,14 +89,21 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
             key = WorkerKey(req.worker_id, req.dp_rank)
             if req.kv_events_endpoint and ctx.kv_events is None:
                 return _err(p.ErrorCode.INVALID, "this daemon has no KV-event subscriber"), []
+            problem = _add_worker_problem(req)
+            if problem:  # checked before anything is registered: a corrected retry is not "already registered"
+                return _err(p.ErrorCode.INVALID, problem), []
             try:
                 s.add_worker(key, req.total_kv_blocks, req.max_num_batched_tokens)
             except ValueError as exc:
                 return _err(p.ErrorCode.INVALID, str(exc)), []
+            if req.kv_events_endpoint:
+                try:
+                    _add_kv_source(ctx, req, s.ledger.row_of(key))
+                except zmq.ZMQError as exc:  # e.g. an ipc path longer than the OS allows: undo the add
+                    s.remove_worker(req.worker_id, req.dp_rank, now_us)
+                    return _err(p.ErrorCode.INVALID, f"kv_events_endpoint {req.kv_events_endpoint!r}: {exc}"), []
             if req.url:
                 ctx.worker_urls[req.worker_id] = req.url
-            if req.kv_events_endpoint:
-                _add_kv_source(ctx, req, s.ledger.row_of(key))
             log.info("worker added worker=%d:%d kv_events=%s", req.worker_id, req.dp_rank,
                      req.kv_events_endpoint or "-")
             return p.OkReply(message=f"added {req.worker_id}:{req.dp_rank}"), s.drain_cleanup(now_us)
@@ -144,6 +153,17 @@ def _flag_hash_mismatch(ctx: AdminContext, rows: list) -> list:
         except (KeyError, IndexError, ValueError):
             continue
     return [msgspec.structs.replace(w, hash_mismatch=True) if (w.worker_id, w.dp_rank) in keys else w for w in rows]
+
+
+def _add_worker_problem(req: p.AddWorker) -> str | None:
+    """What is wrong with an AddWorker's endpoints or URL (the rules of `[[workers]]`), or None."""
+    for key in ("kv_events_endpoint", "kv_replay_endpoint"):
+        value = getattr(req, key)
+        problem = endpoint_problem(value) if value else None
+        if problem:
+            return f"{key} {value!r}: {problem}"
+    problem = url_problem(req.url) if req.url else None
+    return f"url {req.url!r}: {problem}" if problem else None
 
 
 def _add_kv_source(ctx: AdminContext, req: p.AddWorker, row: int) -> None:

@@ -153,6 +153,23 @@ def test_add_worker_subscribes_to_the_kv_event_endpoints_it_is_given(own_daemon)
     assert not rows[8].get("stale", False)  # no stream: nothing to go stale
 
 
+@pytest.mark.parametrize("bad", [("--kv-events-endpoint", "garbage"), ("--kv-events-endpoint", "tcp://nohost"),
+                                 ("--url", "notaurl"), ("--url", "10.0.0.5:8000")])
+def test_add_worker_with_a_bad_endpoint_or_url_is_refused_and_registers_nothing(own_daemon, bad):
+    """Was: a malformed endpoint answered `internal: ZMQError` yet left the worker registered (without
+    its stream), so the corrected command then failed with "already registered"; a URL without
+    http:// was accepted and only failed at the gateway."""
+    option, value = bad
+    refused = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "100", option, value)
+    assert refused.exit_code == EXIT_DAEMON_ERROR, refused.output
+    assert "kvsched: invalid:" in refused.output and repr(value) in refused.output, refused.output
+    ids = {w["worker_id"] for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
+    assert 7 not in ids
+    fixed = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "100", "--url", "http://127.0.0.1:8000",
+                "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}")
+    assert fixed.exit_code == EXIT_OK, fixed.output
+
+
 def test_add_worker_stream_options_without_an_endpoint_are_a_usage_error(session_daemon):
     result = run(session_daemon, "add-worker", "7", "--kv-replay-endpoint", "tcp://127.0.0.1:1")
     assert result.exit_code == 2
