@@ -278,6 +278,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 text (toml.io); tomllib raises this for other bytes
+        raise ConfigError(f"{path}: invalid TOML: not UTF-8 text (byte {exc.start})") from None
 
 
 def load_config(
