@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from typing import Callable, cast
 
 import msgspec
@@ -97,6 +98,10 @@ class Link:
         self.reconnecting_since: float | None = None
         self.welcome: p.Welcome | None = None
         self._buffer: list[bytes] = []
+        # Releases sent on this connection that the daemon may not have read yet: (monotonic s, frame).
+        # A daemon that dies with them unread loses them; `link_down` buffers them again (see `_unread`).
+        self._unconfirmed: deque[tuple[float, bytes]] = deque(maxlen=MAX_BUFFERED_FRAMES)
+        self._hb_sent_at: tuple[int, float] = (0, 0.0)  # (seq, monotonic s) of the last Heartbeat
         self._last_send = self._last_recv = time.monotonic()
         self._hb_seq = 0
         self._last_hb = 0.0
@@ -165,6 +170,11 @@ class Link:
         if self.connected and self._silent_too_long(time.monotonic()):
             self.link_down()  # e.g. our loop was blocked: the daemon reaped this connection
         if self.connected:
+            if type(frame) is p.Release:
+                now = time.monotonic()
+                self._unconfirmed.append((now, raw))
+                while self._unconfirmed[0][0] < now - self._confirm_horizon_s():
+                    self._unconfirmed.popleft()
             if self.batching:
                 self._queue_out(raw, buffer_when_down)
                 return True
@@ -293,7 +303,10 @@ class Link:
                 self.version = p.PROTOCOL_MIN
                 self._hello()
             case p.HeartbeatAck():
-                pass
+                seq, sent_at = self._hb_sent_at
+                if frame.seq == seq:  # the daemon read every frame sent before that Heartbeat (in order)
+                    while self._unconfirmed and self._unconfirmed[0][0] <= sent_at:
+                        self._unconfirmed.popleft()
             case p.Error() if frame.code == p.ErrorCode.NOT_HELLO:
                 if self.connected:
                     log.warning("daemon does not know this connection (restarted?); saying Hello again")
@@ -312,12 +325,28 @@ class Link:
         return self.connected and now - self._last_recv > self.welcome.liveness_timeout_ms / 1000
 
     def link_down(self) -> None:
-        """The daemon is presumed gone: reconnect with backoff."""
+        """The daemon is presumed gone: reconnect with backoff. Releases it may not have read are
+        buffered again: claimed in the owner's `Reattach` and re-sent after the next Welcome (a
+        release the old daemon did apply is a stale no-op: its (slot, generation) no longer names a
+        lease)."""
         if self.connected:
+            self._buffer[:0] = self._unread()
+            del self._buffer[MAX_BUFFERED_FRAMES:]
             self.connected = False
             self.reconnects += 1
             self.reconnecting_since = time.monotonic()
             self._next_hello = 0.0
+
+    def _unread(self) -> list[bytes]:
+        """The Releases sent within two liveness timeouts before now and not confirmed by a later
+        HeartbeatAck (older ones were read by a daemon that kept answering). Empties the record."""
+        horizon = time.monotonic() - self._confirm_horizon_s()
+        out = [raw for t, raw in self._unconfirmed if t >= horizon]
+        self._unconfirmed.clear()
+        return out
+
+    def _confirm_horizon_s(self) -> float:
+        return 2 * (self.welcome.liveness_timeout_ms / 1000 if self.welcome is not None else 5.0)
 
     def _on_timer(self) -> None:
         if self.closed:
@@ -331,9 +360,12 @@ class Link:
             hb_s = self.welcome.heartbeat_ms / 1000
             quiet = now - self._last_send >= hb_s * 0.9 or now - self._last_recv >= hb_s * 0.9
             if quiet and now - self._last_hb >= hb_s * 0.9:  # at most one heartbeat per period
+                if self._out:
+                    self._flush_out()  # frames of this turn go first: the ack then confirms them too
                 self._hb_seq += 1
                 self._last_hb = now
-                if not self._raw_send(self.enc.encode(p.Heartbeat(self._hb_seq))):
+                self._hb_sent_at = (self._hb_seq, now)
+                if self.connected and not self._raw_send(self.enc.encode(p.Heartbeat(self._hb_seq))):
                     log.warning("daemon connection closed endpoint=%s; reconnecting", self.endpoint)
                     self.link_down()  # no pipe any more: the daemon is gone
         if not self.connected and now >= self._next_hello:
