@@ -41,8 +41,10 @@ demo: $(STAMP)
 	$(BIN)/kvsched replay kvsched/data/mooncake_slice.jsonl --routers 4 --workers 4 --speedup 20 --out out/demo
 
 ## Daemon + 3 simulated HTTP engines + kvsched-gateway on http://127.0.0.1:8080 (curl it; Ctrl-C stops).
+## Another port: make gateway-demo GATEWAY_DEMO_PORT=18080
+GATEWAY_DEMO_PORT ?= 8080
 gateway-demo: $(STAMP)
-	$(BIN)/python -m kvsched.gateway.demo
+	$(BIN)/python -m kvsched.gateway.demo --port $(GATEWAY_DEMO_PORT)
 
 ## Run the test suite (unit, property and multi-process tests).
 test: $(STAMP)

@@ -80,6 +80,9 @@ class WorkerConfig(Section):
             problem = endpoint_problem(value) if value is not None else None
             if problem:
                 raise ValueError(f"workers[worker_id={self.worker_id}].{key} {value!r}: {problem}")
+        problem = url_problem(self.url) if self.url else None
+        if problem:
+            raise ValueError(f"workers[worker_id={self.worker_id}].url {self.url!r}: {problem}")
 
 
 class SelectorConfig(Section):
@@ -196,6 +199,24 @@ class Config(Section):
             raise ValueError(f"[[workers]] declare {ranks} ranks, more than daemon.max_workers={self.daemon.max_workers}")
 
 
+def url_problem(url: str) -> str | None:
+    """What is wrong with an engine's base URL (`[[workers]] url`), or None when it is usable.
+
+    Accepted: `http://HOST[:PORT][/PATH]` and `https://...` — the gateway POSTs to URL + "/v1/..."
+    (RFC 3986 syntax, checked with `urllib.parse`).
+    """
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0..65535
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "expected http://HOST[:PORT] or https://HOST[:PORT]"
+    return None
+
+
 def curve_problem(endpoint: str, curve_secret_key_file: str | None) -> str | None:
     """The CURVE rule: a TCP endpoint not bound to loopback requires `daemon.curve_secret_key_file`."""
     if endpoint.startswith("tcp://") and not is_loopback_endpoint(endpoint) and not curve_secret_key_file:
@@ -263,6 +284,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 text (toml.io); tomllib raises this for other bytes
+        raise ConfigError(f"{path}: invalid TOML: not UTF-8 text (byte {exc.start})") from None
 
 
 def load_config(

@@ -37,6 +37,31 @@ def test_out_of_range_value_is_an_error(tmp_path):
         load_config(bad, env={})
 
 
+@pytest.mark.parametrize("url", ["10.0.0.5:8000", "notaurl", "http://", "http://a:99999"])
+def test_worker_url_without_http_scheme_and_host_is_an_error(tmp_path, url):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f"[[workers]]\nworker_id = 1\nurl = '{url}'\n")
+    with pytest.raises(ConfigError, match=r"workers\[worker_id=1\]\.url"):
+        load_config(bad, env={})
+    good = tmp_path / "good.toml"
+    good.write_text("[[workers]]\nworker_id = 1\nurl = 'http://10.0.0.5:8000'\n")
+    assert load_config(good, env={}).workers[0].url == "http://10.0.0.5:8000"
+
+
+def test_config_that_is_not_utf8_is_a_config_error_and_check_config_exits_2(tmp_path):
+    """Was: a UnicodeDecodeError traceback from `kvsched-daemon --check-config` (exit 1)."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b"[daemon]\nblock_size = 16 # \xb5s\n")
+    with pytest.raises(ConfigError, match=r"latin1\.toml.*not UTF-8"):
+        load_config(bad, env={})
+    proc = subprocess.run([sys.executable, "-m", "kvsched.daemon.app", "--check-config", str(bad)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_default_class_must_exist(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("default_class = 'nope'\n")

@@ -187,8 +187,9 @@ class SchedulerClient:
         """Claim open leases, re-send waiting Enqueues and unanswered requeues (each with the lease it
         gave back and the request's original Enqueue)."""
         leases = [p.LeaseRef(l.request_id, l.slot, l.generation) for l in self._open_leases()]
-        if self._link is not None:  # released while disconnected: their buffered Releases follow the Reattach
-            leases += self._link.buffered_releases()
+        if self._link is not None:  # released while disconnected (or unread): their Releases follow the Reattach
+            busy = {ref.request_id for ref in leases} | set(self._pending)  # a reused id: never claim its old lease
+            leases += [ref for ref in self._link.buffered_releases() if ref.request_id not in busy]
         frame = self._pending.reattach(leases)
         log.info("reconnected epoch=%d reattaching leases=%d pending=%d requeues=%d", welcome.daemon_epoch,
                  len(frame.leases), len(frame.pending), len(frame.requeues))
@@ -383,12 +384,11 @@ class SchedulerClient:
                 else:
                     self._revoke(frame.request_id, frame.detail)
             case p.Reattached():
-                for rid in frame.lost:
-                    if self._revoke(rid, self._loss_reason, outcome="lost"):
-                        self.lost_leases.append(rid)
-                        del self.lost_leases[:-1000]
-                if frame.lost:
-                    log.warning("daemon lost leases count=%d reason=%s", len(frame.lost), self._loss_reason)
+                revoked = [rid for rid in frame.lost if self._revoke(rid, self._loss_reason, outcome="lost")]
+                self.lost_leases.extend(revoked)
+                del self.lost_leases[:-1000]
+                if revoked:  # a re-sent Release the old daemon had applied comes back "lost" too: not a loss
+                    log.warning("daemon lost leases count=%d reason=%s", len(revoked), self._loss_reason)
             case p.Error():
                 if frame.code == p.ErrorCode.VERSION and self._welcome_fut and not self._welcome_fut.done():
                     self._welcome_fut.set_exception(ProtocolError(frame.message))

@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from typing import Callable, cast
 
 import msgspec
@@ -40,6 +41,7 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
 MAX_BUFFERED_FRAMES = 100_000
+MAX_UNCONFIRMED_RELEASES = 4096  # re-sent after a reconnect at most (older ones: surely read)
 
 
 def _pid_ns() -> int:
@@ -97,6 +99,14 @@ class Link:
         self.reconnecting_since: float | None = None
         self.welcome: p.Welcome | None = None
         self._buffer: list[bytes] = []
+        # Releases sent on this connection that the daemon may not have read yet: (send seq, monotonic s,
+        # frame). A daemon that dies with them unread loses them; `link_down` buffers them again. The
+        # daemon reads a connection's frames in order, so an answer to a frame sent later (the
+        # HeartbeatAck of a later Heartbeat, the Admitted/Rejected of a later Enqueue) confirms them.
+        self._unconfirmed: deque[tuple[int, float, bytes]] = deque(maxlen=MAX_UNCONFIRMED_RELEASES)
+        self._send_seq = 0
+        self._enqueue_seq: dict[str, int] = {}  # request id -> send seq of its Enqueue (until answered)
+        self._hb_sent_at: tuple[int, int] = (0, 0)  # (heartbeat seq, send seq) of the last Heartbeat
         self._last_send = self._last_recv = time.monotonic()
         self._hb_seq = 0
         self._last_hb = 0.0
@@ -165,6 +175,15 @@ class Link:
         if self.connected and self._silent_too_long(time.monotonic()):
             self.link_down()  # e.g. our loop was blocked: the daemon reaped this connection
         if self.connected:
+            self._send_seq += 1
+            kind = type(frame)
+            if kind is p.Release:
+                now = time.monotonic()
+                self._unconfirmed.append((self._send_seq, now, raw))
+                while self._unconfirmed[0][1] < now - self._confirm_horizon_s():
+                    self._unconfirmed.popleft()
+            elif kind is p.Enqueue and len(self._enqueue_seq) < MAX_BUFFERED_FRAMES:
+                self._enqueue_seq[frame.request_id] = self._send_seq  # type: ignore[attr-defined]
             if self.batching:
                 self._queue_out(raw, buffer_when_down)
                 return True
@@ -293,13 +312,24 @@ class Link:
                 self.version = p.PROTOCOL_MIN
                 self._hello()
             case p.HeartbeatAck():
-                pass
+                if frame.seq == self._hb_sent_at[0]:
+                    self._confirm(self._hb_sent_at[1])
             case p.Error() if frame.code == p.ErrorCode.NOT_HELLO:
                 if self.connected:
                     log.warning("daemon does not know this connection (restarted?); saying Hello again")
                     self.link_down()
+            case p.Admitted() | p.Rejected():
+                seq = self._enqueue_seq.pop(frame.request_id, None)
+                if seq is not None:
+                    self._confirm(seq)
+                self.on_frame(frame)
             case _:
                 self.on_frame(frame)
+
+    def _confirm(self, seq: int) -> None:
+        """The daemon answered the frame sent as number `seq`: it read every Release sent before it."""
+        while self._unconfirmed and self._unconfirmed[0][0] < seq:
+            self._unconfirmed.popleft()
 
     # ------------------------------------------------------------------ liveness
     def _silent_too_long(self, now: float) -> bool:
@@ -312,12 +342,29 @@ class Link:
         return self.connected and now - self._last_recv > self.welcome.liveness_timeout_ms / 1000
 
     def link_down(self) -> None:
-        """The daemon is presumed gone: reconnect with backoff."""
+        """The daemon is presumed gone: reconnect with backoff. Releases it may not have read are
+        buffered again: claimed in the owner's `Reattach` and re-sent after the next Welcome (a
+        release the old daemon did apply is a stale no-op: its (slot, generation) no longer names a
+        lease)."""
         if self.connected:
+            self._buffer[:0] = self._unread()
+            del self._buffer[MAX_BUFFERED_FRAMES:]
             self.connected = False
             self.reconnects += 1
             self.reconnecting_since = time.monotonic()
             self._next_hello = 0.0
+
+    def _unread(self) -> list[bytes]:
+        """The Releases sent within two liveness timeouts before now that no later answer confirmed
+        (older ones were read by a daemon that kept answering). Empties the record."""
+        horizon = time.monotonic() - self._confirm_horizon_s()
+        out = [raw for _, t, raw in self._unconfirmed if t >= horizon]
+        self._unconfirmed.clear()
+        self._enqueue_seq.clear()  # a restarted daemon answers them after the Reattach: nothing to confirm
+        return out
+
+    def _confirm_horizon_s(self) -> float:
+        return 2 * (self.welcome.liveness_timeout_ms / 1000 if self.welcome is not None else 5.0)
 
     def _on_timer(self) -> None:
         if self.closed:
@@ -331,9 +378,13 @@ class Link:
             hb_s = self.welcome.heartbeat_ms / 1000
             quiet = now - self._last_send >= hb_s * 0.9 or now - self._last_recv >= hb_s * 0.9
             if quiet and now - self._last_hb >= hb_s * 0.9:  # at most one heartbeat per period
+                if self._out:
+                    self._flush_out()  # frames of this turn go first: the ack then confirms them too
                 self._hb_seq += 1
                 self._last_hb = now
-                if not self._raw_send(self.enc.encode(p.Heartbeat(self._hb_seq))):
+                self._send_seq += 1
+                self._hb_sent_at = (self._hb_seq, self._send_seq)
+                if self.connected and not self._raw_send(self.enc.encode(p.Heartbeat(self._hb_seq))):
                     log.warning("daemon connection closed endpoint=%s; reconnecting", self.endpoint)
                     self.link_down()  # no pipe any more: the daemon is gone
         if not self.connected and now >= self._next_hello:

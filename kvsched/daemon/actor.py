@@ -501,7 +501,7 @@ class Actor:
     def _admin_reply(self, payload: bytes, t: int):
         try:
             req = self.admin_dec.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # deep nesting: Recursion
             self.metrics.malformed.labels(code="malformed").inc()
             return p.AdminError(code=int(p.ErrorCode.MALFORMED), message=str(exc)[:300]), []
         if self.admin_handler is None:

@@ -13,8 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import zmq
+
 from .. import protocol as p
-from ..config import load_config
+from ..config import endpoint_problem, load_config, url_problem
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -87,17 +89,28 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
             key = WorkerKey(req.worker_id, req.dp_rank)
             if req.kv_events_endpoint and ctx.kv_events is None:
                 return _err(p.ErrorCode.INVALID, "this daemon has no KV-event subscriber"), []
-            try:
-                s.add_worker(key, req.total_kv_blocks, req.max_num_batched_tokens)
-            except ValueError as exc:
-                return _err(p.ErrorCode.INVALID, str(exc)), []
+            problem = _add_worker_problem(req)
+            if problem:  # checked before anything is registered: a corrected retry is not "already registered"
+                return _err(p.ErrorCode.INVALID, problem), []
+            restoring = _restored_bare(ctx, req, s.ledger.row_of(key))
+            if not restoring:
+                try:
+                    s.add_worker(key, req.total_kv_blocks, req.max_num_batched_tokens)
+                except ValueError as exc:
+                    return _err(p.ErrorCode.INVALID, str(exc)), []
+            if req.kv_events_endpoint:
+                try:
+                    _add_kv_source(ctx, req, s.ledger.row_of(key))
+                except zmq.ZMQError as exc:  # e.g. an ipc path longer than the OS allows: undo the add
+                    if not restoring:
+                        s.remove_worker(req.worker_id, req.dp_rank, now_us)
+                    return _err(p.ErrorCode.INVALID, f"kv_events_endpoint {req.kv_events_endpoint!r}: {exc}"), []
             if req.url:
                 ctx.worker_urls[req.worker_id] = req.url
-            if req.kv_events_endpoint:
-                _add_kv_source(ctx, req, s.ledger.row_of(key))
-            log.info("worker added worker=%d:%d kv_events=%s", req.worker_id, req.dp_rank,
+            done = "restored url / KV events of" if restoring else "added"
+            log.info("worker %s worker=%d:%d kv_events=%s", done, req.worker_id, req.dp_rank,
                      req.kv_events_endpoint or "-")
-            return p.OkReply(message=f"added {req.worker_id}:{req.dp_rank}"), s.drain_cleanup(now_us)
+            return p.OkReply(message=f"{done} {req.worker_id}:{req.dp_rank}"), s.drain_cleanup(now_us)
         case p.RemoveWorker():
             try:
                 rows = s._rows(req.worker_id, req.dp_rank)  # noqa: SLF001 - the rows RemoveWorker frees
@@ -144,6 +157,32 @@ def _flag_hash_mismatch(ctx: AdminContext, rows: list) -> list:
         except (KeyError, IndexError, ValueError):
             continue
     return [msgspec.structs.replace(w, hash_mismatch=True) if (w.worker_id, w.dp_rank) in keys else w for w in rows]
+
+
+def _restored_bare(ctx: AdminContext, req: p.AddWorker, row: int | None) -> bool:
+    """True when `req` re-adds a rank that a restarted daemon re-adopted from shared memory with the
+    same capacities but without what lives only in the old process: its `url` and its KV-event
+    subscription (a rank added at runtime, not listed in the config). Re-running the same
+    `add-worker` then restores them instead of answering "already registered"."""
+    if row is None or not (req.url or req.kv_events_endpoint):
+        return False
+    a = ctx.scheduler.ledger.arrays
+    if (int(a.w_total_kv_blocks[row]), int(a.w_max_batched_tokens[row])) != (req.total_kv_blocks,
+                                                                             req.max_num_batched_tokens):
+        return False
+    has_stream = ctx.kv_events is not None and any(st.src.row == row for st in ctx.kv_events.streams)
+    return req.worker_id not in ctx.worker_urls and not has_stream
+
+
+def _add_worker_problem(req: p.AddWorker) -> str | None:
+    """What is wrong with an AddWorker's endpoints or URL (the rules of `[[workers]]`), or None."""
+    for key in ("kv_events_endpoint", "kv_replay_endpoint"):
+        value = getattr(req, key)
+        problem = endpoint_problem(value) if value else None
+        if problem:
+            return f"{key} {value!r}: {problem}"
+    problem = url_problem(req.url) if req.url else None
+    return f"url {req.url!r}: {problem}" if problem else None
 
 
 def _add_kv_source(ctx: AdminContext, req: p.AddWorker, row: int) -> None:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
+import signal
+import socket
 import sys
 import time
 import itertools
@@ -160,6 +163,8 @@ class Gateway:
             body = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
             raise oa.HttpError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        except RecursionError:  # msgspec stops at the interpreter's recursion limit (~1,000 levels)
+            raise oa.HttpError(400, "request body is nested too deeply", code="invalid_json") from None
         p = oa.parse_body(kind, body)
         tok = self.tokenizers.get(p.model)
         if tok is None:
@@ -237,16 +242,62 @@ def make_app(gw: Gateway) -> web.Application:
     return app
 
 
-async def run(cfg: GatewayConfig, ready_file: str | None = None, reuse_port: bool = False) -> None:
-    """Serve until SIGINT/SIGTERM. `reuse_port`: bind with SO_REUSEPORT (a worker of `--workers`)."""
-    import signal
+class PortInUse(OSError):
+    """The gateway's listen address is taken; the message names it and how to choose another."""
 
+
+def check_listen_address(host: str, port: int, reuse_port: bool = False) -> None:
+    """Bind (and close) `host:port` as the gateway will, to fail before any other start-up work.
+
+    Args:
+        host: listen address, e.g. "127.0.0.1". port: TCP port; 0 (any free port) is not checked.
+        reuse_port: bind with SO_REUSEPORT, as a worker of `--workers` does (its siblings may listen).
+    Raises:
+        PortInUse: another socket listens there (EADDRINUSE); message: "cannot listen on HOST:PORT ...".
+        OSError: any other bind failure (address not local, permission), unchanged.
+    """
+    if port == 0:
+        return
+    try:
+        socket.create_server((host, port), reuse_port=reuse_port).close()  # SO_REUSEADDR as aiohttp's
+    except OSError as exc:
+        raise _port_error(host, port, exc) from None
+
+
+def _port_error(host: str, port: int, exc: OSError) -> OSError:
+    if exc.errno != errno.EADDRINUSE and "address already in use" not in str(exc):
+        return exc
+    return PortInUse(errno.EADDRINUSE, f"cannot listen on {host}:{port}: the port is already in use by another "
+                     "process; choose another with --port N (or [gateway] port), or stop that process")
+
+
+async def run(cfg: GatewayConfig, ready_file: str | None = None, reuse_port: bool = False) -> None:
+    """Serve until SIGINT/SIGTERM. `reuse_port`: bind with SO_REUSEPORT (a worker of `--workers`).
+
+    Raises:
+        PortInUse: the listen port is taken (checked before connecting to the daemon, and at bind).
+        DaemonUnavailable: no daemon answered within `connect_timeout_s`.
+    """
+    host, port = cfg.gateway.host, cfg.gateway.port
+    check_listen_address(host, port, reuse_port)
     gw = Gateway(cfg)
-    await gw.start()
-    runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.gateway.host, cfg.gateway.port, backlog=1024, reuse_port=reuse_port or None)
-    await site.start()
+    runner = None
+    try:
+        await gw.start()
+        runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None).start()
+        except OSError as exc:  # taken while the gateway waited for its daemon
+            raise _port_error(host, port, exc) from None
+        await _serve_until_signal(runner, cfg, ready_file)
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await gw.stop()
+
+
+async def _serve_until_signal(runner: web.AppRunner, cfg: GatewayConfig, ready_file: str | None) -> None:
     port = runner.addresses[0][1] if runner.addresses else cfg.gateway.port
     log.info("listening on http://%s:%d", cfg.gateway.host, port)
     if ready_file:
@@ -256,11 +307,7 @@ async def run(cfg: GatewayConfig, ready_file: str | None = None, reuse_port: boo
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-        await gw.stop()
+    await stop.wait()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -309,3 +356,6 @@ def main(argv: list[str] | None = None) -> None:
     except DaemonUnavailable as exc:
         print(f"kvsched-gateway: {exc}", file=sys.stderr)
         sys.exit(3)
+    except PortInUse as exc:
+        print(f"kvsched-gateway: {exc.strerror}", file=sys.stderr)
+        sys.exit(2)

@@ -90,6 +90,8 @@ def load_gateway_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"{path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 text (toml.io)
+        raise ConfigError(f"{path}: invalid TOML: not UTF-8 text (byte {exc.start})") from None
     try:
         cfg = msgspec.convert(raw, GatewayConfig)
     except msgspec.ValidationError as exc:

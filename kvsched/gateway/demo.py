@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import time
 
 
@@ -18,10 +19,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--speedup", type=float, default=1.0, help="simulated time per wall time")
     ap.add_argument("--workdir", default="out/gateway-demo", help="logs and configs")
     args = ap.parse_args(argv)
+    from .app import PortInUse, check_listen_address
+    from .config import GatewaySection
     from .local_fleet import LocalFleet
 
+    try:
+        check_listen_address(GatewaySection().host, args.port)
+    except PortInUse:
+        sys.exit(f"gateway-demo: port {args.port} is already in use by another process. Choose another port:\n"
+                 f"  make gateway-demo GATEWAY_DEMO_PORT=18080\n"
+                 f"  .venv/bin/python -m kvsched.gateway.demo --port 18080\n"
+                 f"(and that port in the curl commands)")
     print(f"starting daemon, {args.engines} simulated engines and a gateway (logs in {args.workdir}) ...")
-    fleet = LocalFleet.start(args.workdir, n_engines=args.engines, speedup=args.speedup, gateway_port=args.port)
+    try:
+        fleet = LocalFleet.start(args.workdir, n_engines=args.engines, speedup=args.speedup, gateway_port=args.port)
+    except RuntimeError as exc:  # a process of the fleet failed to start: its log's tail is in the message
+        sys.exit(f"gateway-demo: {exc}")
     url = fleet.gateway_urls[0]
     prompt = " ".join(f"w{i}" for i in range(200))
     print(f"""

@@ -223,6 +223,8 @@ def decode_batch(payload: bytes) -> DecodedBatch:
         raw = _DECODER.decode(payload)
     except msgspec.DecodeError as exc:
         raise KvEventFormatError(f"KV-event payload is not MessagePack: {exc}") from exc
+    except RecursionError:  # the untyped decode stops at the interpreter's recursion limit
+        raise KvEventFormatError("KV-event payload is nested too deeply") from None
     if isinstance(raw, dict):
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
         batch_unknown = sum(1 for k in raw if k not in BATCH_FIELDS)

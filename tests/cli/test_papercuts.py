@@ -153,6 +153,49 @@ def test_add_worker_subscribes_to_the_kv_event_endpoints_it_is_given(own_daemon)
     assert not rows[8].get("stale", False)  # no stream: nothing to go stale
 
 
+@pytest.mark.parametrize("bad", [("--kv-events-endpoint", "garbage"), ("--kv-events-endpoint", "tcp://nohost"),
+                                 ("--url", "notaurl"), ("--url", "10.0.0.5:8000")])
+def test_add_worker_with_a_bad_endpoint_or_url_is_refused_and_registers_nothing(own_daemon, bad):
+    """Was: a malformed endpoint answered `internal: ZMQError` yet left the worker registered (without
+    its stream), so the corrected command then failed with "already registered"; a URL without
+    http:// was accepted and only failed at the gateway."""
+    option, value = bad
+    refused = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "100", option, value)
+    assert refused.exit_code == EXIT_DAEMON_ERROR, refused.output
+    assert "kvsched: invalid:" in refused.output and repr(value) in refused.output, refused.output
+    ids = {w["worker_id"] for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
+    assert 7 not in ids
+    fixed = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "100", "--url", "http://127.0.0.1:8000",
+                "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}")
+    assert fixed.exit_code == EXIT_OK, fixed.output
+
+
+def test_a_runtime_worker_restored_by_a_restarted_daemon_gets_its_url_back_by_the_same_add_worker(own_daemon):
+    """1. `add-worker 7 --url U --kv-events-endpoint E`, 2. the daemon is SIGKILLed and restarted: the
+    ledger brings rank 7:0 back, but its URL and KV-event stream lived only in the dead process
+    (Admitted.url was "": the gateway answered 503 "no url"), 3. the same `add-worker` again.
+    Result: it succeeds (was: "already registered", with no way back but remove + add) and
+    admissions on 7:0 carry U; other capacities, or a second re-add, are still refused."""
+    from kvsched.client import SyncSchedulerClient
+
+    url, ep = "http://127.0.0.1:18007", f"tcp://127.0.0.1:{free_port()}"
+    args = ("add-worker", "7", "--total-kv-blocks", "100", "--url", url, "--kv-events-endpoint", ep)
+    assert run(own_daemon, *args).exit_code == EXIT_OK
+    own_daemon.kill()
+    own_daemon.restart()
+    assert 7 in {w["worker_id"] for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
+    other = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "200", "--url", url)
+    assert other.exit_code == EXIT_DAEMON_ERROR and "already registered" in other.output
+    again = run(own_daemon, *args)
+    assert again.exit_code == EXIT_OK, again.output
+    assert "restored" in again.output
+    assert run(own_daemon, *args).exit_code == EXIT_DAEMON_ERROR  # now complete: a second re-add is refused
+    with SyncSchedulerClient(own_daemon.endpoint) as client:
+        lease = client.schedule("restored-url-1", isl_tokens=16, pinned=(7, 0))
+        assert lease.url == url
+        lease.release()
+
+
 def test_add_worker_stream_options_without_an_endpoint_are_a_usage_error(session_daemon):
     result = run(session_daemon, "add-worker", "7", "--kv-replay-endpoint", "tcp://127.0.0.1:1")
     assert result.exit_code == 2

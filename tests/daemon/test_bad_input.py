@@ -98,3 +98,29 @@ async def test_lease_release_refuses_an_unknown_outcome_and_stays_open(session_d
                 break
             await asyncio.sleep(0.05)
         assert await asyncio.to_thread(leases) == 0
+
+
+def test_admin_frame_with_deeply_nested_unknown_field_is_answered_and_the_next_one_too(session_daemon):
+    """1. one DEALER sends the admin socket a `status` map whose unknown field holds 200,000 nested
+    arrays (skipping it raised RecursionError out of the admin handler: no reply, and the admin
+    reader was left un-rearmed), then at once a valid `status`. Result: an `admin_error` MALFORMED,
+    then a `status_reply`."""
+    import msgspec
+    import zmq
+
+    deep_status = b"\x82\xa1t\xa6status\xa4junk" + b"\x91" * 200_000 + b"\xc0"
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(session_daemon.admin_endpoint)
+    try:
+        sock.send(deep_status)
+        sock.send(msgspec.msgpack.encode({"t": "status"}))
+        replies = []
+        for _ in range(2):
+            assert sock.poll(10_000), f"no admin reply after {replies}"
+            replies.append(msgspec.msgpack.decode(sock.recv()))
+    finally:
+        sock.close()
+    assert replies[0]["t"] == "admin_error" and replies[0]["code"] == int(p.ErrorCode.MALFORMED), replies[0]
+    assert replies[1]["t"] == "status_reply", replies[1]

@@ -72,3 +72,37 @@ async def test_a_release_made_while_the_daemon_is_down_is_applied_after_its_rest
         while loop.time() < end and (await asyncio.to_thread(_status, daemon)).active_leases != 0:
             await asyncio.sleep(0.1)
         assert (await asyncio.to_thread(_status, daemon)).active_leases == 0
+
+
+async def test_a_release_in_flight_when_the_daemon_dies_is_applied_after_its_restart(daemon):
+    """1. a router holds three leases, 2. the daemon is frozen (SIGSTOP), 3. the router releases two
+    of them: the frames leave the client but the daemon never reads them, 4. the daemon is
+    SIGKILLed (the frames die with it) and restarted. Result: the router re-sends those two releases
+    after its Reattach, so they are applied well before the 30 s re-attach grace (was: held until it
+    expired, and the policies were told `aborted`); the third lease is kept."""
+    import os
+    import signal
+
+    async with SchedulerClient(daemon.endpoint, reconnect_deadline_s=120) as client:
+        leases = [await client.schedule(f"fl-{i}", isl_tokens=100) for i in range(3)]
+        for lease in leases:
+            lease.dispatched()
+        await asyncio.sleep(0.3)
+        os.kill(daemon.pid, signal.SIGSTOP)
+        leases[0].release("completed")
+        leases[1].release("completed")
+        await asyncio.sleep(0.5)  # sent: the frozen daemon's socket holds them unread
+        assert client.connected
+        await asyncio.to_thread(daemon.kill)
+        await asyncio.to_thread(daemon.restart)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 15
+        while loop.time() < end and (await asyncio.to_thread(_status, daemon)).active_leases != 1:
+            await asyncio.sleep(0.1)
+        assert (await asyncio.to_thread(_status, daemon)).active_leases == 1, daemon.log_tail(30)
+        assert leases[2].outcome is None and not client.lost_leases
+        leases[2].release("completed")
+        end = loop.time() + 10
+        while loop.time() < end and (await asyncio.to_thread(_status, daemon)).active_leases != 0:
+            await asyncio.sleep(0.1)
+        assert (await asyncio.to_thread(_status, daemon)).active_leases == 0

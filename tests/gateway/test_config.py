@@ -34,3 +34,10 @@ def test_bad_gateway_configs_name_the_problem(tmp_path, text, needle):
     path.write_text(text)
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_gateway_config(path)
+
+
+def test_gateway_config_that_is_not_utf8_is_a_config_error(tmp_path):
+    path = tmp_path / "g.toml"
+    path.write_bytes(b"[gateway]\nport = 8080 # \xb5\xff\n")  # Latin-1 bytes: was a UnicodeDecodeError
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_gateway_config(path)

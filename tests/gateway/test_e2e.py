@@ -99,6 +99,9 @@ async def test_bad_requests_get_400_404_or_413_with_a_clear_message_and_book_not
          "'max_tokens'"),
         ("/v1/chat/completions", json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "w1"}]})
          .encode(), 404, "model 'gpt-9' does not exist"),
+        ("/v1/completions", b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),  # was a bare 500
+        ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": '
+         + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}]}", 400, "nested too deeply"),
     ]
     async with aiohttp.ClientSession() as s:
         for path, raw, status, text in cases:

@@ -121,7 +121,8 @@ def test_group_idx_zero_keeps_the_hash_and_nonzero_groups_are_mixed():
     assert len({g0, g1, g2}) == 3 and all(0 <= g < 1 << 64 for g in (g1, g2))
 
 
-@pytest.mark.parametrize("payload", [b"\xc1", enc("text"), enc([1.0]), enc([True, []]), enc({"ts": 1.0})])
+@pytest.mark.parametrize("payload", [b"\xc1", enc("text"), enc([1.0]), enc([True, []]), enc({"ts": 1.0}),
+                                     b"\x92\x01" + b"\x91" * 200_000 + b"\xc0"])  # nested deeper than recursion
 def test_payload_that_is_not_a_batch_raises_format_error(payload):
     with pytest.raises(KvEventFormatError):
         decode_batch(payload)
