@@ -100,7 +100,8 @@ def parse_body(kind: str, body: Any) -> Prompt:
     """Validate the fields the gateway relies on (the engine validates the rest).
 
     Raises:
-        HttpError(400): not an object, no model, missing or empty messages / prompt, bad types.
+        HttpError(400): not an object, no model, missing or empty messages / prompt, bad types,
+            `n` or `best_of` other than 1.
     """
     if not isinstance(body, dict):
         raise _bad("request body must be a JSON object")
@@ -116,6 +117,10 @@ def parse_body(kind: str, body: Any) -> Prompt:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         raise _bad("'max_tokens' must be a positive integer", "max_tokens")
+    for key in ("n", "best_of"):  # one lease books one sequence's KV blocks
+        if body.get(key, 1) not in (1, None) or isinstance(body.get(key), bool):
+            raise _bad(f"'{key}' must be 1: the gateway schedules one sequence per request "
+                       "(send n requests instead)", key)
     p = Prompt(kind, model, body, stream=stream, include_usage=bool(opts.get("include_usage")),
                continuous_usage=bool(opts.get("continuous_usage_stats")), max_tokens=max_tokens)
     if kind == "chat":

@@ -35,11 +35,18 @@ def test_every_rejection_reason_has_its_status_and_retry_after_rule():
     ("completion", {"model": "m", "prompt": ""}, "empty"),
     ("completion", {"model": "m", "prompt": ["a", "b"]}, "one prompt per request"),
     ("completion", {"model": "m", "prompt": "a", "max_tokens": 0}, "'max_tokens'"),
+    ("completion", {"model": "m", "prompt": "a", "n": 3}, "'n' must be 1"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "'n' must be 1"),
+    ("completion", {"model": "m", "prompt": "a", "best_of": 2}, "'best_of' must be 1"),
 ])
 def test_bad_bodies_are_400_with_a_message_naming_the_field(kind, body, needle):
     with pytest.raises(oa.HttpError) as err:
         oa.parse_body(kind, body)
     assert err.value.status == 400 and needle in err.value.message
+
+
+def test_n_of_one_is_accepted():
+    assert oa.parse_body("completion", {"model": "m", "prompt": "a", "n": 1}).model == "m"
 
 
 def test_prompt_as_token_ids_and_stream_options_are_read():
