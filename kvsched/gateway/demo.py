@@ -36,18 +36,18 @@ def main(argv: list[str] | None = None) -> None:
     except RuntimeError as exc:  # a process of the fleet failed to start: its log's tail is in the message
         sys.exit(f"gateway-demo: {exc}")
     url = fleet.gateway_urls[0]
-    prompt = " ".join(f"w{i}" for i in range(200))
+    prompt = " ".join(f"w{i}" for i in range(64))  # 64 tokens: 4 blocks of 16 to cache
     print(f"""
 gateway: {url}   engines: {", ".join(e.url for e in fleet.engines)}
 admin:   KVSCHED_ADMIN_ENDPOINT={fleet.daemon.admin_endpoint} kvsched workers
 
 curl -s {url}/v1/models
 curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\
-  -d '{{"model": "tiny", "max_tokens": 8, "messages": [{{"role": "user", "content": "{prompt[:60]} ..."}}]}}'
+  -d '{{"model": "tiny", "max_tokens": 8, "messages": [{{"role": "user", "content": "{prompt}"}}]}}'
 curl -sN {url}/v1/completions -H 'Content-Type: application/json' \\
   -d '{{"model": "tiny", "max_tokens": 8, "stream": true, "prompt": "w1 w2 w3 w4"}}'
 
-Send the same long prompt twice: the second answer's usage shows prompt_tokens_details.cached_tokens.
+Send the chat request twice: the second answer's usage shows prompt_tokens_details.cached_tokens.
 Ctrl-C stops everything.""", flush=True)
     stop = False
 
