@@ -112,7 +112,8 @@ def top(
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per refresh, one per line: "
                                                               "{status, queues, workers}.")] = False,
 ) -> None:
-    """Live view of status, queues and workers, refreshed every --interval-s."""
+    """Live view of status, queues and workers, refreshed every --interval-s (when the output is not
+    a terminal, one full frame is printed per refresh)."""
     from rich.console import Group
     from rich.live import Live
 
@@ -129,6 +130,14 @@ def top(
             while True:
                 s, q, w = snapshot()
                 sys.stdout.write(to_json({"status": s, "queues": q, "workers": w}) + "\n")
+                sys.stdout.flush()
+                n += 1
+                if iterations and n >= iterations:
+                    return
+                time.sleep(interval_s)
+        if not console.is_terminal:  # piped or logged: one full frame per refresh, like `top -b`
+            while True:
+                console.print(frame())
                 sys.stdout.flush()
                 n += 1
                 if iterations and n >= iterations:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -49,6 +50,27 @@ def test_top_json_prints_one_object_per_refresh_with_status_queues_and_workers(s
         assert snap["status"]["t"] == "status_reply"
         assert snap["queues"]["t"] == "queues_reply"
         assert sorted(w["worker_id"] for w in snap["workers"]["workers"]) == [1, 2]
+
+
+def test_top_piped_prints_a_frame_per_refresh_until_stopped(session_daemon):
+    """`kvsched top | cat` (then Ctrl-C / SIGTERM): each refresh reaches the pipe at once. Before,
+    rich's Live printed only at exit, so a piped top stopped by a signal showed nothing."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvsched.cli", "--admin-endpoint", session_daemon.admin_endpoint,
+                             "top", "--interval-s", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        deadline = time.monotonic() + 60
+        while sum("kvsched status" in line for line in seen) < 2 and time.monotonic() < deadline:
+            if not select.select([proc.stdout], [], [], 1.0)[0]:
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert sum("kvsched status" in line for line in seen) >= 2, "".join(seen)
 
 
 # ------------------------------------------------------------------------------------ leases --worker
