@@ -24,6 +24,7 @@ import numpy as np
 
 from ..config import ClassConfig
 from ..shm.layout import FLAG_DRAINED
+from ..shm.select_kernels import count_busy
 from .admission import FleetView
 from .leases import LEASED, READY, Live
 from .selector import SelectionView
@@ -43,7 +44,9 @@ class Admitter:
     Attributes:
         decisions_total: every Admit and Reject produced (`reject` counts the rejections).
         explain: ring of the last `EXPLAIN_RING` admissions: (request_id, row, now_us, eligible,
-            depth, blocks, prefill, costs, worker ids, dp ranks, present, terms), arrays copied.
+            depth, blocks, prefill, costs or None, worker ids, dp ranks, present, terms), arrays
+            copied (worker ids / ranks / present copies are shared between decisions while the
+            worker table is unchanged; costs are kept only when there are no terms, whose sum is the cost).
     """
 
     def __init__(self, ledger, view, selector, leases, pq, selector_cfg) -> None:
@@ -55,6 +58,8 @@ class Admitter:
         self._placeable_key: tuple | None = None
         self._placeable_n = 0
         self.explain: deque[tuple] = deque(maxlen=EXPLAIN_RING)
+        self._ids_key: int | None = None
+        self._ids: tuple = ()
         self.decisions_total = 0
         a = ledger.arrays
         self._view = SelectionView(ledger._out_prefill, ledger._out_blocks, a.w_active_prefill,  # noqa: SLF001
@@ -74,11 +79,14 @@ class Admitter:
         return busy
 
     def class_busy(self, cls: ClassConfig, elig: np.ndarray, n_elig: int) -> bool:
-        """True when at least busy_worker_ratio of the eligible rows are busy (docs/DESIGN.md §4.1)."""
-        busy = self.busy_rows(cls)
-        if busy is None or n_elig == 0:
+        """True when at least busy_worker_ratio of the eligible rows are busy (docs/DESIGN.md §4.1).
+        One `count_busy` kernel call (the same comparisons as `busy_rows`)."""
+        thr, frac = cls.prefill_busy_threshold, cls.prefill_busy_threshold_frac
+        if (thr is None and frac is None) or n_elig == 0:
             return False
-        n_busy = int(np.count_nonzero(busy & (elig != 0)))
+        a = self.ledger.arrays
+        n_busy = count_busy(a.w_active_prefill, a.w_max_batched_tokens, elig, -1 if thr is None else int(thr),
+                            -1.0 if frac is None else float(frac))
         return n_busy >= cls.busy_worker_ratio * n_elig - 1e-9
 
     def lane_ready(self, class_idx: int, worker: WorkerKey) -> bool:
@@ -86,8 +94,11 @@ class Admitter:
         row = self.ledger.row_of(worker)
         if row is None or self.ledger.eligible_mask(worker, None, self.elig) == 0:
             return False
-        busy = self.busy_rows(self.pq.classes[class_idx].config)
-        return busy is None or not bool(busy[row])
+        cls = self.pq.classes[class_idx].config
+        thr, frac = cls.prefill_busy_threshold, cls.prefill_busy_threshold_frac
+        a = self.ledger.arrays
+        ap = a.w_active_prefill[row]
+        return not ((thr is not None and ap > thr) or (frac is not None and ap > frac * a.w_max_batched_tokens[row]))
 
     def shared_ready(self, class_idx: int, entry) -> bool:  # noqa: ANN001 - a QueueEntry
         """May the shared root run now: some allowed worker eligible and the class not busy?"""
@@ -124,20 +135,27 @@ class Admitter:
         """Cost snapshot: cached tokens on the pinned worker, else on the best *placeable* worker,
         overloaded or not (Dynamo kv-router guardrail: WSPT uses the best allowed worker's cached
         tokens); raw ISL only when there is no cache data or no placeable worker."""
+        return CostSnapshot.of(spec.isl_tokens, self._cached_tokens(spec, pinned, now_us))
+
+    def snapshot_cost(self, spec: RequestSpec, pinned: WorkerKey | None, now_us: int) -> int:
+        """`snapshot(...).cost` (tokens, >= 1) without building the record."""
+        cached = min(self._cached_tokens(spec, pinned, now_us), spec.isl_tokens)
+        return max(1, spec.isl_tokens - max(0, cached))
+
+    def _cached_tokens(self, spec: RequestSpec, pinned: WorkerKey | None, now_us: int) -> int:
         hashes = spec.block_hashes
         if len(hashes) == 0:
-            return CostSnapshot.of(spec.isl_tokens, 0)
+            return 0
         if pinned is not None:
             row = self.ledger.row_of(pinned)
             if row is None:
-                return CostSnapshot.of(spec.isl_tokens, 0)
+                return 0
             depth = self.view.depth(hashes, now_us)
-            return CostSnapshot.of(spec.isl_tokens, int(depth[row]) * self.ledger.block_size)
+            return int(depth[row]) * self.ledger.block_size
         if self.placeable_mask(None, spec.allowed_workers) == 0:
-            return CostSnapshot.of(spec.isl_tokens, 0)
+            return 0
         depth = self.view.depth(hashes, now_us)
-        best = int(depth.max(where=self.placeable, initial=0))  # depths are >= 0
-        return CostSnapshot.of(spec.isl_tokens, best * self.ledger.block_size)
+        return int(depth.max(where=self.placeable, initial=0)) * self.ledger.block_size  # depths are >= 0
 
     def fleet(self) -> FleetView:
         a = self.ledger.arrays
@@ -202,13 +220,20 @@ class Admitter:
         if terms is None:  # pinned, or a selector that does not compute terms on the way: before `admitted`
             terms = self.selector.terms(costs, self.elig, depth, view)
         self.selector.admitted(row, spec.isl_tokens - cached, now_us)
-        a = ledger.arrays
         self.explain.append((spec.request_id, row, now_us, self.elig.copy(), depth.copy(), blocks.copy(),
-                             prefill.copy(), costs.copy(), a.w_worker_id.copy(), a.w_dp_rank.copy(),
-                             a.w_present.copy(), terms))
+                             prefill.copy(), None if terms else costs.copy(), *self._fleet_ids(), terms))
         self.decisions_total += 1
         return Admit(spec.request_id, spec.owner, ledger.key_of(row), live.slot, live.generation,
                      overlap_blocks, cached, max(0, now_us - entry.arrival_us), cls_name)
+
+    def _fleet_ids(self) -> tuple:
+        """(worker ids, dp ranks, present) copies for the explain ring, shared by every decision
+        until the ledger's worker table changes (its `version`)."""
+        v = self.ledger.version
+        if self._ids_key != v:
+            a = self.ledger.arrays
+            self._ids_key, self._ids = v, (a.w_worker_id.copy(), a.w_dp_rank.copy(), a.w_present.copy())
+        return self._ids
 
     def reject(self, spec: RequestSpec, reason: str, detail: str, cls_name: str, **figures) -> Reject:
         """A `Reject` record for `spec` (counted in `decisions_total`)."""
@@ -220,6 +245,8 @@ class Admitter:
         """While some class has a dispatchable head (DRR picks the class), admit_one it."""
         out: list[Admit | Reject] = []
         pq, live_map = self.pq, self.leases.live
+        if not any(cq.has_ready() for cq in pq.classes):
+            return out  # nothing ready: DRR state is already reset (every empty class has no credit)
         while self.ledger.n_free_slots() > 0:  # slot table full: keep waiting, not reject
             entry = pq.pop_next(self.lane_ready, self.shared_ready)
             if entry is None:

@@ -64,7 +64,7 @@ def explain(ring, request_id: str) -> ExplainReply | None:  # noqa: ANN001 - the
         if rec[0] != request_id:
             continue
         _, row, now_us, elig, depth, blocks, prefill, costs, wid, rank, present, terms = rec
-        total = sum(terms.values()) if terms else costs
+        total = sum(terms.values()) if terms else costs  # costs are kept only without terms
         rows = [ExplainRow(worker_id=int(wid[r]), dp_rank=int(rank[r]), eligible=bool(elig[r]),
                            overlap_blocks=int(depth[r]), potential_blocks=int(blocks[r]),
                            potential_prefill_tokens=int(prefill[r]),

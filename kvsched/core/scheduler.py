@@ -161,7 +161,7 @@ class Scheduler:
                 if left[k] == 0:
                     stranded.append(entry)
                 elif entry.placement in gone:  # placed there by the admission policy
-                    entry.cost = adm.snapshot(spec, spec.pinned, now_us).cost
+                    entry.cost = adm.snapshot_cost(spec, spec.pinned, now_us)
                     cq.unplace(entry)
             for entry in cq.remove_many(stranded):
                 table.drop(entry.payload, abort=True)
@@ -203,8 +203,8 @@ class Scheduler:
             if spec.do_not_queue or not _queueing(cq.config):
                 return [adm.reject(spec, "all_overloaded", f"all {n_place} workers the request may use are overloaded",
                                    cq.name)]
-        snap = adm.snapshot(spec, spec.pinned, now_us)
-        entry = QueueEntry(spec.request_id, next(intake.seq), now_us, spec.priority, spec.strict_priority, snap.cost,
+        cost = adm.snapshot_cost(spec, spec.pinned, now_us)
+        entry = QueueEntry(spec.request_id, next(intake.seq), now_us, spec.priority, spec.strict_priority, cost,
                            spec.isl_tokens, spec.pinned, c)
         live = Live(spec, entry)
         entry.payload = live
@@ -215,7 +215,7 @@ class Scheduler:
         if isinstance(decision, Ready) and decision.placement is not None:
             if intake.placement_ok(spec, decision.placement, cq.name):
                 entry.placement = decision.placement
-                entry.cost = adm.snapshot(spec, decision.placement, now_us).cost
+                entry.cost = adm.snapshot_cost(spec, decision.placement, now_us)
                 n_elig = ledger.eligible_mask(entry.placement, spec.allowed_workers, adm.elig)
         why = intake.wait_reason(cq, n_elig, entry.placement != spec.pinned)
         if why is not None:
@@ -398,7 +398,7 @@ class Scheduler:
             if placement is not None:
                 if live.state == READY and live.entry.placement is not None:
                     continue  # already in a worker lane: ignored
-                live.entry.cost = self.admitter.snapshot(live.spec, placement, now_us).cost  # before re-keying
+                live.entry.cost = self.admitter.snapshot_cost(live.spec, placement, now_us)  # before re-keying
             elif live.state == READY:
                 continue  # already ready: duplicate answer, ignored
             moved = self.pq.classes[c].make_ready(mr.request_id, placement)
@@ -485,7 +485,10 @@ class Scheduler:
         return out
 
     def _capacity_changed(self, row: int) -> None:
-        self.admitter.pq.on_capacity_change(self.ledger.key_of(row))
+        """A worker's load changed: its blocked lanes are checked again; a dispatch pass is due."""
+        pq = self.admitter.pq
+        if any(cq.blocked_workers for cq in pq.classes):
+            pq.on_capacity_change(self.ledger.key_of(row))
         self._dirty = True
 
     # ---- introspection (introspect.py) -------------------------------------------------------
