@@ -53,10 +53,11 @@ class Admitter:
         self.ledger, self.view, self.selector, self.leases, self.pq = ledger, view, selector, leases, pq
         self.selector_cfg = selector_cfg
         w = ledger.arrays.max_workers
-        self.elig = np.zeros(w, np.uint8)
+        self.elig = ledger.elig_cache  # eligible rows of the last eligible_mask call (memo hits copy nothing)
         self.placeable = np.zeros(w, np.bool_)  # placeable rows of the last `placeable_mask`
         self._placeable_key: tuple | None = None
         self._placeable_n = 0
+        self._placeable_rows: np.ndarray | None = None
         self.explain: deque[tuple] = deque(maxlen=EXPLAIN_RING)
         self._ids_key: int | None = None
         self._ids: tuple = ()
@@ -129,6 +130,7 @@ class Admitter:
                 ok[row] = True
         self.placeable[:] = ok
         self._placeable_key, self._placeable_n = key, int(np.count_nonzero(ok))
+        self._placeable_rows = None if self._placeable_n == ok.shape[0] else np.flatnonzero(ok)
         return self._placeable_n
 
     def snapshot(self, spec: RequestSpec, pinned: WorkerKey | None, now_us: int) -> CostSnapshot:
@@ -155,7 +157,8 @@ class Admitter:
         if self.placeable_mask(None, spec.allowed_workers) == 0:
             return 0
         depth = self.view.depth(hashes, now_us)
-        return int(depth.max(where=self.placeable, initial=0)) * self.ledger.block_size  # depths are >= 0
+        rows = self._placeable_rows  # None: every row is placeable
+        return int(depth.max() if rows is None else depth[rows].max()) * self.ledger.block_size
 
     def fleet(self) -> FleetView:
         a = self.ledger.arrays

@@ -118,7 +118,8 @@ class OverlapView:
         self._stale = np.zeros(w, np.bool_)
         self._credit = np.zeros(w, np.float64)
         self._memo_of: np.ndarray | None = None  # the hashes array the memo is for (identity)
-        self._memo_key: tuple | None = None
+        self._memo_t = self._memo_v = -1  # its time (µs) and `_version()`
+        self._versioned = [ix for ix in (approx, device, offload, speculative) if hasattr(ix, "version")]
         self.configure(selector)
 
     def configure(self, selector: SelectorConfig) -> None:
@@ -143,20 +144,22 @@ class OverlapView:
                 idx.clear_row(row)
         self.set_event_fed(row, False)
 
-    def _versions(self) -> tuple:
-        return (self.ledger.version, getattr(self.approx, "version", 0),
-                self.device.version if self.device is not None else 0,
-                self.offload.version if self.offload is not None else 0,
-                self.speculative.version if self.speculative is not None else 0)
+    def _version(self) -> int:
+        """Sum of the ledger's and every index's version. Each only ever grows, so an equal sum
+        means no index and no worker flag changed since the memo was taken."""
+        v = self.ledger.version
+        for idx in self._versioned:
+            v += idx.version
+        return v
 
     def depth(self, hashes: np.ndarray, now_us: int) -> np.ndarray:
         """int32[max_workers] (`depth_out`): overlap blocks to credit per row for `hashes` (uint64[n])
         at `now_us` (module docstring). Memoised: the cost snapshot and admit_one of an immediate
         admission ask for the same depths back to back."""
-        key = (now_us, self._versions())
-        if hashes is self._memo_of and key == self._memo_key:
+        v = self._version()
+        if hashes is self._memo_of and now_us == self._memo_t and v == self._memo_v:
             return self.depth_out
-        self._memo_of, self._memo_key = hashes, key
+        self._memo_of, self._memo_t, self._memo_v = hashes, now_us, v
         out = self.depth_out
         self.approx.depth(hashes, now_us, self.approx_depth)
         out[:] = self.approx_depth

@@ -8,7 +8,8 @@ The work is done by parts with one job each (docs/ARCHITECTURE.md "The core"):
 * `LeaseTable` (leases.py): live requests by id / slot / owner, ownership, adoption, orphans;
 * `Intake` (intake.py): validation, placements, why a request waits, limits, deadlines;
 * `PolicyFeed` (policy_feed.py): admission-policy events buffered until `drain_cleanup`;
-* `reload.py` and `introspect.py`: a profile reload and the admin views, as plain functions.
+* `reload.py`, `introspect.py`, `workers.py`: a profile reload, the admin views and worker removal,
+  as plain functions.
 
 Lifecycle rules kept here: `release()` frees the booking / removes the queued entry at once (lazy
 deletion) and buffers the policy events and the id; `drain_cleanup()` tells the policies (the id
@@ -25,15 +26,15 @@ from typing import Callable
 
 from ..config import ClassConfig, Config
 from ..shm.overlap import OverlapIndex
-from . import introspect
-from .admission import Bypass, Defer, MakeReady, Ready, Reconcile, create_admission_policy
+from . import introspect, workers
+from .admission import Bypass, Defer, Ready, Reconcile, create_admission_policy
 from .admitter import Admitter
 from .class_queue import PolicyClassQueue
 from .intake import Intake
 from .leases import DEFERRED, LEASED, READY, LeaseTable, Live, OrphanCounts
 from .ordering import QueueEntry
 from .overlap_view import OverlapView
-from .policy_feed import PolicyFeed
+from .policy_feed import PolicyFeed, apply_make_ready, tell_policies
 from .policy_queue import PolicyQueue
 from .reload import reload_profile
 from .selector import WorkerSelector
@@ -81,34 +82,19 @@ class Scheduler:
         self._class_index = {c.name: i for i, c in enumerate(config.classes)}
         self._default = self._class_index[config.default_class]
 
-    # ---- parts, as attributes ----------------------------------------------------------------
-    @property
-    def pq(self) -> PolicyQueue:
-        return self.admitter.pq
-
-    @property
-    def overlap(self):  # noqa: ANN201 - the approximate OverlapIndex (or a stand-in)
-        return self.view.approx
-
-    @property
-    def event_device(self) -> OverlapIndex | None:
-        return self.view.device
-
-    @property
-    def event_offload(self) -> OverlapIndex | None:
-        return self.view.offload
-
-    @property
-    def speculative(self) -> OverlapIndex | None:
-        return self.view.speculative
-
-    @property
-    def decisions_total(self) -> int:
-        return self.admitter.decisions_total
-
-    @property
-    def invalid_placements(self) -> int:
-        return self.intake.invalid_placements
+    # ---- parts, as read-only attributes (the daemon's wiring, metrics and tests read them) ---------
+    pq = property(lambda self: self.admitter.pq, doc="The `PolicyQueue` (class queues + DRR).")
+    overlap = property(lambda self: self.view.approx, doc="The approximate overlap index.")
+    event_device = property(lambda self: self.view.device, doc="The KV-event-fed device index, or None.")
+    event_offload = property(lambda self: self.view.offload, doc="The KV-event-fed offload index, or None.")
+    speculative = property(lambda self: self.view.speculative, doc="The speculative index, or None.")
+    decisions_total = property(lambda self: self.admitter.decisions_total, doc="Admits + Rejects produced.")
+    invalid_placements = property(lambda self: self.intake.invalid_placements,
+                                  doc="Admission-policy placements ignored as invalid.")
+    queued = property(lambda self: len(self.admitter.pq), doc="Ready requests waiting (deferred excluded).")
+    deferred = property(lambda self: self.admitter.pq.n_deferred, doc="Requests held by admission policies.")
+    active_leases = property(lambda self: len(self.lease_table.by_slot), doc="Leases held.")
+    waiting = property(lambda self: self.lease_table.waiting, doc="Some request waits or is deferred (O(1)).")
 
     # ---- workers -----------------------------------------------------------------------------
     def add_worker(self, key: WorkerKey, total_kv_blocks: int, max_num_batched_tokens: int) -> None:
@@ -123,52 +109,11 @@ class Scheduler:
 
     def rows_of(self, worker_id: int, dp_rank: int | None) -> list[int]:
         """Ledger rows of a worker (every rank when dp_rank is None). Raises KeyError when unknown."""
-        if dp_rank is None:
-            rows = self.ledger.rows_of_worker_id(worker_id)
-        else:
-            row = self.ledger.row_of(WorkerKey(worker_id, dp_rank))
-            rows = [] if row is None else [row]
-        if not rows:
-            raise KeyError(f"unknown worker {worker_id}:{'*' if dp_rank is None else dp_rank}")
-        return rows
+        return workers.rows_of(self.ledger, worker_id, dp_rank)
 
     def remove_worker(self, worker_id: int, dp_rank: int | None, now_us: int) -> Outcomes:
-        """Remove a worker (all ranks when dp_rank is None). Its bookings are released (policies told
-        Aborted). Every waiting request (ready or deferred) that no remaining registered worker can
-        take — pinned to it, or allowed only on removed workers — is answered `no_endpoints` in this
-        step; drained workers still count. A request an admission policy had placed on a removed
-        worker goes back to its class's shared heap. O(waiting requests): removal is an operator act.
-        Raises KeyError for an unknown worker."""
-        removed, table, adm = [], self.lease_table, self.admitter
-        for row in self.rows_of(worker_id, dp_rank):
-            removed.append(self.ledger.key_of(row))
-            for slot in self.ledger.remove_worker_row(row):
-                live = table.by_slot.get(slot)
-                if live is not None:
-                    table.drop(live, abort=True)
-            self.view.forget_row(row)
-        gone = set(removed)
-        names = ", ".join(map(str, removed))
-        out: Outcomes = []
-        left: dict[tuple, int] = {}  # (pin, allowed) -> registered placeable workers
-        for cq in self.pq.classes:
-            stranded = []
-            for entry in list(cq.iter_all()):
-                spec = entry.payload.spec
-                k = (spec.pinned, spec.allowed_workers)
-                if k not in left:
-                    left[k] = adm.placeable_mask(spec.pinned, spec.allowed_workers, drained_count=True)
-                if left[k] == 0:
-                    stranded.append(entry)
-                elif entry.placement in gone:  # placed there by the admission policy
-                    entry.cost = adm.snapshot_cost(spec, spec.pinned, now_us)
-                    cq.unplace(entry)
-            for entry in cq.remove_many(stranded):
-                table.drop(entry.payload, abort=True)
-                out.append(adm.reject(entry.payload.spec, "no_endpoints",
-                                      f"worker {names} removed; no registered worker can take it", cq.name))
-            self.pq._reset_if_empty(cq)  # noqa: SLF001 - same package
-        self.pq.compact()
+        """Remove a worker (`workers.remove_worker`). Raises KeyError for an unknown worker."""
+        out = workers.remove_worker(self, worker_id, dp_rank, now_us)
         self._dirty = True
         return out
 
@@ -377,34 +322,8 @@ class Scheduler:
         return out
 
     def _tell_policies(self, now_us: int) -> None:
-        feed = self.feed
-        while feed.events:
-            events = feed.take()
-            fleet = self.admitter.fleet()
-            for c, event in events:
-                policy = self.pq.classes[c].admission if c < len(self.pq.classes) else None
-                if policy is not None:
-                    self._apply_make_ready(c, policy.notify(event, fleet, now_us), now_us)
-        feed.cleanup_ids.clear()
-
-    def _apply_make_ready(self, c: int, answers: list[MakeReady], now_us: int) -> None:
-        for mr in answers:
-            live = self.lease_table.live.get(mr.request_id)
-            if live is None or live.entry.class_idx != c or live.state not in (READY, DEFERRED):
-                continue
-            placement = mr.placement
-            if placement is not None and not self.intake.placement_ok(live.spec, placement, self.pq.classes[c].name):
-                placement = None  # invalid: a deferred request is released to its own place
-            if placement is not None:
-                if live.state == READY and live.entry.placement is not None:
-                    continue  # already in a worker lane: ignored
-                live.entry.cost = self.admitter.snapshot_cost(live.spec, placement, now_us)  # before re-keying
-            elif live.state == READY:
-                continue  # already ready: duplicate answer, ignored
-            moved = self.pq.classes[c].make_ready(mr.request_id, placement)
-            if moved is not None:
-                live.state = READY
-                self._dirty = True
+        if tell_policies(self, now_us):
+            self._dirty = True
 
     def fold_words(self) -> bool:
         """Fold the routers' shared-memory words (one kernel call, `Ledger.fold_progress`).
@@ -428,11 +347,6 @@ class Scheduler:
                 told = True
         return bool(rows) or told
 
-    @property
-    def waiting(self) -> bool:
-        """True while some request waits in a class queue or is deferred (O(1))."""
-        return self.lease_table.waiting
-
     def tick(self, now_us: int) -> Outcomes:
         """Fold progress, time out waiting requests, release unclaimed orphans, reconcile policies,
         dispatch if needed."""
@@ -450,7 +364,8 @@ class Scheduler:
         for cq in self.pq.classes:
             if cq.admission is not None:
                 fleet = fleet or self.admitter.fleet()
-                self._apply_make_ready(cq.index, cq.admission.notify(Reconcile(), fleet, now_us), now_us)
+                if apply_make_ready(self, cq.index, cq.admission.notify(Reconcile(), fleet, now_us), now_us):
+                    self._dirty = True
         self._tell_policies(now_us)
         if self._dirty:
             out += self._dispatch(now_us)
@@ -492,19 +407,6 @@ class Scheduler:
         self._dirty = True
 
     # ---- introspection (introspect.py) -------------------------------------------------------
-    @property
-    def queued(self) -> int:
-        """Ready requests waiting in class queues (deferred excluded)."""
-        return len(self.pq)
-
-    @property
-    def deferred(self) -> int:
-        return self.pq.n_deferred
-
-    @property
-    def active_leases(self) -> int:
-        return len(self.lease_table.by_slot)
-
     def queues(self, now_us: int):  # noqa: ANN201 - list[ClassRow]
         return introspect.queue_rows(self, now_us)
 
