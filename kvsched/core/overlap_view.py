@@ -11,7 +11,8 @@ Rows without a KV-event source, and rows whose stream is stale (`FLAG_STALE`), u
 index only. Event-fed rows that are fresh get `credited_overlap(device, offload, speculative)` =
 max(device, speculative) + `offload_overlap_credit` per offload-only block beyond it; the long-TTL
 approximate entries are NOT used for them (the events say what the engine really holds, evictions
-included; the approximate index only guesses).
+included; the approximate index only guesses). `credited_overlap` states the rule over arrays; the
+decision path computes it with the `credit_rows` kernel (the same operations, one call).
 
 The speculative entry covers the time between the routing decision and the engine's BlockStored
 (engine queueing + prefill + transport). Its TTL is `approx_ttl_s / 24` (5 s at the default 120 s):
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from ..config import SelectorConfig
 from ..shm.layout import FLAG_STALE
+from ..shm.select_kernels import credit_rows
 
 if TYPE_CHECKING:
     from ..shm.overlap import OverlapIndex
@@ -115,8 +117,6 @@ class OverlapView:
         self._dev_depth = np.zeros(w, np.int32)
         self._off_depth = np.zeros(w, np.int32)
         self._spec_depth = np.zeros(w, np.int32)
-        self._stale = np.zeros(w, np.bool_)
-        self._credit = np.zeros(w, np.float64)
         self._memo_of: np.ndarray | None = None  # the hashes array the memo is for (identity)
         self._memo_t = self._memo_v = -1  # its time (µs) and `_version()`
         self._versioned = [ix for ix in (approx, device, offload, speculative) if hasattr(ix, "version")]
@@ -172,14 +172,10 @@ class OverlapView:
             self.offload.depth(hashes, now_us, self._off_depth)
             off = self._off_depth
         self.speculative.depth(hashes, now_us, self._spec_depth)
-        self._spec_raw[:] = self._spec_depth
-        stale = self._stale
-        np.equal(self.event_fed, 0, out=stale)
-        stale |= (self.ledger.arrays.w_flags & FLAG_STALE) != 0
-        np.copyto(self._spec_depth, out, where=stale)  # stale / unfed rows: approximate only
-        credited_overlap(self._dev_depth, off, self._spec_depth, stale, self.offload_credit, self._credit)
-        np.floor(self._credit, out=self._credit)
-        out[:] = self._credit
+        # stale / unfed rows: approximate only; the others: credited_overlap, floored (one kernel call)
+        credit_rows(self.approx_depth, self._dev_depth, self._off_depth, self._spec_depth, self.event_fed,
+                    self.ledger.arrays.w_flags, FLAG_STALE, float(self.offload_credit), off is not None,
+                    self._spec_raw, out)
         return out
 
     def zero(self) -> np.ndarray:

@@ -4,7 +4,7 @@ Naming: `numpy_twin.<kernel>` and `python_twin.<kernel>` have the kernel's name 
 write the same outputs (property tests in tests/shm/test_kernels.py; ratios in bench/bench_kernels.py).
 Covered: mix64, ref_add, ref_remove, ref_live_count, ref_live_prefix, project_and_cost, apply_output_tokens,
 fold_progress, fold_words, overlap_depth, and (from reference_select.py) pairwise_sum, kv_cost_terms,
-count_busy. The numpy twins vectorise over workers/hashes/slots where the algorithm
+count_busy, credit_rows. The numpy twins vectorise over workers/hashes/slots where the algorithm
 allows; inserts and deletes in the open-addressing table are sequential by nature, so their numpy
 twins only vectorise each probe window.
 """

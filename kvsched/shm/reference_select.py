@@ -141,4 +141,32 @@ def _py_count_busy(active_prefill, max_batched, eligible, threshold, threshold_f
     return n
 
 
-NAMES = ("pairwise_sum", "kv_cost_terms", "count_busy")
+def _np_credit_rows(approx, device, offload, spec, event_fed, w_flags, stale_flag, offload_credit, has_offload,
+                    spec_raw, out) -> None:
+    from ..core.overlap_view import credited_overlap
+
+    spec_raw[:] = spec
+    stale = (event_fed == 0) | ((w_flags & stale_flag) != 0)
+    merged = np.where(stale, approx, spec).astype(np.int32)
+    credit = np.zeros(out.shape[0])
+    credited_overlap(device, offload if has_offload else None, merged, stale, offload_credit, credit)
+    out[:] = np.floor(credit)
+
+
+def _py_credit_rows(approx, device, offload, spec, event_fed, w_flags, stale_flag, offload_credit, has_offload,
+                    spec_raw, out) -> None:
+    import math
+
+    for w in range(int(out.shape[0])):
+        spec_raw[w] = spec[w]
+        if not event_fed[w] or int(w_flags[w]) & stale_flag:
+            out[w] = approx[w]
+            continue
+        base = max(int(device[w]), int(spec[w]))
+        credit = float(base)
+        if has_offload and offload_credit > 0:
+            credit += offload_credit * float(max(0, int(offload[w]) - base))
+        out[w] = math.floor(credit)
+
+
+NAMES = ("pairwise_sum", "kv_cost_terms", "count_busy", "credit_rows")

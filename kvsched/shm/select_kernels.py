@@ -1,7 +1,9 @@
-"""Selection kernels: the `kv` selector's cost terms and a class's busy count, one call each.
+"""Selection kernels: the `kv` selector's cost terms, a class's busy count and the credited overlap
+of event-fed rows, one call each.
 
-They compute exactly what the numpy code of `core/kv_cost.py` (`KvSelector.terms` + the total) and
-`core/admitter.py` (`Admitter.busy_rows` / `class_busy`) compute — same float operations in the same
+They compute exactly what the numpy code of `core/kv_cost.py` (`KvSelector.terms` + the total),
+`core/admitter.py` (`Admitter.busy_rows` / `class_busy`) and `core/overlap_view.py`
+(`credited_overlap`) compute — same float operations in the same
 order, so decisions are bit-identical — without the dozen small numpy calls per decision. Twins with
 the same names and signatures: `numpy_twin` / `python_twin` in `shm/reference.py` (implemented in
 `shm/reference_select.py`); property tests in tests/shm/test_select_kernels.py.
@@ -174,6 +176,34 @@ def count_busy(active_prefill, max_batched, eligible, threshold, threshold_frac)
     return n_busy
 
 
+@njit(cache=True, nogil=True)
+def credit_rows(approx, device, offload, spec, event_fed, w_flags, stale_flag, offload_credit, has_offload,
+                spec_raw, out):
+    """The credited overlap of every row (`core.overlap_view.credited_overlap`, floored), in place.
+
+    Args:
+        approx / device / offload / spec: int32[W], raw prefix depths (blocks) in the approximate,
+            device, offload and speculative indexes (`offload` ignored unless `has_offload`).
+        event_fed: uint8[W]; w_flags: uint8[W] worker flags; stale_flag: the FLAG_STALE bit.
+        offload_credit: credit of an offload-only block (0..1).
+        spec_raw: int32[W], written: a copy of `spec` (what `OverlapView.record` reads).
+        out: int32[W], written: approx for stale or unfed rows, else
+            floor(max(device, spec) + offload_credit * max(0, offload - max(device, spec))).
+    """
+    for w in range(out.shape[0]):
+        s = spec[w]
+        spec_raw[w] = s
+        if event_fed[w] == 0 or (w_flags[w] & stale_flag) != 0:
+            out[w] = approx[w]
+            continue
+        base = device[w] if device[w] > s else s
+        credit = float(base)
+        if has_offload and offload_credit > 0:
+            extra = np.int64(offload[w]) - np.int64(base)
+            credit += offload_credit * float(extra if extra > 0 else 0)
+        out[w] = np.int32(np.floor(credit))
+
+
 def warm_select_kernels() -> None:
     """Compile (or load from the cache) both kernels for the dtypes the core uses."""
     w = 2
@@ -181,3 +211,5 @@ def warm_select_kernels() -> None:
     kv_cost_terms(i8, i8, i8, i8, u1, np.zeros(w, np.int32), np.zeros(0, np.float64), 1.0, 1.0 / 16, 16.0, 0.1,
                   1.0, 160.0, 64.0, 16.0, 2.0, np.zeros((2, w)), np.zeros((4, w)), np.zeros(w), np.zeros(2, np.int64))
     count_busy(i8, i8, u1, -1, 1.0)
+    i4, flags = np.zeros(w, np.int32), np.zeros(w, np.uint8)
+    credit_rows(i4, i4, i4, i4, u1, flags, 4, 0.5, True, np.zeros(w, np.int32), np.zeros(w, np.int32))

@@ -106,3 +106,23 @@ def test_count_busy_agrees_with_twins(seed, n, thr, frac):
     elig, _, _, _, ap, mb, _ = _state(seed, n, 0)
     got = count_busy(ap, mb, elig, thr, frac)
     assert got == numpy_twin.count_busy(ap, mb, elig, thr, frac) == python_twin.count_busy(ap, mb, elig, thr, frac)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 70), has_offload=st.booleans(),
+       credit=st.sampled_from([0.0, 0.25, 0.5, 1.0, 0.3]))
+def test_credit_rows_agrees_with_twins_and_credited_overlap(seed, n, has_offload, credit):
+    from kvsched.shm.select_kernels import credit_rows
+
+    rng = np.random.default_rng(seed)
+    approx, device, offload, spec = (rng.integers(0, 40, n).astype(np.int32) for _ in range(4))
+    fed = (rng.random(n) < 0.7).astype(np.uint8)
+    flags = rng.choice(np.array([0, 1, 2, 4, 5, 6], np.uint8), n)
+    outs = []
+    for fn in (credit_rows, numpy_twin.credit_rows, python_twin.credit_rows):
+        raw, out = np.full(n, -9, np.int32), np.full(n, -9, np.int32)
+        fn(approx, device, offload, spec, fed, flags, 4, credit, has_offload, raw, out)
+        outs.append((raw, out))
+    for raw, out in outs:
+        np.testing.assert_array_equal(raw, spec)
+        np.testing.assert_array_equal(out, outs[0][1])
