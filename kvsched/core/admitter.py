@@ -57,7 +57,7 @@ class Admitter:
         self.placeable = np.zeros(w, np.bool_)  # placeable rows of the last `placeable_mask`
         self._placeable_key: tuple | None = None
         self._placeable_n = 0
-        self._placeable_rows: np.ndarray | None = None
+        self._placeable_rows: list[int] | None = None  # placeable rows, None when every row is
         self.explain: deque[tuple] = deque(maxlen=EXPLAIN_RING)
         self._ids_key: int | None = None
         self._ids: tuple = ()
@@ -130,7 +130,7 @@ class Admitter:
                 ok[row] = True
         self.placeable[:] = ok
         self._placeable_key, self._placeable_n = key, int(np.count_nonzero(ok))
-        self._placeable_rows = None if self._placeable_n == ok.shape[0] else np.flatnonzero(ok)
+        self._placeable_rows = None if self._placeable_n == ok.shape[0] else np.flatnonzero(ok).tolist()
         return self._placeable_n
 
     def snapshot(self, spec: RequestSpec, pinned: WorkerKey | None, now_us: int) -> CostSnapshot:
@@ -157,8 +157,8 @@ class Admitter:
         if self.placeable_mask(None, spec.allowed_workers) == 0:
             return 0
         depth = self.view.depth(hashes, now_us)
-        rows = self._placeable_rows  # None: every row is placeable
-        return int(depth.max() if rows is None else depth[rows].max()) * self.ledger.block_size
+        rows, d = self._placeable_rows, depth.tolist()  # a list max: a few rows, no ufunc overhead
+        return (max(d) if rows is None else max(d[r] for r in rows)) * self.ledger.block_size
 
     def fleet(self) -> FleetView:
         a = self.ledger.arrays
