@@ -1,7 +1,7 @@
 """LeaseTable: every live request (waiting or leased), by id, by slot and by owner, and the rules
 of who may touch, claim or adopt one.
 
-Ownership rules (docs/PROTOCOL.md "Reattach", "Liveness"):
+Ownership rules (docs/PROTOCOL.md "Daemon → router (data socket)"; docs/DESIGN.md §5.4, §5.6):
 * only the owner of a request may update or release it (`owner_of`);
 * a reconnected client may take over a request owned by the daemon itself (`DAEMON_OWNER`: leases
   re-adopted from the slot table after a restart), by itself, by an owner known gone

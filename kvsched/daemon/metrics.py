@@ -1,7 +1,8 @@
 """All Prometheus objects of the daemon, on a registry of their own (no module globals).
 
 The list with types and labels is in docs/DEPLOY.md ("Metrics"). Histograms are in seconds. Worker
-series carry `worker_id` and `dp_rank` labels. The actor increments counters on its loop and calls
+series carry `worker_id` and `dp_rank` labels. The decision path's counters and histograms are
+written once per wake from a tally (`daemon/translate.py` `WakeTally`, `observe_many`); the actor calls
 `refresh(scheduler, now_us)` once a second for the gauges; `kvsched_decisions_total` and
 `kvsched_active_leases` are read at scrape time from the scheduler's own counters (single int reads),
 so they equal what `kvsched status` shows. The HTTP side lives in `kvsched.daemon.health`.
