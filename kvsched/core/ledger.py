@@ -97,18 +97,23 @@ class Ledger:
         """Rebuild the Python-side maps (rows, free slots, request ids) from the arrays."""
         a = self.arrays
         self._row_of: dict[WorkerKey, int] = {}
+        self._key_of: list[WorkerKey | None] = [None] * a.max_workers  # row -> key (None = free row)
         self._ids: dict[int, int] = {}  # worker_id -> registered rows
         for row in np.flatnonzero(a.w_present).tolist():
             self._index_row(row, WorkerKey(int(a.w_worker_id[row]), int(a.w_dp_rank[row])))
         self._slot_of: dict[str, int] = {}
+        self._rid_of: list[str | None] = [None] * a.max_slots  # slot -> request id of its booking
         for slot in np.flatnonzero(a.s_state).tolist():
-            self._slot_of[a.s_request_id[slot].decode()] = slot
+            rid = a.s_request_id[slot].decode()
+            self._slot_of[rid] = slot
+            self._rid_of[slot] = rid
         self._free: list[int] = np.flatnonzero(a.s_state == SLOT_FREE)[::-1].tolist()  # pop() = lowest
         live = np.flatnonzero(a.s_state)
         self._high = max(self._high, int(live[-1]) + 1 if live.size else 0)
 
     def _index_row(self, row: int, key: WorkerKey) -> None:
         self._row_of[key] = row
+        self._key_of[row] = key
         self._ids[key.worker_id] = self._ids.get(key.worker_id, 0) + 1
 
     # -- workers ------------------------------------------------------------------------------
@@ -151,6 +156,7 @@ class Ledger:
         self.version += 1
         a.ref_counts[row, :] = 0
         del self._row_of[key]
+        self._key_of[row] = None
         self._ids[key.worker_id] -= 1
         if self._ids[key.worker_id] == 0:
             del self._ids[key.worker_id]
@@ -167,9 +173,11 @@ class Ledger:
         return sorted(r for k, r in self._row_of.items() if k.worker_id == worker_id)
 
     def key_of(self, row: int) -> WorkerKey:
-        self._check_row(row)
-        a = self.arrays
-        return WorkerKey(int(a.w_worker_id[row]), int(a.w_dp_rank[row]))
+        """The worker in `row`. Raises KeyError for a row that holds none."""
+        key = self._key_of[row] if 0 <= row < len(self._key_of) else None
+        if key is None:
+            raise KeyError(f"no worker in row {row}")
+        return key
 
     def live_rows(self) -> np.ndarray:
         """int64[k], rows holding a registered worker, ascending."""
@@ -238,7 +246,8 @@ class Ledger:
         """
         key = (pinned, allowed, self.version)
         if key == self._elig_key:  # nothing that decides eligibility changed since the last call
-            out[:] = self._elig_cache
+            if out is not self._elig_cache:
+                out[:] = self._elig_cache
             return self._elig_n
         a = self.arrays
         ok = (a.w_present != 0) & ((a.w_flags & (FLAG_DRAINED | FLAG_OVERLOADED)) == 0)
@@ -253,8 +262,15 @@ class Ledger:
         out[:] = ok
         n = int(np.count_nonzero(ok))
         self._elig_key, self._elig_n = key, n
-        self._elig_cache[:] = ok
+        if out is not self._elig_cache:
+            self._elig_cache[:] = ok
         return n
+
+    @property
+    def elig_cache(self) -> np.ndarray:
+        """uint8[max_workers], the result of the last `eligible_mask` call. A caller that passes
+        this array as `out` gets memo hits without a copy (it is overwritten by every call)."""
+        return self._elig_cache
 
     # -- bookings -----------------------------------------------------------------------------
     def reserve(self, request_id: str, row: int, isl_tokens: int, hashes: np.ndarray, cached_tokens: int, expected_osl: int | None, class_idx: int, enqueue_us: int, now_us: int, owner_pid: int = 0) -> tuple[int, int] | None:
@@ -302,6 +318,7 @@ class Ledger:
         a.s_generation[slot] = gen
         a.s_state[slot] = SLOT_ADMITTED
         self._slot_of[request_id] = slot
+        self._rid_of[slot] = request_id
         if self._overload_enabled():
             self.update_overload(row)
         return slot, gen
@@ -323,7 +340,9 @@ class Ledger:
         a.w_active_requests[row] -= 1
         a.s_state[slot] = SLOT_FREE
         a.s_prefill[slot] = a.s_extra_blocks[slot] = a.s_arena_len[slot] = 0
-        self._slot_of.pop(a.s_request_id[slot].decode(), None)
+        rid = self._rid_of[slot]
+        self._rid_of[slot] = None
+        self._slot_of.pop(rid if rid is not None else a.s_request_id[slot].decode(), None)
         self._free.append(slot)
         if self._overload_enabled():
             self.update_overload(row)

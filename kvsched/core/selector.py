@@ -46,6 +46,32 @@ class SelectionView:
     now_us: int
 
 
+class TermTable:
+    """Named float64[W] cost terms of one decision, stored as the rows of one float64[k, W] array
+    (one allocation per decision, kept by the explain ring). Reads like a dict of arrays:
+    `items()`, `values()`, `keys()`, `table[name]`."""
+
+    __slots__ = ("names", "rows")
+
+    def __init__(self, names: tuple[str, ...], rows: np.ndarray) -> None:
+        self.names, self.rows = names, rows
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.rows[self.names.index(name)]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def keys(self):  # noqa: ANN201
+        return iter(self.names)
+
+    def values(self):  # noqa: ANN201
+        return iter(self.rows)
+
+    def items(self):  # noqa: ANN201
+        return zip(self.names, self.rows)
+
+
 class WorkerSelector(ABC):
     """Choose one eligible worker row.
 

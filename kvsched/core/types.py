@@ -15,6 +15,11 @@ from ..protocol import WorkerKey  # noqa: F401  (defined on the ground floor; re
 
 EMPTY_HASHES = np.zeros(0, dtype=np.uint64)
 
+# The owner id of the daemon itself: requests made in process (the simulator, the warm-up) and
+# leases re-adopted from the slot table after a restart (orphans, until a client claims them).
+# Never a connection's id (connections count from 1); never capped, always alive.
+DAEMON_OWNER = 0
+
 
 @dataclass(slots=True)
 class RequestSpec:
@@ -33,7 +38,8 @@ class RequestSpec:
         allowed_workers: worker ids (all ranks) the request may run on, or None for any.
         do_not_queue: reject `do_not_queue` instead of waiting.
         deadline_us: absolute time (µs, scheduler clock) after which a waiting request times out.
-        owner: opaque id of the connection that sent it (the actor's peer id); 0 = in-process.
+        owner: opaque id of the connection that sent it (the actor's peer id); `DAEMON_OWNER` =
+            in process.
         excluded_workers: worker ids (all ranks) the request must not run on, or None. The scheduler
             folds it into `allowed_workers` at enqueue (allowed, or every registered id, minus these).
     """
@@ -51,7 +57,7 @@ class RequestSpec:
     do_not_queue: bool = False
     deadline_us: int | None = None
     lora_name: str | None = None
-    owner: int = 0
+    owner: int = DAEMON_OWNER
     excluded_workers: frozenset[int] | None = None
 
 

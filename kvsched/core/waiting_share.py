@@ -18,6 +18,7 @@ import math
 
 from ..config import ClassConfig
 from .class_queue import LimitExceeded
+from .types import DAEMON_OWNER
 
 
 class WaitingShares:
@@ -30,8 +31,8 @@ class WaitingShares:
     def check(self, owner: int, class_idx: int, isl_tokens: int, cfg: ClassConfig,
               n_worker_ids: int) -> LimitExceeded | None:
         """The per-owner cap this request would cross (checked before adding, like the class
-        limits), or None. Owner 0 (the daemon itself) and a share of 1.0 are never capped."""
-        if owner == 0 or self.share >= 1.0:
+        limits), or None. `DAEMON_OWNER` (the daemon itself) and a share of 1.0 are never capped."""
+        if owner == DAEMON_OWNER or self.share >= 1.0:
             return None
         n, isl = self._counts.get((owner, class_idx), (0, 0))
         if cfg.request_queue_limit_per_worker is not None:

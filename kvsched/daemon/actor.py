@@ -1,10 +1,10 @@
 """The actor: the one owner of scheduling state, driven by reader callbacks and timers on one loop.
 
 I/O pattern (docs/DESIGN.md §8): each ROUTER socket's FD is registered with `loop.add_reader`; a wake drains at
-most `frame_budget_per_wake` frames with NOBLOCK, feeds the `Scheduler`, runs one `drain_cleanup`, then
-sends every reply of the wake. No frame is bounced through a queue or a task. An `Admitted` that
-cannot be delivered (ROUTER_MANDATORY raises EHOSTUNREACH, or the owner is known dead) is released
-at once (docs/DESIGN.md §4.11). The actor holds no policy: every decision comes from the Scheduler.
+most `frame_budget_per_wake` frames with NOBLOCK, hands each decoded frame to the `Translator`
+(`translate.py`: frame → Scheduler call → reply), runs one `drain_cleanup`, then sends every reply of
+the wake and writes the wake's metrics once. No frame is bounced through a queue or a task. The
+actor holds no policy: every decision comes from the Scheduler.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import time
 from typing import Callable
 
 import msgspec
-import numpy as np
 import zmq
 
 from .. import protocol as p
-from ..core.types import Admit, Reject, RequestSpec, WorkerKey
+from ..core.types import Admit
 from .connections import Connection, ConnectionTable, pid_exists
 from .metrics import Metrics
 from .replies import ReplyOutbox
 from .ratelimit import RateLimitedLog
+from .translate import Translator, WakeTally, now_us
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,6 @@ _RCVMORE = int(zmq.RCVMORE)
 
 
 MAX_DEAD_IDS = 65_536  # routing ids of dead watched peers remembered (frames from them are dropped)
-
-
-def now_us() -> int:
-    """The scheduler clock: monotonic µs."""
-    return time.monotonic_ns() // 1000
 
 
 class Actor:
@@ -58,11 +53,14 @@ class Actor:
         admin_sock: bound ROUTER socket for the admin CLI, or None.
         worker_urls: worker_id -> base URL sent in `Admitted.url` (shared with the admin handlers,
             which update it on `add_worker{url}`).
+        conns: the `ConnectionTable` whose `owner_alive` / `same_process` the scheduler was built
+            with (None = a new one; the scheduler then assumes every owner alive).
     """
 
     def __init__(self, loop, scheduler, data_sock: zmq.Socket, welcome: p.Welcome, daemon_cfg,
                  metrics: Metrics, admin_handler: Callable | None = None,
-                 admin_sock: zmq.Socket | None = None, worker_urls: dict[int, str] | None = None) -> None:
+                 admin_sock: zmq.Socket | None = None, worker_urls: dict[int, str] | None = None,
+                 conns: ConnectionTable | None = None) -> None:
         self.loop = loop
         self.worker_urls = worker_urls if worker_urls is not None else {}
         self.scheduler = scheduler
@@ -72,8 +70,7 @@ class Actor:
         self.welcome = welcome
         self.cfg = daemon_cfg
         self.metrics = metrics
-        self.conns = ConnectionTable(daemon_cfg.liveness_timeout_ms * 1000)
-        scheduler.owner_alive = self.conns.owner_alive
+        self.conns = conns if conns is not None else ConnectionTable(daemon_cfg.liveness_timeout_ms * 1000)
         self.enc = p.make_encoder()
         self.dec = p.make_router_decoder()
         self.admin_dec = p.make_admin_request_decoder()
@@ -82,22 +79,26 @@ class Actor:
         self._batch_index: int | None = None  # position in the Batch being handled, for Error frames
         self.outbox = ReplyOutbox(data_sock, daemon_cfg.max_frame_bytes, self.warn, loop.call_soon,
                                   self._flush_replies)  # version-2 peers: the replies of one wake
-        self.accepting = True
+        self.tally = WakeTally(metrics)
+        self.tr = Translator(scheduler, self.conns, self._send, self._error, self.tally, daemon_cfg,
+                             self.worker_urls)
         self.stopped = False
         self.started_us = now_us()
         self._timer: asyncio.TimerHandle | None = None
         self._next_liveness_us = 0
         self._next_gauges_us = 0
-        self._releases_this_wake = 0
-        self._decisions_by_class: dict[str, object] = {}
         self._last_tick_s = 0.0
         self._fold_timer: asyncio.TimerHandle | None = None
-        self._update_counters: dict[str, object] = {}
         self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
         # Routing ids of peers whose watched process died: frames they left buffered are dropped
         # unread (a flood must not keep the daemon busy after its sender is gone). Bounded, FIFO.
         self._dead_ids: dict[bytes, None] = {}
         self.dropped_dead_frames = 0
+
+    @property
+    def accepting(self) -> bool:
+        """False once `begin_shutdown` ran."""
+        return self.tr.accepting
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -133,9 +134,10 @@ class Actor:
         Releases, progress and heartbeats are still served (idempotent)."""
         if not self.accepting:
             return
-        self.accepting = False
+        self.tr.accepting = False
         self._deliver(self.scheduler.shutdown(now_us()), now_us())
         self._flush_replies()
+        self.tally.flush()
 
     # ------------------------------------------------------------------ data socket
     def _on_data(self) -> None:
@@ -171,14 +173,15 @@ class Actor:
             n += self._handle_data(identity, payload, t) or 1  # a Batch counts its inner frames
         if n:
             self.metrics.frames.inc(n)
-            if self._releases_this_wake:
-                self.metrics.cleanup_batch.observe(self._releases_this_wake)
-                self._releases_this_wake = 0
+            if self.tr.releases_this_wake:
+                self.metrics.cleanup_batch.observe(self.tr.releases_this_wake)
+                self.tr.releases_this_wake = 0
             self._deliver(self.scheduler.drain_cleanup(t), t)
         elif folded:
             self._deliver(self.scheduler.drain_cleanup(t), t)
         self._arm_fold_timer()
         self._flush_replies()
+        self.tally.flush()
         self._rearm(self.data_sock, self._on_data, more=(n == budget))
 
     # ------------------------------------------------------------------ shared-memory words
@@ -202,6 +205,7 @@ class Actor:
         if self._fold():
             t = now_us()
             self._deliver(self.scheduler.drain_cleanup(t), t)
+            self.tally.flush()
         self._arm_fold_timer()
 
     def _rearm(self, sock: zmq.Socket, cb: Callable[[], None], more: bool) -> None:
@@ -231,23 +235,14 @@ class Actor:
         self._handle_frame(conn, frame, t)
 
     def _handle_frame(self, conn: Connection, frame, t: int) -> None:
-        match frame:
-            case p.Enqueue():
-                self._on_enqueue(conn, frame, t)
-            case p.Release():
-                self._releases_this_wake += 1
-                if self._owns(conn, frame.request_id):
-                    self.metrics.lease_released(self.scheduler.ledger.arrays, frame.slot, frame.generation, t)
-                    self.scheduler.release(frame.request_id, frame.slot, frame.generation, frame.outcome,
-                                           frame.context_tokens, t)
-            case p.Update():
-                self._on_update(conn, frame, t)
-            case p.Heartbeat():
-                self._send(conn, p.HeartbeatAck(frame.seq))
-            case p.Hello():
-                self._on_hello(conn, frame)
-            case p.Reattach():
-                self._on_reattach(conn, frame, t)
+        if type(frame) is p.Hello:
+            self._on_hello(conn, frame)
+        elif type(frame) is p.Reattach:
+            kept = self.tr.on_reattach(conn, frame, t)
+            log.info("reattach owner=%d kept=%d lost=%d pending=%d requeues=%d", conn.owner, len(kept),
+                     len(frame.leases) - len(kept), len(frame.pending), len(frame.requeues))
+        else:
+            self.tr.handle(conn, frame, t)
 
     def _undecodable(self, conn: Connection, payload: bytes, exc: Exception) -> None:
         """Answer a frame the typed decoder refused. Only bounded, typed peeks run here (never an
@@ -292,155 +287,9 @@ class Actor:
                  frame.client_name, frame.pid, frame.host, frame.pid_ns, conn.pid != 0)
         self._send(conn, self.welcome)
 
-    def _on_enqueue(self, conn: Connection, f: p.Enqueue, t: int) -> None:
-        reject = self._precheck_enqueue(conn, f)
-        if reject is not None:
-            self._send_reject(conn, f.request_id, reject[0], reject[1], f.policy_class)
-            return
-        conn.inflight += 1
-        spec = RequestSpec(
-            request_id=f.request_id, isl_tokens=f.isl_tokens,
-            block_hashes=np.frombuffer(f.block_hashes, dtype="<u8"), policy_class=f.policy_class,
-            priority=f.priority, strict_priority=f.strict_priority, session_id=f.session_id,
-            expected_osl=f.expected_osl, pinned=WorkerKey(*f.pinned) if f.pinned else None,
-            allowed_workers=frozenset(f.allowed_workers) if f.allowed_workers is not None else None,
-            do_not_queue=f.do_not_queue,
-            deadline_us=t + f.deadline_ms * 1000 if f.deadline_ms is not None else None,
-            lora_name=f.lora_name, owner=conn.owner,
-            excluded_workers=frozenset(f.excluded_workers) if f.excluded_workers else None,
-        )
-        if self.scheduler.cleanup_pending(f.request_id):  # its release is buffered: clean up first
-            self._deliver(self.scheduler.drain_cleanup(t), t)
-        outcomes = self.scheduler.enqueue(spec, t)
-        self._deliver(outcomes, t)
-        if outcomes and isinstance(outcomes[0], Admit) and outcomes[0].request_id == f.request_id:
-            self.metrics.admission_latency.observe((now_us() - t) / 1e6)
-
-    def _precheck_enqueue(self, conn: Connection, f: p.Enqueue) -> tuple[str, str] | None:
-        if not self.accepting:
-            return "shutting_down", "the daemon is stopping"
-        if conn.inflight >= self.cfg.inflight_cap_per_connection:
-            return "overloaded", f"in-flight cap {self.cfg.inflight_cap_per_connection} reached on this connection"
-        if len(f.request_id.encode()) > p.MAX_REQUEST_ID_BYTES:
-            return "invalid", f"request_id longer than {p.MAX_REQUEST_ID_BYTES} UTF-8 bytes"
-        if len(f.block_hashes) % 8:
-            return "invalid", "block_hashes length is not a multiple of 8 bytes"
-        return None
-
-    def _owns(self, conn: Connection, request_id: str) -> bool:
-        """Only the connection that owns a request may update or release it; others get an Error."""
-        owner = self.scheduler.owner_of(request_id)
-        if owner is None or owner == conn.owner:
-            return True
-        self._error(conn, p.ErrorCode.UNKNOWN_REQUEST, f"request {request_id!r} belongs to another connection",
-                    request_id)
-        return False
-
-    def _may_take_over(self, conn: Connection, request_id: str) -> bool:
-        """Reattach may claim a request owned by the daemon itself (re-adopted after a restart), by a
-        connection that is gone, or by an earlier connection of the same process (same pid and host)."""
-        owner = self.scheduler.owner_of(request_id)
-        if owner is None or owner in (0, conn.owner):
-            return True
-        old = self.conns.by_owner(owner)
-        return old is None or not old.alive or (old.hello_pid != 0 and old.hello_pid == conn.hello_pid
-                                                and old.host == conn.host and old.pid_ns == conn.pid_ns)
-
-    def _on_update(self, conn: Connection, f: p.Update, t: int) -> None:
-        counter = self._update_counters.get(f.kind)
-        if counter is None:
-            counter = self._update_counters[f.kind] = self.metrics.update_frames.labels(kind=f.kind)
-        counter.inc()
-        if not self._owns(conn, f.request_id):
-            return
-        if f.kind == "requeue" and not self.accepting:  # stopping: give the booking back, answer now
-            self.scheduler.release(f.request_id, f.slot, f.generation, "aborted", 0, t)
-            self._send_reject(conn, f.request_id, "shutting_down", "the daemon is stopping", "")
-            return
-        try:
-            outcomes = self.scheduler.update(f.request_id, f.slot, f.generation, f.kind, f.output_tokens, t)
-        except KeyError:
-            self._error(conn, p.ErrorCode.UNKNOWN_REQUEST,
-                        f"no lease ({f.request_id}, slot={f.slot}, generation={f.generation})", f.request_id)
-            return
-        if f.kind == "requeue":
-            conn.inflight += 1
-        self._deliver(outcomes, t)
-
-    def _on_reattach(self, conn: Connection, f: p.Reattach, t: int) -> None:
-        """A reconnected client claims its leases and re-sends its waiting Enqueues (docs/DESIGN.md §5.6)."""
-        kept, lost = [], []
-        for ref in f.leases:
-            if self._may_take_over(conn, ref.request_id) and self.scheduler.adopt_lease(
-                    ref.request_id, ref.slot, ref.generation, conn.owner, t):
-                kept.append(ref.request_id)
-            else:
-                lost.append(ref.request_id)
-        log.info("reattach owner=%d kept=%d lost=%d pending=%d requeues=%d", conn.owner, len(kept), len(lost),
-                 len(f.pending), len(f.requeues))
-        self._send(conn, p.Reattached(kept=kept, lost=lost))
-        for rq in f.requeues:  # requeues in flight: before pending, in list order
-            ref, enq = rq.lease, rq.enqueue
-            if ref.request_id == enq.request_id and self._may_take_over(conn, ref.request_id) and \
-                    self.scheduler.adopt_lease(ref.request_id, ref.slot, ref.generation, conn.owner, t):
-                self._on_update(conn, p.Update(ref.request_id, ref.slot, ref.generation, "requeue"), t)
-            else:  # the requeue was applied (same daemon) or the lease is gone (restarted daemon)
-                self._reattach_pending(conn, enq, t)
-        for enq in f.pending:
-            self._reattach_pending(conn, enq, t)
-
-    def _reattach_pending(self, conn: Connection, enq: p.Enqueue, t: int) -> None:
-        """A re-sent Enqueue: hand a request this daemon still holds to `conn`, else enqueue it."""
-        if not self._may_take_over(conn, enq.request_id):
-            self._on_enqueue(conn, enq, t)  # answered duplicate_request
-            return
-        got = self.scheduler.adopt_waiting(enq.request_id, conn.owner)
-        if got is False:
-            self._on_enqueue(conn, enq, t)
-        else:
-            conn.inflight += 1
-            if isinstance(got, Admit):
-                self._deliver([got], t)
-
-    # ------------------------------------------------------------------ replies
     def _deliver(self, outcomes: list, t: int) -> None:
-        """Send Admitted/Rejected for scheduler outcomes; release what cannot be delivered."""
-        while outcomes:
-            released = False
-            for o in outcomes:
-                conn = self.conns.by_owner(o.owner)
-                if isinstance(o, Admit):
-                    ok = conn is not None and conn.alive and self._send(conn, p.Admitted(
-                        o.request_id, o.worker.worker_id, o.worker.dp_rank, o.slot, o.generation,
-                        o.overlap_blocks, o.cached_tokens, o.queued_us,
-                        self.worker_urls.get(o.worker.worker_id, ""),
-                        self.scheduler.ledger.ranks_of(o.worker.worker_id) or 1), o)
-                    if ok:
-                        conn.inflight -= 1
-                        self._admission_counter(o.policy_class).inc()
-                        self.metrics.queue_wait.observe(o.queued_us / 1e6)
-                    elif o.owner != 0:
-                        self.metrics.undeliverable.inc()
-                        self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
-                        released = True
-                elif isinstance(o, Reject):
-                    self.metrics.rejections.labels(reason=o.reason).inc()
-                    if conn is not None and conn.alive:
-                        if not o.revoked:
-                            conn.inflight -= 1
-                        self._send(conn, p.Rejected(o.request_id, o.reason, o.detail, o.policy_class,
-                                                    o.limit_kind, o.current, o.limit))
-            outcomes = self.scheduler.drain_cleanup(t) if released else []
-
-    def _admission_counter(self, policy_class: str):
-        child = self._decisions_by_class.get(policy_class)
-        if child is None:  # prometheus_client's labels() lookup is slow: keep one child per class
-            child = self._decisions_by_class[policy_class] = self.metrics.admissions.labels(policy_class=policy_class)
-        return child
-
-    def _send_reject(self, conn: Connection, request_id: str, reason: str, detail: str, policy_class: str) -> None:
-        self.metrics.rejections.labels(reason=reason).inc()
-        self._send(conn, p.Rejected(request_id, reason, detail, policy_class))
+        """Send Admitted/Rejected for scheduler outcomes (`Translator.deliver`)."""
+        self.tr.deliver(outcomes, t)
 
     def _error(self, conn: Connection, code: p.ErrorCode, message: str, request_id: str | None = None) -> None:
         self.metrics.malformed.labels(code=code.name.lower()).inc()
@@ -469,7 +318,7 @@ class Actor:
                 return
             t = now_us()
             for o in lost:
-                self.metrics.undeliverable.inc()
+                self.tally.undeliverable += 1
                 self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
             self._deliver(self.scheduler.drain_cleanup(t), t)  # may owe more replies: loop
 
@@ -496,6 +345,7 @@ class Actor:
             self._deliver(outcomes, t)
         if n:
             self._deliver(self.scheduler.drain_cleanup(t), t)
+            self.tally.flush()
         self._rearm(self.admin_sock, self._on_admin, more=(n == 64))
 
     def _admin_reply(self, payload: bytes, t: int):
@@ -526,10 +376,10 @@ class Actor:
         try:
             self._fold()  # counted here; the tick's own fold then finds nothing new
             outcomes = self.scheduler.tick(t)
-            released = getattr(self.scheduler, "orphans_released", 0)
-            if released:
-                self.scheduler.orphans_released = 0
-                log.warning("released leases nobody re-attached after the restart count=%d", released)
+            orphans = self.scheduler.take_orphan_report()
+            if orphans is not None and orphans.released:
+                log.warning("released leases nobody re-attached after the restart count=%d claimed=%d",
+                            orphans.released, orphans.claimed)
             for note in self.scheduler.take_notices():
                 self.warn.warning("invalid-placement", "%s (ignored so far: %d)", note, self.scheduler.invalid_placements)
             if t >= self._next_liveness_us:
@@ -540,6 +390,7 @@ class Actor:
                 self._update_gauges(t)
             outcomes += self.scheduler.drain_cleanup(t)
             self._deliver(outcomes, t)
+            self.tally.flush()
             for cb in self.on_tick:
                 cb()
         finally:

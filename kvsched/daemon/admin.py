@@ -113,7 +113,7 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
             return p.OkReply(message=f"{done} {req.worker_id}:{req.dp_rank}"), s.drain_cleanup(now_us)
         case p.RemoveWorker():
             try:
-                rows = s._rows(req.worker_id, req.dp_rank)  # noqa: SLF001 - the rows RemoveWorker frees
+                rows = s.rows_of(req.worker_id, req.dp_rank)  # the rows RemoveWorker frees
                 outcomes = s.remove_worker(req.worker_id, req.dp_rank, now_us)
             except KeyError:
                 return _err(p.ErrorCode.NOT_FOUND, f"unknown worker {_w(req)}"), []

@@ -73,6 +73,7 @@ class Daemon:
         from .actor import Actor
         from .admin import AdminContext, handle
         from .health import Health, HttpServer, available_workers
+        from .connections import ConnectionTable
         from .metrics import Metrics
         from .notify import Notifier
         from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, start_curve_auth
@@ -99,7 +100,8 @@ class Daemon:
         log.info("kernels warm seconds=%.2f", time.monotonic() - t0)
         self.segments, restarted = open_segments(cfg)
         self.restarted = restarted
-        self.scheduler = build_scheduler(cfg, self.segments, restarted)
+        self.conns = ConnectionTable(d.liveness_timeout_ms * 1000)
+        self.scheduler = build_scheduler(cfg, self.segments, restarted, self.conns)
         self.ctx = zmq.Context()
         curve = load_curve_secret(d.curve_secret_key_file)
         self.auth = start_curve_auth(self.ctx, curve, d.curve_authorized_keys_dir)
@@ -124,7 +126,7 @@ class Daemon:
         )
         self.actor = Actor(loop, self.scheduler, self.data_sock, welcome, d, self.metrics,
                            admin_handler=lambda req, t: handle(req, self.admin_ctx, t), admin_sock=self.admin_sock,
-                           worker_urls=self.admin_ctx.worker_urls)
+                           worker_urls=self.admin_ctx.worker_urls, conns=self.conns)
         self.admin_ctx.connections = lambda: len(self.actor.conns)
         self.actor.on_tick.append(self.notifier.watchdog_tick)
         arrays = self.scheduler.ledger.arrays

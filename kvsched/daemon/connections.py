@@ -16,6 +16,8 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from ..core.types import DAEMON_OWNER
+
 log = logging.getLogger(__name__)
 
 _HOSTNAME = socket.gethostname()
@@ -63,13 +65,14 @@ class Connection:
 
 
 class ConnectionTable:
-    """All known data-socket peers; owner ids are never reused within one daemon run."""
+    """All known data-socket peers; owner ids are never reused within one daemon run and never
+    `DAEMON_OWNER` (they count from 1)."""
 
     def __init__(self, liveness_timeout_us: int) -> None:
         self.liveness_timeout_us = liveness_timeout_us
         self._by_identity: dict[bytes, Connection] = {}
         self._by_owner: dict[int, Connection] = {}
-        self._next_owner = 1
+        self._next_owner = DAEMON_OWNER + 1
 
     def __len__(self) -> int:
         return len(self._by_identity)
@@ -95,12 +98,20 @@ class ConnectionTable:
         self._by_owner.pop(conn.owner, None)
 
     def owner_alive(self, owner: int) -> bool:
-        """Predicate handed to the Scheduler (`admit_one` skips dead requesters). Owner 0 is the
-        daemon itself (e.g. leases re-adopted after a restart) and always alive."""
-        if owner == 0:
+        """Predicate handed to the Scheduler (`admit_one` skips dead requesters). `DAEMON_OWNER` is
+        the daemon itself (e.g. leases re-adopted after a restart) and always alive."""
+        if owner == DAEMON_OWNER:
             return True
         conn = self._by_owner.get(owner)
         return conn is not None and conn.alive
+
+    def same_process(self, a: int, b: int) -> bool:
+        """Predicate handed to the Scheduler (Reattach takeover): are owners `a` and `b` connections
+        of one process — same announced pid (non-zero), host and PID namespace? A reconnecting
+        client's new connection may then claim what its earlier connection held."""
+        ca, cb = self._by_owner.get(a), self._by_owner.get(b)
+        return (ca is not None and cb is not None and ca.hello_pid != 0 and ca.hello_pid == cb.hello_pid
+                and ca.host == cb.host and ca.pid_ns == cb.pid_ns)
 
     def hello(self, conn: Connection, version: int, pid: int, client_name: str, host: str, pid_ns: int = 0) -> None:
         """Record a Hello; the pid is watched only for peers on this host and in this PID namespace

@@ -1,7 +1,8 @@
 """All Prometheus objects of the daemon, on a registry of their own (no module globals).
 
 The list with types and labels is in docs/DEPLOY.md ("Metrics"). Histograms are in seconds. Worker
-series carry `worker_id` and `dp_rank` labels. The actor increments counters on its loop and calls
+series carry `worker_id` and `dp_rank` labels. The decision path's counters and histograms are
+written once per wake from a tally (`daemon/translate.py` `WakeTally`, `observe_many`); the actor calls
 `refresh(scheduler, now_us)` once a second for the gauges; `kvsched_decisions_total` and
 `kvsched_active_leases` are read at scrape time from the scheduler's own counters (single int reads),
 so they equal what `kvsched status` shows. The HTTP side lives in `kvsched.daemon.health`.
@@ -10,6 +11,7 @@ so they equal what `kvsched status` shows. The HTTP side lives in `kvsched.daemo
 from __future__ import annotations
 
 import platform
+from bisect import bisect_left
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -146,7 +148,7 @@ class Metrics:
                                self.worker_drained, self.worker_overloaded, self.worker_stale)
         self._worker_labels: set[tuple[str, str]] = set()
         self._class_names: list[str] = []
-        self._lease_children: dict[str, object] = {}
+        self._children: dict[tuple[str, str], object] = {}  # (family, label value) -> child
 
     def bind(self, scheduler) -> None:
         """Read `kvsched_decisions_total` and `kvsched_active_leases` from this `Scheduler` at scrape time."""
@@ -185,16 +187,40 @@ class Metrics:
         self._worker_labels = seen
         self.workers.set(len(rows))
 
-    def lease_released(self, arrays, slot: int, generation: int, now_us: int) -> None:
-        """Observe a lease's duration just before the scheduler applies its Release (stale or
-        repeated releases, whose generation no longer matches, are not observed)."""
-        if not (0 <= slot < len(arrays.s_state)) or arrays.s_state[slot] == 0 or arrays.s_generation[slot] != generation:
-            return
-        idx = int(arrays.s_class[slot])
-        if not (0 <= idx < len(self._class_names)):
-            return
-        name = self._class_names[idx]
-        child = self._lease_children.get(name)
+    def admission_child(self, policy_class: str):
+        """`kvsched_admissions{policy_class}` (children cached: prometheus_client's labels() is slow)."""
+        return self._child(self.admissions, "admission", policy_class, policy_class=policy_class)
+
+    def update_child(self, kind: str):
+        """`kvsched_update_frames{kind}`."""
+        return self._child(self.update_frames, "update", kind, kind=kind)
+
+    def lease_child(self, policy_class: str):
+        """`kvsched_lease_duration_seconds{policy_class}`."""
+        return self._child(self.lease_duration, "lease", policy_class, policy_class=policy_class)
+
+    def _child(self, metric, family: str, key: str, **labels):
+        child = self._children.get((family, key))
         if child is None:
-            child = self._lease_children[name] = self.lease_duration.labels(policy_class=name)
-        child.observe(max(0, now_us - int(arrays.s_admit_us[slot])) / 1e6)
+            child = self._children[(family, key)] = metric.labels(**labels)
+        return child
+
+
+def observe_many(hist, values: list[float]) -> None:
+    """Observe every value of `values` (s) in the histogram `hist` with one lock round per bucket
+    touched instead of one per value (a wake's samples at once). Falls back to `observe` per value
+    when the histogram does not expose prometheus_client's bucket counters."""
+    bounds = getattr(hist, "_upper_bounds", None)
+    buckets = getattr(hist, "_buckets", None)
+    total = getattr(hist, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(values) < 2:
+        for v in values:
+            hist.observe(v)
+        return
+    counts: dict[int, int] = {}
+    for v in values:
+        i = bisect_left(bounds, v)
+        counts[i] = counts.get(i, 0) + 1
+    total.inc(sum(values))
+    for i, n in counts.items():
+        buckets[i].inc(n)

@@ -9,11 +9,11 @@ import logging
 import time
 
 from ..config import Config
+from ..core.overlap_view import OVERLAP_CAPACITY_PER_WORKER, overlap_capacity  # noqa: F401 - re-exported
 from ..core.types import WorkerKey
 
 log = logging.getLogger(__name__)
 
-OVERLAP_CAPACITY_PER_WORKER = 1 << 14  # overlap-index entries budgeted per worker row (33 B each, per index)
 # KV-event messages read per SUB wake: ~50 µs each (decode + index update), so one wake holds the
 # actor's loop at most a few ms and scheduling frames interleave with a heavy event stream.
 KV_EVENT_FRAME_BUDGET = 64
@@ -21,13 +21,6 @@ KV_EVENT_FRAME_BUDGET = 64
 # a whole 10,000-batch ring buffer takes well under a second here; an engine that does not answer
 # must not delay the start (its row keeps its restored entries and turns stale if it never answers).
 KV_CATCH_UP_WAIT_S = 1.0
-
-
-def overlap_capacity(max_workers: int) -> int:
-    """Entries of the overlap index: `OVERLAP_CAPACITY_PER_WORKER` per row (rows past 64 share the
-    budget of 64), rounded up to a power of two as the open-addressing table requires."""
-    want = OVERLAP_CAPACITY_PER_WORKER * max(1, min(max_workers, 64))
-    return 1 << (want - 1).bit_length()
 
 
 def segment_capacities(cfg: Config) -> dict[str, int]:
@@ -135,8 +128,9 @@ def _replace_old_layout(instance: str) -> None:
         f"`kvsched-daemon --purge --instance {instance}` and start again")
 
 
-def build_scheduler(cfg: Config, segments, restarted: bool):
-    """Wire Ledger + overlap indexes + selector into a Scheduler and register the configured workers.
+def build_scheduler(cfg: Config, segments, restarted: bool, conns=None):
+    """Wire the segments' ledger and overlap indexes into a Scheduler (`create_scheduler`), re-adopt
+    the slot table's leases after a restart, and register the configured workers.
 
     Three indexes of `overlap_capacity(max_workers)` entries: the approximate one (routing
     decisions, private) and the event-fed device and offload ones (in the KV-index segment, so they
@@ -144,12 +138,11 @@ def build_scheduler(cfg: Config, segments, restarted: bool):
     use them. All are pre-faulted here (see `OverlapIndex.prefault`): the daemon commits their memory
     at start instead of stalling requests. After the workers are registered, the KV-index rows are
     checked against the ledger's worker table (`reconcile_rows`: a row whose worker changed is cleared).
+    `conns` (the actor's `ConnectionTable`) supplies `owner_alive` and `same_process`.
     """
-    from ..shm.kv_index import reconcile_rows
-
+    from ..core.create import add_config_workers, create_scheduler
     from ..core.ledger import Ledger
-    from ..core.scheduler import Scheduler
-    from ..core.selector import create_selector
+    from ..shm.kv_index import reconcile_rows
     from ..shm.overlap import OverlapIndex
 
     ledger = Ledger(segments.ledger, segments.progress, cfg.overload, state=segments.state)
@@ -158,17 +151,15 @@ def build_scheduler(cfg: Config, segments, restarted: bool):
     for index in (overlap, device, offload):
         index.prefault()
     log.info("overlap indexes ready entries=%d bytes=%d", cap, 3 * overlap.nbytes)
-    scheduler = Scheduler(cfg, ledger, overlap, create_selector(cfg.selector), event_device=device,
-                          event_offload=offload)
+    scheduler = create_scheduler(cfg, ledger=ledger, overlap=overlap, event_device=device, event_offload=offload,
+                                 owner_alive=None if conns is None else conns.owner_alive,
+                                 same_process=None if conns is None else conns.same_process, add_workers=False)
     scheduler.speculative.prefault()
     if restarted:
-        n = scheduler.restore_after_restart(time.monotonic_ns() // 1000, cfg.daemon.liveness_timeout_ms * 1000)
-        log.info("re-adopted leases from the slot table count=%d grace_ms=%d", n, cfg.daemon.liveness_timeout_ms)
-    for w in cfg.workers:
-        for rank in range(w.dp_size):
-            key = WorkerKey(w.worker_id, rank)
-            if ledger.row_of(key) is None:
-                scheduler.add_worker(key, w.total_kv_blocks, w.max_num_batched_tokens)
+        orphans = scheduler.restore_after_restart(time.monotonic_ns() // 1000, cfg.daemon.liveness_timeout_ms * 1000)
+        log.info("re-adopted leases from the slot table count=%d grace_ms=%d", orphans.adopted,
+                 cfg.daemon.liveness_timeout_ms)
+    add_config_workers(scheduler, cfg)
     a = segments.ledger
     cleared = reconcile_rows(segments.kv_index, a.w_present, a.w_worker_id, a.w_dp_rank, a.w_generation)
     if cleared:
@@ -269,9 +260,8 @@ def warm_decision_path(cfg: Config) -> None:
     import msgspec
     import numpy as np
 
+    from ..core.create import create_scheduler
     from ..core.ledger import Ledger
-    from ..core.scheduler import Scheduler
-    from ..core.selector import create_selector
     from ..core.types import RequestSpec
     from ..shm.layout import LedgerArrays
     from ..shm.overlap import OverlapIndex
@@ -280,8 +270,8 @@ def warm_decision_path(cfg: Config) -> None:
     arrays = LedgerArrays.private(max_workers=2, max_slots=4, max_blocks_per_request=8, ref_capacity=1024, block_size=bs)
     ledger = Ledger(arrays, np.zeros(4, np.uint64), cfg.overload, state=np.zeros(4, np.uint64))
     warm_cfg = msgspec.structs.replace(cfg, workers=[])
-    sched = Scheduler(warm_cfg, ledger, OverlapIndex(2, 1024), create_selector(cfg.selector),
-                      event_device=OverlapIndex(2, 1024), event_offload=OverlapIndex(2, 1024))
+    sched = create_scheduler(warm_cfg, ledger=ledger, overlap=OverlapIndex(2, 1024), event_device=OverlapIndex(2, 1024),
+                             event_offload=OverlapIndex(2, 1024))
     sched.add_worker(WorkerKey(0, 0), 1000, 1000)
     for fed in (False, True):
         sched.set_event_fed(0, fed)

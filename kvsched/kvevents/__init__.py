@@ -3,7 +3,7 @@ indexes (`apply`), engine hash checks (`hash_check`). Pure: no sockets, so the s
 import it. The socket side lives in `kvsched.daemon.kv_events`; the vLLM-format publisher used by
 tests and the simulated fleet is `kvsched.sim.kv_publisher`."""
 
-from .apply import KvEventApplier, KvEventCounters, LiveResult, credited_overlap
+from .apply import KvEventApplier, KvEventCounters, LiveResult
 from .format import (
     END_SEQ, Cleared, DecodedBatch, KvEventFormatError, Removed, Stored, block_key, decode_batch,
     normalize_hash, offset_endpoint,
@@ -11,6 +11,6 @@ from .format import (
 
 __all__ = [
     "END_SEQ", "Cleared", "DecodedBatch", "KvEventApplier", "KvEventCounters", "KvEventFormatError",
-    "LiveResult", "Removed", "Stored", "block_key", "credited_overlap", "decode_batch",
+    "LiveResult", "Removed", "Stored", "block_key", "decode_batch",
     "normalize_hash", "offset_endpoint",
 ]

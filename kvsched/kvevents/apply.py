@@ -375,28 +375,3 @@ class KvEventApplier:
             self.store.last_seq[row] = -1
             self.store.present[row] = 0
 
-
-def credited_overlap(device_depth: np.ndarray, offload_depth: np.ndarray | None, approx_depth: np.ndarray,
-                     stale: np.ndarray, offload_credit: float, out: np.ndarray) -> np.ndarray:
-    """Overlap blocks to credit per worker row, combining the event-fed and approximate indexes.
-
-    Non-stale rows: base = max(device, approx) (approx holds the short-TTL speculative entries written
-    at routing time), plus `offload_credit` per block of the offload-tier prefix beyond base.
-    Stale rows (no live event stream): approx only; their event-fed entries may be outdated.
-    The offload prefix is measured from block 0 in the offload index alone, which is exact when the
-    offload tier keeps a copy of what the device holds (write-through offloading, as vLLM's CPU
-    offloading does) and an underestimate otherwise.
-
-    Args:
-        device_depth / offload_depth / approx_depth: int32[R], prefix depth (blocks) per row from
-            `OverlapIndex.depth`; offload_depth None = no offload index.
-        stale: bool[R], True where the row's event stream is stale or absent.
-        offload_credit: credit of an offload-only block relative to a device block (0..1).
-        out: float64[R], written and returned.
-    """
-    base = np.maximum(device_depth, approx_depth)
-    np.copyto(out, base)
-    if offload_depth is not None and offload_credit > 0:
-        out += offload_credit * np.maximum(0, offload_depth.astype(np.int64) - base)
-    np.copyto(out, approx_depth, where=stale)
-    return out

@@ -350,3 +350,6 @@ def warm_kernels() -> None:
     fold_words(2, progress, progress.copy(), progress.copy(), a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4, np.zeros(2, np.int64), np.zeros(2, np.int64))
     apply_output_tokens(0, 0, a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
     warm_overlap_kernels()
+    from .select_kernels import warm_select_kernels
+
+    warm_select_kernels()

@@ -3,7 +3,8 @@
 Naming: `numpy_twin.<kernel>` and `python_twin.<kernel>` have the kernel's name and signature and
 write the same outputs (property tests in tests/shm/test_kernels.py; ratios in bench/bench_kernels.py).
 Covered: mix64, ref_add, ref_remove, ref_live_count, ref_live_prefix, project_and_cost, apply_output_tokens,
-fold_progress, fold_words, overlap_depth. The numpy twins vectorise over workers/hashes/slots where the algorithm
+fold_progress, fold_words, overlap_depth, and (from reference_select.py) pairwise_sum, kv_cost_terms,
+count_busy, credit_rows. The numpy twins vectorise over workers/hashes/slots where the algorithm
 allows; inserts and deletes in the open-addressing table are sequential by nature, so their numpy
 twins only vectorise each probe window.
 """
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import reference_select as _select
 from .kernels import MAX_PROBE
 from .layout import SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE
 from .mix import mix64 as _py_mix64
@@ -398,3 +400,6 @@ _NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "ref_live_prefix",
 
 python_twin = SimpleNamespace(**{name: globals()[f"_py_{name}"] for name in _NAMES})
 numpy_twin = SimpleNamespace(**{name: globals().get(f"_np_{name}", globals()[f"_py_{name}"]) for name in _NAMES})
+for _name in _select.NAMES:  # the selection kernels' twins (reference_select.py)
+    setattr(python_twin, _name, getattr(_select, f"_py_{_name}"))
+    setattr(numpy_twin, _name, getattr(_select, f"_np_{_name}"))

@@ -83,34 +83,21 @@ class EngineEventSink:
 def make_inprocess_scheduler(config: Config, overlap_mode: str = "approx"):
     """A `Scheduler` over private (process-memory) ledger arrays, with the config's workers added.
 
-    Mirrors the daemon's wiring (`daemon/wiring.py`) minus shared memory and sockets. With
+    Built by `create_scheduler`, as the daemon's is, minus shared memory and sockets. With
     `overlap_mode="events"` the scheduler gets an event-fed device index and every row is marked
     event-fed (attach the engines with `attach_engines`); "none" gives it an index that learns nothing.
     """
     if overlap_mode not in OVERLAP_MODES:
         raise ValueError(f"unknown overlap mode {overlap_mode!r} (expected one of {OVERLAP_MODES})")
-    from ..core.ledger import Ledger
-    from ..core.scheduler import Scheduler
-    from ..core.selector import create_selector
-    from ..daemon.wiring import OVERLAP_CAPACITY_PER_WORKER
-    from ..shm.layout import LedgerArrays
-    from ..shm.overlap import OverlapIndex
+    from ..core.create import create_scheduler
 
     d = config.daemon
-    arrays = LedgerArrays.private(d.max_workers, d.max_slots, d.max_blocks_per_request, None, d.block_size)
-    ledger = Ledger(arrays, progress=None, overload=config.overload)
-    want = OVERLAP_CAPACITY_PER_WORKER * max(1, min(d.max_workers, 64))
-    cap = 1 << (want - 1).bit_length()  # a power of two
-    overlap = _NoIndex(d.max_workers) if overlap_mode == "none" else OverlapIndex(d.max_workers, cap)
-    device = OverlapIndex(d.max_workers, cap) if overlap_mode == "events" else None
-    scheduler = Scheduler(config, ledger, overlap, create_selector(config.selector), event_device=device)
+    overlap = _NoIndex(d.max_workers) if overlap_mode == "none" else None
+    scheduler = create_scheduler(config, overlap=overlap, events=overlap_mode == "events")
     scheduler.set_max_waiting_share(1.0)  # one in-process owner stands for every router: no per-connection cap
-    for w in config.workers:
-        for rank in range(w.dp_size):
-            key = WorkerKey(w.worker_id, rank)
-            scheduler.add_worker(key, w.total_kv_blocks, w.max_num_batched_tokens)
-            if device is not None:
-                scheduler.set_event_fed(ledger.row_of(key), True)
+    if scheduler.event_device is not None:
+        for row in scheduler.ledger.live_rows().tolist():
+            scheduler.set_event_fed(row, True)
     return scheduler
 
 

@@ -53,9 +53,8 @@ def make_scheduler(config=None, workers=((1, 0),), total_kv_blocks: int = 1000, 
                    max_workers: int = 8, max_slots: int = 64, owner_alive=None, **config_overrides):
     """A Scheduler over a private LedgerArrays with `workers` (worker_id, dp_rank) registered."""
     from kvsched.config import OverloadConfig
+    from kvsched.core.create import create_scheduler
     from kvsched.core.ledger import Ledger
-    from kvsched.core.scheduler import Scheduler
-    from kvsched.core.selector import create_selector
     from kvsched.core.types import WorkerKey
     from kvsched.shm.layout import LedgerArrays
     from kvsched.shm.overlap import OverlapIndex
@@ -63,8 +62,8 @@ def make_scheduler(config=None, workers=((1, 0),), total_kv_blocks: int = 1000, 
     config = config or make_config(**config_overrides)
     arrays = LedgerArrays.private(max_workers, max_slots, 64, block_size=config.daemon.block_size)
     ledger = Ledger(arrays, overload=config.overload or OverloadConfig())
-    kwargs = {} if owner_alive is None else {"owner_alive": owner_alive}
-    s = Scheduler(config, ledger, OverlapIndex(max_workers, 1024), create_selector(config.selector), **kwargs)
+    s = create_scheduler(config, ledger=ledger, overlap=OverlapIndex(max_workers, 1024), owner_alive=owner_alive,
+                         add_workers=False)
     for wid, rank in workers:
         s.add_worker(WorkerKey(wid, rank), total_kv_blocks, max_num_batched_tokens)
     return s

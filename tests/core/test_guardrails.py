@@ -206,15 +206,15 @@ def test_requeues_in_one_step_come_back_in_their_original_order(order):
 
 
 def _event_fed_scheduler():
+    from kvsched.core.create import create_scheduler
     from kvsched.core.ledger import Ledger
-    from kvsched.core.scheduler import Scheduler
-    from kvsched.core.selector import create_selector
     from kvsched.shm.layout import LedgerArrays
     from kvsched.shm.overlap import OverlapIndex
 
     cfg = make_config([make_class("default", **BUSY_500)])
     ledger = Ledger(LedgerArrays.private(8, 64, 64, block_size=16))
-    s = Scheduler(cfg, ledger, OverlapIndex(8, 1024), create_selector(cfg.selector), event_device=OverlapIndex(8, 1024))
+    s = create_scheduler(cfg, ledger=ledger, overlap=OverlapIndex(8, 1024), event_device=OverlapIndex(8, 1024),
+                         add_workers=False)
     s.add_worker(W1, 1000, 1000)
     s.set_event_fed(ledger.row_of(W1), True)
     return s
@@ -303,16 +303,15 @@ def test_lower_progress_word_is_ignored_when_folded():
 
 # ---- 9. blocked lanes ---------------------------------------------------------------------------
 def _progress_scheduler(workers):
+    from kvsched.core.create import create_scheduler
     from kvsched.core.ledger import Ledger
-    from kvsched.core.scheduler import Scheduler
-    from kvsched.core.selector import create_selector
     from kvsched.shm.layout import LedgerArrays
     from kvsched.shm.overlap import OverlapIndex
 
     cfg = make_config([make_class("default", **BUSY_500)])
     progress = np.zeros(64, np.uint64)
     ledger = Ledger(LedgerArrays.private(8, 64, 64, block_size=16), progress=progress)
-    s = Scheduler(cfg, ledger, OverlapIndex(8, 1024), create_selector(cfg.selector))
+    s = create_scheduler(cfg, ledger=ledger, overlap=OverlapIndex(8, 1024), add_workers=False)
     for w in workers:
         s.add_worker(w, 1000, 1000)
     return s, progress
@@ -331,8 +330,8 @@ def test_blocked_lane_is_rechecked_only_when_its_own_worker_changes():
     assert _ids(s.tick(2)) == [("for9", "9:0")]
     assert w7 in s.pq.classes[0].blocked_workers
     checked = []
-    real = s._lane_ready
-    s._lane_ready = lambda c, w: checked.append(w) or real(c, w)
+    real = s.admitter.lane_ready
+    s.admitter.lane_ready = lambda c, w: checked.append(w) or real(c, w)
     for n in (40, 80, 120):  # worker 9 decodes: its capacity changes, worker 7's does not
         write_progress(progress, f9.slot, f9.generation, n)
         s.tick(3 + n)

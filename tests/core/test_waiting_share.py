@@ -81,4 +81,4 @@ def test_counts_follow_the_waiting_requests_of_each_owner(ops):
             s.cancel_owner(owner, t)
             waiting[owner].clear()
         for o in (1, 2, 3):
-            assert s._shares.of(o, 0)[0] == len(waiting[o])
+            assert s.shares.of(o, 0)[0] == len(waiting[o])

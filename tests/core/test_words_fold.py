@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from kvsched.config import OverloadConfig
+from kvsched.core.create import create_scheduler
 from kvsched.core.ledger import Ledger
-from kvsched.core.scheduler import Scheduler
-from kvsched.core.selector import create_selector
 from kvsched.core.types import Admit, WorkerKey
 from kvsched.shm.layout import LedgerArrays
 from kvsched.shm.overlap import OverlapIndex
@@ -20,7 +19,7 @@ def _scheduler(arrays=None, words=None, add_worker=True):
     arrays = arrays if arrays is not None else LedgerArrays.private(4, 8, 64, block_size=config.daemon.block_size)
     progress, state = words if words is not None else (np.zeros(8, np.uint64), np.zeros(8, np.uint64))
     ledger = Ledger(arrays, progress, OverloadConfig(), state=state)
-    s = Scheduler(config, ledger, OverlapIndex(4, 1024), create_selector(config.selector))
+    s = create_scheduler(config, ledger=ledger, overlap=OverlapIndex(4, 1024), add_workers=False)
     if add_worker:
         s.add_worker(WorkerKey(1, 0), 1000, 1000)
     return s, arrays, (progress, state)
@@ -48,6 +47,6 @@ def test_restart_folds_words_before_rebuilding_aggregates():
     write_state(words[1], a.slot, a.generation, STATE_PREFILL_DONE)  # stored; the daemon dies unfolded
     assert arrays.w_active_prefill[0] == 500
     fresh, _, _ = _scheduler(arrays, words, add_worker=False)
-    assert fresh.restore_after_restart(10, 1_000_000) == 1
+    assert fresh.restore_after_restart(10, 1_000_000).adopted == 1
     assert arrays.w_active_prefill[0] == 0 and arrays.w_active_requests[0] == 1
     assert fresh.leases(10)[0].state == "prefill_done"

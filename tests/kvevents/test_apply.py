@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from kvsched.kvevents.apply import KvEventApplier, credited_overlap
+from kvsched.core.overlap_view import credited_overlap
+from kvsched.kvevents.apply import KvEventApplier
 from kvsched.shm.overlap import OverlapIndex
 
 enc = msgspec.msgpack.encode

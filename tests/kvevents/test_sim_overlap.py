@@ -153,7 +153,7 @@ def _scheduler(mode: str):
 
 
 def _depths(sched, hashes, now_us: int) -> list[int]:
-    return sched._overlap_depth(np.array(hashes, np.uint64), now_us)[:2].tolist()  # noqa: SLF001
+    return sched.view.depth(np.array(hashes, np.uint64), now_us)[:2].tolist()
 
 
 def test_event_rows_ignore_routing_history_when_engine_evicted():
@@ -191,7 +191,7 @@ def test_speculative_entry_counts_until_its_ttl():
     out = sched.enqueue(spec, 0)
     row = sched.ledger.row_of(out[0].worker)
     assert _depths(sched, [11, 12], 1)[row] == 2  # routed, not yet confirmed by events
-    ttl_us = sched._spec_ttl_us  # noqa: SLF001
+    ttl_us = sched.view.spec_ttl_us
     assert ttl_us == int(sched.config.selector.approx_ttl_s * 1e6 / 24)
     assert _depths(sched, [11, 12], ttl_us + 1)[row] == 0  # never confirmed: gone
 

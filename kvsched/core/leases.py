@@ -1,0 +1,243 @@
+"""LeaseTable: every live request (waiting or leased), by id, by slot and by owner, and the rules
+of who may touch, claim or adopt one.
+
+Ownership rules (docs/PROTOCOL.md "Daemon → router (data socket)"; docs/DESIGN.md §5.4, §5.6):
+* only the owner of a request may update or release it (`owner_of`);
+* a reconnected client may take over a request owned by the daemon itself (`DAEMON_OWNER`: leases
+  re-adopted from the slot table after a restart), by itself, by an owner known gone
+  (`owner_alive` False), or by an earlier connection of the same process (`same_process`: same pid,
+  host and PID namespace, as a client's reconnect is) — `may_take_over`;
+* a restarted daemon adopts each booking of the slot table as an orphan lease (owner
+  `DAEMON_OWNER`); orphans nobody claims within the grace period are released (`expired_orphans`),
+  so nothing admitted is lost and nothing is booked twice.
+
+Pure and synchronous like the rest of the core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .ordering import QueueEntry
+from .types import DAEMON_OWNER, Admit, RequestSpec
+
+READY, DEFERRED, LEASED, GONE = "ready", "deferred", "leased", "gone"
+
+
+@dataclass(slots=True, eq=False)
+class Live:
+    """One live request (waiting, deferred or leased); `entry.payload is self`.
+
+    Attributes:
+        spec: the request as enqueued.
+        entry: its queue entry (ordering inputs, cost, placement = effective pin, class index).
+        state: "ready" (queued), "deferred" (held by the admission policy), "leased" or "gone".
+        slot / generation: the lease while leased, else -1 / 0.
+        tracked: the class's admission policy receives this request's events.
+        told_dispatched: Dispatched was already sent to the policy (at most once).
+        deadline_us: absolute queue-wait deadline (µs), or None.
+        wait_token: bumps on every (re)queue so stale timeout heap items are skipped.
+        wrote: what its admission added to the overlap indexes while leased (`OverlapView.record`),
+            else None.
+        share_key: the (owner, class) key of `WaitingShares` while it is counted as waiting.
+    """
+
+    spec: RequestSpec
+    entry: QueueEntry
+    state: str = READY
+    slot: int = -1
+    generation: int = 0
+    tracked: bool = False
+    told_dispatched: bool = False
+    deadline_us: int | None = None
+    wait_token: int = 0
+    wrote: tuple | None = None
+    share_key: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanCounts:
+    """Leases re-adopted from the slot table after a restart (owner `DAEMON_OWNER`).
+
+    Attributes:
+        adopted: orphan leases adopted at start.
+        released: orphans nobody claimed, released at the grace deadline (0 before it).
+        deadline_us: when unclaimed orphans are released (µs, scheduler clock), or None.
+    """
+
+    adopted: int
+    released: int = 0
+    deadline_us: int | None = None
+
+    @property
+    def claimed(self) -> int:
+        """Orphans a reconnected client claimed before the deadline (meaningful once released)."""
+        return self.adopted - self.released
+
+
+class LeaseTable:
+    """request_id -> Live; slot -> Live (leased); owner -> request ids.
+
+    Args:
+        ledger: the `Ledger` (slot table reads for adoption).
+        shares: the `WaitingShares` (waiting requests are counted per owner).
+        feed: the `PolicyFeed` (aborted requests tell their policy).
+        owner_alive: owner id -> False when the requester is known gone.
+        same_process: (owner a, owner b) -> True when both connections belong to one process.
+    Invariant: `by_slot` holds exactly the LEASED entries of `live`; every id of `by_owner[o]` is in
+    `live` with owner o.
+    """
+
+    def __init__(self, ledger, shares, feed, owner_alive: Callable[[int], bool],
+                 same_process: Callable[[int, int], bool]) -> None:
+        self.ledger, self.shares, self.feed = ledger, shares, feed
+        self.owner_alive = owner_alive
+        self.same_process = same_process
+        self.live: dict[str, Live] = {}
+        self.by_slot: dict[int, Live] = {}
+        self.by_owner: dict[int, set[str]] = {}
+        self.orphans: OrphanCounts | None = None
+        self._orphan_report: OrphanCounts | None = None
+
+    # ---- membership --------------------------------------------------------------------------
+    def register(self, live: Live) -> None:
+        self.live[live.spec.request_id] = live
+        ids = self.by_owner.get(live.spec.owner)
+        if ids is None:
+            self.by_owner[live.spec.owner] = {live.spec.request_id}
+        else:
+            ids.add(live.spec.request_id)
+
+    def drop(self, live: Live, abort: bool) -> None:
+        """Forget a live request (its queue entry / lease must already be gone). Its id waits for the
+        policies' cleanup; with `abort`, a tracked request's policy is told Aborted."""
+        rid = live.spec.request_id
+        if self.live.get(rid) is live:
+            del self.live[rid]
+            self.feed.cleanup_ids.add(rid)  # reusable once this cleanup reaches the policies
+            ids = self.by_owner.get(live.spec.owner)
+            if ids is not None:
+                ids.discard(rid)
+                if not ids:
+                    del self.by_owner[live.spec.owner]
+        if live.state == LEASED:
+            self.by_slot.pop(live.slot, None)
+        if live.share_key is not None:
+            self.shares.remove(live)
+        live.state = GONE
+        if abort and live.tracked:
+            self.feed.aborted(live)
+        live.wrote = None
+
+    def lease(self, request_id: str, slot: int, generation: int) -> Live:
+        """The leased request (request_id, slot, generation). Raises KeyError when there is none."""
+        live = self.by_slot.get(slot)
+        if live is None or live.spec.request_id != request_id or live.generation != generation:
+            raise KeyError(f"no lease ({request_id!r}, slot={slot}, generation={generation})")
+        return live
+
+    @property
+    def waiting(self) -> bool:
+        """True while some request waits (ready or deferred). O(1)."""
+        return len(self.live) > len(self.by_slot)
+
+    # ---- ownership ---------------------------------------------------------------------------
+    def owner_of(self, request_id: str) -> int | None:
+        """Owner id of a live request (waiting or leased), or None when it is not live."""
+        live = self.live.get(request_id)
+        return None if live is None else live.spec.owner
+
+    def owned_count(self, owner: int) -> int:
+        """Live requests (waiting or leased) owned by `owner`."""
+        return len(self.by_owner.get(owner, ()))
+
+    def may_take_over(self, request_id: str, claimant: int) -> bool:
+        """May `claimant` claim `request_id` (Reattach, a re-sent Enqueue)? True when it is not live,
+        or is owned by the daemon, the claimant itself, an owner known gone or an earlier connection
+        of the claimant's process (module docstring)."""
+        owner = self.owner_of(request_id)
+        if owner is None or owner == DAEMON_OWNER or owner == claimant:
+            return True
+        return not self.owner_alive(owner) or self.same_process(owner, claimant)
+
+    def set_owner(self, live: Live, owner: int) -> None:
+        old = live.spec.owner
+        rid = live.spec.request_id
+        ids = self.by_owner.get(old)
+        if ids is not None:
+            ids.discard(rid)
+            if not ids:
+                del self.by_owner[old]
+        counted = live.share_key is not None
+        self.shares.remove(live)
+        live.spec.owner = owner
+        if counted:
+            self.shares.add(live)
+        self.by_owner.setdefault(owner, set()).add(rid)
+
+    def adopt_lease(self, request_id: str, slot: int, generation: int, owner: int) -> bool:
+        """Give the lease (request_id, slot, generation) to `owner` (a reconnected client).
+        False when no such lease is live (it was released: the client must treat it as lost)."""
+        live = self.by_slot.get(slot)
+        if live is None or live.spec.request_id != request_id or live.generation != generation:
+            return False
+        self.set_owner(live, owner)
+        return True
+
+    def adopt_waiting(self, request_id: str, owner: int) -> Admit | bool:
+        """A reconnected client re-sends an Enqueue for `request_id`. If the request is still live
+        (queued, or admitted but the answer was lost in the outage) it now belongs to `owner`: returns
+        the `Admit` to send again for a lease, True for a waiting request, False when it is not live."""
+        live = self.live.get(request_id)
+        if live is None:
+            return False
+        self.set_owner(live, owner)
+        if live.state != LEASED:
+            return True
+        ledger = self.ledger
+        info = ledger.slot_info(live.slot)
+        return Admit(request_id, owner, ledger.key_of(info.row), live.slot, live.generation,
+                     info.cached // ledger.block_size, info.cached, max(0, info.admit_us - info.enqueue_us),
+                     live.spec.policy_class)
+
+    # ---- orphans (restart) -------------------------------------------------------------------
+    def adopt_slot_table(self, class_names: list[str], default_class: int, seq, now_us: int,
+                         grace_us: int) -> OrphanCounts:
+        """Adopt every booking of the ledger's slot table as an orphan lease (owner `DAEMON_OWNER`).
+
+        Args:
+            class_names: the profile's class names (a booking's class index outside them → default).
+            default_class: index of the default class; seq: the scheduler's enqueue_seq counter.
+            now_us / grace_us: orphans are released at now_us + grace_us unless claimed.
+        """
+        count = 0
+        for slot in self.ledger.live_slots():
+            info = self.ledger.slot_info(slot)
+            c = info.class_idx if 0 <= info.class_idx < len(class_names) else default_class
+            spec = RequestSpec(request_id=info.request_id, isl_tokens=max(1, info.isl),
+                               policy_class=class_names[c], owner=DAEMON_OWNER)
+            entry = QueueEntry(info.request_id, next(seq), info.enqueue_us, 0, 0,
+                               max(1, info.isl - info.cached), max(1, info.isl), None, c)
+            live = Live(spec, entry, state=LEASED, slot=slot, generation=info.generation)
+            entry.payload = live
+            self.register(live)
+            self.by_slot[slot] = live
+            count += 1
+        self.orphans = OrphanCounts(count, 0, now_us + grace_us if count else None)
+        return self.orphans
+
+    def expired_orphans(self, now_us: int) -> list[Live]:
+        """The orphan leases still unclaimed once the grace deadline passed (once; [] otherwise).
+        The caller releases them; `take_orphan_report` then reports the counts once."""
+        o = self.orphans
+        if o is None or o.deadline_us is None or now_us < o.deadline_us:
+            return []
+        gone = [self.live[rid] for rid in list(self.by_owner.get(DAEMON_OWNER, ()))]
+        self.orphans = self._orphan_report = OrphanCounts(o.adopted, len(gone), None)
+        return gone
+
+    def take_orphan_report(self) -> OrphanCounts | None:
+        """The counts of the grace deadline that passed since the last call (for the log), or None."""
+        report, self._orphan_report = self._orphan_report, None
+        return report

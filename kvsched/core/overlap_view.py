@@ -1,0 +1,208 @@
+"""OverlapView: the prefix blocks of a request each worker row is credited with (docs/DESIGN.md §6.4).
+
+The view owns up to four `OverlapIndex`es and combines them the same way for the cost snapshot and
+for `admit_one`:
+
+* the approximate index, learnt from routing decisions (TTL `selector.approx_ttl_s`);
+* the event-fed device and offload indexes (KV events of the engines);
+* the speculative index: routing decisions on event-fed rows, short TTL.
+
+Rows without a KV-event source, and rows whose stream is stale (`FLAG_STALE`), use the approximate
+index only. Event-fed rows that are fresh get `credited_overlap(device, offload, speculative)` =
+max(device, speculative) + `offload_overlap_credit` per offload-only block beyond it; the long-TTL
+approximate entries are NOT used for them (the events say what the engine really holds, evictions
+included; the approximate index only guesses). `credited_overlap` states the rule over arrays; the
+decision path computes it with the `credit_rows` kernel (the same operations, one call).
+
+The speculative entry covers the time between the routing decision and the engine's BlockStored
+(engine queueing + prefill + transport). Its TTL is `approx_ttl_s / 24` (5 s at the default 120 s):
+long enough for a long prompt's prefill under load, short enough that a guess the engine never
+confirms (rejected request, eviction) stops counting within seconds; tying it to `approx_ttl_s`
+carries the replay's time scaling (`approx_ttl_s / speedup`) through. The credited overlap is
+floored to whole blocks (the projection kernel takes int32 blocks).
+
+A requeue withdraws what its own admission wrote (`withdraw`): the hashes past the row's prefix
+depth in each index at admission time (the ones that admission added, not ones it only refreshed),
+so a requeued request is never credited with blocks it never cached.
+
+Source: Dynamo kv-router (approximate mode: the router's own decisions as the cache prediction;
+KV events when the engines publish them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from typing import TYPE_CHECKING
+
+from ..config import SelectorConfig
+from ..shm.layout import FLAG_STALE
+from ..shm.select_kernels import credit_rows
+
+if TYPE_CHECKING:
+    from ..shm.overlap import OverlapIndex
+
+SPECULATIVE_CAPACITY = 1 << 16  # entries of the speculative index (short-lived; few are live at once)
+SPECULATIVE_TTL_FRACTION = 1 / 24  # speculative TTL = approx_ttl_s * this (5 s at the default 120 s)
+OVERLAP_CAPACITY_PER_WORKER = 1 << 14  # overlap-index entries budgeted per worker row (33 B each, per index)
+
+
+def overlap_capacity(max_workers: int) -> int:
+    """Entries of an overlap index: `OVERLAP_CAPACITY_PER_WORKER` per row (rows past 64 share the
+    budget of 64), rounded up to a power of two as the open-addressing table requires."""
+    want = OVERLAP_CAPACITY_PER_WORKER * max(1, min(max_workers, 64))
+    return 1 << (want - 1).bit_length()
+
+
+def credited_overlap(device_depth: np.ndarray, offload_depth: np.ndarray | None, approx_depth: np.ndarray,
+                     stale: np.ndarray, offload_credit: float, out: np.ndarray) -> np.ndarray:
+    """Overlap blocks to credit per worker row, combining the event-fed and approximate indexes.
+
+    Non-stale rows: base = max(device, approx) (approx holds the short-TTL speculative entries written
+    at routing time), plus `offload_credit` per block of the offload-tier prefix beyond base.
+    Stale rows (no live event stream): approx only; their event-fed entries may be outdated.
+    The offload prefix is measured from block 0 in the offload index alone, which is exact when the
+    offload tier keeps a copy of what the device holds (write-through offloading, as vLLM's CPU
+    offloading does) and an underestimate otherwise.
+
+    Args:
+        device_depth / offload_depth / approx_depth: int32[R], prefix depth (blocks) per row from
+            `OverlapIndex.depth`; offload_depth None = no offload index.
+        stale: bool[R], True where the row's event stream is stale or absent.
+        offload_credit: credit of an offload-only block relative to a device block (0..1).
+        out: float64[R], written and returned.
+    """
+    base = np.maximum(device_depth, approx_depth)
+    np.copyto(out, base)
+    if offload_depth is not None and offload_credit > 0:
+        out += offload_credit * np.maximum(0, offload_depth.astype(np.int64) - base)
+    np.copyto(out, approx_depth, where=stale)
+    return out
+
+
+class OverlapView:
+    """The overlap indexes of one scheduler and the rule that credits them (module docstring).
+
+    Args:
+        ledger: the `Ledger` (its worker flags say which rows are stale; its `version` keys the memo).
+        approx: the approximate index (routing decisions), or a stand-in with the same methods.
+        device / offload: KV-event-fed indexes, or None when no worker publishes events.
+        speculative: short-TTL index of decisions on event-fed rows (created when `device` is given
+            and this is None).
+        selector: the `[selector]` table (approx_ttl_s, offload_overlap_credit).
+        speculative_ttl_s: TTL of the speculative entries (s); None = approx_ttl_s / 24.
+    Attributes:
+        depth_out: int32[max_workers], the credited depths of the last `depth` call (blocks).
+    Invariant: `depth(h, t)` twice with the same array object, time and unchanged indexes returns
+    the same values without a second lookup (memo on identity, time and every index's version).
+    """
+
+    def __init__(self, ledger, approx: OverlapIndex, *, device: OverlapIndex | None = None,
+                 offload: OverlapIndex | None = None, speculative: OverlapIndex | None = None,
+                 selector: SelectorConfig, speculative_ttl_s: float | None = None) -> None:
+        w = ledger.arrays.max_workers
+        self.ledger = ledger
+        self.approx, self.device, self.offload = approx, device, offload
+        if speculative is None and device is not None:
+            from ..shm.overlap import OverlapIndex
+
+            speculative = OverlapIndex(w, SPECULATIVE_CAPACITY)
+        self.speculative = speculative
+        self._speculative_ttl_s = speculative_ttl_s
+        self.depth_out = np.zeros(w, np.int32)
+        self.approx_depth = np.zeros(w, np.int32)  # raw depths in the approximate index
+        self._spec_raw = np.zeros(w, np.int32)  # raw depths in the speculative index
+        self.event_fed = np.zeros(w, np.uint8)  # row -> 1 when a KV-event source feeds it
+        self._n_fed = 0
+        self._dev_depth = np.zeros(w, np.int32)
+        self._off_depth = np.zeros(w, np.int32)
+        self._spec_depth = np.zeros(w, np.int32)
+        self._memo_of: np.ndarray | None = None  # the hashes array the memo is for (identity)
+        self._memo_t = self._memo_v = -1  # its time (µs) and `_version()`
+        self._versioned = [ix for ix in (approx, device, offload, speculative) if hasattr(ix, "version")]
+        self.configure(selector)
+
+    def configure(self, selector: SelectorConfig) -> None:
+        """(Re)read the TTLs (µs) and the offload credit from the `[selector]` table (start, reload)."""
+        approx_s = selector.approx_ttl_s
+        self.ttl_us = int(approx_s * 1_000_000)
+        spec_s = self._speculative_ttl_s if self._speculative_ttl_s is not None else approx_s * SPECULATIVE_TTL_FRACTION
+        self.spec_ttl_us = max(1, int(spec_s * 1_000_000))
+        self.offload_credit = selector.offload_overlap_credit
+        self._memo_of = None
+
+    def set_event_fed(self, row: int, fed: bool) -> None:
+        """Mark `row` as fed (or no longer fed) by a KV-event stream; unfed rows use the approximate index."""
+        self.event_fed[row] = 1 if fed else 0
+        self._n_fed = int(np.count_nonzero(self.event_fed))
+        self._memo_of = None
+
+    def forget_row(self, row: int) -> None:
+        """Clear `row` from every index; it is no longer event-fed (a new source re-marks it)."""
+        for idx in (self.approx, self.device, self.offload, self.speculative):
+            if idx is not None:
+                idx.clear_row(row)
+        self.set_event_fed(row, False)
+
+    def _version(self) -> int:
+        """Sum of the ledger's and every index's version. Each only ever grows, so an equal sum
+        means no index and no worker flag changed since the memo was taken."""
+        v = self.ledger.version
+        for idx in self._versioned:
+            v += idx.version
+        return v
+
+    def depth(self, hashes: np.ndarray, now_us: int) -> np.ndarray:
+        """int32[max_workers] (`depth_out`): overlap blocks to credit per row for `hashes` (uint64[n])
+        at `now_us` (module docstring). Memoised: the cost snapshot and admit_one of an immediate
+        admission ask for the same depths back to back."""
+        v = self._version()
+        if hashes is self._memo_of and now_us == self._memo_t and v == self._memo_v:
+            return self.depth_out
+        self._memo_of, self._memo_t, self._memo_v = hashes, now_us, v
+        out = self.depth_out
+        self.approx.depth(hashes, now_us, self.approx_depth)
+        out[:] = self.approx_depth
+        dev = self.device
+        if dev is None or self._n_fed == 0:
+            return out
+        dev.depth(hashes, now_us, self._dev_depth)
+        off = None
+        if self.offload is not None:
+            self.offload.depth(hashes, now_us, self._off_depth)
+            off = self._off_depth
+        self.speculative.depth(hashes, now_us, self._spec_depth)
+        # stale / unfed rows: approximate only; the others: credited_overlap, floored (one kernel call)
+        credit_rows(self.approx_depth, self._dev_depth, self._off_depth, self._spec_depth, self.event_fed,
+                    self.ledger.arrays.w_flags, FLAG_STALE, float(self.offload_credit), off is not None,
+                    self._spec_raw, out)
+        return out
+
+    def zero(self) -> np.ndarray:
+        """`depth_out` set to 0 (a request without hashes); the memo is dropped."""
+        self.depth_out[:] = 0
+        self._memo_of = None
+        return self.depth_out
+
+    def record(self, hashes: np.ndarray, row: int, now_us: int) -> tuple:
+        """Write an admission's hashes to the approximate index (and the speculative one for an
+        event-fed row). Returns (row, added approximate, added speculative or None): the hashes past
+        the row's prefix depth in each index, which `withdraw` removes on requeue. Needs
+        `depth(hashes, now_us)` computed just before (admit_one's projection does it)."""
+        added = hashes[int(self.approx_depth[row]):]
+        self.approx.insert(hashes, row, now_us, self.ttl_us)
+        spec_added = None
+        if self.speculative is not None and self.event_fed[row]:
+            if self.device is None:  # depth() computed no speculative depth
+                self.speculative.depth(hashes, now_us, self._spec_raw)
+            spec_added = hashes[int(self._spec_raw[row]):]
+            self.speculative.insert(hashes, row, now_us, self.spec_ttl_us)
+        return row, added, spec_added
+
+    def withdraw(self, wrote: tuple) -> None:
+        """A requeue: remove what one admission added (`record`'s return value)."""
+        row, added, spec_added = wrote
+        if len(added):
+            self.approx.remove(added, row)
+        if spec_added is not None and len(spec_added) and self.speculative is not None:
+            self.speculative.remove(spec_added, row)

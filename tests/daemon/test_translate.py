@@ -1,0 +1,84 @@
+"""Frame <-> core translation and the per-wake metric tally, without sockets."""
+
+from __future__ import annotations
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Histogram
+
+from kvsched import protocol as p
+from kvsched.config import DaemonConfig
+from kvsched.daemon.connections import ConnectionTable
+from kvsched.daemon.metrics import Metrics, observe_many
+from kvsched.daemon.translate import Translator, WakeTally, spec_from_enqueue
+from tests.core.factories import make_request, make_scheduler
+
+
+def test_observe_many_equals_one_observe_per_value():
+    values = [0.0, 1e-5, 2e-5, 0.003, 0.003, 0.7, 5.0, 1e9]
+    one, many = (Histogram(f"h{i}", "x", registry=CollectorRegistry(), buckets=(1e-5, 1e-3, 0.5, 2.0))
+                 for i in range(2))
+    for v in values:
+        one.observe(v)
+    observe_many(many, values)
+    samples = lambda h: [(s.name.split("_", 1)[1], s.labels.get("le"), s.value)  # noqa: E731
+                         for m in h.collect() for s in m.samples if not s.name.endswith("_created")]
+    assert samples(one) == samples(many)
+
+
+def test_spec_from_enqueue_reads_the_hashes_without_copying():
+    raw = np.arange(1, 4, dtype="<u8").tobytes()
+    f = p.Enqueue("r", 48, raw, pinned=(3, 1), allowed_workers=[3, 4], deadline_ms=5, excluded_workers=[4])
+    spec = spec_from_enqueue(f, owner=7, t=1_000)
+    assert spec.block_hashes.tolist() == [1, 2, 3] and not spec.block_hashes.flags.writeable
+    assert (spec.pinned, spec.allowed_workers, spec.excluded_workers) == ((3, 1), frozenset({3, 4}), frozenset({4}))
+    assert (spec.owner, spec.deadline_us) == (7, 6_000)
+
+
+def _translator():
+    conns = ConnectionTable(10**9)
+    sched = make_scheduler(owner_alive=conns.owner_alive)
+    sent = []
+    metrics = Metrics()
+    tally = WakeTally(metrics)
+    tr = Translator(sched, conns, lambda c, f, a=None: sent.append((c.owner, f)) or True,
+                    lambda c, code, msg, rid=None: sent.append((c.owner, ("error", code, rid))), tally,
+                    DaemonConfig(), {1: "http://w1"})
+    return tr, conns, sched, sent, metrics, tally
+
+
+def _metric(metrics: Metrics, name: str, **labels) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_translator_answers_and_counts_once_per_wake():
+    tr, conns, sched, sent, metrics, tally = _translator()
+    conn = conns.open(b"peer", 0)
+    for i in range(3):
+        tr.handle(conn, p.Enqueue(f"r{i}", 16), 1)
+    admitted = [f for _, f in sent if isinstance(f, p.Admitted)]
+    assert [f.request_id for f in admitted] == ["r0", "r1", "r2"] and admitted[0].url == "http://w1"
+    assert conn.inflight == 0
+    for f in admitted:
+        tr.handle(conn, p.Update(f.request_id, f.slot, f.generation, "dispatched"), 2)
+        tr.handle(conn, p.Release(f.request_id, f.slot, f.generation), 3)
+    assert _metric(metrics, "kvsched_admissions_total", policy_class="default") == 0  # not yet flushed
+    tally.flush()
+    assert _metric(metrics, "kvsched_admissions_total", policy_class="default") == 3
+    assert _metric(metrics, "kvsched_update_frames_total", kind="dispatched") == 3
+    assert _metric(metrics, "kvsched_lease_duration_seconds_count", policy_class="default") == 3
+    assert _metric(metrics, "kvsched_queue_wait_seconds_count") == 3
+    assert sched.active_leases == 0 and tr.releases_this_wake == 3
+
+
+def test_translator_releases_an_admission_nobody_can_receive():
+    tr, conns, sched, sent, metrics, tally = _translator()
+    conn = conns.open(b"peer", 0)
+    other = conns.open(b"gone", 0)
+    [adm] = sched.enqueue(make_request("x", owner=other.owner, isl_tokens=16), 1)
+    conns.close(other)
+    tr.deliver([adm], 2)
+    assert sched.active_leases == 0
+    tally.flush()
+    assert _metric(metrics, "kvsched_undeliverable_admissions_total") == 1
+    tr.handle(conn, p.Release("x", adm.slot, adm.generation), 3)  # stale: a no-op
+    assert sent == []

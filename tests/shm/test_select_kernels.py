@@ -1,0 +1,134 @@
+"""Selection kernels == their numpy and Python twins == the kv selector's array code, bit for bit
+(decisions must not change when the kernel replaces the array code)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsched.core.kv_cost import KvSelector
+from kvsched.core.selector import DynamoCostSelector, SelectionView
+from kvsched.shm.reference import numpy_twin, python_twin
+from kvsched.shm.select_kernels import KV_TERMS, count_busy, kv_cost_terms, pairwise_sum
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 128), seed=st.integers(0, 2**31))
+def test_pairwise_sum_equals_numpy_sum_bit_for_bit(n, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.random(n + 3) * 10.0 ** rng.integers(-6, 9, n + 3)
+    want = float(a[3:3 + n].sum())
+    assert pairwise_sum(a, 3, n) == want
+    assert python_twin.pairwise_sum(a, 3, n) == want
+    assert numpy_twin.pairwise_sum(a, 3, n) == want
+
+
+def _state(seed: int, n: int, n_recent: int):
+    rng = np.random.default_rng(seed)
+    elig = (rng.random(n) < 0.8).astype(np.uint8)
+    overlap = rng.integers(0, 6, n).astype(np.int32)  # small depths: ties between rows are frequent
+    if rng.random() < 0.5 and n:
+        overlap[rng.integers(n)] += rng.integers(1, 70)  # one deep row (the lead bonus)
+    prefill = np.where(elig != 0, rng.integers(0, 5000, n), -1).astype(np.int64)
+    blocks = np.where(elig != 0, rng.integers(0, 3000, n), -1).astype(np.int64)
+    active_prefill = rng.integers(0, 40000, n).astype(np.int64)
+    max_batched = rng.choice([512, 2048, 8192], n).astype(np.int64)
+    recent = rng.random(n_recent) * rng.choice([0.0, 100.0, 10000.0])
+    return elig, overlap, prefill, blocks, active_prefill, max_batched, recent
+
+
+PARAMS = dict(prefill_weight=16.0, active_blocks_weight=0.1, lead_bonus=160.0, lead_cap_blocks=64.0,
+              lead_release_steps=16.0, lead_release_recent_ratio=2.0, recent_weight=1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 40), recent_short=st.integers(0, 5),
+       zero_weights=st.booleans(), decay=st.sampled_from([1.0, 0.5, 0.013]))
+def test_kv_cost_terms_agree_with_twins_and_the_selector(seed, n, recent_short, zero_weights, decay):
+    elig, overlap, prefill, blocks, ap, mb, recent = _state(seed, n, max(0, n - recent_short))
+    p = dict(PARAMS)
+    if zero_weights:
+        p.update(active_blocks_weight=0.0, recent_weight=0.0)
+    args = (prefill, blocks, ap, mb, elig, overlap, recent, decay, 1.0 / 16, p["prefill_weight"],
+            p["active_blocks_weight"], p["recent_weight"], p["lead_bonus"], p["lead_cap_blocks"],
+            p["lead_release_steps"], p["lead_release_recent_ratio"])
+    outs = []
+    for fn in (kv_cost_terms, numpy_twin.kv_cost_terms, python_twin.kv_cost_terms):
+        terms, total, pick = np.zeros((4, n)), np.zeros(n), np.zeros(2, np.int64)
+        i = fn(*args, np.zeros((2, n)), terms, total, pick)
+        outs.append((i, terms, total, pick))
+    for i, terms, total, pick in outs[1:]:
+        assert i == outs[0][0] and (pick == outs[0][3]).all()
+        np.testing.assert_array_equal(terms, outs[0][1])
+        np.testing.assert_array_equal(total, outs[0][2])
+    # the selector's array code (`terms`), which the kernel replaces in `select_explained`
+    sel = KvSelector(**p)
+    sel.recent, sel.recent_at_us = recent, 0
+    half = sel.recent_half_life_us
+    now = 0 if decay == 1.0 else int(-np.log2(decay) * half)
+    view = SelectionView(prefill, blocks, ap, blocks, blocks, mb, 64, 16, now)
+    want = sel.terms(None, elig, overlap, view)
+    if outs[0][0] != -2:
+        dec = sel._decay(now)  # noqa: SLF001 - the same decay factor for both
+        terms, total, pick = np.zeros((4, n)), np.zeros(n), np.zeros(2, np.int64)
+        kv_cost_terms(*args[:7], dec, *args[8:], np.zeros((2, n)), terms, total, pick)
+        for k, name in enumerate(KV_TERMS):
+            np.testing.assert_array_equal(terms[k], want[name])
+        np.testing.assert_array_equal(total, want["prefill"] + want["active_blocks"] + want["lead"] + want["recent"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 24), wait_steps=st.sampled_from([0.0, 0.05, 1.0, 8.0]),
+       interference=st.sampled_from([0.0, 1.0]))
+def test_kv_select_explained_picks_what_the_array_code_picks(seed, n, wait_steps, interference):
+    """Same row (and the same RNG draws on ties) as `DynamoCostSelector.select` on the array total,
+    with the extra-wait cap binding or not (the kernel leaves a binding cap to the array code) and
+    with the interference term on or off."""
+    elig, overlap, prefill, blocks, ap, mb, recent = _state(seed, n, n)
+    if not elig.any():
+        elig[0] = 1
+    kw = dict(seed=seed % 97, lead_max_wait_steps=wait_steps, lead_max_wait_per_lead=1.0,
+              interference_weight=interference)
+    fast, slow = KvSelector(**kw), KvSelector(**kw)
+    for s in (fast, slow):
+        s.recent = recent.copy()
+    view = SelectionView(prefill, blocks, ap, blocks, blocks, mb, 64, 16, 5_000_000)
+    costs = np.zeros(n)
+    active = np.random.default_rng(seed).integers(0, 9, n).astype(np.int64)
+    for _ in range(3):  # repeated: tie-breaks draw from each selector's RNG the same way
+        row, table = fast.select_explained(costs, elig, active, overlap_blocks=overlap, view=view)
+        t = slow.terms(costs, elig, overlap, view, active)
+        want = DynamoCostSelector.select(slow, t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"]
+                                         + t["interference"], elig, active)
+        assert row == want
+        assert dict((k, v.tolist()) for k, v in table.items()) == {k: v.tolist() for k, v in t.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 30), thr=st.sampled_from([-1, 0, 100, 4000]),
+       frac=st.sampled_from([-1.0, 0.5, 1.0, 2.5]))
+def test_count_busy_agrees_with_twins(seed, n, thr, frac):
+    elig, _, _, _, ap, mb, _ = _state(seed, n, 0)
+    got = count_busy(ap, mb, elig, thr, frac)
+    assert got == numpy_twin.count_busy(ap, mb, elig, thr, frac) == python_twin.count_busy(ap, mb, elig, thr, frac)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 70), has_offload=st.booleans(),
+       credit=st.sampled_from([0.0, 0.25, 0.5, 1.0, 0.3]))
+def test_credit_rows_agrees_with_twins_and_credited_overlap(seed, n, has_offload, credit):
+    from kvsched.shm.select_kernels import credit_rows
+
+    rng = np.random.default_rng(seed)
+    approx, device, offload, spec = (rng.integers(0, 40, n).astype(np.int32) for _ in range(4))
+    fed = (rng.random(n) < 0.7).astype(np.uint8)
+    flags = rng.choice(np.array([0, 1, 2, 4, 5, 6], np.uint8), n)
+    outs = []
+    for fn in (credit_rows, numpy_twin.credit_rows, python_twin.credit_rows):
+        raw, out = np.full(n, -9, np.int32), np.full(n, -9, np.int32)
+        fn(approx, device, offload, spec, fed, flags, 4, credit, has_offload, raw, out)
+        outs.append((raw, out))
+    for raw, out in outs:
+        np.testing.assert_array_equal(raw, spec)
+        np.testing.assert_array_equal(out, outs[0][1])
