@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvsched.shm import kernels
@@ -29,17 +29,21 @@ def test_mix64_twins_agree_on_edge_keys():
 
 @FAST
 @given(cap_log=st.integers(1, 6), ops=st.lists(st.tuples(st.booleans(), hash_lists), max_size=25), query=hash_lists)
+@example(cap_log=1, ops=[(False, [1, 2]), (True, [0]), (False, []), (True, [0])], query=[])  # overflow, then room
 def test_ref_ops_agree_and_balance_when_random_bookings(cap_log, ops, query):
     cap = 1 << cap_log
     tables = {name: _table(cap) for name in IMPLS}
     booked: list[np.ndarray] = []
     live_total = 0
+    overflowed = False
     for add, hs in ops:
         if add or not booked:
             h = np.array(hs, np.uint64)
             res = {name: IMPLS[name].ref_add(*tables[name], h) for name in IMPLS}
             booked.append(h)
             live_total += res["numba"]
+            stored_keys = set(tables["numba"][0][tables["numba"][1] > 0].tolist())
+            overflowed |= not set(h.tolist()) <= stored_keys  # a hash the full table could not hold
         else:
             h = booked.pop(len(hs) % len(booked))
             res = {name: IMPLS[name].ref_remove(*tables[name], h) for name in IMPLS}
@@ -52,11 +56,11 @@ def test_ref_ops_agree_and_balance_when_random_bookings(cap_log, ops, query):
         q = np.array(query, np.uint64)
         counts = {name: IMPLS[name].ref_live_count(*tables[name], q) for name in IMPLS}
         assert len(set(counts.values())) == 1, counts
-    # live_total equals distinct booked hashes whenever the table never overflowed
+    # live_total equals distinct booked hashes whenever the table never overflowed (an add that
+    # found the table full counts its hash live without storing it; the count is approximate from then on)
     distinct = len(set(int(x) for h in booked for x in h))
-    stored = int(np.count_nonzero(tables["numba"][1]))
     assert live_total >= distinct
-    if stored == distinct:
+    if not overflowed:
         assert live_total == distinct
     for h in booked:
         kernels.ref_remove(*tables["numba"], h)
