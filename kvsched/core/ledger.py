@@ -59,7 +59,7 @@ class SlotInfo:
 
 
 class Ledger:
-    """Worker rows + bookings with incremental per-worker aggregates.
+    """Bookings with incremental per-worker aggregates, over a worker-row table (`rows`).
 
     Args:
         arrays: the ledger views (shared segment, writable, or `LedgerArrays.private`). Existing rows
@@ -69,7 +69,7 @@ class Ledger:
         overload: per-worker overload thresholds (None fields = off).
         state: uint64[max_slots] state words (dispatched / prefill_done stored by local routers,
             `kvsched.shm.words`), or None; folded with the progress words by `fold_progress`.
-    Maps: WorkerKey -> row; request_id -> slot.
+    Maps: request_id -> slot here; WorkerKey -> row in `rows` (`worker_rows.WorkerRows`).
     """
 
     def __init__(self, arrays: LedgerArrays, progress: np.ndarray | None = None, overload: OverloadConfig | None = None, state: np.ndarray | None = None) -> None:
