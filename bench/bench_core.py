@@ -14,6 +14,7 @@ a subprocess) and prints both figures and their ratio from the same run. `--prof
 top functions of a cProfile run (own time).
 
 Usage: python bench/bench_core.py [--baseline main] [--profile] [--quick]  ->  out/bench/core.json
+(`bench/run_all.py` runs it as its `core` step; docs/BENCHMARKS.md §4b shows the figures.)
 """
 
 from __future__ import annotations
@@ -105,15 +106,15 @@ def run_lifecycles(sched, hashes: list[np.ndarray], n: int, window: int, start: 
     return admitted
 
 
-def measure(overlap_mode: str, window: int, n: int, repeats: int) -> dict:
-    """Best-of-`repeats` CPU and wall µs per lifecycle for one configuration."""
+def measure(overlap_mode: str, window: int, n: int, repeats: int, warm: int = 2000) -> dict:
+    """Best-of-`repeats` CPU and wall µs per lifecycle for one configuration (after `warm` lifecycles)."""
     rng = np.random.default_rng(0)
     hashes = make_hashes(rng)
     sched = build(overlap_mode)
     clock = [1_000_000]
-    run_lifecycles(sched, hashes, 2000, window, 0, clock)  # warm: kernels loaded, index populated
+    run_lifecycles(sched, hashes, warm, window, 0, clock)  # warm: kernels loaded, index populated
     cpu, wall = [], []
-    start = 2000
+    start = warm
     for _ in range(repeats):
         c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
         run_lifecycles(sched, hashes, n, window, start, clock)
@@ -126,16 +127,16 @@ def measure(overlap_mode: str, window: int, n: int, repeats: int) -> dict:
             "wall_us_per_lifecycle": round(min(wall), 2)}
 
 
-def profile(overlap_mode: str, window: int, n: int, top: int = 25) -> str:
-    """cProfile of `n` lifecycles (after a warm-up): the top functions by own time."""
+def profile(overlap_mode: str, window: int, n: int, top: int = 25, warm: int = 2000) -> str:
+    """cProfile of `n` lifecycles (after `warm`): the top functions by own time."""
     rng = np.random.default_rng(0)
     hashes = make_hashes(rng)
     sched = build(overlap_mode)
     clock = [1_000_000]
-    run_lifecycles(sched, hashes, 2000, window, 0, clock)
+    run_lifecycles(sched, hashes, warm, window, 0, clock)
     prof = cProfile.Profile()
     prof.enable()
-    run_lifecycles(sched, hashes, n, window, 2000, clock)
+    run_lifecycles(sched, hashes, n, window, warm, clock)
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
@@ -160,11 +161,11 @@ def _best(a: dict, b: dict) -> dict:
     return a if a["cpu_us_per_lifecycle"] <= b["cpu_us_per_lifecycle"] else b
 
 
-def run_all(n: int, repeats: int) -> list[dict]:
-    return [measure(mode, window, n, repeats) for mode, window in CELLS]
+def run_all(n: int, repeats: int, warm: int = 2000) -> list[dict]:
+    return [measure(mode, window, n, repeats, warm) for mode, window in CELLS]
 
 
-def run_baseline(rev: str, n: int, repeats: int) -> tuple[list[dict], str]:
+def run_baseline(rev: str, n: int, repeats: int, warm: int = 2000) -> tuple[list[dict], str]:
     """This script's figures for the `kvsched/` package of git revision `rev` (a subprocess)."""
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True,
                             text=True).stdout.strip()
@@ -175,7 +176,8 @@ def run_baseline(rev: str, n: int, repeats: int) -> tuple[list[dict], str]:
             tar.extractall(tmp, filter="data")
         env = dict(os.environ, PYTHONPATH=tmp, KVSCHED_BENCH_CORE_SRC=tmp,
                    NUMBA_CACHE_DIR=str(Path(tmp) / ".numba-cache"))
-        out = subprocess.run([sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats)],
+        out = subprocess.run([sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats),
+                              "--warm", str(warm)],
                              check=True, capture_output=True, text=True, env=env, cwd=tmp)
     return json.loads(out.stdout.strip().splitlines()[-1]), commit
 
@@ -184,29 +186,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", metavar="REV", help="also measure the kvsched package of this git revision")
     ap.add_argument("--profile", action="store_true", help="print the top functions of a cProfile run")
-    ap.add_argument("--quick", action="store_true", help="fewer lifecycles (a smoke run)")
-    ap.add_argument("--n", type=int, default=None, help="lifecycles per repeat")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=2, help="alternating baseline / this-tree rounds (best kept)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1,000 lifecycles x 2 repeats x 1 round after 500 warm-up (figures not comparable)")
+    ap.add_argument("--n", type=int, default=None, help="lifecycles per repeat (default 10,000; --quick 1,000)")
+    ap.add_argument("--repeats", type=int, default=None, help="repeats per round, best kept (default 5; --quick 2)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="alternating baseline / this-tree rounds, best kept (default 2; --quick 1)")
+    ap.add_argument("--warm", type=int, default=None, help="warm-up lifecycles per cell (default 2,000; --quick 500)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output (default out/bench/[quick/]core.json)")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    n = args.n or (2000 if args.quick else 10000)
+    n = args.n or (1000 if args.quick else 10000)
+    repeats = args.repeats or (2 if args.quick else 5)
+    rounds = args.rounds or (1 if args.quick else 2)
+    warm = args.warm if args.warm is not None else (500 if args.quick else 2000)
     if args.inner:  # the baseline subprocess: one JSON line on stdout
-        print(json.dumps(run_all(n, args.repeats)))
+        print(json.dumps(run_all(n, repeats, warm)))
         return
     base, base_rev, rows = None, None, None
-    for _ in range(args.rounds):  # alternate baseline and this tree: load changes hit both alike
+    for _ in range(rounds):  # alternate baseline and this tree: load changes hit both alike
         if args.baseline:
-            got, base_rev = run_baseline(args.baseline, n, args.repeats)
+            got, base_rev = run_baseline(args.baseline, n, repeats, warm)
             base = got if base is None else [_best(a, b) for a, b in zip(base, got)]
-        got = run_all(n, args.repeats)
+        got = run_all(n, repeats, warm)
         rows = got if rows is None else [_best(a, b) for a, b in zip(rows, got)]
     calib = calibrate()
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     print(f"in-process core, {WORKERS} workers, {N_HASHES} hashes/request, kv selector; CPU µs per lifecycle "
-          f"(best of {args.rounds} x {args.repeats} x {n}); goal <= {GOAL_US:g} µs")
+          f"(best of {rounds} x {repeats} x {n}); goal <= {GOAL_US:g} µs")
     print(f"machine speed: a 1e6-iteration Python `s += i` loop takes {calib:.0f} ms of CPU here (~30-40 ms on an "
           f"unloaded current x86 core); figures scale with it")
     print(f"{'overlap':<8} {'window':>6} | {'this tree':>10} {'wall':>8}" + (f" | {base_rev:>10} {'ratio':>6}" if base else ""))
@@ -217,11 +225,12 @@ def main() -> None:
             line += f" | {b['cpu_us_per_lifecycle']:>10.2f} {b['cpu_us_per_lifecycle'] / r['cpu_us_per_lifecycle']:>5.2f}x"
         print(line)
     result = {"workers": WORKERS, "hashes": N_HASHES, "selector": "kv", "goal_us": GOAL_US, "revision": head,
-              "python_loop_ms_per_1e6": round(calib, 1),
+              "mode": "quick" if args.quick else "full", "lifecycles": n, "repeats": repeats, "rounds": rounds,
+              "loadavg_1m": round(os.getloadavg()[0], 2), "python_loop_ms_per_1e6": round(calib, 1),
               "rows": rows, "baseline_revision": base_rev, "baseline_rows": base,
               "meets_goal": rows[0]["cpu_us_per_lifecycle"] <= GOAL_US}
     if args.profile:
-        text = profile("approx", 8, n)
+        text = profile("approx", 8, n, warm=warm)
         print(text)
         result["profile_top"] = text
     out = args.out or ROOT / "out" / "bench" / ("quick" if args.quick else "") / "core.json"

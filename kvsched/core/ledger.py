@@ -1,4 +1,7 @@
-"""Ledger: worker rows and bookings (slot, generation) over the shared-memory arrays (docs/DESIGN.md §3.1, §4.2).
+"""Ledger: bookings (slot, generation) over the shared-memory arrays and their per-worker load (docs/DESIGN.md §3.1, §4.2).
+
+The worker-row table (which worker holds which row, its flags, eligibility) is `worker_rows.WorkerRows`,
+reached as `Ledger.rows`; `Ledger` keeps the worker methods its callers use and delegates them.
 
 Pure: no I/O, no clock (time comes in as `now_us`). The actor is the only writer of the ledger
 segment; routers read it and write only their own progress words.
@@ -31,6 +34,7 @@ from ..protocol import MAX_REQUEST_ID_BYTES
 from ..shm.kernels import apply_output_tokens, fold_progress, fold_words, project_and_cost, ref_add, ref_remove
 from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
 from .types import WorkerKey
+from .worker_rows import WorkerRows
 
 _U32_MAX = 0xFFFF_FFFF
 
@@ -55,7 +59,7 @@ class SlotInfo:
 
 
 class Ledger:
-    """Worker rows + bookings with incremental per-worker aggregates.
+    """Bookings with incremental per-worker aggregates, over a worker-row table (`rows`).
 
     Args:
         arrays: the ledger views (shared segment, writable, or `LedgerArrays.private`). Existing rows
@@ -65,7 +69,7 @@ class Ledger:
         overload: per-worker overload thresholds (None fields = off).
         state: uint64[max_slots] state words (dispatched / prefill_done stored by local routers,
             `kvsched.shm.words`), or None; folded with the progress words by `fold_progress`.
-    Maps: WorkerKey -> row; request_id -> slot.
+    Maps: request_id -> slot here; WorkerKey -> row in `rows` (`worker_rows.WorkerRows`).
     """
 
     def __init__(self, arrays: LedgerArrays, progress: np.ndarray | None = None, overload: OverloadConfig | None = None, state: np.ndarray | None = None) -> None:
@@ -77,7 +81,6 @@ class Ledger:
         self._folded_dispatched = np.zeros(s, np.int64)  # fold_words output: slots newly dispatched
         self._fold_counts = np.zeros(2, np.int64)
         self._high = 0  # slots [0, _high) have been booked at least once (fold range)
-        self.overload = overload if overload is not None else OverloadConfig()
         self.block_size = arrays.block_size
         self._stride = arrays.max_blocks_per_request
         w = arrays.max_workers
@@ -86,21 +89,12 @@ class Ledger:
         self._out_cost = np.zeros(w, np.float64)
         self._prev_blocks = np.zeros(w, np.int64)  # aggregates before a fold (fold_progress_rows)
         self._prev_prefill = np.zeros(w, np.int64)
-        self._rows = np.arange(w)
-        self.version = 0  # bumped whenever presence or a drained/overloaded/stale flag changes
-        self._elig_key: tuple | None = None  # eligible_mask memo: (pinned, allowed, version)
-        self._elig_cache = np.zeros(w, np.uint8)
-        self._elig_n = 0
+        self.rows = WorkerRows(arrays, overload if overload is not None else OverloadConfig())
         self._adopt()
 
     def _adopt(self) -> None:
-        """Rebuild the Python-side maps (rows, free slots, request ids) from the arrays."""
+        """Rebuild the Python-side booking maps (free slots, request ids) from the slot table."""
         a = self.arrays
-        self._row_of: dict[WorkerKey, int] = {}
-        self._key_of: list[WorkerKey | None] = [None] * a.max_workers  # row -> key (None = free row)
-        self._ids: dict[int, int] = {}  # worker_id -> registered rows
-        for row in np.flatnonzero(a.w_present).tolist():
-            self._index_row(row, WorkerKey(int(a.w_worker_id[row]), int(a.w_dp_rank[row])))
         self._slot_of: dict[str, int] = {}
         self._rid_of: list[str | None] = [None] * a.max_slots  # slot -> request id of its booking
         for slot in np.flatnonzero(a.s_state).tolist():
@@ -111,129 +105,85 @@ class Ledger:
         live = np.flatnonzero(a.s_state)
         self._high = max(self._high, int(live[-1]) + 1 if live.size else 0)
 
-    def _index_row(self, row: int, key: WorkerKey) -> None:
-        self._row_of[key] = row
-        self._key_of[row] = key
-        self._ids[key.worker_id] = self._ids.get(key.worker_id, 0) + 1
+    # -- workers (the row table, `worker_rows.WorkerRows`) -------------------------------------
+    @property
+    def version(self) -> int:
+        """Grows whenever presence or a drained / overloaded / stale flag changes (memo key)."""
+        return self.rows.version
 
-    # -- workers ------------------------------------------------------------------------------
+    @property
+    def overload(self) -> OverloadConfig:
+        return self.rows.overload
+
     def add_worker(self, key: WorkerKey, total_kv_blocks: int, max_num_batched_tokens: int) -> int:
         """Register `key` in the lowest free row; returns the row. Bumps the row's w_generation.
 
         Raises:
             ValueError: `key` is already registered, or every row is taken ("max_workers=N reached").
         """
-        a = self.arrays
-        if key in self._row_of:
-            raise ValueError(f"worker {key} is already registered")
-        free = np.flatnonzero(a.w_present == 0)
-        if free.size == 0:
-            raise ValueError(f"max_workers={a.max_workers} reached")
-        row = int(free[0])
-        a.w_worker_id[row] = key.worker_id
-        a.w_dp_rank[row] = key.dp_rank
-        a.w_generation[row] = (int(a.w_generation[row]) + 1) & _U32_MAX
-        a.w_total_kv_blocks[row] = total_kv_blocks
-        a.w_max_batched_tokens[row] = max_num_batched_tokens
-        a.w_active_blocks[row] = a.w_active_prefill[row] = a.w_active_requests[row] = 0
-        a.w_flags[row] = 0
-        a.w_present[row] = 1
-        self._index_row(row, key)
-        self.version += 1
-        return row
+        return self.rows.add(key, total_kv_blocks, max_num_batched_tokens)
 
     def remove_worker_row(self, row: int) -> list[int]:
-        """Release every booking on `row`, then free the row. Returns the released slots."""
+        """Release every booking on `row`, then free the row. Returns the released slots.
+
+        Raises:
+            KeyError: no worker in `row`.
+        """
         a = self.arrays
-        self._check_row(row)
+        self.rows.check(row)
         slots = np.flatnonzero((a.s_state != SLOT_FREE) & (a.s_worker_row == row)).tolist()
         for slot in slots:
             self.release(slot, int(a.s_generation[slot]))
-        key = self.key_of(row)
-        a.w_present[row] = 0
-        a.w_active_blocks[row] = a.w_active_prefill[row] = a.w_active_requests[row] = 0
-        a.w_flags[row] = 0
-        self.version += 1
-        a.ref_counts[row, :] = 0
-        del self._row_of[key]
-        self._key_of[row] = None
-        self._ids[key.worker_id] -= 1
-        if self._ids[key.worker_id] == 0:
-            del self._ids[key.worker_id]
+        self.rows.free(row)
         return slots
 
-    def _check_row(self, row: int) -> None:
-        if not (0 <= row < self.arrays.max_workers and self.arrays.w_present[row]):
-            raise KeyError(f"no worker in row {row}")
-
     def row_of(self, key: WorkerKey) -> int | None:
-        return self._row_of.get(key)
+        return self.rows.row_of(key)
 
     def rows_of_worker_id(self, worker_id: int) -> list[int]:
-        return sorted(r for k, r in self._row_of.items() if k.worker_id == worker_id)
+        return self.rows.rows_of_worker_id(worker_id)
 
     def key_of(self, row: int) -> WorkerKey:
         """The worker in `row`. Raises KeyError for a row that holds none."""
-        key = self._key_of[row] if 0 <= row < len(self._key_of) else None
-        if key is None:
-            raise KeyError(f"no worker in row {row}")
-        return key
+        return self.rows.key_of(row)
 
     def live_rows(self) -> np.ndarray:
         """int64[k], rows holding a registered worker, ascending."""
-        return np.flatnonzero(self.arrays.w_present)
+        return self.rows.live_rows()
 
     def n_worker_ids(self) -> int:
         """Distinct registered worker ids (limits are scaled by this, docs/DESIGN.md §4.10)."""
-        return len(self._ids)
+        return self.rows.n_worker_ids()
 
     def worker_ids(self) -> frozenset[int]:
         """Registered worker ids."""
-        return frozenset(self._ids)
+        return self.rows.worker_ids()
 
     def ranks_of(self, worker_id: int) -> int:
         """Registered ranks of `worker_id` (0 when unknown)."""
-        return self._ids.get(worker_id, 0)
-
-    def _set_flag(self, row: int, flag: int, on: bool) -> None:
-        a = self.arrays
-        cur = int(a.w_flags[row])
-        new = (cur | flag) if on else (cur & (0xFF ^ flag))
-        if new != cur:
-            a.w_flags[row] = new
-            self.version += 1
+        return self.rows.ranks_of(worker_id)
 
     def set_drained(self, row: int, drained: bool) -> None:
-        self._check_row(row)
-        self._set_flag(row, FLAG_DRAINED, drained)
+        self.rows.check(row)
+        self.rows.set_flag(row, FLAG_DRAINED, drained)
 
     def is_drained(self, row: int) -> bool:
-        return bool(self.arrays.w_flags[row] & FLAG_DRAINED)
+        return self.rows.has_flag(row, FLAG_DRAINED)
 
     def set_stale(self, row: int, stale: bool) -> None:
         """KV-event stream of `row` silent past its timeout (overlap falls back to the approximate index)."""
-        self._check_row(row)
-        self._set_flag(row, FLAG_STALE, stale)
+        self.rows.check(row)
+        self.rows.set_flag(row, FLAG_STALE, stale)
 
     def is_stale(self, row: int) -> bool:
-        return bool(self.arrays.w_flags[row] & FLAG_STALE)
+        return self.rows.has_flag(row, FLAG_STALE)
 
     def is_overloaded(self, row: int) -> bool:
-        return bool(self.arrays.w_flags[row] & FLAG_OVERLOADED)
+        return self.rows.has_flag(row, FLAG_OVERLOADED)
 
     def update_overload(self, row: int) -> bool:
         """Recompute `row`'s overloaded flag from its CURRENT load (docs/DESIGN.md §4.2); returns the flag."""
-        a, ov = self.arrays, self.overload
-        over = False
-        if ov.overload_active_blocks_frac is not None:
-            over = bool(a.w_active_blocks[row] > ov.overload_active_blocks_frac * a.w_total_kv_blocks[row])
-        if not over and ov.overload_prefill_tokens is not None:
-            over = bool(a.w_active_prefill[row] > ov.overload_prefill_tokens)
-        self._set_flag(row, FLAG_OVERLOADED, over)
-        return over
-
-    def _overload_enabled(self) -> bool:
-        return self.overload.overload_active_blocks_frac is not None or self.overload.overload_prefill_tokens is not None
+        return self.rows.update_overload(row)
 
     def eligible_mask(self, pinned: WorkerKey | None, allowed: frozenset[int] | None, out: np.ndarray) -> int:
         """Write uint8[max_workers] `out`: present, not drained, not overloaded, allowed / pinned.
@@ -244,33 +194,13 @@ class Ledger:
         Returns:
             int: number of eligible rows.
         """
-        key = (pinned, allowed, self.version)
-        if key == self._elig_key:  # nothing that decides eligibility changed since the last call
-            if out is not self._elig_cache:
-                out[:] = self._elig_cache
-            return self._elig_n
-        a = self.arrays
-        ok = (a.w_present != 0) & ((a.w_flags & (FLAG_DRAINED | FLAG_OVERLOADED)) == 0)
-        if allowed is not None:
-            ok &= np.isin(a.w_worker_id, np.fromiter(allowed, np.int64, len(allowed)))
-        if pinned is not None:
-            row = self._row_of.get(pinned)
-            keep = row is not None and bool(ok[row])
-            ok[:] = False
-            if keep:
-                ok[row] = True
-        out[:] = ok
-        n = int(np.count_nonzero(ok))
-        self._elig_key, self._elig_n = key, n
-        if out is not self._elig_cache:
-            self._elig_cache[:] = ok
-        return n
+        return self.rows.eligible_mask(pinned, allowed, out)
 
     @property
     def elig_cache(self) -> np.ndarray:
         """uint8[max_workers], the result of the last `eligible_mask` call. A caller that passes
         this array as `out` gets memo hits without a copy (it is overwritten by every call)."""
-        return self._elig_cache
+        return self.rows.elig_cache
 
     # -- bookings -----------------------------------------------------------------------------
     def reserve(self, request_id: str, row: int, isl_tokens: int, hashes: np.ndarray, cached_tokens: int, expected_osl: int | None, class_idx: int, enqueue_us: int, now_us: int, owner_pid: int = 0) -> tuple[int, int] | None:
@@ -285,7 +215,7 @@ class Ledger:
             ValueError: request_id already booked or longer than `protocol.MAX_REQUEST_ID_BYTES` UTF-8 bytes.
             KeyError: no worker in `row`.
         """
-        self._check_row(row)
+        self.rows.check(row)
         rid = request_id.encode()
         if len(rid) > MAX_REQUEST_ID_BYTES:
             raise ValueError(f"request_id longer than {MAX_REQUEST_ID_BYTES} bytes")
@@ -319,8 +249,8 @@ class Ledger:
         a.s_state[slot] = SLOT_ADMITTED
         self._slot_of[request_id] = slot
         self._rid_of[slot] = request_id
-        if self._overload_enabled():
-            self.update_overload(row)
+        if self.rows.overload_enabled():
+            self.rows.update_overload(row)
         return slot, gen
 
     def _live(self, slot: int, generation: int) -> bool:
@@ -344,8 +274,8 @@ class Ledger:
         self._rid_of[slot] = None
         self._slot_of.pop(rid if rid is not None else a.s_request_id[slot].decode(), None)
         self._free.append(slot)
-        if self._overload_enabled():
-            self.update_overload(row)
+        if self.rows.overload_enabled():
+            self.rows.update_overload(row)
         return True
 
     def dispatched(self, slot: int, generation: int) -> bool:
@@ -366,8 +296,8 @@ class Ledger:
         a.w_active_prefill[row] -= a.s_prefill[slot]
         a.s_prefill[slot] = 0
         a.s_state[slot] = SLOT_PREFILL_DONE
-        if self._overload_enabled():
-            self.update_overload(row)
+        if self.rows.overload_enabled():
+            self.rows.update_overload(row)
         return True
 
     def set_output_tokens(self, slot: int, generation: int, n: int) -> bool:
@@ -378,8 +308,8 @@ class Ledger:
         a = self.arrays
         if not apply_output_tokens(slot, max(0, int(n)), a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size):
             return False
-        if self._overload_enabled():
-            self.update_overload(int(a.s_worker_row[slot]))
+        if self.rows.overload_enabled():
+            self.rows.update_overload(int(a.s_worker_row[slot]))
         return True
 
     def fold_progress(self, every_slot: bool = False) -> int:
@@ -398,9 +328,8 @@ class Ledger:
             changed = fold_words(n, self.progress, self.state, self._seen_state, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size, self._folded_dispatched, self._fold_counts)
         else:
             changed = fold_progress(self.progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size)
-        if changed and self._overload_enabled():
-            for row in self.live_rows().tolist():
-                self.update_overload(row)
+        if changed and self.rows.overload_enabled():
+            self.rows.update_overload_all()
         return int(changed)
 
     def fold_progress_rows(self) -> list[int]:
@@ -472,7 +401,7 @@ class Ledger:
             a.w_active_blocks[row] += ref_add(a.ref_keys[row], a.ref_counts[row], a.arena[off:off + nh]) + a.s_extra_blocks[slot]
             a.w_active_prefill[row] += a.s_prefill[slot]
             a.w_active_requests[row] += 1
+        self.rows.adopt()
         self._adopt()
-        if self._overload_enabled():
-            for row in self.live_rows().tolist():
-                self.update_overload(row)
+        if self.rows.overload_enabled():
+            self.rows.update_overload_all()
