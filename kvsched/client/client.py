@@ -172,7 +172,7 @@ class SchedulerClient:
         if self._welcome_fut is not None and not self._welcome_fut.done():
             self._welcome_fut.set_result(welcome)
         if self.attach_progress:
-            self._words.attach(welcome.shm_ledger)
+            self._words.attach(welcome.shm_ledger, welcome.daemon_epoch)
         if reconnected:
             if welcome.daemon_epoch == self._epoch:  # same daemon: it reaped this router as silent
                 self._loss_reason = (f"the daemon (same daemon_epoch, it did not restart) declared this router dead "

@@ -45,18 +45,24 @@ class SlotWords:
         """True while both word arrays are mapped."""
         return self.progress is not None and self.state is not None
 
-    def attach(self, shm_ledger: str) -> bool:
+    def attach(self, shm_ledger: str, daemon_epoch: int | None = None) -> bool:
         """Map the segments of the daemon whose ledger is `shm_ledger` (`Welcome.shm_ledger`).
 
-        Idempotent: a second call while mapped keeps the first mapping (a reconnect to a restarted
-        daemon of the same instance finds the same segment names). Never raises: any failure to map
-        is logged and leaves the words unmapped (the caller falls back to frames).
+        A second call while mapped keeps the mapping when its ledger header carries `daemon_epoch`
+        (`Welcome.daemon_epoch`: every daemon stamps its epoch into the header of the segments it
+        creates or re-attaches). Another epoch there means the daemon created new segments under the
+        same names (its predecessor unlinked the old ones when it stopped with no lease live): the
+        old mapping is dropped and the new segments mapped, else stores would land in an unlinked
+        segment nobody reads. Never raises: any failure to map is logged and leaves the words
+        unmapped (the caller falls back to frames).
 
         Returns:
             True when the words are mapped after the call.
         """
         if self._segments is not None:
-            return self.mapped
+            if daemon_epoch is None or int(self._segments.ledger.epoch) == daemon_epoch:
+                return self.mapped
+            self.close()
         from ..shm.layout import attach_segments, ledger_instance
 
         instance = ledger_instance(shm_ledger)
