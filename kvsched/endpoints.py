@@ -75,6 +75,17 @@ def endpoint_problem(endpoint: str) -> str | None:
     return None
 
 
+def connect_problem(endpoint: str) -> str | None:
+    """`endpoint_problem` for an address a client connects to: a `*` host or port (any interface,
+    an ephemeral port) is only meaningful when binding, so `tcp://*:5555` is refused here."""
+    problem = endpoint_problem(endpoint)
+    if problem is None and endpoint.startswith("tcp://"):
+        host, _, port = endpoint[len("tcp://"):].rpartition(":")
+        if host == "*" or port == "*":
+            return "'*' only binds; connect to the daemon's HOST:PORT"
+    return problem
+
+
 def is_loopback_endpoint(endpoint: str) -> bool:
     """True for `tcp://127.x:P`, `tcp://[::1]:P` and `tcp://localhost:P`."""
     import ipaddress

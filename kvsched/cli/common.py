@@ -44,6 +44,9 @@ def call(request: p.AdminRequest) -> p.AdminReply:
 
     try:
         client = AdminClient(opts["admin_endpoint"], instance=opts["instance"], timeout_s=opts["timeout_s"])
+    except ValueError as exc:  # names what is wrong with the endpoint
+        typer.echo(f"kvsched: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
     except zmq.ZMQError as exc:
         typer.echo(f"kvsched: bad admin endpoint {opts['admin_endpoint']!r}: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None

@@ -6,7 +6,7 @@ import msgspec
 import zmq
 
 from .. import protocol as p
-from ..endpoints import admin_endpoint, missing_ipc_path
+from ..endpoints import admin_endpoint, connect_problem, missing_ipc_path
 from ..errors import DaemonUnavailable, ProtocolError
 
 
@@ -16,10 +16,16 @@ class AdminClient:
     Args:
         endpoint: admin socket; None = discovery (`KVSCHED_ADMIN_ENDPOINT`, else `<instance>-admin.sock`).
         timeout_s: seconds to wait for a reply before `DaemonUnavailable`.
+    Raises:
+        ValueError: a malformed endpoint (names what is wrong), before any socket is made.
     """
 
     def __init__(self, endpoint: str | None = None, *, instance: str = "default", timeout_s: float = 5.0) -> None:
         self.endpoint = endpoint or admin_endpoint(instance)
+        problem = connect_problem(self.endpoint)
+        if problem is not None:  # else pyzmq raises a bare ZMQError ("Invalid argument")
+            raise ValueError(f"bad kvsched admin endpoint {self.endpoint!r}: {problem}; "
+                             "use ipc://PATH or tcp://HOST:PORT")
         self.timeout_s = timeout_s
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)

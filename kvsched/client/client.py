@@ -33,7 +33,7 @@ import numpy as np
 import zmq
 
 from .. import protocol as p
-from ..endpoints import data_endpoint, endpoint_problem, missing_ipc_path
+from ..endpoints import connect_problem, data_endpoint, missing_ipc_path
 from ..errors import DaemonUnavailable, ProtocolError, rejection_error
 from .checks import checked_enqueue
 from .lease import DroppedLeases, Lease
@@ -89,7 +89,7 @@ class SchedulerClient:
         if on_unavailable not in ("fail", "bypass"):
             raise ValueError("on_unavailable must be 'fail' or 'bypass'")
         self.endpoint = endpoint or data_endpoint(instance)
-        problem = endpoint_problem(self.endpoint)
+        problem = connect_problem(self.endpoint)
         if problem is not None:  # else pyzmq raises a bare ZMQError at connect() time
             raise ValueError(f"bad kvsched endpoint {self.endpoint!r}: {problem}; "
                              "use ipc://PATH or tcp://HOST:PORT")

@@ -275,3 +275,26 @@ def test_replay_prints_its_daemons_admin_endpoint_and_the_cli_reaches_it(tmp_pat
     finally:
         proc.terminate()  # SIGTERM: the replay stops its daemon, fleet and routers
         proc.communicate(timeout=60)
+
+
+# ------------------------------------------------------------------------------------ bad endpoints
+
+
+@pytest.mark.parametrize("endpoint, needle", [
+    ("tcp://host", "tcp:// needs HOST:PORT"),
+    ("tcp://*:5555", "'*' only binds"),
+    ("http://127.0.0.1:80", "unsupported transport"),
+])
+def test_cli_names_what_is_wrong_with_a_malformed_admin_endpoint(endpoint, needle):
+    """Before: `kvsched: bad admin endpoint 'tcp://host': Invalid argument` (zmq's raw error), and
+    `tcp://*:5555` was accepted for connecting."""
+    result = runner.invoke(app, ["--admin-endpoint", endpoint, "status"])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+
+
+def test_scheduler_client_refuses_a_bind_only_address():
+    from kvsched.client import SchedulerClient
+
+    with pytest.raises(ValueError, match="only binds"):
+        SchedulerClient("tcp://*:5555")
