@@ -29,7 +29,7 @@ from ..endpoints import missing_ipc_path
 from ..errors import ConfigError, DaemonUnavailable, RequestRejected
 from ..protocol import MAX_NAME_CHARS
 from . import openai as oa
-from .config import GatewayConfig, load_gateway_config
+from .config import GatewayConfig, GatewaySection, load_gateway_config
 from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
 from .tokenizer import ModelTokenizer, TemplateError
@@ -79,7 +79,7 @@ class Gateway:
         log.info("gateway ready daemon=%s block_size=%d models=%s", self.client.endpoint, self.block_size,
                  ",".join(self.tokenizers))
 
-    async def _connect_when_daemon_up(self, g) -> SchedulerClient:
+    async def _connect_when_daemon_up(self, g: GatewaySection) -> SchedulerClient:
         """Connect, waiting up to `connect_timeout_s` (s) for the daemon to bind its socket and answer.
 
         A gateway started beside its daemon (one pod, one compose file, `make gateway-demo`) may

@@ -96,12 +96,7 @@ class Trace:
         bs = self.block_size
         for i in range(len(self)):
             hs = self.hashes_of(i).tolist()
-            hit = 0
-            for h in hs:
-                if h not in seen:
-                    break
-                hit += 1
-            total += min(hit * bs, int(self.isl[i]) - 1)
+            total += min(_leading_hits(hs, seen) * bs, int(self.isl[i]) - 1)
             seen.update(hs)
         return total
 
@@ -121,12 +116,7 @@ class Trace:
         bs = self.block_size
         for i in range(len(self)):
             hs = self.hashes_of(i).tolist()
-            hit = 0
-            for h in hs:
-                if h not in cache:
-                    break
-                hit += 1
-            total += min(hit * bs, int(self.isl[i]) - 1)
+            total += min(_leading_hits(hs, cache) * bs, int(self.isl[i]) - 1)
             for h in hs:
                 cache[h] = None
                 cache.move_to_end(h)
@@ -213,3 +203,14 @@ def _relative_us(t_us: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     rel = np.maximum.accumulate(t_us - t_us[0])  # never decreasing, even if the file jitters
     return np.round(rel).astype(np.int64)
+
+
+def _leading_hits(hashes: list[int], cached) -> int:
+    """Blocks of a request served from a prefix cache: its leading block hashes found in `cached`
+    (any container of block hashes; the first miss ends the prefix)."""
+    hit = 0
+    for h in hashes:
+        if h not in cached:
+            break
+        hit += 1
+    return hit
