@@ -41,6 +41,10 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
 MAX_BUFFERED_FRAMES = 100_000
+# Send silence after which the daemon may have reaped us (a share of its liveness timeout, so a frame
+# in flight when the loop resumes cannot reach it after the reap). Heartbeats keep a running loop
+# far below it (heartbeat_ms ≤ liveness / 2).
+REAP_SHARE = 0.8
 MAX_UNCONFIRMED_RELEASES = 4096  # re-sent after a reconnect at most (older ones: surely read)
 
 
@@ -333,13 +337,22 @@ class Link:
 
     # ------------------------------------------------------------------ liveness
     def _silent_too_long(self, now: float) -> bool:
-        """No frame from the daemon for its liveness timeout: it presumes us dead too (a frame on
-        this connection would arrive before a Hello). Reads what is already queued first, so a
-        loop that was merely busy does not mistake unread frames for silence."""
-        if self.welcome is None or now - self._last_recv <= self.welcome.liveness_timeout_ms / 1000:
+        """The connection may be gone on the daemon's side: either we sent nothing for
+        `REAP_SHARE` of its liveness timeout (our loop was blocked: the daemon reaps a router it has
+        not heard from for that long, so the next frame on this connection would arrive before a
+        Hello — whatever we read afterwards, since an answer read late proves nothing about now), or
+        no frame came from the daemon for the liveness timeout (it is gone). For the second check it
+        reads what is already queued first, so a loop that was merely busy does not mistake unread
+        frames for silence."""
+        if self.welcome is None:
+            return False
+        liveness_s = self.welcome.liveness_timeout_ms / 1000
+        if now - self._last_send > liveness_s * REAP_SHARE:
+            return True
+        if now - self._last_recv <= liveness_s:
             return False
         self._on_readable()
-        return self.connected and now - self._last_recv > self.welcome.liveness_timeout_ms / 1000
+        return self.connected and now - self._last_recv > liveness_s
 
     def link_down(self) -> None:
         """The daemon is presumed gone: reconnect with backoff. Releases it may not have read are
@@ -372,7 +385,8 @@ class Link:
         now = time.monotonic()
         if self.connected and self.welcome is not None:
             if self._silent_too_long(now):  # checked before a heartbeat could go out on a reaped connection
-                log.warning("daemon silent for %.1fs endpoint=%s; reconnecting", now - self._last_recv, self.endpoint)
+                log.warning("link quiet (sent %.1fs ago, received %.1fs ago) endpoint=%s; reconnecting",
+                            now - self._last_send, now - self._last_recv, self.endpoint)
                 self.link_down()
         if self.connected and self.welcome is not None:
             hb_s = self.welcome.heartbeat_ms / 1000

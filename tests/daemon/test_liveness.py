@@ -159,3 +159,31 @@ async def test_hello_is_the_first_frame_on_every_new_connection(daemon):
         assert client._link.reconnects > reconnects and client.connected
         await asyncio.sleep(1.0)
         assert "NOT_HELLO" not in daemon.log_path.read_text()
+
+
+async def test_a_frame_read_late_does_not_hide_that_the_daemon_reaped_this_router(daemon):
+    """1. a router's Enqueue is answered while its event loop is blocked past the liveness timeout
+    (the daemon reaps the router; the answer waits unread in the socket), 2. the loop resumes.
+    Result: the router reconnects with Hello first — reading the late answer does not make the
+    connection look alive, so no heartbeat goes out on the reaped connection and the daemon never
+    answers NOT_HELLO (before: the unread answer refreshed the receive clock, a heartbeat went out,
+    NOT_HELLO came back; CI saw it once in test_hello_is_the_first_frame_on_every_new_connection)."""
+    import time
+
+    async with SchedulerClient(daemon.endpoint, reconnect_deadline_s=60) as client:
+        reconnects = client._link.reconnects
+        task = asyncio.create_task(client.schedule("late", isl_tokens=10))
+        await asyncio.sleep(0)  # the Enqueue goes out in this loop turn
+        await asyncio.sleep(0)
+        time.sleep(3.0)  # blocked: the Admitted arrives unread; the daemon reaps us after 1.5 s
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while client._link.reconnects == reconnects or not client.connected:
+            assert loop.time() < end, "the router never reconnected"
+            await asyncio.sleep(0.05)
+        lease = await asyncio.wait_for(task, 20)
+        end = loop.time() + 20
+        while lease.outcome is None and loop.time() < end:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        assert "NOT_HELLO" not in daemon.log_path.read_text()
