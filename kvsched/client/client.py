@@ -359,7 +359,8 @@ class SchedulerClient:
 
     def _revoke(self, request_id: str, why: str, outcome: str = "revoked") -> bool:
         """The daemon no longer holds this lease: close it locally. "revoked" (operator cancel): its
-        progress calls and release become no-ops; "lost" (reaped as silent, or a restart): its
+        progress calls and release become no-ops; "lost" (reaped as silent, a restart, or its worker
+        removed: a revocation notice whose reason is not `cancelled`, docs/PROTOCOL.md): its
         progress calls raise `LeaseLost(why)` and release is a logged no-op (see `Lease`)."""
         ref = self._leases.pop(request_id, None)
         if request_id not in self._pending:
@@ -381,8 +382,11 @@ class SchedulerClient:
                     return
                 if isinstance(frame, p.Admitted):  # nobody waits (cancelled): give it back
                     self._send(p.Release(frame.request_id, frame.slot, frame.generation, "aborted", 0))
-                else:
+                elif frame.reason == "cancelled":  # an operator's `kvsched cancel`: stop quietly
                     self._revoke(frame.request_id, frame.detail)
+                elif self._revoke(frame.request_id, frame.detail or frame.reason, outcome="lost"):
+                    self.lost_leases.append(frame.request_id)  # e.g. its worker was removed
+                    del self.lost_leases[:-1000]
             case p.Reattached():
                 revoked = [rid for rid in frame.lost if self._revoke(rid, self._loss_reason, outcome="lost")]
                 self.lost_leases.extend(revoked)

@@ -93,7 +93,8 @@ class Lease:
         output_tokens: output tokens reported so far.
         outcome: None while open; then "completed" / "aborted" / "requeued" (closed by the caller),
             or "lost" / "revoked" (closed by the daemon). After "lost" (the daemon declared this
-            router dead after its liveness timeout of silence, or restarted without the lease) the
+            router dead after its liveness timeout of silence, restarted without the lease, or an
+            operator removed the lease's worker: `kvsched remove-worker`) the
             progress calls and `requeue()` raise `LeaseLost` naming the cause, and `release()` /
             guard exit log it once and return. After "revoked" (`kvsched cancel`) the progress
             calls and `release()` are no-ops.

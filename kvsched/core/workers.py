@@ -2,7 +2,9 @@
 
 A plain function over the scheduler's parts; pure and synchronous like the rest of the core.
 The user-facing rule (docs/PROTOCOL.md "Scheduling contracts", worker removal): its bookings are
-released (policies told Aborted); every waiting request (ready or deferred) that no remaining
+released (policies told Aborted) and the holder of each is sent a revocation notice
+(`Reject(reason="no_endpoints", revoked=True)`, detail naming the worker: the client marks the lease
+lost); every waiting request (ready or deferred) that no remaining
 registered worker can take — pinned to it, or allowed only on removed workers — is answered
 `no_endpoints` at once (drained workers still count); a request an admission policy had placed on
 a removed worker goes back to its class's shared heap.
@@ -26,20 +28,23 @@ def rows_of(ledger, worker_id: int, dp_rank: int | None) -> list[int]:  # noqa: 
 
 
 def remove_worker(sched, worker_id: int, dp_rank: int | None, now_us: int) -> list[Admit | Reject]:  # noqa: ANN001
-    """Remove a worker from `sched` (all ranks when dp_rank is None); returns the `no_endpoints`
-    rejections (module docstring). O(waiting requests): removal is an operator act.
+    """Remove a worker from `sched` (all ranks when dp_rank is None); returns the revocation notices
+    of its leases, then the `no_endpoints` rejections of stranded waiting requests (module
+    docstring). O(waiting requests + its leases): removal is an operator act.
     Raises KeyError for an unknown worker."""
     removed, table, adm, ledger = [], sched.lease_table, sched.admitter, sched.ledger
+    out: list[Admit | Reject] = []
     for row in rows_of(ledger, worker_id, dp_rank):
-        removed.append(ledger.key_of(row))
+        key = ledger.key_of(row)
+        removed.append(key)
         for slot in ledger.remove_worker_row(row):
             live = table.by_slot.get(slot)
             if live is not None:
                 table.drop(live, abort=True)
+                out.append(_lease_lost(live, key, sched.pq.classes[live.entry.class_idx].name))
         sched.view.forget_row(row)
     gone = set(removed)
     names = ", ".join(map(str, removed))
-    out: list[Admit | Reject] = []
     left: dict[tuple, int] = {}  # (pin, allowed) -> registered placeable workers
     pq = sched.pq
     for cq in pq.classes:
@@ -61,3 +66,12 @@ def remove_worker(sched, worker_id: int, dp_rank: int | None, now_us: int) -> li
         pq._reset_if_empty(cq)  # noqa: SLF001 - same package
     pq.compact()
     return out
+
+
+def _lease_lost(live, key: WorkerKey, cls_name: str) -> Reject:  # noqa: ANN001 - a leases.Live
+    """The revocation notice sent to the holder of a lease on removed worker `key` (not a decision:
+    `decisions_total` is not bumped). The client reads a revocation whose reason is not
+    `cancelled` as a lost lease (docs/PROTOCOL.md "Worker removal")."""
+    return Reject(live.spec.request_id, live.spec.owner, "no_endpoints",
+                  f"lease lost: worker {key.worker_id}:{key.dp_rank} was removed by an operator",
+                  cls_name, revoked=True)

@@ -331,15 +331,13 @@ class Actor:
         t = now_us()
         while n < 64:
             try:
-                identity, payload = self.admin_sock.recv_multipart(_NOBLOCK)
+                parts = self.admin_sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 break
-            except ValueError:
-                continue
             n += 1
-            reply, outcomes = self._admin_reply(payload, t)
+            envelope, reply, outcomes = self._admin_envelope(parts, t)
             try:
-                self.admin_sock.send_multipart((identity, self.enc.encode(reply)), _NOBLOCK)
+                self.admin_sock.send_multipart((*envelope, self.enc.encode(reply)), _NOBLOCK)
             except zmq.ZMQError:
                 pass
             self._deliver(outcomes, t)
@@ -347,6 +345,18 @@ class Actor:
             self._deliver(self.scheduler.drain_cleanup(t), t)
             self.tally.flush()
         self._rearm(self.admin_sock, self._on_admin, more=(n == 64))
+
+    def _admin_envelope(self, parts: list[bytes], t: int):
+        """(envelope to reply with, reply, outcomes) of one admin message. A DEALER's message is
+        [identity, request]; a REQ's is [identity, b"", request] and its reply must carry the same
+        empty delimiter (ZeroMQ's REQ envelope, RFC 28), so both socket types get their answer. Any
+        other shape gets a malformed `AdminError` naming the two accepted ones."""
+        if len(parts) == 2 or (len(parts) == 3 and parts[1] == b""):
+            return parts[:-1], *self._admin_reply(parts[-1], t)
+        self.metrics.malformed.labels(code="malformed").inc()
+        return parts[:2 if parts[1:2] == [b""] else 1], p.AdminError(code=int(p.ErrorCode.MALFORMED), message=(
+            "an admin request is one ZeroMQ frame (DEALER) or an empty delimiter then one frame (REQ); "
+            f"got {len(parts) - 1} frames")), []
 
     def _admin_reply(self, payload: bytes, t: int):
         try:

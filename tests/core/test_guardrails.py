@@ -115,7 +115,7 @@ def test_remove_worker_answers_every_request_left_without_a_placeable_worker():
     assert s.enqueue(make_request("on13", allowed_workers=frozenset({1, 3})), 5) == []
     _one(s.enqueue(make_request("sess0", policy_class="s", session_id="k", pinned=W2), 6))
     assert s.enqueue(make_request("sess1", policy_class="s", session_id="k", allowed_workers=frozenset({1})), 7) == []
-    got = s.remove_worker(1, None, 8)
+    got = [r for r in s.remove_worker(1, None, 8) if not r.revoked]  # the revocation of fill1 aside
     assert sorted(_ids(got)) == [("only1", "no_endpoints"), ("pin1", "no_endpoints"), ("sess1", "no_endpoints")]
     assert s.queued == 2 and s.deferred == 0  # "any" and "on13" (worker 3 is only drained) keep waiting
     fill2 = next(lease for lease in s.leases(9) if lease.request_id == "fill2")
@@ -129,7 +129,7 @@ def test_policy_placed_request_returns_to_the_shared_heap_when_its_worker_is_rem
     for w in (W1, W2):
         _one(s.enqueue(make_request(f"fill{w.worker_id}", isl_tokens=600, pinned=w), 0))
     assert s.enqueue(make_request("placed"), 1) == []
-    assert s.remove_worker(1, None, 2) == []
+    assert [(r.request_id, r.revoked) for r in s.remove_worker(1, None, 2)] == [("fill1", True)]
     fill2 = next(lease for lease in s.leases(3) if lease.request_id == "fill2")
     s.release("fill2", fill2.slot, fill2.generation, "completed", 0, 3)
     assert _ids(s.drain_cleanup(3)) == [("placed", "2:0")]

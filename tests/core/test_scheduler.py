@@ -154,7 +154,9 @@ def test_remove_worker_rejects_its_lane_and_releases_bookings():
     _one(s.enqueue(make_request("run7", isl_tokens=600, pinned=WorkerKey(7, 0)), 0))
     assert s.enqueue(make_request("for7", pinned=WorkerKey(7, 0)), 1) == []
     got = s.remove_worker(7, None, 2)
-    assert [(r.request_id, r.reason) for r in got] == [("for7", "no_endpoints")]
+    assert [(r.request_id, r.reason, r.revoked) for r in got] == [("run7", "no_endpoints", True),
+                                                                  ("for7", "no_endpoints", False)]
+    assert "7:0" in got[0].detail and "removed" in got[0].detail
     assert s.active_leases == 0 and s.ledger.arrays.w_active_requests.sum() == 0
 
 

@@ -161,13 +161,15 @@ class SchedulerModelMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def remove_worker(self, data):
         wid = data.draw(st.sampled_from(sorted({k.worker_id for k in self.m.workers})))
-        for rid in [rid for rid, a in self.leases.items() if a.worker.worker_id == wid]:
+        lost = {rid for rid, a in self.leases.items() if a.worker.worker_id == wid}
+        for rid in lost:
             del self.leases[rid]
         stranded = self.m.remove(wid)
         got = self.s.remove_worker(wid, None, self._t())
-        assert {r.request_id for r in got} == stranded
         assert all(isinstance(r, Reject) and r.reason == "no_endpoints" for r in got)
-        self._absorb(got)
+        assert {r.request_id for r in got if r.revoked} == lost  # each lease's holder is told
+        assert {r.request_id for r in got if not r.revoked} == stranded
+        self._absorb([r for r in got if not r.revoked])
 
     @precondition(lambda self: self.m.workers)
     @rule(data=st.data())

@@ -1,0 +1,74 @@
+"""`kvsched remove-worker` with live leases on that worker, against a real daemon process.
+
+The contract (docs/PROTOCOL.md "Worker removal"): the daemon releases the worker's bookings and
+sends each lease's holder `rejected{no_endpoints, detail naming the worker}` as a revocation notice;
+the Python client marks the lease "lost" with that reason, its progress calls raise `LeaseLost`,
+its release is a quiet no-op. A version-1 peer receives the same (already known) frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from kvsched import protocol as p
+from kvsched.client import AdminClient, LeaseLost, SchedulerClient
+from tests.conftest import RawPeer, TWO_WORKERS, daemon_fixture, wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+daemon = daemon_fixture(TWO_WORKERS)
+
+
+def _active(admin_endpoint: str) -> int:
+    with AdminClient(admin_endpoint) as admin:
+        return admin.call(p.Status()).active_leases
+
+
+async def test_lease_on_a_removed_worker_is_lost_with_the_reason_and_release_is_quiet(daemon):
+    """1. a lease pinned on worker 1 and one on worker 2, 2. `kvsched remove-worker 1` (the real CLI),
+    Result: the first lease turns "lost" naming the removal, its progress calls raise LeaseLost,
+    its release returns quietly and sends nothing the daemon refuses; the other lease is untouched."""
+    async with SchedulerClient(daemon.endpoint, client_name="rm") as client:
+        gone = await client.schedule("rm-gone", isl_tokens=100, pinned=(1, 0))
+        kept = await client.schedule("rm-kept", isl_tokens=100, pinned=(2, 0))
+        gone.dispatched()
+        cli = await asyncio.to_thread(  # in a thread: a blocked event loop would get this router reaped
+            subprocess.run, [sys.executable, "-m", "kvsched.cli", "--admin-endpoint", daemon.admin_endpoint,
+                             "remove-worker", "1"], capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        assert await asyncio.to_thread(wait_until, lambda: gone.outcome == "lost", 10)
+        assert "1:0" in gone.lost_reason and "removed" in gone.lost_reason
+        assert client.lost_leases == ["rm-gone"]
+        with pytest.raises(LeaseLost, match="removed"):
+            gone.add_output_tokens(3)
+        with pytest.raises(LeaseLost):
+            gone.prefill_done()
+        gone.release("completed")  # quiet no-op
+        assert gone.outcome == "lost"
+        assert kept.outcome is None
+        kept.add_output_tokens(2)
+        kept.release("completed")
+        assert await asyncio.to_thread(wait_until, lambda: _active(daemon.admin_endpoint) == 0, 10)
+        await asyncio.sleep(0.3)
+        assert client.errors == []  # no update/release reached the daemon for the lost lease
+
+
+def test_version_1_peer_gets_the_revocation_as_a_known_rejected_frame(daemon):
+    with RawPeer(daemon.endpoint) as peer:
+        peer.hello(version=1)
+        peer.send(p.Enqueue("v1-gone", 32, pinned=(2, 0)))
+        admitted = peer.recv()
+        assert isinstance(admitted, p.Admitted) and admitted.worker_id == 2
+        with AdminClient(daemon.admin_endpoint) as admin:
+            assert isinstance(admin.call(p.RemoveWorker(worker_id=2)), p.OkReply)
+        notice = peer.recv()
+        assert isinstance(notice, p.Rejected), notice
+        assert (notice.request_id, notice.reason) == ("v1-gone", "no_endpoints")
+        assert "2:0" in notice.detail
+        peer.send(p.Release("v1-gone", admitted.slot, admitted.generation, "completed", 40))  # stale: no-op
+        peer.send(p.Heartbeat(7))
+        assert peer.recv() == p.HeartbeatAck(7)  # nothing else was owed (no error for the stale release)
