@@ -3,7 +3,9 @@
 Lease lifecycle against the engine's answer: `dispatched()` when the engine answers 200,
 `prefill_done()` at the first chunk, output tokens from the engine's per-chunk usage as they stream,
 `release("completed")` after `[DONE]`, `release("aborted")` on an engine error, a client disconnect
-(the handler is cancelled) or any other exception. An engine failure before the first chunk
+(the handler is cancelled) or any other exception. A lease the daemon drops while the engine serves
+it (`LeaseLost`: its worker removed by an operator, or this gateway's link reaped) stops being
+reported on, but the stream the engine is still sending is relayed to the end. An engine failure before the first chunk
 (connection error, timeout, 5xx, stream closed empty) releases `aborted`, marks the worker failing
 and retries once with it in `excluded_workers`; a second failure answers 502.
 """
@@ -20,6 +22,7 @@ import msgspec
 from aiohttp import web
 
 from ..client.lease import Lease
+from ..errors import LeaseLost
 from .openai import Collector, HttpError, Prompt, engine_body
 from .relay import EngineStreamError, Relay
 
@@ -95,6 +98,9 @@ async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints
             if not lease.closed:
                 lease.release("aborted")
             raise
+        finally:
+            if lease.outcome == "lost":  # the daemon dropped it while the engine served it
+                gw.stats["leases_lost_mid_stream"] += 1
     raise HttpError(502, f"engine failed before the first token, twice: {last}", "engine_error", "engine_failure")
 
 
@@ -128,7 +134,7 @@ async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, le
                 body = await resp.read()
                 lease.release("aborted")
                 return web.Response(status=resp.status, body=body, content_type="application/json")
-            lease.dispatched()
+            _report(lease, lease.dispatched)
             return await _stream(gw, request, p, lease, resp, silence, marks)
     finally:
         silence.cancel()
@@ -207,6 +213,18 @@ def _sse_data(buf: bytearray, piece: bytes) -> list[bytes]:
     return [ln[5:].strip() for ln in block.split(b"\n") if ln.startswith(b"data:")]
 
 
+def _report(lease: Lease, call, *args: int) -> None:  # noqa: ANN001 - a bound Lease method
+    """One progress report (`dispatched`, `prefill_done`, `add_output_tokens`) on `lease`. A lost
+    lease (LeaseLost: the daemon released its booking, e.g. `kvsched remove-worker`; the client has
+    logged it) is not reported on any more; the caller keeps relaying the engine's stream."""
+    if lease.outcome == "lost":
+        return
+    try:
+        call(*args)
+    except LeaseLost:
+        pass
+
+
 async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                   resp: aiohttp.ClientResponse, silence: Silence, marks: Marks) -> web.StreamResponse:
     """Relay the engine's SSE stream. Reads whatever has arrived (`iter_any`), passes each chunk
@@ -231,7 +249,7 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                 data = relay.chunk(data)
                 if first and relay.chunks:
                     first = False
-                    lease.prefill_done()
+                    _report(lease, lease.prefill_done)
                 if data is None:
                     continue
                 if collector is not None:
@@ -239,7 +257,7 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                     continue
                 pending.append(b"data: " + data + b"\n\n")
             if relay.output_tokens > lease.output_tokens:
-                lease.add_output_tokens(relay.output_tokens - lease.output_tokens)
+                _report(lease, lease.add_output_tokens, relay.output_tokens - lease.output_tokens)
             if pending:
                 if out is None:
                     out = web.StreamResponse(headers={**SSE_HEADERS, "Server-Timing": marks.header()})

@@ -1,0 +1,73 @@
+"""`kvsched remove-worker` while the gateway streams from that worker: the daemon revokes the lease
+(LeaseLost on the gateway's next progress report) but the engine is still answering, so the user's
+stream is relayed to its end, and the gateway keeps serving on the other worker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from kvsched import protocol as p
+from kvsched.client import AdminClient
+from kvsched.gateway.local_fleet import free_port
+from tests.conftest import purge, start_daemon
+
+from .helpers import eventually, ledger, stream_chat
+from .test_forwarding import _stack
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    ports = {1: free_port(), 2: free_port()}
+    d = start_daemon(tmp_path, f"""
+[daemon]
+block_size = 16
+
+[[workers]]
+worker_id = 1
+url = "http://127.0.0.1:{ports[1]}"
+
+[[workers]]
+worker_id = 2
+url = "http://127.0.0.1:{ports[2]}"
+""")
+    d.engine_ports = ports
+    yield d
+    d.stop()
+    purge(d.instance)
+
+
+@pytest.fixture
+async def stack(daemon, tmp_path):
+    async for s in _stack(daemon, tmp_path):
+        yield s
+
+
+def _remove(admin_endpoint: str, worker_id: int):
+    with AdminClient(admin_endpoint) as admin:
+        return admin.call(p.RemoveWorker(worker_id=worker_id))
+
+
+async def test_stream_on_a_removed_worker_is_relayed_to_its_end(stack):
+    gw, url, engines, d = stack
+    for e in engines.values():
+        e.mode = "slow"  # six tokens, 0.3 s apart
+    async with aiohttp.ClientSession() as s:
+        call = asyncio.create_task(stream_chat(s, url, "w1 w2"))
+        assert await eventually(lambda: any(e.seen for e in engines.values()), 10)
+        serving = next(w for w, e in engines.items() if e.seen)
+        assert isinstance(await asyncio.to_thread(_remove, d.admin_endpoint, serving), p.OkReply)
+        r = await asyncio.wait_for(call, 30)
+        assert r["status"] == 200 and r["text"] == "abcdef" and r["done"] and not r["error"], r
+        assert gw.stats["leases_lost_mid_stream"] == 1
+        for e in engines.values():
+            e.mode = "ok"
+        again = await stream_chat(s, url, "w3 w4")
+        assert again["status"] == 200 and again["done"], again
+    other = 3 - serving
+    assert len(engines[other].seen) == 1 and len(engines[serving].seen) == 1  # the next one went elsewhere
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
