@@ -71,7 +71,7 @@ def remove_worker(sched, worker_id: int, dp_rank: int | None, now_us: int) -> li
 def _lease_lost(live, key: WorkerKey, cls_name: str) -> Reject:  # noqa: ANN001 - a leases.Live
     """The revocation notice sent to the holder of a lease on removed worker `key` (not a decision:
     `decisions_total` is not bumped). The client reads a revocation whose reason is not
-    `cancelled` as a lost lease (docs/PROTOCOL.md "Worker removal")."""
+    `cancelled` as a lost lease (docs/PROTOCOL.md "Scheduling contracts")."""
     return Reject(live.spec.request_id, live.spec.owner, "no_endpoints",
                   f"lease lost: worker {key.worker_id}:{key.dp_rank} was removed by an operator",
                   cls_name, revoked=True)

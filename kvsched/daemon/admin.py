@@ -18,6 +18,7 @@ import zmq
 from .. import protocol as p
 from ..config import endpoint_problem, load_config, url_problem
 from ..errors import ConfigError
+from . import runtime_workers
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class AdminContext:
         kv_events: the `KvEventSubscriber` (AddWorker / RemoveWorker add and remove its sources), or None.
         worker_urls: worker_id -> base URL (`Admitted.url`), shared with the actor.
         hash_check: the KV-event `HashCheck` (its bad rows flag `kvsched workers`), or None.
+        kv_index: the KV-index segment, where a runtime-added worker's URL and KV-event endpoints
+            are kept for a restarted daemon (`runtime_workers`), or None.
     """
 
     scheduler: object
@@ -50,6 +53,7 @@ class AdminContext:
     kv_events: object | None = None
     worker_urls: dict = field(default_factory=dict)
     hash_check: object | None = None
+    kv_index: object | None = None
 
 
 def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
@@ -92,7 +96,11 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
             problem = _add_worker_problem(req)
             if problem:  # checked before anything is registered: a corrected retry is not "already registered"
                 return _err(p.ErrorCode.INVALID, problem), []
-            restoring = _restored_bare(ctx, req, s.ledger.row_of(key))
+            row = s.ledger.row_of(key)
+            if row is not None and _same_capacities(s, row, req) and \
+                    runtime_workers.kept_matches(ctx.kv_index, s.ledger.arrays.w_generation, row, req):
+                return p.OkReply(message=f"{key} already registered with these settings"), []
+            restoring = _restored_bare(ctx, req, row)
             if not restoring:
                 try:
                     s.add_worker(key, req.total_kv_blocks, req.max_num_batched_tokens)
@@ -107,6 +115,7 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
                     return _err(p.ErrorCode.INVALID, f"kv_events_endpoint {req.kv_events_endpoint!r}: {exc}"), []
             if req.url:
                 ctx.worker_urls[req.worker_id] = req.url
+            runtime_workers.remember(ctx.kv_index, s.ledger.arrays.w_generation, s.ledger.row_of(key), req)
             done = "restored url / KV events of" if restoring else "added"
             log.info("worker %s worker=%d:%d kv_events=%s", done, req.worker_id, req.dp_rank,
                      req.kv_events_endpoint or "-")
@@ -117,6 +126,8 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
                 outcomes = s.remove_worker(req.worker_id, req.dp_rank, now_us)
             except KeyError:
                 return _err(p.ErrorCode.NOT_FOUND, f"unknown worker {_w(req)}"), []
+            for row in rows:
+                runtime_workers.forget(ctx.kv_index, row)
             if ctx.kv_events is not None:
                 for row in rows:
                     ctx.kv_events.remove_source(row)
@@ -164,14 +175,16 @@ def _restored_bare(ctx: AdminContext, req: p.AddWorker, row: int | None) -> bool
     same capacities but without what lives only in the old process: its `url` and its KV-event
     subscription (a rank added at runtime, not listed in the config). Re-running the same
     `add-worker` then restores them instead of answering "already registered"."""
-    if row is None or not (req.url or req.kv_events_endpoint):
-        return False
-    a = ctx.scheduler.ledger.arrays
-    if (int(a.w_total_kv_blocks[row]), int(a.w_max_batched_tokens[row])) != (req.total_kv_blocks,
-                                                                             req.max_num_batched_tokens):
+    if row is None or not (req.url or req.kv_events_endpoint) or not _same_capacities(ctx.scheduler, row, req):
         return False
     has_stream = ctx.kv_events is not None and any(st.src.row == row for st in ctx.kv_events.streams)
     return req.worker_id not in ctx.worker_urls and not has_stream
+
+
+def _same_capacities(s, row: int, req: p.AddWorker) -> bool:  # noqa: ANN001 - a Scheduler
+    a = s.ledger.arrays
+    return (int(a.w_total_kv_blocks[row]), int(a.w_max_batched_tokens[row])) == (req.total_kv_blocks,
+                                                                                 req.max_num_batched_tokens)
 
 
 def _add_worker_problem(req: p.AddWorker) -> str | None:

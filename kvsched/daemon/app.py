@@ -79,7 +79,7 @@ class Daemon:
         from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, start_curve_auth
         from ..shm.layout import ledger_name, progress_name
         from .wiring import (KV_CATCH_UP_WAIT_S, build_kv_subscriber, build_scheduler, install_hash_check,
-                             kv_metrics_tick, open_segments,
+                             kv_metrics_tick, open_segments, restore_runtime_workers,
                              warm_decision_path)
 
         cfg = self.config
@@ -119,10 +119,13 @@ class Daemon:
             max_frame_bytes=d.max_frame_bytes,
         )
         self.metrics.bind(self.scheduler)
+        runtime = restore_runtime_workers(cfg, self.scheduler, self.segments.kv_index, restarted)
         self.admin_ctx = AdminContext(
             scheduler=self.scheduler, instance=d.instance, endpoint=self.endpoint, block_size=d.block_size,
             daemon_epoch=epoch, config_path=self.config_path, config_overrides=self.overrides,
-            worker_urls={w.worker_id: w.url for w in cfg.workers if w.url},
+            worker_urls={**{r.worker_id: r.url for r in runtime.values() if r.url},
+                         **{w.worker_id: w.url for w in cfg.workers if w.url}},
+            kv_index=self.segments.kv_index,
         )
         self.actor = Actor(loop, self.scheduler, self.data_sock, welcome, d, self.metrics,
                            admin_handler=lambda req, t: handle(req, self.admin_ctx, t), admin_sock=self.admin_sock,
@@ -134,7 +137,7 @@ class Daemon:
         self.actor.on_tick.append(self.health.tick)
         self.actor.start()
         self.kv_events = build_kv_subscriber(cfg, self.scheduler, loop, self.ctx, self.segments.kv_index,
-                                             self.segments.kv_index_restored)
+                                             self.segments.kv_index_restored, runtime)
         self.admin_ctx.kv_events = self.kv_events
         self.admin_ctx.hash_check = install_hash_check(cfg, self.kv_events, self.scheduler, self.metrics)
         self.actor.on_tick.append(kv_metrics_tick(self.kv_events, self.metrics))

@@ -182,17 +182,39 @@ def kv_event_sources(cfg: Config, scheduler) -> list:
     return out
 
 
-def build_kv_subscriber(cfg: Config, scheduler, loop, ctx, kv_index=None, restored_index: bool = False):
-    """The `KvEventSubscriber` feeding the scheduler's event indexes from every configured source.
+def restore_runtime_workers(cfg: Config, scheduler, kv_index, restarted: bool) -> dict:
+    """Row -> `RuntimeWorker` of the workers a previous daemon added at runtime (`kvsched add-worker`)
+    whose rows it re-adopted, read from the KV-index segment (`runtime_workers.restored`); {} on a
+    fresh start. Their URLs go to `Admitted.url`, their KV-event sources to `build_kv_subscriber`."""
+    from .runtime_workers import restored
+
+    if not restarted or kv_index is None:
+        return {}
+    out = restored(kv_index, scheduler.ledger.arrays, {w.worker_id for w in cfg.workers})
+    if out:
+        log.info("runtime workers restored with their url / KV events workers=%s",
+                 ",".join(f"{r.worker_id}:{r.dp_rank}" for r in out.values()))
+    return out
+
+
+def build_kv_subscriber(cfg: Config, scheduler, loop, ctx, kv_index=None, restored_index: bool = False,
+                        runtime: dict | None = None):
+    """The `KvEventSubscriber` feeding the scheduler's event indexes from every configured source
+    and from the restored runtime workers (`runtime`: row -> `RuntimeWorker`).
 
     Staleness goes to the ledger (`Ledger.set_stale`, shown by `kvsched workers`, read by the
     overlap combination). Built even without sources, so AddWorker can add some at runtime.
     `kv_index` (the KV-index segment) persists each row's applied seq; when `restored`, its rows
     with a seq start from it (catch-up replay at `start()`).
     """
-    from .kv_events import KvEventSubscriber
+    from .kv_events import KvEventSource, KvEventSubscriber
 
     sources = kv_event_sources(cfg, scheduler)
+    for row, rec in sorted((runtime or {}).items()):
+        if rec.kv_events_endpoint:
+            sources.append(KvEventSource(row, rec.kv_events_endpoint, rec.kv_replay_endpoint or None,
+                                         rec.kv_events_topic, rec.kv_events_stale_after_s))
+            scheduler.set_event_fed(row, True)
     restored = {}
     if kv_index is not None and restored_index:
         restored = {s.row: int(kv_index.last_seq[s.row]) for s in sources if int(kv_index.last_seq[s.row]) >= 0}

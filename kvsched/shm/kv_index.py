@@ -10,6 +10,9 @@ with the same lifetime: created by the daemon, unregistered from Python's resour
 * per worker row: `last_seq` int64 (the KV-event stream's last applied seq: every batch <= it was
   applied to the indexes; -1 = none), and the identity the row had when its entries were learnt:
   `worker_id` u32, `dp_rank` u32, `worker_generation` u32 (the ledger's `w_generation`), `present` u8;
+* per worker row: `meta_len` u32 and `meta` u8[META_BYTES]: an opaque record the daemon writes for a
+  worker added at runtime (`kvsched add-worker`: its URL and KV-event endpoints, encoded by
+  `kvsched.daemon.runtime_workers`), so a restarted daemon restores them; `meta_len` = 0: none;
 * two `OverlapIndex` tables (device tier, offload tiers): keys uint64[C], used uint8[C],
   perm / ttlm uint64[C, words], ttl_exp int64[C] (see `kvsched.shm.overlap`).
 
@@ -34,15 +37,17 @@ from .space import reserve_pages
 
 log = logging.getLogger(__name__)
 
-KV_INDEX_VERSION = 1
+KV_INDEX_VERSION = 2  # 2: per-row `meta` records (version 1 segments are recreated empty at start)
+META_BYTES = 4096  # bytes of one row's runtime-worker record (a URL is at most 2,048 bytes)
 KV_MAGIC = int.from_bytes(b"KVSCHIX1", "little")
 _HEADER_WORDS = 16
 _ALIGN = 64
 K_MAGIC, K_VERSION, K_MAX_WORKERS, K_CAPACITY, K_WORDS, K_NBYTES = 0, 1, 2, 3, 4, 5
 
-# (name, dtype, kind): "W" = max_workers, "C" = capacity, "CW" = (capacity, words)
+# (name, dtype, kind): "W" = max_workers, "C" = capacity, "CW" = (capacity, words), "WM" = (max_workers, META_BYTES)
 _ROW_FIELDS = (("last_seq", np.int64, "W"), ("worker_id", np.uint32, "W"), ("dp_rank", np.uint32, "W"),
-               ("worker_generation", np.uint32, "W"), ("present", np.uint8, "W"))
+               ("worker_generation", np.uint32, "W"), ("present", np.uint8, "W"), ("meta_len", np.uint32, "W"),
+               ("meta", np.uint8, "WM"))
 _INDEX_FIELDS = (("keys", np.uint64, "C"), ("used", np.uint8, "C"), ("perm", np.uint64, "CW"),
                  ("ttlm", np.uint64, "CW"), ("ttl_exp", np.int64, "C"))
 _TIERS = ("device", "offload")
@@ -50,7 +55,7 @@ _TIERS = ("device", "offload")
 
 def _layout(max_workers: int, capacity: int) -> tuple[dict[str, tuple[int, Any, tuple[int, ...]]], int]:
     words = (max_workers + 63) // 64
-    shapes = {"W": (max_workers,), "C": (capacity,), "CW": (capacity, words)}
+    shapes = {"W": (max_workers,), "C": (capacity,), "CW": (capacity, words), "WM": (max_workers, META_BYTES)}
     fields = [(name, dt, kind) for name, dt, kind in _ROW_FIELDS]
     fields += [(f"{tier}_{name}", dt, kind) for tier in _TIERS for name, dt, kind in _INDEX_FIELDS]
     off = _HEADER_WORDS * 8
@@ -73,7 +78,8 @@ class KvIndexSegment:
 
     Attributes:
         name, max_workers, capacity; `last_seq` int64[max_workers]; `worker_id` / `dp_rank` /
-        `worker_generation` uint32[max_workers]; `present` uint8[max_workers];
+        `worker_generation` uint32[max_workers]; `present` uint8[max_workers]; `meta_len`
+        uint32[max_workers] and `meta` uint8[max_workers, META_BYTES] (`store_meta` / `load_meta`);
         `device` / `offload`: OverlapIndex over the segment's tables (their inserts write the segment).
     """
 
@@ -106,6 +112,24 @@ class KvIndexSegment:
             if getattr(shm, "_fd", -1) >= 0:
                 os.close(shm._fd)  # type: ignore[attr-defined]
                 shm._fd = -1  # type: ignore[attr-defined]
+
+    def store_meta(self, row: int, record: bytes) -> None:
+        """Keep `record` (at most META_BYTES bytes) for `row`. The length is written last, so a daemon
+        killed midway leaves either no record or the whole one. Raises ValueError when too long."""
+        if len(record) > META_BYTES:
+            raise ValueError(f"runtime worker record of {len(record)} bytes exceeds {META_BYTES}")
+        self.meta_len[row] = 0
+        self.meta[row, :len(record)] = np.frombuffer(record, np.uint8)
+        self.meta_len[row] = len(record)
+
+    def load_meta(self, row: int) -> bytes | None:
+        """The record kept for `row`, or None."""
+        n = int(self.meta_len[row])
+        return bytes(self.meta[row, :n]) if 0 < n <= META_BYTES else None
+
+    def clear_meta(self, row: int) -> None:
+        """Forget `row`'s record (its worker was removed)."""
+        self.meta_len[row] = 0
 
     def clear_row(self, row: int) -> None:
         """Forget everything learnt for `row` (both tiers) and its stream seq."""

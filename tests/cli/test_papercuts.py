@@ -192,12 +192,13 @@ def test_add_worker_with_a_bad_endpoint_or_url_is_refused_and_registers_nothing(
     assert fixed.exit_code == EXIT_OK, fixed.output
 
 
-def test_a_runtime_worker_restored_by_a_restarted_daemon_gets_its_url_back_by_the_same_add_worker(own_daemon):
+def test_a_runtime_worker_restored_by_a_restarted_daemon_keeps_its_url_and_the_same_add_worker_is_ok(own_daemon):
     """1. `add-worker 7 --url U --kv-events-endpoint E`, 2. the daemon is SIGKILLed and restarted: the
-    ledger brings rank 7:0 back, but its URL and KV-event stream lived only in the dead process
-    (Admitted.url was "": the gateway answered 503 "no url"), 3. the same `add-worker` again.
-    Result: it succeeds (was: "already registered", with no way back but remove + add) and
-    admissions on 7:0 carry U; other capacities, or a second re-add, are still refused."""
+    ledger brings rank 7:0 back, and its URL and KV-event endpoints come back from the KV-index
+    segment (before: they lived only in the dead process, Admitted.url was ""), 3. the same
+    `add-worker` again (a provisioning script re-run). Result: admissions on 7:0 carry U at once;
+    the repeat is an idempotent OK; other capacities are still refused "already registered".
+    (The KV-event side: tests/daemon/test_runtime_workers_restart.py.)"""
     from kvsched.client import SyncSchedulerClient
 
     url, ep = "http://127.0.0.1:18007", f"tcp://127.0.0.1:{free_port()}"
@@ -205,17 +206,17 @@ def test_a_runtime_worker_restored_by_a_restarted_daemon_gets_its_url_back_by_th
     assert run(own_daemon, *args).exit_code == EXIT_OK
     own_daemon.kill()
     own_daemon.restart()
-    assert 7 in {w["worker_id"] for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
-    other = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "200", "--url", url)
-    assert other.exit_code == EXIT_DAEMON_ERROR and "already registered" in other.output
-    again = run(own_daemon, *args)
-    assert again.exit_code == EXIT_OK, again.output
-    assert "restored" in again.output
-    assert run(own_daemon, *args).exit_code == EXIT_DAEMON_ERROR  # now complete: a second re-add is refused
+    rows = {w["worker_id"]: w for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
+    assert rows[7].get("stale") is True  # event-fed again (no event seen yet)
     with SyncSchedulerClient(own_daemon.endpoint) as client:
         lease = client.schedule("restored-url-1", isl_tokens=16, pinned=(7, 0))
         assert lease.url == url
         lease.release()
+    other = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "200", "--url", url)
+    assert other.exit_code == EXIT_DAEMON_ERROR and "already registered" in other.output
+    again = run(own_daemon, *args)
+    assert again.exit_code == EXIT_OK, again.output
+    assert "already registered with these settings" in again.output
 
 
 def test_add_worker_stream_options_without_an_endpoint_are_a_usage_error(session_daemon):

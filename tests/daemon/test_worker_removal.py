@@ -1,6 +1,6 @@
 """`kvsched remove-worker` with live leases on that worker, against a real daemon process.
 
-The contract (docs/PROTOCOL.md "Worker removal"): the daemon releases the worker's bookings and
+The contract (docs/PROTOCOL.md "Scheduling contracts"): the daemon releases the worker's bookings and
 sends each lease's holder `rejected{no_endpoints, detail naming the worker}` as a revocation notice;
 the Python client marks the lease "lost" with that reason, its progress calls raise `LeaseLost`,
 its release is a quiet no-op. A version-1 peer receives the same (already known) frame.
