@@ -82,11 +82,18 @@ def render(reply: p.AdminReply, json_out: bool, table: Callable[[Any], Table] | 
 
 
 def parse_worker(spec: str) -> tuple[int, int | None]:
-    """`"3"` -> (3, None), `"3:1"` -> (3, 1); anything else is a usage error."""
+    """`"3"` -> (3, None), `"3:1"` -> (3, 1); anything else — a worker id outside u32 or a rank
+    outside u16 (the wire bounds, docs/PROTOCOL.md) included — is a usage error."""
     try:
         if ":" in spec:
-            wid, rank = spec.split(":", 1)
-            return int(wid), int(rank)
-        return int(spec), None
+            wid_s, rank_s = spec.split(":", 1)
+            wid, rank = int(wid_s), int(rank_s)
+        else:
+            wid, rank = int(spec), None
     except ValueError:
         raise typer.BadParameter(f"expected WORKER or WORKER:RANK, got {spec!r}") from None
+    if not 0 <= wid <= 0xFFFF_FFFF:
+        raise typer.BadParameter(f"worker id {wid} is outside 0..4294967295")
+    if rank is not None and not 0 <= rank <= 0xFFFF:
+        raise typer.BadParameter(f"rank {rank} is outside 0..65535")
+    return wid, rank
