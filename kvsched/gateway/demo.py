@@ -7,9 +7,18 @@ of the words w0 ... w1999 (other words become [UNK] tokens); answers are filler 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
+
+
+def admin_endpoint_for_any_shell(endpoint: str) -> str:
+    """`endpoint` with a relative ipc path made absolute: the demo binds under its (relative)
+    `--workdir`, but the line it prints is pasted into another shell, often in another directory."""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc:///"):
+        return "ipc://" + os.path.abspath(endpoint[len("ipc://"):])
+    return endpoint
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,10 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     except RuntimeError as exc:  # a process of the fleet failed to start: its log's tail is in the message
         sys.exit(f"gateway-demo: {exc}")
     url = fleet.gateway_urls[0]
+    admin = admin_endpoint_for_any_shell(fleet.daemon.admin_endpoint)
     prompt = " ".join(f"w{i}" for i in range(64))  # 64 tokens: 4 blocks of 16 to cache
     print(f"""
 gateway: {url}   engines: {", ".join(e.url for e in fleet.engines)}
-admin:   KVSCHED_ADMIN_ENDPOINT={fleet.daemon.admin_endpoint} kvsched workers
+admin:   KVSCHED_ADMIN_ENDPOINT={admin} .venv/bin/kvsched workers
 
 curl -s {url}/v1/models
 curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\

@@ -1,0 +1,53 @@
+"""`make gateway-demo` prints an admin line to paste into a second shell; it must work from any directory.
+
+Found by a new user: the demo binds under its relative `--workdir` (`out/gateway-demo`) and printed
+`KVSCHED_ADMIN_ENDPOINT=ipc://out/gateway-demo/run/...`, which a shell outside the checkout could
+not reach ("socket file ... does not exist").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvsched.gateway.local_fleet import free_port
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_the_printed_admin_line_reaches_the_daemon_from_another_directory(tmp_path):
+    (tmp_path / "checkout").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway.demo", "--port", str(free_port()),
+                             "--engines", "1", "--workdir", "demo"], cwd=tmp_path / "checkout", env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        endpoint, seen, deadline = None, [], time.monotonic() + 180
+        while endpoint is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            m = re.search(r"KVSCHED_ADMIN_ENDPOINT=(\S+)", line)
+            endpoint = m.group(1) if m else None
+        assert endpoint, "".join(seen)
+        cli = subprocess.run([sys.executable, "-m", "kvsched.cli", "workers", "--json"], cwd=tmp_path / "elsewhere",
+                             env={**env, "KVSCHED_ADMIN_ENDPOINT": endpoint}, capture_output=True, text=True,
+                             timeout=60)
+        assert cli.returncode == 0, (endpoint, cli.stdout, cli.stderr)
+        assert '"worker_id":1' in cli.stdout.replace(" ", "")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
