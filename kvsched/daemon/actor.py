@@ -22,6 +22,7 @@ import zmq
 from .. import protocol as p
 from ..core.types import Admit
 from .connections import Connection, ConnectionTable, pid_exists
+from .envelope import ADMIN_SHAPE_ERROR, REQ_ON_DATA_SOCKET, is_req_envelope, split_request
 from .metrics import Metrics
 from .replies import ReplyOutbox
 from .ratelimit import RateLimitedLog
@@ -165,10 +166,13 @@ class Actor:
             except zmq.Again:
                 break
             payload = sock.recv(_NOBLOCK)  # the rest of a message is there once its first part is
-            if sock.getsockopt(_RCVMORE):  # more than [identity, payload]: a DEALER sent several parts
+            if sock.getsockopt(_RCVMORE):  # more than [identity, payload]: several parts, or a REQ's envelope
+                rest = []
                 while sock.getsockopt(_RCVMORE):
-                    sock.recv(_NOBLOCK)
+                    rest.append(sock.recv(_NOBLOCK))
                 self.metrics.malformed.labels(code="malformed").inc()
+                if is_req_envelope(payload, rest):  # a REQ socket: tell it (it waits for an answer)
+                    self._refuse_req(identity)
                 continue
             n += self._handle_data(identity, payload, t) or 1  # a Batch counts its inner frames
         if n:
@@ -322,6 +326,14 @@ class Actor:
                 self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
             self._deliver(self.scheduler.drain_cleanup(t), t)  # may owe more replies: loop
 
+    def _refuse_req(self, identity: bytes) -> None:
+        """Answer a REQ socket on the data socket with `error{code=1}` in its own envelope."""
+        try:
+            err = p.Error(int(p.ErrorCode.MALFORMED), REQ_ON_DATA_SOCKET)
+            self.data_sock.send_multipart((identity, b"", self.enc.encode(err)), _NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
     # ------------------------------------------------------------------ admin socket
     def _on_admin(self) -> None:
         assert self.admin_sock is not None
@@ -347,16 +359,13 @@ class Actor:
         self._rearm(self.admin_sock, self._on_admin, more=(n == 64))
 
     def _admin_envelope(self, parts: list[bytes], t: int):
-        """(envelope to reply with, reply, outcomes) of one admin message. A DEALER's message is
-        [identity, request]; a REQ's is [identity, b"", request] and its reply must carry the same
-        empty delimiter (ZeroMQ's REQ envelope, RFC 28), so both socket types get their answer. Any
-        other shape gets a malformed `AdminError` naming the two accepted ones."""
-        if len(parts) == 2 or (len(parts) == 3 and parts[1] == b""):
-            return parts[:-1], *self._admin_reply(parts[-1], t)
+        """(envelope to reply with, reply, outcomes) of one admin message (`envelope.split_request`:
+        DEALER and REQ are served; any other shape gets a malformed `AdminError`)."""
+        envelope, payload = split_request(parts)
+        if payload is not None:
+            return envelope, *self._admin_reply(payload, t)
         self.metrics.malformed.labels(code="malformed").inc()
-        return parts[:2 if parts[1:2] == [b""] else 1], p.AdminError(code=int(p.ErrorCode.MALFORMED), message=(
-            "an admin request is one ZeroMQ frame (DEALER) or an empty delimiter then one frame (REQ); "
-            f"got {len(parts) - 1} frames")), []
+        return envelope, p.AdminError(int(p.ErrorCode.MALFORMED), ADMIN_SHAPE_ERROR.format(n=len(parts) - 1)), []
 
     def _admin_reply(self, payload: bytes, t: int):
         try:

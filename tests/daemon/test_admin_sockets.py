@@ -70,3 +70,18 @@ def test_dealer_multipart_request_gets_a_clear_error_and_dealer_still_works(daem
             assert isinstance(dec.decode(sock.recv()), p.StatusReply)
         finally:
             sock.close(0)
+
+
+def test_req_socket_on_the_data_socket_is_told_to_use_dealer(daemon):
+    """A REQ on the data socket cannot work (the daemon sends unsolicited frames), but it must not
+    wait forever: it gets `error{code=1}` naming DEALER. Before: dropped in silence."""
+    enc, dec = p.make_encoder(), p.make_daemon_decoder()
+    with zmq.Context() as ctx:
+        sock = _socket(ctx, zmq.REQ, daemon.endpoint)
+        try:
+            sock.send(enc.encode(p.Hello(p.PROTOCOL_VERSION, "req-user")))
+            assert sock.poll(10_000), "a REQ on the data socket got no answer"
+            err = dec.decode(sock.recv())
+            assert isinstance(err, p.Error) and err.code == p.ErrorCode.MALFORMED and "DEALER" in err.message
+        finally:
+            sock.close(0)
