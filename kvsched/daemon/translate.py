@@ -245,7 +245,8 @@ class Translator:
                         self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
                         released = True
                 elif isinstance(o, Reject):
-                    tally.rejections[o.reason] = tally.rejections.get(o.reason, 0) + 1
+                    if not o.revoked:  # a revocation notice (lease cancelled / worker removed) rejects nothing
+                        tally.rejections[o.reason] = tally.rejections.get(o.reason, 0) + 1
                     if conn is not None and conn.alive:
                         if not o.revoked:
                             conn.inflight -= 1

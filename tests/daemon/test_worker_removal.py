@@ -16,7 +16,8 @@ import pytest
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient, LeaseLost, SchedulerClient
-from tests.conftest import RawPeer, TWO_WORKERS, daemon_fixture, wait_until
+from tests.conftest import RawPeer, TWO_WORKERS, daemon_fixture, free_port, purge, start_daemon, wait_until
+from tests.ops.test_metrics import scrape, value
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -72,3 +73,34 @@ def test_version_1_peer_gets_the_revocation_as_a_known_rejected_frame(daemon):
         peer.send(p.Release("v1-gone", admitted.slot, admitted.generation, "completed", 40))  # stale: no-op
         peer.send(p.Heartbeat(7))
         assert peer.recv() == p.HeartbeatAck(7)  # nothing else was owed (no error for the stale release)
+
+
+def test_revocation_notices_are_not_counted_as_rejections(tmp_path):
+    """`kvsched_rejections_total` counts requests refused; a lease revoked because its worker was
+    removed was admitted, so the removal of a busy worker must not inflate the rejection rate
+    (the rejection-rate alert of deploy/). A waiting request stranded by the removal is counted."""
+    port = free_port()
+    d = start_daemon(tmp_path, TWO_WORKERS.replace("[daemon]", f"[daemon]\nmetrics_port = {port}"))
+    try:
+        with RawPeer(d.endpoint) as peer:
+            peer.hello()
+            for i in range(3):
+                peer.send(p.Enqueue(f"m-{i}", 32, pinned=(1, 0)))
+                assert isinstance(peer.recv(), p.Admitted)
+            peer.send(p.Enqueue("m-big", 1500, pinned=(2, 0)))  # fills worker 2's prefill budget
+            assert isinstance(peer.recv(), p.Admitted)
+            peer.send(p.Enqueue("m-wait", 32, pinned=(2, 0)))  # waits for worker 2
+            peer.send(p.Heartbeat(1))
+            assert peer.recv() == p.HeartbeatAck(1)
+            with AdminClient(d.admin_endpoint) as admin:
+                admin.call(p.RemoveWorker(worker_id=2))
+                admin.call(p.RemoveWorker(worker_id=1))
+            got = [peer.recv() for _ in range(5)]
+            assert sorted((f.request_id, f.reason) for f in got) == [
+                ("m-0", "no_endpoints"), ("m-1", "no_endpoints"), ("m-2", "no_endpoints"), ("m-big", "no_endpoints"),
+                ("m-wait", "no_endpoints")]
+        assert wait_until(lambda: value(scrape(port), "kvsched_rejections_total", reason="no_endpoints") == 1, 10), \
+            scrape(port)
+    finally:
+        d.stop()
+        purge(d.instance)
