@@ -3,7 +3,7 @@
 I/O pattern (docs/DESIGN.md §8): each ROUTER socket's FD is registered with `loop.add_reader`; a wake drains at
 most `frame_budget_per_wake` frames with NOBLOCK, hands each decoded frame to the `Translator`
 (`translate.py`: frame → Scheduler call → reply), runs one `drain_cleanup`, then sends every reply of
-the wake and writes the wake's metrics once. No frame is bounced through a queue or a task. The
+the wake; its metrics are counted in the `WakeTally` and written to Prometheus by the tick. No frame is bounced through a queue or a task. The
 actor holds no policy: every decision comes from the Scheduler.
 """
 
@@ -120,6 +120,7 @@ class Actor:
 
     def stop_reading(self) -> None:
         self._flush_replies()  # what this wake still owes version-2 peers, while the socket is open
+        self.tally.flush()
         self.stopped = True  # callbacks already queued (call_soon) must not touch closed sockets
         self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
         if self.admin_sock is not None:
@@ -175,24 +176,26 @@ class Actor:
                     self._refuse_req(identity)
                 continue
             n += self._handle_data(identity, payload, t) or 1  # a Batch counts its inner frames
+        tally = self.tally
         if n:
-            self.metrics.frames.inc(n)
+            tally.frames += n
             if self.tr.releases_this_wake:
-                self.metrics.cleanup_batch.observe(self.tr.releases_this_wake)
+                tally.cleanup_sizes.append(self.tr.releases_this_wake)
                 self.tr.releases_this_wake = 0
+            tally.samples += n
             self._deliver(self.scheduler.drain_cleanup(t), t)
         elif folded:
             self._deliver(self.scheduler.drain_cleanup(t), t)
         self._arm_fold_timer()
         self._flush_replies()
-        self.tally.flush()
+        tally.flush_if_full()
         self._rearm(self.data_sock, self._on_data, more=(n == budget))
 
     # ------------------------------------------------------------------ shared-memory words
     def _fold(self) -> bool:
         """Fold the routers' progress and state words (one kernel call); True if anything changed."""
         if self.scheduler.fold_words():
-            self.metrics.word_folds.inc()
+            self.tally.word_folds += 1
             return True
         return False
 
@@ -209,7 +212,7 @@ class Actor:
         if self._fold():
             t = now_us()
             self._deliver(self.scheduler.drain_cleanup(t), t)
-            self.tally.flush()
+            self.tally.flush_if_full()
         self._arm_fold_timer()
 
     def _rearm(self, sock: zmq.Socket, cb: Callable[[], None], more: bool) -> None:
@@ -266,7 +269,7 @@ class Actor:
                         f"batch frames need protocol version {p.BATCH_MIN_VERSION}; this connection said "
                         f"Hello with version {conn.protocol_version}")
             return 1
-        self.metrics.batches.inc()
+        self.tally.batches += 1
         dec = self.batch_dec
         try:
             for i, raw in enumerate(batch.frames):

@@ -82,3 +82,25 @@ def test_translator_releases_an_admission_nobody_can_receive():
     assert _metric(metrics, "kvsched_undeliverable_admissions_total") == 1
     tr.handle(conn, p.Release("x", adm.slot, adm.generation), 3)  # stale: a no-op
     assert sent == []
+
+
+def test_tally_writes_socket_counts_in_bulk_and_only_when_full_between_ticks():
+    from kvsched.daemon.translate import FLUSH_SAMPLES
+
+    tr, conns, sched, sent, metrics, tally = _translator()
+    tally.frames += 5
+    tally.batches += 2
+    tally.word_folds += 1
+    tally.cleanup_sizes += [3, 1]
+    tally.samples = FLUSH_SAMPLES - 1
+    tally.flush_if_full()  # below the bound: nothing written yet (the tick writes it)
+    assert _metric(metrics, "kvsched_frames_received_total") == 0
+    tally.samples += 1
+    tally.flush_if_full()
+    assert _metric(metrics, "kvsched_frames_received_total") == 5
+    assert _metric(metrics, "kvsched_batches_received_total") == 2
+    assert _metric(metrics, "kvsched_word_folds_total") == 1
+    assert _metric(metrics, "kvsched_cleanup_batch_size_count") == 2
+    assert _metric(metrics, "kvsched_cleanup_batch_size_sum") == 4
+    tally.flush()  # nothing pending: nothing added twice
+    assert _metric(metrics, "kvsched_frames_received_total") == 5 and tally.samples == 0
