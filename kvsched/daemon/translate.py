@@ -297,12 +297,15 @@ class Translator:
         self.send(conn, p.Rejected(request_id, reason, detail, policy_class))
 
 
+_HASH_DTYPE = np.dtype("<u8")  # a dtype object: np.frombuffer parses a dtype string on every call (~0.6 µs)
+
+
 def spec_from_enqueue(f: p.Enqueue, owner: int, t: int) -> RequestSpec:
     """The core's `RequestSpec` of an `Enqueue` frame from connection `owner`, received at `t` (µs).
     `block_hashes` is a read-only uint64 view of the frame's bytes (no copy)."""
     return RequestSpec(
         request_id=f.request_id, isl_tokens=f.isl_tokens,
-        block_hashes=np.frombuffer(f.block_hashes, dtype="<u8"), policy_class=f.policy_class,
+        block_hashes=np.frombuffer(f.block_hashes, _HASH_DTYPE), policy_class=f.policy_class,
         priority=f.priority, strict_priority=f.strict_priority, session_id=f.session_id,
         expected_osl=f.expected_osl, pinned=WorkerKey(*f.pinned) if f.pinned else None,
         allowed_workers=frozenset(f.allowed_workers) if f.allowed_workers is not None else None,
