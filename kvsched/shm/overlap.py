@@ -41,9 +41,9 @@ def _find_entry(keys, used, h, mask, limit):
 # _NO_ARRAY_HELPERS_IN_LOOPS: a jitted helper that takes arrays, called from a kernel's inner loop,
 # costs far more than its body: numba compiles the call with reference counting of the array
 # arguments (NRT incref / decref in the LLVM IR; `inline="always"` did not help). Measured on this
-# project's VM: `overlap_insert` with an expiry helper
-# called for each of the 16 probes of a new hash took 41.7 µs per 64 new hashes, 7.7 µs with the
-# rule written out in the loop (same results). Inner loops therefore index the arrays themselves.
+# project's VM: `overlap_insert` with an expiry helper called for each of the 16 probes of a new
+# hash took 41.7 µs per 64 new hashes, 7.7 µs with the rule written out in the loop (same
+# results). Inner loops therefore index the arrays themselves.
 
 
 @njit(cache=True, nogil=True)
