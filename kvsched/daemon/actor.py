@@ -3,8 +3,9 @@
 I/O pattern (docs/DESIGN.md §8): each ROUTER socket's FD is registered with `loop.add_reader`; a wake drains at
 most `frame_budget_per_wake` frames with NOBLOCK, hands each decoded frame to the `Translator`
 (`translate.py`: frame → Scheduler call → reply), runs one `drain_cleanup`, then sends every reply of
-the wake; its metrics are counted in the `WakeTally` and written to Prometheus by the tick. No frame is bounced through a queue or a task. The
-actor holds no policy: every decision comes from the Scheduler.
+the wake; its metrics are counted in the `WakeTally` and written to Prometheus by the tick. No frame
+is bounced through a queue or a task. The actor holds no policy: every decision comes from the
+Scheduler.
 """
 
 from __future__ import annotations
