@@ -152,8 +152,8 @@ class HttpSimEngine:
                     for m in body["messages"]]
             return self.tokenizer.encode(self.tokenizer.render_chat(msgs))
         prompt = body["prompt"]
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a one-element batch; [3] alone is a one-token prompt
         if isinstance(prompt, list):
             return [int(t) for t in prompt]
         return self.tokenizer.encode(prompt, add_special_tokens=True)
