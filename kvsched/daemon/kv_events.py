@@ -288,7 +288,8 @@ class KvEventSubscriber:
             except zmq.Again:
                 break
             n += 1
-            if len(frames) != 3 or len(frames[1]) != 8:
+            if len(frames) != 3 or len(frames[1]) != 8 or frames[1][0] & 0x80:
+                # seq >= 2^63: publishers count from 0, replay reads seqs signed, the store is int64
                 self._malformed(st, "live", len(frames))
                 continue
             self._on_live(st, seq_from_bytes(frames[1]), frames[2])
