@@ -81,6 +81,15 @@ def render(reply: p.AdminReply, json_out: bool, table: Callable[[Any], Table] | 
         console.print(getattr(reply, "message", reply))
 
 
+def check_request_id(request_id: str) -> str:
+    """A request id as the wire accepts it (1..`MAX_REQUEST_ID_BYTES` bytes of UTF-8,
+    docs/PROTOCOL.md); anything else is a usage error (exit 2) before any call."""
+    size = len(request_id.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= p.MAX_REQUEST_ID_BYTES:
+        raise typer.BadParameter(f"a request id has 1..{p.MAX_REQUEST_ID_BYTES} bytes, got {size}")
+    return request_id
+
+
 def parse_worker(spec: str) -> tuple[int, int | None]:
     """`"3"` -> (3, None), `"3:1"` -> (3, 1); anything else — a worker id outside u32 or a rank
     outside u16 (the wire bounds, docs/PROTOCOL.md) included — is a usage error."""

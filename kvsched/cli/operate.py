@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import protocol as p
-from .common import WorkerArg, call, parse_worker, render
+from .common import WorkerArg, call, check_request_id, parse_worker, render
 
 
 def drain(worker: WorkerArg) -> None:
@@ -55,7 +55,7 @@ def remove_worker(worker: WorkerArg) -> None:
     render(call(p.RemoveWorker(worker_id=wid, dp_rank=rank)), False)
 
 
-def cancel(request_id: Annotated[str, typer.Argument(help="The request to cancel.")]) -> None:
+def cancel(request_id: Annotated[str, typer.Argument(help="The request to cancel.", callback=check_request_id)]) -> None:
     """Cancel a queued request (it never dispatches) or abort an active lease."""
     render(call(p.Cancel(request_id=request_id)), False)
 

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from .. import protocol as p
-from .common import JsonOpt, call, console, render, to_json
+from .common import JsonOpt, call, check_request_id, console, render, to_json
 
 _LEFT = ("class", "ordering", "request_id", "state", "worker")
 
@@ -101,7 +101,7 @@ def leases(
     render(call(p.Leases(worker_id=worker, policy_class=policy_class, limit=limit)), json_out, leases_table)
 
 
-def explain(request_id: Annotated[str, typer.Argument(help="A recently decided request.")], json_out: JsonOpt = False) -> None:
+def explain(request_id: Annotated[str, typer.Argument(help="A recently decided request.", callback=check_request_id)], json_out: JsonOpt = False) -> None:
     """Show the per-worker overlap, projected load and cost behind a recent decision."""
     render(call(p.Explain(request_id=request_id)), json_out, explain_table)
 

@@ -116,6 +116,15 @@ def test_worker_out_of_the_wire_bounds_is_a_usage_error_before_any_call(session_
     assert needle in result.output
 
 
+@pytest.mark.parametrize("args", [("explain", ""), ("cancel", ""), ("explain", "x" * 129), ("cancel", "é" * 65)])
+def test_request_id_outside_the_wire_bounds_is_a_usage_error_before_any_call(session_daemon, args):
+    """A request id has 1..128 bytes on the wire. Before: sent, answered `malformed ... at
+    $.request_id` with the daemon-error exit code 1."""
+    result = run(session_daemon, *args)
+    assert result.exit_code == 2, result.output
+    assert "a request id has 1..128 bytes" in result.output
+
+
 def test_error_codes_have_names_for_people():
     from kvsched import protocol as p
 
