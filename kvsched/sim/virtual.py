@@ -224,7 +224,8 @@ class VirtualDriver:
         r.queued_us = r.queue_wait_us = int(a.queued_us)
         r.predicted_cached_tokens = int(a.cached_tokens)
         r.overlap_blocks = int(a.overlap_blocks)
-        for rec in reversed(getattr(self.scheduler, "_explain", ())):  # this decision: (id, row, now, elig, depth, ...)
+        admitter = getattr(self.scheduler, "admitter", None)  # the explain ring of the composed Scheduler
+        for rec in reversed(getattr(admitter, "explain", ())):  # this decision: (id, row, now, elig, depth, ...)
             if rec[0] == a.request_id:
                 elig, depth = rec[3], rec[4]
                 r.best_overlap_blocks = int(depth[elig != 0].max()) if elig.any() else 0

@@ -165,3 +165,15 @@ def test_per_class_figures_sum_to_the_total_when_replayed_with_the_example_profi
     assert written.classes == s.classes
     rows = read_results(tmp_path / "results.jsonl")
     assert {r.policy_class for r in rows} == {"latency", "agents", "batch"}
+
+
+@pytest.mark.skipif(not HAVE_SCHEDULER, reason="kvsched.core.scheduler is not available")
+def test_best_overlap_is_the_deepest_eligible_overlap_at_the_decision():
+    """The routing bench's "overlap given up" reads `best_overlap_blocks` from the scheduler's explain
+    ring (it read a ring that no longer existed after the core was split into parts and was 0 for
+    every request); round robin on a multi-turn slice gives up overlap somewhere."""
+    trace = load_trace(SLICE, limit=300)
+    run = run_virtual(trace, FleetSpec(workers=4), selector="round_robin", seed=0, overlap_mode="events")
+    done = [r for r in run.results if r.worker]
+    assert all(r.best_overlap_blocks >= r.overlap_blocks for r in done)
+    assert any(r.best_overlap_blocks > r.overlap_blocks for r in done)
