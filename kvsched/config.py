@@ -108,6 +108,9 @@ class SelectorConfig(Section):
     recent_half_life_s: Annotated[float, Meta(gt=0)] = 30.0  # decay of recently admitted work (s)
     # per block of the request's own uncached prefill x active requests on the worker (LMetric's product; 0 = off)
     interference_weight: Annotated[float, Meta(ge=0)] = 0.0
+    # the interference term may raise a worker's cost at most this many x the request's own full-prompt
+    # prefill cost above the eligible worker with the least interference (0 = no cap)
+    interference_cap_prompts: Annotated[float, Meta(ge=0)] = 0.0
     # dynamo_cost (NVIDIA Dynamo's kv-router cost, its defaults)
     prefill_load_scale: Annotated[float, Meta(ge=0)] = 1.0  # weight of the prefill term
     overlap_credit: Annotated[float, Meta(ge=0)] = 1.0  # blocks of credit per overlapping block

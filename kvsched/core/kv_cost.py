@@ -53,7 +53,8 @@ class KvSelector(DynamoCostSelector):
                  active_blocks_weight: float = 0.1, lead_bonus: float = 160.0, lead_cap_blocks: float = 64.0,
                  lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0,
                  lead_max_wait_steps: float = 8.0, lead_max_wait_per_lead: float = 6.0, recent_weight: float = 1.0,
-                 recent_half_life_s: float = 30.0, interference_weight: float = 0.0) -> None:
+                 recent_half_life_s: float = 30.0, interference_weight: float = 0.0,
+                 interference_cap_prompts: float = 0.0) -> None:
         super().__init__(temperature, seed)
         self.prefill_weight = float(prefill_weight)
         self.active_blocks_weight = float(active_blocks_weight)
@@ -66,6 +67,7 @@ class KvSelector(DynamoCostSelector):
         self.recent_weight = float(recent_weight)
         self.recent_half_life_us = float(recent_half_life_s) * 1e6
         self.interference_weight = float(interference_weight)
+        self.interference_cap_prompts = float(interference_cap_prompts)
         self.recent = np.zeros(0, np.float64)
         self.recent_at_us = 0
         self._total = np.zeros(0)  # scratch of select_explained (float64[W])
@@ -81,7 +83,8 @@ class KvSelector(DynamoCostSelector):
                    lead_release_recent_ratio=cfg.lead_release_recent_ratio,
                    lead_max_wait_steps=cfg.lead_max_wait_steps, lead_max_wait_per_lead=cfg.lead_max_wait_per_lead,
                    recent_weight=cfg.recent_weight, recent_half_life_s=cfg.recent_half_life_s,
-                   interference_weight=cfg.interference_weight)
+                   interference_weight=cfg.interference_weight,
+                   interference_cap_prompts=cfg.interference_cap_prompts)
 
     # ---- terms (pure) ----------------------------------------------------------------------------
     def _decay(self, now_us: int) -> float:
@@ -112,6 +115,10 @@ class KvSelector(DynamoCostSelector):
         if self.interference_weight and active_requests is not None:  # own uncached prefill x requests it slows
             own = np.maximum(view.prefill_tokens[rows] - view.active_prefill[rows], 0)
             interference[rows] = own * active_requests[rows] * (self.interference_weight * inv_bs)
+            if self.interference_cap_prompts > 0.0:  # never more than this above the least, in prompt prefills
+                cap = self.interference_cap_prompts * self.prefill_weight * float(view.isl_tokens) * inv_bs
+                low = interference[rows].min()
+                interference[rows] = np.minimum(interference[rows] - low, cap)
         m = min(n, self.recent.size)
         rt = None
         if m:

@@ -198,3 +198,45 @@ def test_a_prefill_heavy_request_avoids_the_worker_with_many_decoding_requests()
     picks = {KvSelector(seed=s, interference_weight=1.0).select(np.zeros(2), np.ones(2, np.uint8), np.array([40, 2], np.int64),
                                        overlap_blocks=np.zeros(2, np.int32), view=view) for s in range(20)}
     assert picks == {1}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50_000), st.integers(0, 20_000), st.integers(0, 200), st.integers(0, 3_000)),
+                min_size=2, max_size=6),
+       st.floats(0.01, 4.0), st.floats(0.05, 2.0), st.integers(1, 20_000))
+def test_capped_interference_cannot_override_a_larger_difference_in_the_other_terms(rows, weight, cap, isl):
+    """`interference_cap_prompts` = c: the term is measured from the eligible row with the least
+    interference and capped at c x the request's own full-prompt prefill cost, so (1) each row's term
+    lies in [0, cap] and equals the uncapped difference where that is under the cap, and (2) the chosen
+    row's other terms are never worse than the best row's by more than the cap."""
+    queue = np.array([r[0] for r in rows], np.int64)
+    own = np.array([r[1] for r in rows], np.int64)
+    active = np.array([r[2] for r in rows], np.int64)
+    blocks = np.array([r[3] for r in rows], np.int64)
+    w, bs = len(rows), 16
+    view = _view(queue + own, blocks, active_prefill=queue, isl=isl, bs=bs)
+    elig, depth = np.ones(w, np.uint8), np.zeros(w, np.int32)
+    sel = KvSelector(seed=0, interference_weight=weight, interference_cap_prompts=cap)
+    t = sel.terms(np.zeros(w), elig, depth, view, active)
+    limit = cap * sel.prefill_weight * isl / bs
+    raw = weight * own / bs * active
+    assert (t["interference"] >= 0).all() and (t["interference"] <= limit * (1 + 1e-12)).all()
+    np.testing.assert_allclose(t["interference"], np.minimum(raw - raw.min(), limit), rtol=1e-9, atol=1e-9)
+    base = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"]
+    row = sel.select(np.zeros(w), elig, active, overlap_blocks=depth, view=view)
+    assert base[row] <= base.min() + limit * (1 + 1e-9) + 1e-9
+
+
+def test_capped_interference_does_not_pull_a_cached_request_onto_a_loaded_worker():
+    """The Azure failure of the uncapped term: row 0 holds the whole prompt (no new prefill, so no
+    interference however many requests it runs) but its other terms are worse by more than the cap
+    (queued prefill); row 1 would prefill the prompt next to 100 running requests. Uncapped, the
+    product pulls the request onto row 0; capped at 0.25 prompts, the other terms decide (row 1)."""
+    isl, bs = 4096, 16
+    view = _view([20_000, 4_096], [10, 10], active_prefill=[20_000, 0], isl=isl, bs=bs)
+    depth, active, elig = np.array([256, 0], np.int32), np.array([200, 100], np.int64), np.ones(2, np.uint8)
+    kw = dict(lead_bonus=0.0)
+    uncapped = KvSelector(seed=0, interference_weight=1.0, **kw)
+    capped = KvSelector(seed=0, interference_weight=1.0, interference_cap_prompts=0.25, **kw)
+    assert uncapped.select(np.zeros(2), elig, active, overlap_blocks=depth, view=view) == 0
+    assert capped.select(np.zeros(2), elig, active, overlap_blocks=depth, view=view) == 1
