@@ -13,6 +13,8 @@ Cost per eligible row w, in blocks (B tokens per block; lower wins):
        recent work > lead_release_recent_ratio x the other eligible rows' mean)
   + recent_weight        x recent_w / B                                   "recent"
   + interference_weight  x (isl - cached_w) / B x active_requests_w       "interference"
+      (with interference_cap_prompts = c > 0: measured from the eligible row with the least, and at
+       most c x prefill_weight x isl / B, c of the request's own full-prompt prefill costs)
 
 cached_w = min(isl, overlap_w x B), so a deeper overlap always costs less (no clamp: a shallow and a
 deep overlap never tie, unlike raising Dynamo's `overlap_credit`). lead_w = overlap_w minus the deepest
@@ -26,7 +28,10 @@ recent_w = uncached prompt tokens admitted to w, each decayed by 2^(-age / recen
 fleet (no leases, every load term 0) still spreads new sessions, while a later turn's overlap keeps its
 affinity. The interference term (off by default: docs/ROUTING.md) is LMetric's score (new prefill
 tokens x batch size): a chunked prefill slows every request decoding on the same engine, so new prefill
-goes where it slows the fewest.
+goes where it slows the fewest. Its cap bounds what the term may spend: it can only choose among rows
+whose other terms are within c prompt prefills of the best, so it cannot pull a request whose prompt
+is cached on one busy row onto that row against the queue (the Azure failure of the uncapped term,
+docs/ROUTING.md).
 """
 
 from __future__ import annotations
