@@ -104,6 +104,8 @@ class SelectorConfig(Section):
     lead_release_steps: Annotated[float, Meta(ge=0)] = 16.0
     # ... or while its decayed recent work exceeds this many x the other eligible workers' mean (0 = never)
     lead_release_recent_ratio: Annotated[float, Meta(ge=0)] = 2.0
+    # ... or while its active requests exceed this many x the other eligible workers' mean (0 = never)
+    lead_release_requests_ratio: Annotated[float, Meta(ge=0)] = 0.0
     recent_weight: Annotated[float, Meta(ge=0)] = 1.0  # per block of recently admitted uncached prompt
     recent_half_life_s: Annotated[float, Meta(gt=0)] = 30.0  # decay of recently admitted work (s)
     # per block of the request's own uncached prefill x active requests on the worker (LMetric's product; 0 = off)

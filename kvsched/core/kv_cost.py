@@ -10,7 +10,8 @@ Cost per eligible row w, in blocks (B tokens per block; lower wins):
         prefill_weight x max(lead_max_wait_steps x max_num_batched_tokens_w / B,
                              lead_max_wait_per_lead x lead_w))
       (released while w's active prefill > lead_release_steps x max_num_batched_tokens_w, or its
-       recent work > lead_release_recent_ratio x the other eligible rows' mean)
+       recent work > lead_release_recent_ratio x the other eligible rows' mean, or its active
+       requests > lead_release_requests_ratio x the other eligible rows' mean, at least 1)
   + recent_weight        x recent_w / B                                   "recent"
   + interference_weight  x (isl - cached_w) / B x active_requests_w       "interference"
       (with interference_cap_prompts = c > 0: measured from the eligible row with the least, and at
@@ -59,7 +60,7 @@ class KvSelector(DynamoCostSelector):
                  lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0,
                  lead_max_wait_steps: float = 8.0, lead_max_wait_per_lead: float = 6.0, recent_weight: float = 1.0,
                  recent_half_life_s: float = 30.0, interference_weight: float = 0.0,
-                 interference_cap_prompts: float = 0.0) -> None:
+                 interference_cap_prompts: float = 0.0, lead_release_requests_ratio: float = 0.0) -> None:
         super().__init__(temperature, seed)
         self.prefill_weight = float(prefill_weight)
         self.active_blocks_weight = float(active_blocks_weight)
@@ -73,6 +74,7 @@ class KvSelector(DynamoCostSelector):
         self.recent_half_life_us = float(recent_half_life_s) * 1e6
         self.interference_weight = float(interference_weight)
         self.interference_cap_prompts = float(interference_cap_prompts)
+        self.lead_release_requests_ratio = float(lead_release_requests_ratio)
         self.recent = np.zeros(0, np.float64)
         self.recent_at_us = 0
         self._total = np.zeros(0)  # scratch of select_explained (float64[W])
@@ -89,7 +91,8 @@ class KvSelector(DynamoCostSelector):
                    lead_max_wait_steps=cfg.lead_max_wait_steps, lead_max_wait_per_lead=cfg.lead_max_wait_per_lead,
                    recent_weight=cfg.recent_weight, recent_half_life_s=cfg.recent_half_life_s,
                    interference_weight=cfg.interference_weight,
-                   interference_cap_prompts=cfg.interference_cap_prompts)
+                   interference_cap_prompts=cfg.interference_cap_prompts,
+                   lead_release_requests_ratio=cfg.lead_release_requests_ratio)
 
     # ---- terms (pure) ----------------------------------------------------------------------------
     def _decay(self, now_us: int) -> float:
@@ -140,7 +143,7 @@ class KvSelector(DynamoCostSelector):
             if first > 0:
                 top = int(rows[k])
                 second = int(np.partition(depth, -2)[-2]) if rows.size > 1 else 0
-                if first > second and not self._saturated(top, rt, rows, view):
+                if first > second and not self._saturated(top, rt, rows, view, active_requests):
                     gap = float(first - max(0, second))
                     bonus = self.lead_bonus * min(gap, self.lead_cap_blocks)
                     if self.lead_max_wait_steps > 0.0:  # at most this much extra queued prefill for affinity
@@ -151,12 +154,18 @@ class KvSelector(DynamoCostSelector):
         return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent,
                 "interference": interference}
 
-    def _saturated(self, row: int, recent_tokens: np.ndarray | None, rows: np.ndarray, view: SelectionView) -> bool:
+    def _saturated(self, row: int, recent_tokens: np.ndarray | None, rows: np.ndarray, view: SelectionView,
+                   active_requests: np.ndarray | None = None) -> bool:
         """The lead bonus is released on `row`: queued prefill > lead_release_steps x its step budget, or
-        (with more than one eligible row) its recent work > lead_release_recent_ratio x the mean recent
-        work of the other eligible rows."""
+        (with more than one eligible row) its active requests > lead_release_requests_ratio x the other
+        eligible rows' mean (at least 1; key > 0 and `active_requests` given), or its recent work >
+        lead_release_recent_ratio x the mean recent work of the other eligible rows."""
         if view.active_prefill[row] > self.lead_release_steps * view.max_batched_tokens[row]:
             return True
+        if self.lead_release_requests_ratio > 0.0 and active_requests is not None and rows.size > 1:
+            mean_others = (float(active_requests[rows].sum()) - float(active_requests[row])) / (rows.size - 1)
+            if active_requests[row] > self.lead_release_requests_ratio * max(mean_others, 1.0):
+                return True
         if recent_tokens is not None and self.lead_release_recent_ratio > 0.0 and rows.size > 1:
             mine = recent_tokens[row]
             mean_others = (float(recent_tokens[rows].sum()) - mine) / (rows.size - 1)
@@ -174,7 +183,7 @@ class KvSelector(DynamoCostSelector):
         `DynamoCostSelector.select` on the total, as before."""
         if view is None:
             return super().select(costs, eligible, active_requests), None
-        if overlap_blocks is None or self.interference_weight:  # the array path (kernel has no interference)
+        if overlap_blocks is None or self.interference_weight or self.lead_release_requests_ratio:  # array path
             t = self.terms(costs, eligible, overlap_blocks, view, active_requests)
             total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"]
             return super().select(total, eligible, active_requests), t

@@ -240,3 +240,32 @@ def test_capped_interference_does_not_pull_a_cached_request_onto_a_loaded_worker
     capped = KvSelector(seed=0, interference_weight=1.0, interference_cap_prompts=0.25, **kw)
     assert uncapped.select(np.zeros(2), elig, active, overlap_blocks=depth, view=view) == 0
     assert capped.select(np.zeros(2), elig, active, overlap_blocks=depth, view=view) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 300)), min_size=2, max_size=6), st.floats(1.0, 4.0))
+def test_lead_is_released_on_a_worker_running_more_than_ratio_x_the_others_mean_requests(rows, ratio):
+    """`lead_release_requests_ratio` = r: no lead bonus on a worker whose active requests exceed r x the
+    other eligible workers' mean (at least 1) — the lead's allowance counts queued prefill only, and
+    requests whose prompt is fully cached add none, so without this a popular prefix held by one
+    worker can pile decode work there; below that it keeps its bonus as with the key off."""
+    depth = np.array([r[0] for r in rows], np.int32)
+    active = np.array([r[1] for r in rows], np.int64)
+    w, bs = len(rows), 16
+    view = _view([320] * w, [10] * w, isl=320, bs=bs)
+    elig = np.ones(w, np.uint8)
+    on = KvSelector(seed=0, recent_weight=0.0, lead_release_requests_ratio=ratio)
+    off = KvSelector(seed=0, recent_weight=0.0)
+    t_on = on.terms(np.zeros(w), elig, depth, view, active)["lead"]
+    t_off = off.terms(np.zeros(w), elig, depth, view, active)["lead"]
+    top = int(depth.argmax())
+    others = (active.sum() - active[top]) / (w - 1)
+    if active[top] > ratio * max(others, 1.0):
+        assert not t_on.any()
+    else:
+        np.testing.assert_array_equal(t_on, t_off)
+
+
+def test_kv_selector_reads_lead_release_requests_ratio_from_the_config():
+    sel = KvSelector.from_config(SelectorConfig(lead_release_requests_ratio=2.5, interference_cap_prompts=0.2))
+    assert (sel.lead_release_requests_ratio, sel.interference_cap_prompts) == (2.5, 0.2)
