@@ -94,25 +94,25 @@ class SelectorConfig(Section):
     # active blocks - lead_bonus x min(exclusive overlap lead, lead_cap_blocks) + recent_weight x decayed recent blocks
     prefill_weight: Annotated[float, Meta(ge=0)] = 16.0  # per block of projected uncached prefill
     active_blocks_weight: Annotated[float, Meta(ge=0)] = 0.1  # per projected active KV block
-    lead_bonus: Annotated[float, Meta(ge=0)] = 160.0  # per block of exclusive overlap lead
+    lead_bonus: Annotated[float, Meta(ge=0)] = 400.0  # per block of exclusive overlap lead
     lead_cap_blocks: Annotated[float, Meta(ge=0)] = 64.0  # lead credited at most this many blocks
     # the lead bonus buys at most max(this many x max_num_batched_tokens, lead_max_wait_per_lead x the lead's
     # tokens) of extra queued prefill over another worker (0 = no cap)
-    lead_max_wait_steps: Annotated[float, Meta(ge=0)] = 8.0
-    lead_max_wait_per_lead: Annotated[float, Meta(ge=0)] = 6.0
+    lead_max_wait_steps: Annotated[float, Meta(ge=0)] = 10.0
+    lead_max_wait_per_lead: Annotated[float, Meta(ge=0)] = 3.0
     # no lead bonus while the leader's queued prefill exceeds this many x its max_num_batched_tokens
     lead_release_steps: Annotated[float, Meta(ge=0)] = 16.0
     # ... or while its decayed recent work exceeds this many x the other eligible workers' mean (0 = never)
     lead_release_recent_ratio: Annotated[float, Meta(ge=0)] = 2.0
     # ... or while its active requests exceed this many x the other eligible workers' mean (0 = never)
-    lead_release_requests_ratio: Annotated[float, Meta(ge=0)] = 0.0
+    lead_release_requests_ratio: Annotated[float, Meta(ge=0)] = 2.0
     recent_weight: Annotated[float, Meta(ge=0)] = 1.0  # per block of recently admitted uncached prompt
     recent_half_life_s: Annotated[float, Meta(gt=0)] = 30.0  # decay of recently admitted work (s)
     # per block of the request's own uncached prefill x active requests on the worker (LMetric's product; 0 = off)
-    interference_weight: Annotated[float, Meta(ge=0)] = 0.0
+    interference_weight: Annotated[float, Meta(ge=0)] = 1.0
     # the interference term may raise a worker's cost at most this many x the request's own full-prompt
     # prefill cost above the eligible worker with the least interference (0 = no cap)
-    interference_cap_prompts: Annotated[float, Meta(ge=0)] = 0.0
+    interference_cap_prompts: Annotated[float, Meta(ge=0)] = 0.1
     # dynamo_cost (NVIDIA Dynamo's kv-router cost, its defaults)
     prefill_load_scale: Annotated[float, Meta(ge=0)] = 1.0  # weight of the prefill term
     overlap_credit: Annotated[float, Meta(ge=0)] = 1.0  # blocks of credit per overlapping block

@@ -56,11 +56,11 @@ class KvSelector(DynamoCostSelector):
     name = "kv"
 
     def __init__(self, temperature: float = 0.0, seed: int | None = None, *, prefill_weight: float = 16.0,
-                 active_blocks_weight: float = 0.1, lead_bonus: float = 160.0, lead_cap_blocks: float = 64.0,
+                 active_blocks_weight: float = 0.1, lead_bonus: float = 400.0, lead_cap_blocks: float = 64.0,
                  lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0,
-                 lead_max_wait_steps: float = 8.0, lead_max_wait_per_lead: float = 6.0, recent_weight: float = 1.0,
-                 recent_half_life_s: float = 30.0, interference_weight: float = 0.0,
-                 interference_cap_prompts: float = 0.0, lead_release_requests_ratio: float = 0.0) -> None:
+                 lead_max_wait_steps: float = 10.0, lead_max_wait_per_lead: float = 3.0, recent_weight: float = 1.0,
+                 recent_half_life_s: float = 30.0, interference_weight: float = 1.0,
+                 interference_cap_prompts: float = 0.1, lead_release_requests_ratio: float = 2.0) -> None:
         super().__init__(temperature, seed)
         self.prefill_weight = float(prefill_weight)
         self.active_blocks_weight = float(active_blocks_weight)

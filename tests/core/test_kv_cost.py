@@ -140,10 +140,11 @@ def _home_vs_idle(home_queue_tokens: int) -> int:
 def test_a_turn_whose_home_is_behind_a_giant_prefill_goes_elsewhere():
     """The 16-worker TTFT p99 tail of docs/BENCHMARKS.md: turns kept on their home worker while it had
     70-120k prompt tokens queued (below the 16-step release) waited 5-13 s where recomputing their
-    history elsewhere took ~1-2 s. Staying home here costs 80,000 + 512 - 7,680 - 512 = 72,320 tokens
-    more prefill than the idle worker: more than the cap max(8 x 8192, 6 x 7,680) = 65,536 (the former
-    default paid up to 10 x the lead = 76,800). A modest queue keeps the turn with its history."""
-    assert _home_vs_idle(80_000) == 1
+    history elsewhere took ~1-2 s. Staying home here costs 100,000 + 512 - 7,680 - 512 = 92,320 tokens
+    more prefill than the idle worker: more than the cap max(10 x 8192, 3 x 7,680) = 81,920 (before the
+    cap, the bonus paid up to 10 x the lead = 76,800 on top of the credited history). A modest queue
+    keeps the turn with its history."""
+    assert _home_vs_idle(100_000) == 1
     assert _home_vs_idle(40_000) == 0
 
 
@@ -181,7 +182,8 @@ def test_interference_term_is_own_uncached_prefill_times_active_requests(rows, w
     w, bs = len(rows), 16
     view = _view(queue + own, np.zeros(w), active_prefill=queue, isl=int(own.max()), bs=bs)
     elig = np.ones(w, np.uint8)
-    t = KvSelector(seed=0, interference_weight=weight).terms(np.zeros(w), elig, np.zeros(w, np.int32), view, active)
+    t = KvSelector(seed=0, interference_weight=weight, interference_cap_prompts=0.0).terms(
+        np.zeros(w), elig, np.zeros(w, np.int32), view, active)
     np.testing.assert_allclose(t["interference"], weight * own / bs * active, rtol=1e-12)
     off = KvSelector(seed=0, interference_weight=0.0).terms(np.zeros(w), elig, np.zeros(w, np.int32), view, active)
     assert not off["interference"].any()
@@ -235,8 +237,8 @@ def test_capped_interference_does_not_pull_a_cached_request_onto_a_loaded_worker
     isl, bs = 4096, 16
     view = _view([20_000, 4_096], [10, 10], active_prefill=[20_000, 0], isl=isl, bs=bs)
     depth, active, elig = np.array([256, 0], np.int32), np.array([200, 100], np.int64), np.ones(2, np.uint8)
-    kw = dict(lead_bonus=0.0)
-    uncapped = KvSelector(seed=0, interference_weight=1.0, **kw)
+    kw = dict(lead_bonus=0.0, lead_release_requests_ratio=0.0)
+    uncapped = KvSelector(seed=0, interference_weight=1.0, interference_cap_prompts=0.0, **kw)
     capped = KvSelector(seed=0, interference_weight=1.0, interference_cap_prompts=0.25, **kw)
     assert uncapped.select(np.zeros(2), elig, active, overlap_blocks=depth, view=view) == 0
     assert capped.select(np.zeros(2), elig, active, overlap_blocks=depth, view=view) == 1
@@ -255,7 +257,7 @@ def test_lead_is_released_on_a_worker_running_more_than_ratio_x_the_others_mean_
     view = _view([320] * w, [10] * w, isl=320, bs=bs)
     elig = np.ones(w, np.uint8)
     on = KvSelector(seed=0, recent_weight=0.0, lead_release_requests_ratio=ratio)
-    off = KvSelector(seed=0, recent_weight=0.0)
+    off = KvSelector(seed=0, recent_weight=0.0, lead_release_requests_ratio=0.0)
     t_on = on.terms(np.zeros(w), elig, depth, view, active)["lead"]
     t_off = off.terms(np.zeros(w), elig, depth, view, active)["lead"]
     top = int(depth.argmax())
