@@ -27,7 +27,7 @@ applied to the extra wait); like that filter it is also released once the row's 
 a threshold, so a popular prefix cached on one row cannot pile work onto it without bound.
 recent_w = uncached prompt tokens admitted to w, each decayed by 2^(-age / recent_half_life_s): an idle
 fleet (no leases, every load term 0) still spreads new sessions, while a later turn's overlap keeps its
-affinity. The interference term (off by default: docs/ROUTING.md) is LMetric's score (new prefill
+affinity. The interference term (docs/ROUTING.md) is LMetric's score (new prefill
 tokens x batch size): a chunked prefill slows every request decoding on the same engine, so new prefill
 goes where it slows the fewest. Its cap bounds what the term may spend: it can only choose among rows
 whose other terms are within c prompt prefills of the best, so it cannot pull a request whose prompt

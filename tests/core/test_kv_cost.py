@@ -190,7 +190,7 @@ def test_interference_term_is_own_uncached_prefill_times_active_requests(rows, w
 
 
 def test_a_prefill_heavy_request_avoids_the_worker_with_many_decoding_requests():
-    """Equal queues and caches, `interference_weight` on (off by default, docs/ROUTING.md): new prefill
+    """Equal queues and caches, `interference_weight` on (docs/ROUTING.md): new prefill
     goes where it slows the fewest running requests (LMetric's product); without the term it is a tie."""
     view = _view([8192, 8192], [600, 600], isl=8192)
     off = {KvSelector(seed=s, interference_weight=0.0).select(np.zeros(2), np.ones(2, np.uint8), np.array([40, 2], np.int64),
