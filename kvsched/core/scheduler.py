@@ -8,8 +8,8 @@ The work is done by parts with one job each (docs/ARCHITECTURE.md "The core"):
 * `LeaseTable` (leases.py): live requests by id / slot / owner, ownership, adoption, orphans;
 * `Intake` (intake.py): validation, placements, why a request waits, limits, deadlines;
 * `PolicyFeed` (policy_feed.py): admission-policy events buffered until `drain_cleanup`;
-* `reload.py`, `introspect.py`, `workers.py`: a profile reload, the admin views and worker removal,
-  as plain functions.
+* `reload.py`, `introspect.py`, `workers.py`, `periodic.py`: a profile reload, the admin views,
+  worker removal and the timed work (word folds, deadlines, orphans, reconcile), as plain functions.
 
 Lifecycle rules kept here: `release()` frees the booking / removes the queued entry at once (lazy
 deletion) and buffers the policy events and the id; `drain_cleanup()` tells the policies (the id
@@ -26,15 +26,15 @@ from typing import Callable
 
 from ..config import ClassConfig, Config
 from ..shm.overlap import OverlapIndex
-from . import introspect, workers
-from .admission import Bypass, Defer, Ready, Reconcile, create_admission_policy
+from . import introspect, periodic, workers
+from .admission import Bypass, Defer, Ready, create_admission_policy
 from .admitter import Admitter
 from .class_queue import PolicyClassQueue
 from .intake import Intake
 from .leases import DEFERRED, LEASED, READY, LeaseTable, Live, OrphanCounts
 from .ordering import QueueEntry
 from .overlap_view import OverlapView
-from .policy_feed import PolicyFeed, apply_make_ready, tell_policies
+from .policy_feed import PolicyFeed, tell_policies
 from .policy_queue import PolicyQueue
 from .reload import reload_profile
 from .selector import WorkerSelector
@@ -326,46 +326,16 @@ class Scheduler:
             self._dirty = True
 
     def fold_words(self) -> bool:
-        """Fold the routers' shared-memory words (one kernel call, `Ledger.fold_progress`).
-
-        Same effect as the `Update(dispatched | prefill_done | progress)` frames: a slot whose
-        `dispatched` flag appeared tells its admission policy `Dispatched` (at most once per lease);
-        freed capacity re-checks the blocked lanes of the workers it changed and marks a dispatch pass
-        due (run by `drain_cleanup`).
-        Returns:
-            bool: True when something changed (then call `drain_cleanup`).
-        """
-        rows = self.ledger.fold_progress_rows()
-        for row in rows:  # only the workers whose capacity changed
-            self._capacity_changed(row)
-        told = False
-        by_slot = self.lease_table.by_slot
-        for slot in self.ledger.take_dispatched():
-            live = by_slot.get(slot)
-            if live is not None and live.tracked and not live.told_dispatched:
-                self.feed.dispatched(live)
-                told = True
-        return bool(rows) or told
+        """Fold the routers' shared-memory words (`periodic.fold_words`). Returns True when something
+        changed (then call `drain_cleanup`)."""
+        return periodic.fold_words(self)
 
     def tick(self, now_us: int) -> Outcomes:
-        """Fold progress, time out waiting requests, release unclaimed orphans, reconcile policies,
-        dispatch if needed."""
-        self.fold_words()
-        out: Outcomes = self.intake.expire(now_us)
-        if out:
+        """Fold progress, time out waiting requests, release unclaimed orphans, reconcile policies
+        (`periodic.expire`), then tell the policies and dispatch if needed."""
+        out, changed = periodic.expire(self, now_us)
+        if changed:
             self._dirty = True
-        orphans = self.lease_table.expired_orphans(now_us)
-        for live in orphans:
-            if live.state == LEASED:
-                self.release(live.spec.request_id, live.slot, live.generation, "aborted", 0, now_us)
-        if orphans:
-            self._dirty = True
-        fleet = None
-        for cq in self.pq.classes:
-            if cq.admission is not None:
-                fleet = fleet or self.admitter.fleet()
-                if apply_make_ready(self, cq.index, cq.admission.notify(Reconcile(), fleet, now_us), now_us):
-                    self._dirty = True
         self._tell_policies(now_us)
         if self._dirty:
             out += self._dispatch(now_us)

@@ -22,8 +22,9 @@ import zmq
 
 from .. import protocol as p
 from ..core.types import Admit
-from .connections import Connection, ConnectionTable, pid_exists
-from .envelope import ADMIN_SHAPE_ERROR, REQ_ON_DATA_SOCKET, is_req_envelope, split_request
+from .admin_socket import ADMIN_BUDGET, AdminSocket
+from .connections import Connection, ConnectionTable
+from .envelope import REQ_ON_DATA_SOCKET, is_req_envelope
 from .metrics import Metrics
 from .replies import ReplyOutbox
 from .ratelimit import RateLimitedLog
@@ -36,9 +37,6 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
-
-
-MAX_DEAD_IDS = 65_536  # routing ids of dead watched peers remembered (frames from them are dropped)
 
 
 class Actor:
@@ -68,20 +66,19 @@ class Actor:
         self.scheduler = scheduler
         self.data_sock = data_sock
         self.admin_sock = admin_sock
-        self.admin_handler = admin_handler
         self.welcome = welcome
         self.cfg = daemon_cfg
         self.metrics = metrics
         self.conns = conns if conns is not None else ConnectionTable(daemon_cfg.liveness_timeout_ms * 1000)
         self.enc = p.make_encoder()
         self.dec = p.make_router_decoder()
-        self.admin_dec = p.make_admin_request_decoder()
         self.warn = RateLimitedLog(log)
         self.batch_dec = p.make_batched_router_decoder()
         self._batch_index: int | None = None  # position in the Batch being handled, for Error frames
         self.outbox = ReplyOutbox(data_sock, daemon_cfg.max_frame_bytes, self.warn, loop.call_soon,
                                   self._flush_replies)  # version-2 peers: the replies of one wake
         self.tally = WakeTally(metrics)
+        self.admin = AdminSocket(admin_sock, admin_handler, metrics, self.enc) if admin_sock is not None else None
         self.tr = Translator(scheduler, self.conns, self._send, self._error, self.tally, daemon_cfg,
                              self.worker_urls)
         self.stopped = False
@@ -92,10 +89,7 @@ class Actor:
         self._last_tick_s = 0.0
         self._fold_timer: asyncio.TimerHandle | None = None
         self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
-        # Routing ids of peers whose watched process died: frames they left buffered are dropped
-        # unread (a flood must not keep the daemon busy after its sender is gone). Bounded, FIFO.
-        self._dead_ids: dict[bytes, None] = {}
-        self.dropped_dead_frames = 0
+        self.dropped_dead_frames = 0  # frames left by peers whose process died, dropped unread
 
     @property
     def accepting(self) -> bool:
@@ -223,7 +217,7 @@ class Actor:
 
     def _handle_data(self, identity: bytes, payload: bytes, t: int) -> None:
         conn = self.conns.get(identity)
-        if conn is None and identity in self._dead_ids:
+        if conn is None and self.conns.died(identity):
             self.dropped_dead_frames += 1
             return
         if conn is None:
@@ -340,50 +334,16 @@ class Actor:
 
     # ------------------------------------------------------------------ admin socket
     def _on_admin(self) -> None:
-        assert self.admin_sock is not None
+        """Reader callback: answer the admin messages (`AdminSocket.serve`), then one `drain_cleanup`."""
+        assert self.admin is not None
         if self.stopped:
             return
-        n = 0
         t = now_us()
-        while n < 64:
-            try:
-                parts = self.admin_sock.recv_multipart(_NOBLOCK)
-            except zmq.Again:
-                break
-            n += 1
-            envelope, reply, outcomes = self._admin_envelope(parts, t)
-            try:
-                self.admin_sock.send_multipart((*envelope, self.enc.encode(reply)), _NOBLOCK)
-            except zmq.ZMQError:
-                pass
-            self._deliver(outcomes, t)
+        n = self.admin.serve(t, self._deliver)
         if n:
             self._deliver(self.scheduler.drain_cleanup(t), t)
             self.tally.flush()
-        self._rearm(self.admin_sock, self._on_admin, more=(n == 64))
-
-    def _admin_envelope(self, parts: list[bytes], t: int):
-        """(envelope to reply with, reply, outcomes) of one admin message (`envelope.split_request`:
-        DEALER and REQ are served; any other shape gets a malformed `AdminError`)."""
-        envelope, payload = split_request(parts)
-        if payload is not None:
-            return envelope, *self._admin_reply(payload, t)
-        self.metrics.malformed.labels(code="malformed").inc()
-        return envelope, p.AdminError(int(p.ErrorCode.MALFORMED), ADMIN_SHAPE_ERROR.format(n=len(parts) - 1)), []
-
-    def _admin_reply(self, payload: bytes, t: int):
-        try:
-            req = self.admin_dec.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # deep nesting: Recursion
-            self.metrics.malformed.labels(code="malformed").inc()
-            return p.AdminError(code=int(p.ErrorCode.MALFORMED), message=str(exc)[:300]), []
-        if self.admin_handler is None:
-            return p.AdminError(code=int(p.ErrorCode.INTERNAL), message="admin not available"), []
-        try:
-            return self.admin_handler(req, t)
-        except Exception as exc:  # an admin bug must not kill the actor; the operator sees it
-            log.exception("admin request failed request=%s", type(req).__name__)
-            return p.AdminError(code=int(p.ErrorCode.INTERNAL), message=f"{type(exc).__name__}: {exc}"), []
+        self._rearm(self.admin.sock, self._on_admin, more=(n == ADMIN_BUDGET))
 
     # ------------------------------------------------------------------ timers
     def _schedule_tick(self) -> None:
@@ -433,10 +393,6 @@ class Actor:
                 "router gone owner=%d client=%s pid=%d silent_ms=%d aborted_requests=%d", conn.owner,
                 conn.client_name, conn.hello_pid, (t - conn.last_seen_us) // 1000, owned)
             self.metrics.dead_connections.inc()
-            if conn.pid and not pid_exists(conn.pid):  # its process died: what it left buffered is dropped unread
-                self._dead_ids[conn.identity] = None
-                if len(self._dead_ids) > MAX_DEAD_IDS:
-                    del self._dead_ids[next(iter(self._dead_ids))]
-            self.conns.close(conn)
+            self.conns.close_dead(conn)
             self.scheduler.cancel_owner(conn.owner, t)
         self.metrics.connections.set(len(self.conns))

@@ -33,6 +33,8 @@ def pid_namespace_id() -> int:
 
 _PID_NS = pid_namespace_id()
 
+MAX_DEAD_IDS = 65_536  # routing ids of dead watched peers remembered (frames from them are dropped)
+
 
 @dataclass(slots=True)
 class Connection:
@@ -73,6 +75,9 @@ class ConnectionTable:
         self._by_identity: dict[bytes, Connection] = {}
         self._by_owner: dict[int, Connection] = {}
         self._next_owner = DAEMON_OWNER + 1
+        # Routing ids of peers whose watched process died: frames they left buffered are dropped
+        # unread (a flood must not keep the daemon busy after its sender is gone). Bounded, FIFO.
+        self._dead_ids: dict[bytes, None] = {}
 
     def __len__(self) -> int:
         return len(self._by_identity)
@@ -96,6 +101,19 @@ class ConnectionTable:
         conn.alive = False
         self._by_identity.pop(conn.identity, None)
         self._by_owner.pop(conn.owner, None)
+
+    def close_dead(self, conn: Connection) -> None:
+        """Forget a peer found dead (`find_dead`); when its watched process is gone, its routing id is
+        remembered (the last `MAX_DEAD_IDS`, FIFO) so that `died` drops what it left buffered."""
+        if conn.pid and not pid_exists(conn.pid):
+            self._dead_ids[conn.identity] = None
+            if len(self._dead_ids) > MAX_DEAD_IDS:
+                del self._dead_ids[next(iter(self._dead_ids))]
+        self.close(conn)
+
+    def died(self, identity: bytes) -> bool:
+        """True when `identity` is a remembered peer whose process died (`close_dead`)."""
+        return identity in self._dead_ids
 
     def owner_alive(self, owner: int) -> bool:
         """Predicate handed to the Scheduler (`admit_one` skips dead requesters). `DAEMON_OWNER` is
