@@ -393,9 +393,13 @@ class Actor:
         if self.stopped:
             return
         now_s = time.monotonic()
-        self.metrics.loop_lag.observe(max(0.0, now_s - self._last_tick_s - self.cfg.progress_fold_ms / 1000))
+        lag_s = max(0.0, now_s - self._last_tick_s - self.cfg.progress_fold_ms / 1000)
+        self.metrics.loop_lag.observe(lag_s)
         self._last_tick_s = now_s
         t = now_us()
+        if self.conns.credit_stall(int(lag_s * 1_000_000), t):  # read nothing that long: nobody's silence
+            self.warn.warning("loop-stall", "actor loop stalled seconds=%.2f; not counted as the routers' silence",
+                              lag_s)
         try:
             self._fold()  # counted here; the tick's own fold then finds nothing new
             outcomes = self.scheduler.tick(t)
