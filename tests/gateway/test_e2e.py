@@ -1,8 +1,8 @@
 """End to end over real processes: daemon + HTTP sim engines + gateway processes (docs/GATEWAY.md).
 
 Concurrent streaming chats with shared prefixes complete and hit the cache more than round-robin;
-a client that disconnects mid-stream is released within a second; an engine killed mid-run leaves
-nothing booked; bad requests are refused with a clear message and book nothing.
+a client that disconnects mid-stream is released at once (not at the stream's end); an engine
+killed mid-run leaves nothing booked; bad requests are refused with a clear message and book nothing.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ async def test_concurrent_streaming_chats_complete_and_beat_round_robin_hit_rati
     assert await eventually(lambda: ledger(fleet.daemon.admin_endpoint) == (0, 0), 10)
 
 
-async def test_client_disconnect_mid_stream_releases_the_lease_within_a_second(fleet):
+async def test_client_disconnect_mid_stream_releases_the_lease_before_the_stream_could_end(fleet):
     admin = fleet.daemon.admin_endpoint
     body = {"model": "tiny", "messages": [{"role": "user", "content": words(500, 40)}],
             "max_tokens": 30_000, "stream": True}  # within max_model_len (32768)
@@ -73,8 +73,11 @@ async def test_client_disconnect_mid_stream_releases_the_lease_within_a_second(f
         assert ledger(admin)[1] == 1  # streaming: the lease is held
         resp.close()  # the client goes away mid-stream
         t0 = time.monotonic()
-        assert await eventually(lambda: ledger(admin) == (0, 0), timeout_s=1.0, interval_s=0.01), ledger(admin)
-        assert time.monotonic() - t0 < 1.0
+        # Released by the disconnect, not by the stream's end: 30,000 tokens take the engine at least
+        # 9 s (6 ms decode steps at speedup 20). The lease goes within milliseconds; 5 s leaves room
+        # for a loaded 2-core machine and the admin polling itself.
+        assert await eventually(lambda: ledger(admin) == (0, 0), timeout_s=5.0, interval_s=0.01), ledger(admin)
+        assert time.monotonic() - t0 < 5.0
 
 
 async def test_bad_requests_get_400_404_or_413_with_a_clear_message_and_book_nothing(fleet):
