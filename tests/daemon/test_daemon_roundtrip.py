@@ -104,7 +104,7 @@ async def test_requests_queue_when_all_workers_busy_and_dispatch_on_release(daem
         assert await asyncio.to_thread(wait_until, lambda: queued(daemon.admin_endpoint) == 1)
         assert not waiting.done()
         a.prefill_done()  # a's prefill leaves worker -> capacity change -> dispatch
-        c = await asyncio.wait_for(waiting, 5)
+        c = await asyncio.wait_for(waiting, 30)
         assert c.worker == a.worker
         for lease in (a, b, c):
             lease.release()
@@ -121,7 +121,7 @@ async def test_cancelled_waiter_sends_release_cancelled_and_leaves_queue(daemon)
         with pytest.raises(asyncio.CancelledError):
             await waiting
         admin = AdminClient(daemon.admin_endpoint)
-        assert wait_until(lambda: sum(c.depth for c in admin.call(p.Queues()).classes) == 0, 5)
+        assert wait_until(lambda: sum(c.depth for c in admin.call(p.Queues()).classes) == 0, 30)
         a.release()
         b.release()
         await asyncio.sleep(0.2)
@@ -213,7 +213,7 @@ async def test_operator_cancel_answers_the_waiting_router_and_revokes_a_lease(da
         with AdminClient(daemon.admin_endpoint) as admin:
             assert isinstance(admin.call(p.Cancel(request_id="oc-c")), p.OkReply)
             with pytest.raises(RequestCancelled):
-                await asyncio.wait_for(waiting, 5)
+                await asyncio.wait_for(waiting, 30)
             assert isinstance(admin.call(p.Cancel(request_id="oc-a")), p.OkReply)
         assert await asyncio.to_thread(wait_until, lambda: a.outcome == "revoked", 5)
         a.add_output_tokens(5)  # no-op, no exception
@@ -229,7 +229,7 @@ def test_release_with_defaults_frees_the_senders_lease(session_daemon):
         assert isinstance(peer.recv(), p.Admitted)
         peer.send(p.make_encoder().encode(["release", "short-release"]))  # trailing defaults omitted
         with AdminClient(session_daemon.admin_endpoint) as admin:
-            assert wait_until(lambda: admin.call(p.Status()).active_leases == 0, 5)
+            assert wait_until(lambda: admin.call(p.Status()).active_leases == 0, 30)
 
 
 URL_WORKERS = """
