@@ -40,7 +40,8 @@ WORKLOAD = textwrap.dedent("""
     async def main(endpoint, tag, n, out_path):
         rng = random.Random(tag)
         out = open(out_path, "w")
-        async with SchedulerClient(endpoint, client_name=tag, reconnect_deadline_s=60) as client:
+        # connect_timeout_s: the daemon just started; on a loaded machine its first Welcome took > 5 s
+        async with SchedulerClient(endpoint, client_name=tag, reconnect_deadline_s=60, connect_timeout_s=60) as client:
             async def one(i):
                 await asyncio.sleep(rng.random() * 4)
                 rid = f"{tag}-{i}"
