@@ -215,7 +215,7 @@ async def test_operator_cancel_answers_the_waiting_router_and_revokes_a_lease(da
             with pytest.raises(RequestCancelled):
                 await asyncio.wait_for(waiting, 30)
             assert isinstance(admin.call(p.Cancel(request_id="oc-a")), p.OkReply)
-        assert await asyncio.to_thread(wait_until, lambda: a.outcome == "revoked", 5)
+        assert await asyncio.to_thread(wait_until, lambda: a.outcome == "revoked", 30)
         a.add_output_tokens(5)  # no-op, no exception
         a.release()
         b.release()

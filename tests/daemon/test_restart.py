@@ -97,7 +97,7 @@ def test_daemon_sigkill_and_restart_loses_no_admitted_request(tmp_path):
                 assert b["gen"] != a["gen"]
                 assert b["admit"] >= a["release"] - 0.05, (slot, a, b)
         admin = AdminClient(daemon.admin_endpoint)
-        assert wait_until(lambda: admin.call(p.Status()).active_leases == 0, 10)
+        assert wait_until(lambda: admin.call(p.Status()).active_leases == 0, 30)
         workers = admin.call(p.Workers()).workers
         admin.close()
         assert all((w.active_blocks, w.active_prefill_tokens, w.active_requests) == (0, 0, 0) for w in workers)

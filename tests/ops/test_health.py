@@ -44,7 +44,7 @@ def test_probes_follow_workers_drain_and_a_stuck_actor_loop(tmp_path):
         del os.environ["KVSCHED_DEBUG_STALL_S"]
     admin = AdminClient(d.admin_endpoint)
     try:
-        assert wait_until(lambda: status(port, "/healthz") == 200, 10)
+        assert wait_until(lambda: status(port, "/healthz") == 200, 30)
         code, body = get(port, "/healthz")
         assert json.loads(body)["status"] == "ok"
         assert status(port, "/readyz") == 200
@@ -57,14 +57,14 @@ def test_probes_follow_workers_drain_and_a_stuck_actor_loop(tmp_path):
         assert status(port, "/readyz?workers=one") == 400
 
         assert isinstance(admin.call(p.AddWorker(worker_id=7, total_kv_blocks=100)), p.OkReply)
-        assert wait_until(lambda: status(port, "/readyz?workers=1") == 200, 10)
+        assert wait_until(lambda: status(port, "/readyz?workers=1") == 200, 30)
         assert isinstance(admin.call(p.Drain(worker_id=7)), p.OkReply)
-        assert wait_until(lambda: status(port, "/readyz?workers=1") == 503, 10)
+        assert wait_until(lambda: status(port, "/readyz?workers=1") == 503, 30)
         assert status(port, "/readyz") == 200  # a drained pool is still a running daemon
         assert isinstance(admin.call(p.Undrain(worker_id=7)), p.OkReply)
-        assert wait_until(lambda: status(port, "/readyz?workers=1") == 200, 10)
+        assert wait_until(lambda: status(port, "/readyz?workers=1") == 200, 30)
         assert isinstance(admin.call(p.RemoveWorker(worker_id=7)), p.OkReply)
-        assert wait_until(lambda: status(port, "/readyz?workers=1") == 503, 10)
+        assert wait_until(lambda: status(port, "/readyz?workers=1") == 503, 30)
 
         os.kill(d.pid, signal.SIGUSR2)
         seen: list[tuple[int, str]] = []
