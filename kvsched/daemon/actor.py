@@ -101,7 +101,7 @@ class Actor:
         self.loop.add_reader(self.data_sock.getsockopt(zmq.FD), self._on_data)
         if self.admin_sock is not None:
             self.loop.add_reader(self.admin_sock.getsockopt(zmq.FD), self._on_admin)
-        self._last_tick_s = time.monotonic()
+        self._last_tick_s = now_us() / 1_000_000
         stall_s = float(os.environ.get("KVSCHED_DEBUG_STALL_S", "0") or 0)
         if stall_s > 0:  # operators' check of the watchdog wiring: `kill -USR2` freezes the loop
             self.loop.add_signal_handler(signal.SIGUSR2, self._stall, stall_s)
@@ -352,10 +352,14 @@ class Actor:
     def _on_tick(self) -> None:
         if self.stopped:
             return
-        now_s = time.monotonic()
-        self.metrics.loop_lag.observe(max(0.0, now_s - self._last_tick_s - self.cfg.progress_fold_ms / 1000))
+        t = now_us()  # one clock reading for the lag and the reaper: a stall after it shows in the next lag
+        now_s = t / 1_000_000
+        lag_s = max(0.0, now_s - self._last_tick_s - self.cfg.progress_fold_ms / 1000)
+        self.metrics.loop_lag.observe(lag_s)
         self._last_tick_s = now_s
-        t = now_us()
+        if self.conns.credit_stall(int(lag_s * 1_000_000), t):  # read nothing that long: nobody's silence
+            self.warn.warning("loop-stall", "actor loop stalled seconds=%.2f; not counted as the routers' silence",
+                              lag_s)
         try:
             self._fold()  # counted here; the tick's own fold then finds nothing new
             outcomes = self.scheduler.tick(t)

@@ -21,6 +21,10 @@ from ..core.types import DAEMON_OWNER
 log = logging.getLogger(__name__)
 
 _HOSTNAME = socket.gethostname()
+# A daemon stall at least this share of the liveness timeout is not counted as the peers' silence
+# (`ConnectionTable.credit_stall`); heartbeats come at most every half timeout, so a shorter stall
+# cannot make a live peer look dead.
+STALL_CREDIT_SHARE = 0.25
 
 
 def pid_namespace_id() -> int:
@@ -48,7 +52,8 @@ class Connection:
         hello_pid / pid_ns: the pid and PID-namespace inode the peer announced (logs, same-process
             checks), watched or not.
         client_name / host: from Hello, for logs and `kvsched status`.
-        last_seen_us: monotonic time of the last frame received (µs).
+        last_seen_us: monotonic time of the last frame received (µs), moved forward by the time the
+            daemon itself could not read (`ConnectionTable.credit_stall`).
         inflight: Enqueues answered by neither Admitted nor Rejected yet.
     """
 
@@ -140,6 +145,24 @@ class ConnectionTable:
         conn.hello_pid, conn.pid_ns = pid, pid_ns
         same_ns = pid_ns != 0 and pid_ns == _PID_NS and host == _HOSTNAME
         conn.pid = pid if (pid > 0 and same_ns) else 0
+
+    def credit_stall(self, stall_us: int, now_us: int) -> bool:
+        """The daemon read nothing for `stall_us` µs (its periodic timer ran that late: the loop was
+        blocked or the process not scheduled). Frames peers sent meanwhile sit unread, and after a
+        stall the timer (and so the reaper) runs before the socket is read: a stall of at least
+        `STALL_CREDIT_SHARE` of the liveness timeout is not counted as anyone's silence. Every
+        `last_seen_us` moves forward by `stall_us`, never past `now_us`; returns True when it did.
+
+        Without it a daemon resuming from a stall longer than the liveness timeout reaps every peer
+        before reading the heartbeats they sent all along (liveness is "nothing arrived from it",
+        docs/PROTOCOL.md "Lifecycle", docs/DESIGN.md §5.4). A peer that is really gone is reaped `stall_us` later. Shorter
+        lateness is a busy loop that still reads between timers: not credited, so overload does not
+        postpone reaping. O(connections), only after a stall."""
+        if stall_us < self.liveness_timeout_us * STALL_CREDIT_SHARE:
+            return False
+        for conn in self._by_identity.values():
+            conn.last_seen_us = min(now_us, conn.last_seen_us + stall_us)
+        return True
 
     def find_dead(self, now_us: int) -> list[Connection]:
         """Connections silent past the liveness timeout or whose local process is gone."""

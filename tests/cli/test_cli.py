@@ -76,8 +76,9 @@ def test_top_renders_once(session_daemon):
 def test_explain_cancel_and_reload_succeed_against_a_live_daemon(tmp_path):
     import asyncio
 
-    from kvsched.client import SchedulerClient
-    from tests.conftest import purge, start_daemon
+    from kvsched import protocol as p
+    from kvsched.client import AdminClient, SchedulerClient
+    from tests.conftest import purge, start_daemon, wait_until
 
     cfg_text = "[daemon]\nblock_size = 16\n[[workers]]\nworker_id = 1\nmax_num_batched_tokens = 100\n" \
                "[[classes]]\nname = 'default'\nprefill_busy_threshold = 100\n"
@@ -88,7 +89,12 @@ def test_explain_cancel_and_reload_succeed_against_a_live_daemon(tmp_path):
             async with SchedulerClient(d.endpoint) as client:
                 lease = await client.schedule("cli-held", isl_tokens=200, block_hashes=[1, 2])
                 waiting = asyncio.create_task(client.schedule("cli-waiting", isl_tokens=10))
-                await asyncio.sleep(0.2)
+
+                def queued() -> bool:
+                    with AdminClient(d.admin_endpoint) as admin:
+                        return sum(c.depth for c in admin.call(p.Queues()).classes) == 1
+
+                assert await asyncio.to_thread(wait_until, queued, 30)  # cancel finds it waiting
                 explained = await asyncio.to_thread(run, d, "explain", "cli-held", "--json")
                 assert explained.exit_code == EXIT_OK
                 rows = json.loads(explained.output)["rows"]
@@ -100,7 +106,7 @@ def test_explain_cancel_and_reload_succeed_against_a_live_daemon(tmp_path):
                 from kvsched.errors import RequestCancelled
 
                 try:
-                    await asyncio.wait_for(waiting, 5)
+                    await asyncio.wait_for(waiting, 30)
                     raise AssertionError("the cancelled request was admitted")
                 except RequestCancelled:
                     pass

@@ -41,7 +41,7 @@ async def test_lease_aborted_when_task_cancelled_inside_guard(session_daemon):
                 await asyncio.sleep(30)
 
         task = asyncio.create_task(body())
-        assert await asyncio.to_thread(wait_until, lambda: "lease" in holder, 5)
+        assert await asyncio.to_thread(wait_until, lambda: "lease" in holder, 30)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -52,11 +52,11 @@ async def test_lease_aborted_when_task_cancelled_inside_guard(session_daemon):
 async def test_lease_released_when_garbage_collected_open(session_daemon):
     async with SchedulerClient(session_daemon.endpoint) as client:
         lease = await client.schedule("guard-gc", isl_tokens=32)
-        assert await asyncio.to_thread(wait_until, lambda: active_leases(session_daemon.admin_endpoint) >= 1, 5)
+        assert await asyncio.to_thread(wait_until, lambda: active_leases(session_daemon.admin_endpoint) >= 1, 30)
         del lease
         gc.collect()
         await asyncio.sleep(0.05)  # let the loop send the queued Release
-        assert await asyncio.to_thread(wait_until, lambda: active_leases(session_daemon.admin_endpoint) == 0, 5)
+        assert await asyncio.to_thread(wait_until, lambda: active_leases(session_daemon.admin_endpoint) == 0, 30)
 
 
 async def test_requeue_returns_new_lease_with_new_generation(session_daemon):

@@ -26,6 +26,12 @@ def workers_load(admin_endpoint: str) -> dict[str, tuple[int, int, int]]:
             for w in reply.workers}
 
 
+def queued(admin_endpoint: str) -> int:
+    """Requests waiting in the daemon's queues."""
+    with AdminClient(admin_endpoint) as admin:
+        return sum(c.depth for c in admin.call(p.Queues()).classes)
+
+
 def ledger_is_zero(admin_endpoint: str) -> bool:
     return all(v == (0, 0, 0) for v in workers_load(admin_endpoint).values())
 
@@ -95,12 +101,10 @@ async def test_requests_queue_when_all_workers_busy_and_dispatch_on_release(daem
         b = await client.schedule("busy-b", isl_tokens=1500)
         assert {a.worker.worker_id, b.worker.worker_id} == {1, 2}
         waiting = asyncio.create_task(client.schedule("busy-c", isl_tokens=100))
-        await asyncio.sleep(0.3)
+        assert await asyncio.to_thread(wait_until, lambda: queued(daemon.admin_endpoint) == 1)
         assert not waiting.done()
-        with AdminClient(daemon.admin_endpoint) as admin:
-            assert sum(c.depth for c in admin.call(p.Queues()).classes) == 1
         a.prefill_done()  # a's prefill leaves worker -> capacity change -> dispatch
-        c = await asyncio.wait_for(waiting, 5)
+        c = await asyncio.wait_for(waiting, 30)
         assert c.worker == a.worker
         for lease in (a, b, c):
             lease.release()
@@ -112,12 +116,12 @@ async def test_cancelled_waiter_sends_release_cancelled_and_leaves_queue(daemon)
         a = await client.schedule("cx-a", isl_tokens=1500)
         b = await client.schedule("cx-b", isl_tokens=1500)
         waiting = asyncio.create_task(client.schedule("cx-c", isl_tokens=100))
-        await asyncio.sleep(0.2)
+        assert await asyncio.to_thread(wait_until, lambda: queued(daemon.admin_endpoint) == 1)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
         admin = AdminClient(daemon.admin_endpoint)
-        assert wait_until(lambda: sum(c.depth for c in admin.call(p.Queues()).classes) == 0, 5)
+        assert wait_until(lambda: sum(c.depth for c in admin.call(p.Queues()).classes) == 0, 30)
         a.release()
         b.release()
         await asyncio.sleep(0.2)
@@ -205,13 +209,13 @@ async def test_operator_cancel_answers_the_waiting_router_and_revokes_a_lease(da
         a = await client.schedule("oc-a", isl_tokens=1500)
         b = await client.schedule("oc-b", isl_tokens=1500)
         waiting = asyncio.create_task(client.schedule("oc-c", isl_tokens=100))
-        await asyncio.sleep(0.2)
+        assert await asyncio.to_thread(wait_until, lambda: queued(daemon.admin_endpoint) == 1)
         with AdminClient(daemon.admin_endpoint) as admin:
             assert isinstance(admin.call(p.Cancel(request_id="oc-c")), p.OkReply)
             with pytest.raises(RequestCancelled):
-                await asyncio.wait_for(waiting, 5)
+                await asyncio.wait_for(waiting, 30)
             assert isinstance(admin.call(p.Cancel(request_id="oc-a")), p.OkReply)
-        assert await asyncio.to_thread(wait_until, lambda: a.outcome == "revoked", 5)
+        assert await asyncio.to_thread(wait_until, lambda: a.outcome == "revoked", 30)
         a.add_output_tokens(5)  # no-op, no exception
         a.release()
         b.release()
@@ -225,7 +229,7 @@ def test_release_with_defaults_frees_the_senders_lease(session_daemon):
         assert isinstance(peer.recv(), p.Admitted)
         peer.send(p.make_encoder().encode(["release", "short-release"]))  # trailing defaults omitted
         with AdminClient(session_daemon.admin_endpoint) as admin:
-            assert wait_until(lambda: admin.call(p.Status()).active_leases == 0, 5)
+            assert wait_until(lambda: admin.call(p.Status()).active_leases == 0, 30)
 
 
 URL_WORKERS = """

@@ -20,10 +20,12 @@ from tests.conftest import admin_call, daemon_fixture, RawPeer, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
-FAULT_CONFIG = """
+# Liveness 3 s against heartbeats every 0.2 s: a live client survives seconds of scheduling delay.
+LIVENESS_S = 3.0
+FAULT_CONFIG = f"""
 [daemon]
 block_size = 16
-liveness_timeout_ms = 1500
+liveness_timeout_ms = {int(LIVENESS_S * 1000)}
 heartbeat_ms = 200
 
 [[workers]]
@@ -43,6 +45,9 @@ prefill_busy_threshold_frac = 1.0
 
 
 daemon = daemon_fixture(FAULT_CONFIG)
+# Liveness far longer than any wait below: a dead router's leases freed in time were freed by the pid watch.
+pid_watch_daemon = daemon_fixture(FAULT_CONFIG.replace(f"liveness_timeout_ms = {int(LIVENESS_S * 1000)}",
+                                                       "liveness_timeout_ms = 120000"), name="pid_watch_daemon")
 
 
 def status(d) -> p.StatusReply:
@@ -68,19 +73,19 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-def test_router_sigkill_frees_its_leases_and_queued_requests(daemon):
+def test_router_sigkill_frees_its_leases_and_queued_requests(pid_watch_daemon):
     """1. a router gets 50 leases (each worker busy past 25 x 100 prefill tokens) and 50 queued
-    requests, 2. it is SIGKILLed, 3. the daemon notices (pid watch / liveness).
-    Result: no lease, no queued request, all worker load back to zero, none of them ever dispatched."""
+    requests, 2. it is SIGKILLed, 3. the daemon notices by its pid watch (its liveness timeout is 120 s,
+    the wait 30 s). Result: no lease, no queued request, all worker load back to zero, none of them
+    ever dispatched."""
+    daemon = pid_watch_daemon
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, daemon.endpoint, "100"])
     try:
         assert wait_until(lambda: status(daemon).active_leases == 50 and status(daemon).queued == 50, 20), status(daemon)
         decisions_before = status(daemon).decisions_total
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        t0 = time.monotonic()
-        assert wait_until(lambda: status(daemon).active_leases == 0 and status(daemon).queued == 0, 5)
-        assert time.monotonic() - t0 < 1.5 + 1.0  # within the liveness timeout (plus a reaper period)
+        assert wait_until(lambda: status(daemon).active_leases == 0 and status(daemon).queued == 0, 30)
         assert all(load == (0, 0, 0) for load in loads(daemon))
         # the 50 queued requests were dropped, never admitted
         assert status(daemon).decisions_total == decisions_before
@@ -102,7 +107,7 @@ async def test_long_stream_keeps_its_lease_while_owner_heartbeats(daemon):
     async with SchedulerClient(daemon.endpoint) as client:
         lease = await client.schedule("long-stream", isl_tokens=100)
         lease.prefill_done()
-        for _ in range(9):
+        for _ in range(int(3 * LIVENESS_S / 0.5)):
             await asyncio.sleep(0.5)
             lease.add_output_tokens(1)
         assert await asyncio.to_thread(lambda: status(daemon).active_leases) == 1
@@ -118,7 +123,7 @@ def test_silent_remote_connection_is_reaped_after_liveness_timeout(daemon):
         peer.send(p.Enqueue("silent-1", 100))
         assert isinstance(peer.recv(), p.Admitted)
         assert status(daemon).active_leases == 1
-        assert wait_until(lambda: status(daemon).active_leases == 0, 5)
+        assert wait_until(lambda: status(daemon).active_leases == 0, 30)
 
 
 _REPLY_DEC = p.make_daemon_decoder()

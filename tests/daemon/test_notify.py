@@ -16,10 +16,11 @@ from tests.conftest import free_port, purge, unique_instance
 pytestmark = pytest.mark.timeout(60)
 
 
-def _collect(sock: socket.socket, seconds: float) -> list[tuple[float, str]]:
-    out = []
+def _collect(sock: socket.socket, seconds: float, until=None) -> list[tuple[float, str]]:
+    """(arrival time, message) of the notifications within `seconds`, or until `until(messages)`."""
+    out: list[tuple[float, str]] = []
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (until is not None and until([m for _, m in out])):
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             out.append((time.monotonic(), sock.recv(4096).decode()))
@@ -42,7 +43,7 @@ def test_ready_watchdog_and_stopping_reach_systemd_and_a_stuck_loop_stops_the_wa
     instance = unique_instance()
     d = DaemonProcess.start(None, instance=instance, runtime_dir=tmp_path, extra_args=["--workers", "2"], env=env)
     try:
-        first = _collect(sock, 1.0)
+        first = _collect(sock, 30.0, until=lambda ms: any(m.startswith("READY=1") for m in ms) and ms.count("WATCHDOG=1") >= 5)
         states = [m for _, m in first]
         assert any(m.startswith("READY=1") for m in states), states
         assert sum(m == "WATCHDOG=1" for m in states) >= 5
@@ -50,7 +51,7 @@ def test_ready_watchdog_and_stopping_reach_systemd_and_a_stuck_loop_stops_the_wa
         assert "kvsched_decisions" in body and "process_resident_memory_bytes" in body
         os.kill(d.pid, signal.SIGUSR2)
         t_stall = time.monotonic()
-        during = _collect(sock, 3.0)
+        during = _collect(sock, 30.0, until=lambda ms: ms.count("WATCHDOG=1") >= 6)  # 1.5 s silent, then pings
         pings = [t - t_stall for t, m in during if m == "WATCHDOG=1"]
         assert pings, "watchdog never resumed after the stall"
         gaps = [b - a for a, b in zip([0.0] + pings, pings)]

@@ -8,7 +8,7 @@ import pytest
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient, SchedulerClient
-from tests.conftest import purge, start_daemon
+from tests.conftest import purge, start_daemon, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -42,9 +42,8 @@ def test_reload_keeps_queued_requests_and_refuses_invalid_files(tmp_path):
         async with SchedulerClient(d.endpoint) as client:
             first = await client.schedule("hold", isl_tokens=800)
             waiting = [asyncio.create_task(client.schedule(f"q{i}", isl_tokens=10)) for i in range(20)]
-            await asyncio.sleep(0.3)
             admin = AdminClient(d.admin_endpoint)
-            assert admin.call(p.Queues()).classes[0].depth == 20
+            assert await asyncio.to_thread(wait_until, lambda: admin.call(p.Queues()).classes[0].depth == 20, 30)
 
             cfg.write_text(BASE.replace("quantum = 100", "quantum = 300") + '\n[[classes]]\nname = "b"\n')
             reply = admin.call(p.Reload())

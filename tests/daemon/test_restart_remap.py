@@ -63,7 +63,7 @@ def test_progress_stores_reach_a_daemon_that_recreated_its_segments(tmp_path):
                 row = _lease_row(second.admin_endpoint, "after")
                 return row is not None and row.state == "prefill_done" and row.output_tokens == 7
 
-            ok = await asyncio.to_thread(wait_until, seen, 10.0, 0.1)
+            ok = await asyncio.to_thread(wait_until, seen, 30, 0.1)
             row = await asyncio.to_thread(_lease_row, second.admin_endpoint, "after")
             lease.release("completed")
             assert ok, f"the restarted daemon never saw the router's stores: {row}"

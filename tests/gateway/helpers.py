@@ -58,7 +58,7 @@ def decisions(admin_endpoint: str) -> int:
         return admin.call(p.Status()).decisions_total
 
 
-async def eventually(pred, timeout_s: float = 10.0, interval_s: float = 0.02) -> bool:
+async def eventually(pred, timeout_s: float = 30.0, interval_s: float = 0.02) -> bool:
     """Poll `pred` without blocking the event loop (sockets closed by the test must really close)."""
     import time
 

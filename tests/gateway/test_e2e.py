@@ -1,8 +1,8 @@
 """End to end over real processes: daemon + HTTP sim engines + gateway processes (docs/GATEWAY.md).
 
 Concurrent streaming chats with shared prefixes complete and hit the cache more than round-robin;
-a client that disconnects mid-stream is released within a second; an engine killed mid-run leaves
-nothing booked; bad requests are refused with a clear message and book nothing.
+a client that disconnects mid-stream is released at once (not at the stream's end); an engine
+killed mid-run leaves nothing booked; bad requests are refused with a clear message and book nothing.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ async def test_concurrent_streaming_chats_complete_and_beat_round_robin_hit_rati
     assert all(r["status"] == 200 and r["done"] for r in rr)
     kv, base = hit_ratio(got), hit_ratio(rr)
     assert kv > base + 0.2, (kv, base)
-    assert await eventually(lambda: ledger(fleet.daemon.admin_endpoint) == (0, 0), 10)
+    assert await eventually(lambda: ledger(fleet.daemon.admin_endpoint) == (0, 0), 30)
 
 
-async def test_client_disconnect_mid_stream_releases_the_lease_within_a_second(fleet):
+async def test_client_disconnect_mid_stream_releases_the_lease_before_the_stream_could_end(fleet):
     admin = fleet.daemon.admin_endpoint
     body = {"model": "tiny", "messages": [{"role": "user", "content": words(500, 40)}],
             "max_tokens": 30_000, "stream": True}  # within max_model_len (32768)
@@ -73,8 +73,11 @@ async def test_client_disconnect_mid_stream_releases_the_lease_within_a_second(f
         assert ledger(admin)[1] == 1  # streaming: the lease is held
         resp.close()  # the client goes away mid-stream
         t0 = time.monotonic()
-        assert await eventually(lambda: ledger(admin) == (0, 0), timeout_s=1.0, interval_s=0.01), ledger(admin)
-        assert time.monotonic() - t0 < 1.0
+        # Released by the disconnect, not by the stream's end: 30,000 tokens take the engine at least
+        # 9 s (6 ms decode steps at speedup 20). The lease goes within milliseconds; 5 s leaves room
+        # for a loaded 2-core machine and the admin polling itself.
+        assert await eventually(lambda: ledger(admin) == (0, 0), timeout_s=5.0, interval_s=0.01), ledger(admin)
+        assert time.monotonic() - t0 < 5.0
 
 
 async def test_bad_requests_get_400_404_or_413_with_a_clear_message_and_book_nothing(fleet):
@@ -127,7 +130,7 @@ async def test_non_streaming_completion_is_buffered_from_the_engine_stream(fleet
     assert body["object"] == "text_completion"
     assert body["choices"][0]["text"] == " w0 w1 w2 w3" and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["prompt_tokens"] == 40 and body["usage"]["completion_tokens"] == 4
-    assert await eventually(lambda: ledger(fleet.daemon.admin_endpoint) == (0, 0), 10)
+    assert await eventually(lambda: ledger(fleet.daemon.admin_endpoint) == (0, 0), 30)
 
 
 async def test_engine_killed_mid_run_leaks_nothing_and_later_requests_avoid_it(fleet):
@@ -136,7 +139,7 @@ async def test_engine_killed_mid_run_leaks_nothing_and_later_requests_avoid_it(f
     async with aiohttp.ClientSession() as s:
         tasks = [asyncio.ensure_future(stream_chat(s, fleet.gateway_urls[i % 2], words(700 + 50 * i, 30),
                                                    max_tokens=3000)) for i in range(12)]
-        await eventually(lambda: ledger(admin)[1] >= 9, 10)
+        await eventually(lambda: ledger(admin)[1] >= 9, 30)
         with AdminClient(admin) as a:
             held = Counter(row.worker_id for row in a.call(p.Leases()).leases)
         victim, victim_leases = held.most_common(1)[0]
@@ -148,8 +151,8 @@ async def test_engine_killed_mid_run_leaks_nothing_and_later_requests_avoid_it(f
                 or r["status"] == 502 or (r["error"] is not None and "engine failed" in json.dumps(r["error"])), r
         # The victim's requests either failed after their first token (a clear error above) or had not
         # started and were retried on another engine (complete above): both are the contract.
-        assert await eventually(lambda: ledger(admin)[1] == 0, 10), ledger(admin)
+        assert await eventually(lambda: ledger(admin)[1] == 0, 30), ledger(admin)
         after = await asyncio.gather(*(stream_chat(s, fleet.gateway_urls[i % 2], words(1200 + 40 * i, 30),
                                                    max_tokens=4) for i in range(9)))
         assert all(r["status"] == 200 and r["done"] for r in after), after
-    assert await eventually(lambda: ledger(admin)[1] == 0, 10)
+    assert await eventually(lambda: ledger(admin)[1] == 0, 30)

@@ -134,7 +134,7 @@ async def test_rank_header_only_for_workers_with_several_ranks_and_engine_body_s
         assert seen["headers"]["X-data-parallel-rank"] in ("0", "1")
         assert seen["body"]["stream"] is True and seen["body"]["stream_options"]["continuous_usage_stats"]
     assert all("X-data-parallel-rank" not in seen["headers"] for seen in engines[2].seen)
-    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
 
 
 async def test_failed_engine_is_retried_once_elsewhere_then_excluded(stack):
@@ -147,7 +147,7 @@ async def test_failed_engine_is_retried_once_elsewhere_then_excluded(stack):
     assert len(engines[1].seen) <= 1  # failed once, then excluded until a health check passes
     assert len(engines[2].seen) == 8
     assert gw.health.failing == {1}
-    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
 
 
 async def test_two_engine_failures_answer_502_and_release_everything(stack):
@@ -164,7 +164,7 @@ async def test_two_engine_failures_answer_502_and_release_everything(stack):
     async with aiohttp.ClientSession() as s:
         r = await stream_chat(s, url, "w1 w2")
     assert r["status"] == 200 and r["text"] == "ab", r
-    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
 
 
 async def test_engine_silent_longer_than_the_read_timeout_fails_the_stream_and_releases(stack_short_read):
@@ -181,7 +181,7 @@ async def test_engine_silent_longer_than_the_read_timeout_fails_the_stream_and_r
     assert r["status"] == 200 and r["text"] == "a", r
     assert r["error"] and "engine sent nothing" in r["error"]["error"]["message"], r
     assert took < 6, took
-    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
     engines[1].mode = engines[2].mode = "stall_headers"
     async with aiohttp.ClientSession() as s:
         t0 = loop.time()
@@ -192,7 +192,7 @@ async def test_engine_silent_longer_than_the_read_timeout_fails_the_stream_and_r
         engines[1].mode = engines[2].mode = "ok"
         r = await stream_chat(s, url, "w3 w4")
         assert r["status"] == 200 and r["text"] == "ab", r
-    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
 
 
 def _server_timing(value: str) -> dict[str, float]:
@@ -220,7 +220,7 @@ async def test_server_timing_header_splits_the_gateway_time_streaming_and_buffer
             assert timing["prep"] + timing["schedule"] + timing["engine"] <= took_ms, (timing, took_ms)
             assert timing["queue"] <= timing["schedule"], timing  # the daemon's queue is inside its round trip
             assert timing["schedule"] > 0 and timing["engine"] > 0  # a daemon round trip, an HTTP round trip
-    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
 
 
 async def test_a_slow_stream_within_the_read_timeout_between_chunks_completes(stack_short_read):
@@ -230,4 +230,4 @@ async def test_a_slow_stream_within_the_read_timeout_between_chunks_completes(st
     async with aiohttp.ClientSession() as s:
         r = await stream_chat(s, url, "w1 w2")
     assert r["status"] == 200 and r["text"] == "abcdef" and r["done"] and not r["error"], r
-    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 10)
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)

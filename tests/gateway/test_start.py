@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -38,14 +39,22 @@ def test_gateway_started_before_its_daemon_waits_and_then_serves(tmp_path):
     run.mkdir()
     endpoint = f"ipc://{run}/{instance}.sock"
     proc, ready = _gateway(tmp_path, endpoint, 60)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
     daemon = None
     try:
-        time.sleep(3.0)  # the gateway has imported and found no socket by now
-        assert proc.poll() is None, f"gateway exited without waiting: {proc.communicate()[0][-2000:]}"
+        # The daemon starts only once the gateway has found no socket and said it waits (a fixed
+        # 3 s sleep was once shorter than the gateway's own start on a loaded machine).
+        deadline = time.monotonic() + 60
+        while not any("waiting up to 60.0s for the daemon" in line for line in lines):
+            assert proc.poll() is None, f"gateway exited without waiting: {''.join(lines)[-2000:]}"
+            assert time.monotonic() < deadline, f"the gateway never said it waits: {''.join(lines)[-2000:]}"
+            time.sleep(0.05)
         daemon = DaemonProcess.start(None, instance=instance, runtime_dir=run)
         deadline = time.monotonic() + 60
         while not (ready.exists() and ready.read_text().strip()):
-            assert proc.poll() is None, proc.communicate()[0][-2000:]
+            assert proc.poll() is None, "".join(lines)[-2000:]
             assert time.monotonic() < deadline, "gateway did not listen after the daemon came up"
             time.sleep(0.1)
         port = int(ready.read_text())
@@ -53,10 +62,10 @@ def test_gateway_started_before_its_daemon_waits_and_then_serves(tmp_path):
             assert r.status == 200
     finally:
         proc.terminate()
-        out = proc.communicate(timeout=30)[0]
+        proc.wait(timeout=30)
+        reader.join(timeout=30)
         if daemon is not None:
             daemon.stop()
-    assert "waiting up to 60.0s for the daemon" in out
 
 
 def test_gateway_without_a_daemon_exits_3_after_its_connect_timeout_naming_the_socket(tmp_path):

@@ -54,7 +54,7 @@ def test_workers_share_the_port_each_with_its_own_daemon_connection_and_stop_tog
         pids, chats = asyncio.run(_pids_and_chats(url, 40))
         assert len(pids) == 2, f"40 new connections all reached one worker: {pids}"  # 2**-39 by chance
         assert all(c["status"] == 200 and c["done"] and c["usage"]["completion_tokens"] == 8 for c in chats), chats
-        assert asyncio.run(eventually(lambda: ledger(fleet.daemon.admin_endpoint) == (0, 0), 10))
+        assert asyncio.run(eventually(lambda: ledger(fleet.daemon.admin_endpoint) == (0, 0), 30))
         supervisor = fleet.gateways[0]
         supervisor.send_signal(signal.SIGTERM)
         assert supervisor.wait(30) == 0

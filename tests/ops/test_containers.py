@@ -168,7 +168,7 @@ def test_shipped_config_starts_a_daemon_that_answers_the_probes(tmp_path):
             except OSError:
                 return False
 
-        assert wait_until(lambda: ok("/healthz") and ok("/readyz?workers=1"), 15, 0.1)
+        assert wait_until(lambda: ok("/healthz") and ok("/readyz?workers=1"), 30, 0.1)
     finally:
         d.stop()
         purge(instance)

@@ -32,19 +32,19 @@ def status(port: int, path: str) -> int:
 
 def test_probes_follow_workers_drain_and_a_stuck_actor_loop(tmp_path):
     """No worker: ready, but not ready with workers=1; add a worker -> ready; drain -> not; undrain ->
-    ready; remove -> not. A 1.5 s stall of the loop (SIGUSR2 with KVSCHED_DEBUG_STALL_S) fails
+    ready; remove -> not. A 5 s stall of the loop (SIGUSR2 with KVSCHED_DEBUG_STALL_S) fails
     /healthz (stall limit 300 ms) and it recovers afterwards. Unknown paths are 404."""
     port = free_port()
     instance = unique_instance()
     cfg = f"[daemon]\nmetrics_port = {port}\nhealth_stall_ms = 300\n"
-    os.environ["KVSCHED_DEBUG_STALL_S"] = "1.5"
+    os.environ["KVSCHED_DEBUG_STALL_S"] = "5"  # a window of seconds to see 503 in, even on a loaded machine
     try:
         d = start_daemon(tmp_path, cfg, instance=instance)
     finally:
         del os.environ["KVSCHED_DEBUG_STALL_S"]
     admin = AdminClient(d.admin_endpoint)
     try:
-        assert wait_until(lambda: status(port, "/healthz") == 200, 10)
+        assert wait_until(lambda: status(port, "/healthz") == 200, 30)
         code, body = get(port, "/healthz")
         assert json.loads(body)["status"] == "ok"
         assert status(port, "/readyz") == 200
@@ -57,20 +57,20 @@ def test_probes_follow_workers_drain_and_a_stuck_actor_loop(tmp_path):
         assert status(port, "/readyz?workers=one") == 400
 
         assert isinstance(admin.call(p.AddWorker(worker_id=7, total_kv_blocks=100)), p.OkReply)
-        assert wait_until(lambda: status(port, "/readyz?workers=1") == 200, 10)
+        assert wait_until(lambda: status(port, "/readyz?workers=1") == 200, 30)
         assert isinstance(admin.call(p.Drain(worker_id=7)), p.OkReply)
-        assert wait_until(lambda: status(port, "/readyz?workers=1") == 503, 10)
+        assert wait_until(lambda: status(port, "/readyz?workers=1") == 503, 30)
         assert status(port, "/readyz") == 200  # a drained pool is still a running daemon
         assert isinstance(admin.call(p.Undrain(worker_id=7)), p.OkReply)
-        assert wait_until(lambda: status(port, "/readyz?workers=1") == 200, 10)
+        assert wait_until(lambda: status(port, "/readyz?workers=1") == 200, 30)
         assert isinstance(admin.call(p.RemoveWorker(worker_id=7)), p.OkReply)
-        assert wait_until(lambda: status(port, "/readyz?workers=1") == 503, 10)
+        assert wait_until(lambda: status(port, "/readyz?workers=1") == 503, 30)
 
         os.kill(d.pid, signal.SIGUSR2)
         seen: list[tuple[int, str]] = []
-        assert wait_until(lambda: seen.append(get(port, "/healthz")) or seen[-1][0] == 503, 5, 0.05)
+        assert wait_until(lambda: seen.append(get(port, "/healthz")) or seen[-1][0] == 503, 30, 0.05)
         assert json.loads(seen[-1][1])["status"] == "stalled"
-        assert wait_until(lambda: status(port, "/healthz") == 200, 10)
+        assert wait_until(lambda: status(port, "/healthz") == 200, 30)
     finally:
         admin.close()
         d.stop()

@@ -84,7 +84,7 @@ def test_worker_lease_decision_and_error_metrics(tmp_path):
                     and value(text, "kvsched_active_leases") == 1
                     and (value(text, "kvsched_lease_oldest_age_seconds", policy_class="default") or 0) > 0)
 
-        assert wait_until(settled, 10, 0.2)
+        assert wait_until(settled, 30, 0.2)
         text = scrape(port)
         assert value(text, "kvsched_worker_total_kv_blocks", worker_id=1, dp_rank=0) == 500
         assert value(text, "kvsched_worker_total_kv_blocks", worker_id=2, dp_rank=1) == 700
