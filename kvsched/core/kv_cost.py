@@ -175,53 +175,44 @@ class KvSelector(DynamoCostSelector):
     def select_explained(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
                          overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
                          view: SelectionView | None = None) -> tuple[int, TermTable | None]:
-        """The row of least total cost and the decision's terms (a `TermTable` of `KV_TERMS` and
-        "interference").
+        """The row of least total cost and the decision's terms (a `TermTable` of `KV_TERMS`).
 
-        One `kv_cost_terms` kernel call computes the terms, their total and its argmin with the same
-        float operations as `terms`; ties, a temperature, a NaN or an ineligible minimum go through
-        `DynamoCostSelector.select` on the total, as before."""
+        One `kv_cost_terms` kernel call computes the terms (extra-wait cap, requests release rule and
+        capped interference included), their total and its argmin with the same float operations as
+        `terms`; ties, a temperature, a NaN or an ineligible minimum go through
+        `DynamoCostSelector.select` on the total, as before. Without an overlap, with row arrays of
+        other dtypes than the kernel is proven for, or when the release rule must sum more rows than
+        the kernel sums in numpy's order, the array code (`terms`) decides."""
         if view is None:
             return super().select(costs, eligible, active_requests), None
-        if overlap_blocks is None or self.interference_weight or self.lead_release_requests_ratio:  # array path
-            t = self.terms(costs, eligible, overlap_blocks, view, active_requests)
-            total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"]
-            return super().select(total, eligible, active_requests), t
+        if overlap_blocks is None or active_requests.dtype != np.int64 or view.prefill_tokens.dtype != np.int64:
+            return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
         n = eligible.shape[0]
         if self._total.shape[0] != n:
             self._total, self._scratch = np.zeros(n), np.zeros((2, n))
         recent = self.recent
         decay = self._decay(view.now_us) if recent.size and n else 1.0
         all_terms, total, pick = np.zeros((5, n)), self._total, self._pick_out
-        terms = all_terms[:4]  # KV_TERMS rows; "interference" stays 0
         i = kv_cost_terms(view.prefill_tokens, view.blocks, view.active_prefill, view.max_batched_tokens, eligible,
-                          overlap_blocks, recent, decay, 1.0 / float(view.block_size), self.prefill_weight,
-                          self.active_blocks_weight, self.recent_weight, self.lead_bonus, self.lead_cap_blocks,
-                          self.lead_release_steps, self.lead_release_recent_ratio, self._scratch, terms, total, pick)
-        if i == -2 or self._wait_cap_may_bind(terms[2], view):
-            # more eligible rows than the kernel sums in numpy's order, or a lead bonus the extra-wait
-            # cap may lower (the kernel does not apply the cap): the array path decides
-            t = self.terms(costs, eligible, overlap_blocks, view, active_requests)
-            total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"]
-            return super().select(total, eligible, active_requests), t
-        table = TermTable(KV_TERMS + ("interference",), all_terms)
+                          overlap_blocks, recent, decay, active_requests, int(view.isl_tokens),
+                          1.0 / float(view.block_size), self.prefill_weight, self.active_blocks_weight,
+                          self.recent_weight, self.lead_bonus, self.lead_cap_blocks, self.lead_release_steps,
+                          self.lead_release_recent_ratio, self.lead_release_requests_ratio, self.lead_max_wait_steps,
+                          self.lead_max_wait_per_lead, self.interference_weight, self.interference_cap_prompts,
+                          self._scratch, all_terms, total, pick)
+        if i == -2:  # more eligible rows than the kernel sums in numpy's order: the array path decides
+            return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
+        table = TermTable(KV_TERMS, all_terms)
         if self.temperature <= 0.0 and i >= 0 and pick[1] == 1 and eligible[i] and -np.inf < total[i] < np.inf:
             return i, table  # the unique finite minimum on an eligible row: what `select` returns
         return super().select(total, eligible, active_requests), table
 
-    def _wait_cap_may_bind(self, lead: np.ndarray, view: SelectionView) -> bool:
-        """True when the kernel gave a lead bonus larger than the extra-wait cap's floor
-        (`lead_max_wait_steps` steps of the leader's prefill, in cost units): only then can the cap
-        lower it (the cap is max(that floor, lead_max_wait_per_lead x the lead), never below the floor)."""
-        if self.lead_max_wait_steps <= 0.0 or self.lead_bonus <= 0.0:
-            return False
-        top = int(lead.argmin())
-        bonus = -float(lead[top])
-        if bonus <= 0.0:
-            return False
-        inv_bs = 1.0 / float(view.block_size)  # the same float operations as `terms`, so `bonus <= floor`
-        floor = self.prefill_weight * (self.lead_max_wait_steps * float(view.max_batched_tokens[top]) * inv_bs)
-        return bonus > floor  # means the capped bonus is the bonus, bit for bit
+    def _array_select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray,
+                      overlap_blocks: np.ndarray | None, view: SelectionView) -> tuple[int, dict[str, np.ndarray]]:
+        """`select_explained` by the array code: `terms`, their total, `DynamoCostSelector.select`."""
+        t = self.terms(costs, eligible, overlap_blocks, view, active_requests)
+        total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"]
+        return super().select(total, eligible, active_requests), t
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
                overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,

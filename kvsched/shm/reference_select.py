@@ -44,9 +44,11 @@ def _pick(total: np.ndarray, pick: np.ndarray) -> int:
     return i
 
 
-def _np_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible, overlap, recent, decay, inv_bs,
-                      prefill_weight, active_blocks_weight, recent_weight, lead_bonus, lead_cap_blocks,
-                      lead_release_steps, lead_release_recent_ratio, scratch, terms, total, pick) -> int:
+def _np_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible, overlap, recent, decay,
+                      active_requests, isl_tokens, inv_bs, prefill_weight, active_blocks_weight, recent_weight,
+                      lead_bonus, lead_cap_blocks, lead_release_steps, lead_release_recent_ratio,
+                      lead_release_requests_ratio, lead_max_wait_steps, lead_max_wait_per_lead, interference_weight,
+                      interference_cap_prompts, scratch, terms, total, pick) -> int:
     n = eligible.shape[0]
     rows = np.flatnonzero(eligible)
     terms[0] = np.inf
@@ -55,6 +57,12 @@ def _np_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligi
         terms[0, rows] = prefill_tokens[rows] * (prefill_weight * inv_bs)
         if active_blocks_weight:
             terms[1, rows] = blocks[rows] * active_blocks_weight
+        if interference_weight:
+            own = np.maximum(prefill_tokens[rows] - active_prefill[rows], 0)
+            terms[4, rows] = own * active_requests[rows] * (interference_weight * inv_bs)
+            if interference_cap_prompts > 0.0:
+                cap = interference_cap_prompts * prefill_weight * float(isl_tokens) * inv_bs
+                terms[4, rows] = np.minimum(terms[4, rows] - terms[4, rows].min(), cap)
         m = min(n, recent.size)
         rt = None
         if m:
@@ -71,6 +79,9 @@ def _np_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligi
                 top = int(rows[k])
                 second = int(np.partition(depth, -2)[-2]) if rows.size > 1 else 0
                 saturated = bool(active_prefill[top] > lead_release_steps * max_batched[top])
+                if not saturated and lead_release_requests_ratio > 0.0 and rows.size > 1:
+                    mean_req = (float(active_requests[rows].sum()) - float(active_requests[top])) / (rows.size - 1)
+                    saturated = bool(active_requests[top] > lead_release_requests_ratio * max(mean_req, 1.0))
                 if not saturated and rt is not None and lead_release_recent_ratio > 0.0 and rows.size > 1:
                     if first > second and rows.size > 128:
                         pick[0], pick[1] = -2, 0
@@ -78,20 +89,27 @@ def _np_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligi
                     mine = rt[top]
                     saturated = bool(mine > lead_release_recent_ratio * ((float(rt[rows].sum()) - mine) / (rows.size - 1)))
                 if first > second and not saturated:
-                    terms[2, top] = -lead_bonus * min(float(first - max(0, second)), lead_cap_blocks)
-    total[:] = terms[0] + terms[1] + terms[2] + terms[3]
+                    gap = float(first - max(0, second))
+                    bonus = lead_bonus * min(gap, lead_cap_blocks)
+                    if lead_max_wait_steps > 0.0:
+                        bonus = min(bonus, prefill_weight * max(lead_max_wait_steps * float(max_batched[top]) * inv_bs,
+                                                                lead_max_wait_per_lead * gap))
+                    terms[2, top] = -bonus
+    total[:] = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
     return _pick(total, pick)
 
 
-def _py_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible, overlap, recent, decay, inv_bs,
-                      prefill_weight, active_blocks_weight, recent_weight, lead_bonus, lead_cap_blocks,
-                      lead_release_steps, lead_release_recent_ratio, scratch, terms, total, pick) -> int:
+def _py_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible, overlap, recent, decay,
+                      active_requests, isl_tokens, inv_bs, prefill_weight, active_blocks_weight, recent_weight,
+                      lead_bonus, lead_cap_blocks, lead_release_steps, lead_release_recent_ratio,
+                      lead_release_requests_ratio, lead_max_wait_steps, lead_max_wait_per_lead, interference_weight,
+                      interference_cap_prompts, scratch, terms, total, pick) -> int:
     n = int(eligible.shape[0])
     rows = [w for w in range(n) if eligible[w]]
     m = min(n, int(recent.shape[0]))
     rt = [0.0] * n
     for w in range(n):
-        terms[0, w], terms[1, w], terms[2, w], terms[3, w] = np.inf, 0.0, 0.0, 0.0
+        terms[0, w], terms[1, w], terms[2, w], terms[3, w], terms[4, w] = np.inf, 0.0, 0.0, 0.0, 0.0
     for w in rows:
         terms[0, w] = float(prefill_tokens[w]) * (prefill_weight * inv_bs)
         if active_blocks_weight != 0.0:
@@ -100,6 +118,15 @@ def _py_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligi
             rt[w] = float(recent[w]) * decay
             if recent_weight != 0.0:
                 terms[3, w] = rt[w] * (recent_weight * inv_bs)
+    if rows and interference_weight != 0.0:
+        inter = [float(max(int(prefill_tokens[w]) - int(active_prefill[w]), 0) * int(active_requests[w]))
+                 * (interference_weight * inv_bs) for w in rows]
+        if interference_cap_prompts > 0.0:
+            cap = interference_cap_prompts * prefill_weight * float(isl_tokens) * inv_bs
+            low = min(inter)
+            inter = [min(v - low, cap) for v in inter]
+        for w, v in zip(rows, inter):
+            terms[4, w] = v
     if rows and lead_bonus > 0.0:
         depths = [int(overlap[w]) for w in rows]
         first = max(depths)
@@ -107,6 +134,10 @@ def _py_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligi
         second = sorted(depths)[-2] if len(rows) > 1 else 0
         if first > 0 and first > second:
             saturated = float(active_prefill[top]) > lead_release_steps * float(max_batched[top])
+            if not saturated and lead_release_requests_ratio > 0.0 and len(rows) > 1:
+                req = sum(int(active_requests[w]) for w in rows)
+                mean_req = (float(req) - float(active_requests[top])) / (len(rows) - 1)
+                saturated = float(active_requests[top]) > lead_release_requests_ratio * max(mean_req, 1.0)
             if not saturated and m > 0 and lead_release_recent_ratio > 0.0 and len(rows) > 1:
                 if len(rows) > 128:
                     pick[0], pick[1] = -2, 0
@@ -115,9 +146,15 @@ def _py_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligi
                 mean_others = (_py_pairwise_sum(vals, 0, len(vals)) - rt[top]) / (len(rows) - 1)
                 saturated = rt[top] > lead_release_recent_ratio * mean_others
             if not saturated:
-                terms[2, top] = -lead_bonus * min(float(first - max(0, second)), lead_cap_blocks)
+                gap = float(first - max(0, second))
+                bonus = lead_bonus * min(gap, lead_cap_blocks)
+                if lead_max_wait_steps > 0.0:
+                    bonus = min(bonus, prefill_weight * max(lead_max_wait_steps * float(max_batched[top]) * inv_bs,
+                                                            lead_max_wait_per_lead * gap))
+                terms[2, top] = -bonus
     for w in range(n):
-        total[w] = ((float(terms[0, w]) + float(terms[1, w])) + float(terms[2, w])) + float(terms[3, w])
+        total[w] = (((float(terms[0, w]) + float(terms[1, w])) + float(terms[2, w])) + float(terms[3, w])
+                    + float(terms[4, w]))
     return _pick(total, pick)
 
 

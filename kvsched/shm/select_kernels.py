@@ -1,7 +1,8 @@
 """Selection kernels: the `kv` selector's cost terms, a class's busy count and the credited overlap
 of event-fed rows, one call each.
 
-They compute exactly what the numpy code of `core/kv_cost.py` (`KvSelector.terms` + the total),
+They compute exactly what the numpy code of `core/kv_cost.py` (`KvSelector.terms` + the total,
+extra-wait cap, requests release rule and capped interference included),
 `core/admitter.py` (`Admitter.busy_rows` / `class_busy`) and `core/overlap_view.py`
 (`credited_overlap`) compute — same float operations in the same
 order, so decisions are bit-identical — without the dozen small numpy calls per decision. Twins with
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-KV_TERMS = ("prefill", "active_blocks", "lead", "recent")  # row order of the `terms` array
+KV_TERMS = ("prefill", "active_blocks", "lead", "recent", "interference")  # row order of the `terms` array
 
 
 @njit(cache=True, nogil=True)
@@ -53,8 +54,10 @@ PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE: above it, numpy splits the sum rec
 
 @njit(cache=True, nogil=True)
 def kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible, overlap, recent, decay,
-                  inv_bs, prefill_weight, active_blocks_weight, recent_weight, lead_bonus, lead_cap_blocks,
-                  lead_release_steps, lead_release_recent_ratio, scratch, terms, total, pick):
+                  active_requests, isl_tokens, inv_bs, prefill_weight, active_blocks_weight, recent_weight,
+                  lead_bonus, lead_cap_blocks, lead_release_steps, lead_release_recent_ratio,
+                  lead_release_requests_ratio, lead_max_wait_steps, lead_max_wait_per_lead, interference_weight,
+                  interference_cap_prompts, scratch, terms, total, pick):
     """The `kv` selector's terms, their total and its argmin (docs/ROUTING.md; `KvSelector.terms`).
 
     Args:
@@ -63,10 +66,13 @@ def kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible,
         eligible: uint8[W]; overlap: int32[W], credited overlap blocks.
         recent: float64[R] (R may be < W), recent work per row (tokens, decayed to its own time);
             decay: the factor bringing it to now (used only when R > 0).
-        inv_bs: 1 / block size; the weights and lead parameters: `[selector]` keys of the kv selector.
+        active_requests: int64[W], live bookings per row (interference term, requests release rule).
+        isl_tokens: the request's prompt tokens (interference cap).
+        inv_bs: 1 / block size; the weights, lead, release, extra-wait and interference parameters:
+            `[selector]` keys of the kv selector (docs/ROUTING.md).
         scratch: float64[2, W], work space (decayed recent work, eligible rows' values).
-        terms: float64[4, W], written: rows in `KV_TERMS` order; ineligible rows +inf / 0 / 0 / 0.
-        total: float64[W], written: the sum of the four rows, in that order.
+        terms: float64[5, W], written: rows in `KV_TERMS` order; ineligible rows +inf / 0 / 0 / 0 / 0.
+        total: float64[W], written: the sum of the five rows, in that order.
         pick: int64[2], written: [argmin of total (first), rows whose total equals that minimum].
     Returns:
         int: the argmin of `total` (as `pick[0]`); -1 when `total` holds a NaN, -2 when the lead's
@@ -82,6 +88,7 @@ def kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible,
         terms[1, w] = 0.0
         terms[2, w] = 0.0
         terms[3, w] = 0.0
+        terms[4, w] = 0.0
         rt[w] = 0.0
         if eligible[w] != 0:
             n_rows += 1
@@ -99,6 +106,26 @@ def kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible,
                 rt[w] = recent[w] * decay
                 if recent_weight != 0.0:
                     terms[3, w] = rt[w] * rscale
+        if interference_weight != 0.0:  # own uncached prefill x the requests it slows
+            iscale = interference_weight * inv_bs
+            low = np.inf
+            for w in range(n):
+                if eligible[w] == 0:
+                    continue
+                own = prefill_tokens[w] - active_prefill[w]
+                if own < 0:
+                    own = 0
+                v = own * active_requests[w] * iscale
+                terms[4, w] = v
+                if v < low:
+                    low = v
+            if interference_cap_prompts > 0.0:  # measured from the least, at most cap
+                cap = interference_cap_prompts * prefill_weight * float(isl_tokens) * inv_bs
+                for w in range(n):
+                    if eligible[w] == 0:
+                        continue
+                    x = terms[4, w] - low
+                    terms[4, w] = cap if x > cap else x
         if lead_bonus > 0.0:
             first = -1
             top = -1
@@ -118,6 +145,14 @@ def kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible,
                 second = 0
             if first > 0 and first > second:
                 saturated = active_prefill[top] > lead_release_steps * max_batched[top]
+                if not saturated and lead_release_requests_ratio > 0.0 and n_rows > 1:
+                    req = 0
+                    for w in range(n):
+                        if eligible[w] != 0:
+                            req += active_requests[w]
+                    mean_req = (float(req) - float(active_requests[top])) / (n_rows - 1)
+                    saturated = active_requests[top] > lead_release_requests_ratio * (1.0 if 1.0 > mean_req
+                                                                                      else mean_req)
                 if not saturated and m > 0 and lead_release_recent_ratio > 0.0 and n_rows > 1:
                     if n_rows > PAIRWISE_BLOCK:  # numpy's recursive split: the caller's numpy path decides
                         pick[0] = -2
@@ -132,11 +167,19 @@ def kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible,
                     mean_others = (pairwise_sum(vals, 0, k) - mine) / (n_rows - 1)
                     saturated = mine > lead_release_recent_ratio * mean_others
                 if not saturated:
-                    terms[2, top] = -lead_bonus * min(float(first - max(0, second)), lead_cap_blocks)
+                    gap = float(first - max(0, second))
+                    bonus = lead_bonus * (lead_cap_blocks if lead_cap_blocks < gap else gap)
+                    if lead_max_wait_steps > 0.0:  # the extra-wait cap
+                        a = lead_max_wait_steps * float(max_batched[top]) * inv_bs
+                        b = lead_max_wait_per_lead * gap
+                        wait_cap = prefill_weight * (b if b > a else a)
+                        if wait_cap < bonus:
+                            bonus = wait_cap
+                    terms[2, top] = -bonus
     best = -1
     lo = 0.0
     for w in range(n):
-        t = ((terms[0, w] + terms[1, w]) + terms[2, w]) + terms[3, w]
+        t = (((terms[0, w] + terms[1, w]) + terms[2, w]) + terms[3, w]) + terms[4, w]
         total[w] = t
         if t != t:  # NaN: numpy's argmin would return it; let the caller's numpy path decide
             pick[0] = -1
@@ -208,8 +251,9 @@ def warm_select_kernels() -> None:
     """Compile (or load from the cache) both kernels for the dtypes the core uses."""
     w = 2
     i8, u1 = np.zeros(w, np.int64), np.ones(w, np.uint8)
-    kv_cost_terms(i8, i8, i8, i8, u1, np.zeros(w, np.int32), np.zeros(0, np.float64), 1.0, 1.0 / 16, 16.0, 0.1,
-                  1.0, 160.0, 64.0, 16.0, 2.0, np.zeros((2, w)), np.zeros((4, w)), np.zeros(w), np.zeros(2, np.int64))
+    kv_cost_terms(i8, i8, i8, i8, u1, np.zeros(w, np.int32), np.zeros(0, np.float64), 1.0, i8, 64, 1.0 / 16, 16.0, 0.1,
+                  1.0, 160.0, 64.0, 16.0, 2.0, 2.0, 10.0, 3.0, 1.0, 0.1, np.zeros((2, w)), np.zeros((5, w)), np.zeros(w),
+                  np.zeros(2, np.int64))
     count_busy(i8, i8, u1, -1, 1.0)
     i4, flags = np.zeros(w, np.int32), np.zeros(w, np.uint8)
     credit_rows(i4, i4, i4, i4, u1, flags, 4, 0.5, True, np.zeros(w, np.int32), np.zeros(w, np.int32))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsched.core.kv_cost import KvSelector
-from kvsched.core.selector import DynamoCostSelector, SelectionView
+from kvsched.core.selector import DynamoCostSelector, SelectionView, TermTable
 from kvsched.shm.reference import numpy_twin, python_twin
 from kvsched.shm.select_kernels import KV_TERMS, count_busy, kv_cost_terms, pairwise_sum
 
@@ -39,67 +39,88 @@ def _state(seed: int, n: int, n_recent: int):
 
 
 PARAMS = dict(prefill_weight=16.0, active_blocks_weight=0.1, lead_bonus=160.0, lead_cap_blocks=64.0,
-              lead_release_steps=16.0, lead_release_recent_ratio=2.0, recent_weight=1.0)
+              lead_release_steps=16.0, lead_release_recent_ratio=2.0, recent_weight=1.0,
+              lead_release_requests_ratio=2.0, lead_max_wait_steps=10.0, lead_max_wait_per_lead=3.0,
+              interference_weight=1.0, interference_cap_prompts=0.1)
+KERNEL_ORDER = ("prefill_weight", "active_blocks_weight", "recent_weight", "lead_bonus", "lead_cap_blocks",
+                "lead_release_steps", "lead_release_recent_ratio", "lead_release_requests_ratio",
+                "lead_max_wait_steps", "lead_max_wait_per_lead", "interference_weight", "interference_cap_prompts")
+
+# values that switch each term on, off and to edges where it binds or not (interference cap 0.0 = uncapped)
+TERM_KNOBS = dict(lead_release_requests_ratio=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+                  lead_max_wait_steps=st.sampled_from([0.0, 0.05, 1.0, 8.0, 10.0]),
+                  lead_max_wait_per_lead=st.sampled_from([0.0, 1.0, 3.0]),
+                  interference_weight=st.sampled_from([0.0, 1.0, 0.37]),
+                  interference_cap_prompts=st.sampled_from([0.0, 0.01, 0.1, 5.0]))
+
+
+def _requests(seed: int, n: int) -> np.ndarray:
+    """Active requests per row: mostly small, sometimes one row far above the others (release rule)."""
+    rng = np.random.default_rng(seed + 1)
+    active = rng.integers(0, 9, n).astype(np.int64)
+    if n and rng.random() < 0.4:
+        active[rng.integers(n)] += rng.integers(5, 60)
+    return active
 
 
 @settings(max_examples=300, deadline=None)
 @given(seed=st.integers(0, 2**31), n=st.integers(1, 40), recent_short=st.integers(0, 5),
-       zero_weights=st.booleans(), decay=st.sampled_from([1.0, 0.5, 0.013]))
-def test_kv_cost_terms_agree_with_twins_and_the_selector(seed, n, recent_short, zero_weights, decay):
+       zero_weights=st.booleans(), decay=st.sampled_from([1.0, 0.5, 0.013]), isl=st.integers(0, 20000),
+       **TERM_KNOBS)
+def test_kv_cost_terms_agree_with_twins_and_the_selector(seed, n, recent_short, zero_weights, decay, isl,
+                                                         **knobs):
     elig, overlap, prefill, blocks, ap, mb, recent = _state(seed, n, max(0, n - recent_short))
-    p = dict(PARAMS)
+    active = _requests(seed, n)
+    p = dict(PARAMS, **knobs)
     if zero_weights:
         p.update(active_blocks_weight=0.0, recent_weight=0.0)
-    args = (prefill, blocks, ap, mb, elig, overlap, recent, decay, 1.0 / 16, p["prefill_weight"],
-            p["active_blocks_weight"], p["recent_weight"], p["lead_bonus"], p["lead_cap_blocks"],
-            p["lead_release_steps"], p["lead_release_recent_ratio"])
+    head = (prefill, blocks, ap, mb, elig, overlap, recent)
+    tail = (active, isl, 1.0 / 16, *(p[k] for k in KERNEL_ORDER))
     outs = []
     for fn in (kv_cost_terms, numpy_twin.kv_cost_terms, python_twin.kv_cost_terms):
-        terms, total, pick = np.zeros((4, n)), np.zeros(n), np.zeros(2, np.int64)
-        i = fn(*args, np.zeros((2, n)), terms, total, pick)
+        terms, total, pick = np.zeros((5, n)), np.zeros(n), np.zeros(2, np.int64)
+        i = fn(*head, decay, *tail, np.zeros((2, n)), terms, total, pick)
         outs.append((i, terms, total, pick))
     for i, terms, total, pick in outs[1:]:
         assert i == outs[0][0] and (pick == outs[0][3]).all()
         np.testing.assert_array_equal(terms, outs[0][1])
         np.testing.assert_array_equal(total, outs[0][2])
-    # the selector's array code (`terms`), which the kernel replaces in `select_explained` when the
-    # extra-wait cap cannot bind (the kernel has no cap: `select_explained` leaves a binding cap to
-    # the array code, see test_kv_select_explained_picks_what_the_array_code_picks)
-    sel = KvSelector(**p, lead_max_wait_steps=0.0)
+    # the selector's array code (`terms`), which the kernel replaces in `select_explained`
+    sel = KvSelector(**p)
     sel.recent, sel.recent_at_us = recent, 0
     half = sel.recent_half_life_us
     now = 0 if decay == 1.0 else int(-np.log2(decay) * half)
-    view = SelectionView(prefill, blocks, ap, blocks, blocks, mb, 64, 16, now)
-    want = sel.terms(None, elig, overlap, view)
+    view = SelectionView(prefill, blocks, ap, blocks, blocks, mb, isl, 16, now)
+    want = sel.terms(None, elig, overlap, view, active)
     if outs[0][0] != -2:
         dec = sel._decay(now)  # noqa: SLF001 - the same decay factor for both
-        terms, total, pick = np.zeros((4, n)), np.zeros(n), np.zeros(2, np.int64)
-        kv_cost_terms(*args[:7], dec, *args[8:], np.zeros((2, n)), terms, total, pick)
+        terms, total, pick = np.zeros((5, n)), np.zeros(n), np.zeros(2, np.int64)
+        kv_cost_terms(*head, dec, *tail, np.zeros((2, n)), terms, total, pick)
         for k, name in enumerate(KV_TERMS):
             np.testing.assert_array_equal(terms[k], want[name])
-        np.testing.assert_array_equal(total, want["prefill"] + want["active_blocks"] + want["lead"] + want["recent"])
+        np.testing.assert_array_equal(total, want["prefill"] + want["active_blocks"] + want["lead"] + want["recent"]
+                                      + want["interference"])
 
 
-@settings(max_examples=300, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(1, 24), wait_steps=st.sampled_from([0.0, 0.05, 1.0, 8.0]),
-       interference=st.sampled_from([0.0, 1.0]))
-def test_kv_select_explained_picks_what_the_array_code_picks(seed, n, wait_steps, interference):
-    """Same row (and the same RNG draws on ties) as `DynamoCostSelector.select` on the array total,
-    with the extra-wait cap binding or not (the kernel leaves a binding cap to the array code) and
-    with the interference term on or off."""
+@settings(max_examples=400, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 24), isl=st.integers(0, 20000), **TERM_KNOBS)
+def test_kv_select_explained_picks_what_the_array_code_picks(seed, n, isl, **knobs):
+    """Same row, terms (and the same RNG draws on ties) as `DynamoCostSelector.select` on the array
+    total, with the extra-wait cap binding or not, the requests release rule on or off and the
+    (capped or uncapped) interference term on or off."""
     elig, overlap, prefill, blocks, ap, mb, recent = _state(seed, n, n)
     if not elig.any():
         elig[0] = 1
-    kw = dict(seed=seed % 97, lead_max_wait_steps=wait_steps, lead_max_wait_per_lead=1.0,
-              interference_weight=interference)
+    kw = dict(seed=seed % 97, **knobs)
     fast, slow = KvSelector(**kw), KvSelector(**kw)
     for s in (fast, slow):
         s.recent = recent.copy()
-    view = SelectionView(prefill, blocks, ap, blocks, blocks, mb, 64, 16, 5_000_000)
+    view = SelectionView(prefill, blocks, ap, blocks, blocks, mb, isl, 16, 5_000_000)
     costs = np.zeros(n)
-    active = np.random.default_rng(seed).integers(0, 9, n).astype(np.int64)
+    active = _requests(seed, n)
     for _ in range(3):  # repeated: tie-breaks draw from each selector's RNG the same way
         row, table = fast.select_explained(costs, elig, active, overlap_blocks=overlap, view=view)
+        assert isinstance(table, TermTable)  # decided by the kernel, not the array fallback
         t = slow.terms(costs, elig, overlap, view, active)
         want = DynamoCostSelector.select(slow, t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"]
                                          + t["interference"], elig, active)
