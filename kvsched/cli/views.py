@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Annotated, Any, Optional
@@ -137,7 +138,9 @@ def top(
                 time.sleep(interval_s)
         if not console.is_terminal:  # piped or logged: one full frame per refresh, like `top -b`
             while True:
-                console.print(frame())
+                with console.capture() as shot:  # rendered here, written by us: a closed pipe ends it
+                    console.print(frame())
+                sys.stdout.write(shot.get())
                 sys.stdout.flush()
                 n += 1
                 if iterations and n >= iterations:
@@ -150,6 +153,11 @@ def top(
                 n += 1
     except KeyboardInterrupt:
         pass
+    except BrokenPipeError:  # `kvsched top | head`: the reader left; a normal end, status 0
+        # Point stdout at /dev/null so the interpreter's final flush cannot raise again (the
+        # Python `signal` module docs, "Note on SIGPIPE").
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def register(app: typer.Typer) -> None:

@@ -73,6 +73,24 @@ def test_top_piped_prints_a_frame_per_refresh_until_stopped(session_daemon):
     assert sum("kvsched status" in line for line in seen) >= 2, "".join(seen)
 
 
+@pytest.mark.parametrize("view", [["top", "--json"], ["top"]])
+def test_top_into_a_pipe_closed_early_exits_quietly_with_status_zero(session_daemon, view):
+    """`kvsched top --json | head -1`: the reader goes away after one line. Before, click turned the
+    EPIPE into exit status 1 (a `set -o pipefail` script failed on a normal `head`)."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvsched.cli", "--admin-endpoint", session_daemon.admin_endpoint,
+                             *view, "--interval-s", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline()  # one line read, then the reader closes its end like `head -1`
+    proc.stdout.close()
+    try:
+        rc = proc.wait(60)
+    finally:
+        proc.kill()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert rc == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 # ------------------------------------------------------------------------------------ leases --worker
 
 
