@@ -37,13 +37,18 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(RuntimeWorker)
 
 
+def _record(req: p.AddWorker, generation: int) -> RuntimeWorker:
+    """The record kept for `req` on a row whose ledger generation is `generation`."""
+    return RuntimeWorker(req.worker_id, req.dp_rank, generation, req.url, req.kv_events_endpoint,
+                         req.kv_replay_endpoint, req.kv_events_topic, req.kv_events_stale_after_s)
+
+
 def remember(seg, w_generation, row: int, req: p.AddWorker) -> None:  # noqa: ANN001 - KvIndexSegment, u32 array
     """Keep `req`'s URL and KV-event endpoints for ledger row `row` (no-op without a segment). A
     record too long for the row is logged and not kept (the repeated `add-worker` still restores it)."""
     if seg is None:
         return
-    rec = RuntimeWorker(req.worker_id, req.dp_rank, int(w_generation[row]), req.url, req.kv_events_endpoint,
-                        req.kv_replay_endpoint, req.kv_events_topic, req.kv_events_stale_after_s)
+    rec = _record(req, int(w_generation[row]))
     try:
         seg.store_meta(row, _enc.encode(rec))
     except ValueError as exc:
@@ -89,8 +94,7 @@ def kept_matches(seg, w_generation, row: int, req: p.AddWorker) -> bool:  # noqa
     raw = None if seg is None else seg.load_meta(row)
     if raw is None:
         return False
-    want = RuntimeWorker(req.worker_id, req.dp_rank, int(w_generation[row]), req.url, req.kv_events_endpoint,
-                         req.kv_replay_endpoint, req.kv_events_topic, req.kv_events_stale_after_s)
+    want = _record(req, int(w_generation[row]))
     try:
         return _dec.decode(raw) == want
     except (msgspec.DecodeError, msgspec.ValidationError):
