@@ -11,6 +11,9 @@ long does not talk on a connection the daemon has reaped), when a send finds the
 `Error(3)` ("send Hello first"). The link then opens a fresh
 DEALER and says Hello again with exponential backoff (0.05 s doubling to `max_backoff_s`) until a
 `Welcome` arrives; while reconnecting, lease frames are buffered (bounded) and flushed after it.
+A Hello is sent only on a completed connection (ZMQ_IMMEDIATE), and once sent it waits for its
+answer on that connection as long as the connection stays up (at most `HELLO_PATIENCE_S`), so a
+busy daemon is not left with one abandoned connection per backoff step.
 
 Protocol versions: Hello says the highest version this package speaks and falls back to version 1
 when the daemon answers `Error(VERSION)`. On a version-2 connection every frame sent within one
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
 
 MAX_BUFFERED_FRAMES = 100_000
 # Send silence after which the daemon may have reaped us (a share of its liveness timeout, so a frame
@@ -46,6 +50,12 @@ MAX_BUFFERED_FRAMES = 100_000
 # far below it (heartbeat_ms ≤ liveness / 2).
 REAP_SHARE = 0.8
 MAX_UNCONFIRMED_RELEASES = 4096  # re-sent after a reconnect at most (older ones: surely read)
+# How long a Hello that reached a daemon (the connection's handshake completed) waits for its Welcome
+# on that connection before the link gives up on it and opens a new one (s). A busy daemon (start-up,
+# a flood, a long GC) answers late; a new socket per backoff step would leave it one abandoned
+# connection per step and never reach a daemon slower than the backoff ceiling.
+HELLO_PATIENCE_S = 30.0
+_ANSWERED = float("-inf")  # `Link._hello_at` once the Welcome came
 
 
 def _pid_ns() -> int:
@@ -118,6 +128,7 @@ class Link:
         self._timer: asyncio.TimerHandle | None = None
         self._backoff_s = 0.05
         self._next_hello = 0.0
+        self._hello_at: float | None = None  # when the Hello went out on the current socket (None: not yet)
         self.closed = False
         self.reconnects = 0  # times the daemon was presumed gone (diagnostics, tests)
 
@@ -145,13 +156,30 @@ class Link:
         # socket that says Hello first instead; with the pipe gone, a send fails at once (EAGAIN),
         # which tells the link the daemon went away (zmq_setsockopt(3), ZMQ_RECONNECT_IVL = -1).
         sock.setsockopt(zmq.RECONNECT_IVL, -1)
+        # Queue frames only on a completed connection (zmq_setsockopt(3), ZMQ_IMMEDIATE): the Hello
+        # is sent once the handshake with the daemon's I/O thread is done, and "can send" (POLLOUT)
+        # then says the connection is still up, which lets a Hello wait for a busy daemon's answer.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
         if self.curve_server_key is not None and self.curve_client_keys is not None:  # both or neither
             sock.curve_serverkey = self.curve_server_key
             sock.curve_publickey, sock.curve_secretkey = self.curve_client_keys
         sock.connect(self.endpoint)
         self.sock = sock
         self._running_loop().add_reader(sock.fileno(), self._on_readable)
-        self._hello()
+        self._hello_at = None
+        self._try_hello()
+
+    def _try_hello(self) -> None:
+        """Say Hello if this socket's connection is up (else the timer tries again)."""
+        if self._hello():
+            self._hello_at = time.monotonic()
+
+    def _hello_pending(self, now: float) -> bool:
+        """A Hello went out on a connection that is still up, less than `HELLO_PATIENCE_S` ago:
+        its Welcome is worth waiting for."""
+        if self.sock is None or self._hello_at is None or now - self._hello_at > HELLO_PATIENCE_S:
+            return False
+        return bool(cast(int, self.sock.getsockopt(_EVENTS)) & _POLLOUT)
 
     def _drop_socket(self) -> None:
         if self.sock is not None:
@@ -160,8 +188,8 @@ class Link:
             self.sock.close(0)
             self.sock = None
 
-    def _hello(self) -> None:
-        self._raw_send(self.enc.encode(p.Hello(self.version, self.client_name[:p.MAX_NAME_CHARS], os.getpid(),
+    def _hello(self) -> bool:
+        return self._raw_send(self.enc.encode(p.Hello(self.version, self.client_name[:p.MAX_NAME_CHARS], os.getpid(),
                                                socket.gethostname()[:p.MAX_NAME_CHARS], _pid_ns())))
 
     def close(self) -> None:
@@ -297,6 +325,7 @@ class Link:
             case p.Welcome():
                 reconnected = self.ever_connected
                 self.connected = self.ever_connected = True
+                self._hello_at = _ANSWERED  # never said again on this socket, never waited for
                 self.reconnecting_since = None
                 self._backoff_s = 0.05
                 self.welcome = frame
@@ -314,7 +343,7 @@ class Link:
                 log.info("daemon refused protocol %d (%s); saying Hello with version %d", self.version,
                          frame.message, p.PROTOCOL_MIN)
                 self.version = p.PROTOCOL_MIN
-                self._hello()
+                self._try_hello()
             case p.HeartbeatAck():
                 if frame.seq == self._hb_sent_at[0]:
                     self._confirm(self._hb_sent_at[1])
@@ -401,7 +430,9 @@ class Link:
                 if self.connected and not self._raw_send(self.enc.encode(p.Heartbeat(self._hb_seq))):
                     log.warning("daemon connection closed endpoint=%s; reconnecting", self.endpoint)
                     self.link_down()  # no pipe any more: the daemon is gone
-        if not self.connected and now >= self._next_hello:
+        if not self.connected and self.sock is not None and self._hello_at is None:
+            self._try_hello()  # the connection completed since the last try
+        if not self.connected and now >= self._next_hello and not self._hello_pending(now):
             self.version = self.max_version  # a new (maybe upgraded) daemon: offer our highest again
             self._new_socket()  # a fresh identity: the (new) daemon treats us as a new connection
             self._next_hello = now + self._backoff_s
