@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import DaemonUnavailable, RequestRejected
 
 RETRY_AFTER_S = 1  # Retry-After (s) on 429 and retryable 503
+MAX_TOKEN_ID = 2**31 - 1  # engines hold token ids as int32 (vLLM: torch.int32 input ids); larger is no vocabulary index
 
 # Rejection reason -> HTTP status (OpenAI clients retry 429 and 503 with backoff).
 REJECT_STATUS: dict[str, int] = {
@@ -141,8 +142,9 @@ def parse_body(kind: str, body: Any) -> Prompt:
         if not prompt:
             raise _bad("'prompt' is empty", "prompt")
         p.text = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                     for t in prompt):
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not all(0 <= t <= MAX_TOKEN_ID for t in prompt):
+            raise _bad(f"token ids must be integers in [0, {MAX_TOKEN_ID}] (a vocabulary index)", "prompt")
         p.token_ids = list(prompt)
     elif prompt is None:
         raise _bad("missing required field 'prompt'", "prompt")

@@ -38,6 +38,9 @@ def test_every_rejection_reason_has_its_status_and_retry_after_rule():
     ("completion", {"model": "m", "prompt": "a", "n": 3}, "'n' must be 1"),
     ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "'n' must be 1"),
     ("completion", {"model": "m", "prompt": "a", "best_of": 2}, "'best_of' must be 1"),
+    ("completion", {"model": "m", "prompt": [1, 2**31]}, "token ids must be integers in [0, 2147483647]"),
+    ("completion", {"model": "m", "prompt": [[5, 2**80]]}, "token ids must be integers in [0, 2147483647]"),
+    ("completion", {"model": "m", "prompt": [1, -1]}, "token ids must be integers in [0, 2147483647]"),
 ])
 def test_bad_bodies_are_400_with_a_message_naming_the_field(kind, body, needle):
     with pytest.raises(oa.HttpError) as err:
