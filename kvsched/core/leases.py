@@ -227,6 +227,13 @@ class LeaseTable:
         self.orphans = OrphanCounts(count, 0, now_us + grace_us if count else None)
         return self.orphans
 
+    def credit_stall(self, stall_us: int) -> None:
+        """The daemon read nothing for `stall_us` µs: the orphans' grace deadline moves by as much
+        (the Reattach frames sent meanwhile sit unread; docs/DESIGN.md §5.4)."""
+        o = self.orphans
+        if o is not None and o.deadline_us is not None:
+            self.orphans = OrphanCounts(o.adopted, o.released, o.deadline_us + stall_us)
+
     def expired_orphans(self, now_us: int) -> list[Live]:
         """The orphan leases still unclaimed once the grace deadline passed (once; [] otherwise).
         The caller releases them; `take_orphan_report` then reports the counts once."""

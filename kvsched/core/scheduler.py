@@ -307,6 +307,10 @@ class Scheduler:
         return self.lease_table.adopt_slot_table([cq.name for cq in self.pq.classes], self._default,
                                                  self.intake.seq, now_us, grace_us)
 
+    def credit_stall(self, stall_us: int) -> None:
+        """The actor's loop stalled `stall_us` µs: not part of the orphans' grace (`LeaseTable.credit_stall`)."""
+        self.lease_table.credit_stall(stall_us)
+
     def take_orphan_report(self) -> OrphanCounts | None:
         """The orphan counts once their grace deadline passed (once), else None."""
         return self.lease_table.take_orphan_report()

@@ -358,6 +358,7 @@ class Actor:
         self.metrics.loop_lag.observe(lag_s)
         self._last_tick_s = now_s
         if self.conns.credit_stall(int(lag_s * 1_000_000), t):  # read nothing that long: nobody's silence
+            self.scheduler.credit_stall(int(lag_s * 1_000_000))  # nor part of a restart's re-attach grace
             self.warn.warning("loop-stall", "actor loop stalled seconds=%.2f; not counted as the routers' silence",
                               lag_s)
         try:

@@ -48,6 +48,23 @@ def test_orphans_come_back_as_a_record_and_are_reported_once_when_released():
     assert b.request_id == "b"
 
 
+def test_a_daemon_stall_during_the_grace_moves_the_orphan_deadline_by_the_stall():
+    """Routers' Reattach frames sent while the restarted daemon's loop was blocked sit unread, and the
+    timer runs before the socket is read: the stall is not part of anyone's grace (docs/DESIGN.md
+    §5.4, the same rule as liveness)."""
+    s = make_scheduler()
+    s.enqueue(make_request("a", isl_tokens=10, owner=5), 1)
+    fresh = create_scheduler(s.config, ledger=s.ledger, overlap=s.overlap, add_workers=False)
+    assert fresh.restore_after_restart(10, 1_000).deadline_us == 1_010
+    fresh.credit_stall(3_000)
+    fresh.tick(1_010 + 2_999)
+    assert fresh.take_orphan_report() is None and fresh.owner_of("a") == DAEMON_OWNER
+    fresh.tick(1_010 + 3_000)
+    assert fresh.take_orphan_report().released == 1
+    fresh.credit_stall(3_000)  # no orphans left: nothing to move
+    assert fresh.active_leases == 0
+
+
 def test_create_scheduler_registers_the_configured_workers_once():
     from kvsched.config import WorkerConfig
 
