@@ -31,7 +31,8 @@ import numpy as np
 
 from ..config import OverloadConfig
 from ..protocol import MAX_REQUEST_ID_BYTES
-from ..shm.kernels import apply_output_tokens, fold_progress, fold_words, project_and_cost, ref_add, ref_remove
+from ..shm.booking_kernels import release_booking, slot_dispatched, slot_output_tokens, slot_prefill_done
+from ..shm.kernels import fold_progress, fold_words, project_and_cost, ref_add
 from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
 from .types import WorkerKey
 from .worker_rows import WorkerRows
@@ -79,8 +80,10 @@ class Ledger:
         s = arrays.max_slots
         self._seen_state = np.zeros(s, np.uint64)  # state word last folded per slot
         self._folded_dispatched = np.zeros(s, np.int64)  # fold_words output: slots newly dispatched
-        self._fold_counts = np.zeros(2, np.int64)
+        self._fold_counts = np.zeros(3, np.int64)  # fold_words output: [slots changed, dispatched, rows]
+        self._folded_rows = np.zeros(arrays.max_workers, np.int64)  # fold_words output: rows changed
         self._high = 0  # slots [0, _high) have been booked at least once (fold range)
+        self._max_slots = s
         self.block_size = arrays.block_size
         self._stride = arrays.max_blocks_per_request
         w = arrays.max_workers
@@ -253,64 +256,62 @@ class Ledger:
             self.rows.update_overload(row)
         return slot, gen
 
-    def _live(self, slot: int, generation: int) -> bool:
-        a = self.arrays
-        return 0 <= slot < a.max_slots and a.s_state[slot] != SLOT_FREE and int(a.s_generation[slot]) == generation
-
     def release(self, slot: int, generation: int) -> bool:
         """Free booking (slot, generation) and take its load off its worker. False (no-op) if stale/free."""
-        if not self._live(slot, generation):
-            return False
+        return self.release_booking(slot, generation) >= 0
+
+    def release_booking(self, slot: int, generation: int) -> int:
+        """Free booking (slot, generation) (one `booking_kernels.release_booking` call: refcounts,
+        aggregates, slot state); returns its worker row, or -1 (no-op) when stale or free."""
+        if not 0 <= slot < self._max_slots:
+            return -1
         a = self.arrays
-        row = int(a.s_worker_row[slot])
-        off, nh = int(a.s_arena_off[slot]), int(a.s_arena_len[slot])
-        died = ref_remove(a.ref_keys[row], a.ref_counts[row], a.arena[off:off + nh])
-        a.w_active_blocks[row] -= died + a.s_extra_blocks[slot]
-        a.w_active_prefill[row] -= a.s_prefill[slot]
-        a.w_active_requests[row] -= 1
-        a.s_state[slot] = SLOT_FREE
-        a.s_prefill[slot] = a.s_extra_blocks[slot] = a.s_arena_len[slot] = 0
+        row = release_booking(slot, generation, a.s_state, a.s_generation, a.s_worker_row, a.s_arena_off, a.s_arena_len, a.s_extra_blocks, a.s_prefill, a.arena, a.ref_keys, a.ref_counts, a.w_active_blocks, a.w_active_prefill, a.w_active_requests)
+        if row < 0:
+            return -1
         rid = self._rid_of[slot]
         self._rid_of[slot] = None
         self._slot_of.pop(rid if rid is not None else a.s_request_id[slot].decode(), None)
         self._free.append(slot)
-        if self.rows.overload_enabled():
+        if self.rows.overload_rules:
             self.rows.update_overload(row)
-        return True
+        return row
 
     def dispatched(self, slot: int, generation: int) -> bool:
         """The backend accepted the request (state admitted -> dispatched). False if stale."""
-        if not self._live(slot, generation):
-            return False
         a = self.arrays
-        if a.s_state[slot] == SLOT_ADMITTED:
-            a.s_state[slot] = SLOT_DISPATCHED
-        return True
+        return 0 <= slot < self._max_slots and slot_dispatched(slot, generation, a.s_state, a.s_generation)
 
     def prefill_done(self, slot: int, generation: int) -> bool:
         """First output token seen: the booking's outstanding prefill leaves its worker. False if stale."""
-        if not self._live(slot, generation):
-            return False
+        return self.prefill_done_row(slot, generation) >= 0
+
+    def prefill_done_row(self, slot: int, generation: int) -> int:
+        """`prefill_done` (one `booking_kernels.slot_prefill_done` call); returns the booking's worker
+        row, or -1 when stale."""
+        if not 0 <= slot < self._max_slots:
+            return -1
         a = self.arrays
-        row = int(a.s_worker_row[slot])
-        a.w_active_prefill[row] -= a.s_prefill[slot]
-        a.s_prefill[slot] = 0
-        a.s_state[slot] = SLOT_PREFILL_DONE
-        if self.rows.overload_enabled():
+        row = slot_prefill_done(slot, generation, a.s_state, a.s_generation, a.s_worker_row, a.s_prefill, a.w_active_prefill)
+        if row >= 0 and self.rows.overload_rules:
             self.rows.update_overload(row)
-        return True
+        return row
 
     def set_output_tokens(self, slot: int, generation: int, n: int) -> bool:
         """Output tokens so far (Update(progress)); same effect as a folded progress word. The count
         only moves forward: a value <= the current one is ignored. False if stale or ignored."""
-        if not self._live(slot, generation):
-            return False
+        return self.output_tokens_row(slot, generation, n) >= 0
+
+    def output_tokens_row(self, slot: int, generation: int, n: int) -> int:
+        """`set_output_tokens` (one `booking_kernels.slot_output_tokens` call); returns the booking's
+        worker row when the count moved forward, else -1 (stale or ignored)."""
+        if not 0 <= slot < self._max_slots:
+            return -1
         a = self.arrays
-        if not apply_output_tokens(slot, max(0, int(n)), a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size):
-            return False
-        if self.rows.overload_enabled():
-            self.rows.update_overload(int(a.s_worker_row[slot]))
-        return True
+        row = slot_output_tokens(slot, generation, int(n), a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size)
+        if row >= 0 and self.rows.overload_rules:
+            self.rows.update_overload(row)
+        return row
 
     def fold_progress(self, every_slot: bool = False) -> int:
         """Fold the routers' words into the slots and aggregates (one kernel call). Returns slots changed.
@@ -325,12 +326,30 @@ class Ledger:
         a = self.arrays
         if self.state is not None:
             n = a.max_slots if every_slot else self._high
-            changed = fold_words(n, self.progress, self.state, self._seen_state, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size, self._folded_dispatched, self._fold_counts)
+            changed = fold_words(n, self.progress, self.state, self._seen_state, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size, self._folded_dispatched, self._fold_counts, self._folded_rows)
         else:
             changed = fold_progress(self.progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size)
         if changed and self.rows.overload_enabled():
             self.rows.update_overload_all()
         return int(changed)
+
+    def fold(self) -> tuple[list[int], list[int]]:
+        """Fold the routers' words (as `fold_progress`) and take what changed, in one kernel call
+        when the state words are mapped: (rows whose capacity changed — active blocks or active
+        prefill tokens — ascending, so only their blocked lanes are re-checked; slots whose
+        `dispatched` flag appeared, as `take_dispatched` returns them)."""
+        if self.state is None or self.progress is None:
+            return self.fold_progress_rows(), self.take_dispatched()
+        a = self.arrays
+        changed = fold_words(self._high, self.progress, self.state, self._seen_state, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size, self._folded_dispatched, self._fold_counts, self._folded_rows)
+        if not changed:
+            if self._fold_counts[1] == 0:
+                return [], []
+            return [], self.take_dispatched()
+        if self.rows.overload_rules:
+            self.rows.update_overload_all()
+        n_rows = int(self._fold_counts[2])
+        return self._folded_rows[:n_rows].tolist(), self.take_dispatched()
 
     def fold_progress_rows(self) -> list[int]:
         """Fold the progress segment (as `fold_progress`); returns the rows whose capacity changed
@@ -338,6 +357,10 @@ class Ledger:
         if self.progress is None:
             return []
         a = self.arrays
+        if self.state is not None:
+            if not self.fold_progress():
+                return []
+            return self._folded_rows[:int(self._fold_counts[2])].tolist()
         np.copyto(self._prev_blocks, a.w_active_blocks)
         np.copyto(self._prev_prefill, a.w_active_prefill)
         if not self.fold_progress():

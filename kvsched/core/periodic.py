@@ -17,7 +17,7 @@ from .types import Admit, Reject
 
 
 def fold_words(sched) -> bool:  # noqa: ANN001 - a Scheduler
-    """Fold the routers' shared-memory words (one kernel call, `Ledger.fold_progress_rows`).
+    """Fold the routers' shared-memory words (one kernel call, `Ledger.fold`).
 
     Same effect as the `Update(dispatched | prefill_done | progress)` frames: a slot whose
     `dispatched` flag appeared tells its admission policy `Dispatched` (at most once per lease);
@@ -26,12 +26,14 @@ def fold_words(sched) -> bool:  # noqa: ANN001 - a Scheduler
     Returns:
         bool: True when something changed (then call `drain_cleanup`).
     """
-    rows = sched.ledger.fold_progress_rows()
+    rows, dispatched = sched.ledger.fold()
+    if not rows and not dispatched:
+        return False
     for row in rows:  # only the workers whose capacity changed
         sched._capacity_changed(row)  # noqa: SLF001 - same package
     told = False
     by_slot = sched.lease_table.by_slot
-    for slot in sched.ledger.take_dispatched():
+    for slot in dispatched:
         live = by_slot.get(slot)
         if live is not None and live.tracked and not live.told_dispatched:
             sched.feed.dispatched(live)

@@ -191,17 +191,22 @@ class Scheduler:
         """Router progress on a lease. Raises KeyError for an unknown lease, ValueError for a bad kind.
         `requeue` releases the booking, re-enters the class (original enqueue_seq) and runs a
         dispatch pass whose records are returned."""
-        live = self.lease_table.lease(request_id, slot, generation)
+        live = self.lease_table.by_slot.get(slot)  # `LeaseTable.lease`, inlined (one call fewer per Update)
+        if live is None or live.generation != generation or live.spec.request_id != request_id:
+            raise KeyError(f"no lease ({request_id!r}, slot={slot}, generation={generation})")
         ledger = self.ledger
         if kind == "dispatched":
             ledger.dispatched(slot, generation)
-            self.feed.dispatched(live)
+            if live.tracked and not live.told_dispatched:
+                self.feed.dispatched(live)
         elif kind == "prefill_done":
-            if ledger.prefill_done(slot, generation):
-                self._capacity_changed(int(ledger.arrays.s_worker_row[slot]))
+            row = ledger.prefill_done_row(slot, generation)
+            if row >= 0:
+                self._capacity_changed(row)
         elif kind == "progress":
-            if ledger.set_output_tokens(slot, generation, output_tokens or 0):
-                self._capacity_changed(int(ledger.arrays.s_worker_row[slot]))
+            row = ledger.output_tokens_row(slot, generation, output_tokens or 0)
+            if row >= 0:
+                self._capacity_changed(row)
         elif kind == "requeue":
             return self._requeue(live, int(ledger.arrays.s_worker_row[slot]), now_us)
         else:
@@ -238,11 +243,12 @@ class Scheduler:
             slot, generation = live.slot, live.generation  # Release(request_id) with the defaults
         if live.state != LEASED or live.slot != slot or live.generation != generation:
             return
-        row = int(self.ledger.arrays.s_worker_row[slot])
-        self.ledger.release(slot, generation)
+        row = self.ledger.release_booking(slot, generation)  # one kernel call: refcounts, aggregates, slot
+        if row < 0:  # the booking was already gone (cannot happen while the lease is live)
+            row = int(self.ledger.arrays.s_worker_row[slot])
         self._capacity_changed(row)
         self.lease_table.drop(live, abort=outcome != "completed")
-        if outcome == "completed":
+        if outcome == "completed" and live.tracked:
             self.feed.completed(live, context_tokens)
 
     def cancel_owner(self, owner: int, now_us: int) -> None:
@@ -319,11 +325,25 @@ class Scheduler:
     def drain_cleanup(self, now_us: int) -> Outcomes:
         """Tell the policies about buffered releases, apply their MakeReady, then ONE dispatch pass;
         the containers that had removals are compacted (at most once each)."""
-        if self.feed.events or self.feed.cleanup_ids:
+        feed = self.feed
+        if feed.events:
             self._tell_policies(now_us)
-        out = self._dispatch(now_us) if self._dirty else []
-        self.pq.compact()
+        elif feed.cleanup_ids:  # nothing to tell: the released ids are reusable now
+            feed.cleanup_ids.clear()
+        out = []
+        if self._dirty:
+            if self._any_ready():
+                out = self.admitter.dispatch(now_us)
+            self._dirty = False
+        self.admitter.pq.compact()
         return out
+
+    def _any_ready(self) -> bool:
+        """Some class holds a ready entry (a dispatch pass with none admits nothing and changes nothing)."""
+        for cq in self.admitter.pq.classes:
+            if cq.n_waiting > len(cq.deferred):
+                return True
+        return False
 
     def _tell_policies(self, now_us: int) -> None:
         if tell_policies(self, now_us):
@@ -376,8 +396,10 @@ class Scheduler:
     def _capacity_changed(self, row: int) -> None:
         """A worker's load changed: its blocked lanes are checked again; a dispatch pass is due."""
         pq = self.admitter.pq
-        if any(cq.blocked_workers for cq in pq.classes):
-            pq.on_capacity_change(self.ledger.key_of(row))
+        for cq in pq.classes:
+            if cq.blocked_workers:
+                pq.on_capacity_change(self.ledger.key_of(row))
+                break
         self._dirty = True
 
     # ---- introspection (introspect.py) -------------------------------------------------------

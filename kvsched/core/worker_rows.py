@@ -139,9 +139,20 @@ class WorkerRows:
     def has_flag(self, row: int, flag: int) -> bool:
         return bool(self.arrays.w_flags[row] & flag)
 
+    @property
+    def overload(self) -> OverloadConfig:
+        """The overload thresholds; assigning them also sets `overload_rules`."""
+        return self._overload
+
+    @overload.setter
+    def overload(self, overload: OverloadConfig) -> None:
+        self._overload = overload
+        self.overload_rules = overload.overload_active_blocks_frac is not None or overload.overload_prefill_tokens is not None
+
     def overload_enabled(self) -> bool:
-        """True when an overload threshold is set (only then do load changes re-check the flag)."""
-        return self.overload.overload_active_blocks_frac is not None or self.overload.overload_prefill_tokens is not None
+        """True when an overload threshold is set (only then do load changes re-check the flag);
+        the same as the attribute `overload_rules`, which the per-event paths read."""
+        return self.overload_rules
 
     def update_overload(self, row: int) -> bool:
         """Recompute `row`'s overloaded flag from its CURRENT load (docs/DESIGN.md §4.2); returns the flag."""

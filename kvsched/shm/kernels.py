@@ -265,7 +265,7 @@ _PREFILL_DONE_FLAG = np.uint64(STATE_PREFILL_DONE)
 
 
 @njit(cache=True, nogil=True)
-def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts):
+def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts, out_rows):
     """Fold both words of each slot (state word, then progress word) into the slots and aggregates.
 
     The state word (generation << 32 | flags; bit 0 dispatched, bit 1 prefill_done, which implies
@@ -285,7 +285,10 @@ def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_wo
         block_size: tokens per block.
         out_dispatched: int64[S], written: slots whose dispatched flag appeared in this call, first
             `out_counts[1]` entries (the caller tells the admission policy).
-        out_counts: int64[2], written: [slots whose load changed, slots newly dispatched].
+        out_counts: int64[3], written: [slots whose load changed, slots newly dispatched, rows
+            whose `w_active_blocks` or `w_active_prefill` changed].
+        out_rows: int64[W], written: the rows whose aggregates changed, ascending, first
+            `out_counts[2]` entries (the caller re-checks only their blocked lanes).
     Returns:
         int: slots whose load changed (prefill freed or output tokens moved).
     Source: docs/PROTOCOL.md, "Shared memory" (the state word) and the `Update` frame's kinds.
@@ -293,6 +296,7 @@ def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_wo
     n_rows = w_active_blocks.shape[0]
     changed = 0
     k = 0
+    out_rows[:] = 0  # per-row marks first, compacted into the ascending row list at the end
     for s in range(n_slots):
         st = s_state[s]
         if st == SLOT_FREE:
@@ -314,16 +318,27 @@ def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_wo
                     s_state[s] = SLOT_DISPATCHED
                     st = SLOT_DISPATCHED
                 if (sw & _PREFILL_DONE_FLAG) != 0 and st < SLOT_PREFILL_DONE:
+                    if s_prefill[s] != 0:
+                        out_rows[row] = 1
                     w_active_prefill[row] -= s_prefill[s]
                     s_prefill[s] = 0
                     s_state[s] = SLOT_PREFILL_DONE
                     changed += 1
         pw = progress[s]
         if (pw >> _S32) == gen:
+            blocks, prefill = w_active_blocks[row], w_active_prefill[row]
             if apply_output_tokens(s, np.int64(pw & _LOW32), s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
                 changed += 1
+                if w_active_blocks[row] != blocks or w_active_prefill[row] != prefill:
+                    out_rows[row] = 1
+    n_changed_rows = 0
+    for w in range(n_rows):  # blocks only grow and prefill only shrinks here: a marked row changed
+        if out_rows[w] != 0:
+            out_rows[n_changed_rows] = w
+            n_changed_rows += 1
     out_counts[0] = changed
     out_counts[1] = k
+    out_counts[2] = n_changed_rows
     return changed
 
 
@@ -347,9 +362,11 @@ def warm_kernels() -> None:
         project_and_cost(a.w_active_blocks, a.w_active_prefill, elig, a.ref_keys, a.ref_counts, h, 5, 4, ob, 1.0, 1.0, ob_, op_, oc_)
     progress = np.zeros(2, np.uint64)
     fold_progress(progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
-    fold_words(2, progress, progress.copy(), progress.copy(), a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4, np.zeros(2, np.int64), np.zeros(2, np.int64))
+    fold_words(2, progress, progress.copy(), progress.copy(), a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4, np.zeros(2, np.int64), np.zeros(3, np.int64), np.zeros(2, np.int64))
     apply_output_tokens(0, 0, a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
     warm_overlap_kernels()
+    from .booking_kernels import warm_booking_kernels
     from .select_kernels import warm_select_kernels
 
+    warm_booking_kernels()
     warm_select_kernels()

@@ -3,8 +3,9 @@
 Naming: `numpy_twin.<kernel>` and `python_twin.<kernel>` have the kernel's name and signature and
 write the same outputs (property tests in tests/shm/test_kernels.py; ratios in bench/bench_kernels.py).
 Covered: mix64, ref_add, ref_remove, ref_live_count, ref_live_prefix, project_and_cost, apply_output_tokens,
-fold_progress, fold_words, overlap_depth, and (from reference_select.py) pairwise_sum, kv_cost_terms,
-count_busy, credit_rows. The numpy twins vectorise over workers/hashes/slots where the algorithm
+fold_progress, fold_words, overlap_depth, (from reference_select.py) pairwise_sum, kv_cost_terms,
+count_busy, credit_rows, and (from reference_booking.py) slot_dispatched, slot_prefill_done,
+slot_output_tokens, release_booking. The numpy twins vectorise over workers/hashes/slots where the algorithm
 allows; inserts and deletes in the open-addressing table are sequential by nature, so their numpy
 twins only vectorise each probe window.
 """
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import reference_booking as _booking
 from . import reference_select as _select
 from .kernels import MAX_PROBE
 from .layout import SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE
@@ -161,8 +163,9 @@ def _py_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_pr
     return changed
 
 
-def _py_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts) -> int:
+def _py_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts, out_rows) -> int:
     n_rows = w_active_blocks.shape[0]
+    before = [(int(w_active_blocks[w]), int(w_active_prefill[w])) for w in range(n_rows)]  # rows changed: compared after
     changed = k = 0
     for s in range(n_slots):
         st = int(s_state[s])
@@ -188,7 +191,9 @@ def _py_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, 
         pw = int(progress[s])
         if pw >> 32 == gen and _py_apply_output_tokens(s, pw & 0xFFFFFFFF, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
             changed += 1
-    out_counts[0], out_counts[1] = changed, k
+    moved = [w for w in range(n_rows) if (int(w_active_blocks[w]), int(w_active_prefill[w])) != before[w]]
+    out_rows[:len(moved)] = moved
+    out_counts[0], out_counts[1], out_counts[2] = changed, k, len(moved)
     return changed
 
 
@@ -342,8 +347,9 @@ def _np_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_pr
     return int(idx.size)
 
 
-def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts) -> int:
+def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts, out_rows) -> int:
     n = int(n_slots)
+    blocks_before, prefill_before = w_active_blocks.copy(), w_active_prefill.copy()
     st, rows, gen = s_state[:n], s_worker_row[:n], s_generation[:n].astype(np.uint64)
     ok = (st != SLOT_FREE) & (rows >= 0) & (rows < w_active_blocks.shape[0])
     sw, old = state[:n].copy(), seen_state[:n].copy()
@@ -374,7 +380,9 @@ def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, 
         s_prefill[first] = 0
         st[first] = np.maximum(st[first], SLOT_PREFILL_DONE)
     changed = int(done.size + idx.size)
-    out_counts[0], out_counts[1] = changed, newly.size
+    moved = np.flatnonzero((w_active_blocks != blocks_before) | (w_active_prefill != prefill_before))
+    out_rows[:moved.size] = moved
+    out_counts[0], out_counts[1], out_counts[2] = changed, newly.size, moved.size
     return changed
 
 
@@ -400,6 +408,7 @@ _NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "ref_live_prefix",
 
 python_twin = SimpleNamespace(**{name: globals()[f"_py_{name}"] for name in _NAMES})
 numpy_twin = SimpleNamespace(**{name: globals().get(f"_np_{name}", globals()[f"_py_{name}"]) for name in _NAMES})
-for _name in _select.NAMES:  # the selection kernels' twins (reference_select.py)
-    setattr(python_twin, _name, getattr(_select, f"_py_{_name}"))
-    setattr(numpy_twin, _name, getattr(_select, f"_np_{_name}"))
+for _mod in (_select, _booking):  # the selection and booking kernels' twins
+    for _name in _mod.NAMES:
+        setattr(python_twin, _name, getattr(_mod, f"_py_{_name}"))
+        setattr(numpy_twin, _name, getattr(_mod, f"_np_{_name}"))

@@ -288,16 +288,21 @@ def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
         sw = (words() & ~np.uint64(0xFFFFFFFF)) | rng.integers(0, 4, n_slots).astype(np.uint64)
         n = int(rng.integers(0, n_slots + 1))
         results = {}
+        before = (arrs["numba"][8].copy(), arrs["numba"][9].copy())  # w_active_blocks, w_active_prefill
         for name, impl in IMPLS.items():
             a = arrs[name]
-            out_d, counts = np.full(n_slots, -1, np.int64), np.zeros(2, np.int64)
-            changed = impl.fold_words(n, progress.copy(), sw.copy(), *a, bs, out_d, counts)
-            results[name] = (changed, counts.tolist(), sorted(out_d[:counts[1]].tolist()))
+            out_d, counts, out_r = np.full(n_slots, -1, np.int64), np.zeros(3, np.int64), np.full(n_rows, -1, np.int64)
+            changed = impl.fold_words(n, progress.copy(), sw.copy(), *a, bs, out_d, counts, out_r)
+            results[name] = (changed, counts.tolist(), sorted(out_d[:counts[1]].tolist()), out_r[:counts[2]].tolist())
         for name in ("numpy", "python"):
             assert results[name] == results["numba"], name
             for got, want in zip(arrs[name], arrs["numba"]):
                 assert np.array_equal(got, want), name
         assert results["numba"][1][0] == results["numba"][0]
+        # the changed rows are exactly the rows whose active blocks or prefill moved, ascending
+        a = arrs["numba"]
+        moved = np.flatnonzero((a[8] != before[0]) | (a[9] != before[1])).tolist()
+        assert results["numba"][3] == moved
     # slots past n, free slots and slots with a bad row keep their output tokens from the last fold
     a = arrs["numba"]
     skipped = (state == 0) | (rows < 0) | (rows >= n_rows)
