@@ -6,8 +6,9 @@ records (`Admit`, `Reject`) that the actor turns into frames, log lines and metr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from ..protocol import WorkerKey  # noqa: F401  (defined on the ground floor; re-exported for the core)
@@ -21,9 +22,12 @@ EMPTY_HASHES = np.zeros(0, dtype=np.uint64)
 DAEMON_OWNER = 0
 
 
-@dataclass(slots=True)
-class RequestSpec:
+class RequestSpec(msgspec.Struct, gc=False):
     """A request as the scheduler sees it (from one `Enqueue` frame).
+
+    A mutable `msgspec.Struct` (not a dataclass): built once per Enqueue, it costs ~4x less to
+    construct. Fields are positional or keyword, in this order; never encoded. `gc=False`: a spec
+    refers to no object that could refer back to it, so it can never be part of a reference cycle.
 
     Attributes:
         request_id: unique among live requests of one daemon (<= 128 UTF-8 bytes).
@@ -46,7 +50,7 @@ class RequestSpec:
 
     request_id: str
     isl_tokens: int
-    block_hashes: np.ndarray = field(default_factory=lambda: EMPTY_HASHES)
+    block_hashes: np.ndarray = EMPTY_HASHES  # the shared zero-length default
     policy_class: str = ""
     priority: int = 0
     strict_priority: int = 0
