@@ -1,0 +1,177 @@
+"""Per-call split of the in-process lifecycle of `bench_core.py`: thread CPU µs of each call.
+
+Remote-router lifecycle (`bench_core.run_lifecycles`, approximate index, 8 leases in flight): the
+`RequestSpec` build (with its id string), `enqueue`, `update(dispatched)`, `update(prefill_done)`,
+`release` and `drain_cleanup`, each timed on its own. Local-router lifecycle (the ledger given
+private progress / state words, as the daemon maps them): after the router's `dispatched` store one
+`fold_words` + `drain_cleanup`, after its `prefill_done` store the same, then one fold that finds
+nothing (the actor folds on every wake). Every figure includes one pair of `time.thread_time_ns`
+reads (~0.5 µs here); best of `--repeats` runs of `--n` lifecycles after 2,000 warm-up ones.
+
+With `--baseline REV` the `kvsched/` package of git revision REV runs in a subprocess, alternating
+with this tree for `--rounds` rounds (the machine is shared: compare figures of one run only).
+
+Usage: python bench/bench_core_split.py [--baseline main] [--n 3000] [--repeats 3] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(1, str(HERE))
+
+import numpy as np  # noqa: E402
+
+import bench_core as bc  # noqa: E402  (puts this tree first on sys.path unless KVSCHED_BENCH_CORE_SRC is set)
+
+CALLS = ("spec", "enqueue", "update_dispatched", "update_prefill_done", "release", "drain_cleanup")
+FOLDS = ("fold_drain_dispatched", "fold_drain_prefill_done", "fold_idle")
+
+
+def remote(sched, hashes, n: int, window: int, start: int, clock: list[int], acc: list[int]) -> None:
+    """`bench_core.run_lifecycles` with each call timed into `acc` (ns, in `CALLS` order)."""
+    from kvsched.core.types import RequestSpec
+
+    tt, held, t = time.thread_time_ns, [], clock[0]
+    for i in range(start, start + n):
+        t += 50
+        t0 = tt()
+        spec = RequestSpec(request_id=f"r{i}", isl_tokens=bc.ISL, block_hashes=hashes[i % bc.N_SEQUENCES], owner=1)
+        t1 = tt()
+        a = sched.enqueue(spec, t)[0]
+        t2 = tt()
+        sched.update(a.request_id, a.slot, a.generation, "dispatched", None, t)
+        t3 = tt()
+        sched.update(a.request_id, a.slot, a.generation, "prefill_done", None, t)
+        t4 = tt()
+        held.append(a)
+        r0 = r1 = 0
+        if len(held) > window - 1:
+            old = held.pop(0)
+            r0 = tt()
+            sched.release(old.request_id, old.slot, old.generation, "completed", bc.ISL + 1, t)
+            r1 = tt()
+        t5 = tt()
+        sched.drain_cleanup(t)
+        t6 = tt()
+        for k, d in enumerate((t1 - t0, t2 - t1, t3 - t2, t4 - t3, r1 - r0, t6 - t5)):
+            acc[k] += d
+    for old in held:
+        sched.release(old.request_id, old.slot, old.generation, "completed", bc.ISL + 1, t)
+    sched.drain_cleanup(t)
+    clock[0] = t
+
+
+def local(sched, state, hashes, n: int, window: int, start: int, clock: list[int], acc: list[int]) -> None:
+    """Local-router lifecycles: state-word stores folded by `fold_words`; folds timed into `acc`."""
+    from kvsched.core.types import RequestSpec
+    from kvsched.shm.words import STATE_DISPATCHED, STATE_PREFILL_DONE, write_state
+
+    tt, held, t = time.thread_time_ns, [], clock[0]
+    for i in range(start, start + n):
+        t += 50
+        a = sched.enqueue(RequestSpec(request_id=f"r{i}", isl_tokens=bc.ISL,
+                                      block_hashes=hashes[i % bc.N_SEQUENCES], owner=1), t)[0]
+        write_state(state, a.slot, a.generation, STATE_DISPATCHED)
+        t0 = tt()
+        sched.fold_words()
+        sched.drain_cleanup(t)
+        t1 = tt()
+        write_state(state, a.slot, a.generation, STATE_PREFILL_DONE)
+        t2 = tt()
+        sched.fold_words()
+        sched.drain_cleanup(t)
+        t3 = tt()
+        sched.fold_words()
+        t4 = tt()
+        acc[0] += t1 - t0
+        acc[1] += t3 - t2
+        acc[2] += t4 - t3
+        held.append(a)
+        if len(held) > window - 1:
+            old = held.pop(0)
+            sched.release(old.request_id, old.slot, old.generation, "completed", bc.ISL + 1, t)
+        sched.drain_cleanup(t)
+    for old in held:
+        sched.release(old.request_id, old.slot, old.generation, "completed", bc.ISL + 1, t)
+    sched.drain_cleanup(t)
+    clock[0] = t
+
+
+def _best(run, n: int, repeats: int, k: int) -> list[float]:
+    run(2000, 0, [0] * k)  # warm-up
+    best, start = None, 2000
+    for _ in range(repeats):
+        acc = [0] * k
+        run(n, start, acc)
+        start += n
+        row = [x / n / 1000 for x in acc]
+        best = row if best is None else [min(a, b) for a, b in zip(best, row)]
+    return [round(x, 2) for x in best]
+
+
+def measure(n: int, repeats: int, window: int = 8) -> dict:
+    """Best-of-`repeats` µs per call, remote and local lifecycles."""
+    from kvsched.core.create import create_scheduler
+    from kvsched.core.ledger import Ledger
+    from kvsched.shm.layout import LedgerArrays
+
+    hashes = bc.make_hashes(np.random.default_rng(0))
+    sched, clock = bc.build("approx"), [1_000_000]
+    calls = _best(lambda n_, s_, acc: remote(sched, hashes, n_, window, s_, clock, acc), n, repeats, len(CALLS))
+    cfg = bc.make_config()
+    d = cfg.daemon
+    arrays = LedgerArrays.private(d.max_workers, d.max_slots, d.max_blocks_per_request, None, d.block_size)
+    state = np.zeros(d.max_slots, np.uint64)
+    ledger = Ledger(arrays, progress=np.zeros(d.max_slots, np.uint64), overload=cfg.overload, state=state)
+    lsched, clock = create_scheduler(cfg, ledger=ledger), [1_000_000]
+    lsched.set_max_waiting_share(1.0)
+    folds = _best(lambda n_, s_, acc: local(lsched, state, hashes, n_, window, s_, clock, acc), n, repeats, len(FOLDS))
+    return dict(zip(CALLS + FOLDS, calls + folds))
+
+
+def _baseline(rev: str, n: int, repeats: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kvsched-split-base-") as tmp:
+        archive = subprocess.run(["git", "-C", str(HERE.parent), "archive", rev, "kvsched"], check=True,
+                                 capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(tmp, filter="data")
+        env = dict(os.environ, PYTHONPATH=tmp, KVSCHED_BENCH_CORE_SRC=tmp, NUMBA_CACHE_DIR=str(Path(tmp) / ".nb"))
+        out = subprocess.run([sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats)],
+                             check=True, capture_output=True, text=True, env=env, cwd=tmp)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", metavar="REV", help="also measure the kvsched package of this git revision")
+    ap.add_argument("--n", type=int, default=3000, help="lifecycles per repeat")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats, best kept")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating baseline / this-tree rounds")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:
+        print(json.dumps(measure(args.n, args.repeats)))
+        return
+    print(f"thread CPU µs per call (best of {args.repeats} x {args.n}; each figure includes ~0.5 µs of clock reads)")
+    names = CALLS + FOLDS
+    print(f"{'':>9} " + " ".join(f"{k[:12]:>12}" for k in names))
+    for _ in range(args.rounds):
+        rows = ([(args.baseline, _baseline(args.baseline, args.n, args.repeats))] if args.baseline else []) + \
+               [("this tree", measure(args.n, args.repeats))]
+        for label, r in rows:
+            print(f"{label[:9]:>9} " + " ".join(f"{r[k]:>12.2f}" for k in names))
+
+
+if __name__ == "__main__":
+    main()
