@@ -5,7 +5,9 @@ Remote-router lifecycle (`bench_core.run_lifecycles`, approximate index, 8 lease
 `release` and `drain_cleanup`, each timed on its own. Local-router lifecycle (the ledger given
 private progress / state words, as the daemon maps them): after the router's `dispatched` store one
 `fold_words` + `drain_cleanup`, after its `prefill_done` store the same, then one fold that finds
-nothing (the actor folds on every wake). Every figure includes one pair of `time.thread_time_ns`
+nothing (the actor folds on every wake). Daemon frames: the same remote lifecycle as decoded frames
+through `daemon.translate.Translator.handle` (Enqueue, Update x2, Release) and the wake's
+`drain_cleanup` + delivery; no sockets, no decoding. Every figure includes one pair of `time.thread_time_ns`
 reads (~0.5 µs here); best of `--repeats` runs of `--n` lifecycles after 2,000 warm-up ones.
 
 With `--baseline REV` the `kvsched/` package of git revision REV runs in a subprocess, alternating
@@ -36,6 +38,7 @@ import bench_core as bc  # noqa: E402  (puts this tree first on sys.path unless 
 
 CALLS = ("spec", "enqueue", "update_dispatched", "update_prefill_done", "release", "drain_cleanup")
 FOLDS = ("fold_drain_dispatched", "fold_drain_prefill_done", "fold_idle")
+FRAMES = ("frame_enqueue", "frame_dispatched", "frame_prefill_done", "frame_release", "frame_drain")
 
 
 def remote(sched, hashes, n: int, window: int, start: int, clock: list[int], acc: list[int]) -> None:
@@ -108,6 +111,59 @@ def local(sched, state, hashes, n: int, window: int, start: int, clock: list[int
     clock[0] = t
 
 
+def frames(tr, conn, sent, blobs, n: int, window: int, start: int, clock: list[int], acc: list[int]) -> None:
+    """The daemon's per-frame path (`Translator.handle`, no sockets, no decoding): Enqueue, two
+    Updates and a Release from a remote router, and the wake's `drain_cleanup` delivered; timed into
+    `acc` (ns, in `FRAMES` order)."""
+    from kvsched import protocol as p
+
+    tt, held, t = time.thread_time_ns, [], clock[0]
+    for i in range(start, start + n):
+        t += 50
+        enq = p.Enqueue(f"r{i}", bc.ISL, blobs[i % bc.N_SEQUENCES])
+        t0 = tt()
+        tr.handle(conn, enq, t)
+        t1 = tt()
+        a = sent[-1]
+        u1, u2 = p.Update(a.request_id, a.slot, a.generation, "dispatched"), p.Update(a.request_id, a.slot, a.generation, "prefill_done")
+        t2 = tt()
+        tr.handle(conn, u1, t)
+        t3 = tt()
+        tr.handle(conn, u2, t)
+        t4 = tt()
+        held.append(a)
+        r0 = r1 = 0
+        if len(held) > window - 1:
+            old = held.pop(0)
+            rel = p.Release(old.request_id, old.slot, old.generation, "completed", bc.ISL + 1)
+            r0 = tt()
+            tr.handle(conn, rel, t)
+            r1 = tt()
+        t5 = tt()
+        tr.deliver(tr.scheduler.drain_cleanup(t), t)
+        t6 = tt()
+        sent.clear()
+        for k, d in enumerate((t1 - t0, t3 - t2, t4 - t3, r1 - r0, t6 - t5)):
+            acc[k] += d
+    for old in held:
+        tr.handle(conn, p.Release(old.request_id, old.slot, old.generation, "completed", bc.ISL + 1), t)
+    tr.deliver(tr.scheduler.drain_cleanup(t), t)
+    tr.tally.flush()
+    clock[0] = t
+
+
+def _translator(sched):
+    from kvsched.config import DaemonConfig
+    from kvsched.daemon.connections import ConnectionTable
+    from kvsched.daemon.metrics import Metrics
+    from kvsched.daemon.translate import Translator, WakeTally
+
+    conns, sent = ConnectionTable(10**12), []
+    tr = Translator(sched, conns, lambda c, f, a=None: sent.append(f) or True, lambda *a, **k: None,
+                    WakeTally(Metrics()), DaemonConfig(), {})
+    return tr, conns.open(b"router", 0), sent
+
+
 def _best(run, n: int, repeats: int, k: int) -> list[float]:
     run(2000, 0, [0] * k)  # warm-up
     best, start = None, 2000
@@ -137,7 +193,10 @@ def measure(n: int, repeats: int, window: int = 8) -> dict:
     lsched, clock = create_scheduler(cfg, ledger=ledger), [1_000_000]
     lsched.set_max_waiting_share(1.0)
     folds = _best(lambda n_, s_, acc: local(lsched, state, hashes, n_, window, s_, clock, acc), n, repeats, len(FOLDS))
-    return dict(zip(CALLS + FOLDS, calls + folds))
+    tr, conn, sent = _translator(bc.build("approx"))
+    blobs, clock = [h.tobytes() for h in hashes], [1_000_000]
+    frm = _best(lambda n_, s_, acc: frames(tr, conn, sent, blobs, n_, window, s_, clock, acc), n, repeats, len(FRAMES))
+    return dict(zip(CALLS + FOLDS + FRAMES, calls + folds + frm))
 
 
 def _baseline(rev: str, n: int, repeats: int) -> dict:
@@ -164,13 +223,14 @@ def main() -> None:
         print(json.dumps(measure(args.n, args.repeats)))
         return
     print(f"thread CPU µs per call (best of {args.repeats} x {args.n}; each figure includes ~0.5 µs of clock reads)")
-    names = CALLS + FOLDS
-    print(f"{'':>9} " + " ".join(f"{k[:12]:>12}" for k in names))
+    names = CALLS + FOLDS + FRAMES
+    results = []
     for _ in range(args.rounds):
-        rows = ([(args.baseline, _baseline(args.baseline, args.n, args.repeats))] if args.baseline else []) + \
-               [("this tree", measure(args.n, args.repeats))]
-        for label, r in rows:
-            print(f"{label[:9]:>9} " + " ".join(f"{r[k]:>12.2f}" for k in names))
+        results += ([(args.baseline, _baseline(args.baseline, args.n, args.repeats))] if args.baseline else []) + \
+                   [("this tree", measure(args.n, args.repeats))]
+    print(f"{'call':<24}" + "".join(f"{label[:10]:>11}" for label, _ in results))
+    for k in names:
+        print(f"{k:<24}" + "".join(f"{r[k]:>11.2f}" for _, r in results))
 
 
 if __name__ == "__main__":
