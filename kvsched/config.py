@@ -113,6 +113,13 @@ class SelectorConfig(Section):
     # the interference term may raise a worker's cost at most this many x the request's own full-prompt
     # prefill cost above the eligible worker with the least interference (0 = no cap)
     interference_cap_prompts: Annotated[float, Meta(ge=0)] = 0.1
+    # predicted seconds (docs/ROUTING.md; both 0 = off): the lead wins while the predicted TTFT on its worker
+    # is within this many s of the best other worker's ...
+    lead_max_extra_ttft_s: Annotated[float, Meta(ge=0)] = 0.0
+    # ... and/or the prefill term is the predicted TTFT in µs / this reference µs per token
+    prefill_seconds_ref_us: Annotated[float, Meta(ge=0)] = 0.0
+    prefill_us_per_token: Annotated[float, Meta(gt=0)] = 30.0  # prefill cost model: µs per token ...
+    prefill_attn_us_per_token_ktoken: Annotated[float, Meta(ge=0)] = 1.33  # ... + this per 1,000 tokens of context
     # dynamo_cost (NVIDIA Dynamo's kv-router cost, its defaults)
     prefill_load_scale: Annotated[float, Meta(ge=0)] = 1.0  # weight of the prefill term
     overlap_credit: Annotated[float, Meta(ge=0)] = 1.0  # blocks of credit per overlapping block

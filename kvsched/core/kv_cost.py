@@ -43,6 +43,7 @@ import numpy as np
 
 from ..config import SelectorConfig
 from ..shm.select_kernels import KV_TERMS, kv_cost_terms
+from .prefill_time import PrefillTimeModel
 from .selector import DynamoCostSelector, SelectionView, TermTable
 
 
@@ -60,7 +61,9 @@ class KvSelector(DynamoCostSelector):
                  lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0,
                  lead_max_wait_steps: float = 10.0, lead_max_wait_per_lead: float = 3.0, recent_weight: float = 1.0,
                  recent_half_life_s: float = 30.0, interference_weight: float = 1.0,
-                 interference_cap_prompts: float = 0.1, lead_release_requests_ratio: float = 2.0) -> None:
+                 interference_cap_prompts: float = 0.1, lead_release_requests_ratio: float = 2.0,
+                 lead_max_extra_ttft_s: float = 0.0, prefill_seconds_ref_us: float = 0.0,
+                 prefill_us_per_token: float = 30.0, prefill_attn_us_per_token_ktoken: float = 1.33) -> None:
         super().__init__(temperature, seed)
         self.prefill_weight = float(prefill_weight)
         self.active_blocks_weight = float(active_blocks_weight)
@@ -75,6 +78,12 @@ class KvSelector(DynamoCostSelector):
         self.interference_weight = float(interference_weight)
         self.interference_cap_prompts = float(interference_cap_prompts)
         self.lead_release_requests_ratio = float(lead_release_requests_ratio)
+        self.lead_max_extra_ttft_s = float(lead_max_extra_ttft_s)
+        self.prefill_seconds_ref_us = float(prefill_seconds_ref_us)
+        # the predicted-seconds model (module prefill_time), only when a key that reads it is on
+        self.ttft_model = (PrefillTimeModel(prefill_us_per_token, prefill_attn_us_per_token_ktoken)
+                           if self.lead_max_extra_ttft_s > 0.0 or self.prefill_seconds_ref_us > 0.0 else None)
+        self._last_isl = 0  # the last decision's prompt tokens (its `admitted` follows)
         self.recent = np.zeros(0, np.float64)
         self.recent_at_us = 0
         self._total = np.zeros(0)  # scratch of select_explained (float64[W])
@@ -92,7 +101,10 @@ class KvSelector(DynamoCostSelector):
                    recent_weight=cfg.recent_weight, recent_half_life_s=cfg.recent_half_life_s,
                    interference_weight=cfg.interference_weight,
                    interference_cap_prompts=cfg.interference_cap_prompts,
-                   lead_release_requests_ratio=cfg.lead_release_requests_ratio)
+                   lead_release_requests_ratio=cfg.lead_release_requests_ratio,
+                   lead_max_extra_ttft_s=cfg.lead_max_extra_ttft_s, prefill_seconds_ref_us=cfg.prefill_seconds_ref_us,
+                   prefill_us_per_token=cfg.prefill_us_per_token,
+                   prefill_attn_us_per_token_ktoken=cfg.prefill_attn_us_per_token_ktoken)
 
     # ---- terms (pure) ----------------------------------------------------------------------------
     def _decay(self, now_us: int) -> float:
@@ -117,7 +129,11 @@ class KvSelector(DynamoCostSelector):
         if rows.size == 0:
             return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent,
                     "interference": interference}
-        prefill[rows] = view.prefill_tokens[rows] * (self.prefill_weight * inv_bs)
+        ttft = self.ttft_model.predicted_ttft_us(view) if self.ttft_model is not None else None
+        if self.prefill_seconds_ref_us > 0.0:  # predicted µs as tokens at the reference rate
+            prefill[rows] = ttft[rows] / self.prefill_seconds_ref_us * (self.prefill_weight * inv_bs)
+        else:
+            prefill[rows] = view.prefill_tokens[rows] * (self.prefill_weight * inv_bs)
         if self.active_blocks_weight:
             active[rows] = view.blocks[rows] * self.active_blocks_weight
         if self.interference_weight and active_requests is not None:  # own uncached prefill x requests it slows
@@ -146,6 +162,13 @@ class KvSelector(DynamoCostSelector):
                 if first > second and not self._saturated(top, rt, rows, view, active_requests):
                     gap = float(first - max(0, second))
                     bonus = self.lead_bonus * min(gap, self.lead_cap_blocks)
+                    others = rows[rows != top]
+                    if self.lead_max_extra_ttft_s > 0.0 and others.size and (
+                            ttft[top] <= ttft[others].min() + self.lead_max_extra_ttft_s * 1e6):
+                        base = prefill + active + recent + interference  # the lead row wins by `bonus`
+                        lead[top] = -(max(0.0, base[top] - base[others].min()) + bonus)
+                        return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent,
+                                "interference": interference}
                     if self.lead_max_wait_steps > 0.0:  # at most this much extra queued prefill for affinity
                         wait_blocks = max(self.lead_max_wait_steps * float(view.max_batched_tokens[top]) * inv_bs,
                                           self.lead_max_wait_per_lead * gap)
@@ -185,6 +208,9 @@ class KvSelector(DynamoCostSelector):
         the kernel sums in numpy's order, the array code (`terms`) decides."""
         if view is None:
             return super().select(costs, eligible, active_requests), None
+        self._last_isl = int(view.isl_tokens)
+        if self.ttft_model is not None:  # the predicted-seconds keys: computed by the array code only
+            return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
         if overlap_blocks is None or active_requests.dtype != np.int64 or view.prefill_tokens.dtype != np.int64:
             return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
         n = eligible.shape[0]
@@ -222,7 +248,11 @@ class KvSelector(DynamoCostSelector):
 
     # ---- learning (after admission) -------------------------------------------------------------
     def admitted(self, row: int, uncached_tokens: int, now_us: int) -> None:
-        """Add `uncached_tokens` to `row`'s decayed recent work (decaying every row to `now_us` first)."""
+        """Add `uncached_tokens` to `row`'s decayed recent work (decaying every row to `now_us` first),
+        and the booking to the predicted-seconds model's FIFO when it is on (with the prompt length of
+        the last decision, which this admission follows)."""
+        if self.ttft_model is not None:
+            self.ttft_model.admitted(row, uncached_tokens, self._last_isl)
         if self.recent_weight <= 0.0:
             return
         if self.recent.size <= row:
