@@ -33,6 +33,12 @@ goes where it slows the fewest. Its cap bounds what the term may spend: it can o
 whose other terms are within c prompt prefills of the best, so it cannot pull a request whose prompt
 is cached on one busy row onto that row against the queue (the Azure failure of the uncapped term,
 docs/ROUTING.md).
+
+Opt-in, off by default (docs/ROUTING.md, "Predicted seconds"): with `lead_max_extra_ttft_s` > 0 the lead
+row wins outright while its predicted TTFT (`prefill_time.PrefillTimeModel`: queued prefill + own
+uncached prefill, priced with the attention term) is within that many seconds of the best other row's;
+with `prefill_seconds_ref_us` > 0 the prefill term is that predicted TTFT / the reference µs per token.
+Either key makes the numpy `terms` decide (the kernel does not compute them).
 """
 
 from __future__ import annotations
@@ -116,7 +122,8 @@ class KvSelector(DynamoCostSelector):
         """float64[W] per term (module docstring); ineligible rows: +inf in "prefill", 0 elsewhere. Pure.
 
         `active_requests` (int64[W], live bookings per row) feeds "interference"; None (the dispatcher's
-        explain path for a pinned request) leaves that term 0.
+        explain path for a pinned request) leaves that term 0. With the predicted-seconds keys on, the
+        model drops the bookings whose prefill the view shows done (same result on a repeated call).
         """
         n = eligible.shape[0]
         rows = np.flatnonzero(eligible)
