@@ -12,21 +12,31 @@ forever. A worker is *placeable* for a request when it is registered, not draine
 request's pin and allowed set; *eligible* when placeable and not overloaded. The cost snapshot uses
 the best placeable worker (docs/PROTOCOL.md "Scheduling contracts").
 
-Scratch arrays (eligible rows, placeable rows, the selection view) are allocated once; the decision
-path allocates only what it keeps (the lease's records and the explain ring's copies).
+Scratch arrays (eligible rows, placeable rows, the selection view, the explain ring) are allocated
+once; the decision path allocates only what it keeps (the lease's records, one explain tuple).
+
+`admit_fast` is the immediate path of the default configuration in one kernel call
+(`shm.admit_kernels.admit_kv`: overlap → busy rule → cost snapshot → projection → kv terms and
+argmin → booking → overlap record → recent work). It decides exactly as `admit_one` does: the
+kernel composes the same kernels `admit_one` calls, and whenever the decision is not a unique
+finite minimum (ties draw from the selector's RNG), the class is busy, or anything else the kernel
+does not cover applies, it books nothing and the caller takes the Python path.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 from ..config import ClassConfig
+from ..shm.admit_kernels import OUT_CACHED, OUT_GENERATION, OUT_EVICTED, OUT_LEN, OUT_OVERLAP, OUT_SNAPSHOT, P, UNDECIDED, admit_kv, pack_kv_params
 from ..shm.layout import FLAG_DRAINED
+from ..shm.overlap import INT64_MAX, OverlapIndex
 from ..shm.select_kernels import count_busy
 from .admission import FleetView
+from .explain_ring import ExplainRing
+from .kv_cost import KvSelector
 from .leases import LEASED, READY, Live
+from .ordering import QueueEntry
 from .selector import SelectionView
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
 
@@ -43,22 +53,23 @@ class Admitter:
         selector_cfg: the `[selector]` table (prefill_load_scale, overlap_credit).
     Attributes:
         decisions_total: every Admit and Reject produced (`reject` counts the rejections).
-        explain: ring of the last `EXPLAIN_RING` admissions: (request_id, row, now_us, eligible,
-            depth, blocks, prefill, costs or None, worker ids, dp ranks, present, terms), arrays
-            copied (worker ids / ranks / present copies are shared between decisions while the
-            worker table is unchanged; costs are kept only when there are no terms, whose sum is the cost).
+        explain: `ExplainRing` of the last `EXPLAIN_RING` admissions (worker ids / ranks / present
+            copies are shared between decisions while the worker table is unchanged; costs are kept
+            only when there are no terms, whose sum is the cost).
+        fused: True when `admit_fast` may decide (the `kv` selector at temperature 0 over an
+            `OverlapIndex`); False sends every request through `admit_one`.
     """
 
     def __init__(self, ledger, view, selector, leases, pq, selector_cfg) -> None:
         self.ledger, self.view, self.selector, self.leases, self.pq = ledger, view, selector, leases, pq
-        self.selector_cfg = selector_cfg
+        self._selector_cfg = selector_cfg
         w = ledger.arrays.max_workers
         self.elig = ledger.elig_cache  # eligible rows of the last eligible_mask call (memo hits copy nothing)
         self.placeable = np.zeros(w, np.bool_)  # placeable rows of the last `placeable_mask`
         self._placeable_key: tuple | None = None
         self._placeable_n = 0
         self._placeable_rows: list[int] | None = None  # placeable rows, None when every row is
-        self.explain: deque[tuple] = deque(maxlen=EXPLAIN_RING)
+        self.explain = ExplainRing(EXPLAIN_RING, w)
         self._ids_key: int | None = None
         self._ids: tuple = ()
         self.decisions_total = 0
@@ -66,6 +77,23 @@ class Admitter:
         self._view = SelectionView(ledger._out_prefill, ledger._out_blocks, a.w_active_prefill,  # noqa: SLF001
                                    a.w_active_blocks, a.w_total_kv_blocks, a.w_max_batched_tokens, 0,
                                    ledger.block_size, 0)
+        self.fused = (type(selector) is KvSelector and selector.temperature <= 0.0
+                      and isinstance(view.approx, OverlapIndex))
+        if self.fused:
+            selector.reserve_rows(w)
+        self._params: dict[int, tuple] = {}  # class index -> (ClassConfig, admit_kv params)
+        self._scratch = np.zeros((4, w), np.float64)
+        self._out = np.zeros(OUT_LEN, np.int64)
+
+    @property
+    def selector_cfg(self):  # noqa: ANN201 - the [selector] table
+        """The `[selector]` table (a profile reload assigns it; the kernel parameters follow)."""
+        return self._selector_cfg
+
+    @selector_cfg.setter
+    def selector_cfg(self, cfg) -> None:  # noqa: ANN001
+        self._selector_cfg = cfg
+        self._params = {}
 
     # ---- busy / eligibility (current load) ---------------------------------------------------
     def busy_rows(self, cls: ClassConfig) -> np.ndarray | None:
@@ -223,11 +251,88 @@ class Admitter:
         if terms is None:  # pinned, or a selector that does not compute terms on the way: before `admitted`
             terms = self.selector.terms(costs, self.elig, depth, view)
         self.selector.admitted(row, spec.isl_tokens - cached, now_us)
-        self.explain.append((spec.request_id, row, now_us, self.elig.copy(), depth.copy(), blocks.copy(),
-                             prefill.copy(), None if terms else costs.copy(), *self._fleet_ids(), terms))
+        self.explain.add(spec.request_id, row, now_us, self.elig, depth, blocks, prefill, costs, self._fleet_ids(), terms)
         self.decisions_total += 1
         return Admit(spec.request_id, spec.owner, ledger.key_of(row), live.slot, live.generation,
                      overlap_blocks, cached, max(0, now_us - entry.arrival_us), cls_name)
+
+    # ---- the fused immediate path ------------------------------------------------------------
+    def _params_of(self, cq) -> np.ndarray:  # noqa: ANN001 - a PolicyClassQueue
+        """`admit_kv`'s params for class `cq` (rebuilt when its config or the `[selector]` table changes)."""
+        got = self._params.get(cq.index)
+        if got is None or got[0] is not cq.config:
+            p = pack_kv_params(self.selector, self._selector_cfg, cq.config)
+            p[P["inv_bs"]] = 1.0 / float(self.ledger.block_size)
+            got = self._params[cq.index] = (cq.config, p)
+        return got[1]
+
+    def admit_fast(self, spec: RequestSpec, cq, seq, now_us: int) -> Admit | None:  # noqa: ANN001
+        """Admit `spec` at once with one `admit_kv` kernel call, or None: nothing changed, the caller
+        decides by the Python path (module docstring).
+
+        The caller has checked: `fused`, `eligible_mask` > 0 into `elig`, an unpinned request, a class
+        (`cq`) without an admission policy and without a ready backlog. `seq` is the enqueue_seq
+        counter (drawn only when the request is admitted).
+        """
+        hashes = spec.block_hashes
+        if hashes.dtype != np.uint64 or not self.leases.owner_alive(spec.owner):
+            return None
+        ledger, view, sel, ring = self.ledger, self.view, self.selector, self.explain
+        try:
+            got = ledger.take_slot(spec.request_id)
+        except ValueError:  # the Python path raises it
+            return None
+        if got is None:  # slot table full: the Python path rejects
+            return None
+        slot = got[0]
+        self.placeable_mask(None, spec.allowed_workers)
+        own_depth = view.approx_only()
+        if not own_depth:
+            view.depth(hashes, now_us)
+        approx, a, out, ri = view.approx, ledger.arrays, self._out, ring.head
+        recent_at = sel.recent_at_us
+        row = admit_kv(hashes, spec.isl_tokens, now_us, slot, -1 if spec.expected_osl is None else spec.expected_osl,
+                       cq.index, now_us, spec.owner, ledger.block_size, ledger._stride,  # noqa: SLF001
+                       min(now_us + view.ttl_us, INT64_MAX - 1), sel._decay(now_us),  # noqa: SLF001
+                       1 if now_us > recent_at else 0, 0 if own_depth else 1, self.elig, self.placeable,
+                       self._params_of(cq), approx.keys, approx.used, approx.perm, approx.ttlm, approx.ttl_exp,
+                       approx._scratch, view.depth_out, a.w_generation, a.w_active_blocks,  # noqa: SLF001
+                       a.w_active_prefill, a.w_active_requests, a.w_max_batched_tokens, a.ref_keys, a.ref_counts,
+                       a.arena, a.s_state, a.s_generation, a.s_worker_row, a.s_worker_generation, a.s_isl, a.s_cached,
+                       a.s_prefill, a.s_expected_osl, a.s_output_tokens, a.s_extra_blocks, a.s_class, a.s_enqueue_us,
+                       a.s_admit_us, a.s_arena_off, a.s_arena_len, a.s_owner_pid, sel.recent, self._scratch, ri,
+                       ring.elig, ring.depth, ring.blocks, ring.prefill, ring.terms, out)
+        if own_depth:
+            view.drop_memo()  # the kernel wrote depth_out
+        if row < 0:
+            ledger.give_back(slot)
+            if row == UNDECIDED:
+                ring.lose_head()
+            return None
+        return self._admitted_fast(spec, cq, seq, now_us, slot, row, own_depth, recent_at)
+
+    def _admitted_fast(self, spec: RequestSpec, cq, seq, now_us: int, slot: int, row: int, own_depth: bool,  # noqa: ANN001
+                       recent_at: int) -> Admit:
+        """The Python half of an `admit_kv` admission: maps, lease, overlap versions, explain record."""
+        out, ledger, view, sel, hashes = self._out, self.ledger, self.view, self.selector, spec.block_hashes
+        gen, ob, cached = int(out[OUT_GENERATION]), int(out[OUT_OVERLAP]), int(out[OUT_CACHED])
+        ledger.booked(slot, spec.request_id, row)
+        if now_us > recent_at and sel.recent_weight > 0.0:
+            sel.recent_at_us = now_us
+        entry = QueueEntry(spec.request_id, next(seq), now_us, spec.priority, spec.strict_priority,
+                           int(out[OUT_SNAPSHOT]), spec.isl_tokens, None, cq.index)
+        live = Live(spec, entry, LEASED, slot, gen)
+        entry.payload = live
+        self.leases.register(live)
+        self.leases.by_slot[slot] = live
+        if len(hashes):
+            approx = view.approx
+            approx.version += 1
+            approx.evictions += int(out[OUT_EVICTED])
+            live.wrote = view.record_speculative(hashes, row, now_us, ob if own_depth else int(view.approx_depth[row]))
+        self.explain.commit(spec.request_id, row, now_us, self._fleet_ids())
+        self.decisions_total += 1
+        return Admit(spec.request_id, spec.owner, ledger.key_of(row), slot, gen, ob, cached, 0, cq.name)
 
     def _fleet_ids(self) -> tuple:
         """(worker ids, dp ranks, present) copies for the explain ring, shared by every decision

@@ -2,7 +2,7 @@
 
 Plain functions: nothing here mutates scheduling state; each call is O(classes + workers + leases)
 and is meant for admin requests, never for the decision path. `explain` reads the ring of the last
-~1024 admissions kept by `Admitter._reserve` (copies of the per-worker arrays at decision time).
+~1024 admissions (`core.explain_ring.ExplainRing`: the per-worker arrays at decision time).
 """
 
 from __future__ import annotations
@@ -58,19 +58,18 @@ def lease_rows(sched, now_us: int, worker_id: int | None = None, policy_class: s
     return out
 
 
-def explain(ring, request_id: str) -> ExplainReply | None:  # noqa: ANN001 - the Admitter's explain ring
+def explain(ring, request_id: str) -> ExplainReply | None:  # noqa: ANN001 - an ExplainRing
     """Per-worker rows of the most recent admission of `request_id` (last ~1024 decisions)."""
-    for rec in reversed(ring):
-        if rec[0] != request_id:
-            continue
-        _, row, now_us, elig, depth, blocks, prefill, costs, wid, rank, present, terms = rec
-        total = sum(terms.values()) if terms else costs  # costs are kept only without terms
-        rows = [ExplainRow(worker_id=int(wid[r]), dp_rank=int(rank[r]), eligible=bool(elig[r]),
-                           overlap_blocks=int(depth[r]), potential_blocks=int(blocks[r]),
-                           potential_prefill_tokens=int(prefill[r]),
-                           cost=float(total[r]) if elig[r] and np.isfinite(total[r]) else -1.0,
-                           terms={k: float(v[r]) for k, v in terms.items()} if elig[r] else {})
-                for r in np.flatnonzero(present).tolist()]
-        return ExplainReply(request_id=request_id, chosen_worker_id=int(wid[row]), chosen_dp_rank=int(rank[row]),
-                            decided_at_s=now_us / 1e6, rows=rows)
-    return None
+    rec = ring.find(request_id)
+    if rec is None:
+        return None
+    _, row, now_us, elig, depth, blocks, prefill, costs, wid, rank, present, terms = rec
+    total = sum(terms.values()) if terms else costs  # costs are kept only without terms
+    rows = [ExplainRow(worker_id=int(wid[r]), dp_rank=int(rank[r]), eligible=bool(elig[r]),
+                       overlap_blocks=int(depth[r]), potential_blocks=int(blocks[r]),
+                       potential_prefill_tokens=int(prefill[r]),
+                       cost=float(total[r]) if elig[r] and np.isfinite(total[r]) else -1.0,
+                       terms={k: float(v[r]) for k, v in terms.items()} if elig[r] else {})
+            for r in np.flatnonzero(present).tolist()]
+    return ExplainReply(request_id=request_id, chosen_worker_id=int(wid[row]), chosen_dp_rank=int(rank[row]),
+                        decided_at_s=now_us / 1e6, rows=rows)

@@ -254,6 +254,13 @@ class KvSelector(DynamoCostSelector):
                                      request_blocks=request_blocks, view=view)[0]
 
     # ---- learning (after admission) -------------------------------------------------------------
+    def reserve_rows(self, n: int) -> None:
+        """Grow `recent` to at least `n` rows now (zeros), so that `admitted` never grows it and the
+        fused admission kernel can update it in place. Decisions are unchanged: a row past the end
+        of `recent` and a row holding 0 both have recent work 0 in every term and rule."""
+        if self.recent.size < n:
+            self.recent = np.concatenate([self.recent, np.zeros(n - self.recent.size)])
+
     def admitted(self, row: int, uncached_tokens: int, now_us: int) -> None:
         """Add `uncached_tokens` to `row`'s decayed recent work (decaying every row to `now_us` first),
         and the booking to the predicted-seconds model's FIFO when it is on (with the prompt length of

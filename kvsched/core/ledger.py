@@ -31,13 +31,13 @@ import numpy as np
 
 from ..config import OverloadConfig
 from ..protocol import MAX_REQUEST_ID_BYTES
+from ..shm.admit_kernels import reserve_slot
 from ..shm.booking_kernels import release_booking, slot_dispatched, slot_output_tokens, slot_prefill_done
 from ..shm.kernels import fold_progress, fold_words, project_and_cost, ref_add
 from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
 from .types import WorkerKey
 from .worker_rows import WorkerRows
 
-_U32_MAX = 0xFFFF_FFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +219,30 @@ class Ledger:
             KeyError: no worker in `row`.
         """
         self.rows.check(row)
+        got = self.take_slot(request_id)
+        if got is None:
+            return None
+        slot, rid = got
+        a = self.arrays
+        gen = reserve_slot(slot, row, int(isl_tokens), np.asarray(hashes, dtype=np.uint64), int(cached_tokens),
+                           -1 if expected_osl is None else int(expected_osl), int(class_idx), int(enqueue_us),
+                           int(now_us), int(owner_pid), self.block_size, self._stride, a.w_generation,
+                           a.w_active_blocks, a.w_active_prefill, a.w_active_requests, a.ref_keys, a.ref_counts, a.arena,
+                           a.s_state, a.s_generation, a.s_worker_row, a.s_worker_generation, a.s_isl, a.s_cached,
+                           a.s_prefill, a.s_expected_osl, a.s_output_tokens, a.s_extra_blocks, a.s_class,
+                           a.s_enqueue_us, a.s_admit_us, a.s_arena_off, a.s_arena_len, a.s_owner_pid)
+        self.booked(slot, request_id, row)
+        return slot, gen
+
+    def take_slot(self, request_id: str) -> tuple[int, bytes] | None:
+        """The first half of `reserve`: check `request_id`, take the lowest free slot and write the
+        id into its request-id column (the slot stays free until `reserve_slot` books it). Returns
+        (slot, encoded id), or None when no slot is free. A caller that does not book the slot gives
+        it back with `give_back`.
+
+        Raises:
+            ValueError: request_id already booked or longer than `protocol.MAX_REQUEST_ID_BYTES` UTF-8 bytes.
+        """
         rid = request_id.encode()
         if len(rid) > MAX_REQUEST_ID_BYTES:
             raise ValueError(f"request_id longer than {MAX_REQUEST_ID_BYTES} bytes")
@@ -226,35 +250,23 @@ class Ledger:
             raise ValueError(f"request {request_id!r} is already booked")
         if not self._free:
             return None
-        a, b = self.arrays, self.block_size
         slot = self._free.pop()
+        self.arrays.s_request_id[slot] = rid
+        return slot, rid
+
+    def give_back(self, slot: int) -> None:
+        """Return a slot `take_slot` gave and nothing booked: the free list is as before."""
+        self._free.append(slot)
+
+    def booked(self, slot: int, request_id: str, row: int) -> None:
+        """The last half of `reserve`, after `reserve_slot` booked `slot` on `row`: the id maps, the
+        fold range and the row's overload flag."""
         if slot >= self._high:
             self._high = slot + 1
-        gen = int(a.s_generation[slot]) % _U32_MAX + 1
-        request_blocks = (isl_tokens + b - 1) // b
-        h = np.asarray(hashes, dtype=np.uint64)
-        nh = min(h.shape[0], self._stride, request_blocks)
-        off = slot * self._stride
-        a.arena[off:off + nh] = h[:nh]
-        became = ref_add(a.ref_keys[row], a.ref_counts[row], a.arena[off:off + nh])
-        cached = max(0, min(cached_tokens, isl_tokens))
-        extra = request_blocks - nh
-        a.s_worker_row[slot], a.s_worker_generation[slot] = row, a.w_generation[row]
-        a.s_isl[slot], a.s_cached[slot], a.s_prefill[slot] = isl_tokens, cached, isl_tokens - cached
-        a.s_expected_osl[slot] = -1 if expected_osl is None else expected_osl
-        a.s_output_tokens[slot], a.s_extra_blocks[slot], a.s_class[slot] = 0, extra, class_idx
-        a.s_enqueue_us[slot], a.s_admit_us[slot], a.s_owner_pid[slot] = enqueue_us, now_us, owner_pid
-        a.s_arena_off[slot], a.s_arena_len[slot], a.s_request_id[slot] = off, nh, rid
-        a.w_active_blocks[row] += became + extra
-        a.w_active_prefill[row] += isl_tokens - cached
-        a.w_active_requests[row] += 1
-        a.s_generation[slot] = gen
-        a.s_state[slot] = SLOT_ADMITTED
         self._slot_of[request_id] = slot
         self._rid_of[slot] = request_id
         if self.rows.overload_enabled():
             self.rows.update_overload(row)
-        return slot, gen
 
     def release(self, slot: int, generation: int) -> bool:
         """Free booking (slot, generation) and take its load off its worker. False (no-op) if stale/free."""

@@ -184,25 +184,40 @@ class OverlapView:
         self._memo_of = None
         return self.depth_out
 
+    def approx_only(self) -> bool:
+        """True when `depth` reads the approximate index alone (no event-fed row, or no device index)."""
+        return self.device is None or self._n_fed == 0
+
+    def drop_memo(self) -> None:
+        """Forget the memo (a caller wrote `depth_out` itself: the fused admission kernel)."""
+        self._memo_of = None
+
     def record(self, hashes: np.ndarray, row: int, now_us: int) -> tuple:
         """Write an admission's hashes to the approximate index (and the speculative one for an
-        event-fed row). Returns (row, added approximate, added speculative or None): the hashes past
-        the row's prefix depth in each index, which `withdraw` removes on requeue. Needs
-        `depth(hashes, now_us)` computed just before (admit_one's projection does it)."""
-        added = hashes[int(self.approx_depth[row]):]
+        event-fed row). Returns what `withdraw` removes on requeue: (row, hashes, approximate
+        depth, speculative depth or -1) — the hashes past the row's prefix depth in each index,
+        kept as depths and sliced only on a requeue. Needs `depth(hashes, now_us)` computed just
+        before (admit_one's projection does it)."""
+        approx_d = int(self.approx_depth[row])
         self.approx.insert(hashes, row, now_us, self.ttl_us)
-        spec_added = None
+        return self.record_speculative(hashes, row, now_us, approx_d)
+
+    def record_speculative(self, hashes: np.ndarray, row: int, now_us: int, approx_d: int) -> tuple:
+        """`record` after the approximate insert was done (by `record`, or by the fused admission
+        kernel, whose caller passes the row's approximate depth `approx_d` and bumps the index's
+        version): the speculative index's part. Returns `record`'s value."""
+        spec_d = -1
         if self.speculative is not None and self.event_fed[row]:
             if self.device is None:  # depth() computed no speculative depth
                 self.speculative.depth(hashes, now_us, self._spec_raw)
-            spec_added = hashes[int(self._spec_raw[row]):]
+            spec_d = int(self._spec_raw[row])
             self.speculative.insert(hashes, row, now_us, self.spec_ttl_us)
-        return row, added, spec_added
+        return row, hashes, approx_d, spec_d
 
     def withdraw(self, wrote: tuple) -> None:
-        """A requeue: remove what one admission added (`record`'s return value)."""
-        row, added, spec_added = wrote
-        if len(added):
-            self.approx.remove(added, row)
-        if spec_added is not None and len(spec_added) and self.speculative is not None:
-            self.speculative.remove(spec_added, row)
+        """A requeue: remove what one admission added (`record`'s value)."""
+        row, hashes, approx_d, spec_d = wrote
+        if len(hashes) > approx_d:
+            self.approx.remove(hashes[approx_d:], row)
+        if spec_d >= 0 and len(hashes) > spec_d and self.speculative is not None:
+            self.speculative.remove(hashes[spec_d:], row)

@@ -141,6 +141,10 @@ class Scheduler:
         if bad is not None:
             return [bad]
         n_elig = ledger.eligible_mask(spec.pinned, spec.allowed_workers, adm.elig)
+        if n_elig and adm.fused and spec.pinned is None and cq.admission is None and not cq.n_ready:
+            got = adm.admit_fast(spec, cq, intake.seq, now_us)  # one kernel call; None: decide below
+            if got is not None:
+                return [got]
         if n_elig == 0:
             n_place = adm.placeable_mask(spec.pinned, spec.allowed_workers)
             if n_place == 0:

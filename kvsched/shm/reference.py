@@ -5,7 +5,8 @@ write the same outputs (property tests in tests/shm/test_kernels.py; ratios in b
 Covered: mix64, ref_add, ref_remove, ref_live_count, ref_live_prefix, project_and_cost, apply_output_tokens,
 fold_progress, fold_words, overlap_depth, (from reference_select.py) pairwise_sum, kv_cost_terms,
 count_busy, credit_rows, and (from reference_booking.py) slot_dispatched, slot_prefill_done,
-slot_output_tokens, release_booking. The numpy twins vectorise over workers/hashes/slots where the algorithm
+slot_output_tokens, release_booking, and (from reference_admit.py) reserve_slot, admit_kv,
+credited_depth. The numpy twins vectorise over workers/hashes/slots where the algorithm
 allows; inserts and deletes in the open-addressing table are sequential by nature, so their numpy
 twins only vectorise each probe window.
 """
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import reference_admit as _admit
 from . import reference_booking as _booking
 from . import reference_select as _select
 from .kernels import MAX_PROBE
@@ -408,7 +410,7 @@ _NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "ref_live_prefix",
 
 python_twin = SimpleNamespace(**{name: globals()[f"_py_{name}"] for name in _NAMES})
 numpy_twin = SimpleNamespace(**{name: globals().get(f"_np_{name}", globals()[f"_py_{name}"]) for name in _NAMES})
-for _mod in (_select, _booking):  # the selection and booking kernels' twins
+for _mod in (_select, _booking, _admit):  # the selection, booking and admission kernels' twins
     for _name in _mod.NAMES:
         setattr(python_twin, _name, getattr(_mod, f"_py_{_name}"))
         setattr(numpy_twin, _name, getattr(_mod, f"_np_{_name}"))
