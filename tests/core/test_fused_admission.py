@@ -1,0 +1,157 @@
+"""The fused immediate path (`Admitter.admit_fast`, one `admit_kv` kernel call) decides exactly as the
+Python path (`admit_one`): two schedulers fed the same operations, one with the fused path off,
+return the same records and end in the same state (ledger, overlap indexes, recent work, explain)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsched.config import ClassConfig, SelectorConfig
+from kvsched.core.types import Admit, WorkerKey
+from kvsched.core.create import create_scheduler
+from kvsched.core.ledger import Ledger
+from kvsched.shm.layout import LedgerArrays
+from kvsched.shm.overlap import OverlapIndex
+
+from .factories import make_config, make_request
+
+WORKERS = ((1, 0), (2, 0), (3, 0), (3, 1))
+LEDGER = ("w_active_blocks", "w_active_prefill", "w_active_requests", "w_flags", "ref_keys", "ref_counts", "arena",
+          "s_state", "s_generation", "s_worker_row", "s_isl", "s_cached", "s_prefill", "s_expected_osl",
+          "s_extra_blocks", "s_class", "s_enqueue_us", "s_admit_us", "s_arena_len", "s_owner_pid")
+
+
+def _pair(events: bool, busy_frac: float | None, max_slots: int, overload_prefill: int | None):
+    """Two identical schedulers; the second decides by the Python path only."""
+    from kvsched.config import OverloadConfig
+
+    classes = [ClassConfig(name="default", prefill_busy_threshold_frac=busy_frac), ClassConfig(name="batch")]
+    out = []
+    for _ in range(2):
+        config = make_config(classes=classes, selector=SelectorConfig(seed=3),
+                             overload=OverloadConfig(overload_prefill_tokens=overload_prefill))
+        ledger = Ledger(LedgerArrays.private(8, max_slots, 16, block_size=16), overload=config.overload)
+        s = create_scheduler(config, ledger=ledger, overlap=OverlapIndex(8, 256), add_workers=False, events=events)
+        for wid, rank in WORKERS:
+            s.add_worker(WorkerKey(wid, rank), 4000, 2048)
+        if events:
+            for row in (0, 2):
+                s.set_event_fed(row, True)
+            s.event_device.insert(np.arange(1, 9, dtype=np.uint64), 2, 0, None)
+        out.append(s)
+    fast, slow = out
+    slow.admitter.fused = False
+    assert fast.admitter.fused
+    return fast, slow
+
+
+def _same_state(fast, slow, ids) -> None:
+    for f in LEDGER:
+        np.testing.assert_array_equal(getattr(fast.ledger.arrays, f), getattr(slow.ledger.arrays, f), err_msg=f)
+    for name in ("overlap", "speculative"):
+        a, b = getattr(fast, name), getattr(slow, name)
+        if a is not None:
+            for f in ("keys", "used", "perm", "ttlm", "ttl_exp"):
+                np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f"{name}.{f}")
+    np.testing.assert_array_equal(fast.selector.recent[: slow.selector.recent.size], slow.selector.recent)
+    assert not fast.selector.recent[slow.selector.recent.size:].any()
+    assert fast.selector.recent_at_us == slow.selector.recent_at_us
+    for rid in ids:
+        assert fast.explain(rid) == slow.explain(rid), rid
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), events=st.booleans(), busy_frac=st.sampled_from([None, 0.5, 4.0]),
+       max_slots=st.sampled_from([6, 64]), overload_prefill=st.sampled_from([None, 3000]))
+def test_fused_path_decides_as_the_python_path(seed, events, busy_frac, max_slots, overload_prefill):
+    """Random enqueues (shared prefixes, allowed sets, pins, the batch class, repeated ids), progress,
+    releases, requeues and cleanups, on an idle fleet (ties) and a loaded one (busy class, full slot
+    table, overloaded rows)."""
+    rng = np.random.default_rng(seed)
+    fast, slow = _pair(events, busy_frac, max_slots, overload_prefill)
+    calls = {"fused": 0}
+    admit_fast = fast.admitter.admit_fast
+
+    def counting(*args):
+        got = admit_fast(*args)
+        calls["fused"] += got is not None
+        return got
+
+    fast.admitter.admit_fast = counting
+    now, ids, held = 1_000_000, [], []
+    for i in range(120):
+        now += int(rng.integers(0, 3)) * int(rng.integers(1, 400_000))
+        op = rng.random()
+        if op < 0.6:
+            rid = f"r{i}" if rng.random() < 0.95 else (ids[-1] if ids else "r0")
+            prefix = int(rng.integers(0, 3))
+            n = int(rng.integers(0, 9))
+            hashes = np.array([prefix * 1000 + k for k in range(min(n, 3))] + [10**6 + i * 16 + k for k in range(n - 3)],
+                              dtype=np.uint64)
+            kw = dict(isl_tokens=max(1, n * 16 - int(rng.integers(0, 16))) + int(rng.integers(0, 3)) * 16,
+                      block_hashes=np.frombuffer(hashes.tobytes(), dtype="<u8"), owner=1)
+            if rng.random() < 0.15:
+                kw["allowed_workers"] = frozenset({int(rng.choice([1, 2, 3]))})
+            if rng.random() < 0.1:
+                kw["pinned"] = WorkerKey(*WORKERS[int(rng.integers(0, len(WORKERS)))])
+            if rng.random() < 0.15:
+                kw["policy_class"] = "batch"
+            if rng.random() < 0.3:
+                kw["expected_osl"] = int(rng.integers(1, 500))
+            got = [s.enqueue(make_request(rid, **kw), now) for s in (fast, slow)]
+            assert got[0] == got[1]
+            ids.append(rid)
+            held += [a for a in got[0] if isinstance(a, Admit)]
+        elif op < 0.75 and held:
+            a = held[int(rng.integers(0, len(held)))]
+            kind = str(rng.choice(["dispatched", "prefill_done", "requeue"]))
+            got = []
+            for s in (fast, slow):
+                try:
+                    got.append(s.update(a.request_id, a.slot, a.generation, kind, None, now))
+                except KeyError:
+                    got.append("stale")
+            assert got[0] == got[1]
+            if kind == "requeue" and got[0] != "stale":
+                held += [x for x in got[0] if isinstance(x, Admit)]
+        elif held:
+            a = held.pop(int(rng.integers(0, len(held))))
+            for s in (fast, slow):
+                s.release(a.request_id, a.slot, a.generation, "completed", 10, now)
+        got = [s.drain_cleanup(now) for s in (fast, slow)]
+        assert got[0] == got[1]
+        held += [a for a in got[0] if isinstance(a, Admit)]
+    _same_state(fast, slow, ids)
+    if busy_frac is None and overload_prefill is None and max_slots == 64:
+        assert calls["fused"] > 0  # the fused path decided some of them
+
+
+def test_fused_path_is_taken_for_a_plain_request_and_explained():
+    """A request on a loaded fleet (no ties) is admitted by the kernel; `explain` reads the ring."""
+    fast, slow = _pair(False, None, 64, None)
+    for s in (fast, slow):
+        s.enqueue(make_request("warm", isl_tokens=640, block_hashes=np.arange(1, 41, dtype=np.uint64), owner=1), 10)
+    before = fast.admitter.explain.head
+    h = np.arange(1, 9, dtype=np.uint64)
+    got = [s.enqueue(make_request("a", isl_tokens=128, block_hashes=h, owner=1), 20) for s in (fast, slow)]
+    assert got[0] == got[1] and isinstance(got[0][0], Admit)
+    assert fast.admitter.explain.head == before + 1
+    assert fast.explain("a") == slow.explain("a")
+    assert fast.admitter.explain[-1][11] is not None  # the kv terms, read from the ring
+    _same_state(fast, slow, ["warm", "a"])
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_explain_ring_keeps_the_newest_records_when_it_wraps(n):
+    fast, _ = _pair(False, None, 64, None)
+    from kvsched.core import admitter as adm_mod
+    from kvsched.core.explain_ring import ExplainRing
+
+    fast.admitter.explain = ExplainRing(n, 8)
+    for i in range(n + 2):
+        fast.enqueue(make_request(f"x{i}", isl_tokens=32, block_hashes=np.array([7, i], np.uint64), owner=1), 100 + i)
+    assert fast.explain("x0") is None and fast.explain(f"x{n + 1}") is not None
+    assert adm_mod.EXPLAIN_RING >= 1024
