@@ -84,6 +84,7 @@ class Admitter:
         self._params: dict[int, tuple] = {}  # class index -> (ClassConfig, admit_kv params)
         self._scratch = np.zeros((4, w), np.float64)
         self._out = np.zeros(OUT_LEN, np.int64)
+        self._arrays: tuple | None = None  # (explain ring, recent work, `_kernel_arrays()`)
 
     @property
     def selector_cfg(self):  # noqa: ANN201 - the [selector] table
@@ -266,6 +267,25 @@ class Admitter:
             got = self._params[cq.index] = (cq.config, p)
         return got[1]
 
+    def _kernel_arrays(self) -> tuple:
+        """`admit_kv`'s arguments from `block_size` on: the same objects for every call, built once
+        (again when the explain ring or the selector's recent-work array is replaced)."""
+        ring, recent = self.explain, self.selector.recent
+        got = self._arrays
+        if got is not None and got[0] is ring and got[1] is recent:
+            return got[2]
+        ledger, view, a = self.ledger, self.view, self.ledger.arrays
+        ix = view.approx
+        args = (ledger.block_size, ledger._stride, self.elig, self.placeable, ix.keys, ix.used, ix.perm,  # noqa: SLF001
+                ix.ttlm, ix.ttl_exp, ix._scratch, view.depth_out, a.w_generation, a.w_active_blocks,  # noqa: SLF001
+                a.w_active_prefill, a.w_active_requests, a.w_max_batched_tokens, a.ref_keys, a.ref_counts, a.arena,
+                a.s_state, a.s_generation, a.s_worker_row, a.s_worker_generation, a.s_isl, a.s_cached, a.s_prefill,
+                a.s_expected_osl, a.s_output_tokens, a.s_extra_blocks, a.s_class, a.s_enqueue_us, a.s_admit_us,
+                a.s_arena_off, a.s_arena_len, a.s_owner_pid, recent, self._scratch, ring.elig, ring.depth,
+                ring.blocks, ring.prefill, ring.terms, self._out)
+        self._arrays = (ring, recent, args)
+        return args
+
     def admit_fast(self, spec: RequestSpec, cq, seq, now_us: int) -> Admit | None:  # noqa: ANN001
         """Admit `spec` at once with one `admit_kv` kernel call, or None: nothing changed, the caller
         decides by the Python path (module docstring).
@@ -289,19 +309,11 @@ class Admitter:
         own_depth = view.approx_only()
         if not own_depth:
             view.depth(hashes, now_us)
-        approx, a, out, ri = view.approx, ledger.arrays, self._out, ring.head
         recent_at = sel.recent_at_us
         row = admit_kv(hashes, spec.isl_tokens, now_us, slot, -1 if spec.expected_osl is None else spec.expected_osl,
-                       cq.index, now_us, spec.owner, ledger.block_size, ledger._stride,  # noqa: SLF001
-                       min(now_us + view.ttl_us, INT64_MAX - 1), sel._decay(now_us),  # noqa: SLF001
-                       1 if now_us > recent_at else 0, 0 if own_depth else 1, self.elig, self.placeable,
-                       self._params_of(cq), approx.keys, approx.used, approx.perm, approx.ttlm, approx.ttl_exp,
-                       approx._scratch, view.depth_out, a.w_generation, a.w_active_blocks,  # noqa: SLF001
-                       a.w_active_prefill, a.w_active_requests, a.w_max_batched_tokens, a.ref_keys, a.ref_counts,
-                       a.arena, a.s_state, a.s_generation, a.s_worker_row, a.s_worker_generation, a.s_isl, a.s_cached,
-                       a.s_prefill, a.s_expected_osl, a.s_output_tokens, a.s_extra_blocks, a.s_class, a.s_enqueue_us,
-                       a.s_admit_us, a.s_arena_off, a.s_arena_len, a.s_owner_pid, sel.recent, self._scratch, ri,
-                       ring.elig, ring.depth, ring.blocks, ring.prefill, ring.terms, out)
+                       cq.index, now_us, spec.owner, min(now_us + view.ttl_us, INT64_MAX - 1),
+                       sel._decay(now_us), 1 if now_us > recent_at else 0, 0 if own_depth else 1,  # noqa: SLF001
+                       ring.head, self._params_of(cq), *self._kernel_arrays())
         if own_depth:
             view.drop_memo()  # the kernel wrote depth_out
         if row < 0:
@@ -314,13 +326,13 @@ class Admitter:
     def _admitted_fast(self, spec: RequestSpec, cq, seq, now_us: int, slot: int, row: int, own_depth: bool,  # noqa: ANN001
                        recent_at: int) -> Admit:
         """The Python half of an `admit_kv` admission: maps, lease, overlap versions, explain record."""
-        out, ledger, view, sel, hashes = self._out, self.ledger, self.view, self.selector, spec.block_hashes
-        gen, ob, cached = int(out[OUT_GENERATION]), int(out[OUT_OVERLAP]), int(out[OUT_CACHED])
+        out, ledger, view, sel, hashes = self._out.tolist(), self.ledger, self.view, self.selector, spec.block_hashes
+        gen, ob, cached = out[OUT_GENERATION], out[OUT_OVERLAP], out[OUT_CACHED]
         ledger.booked(slot, spec.request_id, row)
         if now_us > recent_at and sel.recent_weight > 0.0:
             sel.recent_at_us = now_us
         entry = QueueEntry(spec.request_id, next(seq), now_us, spec.priority, spec.strict_priority,
-                           int(out[OUT_SNAPSHOT]), spec.isl_tokens, None, cq.index)
+                           out[OUT_SNAPSHOT], spec.isl_tokens, None, cq.index)
         live = Live(spec, entry, LEASED, slot, gen)
         entry.payload = live
         self.leases.register(live)
@@ -328,7 +340,7 @@ class Admitter:
         if len(hashes):
             approx = view.approx
             approx.version += 1
-            approx.evictions += int(out[OUT_EVICTED])
+            approx.evictions += out[OUT_EVICTED]
             live.wrote = view.record_speculative(hashes, row, now_us, ob if own_depth else int(view.approx_depth[row]))
         self.explain.commit(spec.request_id, row, now_us, self._fleet_ids())
         self.decisions_total += 1

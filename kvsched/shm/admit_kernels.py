@@ -120,38 +120,39 @@ def _make_admit_kv(digest: str):
     """Build `admit_kv` with `digest` as a closure variable (module docstring)."""
 
     @njit(cache=True, nogil=True)
-    def admit_kv(hashes, isl_tokens, now_us, slot, expected_osl, class_idx, enqueue_us, owner_pid, block_size, stride,
-                 expiry_us, decay, decay_recent, depth_given, eligible, placeable, params, ov_keys, ov_used, ov_perm,
-                 ov_ttlm, ov_ttl_exp, ov_scratch, depth, w_generation, w_active_blocks, w_active_prefill,
+    def admit_kv(hashes, isl_tokens, now_us, slot, expected_osl, class_idx, enqueue_us, owner_pid, expiry_us, decay,
+                 decay_recent, depth_given, ring_i, params, block_size, stride, eligible, placeable, ov_keys, ov_used,
+                 ov_perm, ov_ttlm, ov_ttl_exp, ov_scratch, depth, w_generation, w_active_blocks, w_active_prefill,
                  w_active_requests, w_max_batched, ref_keys, ref_counts, arena, s_state, s_generation, s_worker_row,
                  s_worker_generation, s_isl, s_cached, s_prefill, s_expected_osl, s_output_tokens, s_extra_blocks,
                  s_class, s_enqueue_us, s_admit_us, s_arena_off, s_arena_len, s_owner_pid, recent, scratch,
-                 ring_i, ring_elig, ring_depth, ring_blocks, ring_prefill, ring_terms, out):
+                 ring_elig, ring_depth, ring_blocks, ring_prefill, ring_terms, out):
         """One immediate admission with the `kv` selector (module docstring), or a negative status.
 
         Args:
             hashes: uint64[n], the request's chained block hashes; isl_tokens: prompt tokens (>= 1).
             now_us: decision time (µs); slot: the free slot to book (taken by the caller).
             expected_osl (-1 = unknown), class_idx, enqueue_us (µs), owner_pid: the booking's fields.
-            block_size: tokens per block; stride: arena entries per slot.
             expiry_us: the approximate index entries' expiry (now + approx TTL, µs).
             decay: 2^(-(now - recent_at) / half-life), the kv selector's recent-work decay to now;
                 decay_recent: 1 when `recent` is brought to now (now > its time), else 0.
             depth_given: 1 = `depth` already holds the credited overlap (event-fed rows: the caller's
                 `OverlapView.depth`); 0 = computed here from the approximate index.
-            eligible: uint8[W], rows the request may run on now; placeable: uint8[W], rows it may run
-                on, overload ignored (the cost snapshot's rows).
+            ring_i: the explain ring's row to write (see ring_* below).
             params: float64[len(ADMIT_PARAMS)], the projection's weights, 1/B, the kv selector's
                 parameters and the class's busy rule (threshold -1 / frac -1.0 = unset).
+            block_size: tokens per block; stride: arena entries per slot. The arguments from here
+                on are the same objects for every call (the caller keeps them in one tuple).
+            eligible: uint8[W], rows the request may run on now; placeable: bool[W], rows it may run
+                on, overload ignored (the cost snapshot's rows).
             ov_*: the approximate `OverlapIndex`'s arrays and scratch (uint64[words]).
             depth: int32[W], the credited overlap (written unless `depth_given`).
             w_* / ref_* / arena / s_*: the ledger arrays (`shm.layout` dtypes).
             recent: float64[W], the kv selector's recent work per row (tokens), updated on admission.
             scratch: float64[4, W]: rows 0-1 the kv kernel's work space, 2 the total, 3 the cost.
-            ring_i: the explain ring's row to write; ring_elig uint8[R, W], ring_depth int32[R, W],
-                ring_blocks / ring_prefill int64[R, W], ring_terms float64[R, 5, W]: written at
-                `ring_i` (eligible, overlap, projected blocks, projected prefill, terms) once the
-                busy rule passed.
+            ring_elig uint8[R, W], ring_depth int32[R, W], ring_blocks / ring_prefill int64[R, W],
+                ring_terms float64[R, 5, W]: the explain ring, written at row `ring_i` (eligible,
+                overlap, projected blocks, projected prefill, terms) once the busy rule passed.
             out: int64[OUT_LEN], written: [argmin, rows tied at the minimum, row, generation,
                 approximate-index evictions, overlap blocks on the row, cached tokens, snapshot cost].
         Returns:

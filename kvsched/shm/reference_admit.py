@@ -45,12 +45,12 @@ def _reserve_slot(t, slot, row, isl_tokens, hashes, cached_tokens, expected_osl,
     return gen
 
 
-def _admit_kv(t, hashes, isl_tokens, now_us, slot, expected_osl, class_idx, enqueue_us, owner_pid, block_size, stride,
-              expiry_us, decay, decay_recent, depth_given, eligible, placeable, params, ov_keys, ov_used, ov_perm,
-              ov_ttlm, ov_ttl_exp, ov_scratch, depth, w_generation, w_active_blocks, w_active_prefill,
+def _admit_kv(t, hashes, isl_tokens, now_us, slot, expected_osl, class_idx, enqueue_us, owner_pid, expiry_us, decay,
+              decay_recent, depth_given, ring_i, params, block_size, stride, eligible, placeable, ov_keys, ov_used,
+              ov_perm, ov_ttlm, ov_ttl_exp, ov_scratch, depth, w_generation, w_active_blocks, w_active_prefill,
               w_active_requests, w_max_batched, ref_keys, ref_counts, arena, s_state, s_generation, s_worker_row,
               s_worker_generation, s_isl, s_cached, s_prefill, s_expected_osl, s_output_tokens, s_extra_blocks, s_class,
-              s_enqueue_us, s_admit_us, s_arena_off, s_arena_len, s_owner_pid, recent, scratch, ring_i, ring_elig,
+              s_enqueue_us, s_admit_us, s_arena_off, s_arena_len, s_owner_pid, recent, scratch, ring_elig,
               ring_depth, ring_blocks, ring_prefill, ring_terms, out) -> int:
     n_elig = int(np.count_nonzero(eligible))
     thr, frac = float(params[15]), float(params[16])

@@ -110,11 +110,11 @@ def test_admit_kv_equals_its_twins(seed, depth_given, decay_recent, lead_release
         recent, depth, out = recent0.copy(), depth0.copy(), np.zeros(OUT_LEN, np.int64)
         ring = [np.zeros((3, W), np.uint8), np.zeros((3, W), np.int32), np.zeros((3, W), np.int64),
                 np.zeros((3, W), np.int64), np.zeros((3, 5, W))]
-        r = fn(h, isl, now, SLOTS - 2, 40, 1, now - 5, 3, BS, STRIDE, now + 10**6, 0.75, int(decay_recent),
-               1 if depth_given else 0, elig, placeable, params, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp,
+        r = fn(h, isl, now, SLOTS - 2, 40, 1, now - 5, 3, now + 10**6, 0.75, int(decay_recent), 1 if depth_given else 0,
+               1, params, BS, STRIDE, elig, placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp,
                ix._scratch, depth, a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests,
                a.w_max_batched_tokens, a.ref_keys, a.ref_counts, a.arena, *_ledger_args(a)[7:], recent,
-               np.zeros((4, W)), 1, *ring, out)
+               np.zeros((4, W)), *ring, out)
         results.append((r, a, ix, recent, depth, out, ring))
     r0, a0_, ix0_, recent0_, depth0_, out0, ring0 = results[0]
     assert r0 >= 0 or r0 in (BUSY, UNDECIDED)
