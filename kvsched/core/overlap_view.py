@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from ..config import SelectorConfig
 from ..shm.layout import FLAG_STALE
+from ..shm.admit_kernels import credited_depth
 from ..shm.select_kernels import credit_rows
 
 if TYPE_CHECKING:
@@ -120,6 +121,10 @@ class OverlapView:
         self._memo_of: np.ndarray | None = None  # the hashes array the memo is for (identity)
         self._memo_t = self._memo_v = -1  # its time (µs) and `_version()`
         self._versioned = [ix for ix in (approx, device, offload, speculative) if hasattr(ix, "version")]
+        from ..shm.overlap import OverlapIndex
+
+        self._fused_depth = all(isinstance(ix, OverlapIndex) for ix in (approx, device, offload, speculative)
+                                if ix is not None)  # `credited_depth` reads every index's arrays
         self.configure(selector)
 
     def configure(self, selector: SelectorConfig) -> None:
@@ -161,18 +166,33 @@ class OverlapView:
             return self.depth_out
         self._memo_of, self._memo_t, self._memo_v = hashes, now_us, v
         out = self.depth_out
-        self.approx.depth(hashes, now_us, self.approx_depth)
-        out[:] = self.approx_depth
         dev = self.device
-        if dev is None or self._n_fed == 0:
-            return out
-        dev.depth(hashes, now_us, self._dev_depth)
+        if dev is None or self._n_fed == 0 or not self._fused_depth:
+            self.approx.depth(hashes, now_us, self.approx_depth)
+            out[:] = self.approx_depth
+            if dev is None or self._n_fed == 0:
+                return out
+            return self._depth_by_index(hashes, now_us, out)
+        off = self.offload if self.offload is not None else dev
+        ap, sp = self.approx, self.speculative
+        # every index's depth, then stale / unfed rows: approximate only; the others: credited_overlap,
+        # floored (one kernel call)
+        credited_depth(np.asarray(hashes, dtype=np.uint64), int(now_us), 0 if self.offload is None else 1,
+                       float(self.offload_credit), FLAG_STALE, ap.keys, ap.used, ap.perm, ap.ttlm, ap.ttl_exp, dev.keys,
+                       dev.used, dev.perm, dev.ttlm, dev.ttl_exp, off.keys, off.used, off.perm, off.ttlm, off.ttl_exp,
+                       sp.keys, sp.used, sp.perm, sp.ttlm, sp.ttl_exp, ap._scratch, self.approx_depth,  # noqa: SLF001
+                       self._dev_depth, self._off_depth, self._spec_depth, self.event_fed, self.ledger.arrays.w_flags,
+                       self._spec_raw, out)
+        return out
+
+    def _depth_by_index(self, hashes: np.ndarray, now_us: int, out: np.ndarray) -> np.ndarray:
+        """`depth` of event-fed rows index by index (an approximate index that is not an `OverlapIndex`)."""
+        self.device.depth(hashes, now_us, self._dev_depth)
         off = None
         if self.offload is not None:
             self.offload.depth(hashes, now_us, self._off_depth)
             off = self._off_depth
         self.speculative.depth(hashes, now_us, self._spec_depth)
-        # stale / unfed rows: approximate only; the others: credited_overlap, floored (one kernel call)
         credit_rows(self.approx_depth, self._dev_depth, self._off_depth, self._spec_depth, self.event_fed,
                     self.ledger.arrays.w_flags, FLAG_STALE, float(self.offload_credit), off is not None,
                     self._spec_raw, out)

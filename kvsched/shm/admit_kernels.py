@@ -31,7 +31,7 @@ from numba import njit
 from .kernels import project_and_cost, ref_add
 from .layout import SLOT_ADMITTED
 from .overlap import overlap_depth, overlap_insert
-from .select_kernels import count_busy, kv_cost_terms
+from .select_kernels import count_busy, credit_rows, kv_cost_terms
 
 _U32_MAX = 0xFFFF_FFFF
 
@@ -114,6 +114,36 @@ def reserve_slot(slot, row, isl_tokens, hashes, cached_tokens, expected_osl, cla
     s_generation[slot] = gen
     s_state[slot] = SLOT_ADMITTED
     return gen
+
+
+@njit(cache=True, nogil=True)
+def credited_depth(hashes, now_us, has_offload, offload_credit, stale_flag, a_keys, a_used, a_perm, a_ttlm, a_ttl_exp,
+                   d_keys, d_used, d_perm, d_ttlm, d_ttl_exp, o_keys, o_used, o_perm, o_ttlm, o_ttl_exp, s_keys, s_used,
+                   s_perm, s_ttlm, s_ttl_exp, scratch, approx_depth, dev_depth, off_depth, spec_depth, event_fed, w_flags,
+                   spec_raw, out):
+    """`OverlapView.depth` with event-fed rows in one call: the prefix depth in the approximate,
+    device, offload (if `has_offload`) and speculative indexes (`overlap_depth` each), then the
+    credited overlap per row (`credit_rows`).
+
+    Args:
+        hashes: uint64[n]; now_us: µs; has_offload: 1 when an offload index is given (else its
+            arrays are any index's, unread); offload_credit: credit of an offload-only block (0..1);
+            stale_flag: the FLAG_STALE bit of `w_flags`.
+        a_* / d_* / o_* / s_*: the approximate, device, offload and speculative `OverlapIndex`
+            arrays (keys, used, perm, ttlm, ttl_exp); scratch: uint64[words].
+        approx_depth / dev_depth / off_depth / spec_depth: int32[W], written: the raw depths
+            (off_depth only with `has_offload`).
+        event_fed: uint8[W]; w_flags: uint8[W]; spec_raw: int32[W], written (a copy of spec_depth).
+        out: int32[W], written: the credited overlap (`credit_rows`).
+    Source: docs/DESIGN.md §6.4; the credit rule is `core.overlap_view.credited_overlap`.
+    """
+    overlap_depth(a_keys, a_used, a_perm, a_ttlm, a_ttl_exp, hashes, now_us, scratch, approx_depth)
+    overlap_depth(d_keys, d_used, d_perm, d_ttlm, d_ttl_exp, hashes, now_us, scratch, dev_depth)
+    if has_offload != 0:
+        overlap_depth(o_keys, o_used, o_perm, o_ttlm, o_ttl_exp, hashes, now_us, scratch, off_depth)
+    overlap_depth(s_keys, s_used, s_perm, s_ttlm, s_ttl_exp, hashes, now_us, scratch, spec_depth)
+    credit_rows(approx_depth, dev_depth, off_depth, spec_depth, event_fed, w_flags, stale_flag, offload_credit,
+                has_offload != 0, spec_raw, out)
 
 
 def _make_admit_kv(digest: str):

@@ -2,7 +2,8 @@
 them as `numpy_twin.<kernel>` / `python_twin.<kernel>`.
 
 Each twin composes the twins of the component kernels (`ref_add`, `overlap_depth`, `count_busy`,
-`project_and_cost`, `kv_cost_terms`) of the same flavour, step by step in `admit_kv`'s order. The
+`project_and_cost`, `kv_cost_terms`, `credit_rows`) of the same flavour, step by step in each
+kernel's order. The
 approximate index's insert has no twin of its own (its tests are the overlap index's); both twins
 call the `overlap_insert` kernel for that step.
 """
@@ -16,7 +17,7 @@ from .layout import SLOT_ADMITTED
 from .overlap import overlap_insert
 
 _U32_MAX = 0xFFFF_FFFF
-NAMES = ("reserve_slot", "admit_kv")
+NAMES = ("reserve_slot", "admit_kv", "credited_depth")
 
 
 def _reserve_slot(t, slot, row, isl_tokens, hashes, cached_tokens, expected_osl, class_idx, enqueue_us, now_us,
@@ -95,6 +96,19 @@ def _admit_kv(t, hashes, isl_tokens, now_us, slot, expected_osl, class_idx, enqu
     return row
 
 
+def _credited_depth(t, hashes, now_us, has_offload, offload_credit, stale_flag, a_keys, a_used, a_perm, a_ttlm,
+                    a_ttl_exp, d_keys, d_used, d_perm, d_ttlm, d_ttl_exp, o_keys, o_used, o_perm, o_ttlm, o_ttl_exp,
+                    s_keys, s_used, s_perm, s_ttlm, s_ttl_exp, scratch, approx_depth, dev_depth, off_depth, spec_depth,
+                    event_fed, w_flags, spec_raw, out) -> None:
+    t.overlap_depth(a_keys, a_used, a_perm, a_ttlm, a_ttl_exp, hashes, now_us, scratch, approx_depth)
+    t.overlap_depth(d_keys, d_used, d_perm, d_ttlm, d_ttl_exp, hashes, now_us, scratch, dev_depth)
+    if has_offload:
+        t.overlap_depth(o_keys, o_used, o_perm, o_ttlm, o_ttl_exp, hashes, now_us, scratch, off_depth)
+    t.overlap_depth(s_keys, s_used, s_perm, s_ttlm, s_ttl_exp, hashes, now_us, scratch, spec_depth)
+    t.credit_rows(approx_depth, dev_depth, off_depth, spec_depth, event_fed, w_flags, stale_flag, offload_credit,
+                  bool(has_offload), spec_raw, out)
+
+
 def _flavour(name: str):  # noqa: ANN202
     """The twins of one flavour ("python" or "numpy"), bound to that flavour's component twins."""
 
@@ -109,8 +123,11 @@ def _flavour(name: str):  # noqa: ANN202
     def admit_kv(*args) -> int:
         return _admit_kv(twins(), *args)
 
-    return reserve_slot, admit_kv
+    def credited_depth(*args) -> None:
+        _credited_depth(twins(), *args)
+
+    return reserve_slot, admit_kv, credited_depth
 
 
-_py_reserve_slot, _py_admit_kv = _flavour("python")
-_np_reserve_slot, _np_admit_kv = _flavour("numpy")
+_py_reserve_slot, _py_admit_kv, _py_credited_depth = _flavour("python")
+_np_reserve_slot, _np_admit_kv, _np_credited_depth = _flavour("numpy")

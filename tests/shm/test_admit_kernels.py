@@ -135,3 +135,33 @@ def test_admit_kv_equals_its_twins(seed, depth_given, decay_recent, lead_release
             np.testing.assert_array_equal(getattr(a0_, f), getattr(a0, f), err_msg=f)
         np.testing.assert_array_equal(ix0_.keys, ix0.keys)
         np.testing.assert_array_equal(recent0_, recent0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**31), has_offload=st.booleans(), credit=st.sampled_from([0.0, 0.5, 1.0]))
+def test_credited_depth_equals_its_twins(seed, has_offload, credit):
+    """Four indexes holding overlapping prefixes (permanent and TTL holders), stale and unfed rows."""
+    from kvsched.shm.admit_kernels import credited_depth
+
+    rng = np.random.default_rng(seed)
+    ixs = [OverlapIndex(W, 64) for _ in range(4)]
+    for ix in ixs:
+        for _ in range(int(rng.integers(0, 8))):
+            h = _hashes(rng, int(rng.integers(1, STRIDE + 1)))
+            ttl = None if rng.random() < 0.4 else int(rng.integers(1, 3000))
+            ix.insert(h[: int(rng.integers(1, len(h) + 1))], int(rng.integers(0, W)), int(rng.integers(0, 1000)), ttl)
+    fed = (rng.random(W) < 0.7).astype(np.uint8)
+    flags = np.where(rng.random(W) < 0.3, 4, 0).astype(np.uint8)
+    h = _hashes(rng, int(rng.integers(0, STRIDE + 1)))
+    now = int(rng.integers(0, 4000))
+    outs = []
+    for fn in (credited_depth, numpy_twin.credited_depth, python_twin.credited_depth):
+        arrays = [np.zeros(W, np.int32) for _ in range(6)]
+        idx_args = [x for ix in ixs for x in (ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp)]
+        fn(h, now, int(has_offload), credit, 4, *idx_args, ixs[0]._scratch, *arrays[:4], fed, flags, *arrays[4:])
+        outs.append(arrays)
+    for got in outs[1:]:
+        for k, (g, w) in enumerate(zip(got, outs[0])):
+            if k == 2 and not has_offload:
+                continue  # the offload depth is not computed without an offload index
+            np.testing.assert_array_equal(g, w, err_msg=str(k))
