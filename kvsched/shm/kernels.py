@@ -370,3 +370,6 @@ def warm_kernels() -> None:
 
     warm_booking_kernels()
     warm_select_kernels()
+    from .admit_kernels import warm_admit_kernels
+
+    warm_admit_kernels()
