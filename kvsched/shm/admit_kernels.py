@@ -276,31 +276,31 @@ def pack_kv_params(selector, selector_cfg, cls) -> np.ndarray:  # noqa: ANN001
 
 
 def warm_admit_kernels() -> None:
-    """Compile (or load from the cache) the three kernels for the dtypes the core uses, with both
-    writable and read-only hashes (as decoded from a frame); called by `kernels.warm_kernels`."""
+    """Compile (or load from the cache) the three kernels for the dtypes the daemon uses: block hashes
+    read-only, as decoded from a frame (callers with writable hashes compile that variant on first
+    use; the daemon never has them). Called by `kernels.warm_kernels`."""
     from .layout import LedgerArrays
     from .overlap import OverlapIndex
 
     a = LedgerArrays.private(2, 2, 4, 16, 4)
     ixs = [OverlapIndex(2, 16) for _ in range(4)]
     w = 2
-    h = np.arange(1, 3, dtype=np.uint64)
-    for hashes in (h, np.frombuffer(h.tobytes(), dtype="<u8")):
-        ledger = (a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests, a.ref_keys, a.ref_counts,
-                  a.arena, a.s_state, a.s_generation, a.s_worker_row, a.s_worker_generation, a.s_isl, a.s_cached,
-                  a.s_prefill, a.s_expected_osl, a.s_output_tokens, a.s_extra_blocks, a.s_class, a.s_enqueue_us,
-                  a.s_admit_us, a.s_arena_off, a.s_arena_len, a.s_owner_pid)
-        ix = ixs[0]
-        params = np.zeros(len(ADMIT_PARAMS))
-        params[P["busy_threshold"]] = params[P["busy_threshold_frac"]] = -1.0
-        args = (ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix._scratch, np.zeros(w, np.int32),  # noqa: SLF001
-                *ledger[:4], a.w_max_batched_tokens, *ledger[4:], np.zeros(w), np.zeros((4, w)),
-                np.zeros((1, w), np.uint8), np.zeros((1, w), np.int32), np.zeros((1, w), np.int64),
-                np.zeros((1, w), np.int64), np.zeros((1, 5, w)), np.zeros(OUT_LEN, np.int64))
-        admit_kv(hashes, 8, 1, 0, -1, 0, 1, 0, 10, 1.0, 1, 0, 0, params, 4, 4, np.zeros(w, np.uint8),
-                 np.zeros(w, np.bool_), *args)
-        reserve_slot(1, 0, 8, hashes, 0, -1, 0, 1, 1, 0, 4, 4, *ledger)
-        idx = [x for i in ixs for x in (i.keys, i.used, i.perm, i.ttlm, i.ttl_exp)]
-        depths = [np.zeros(w, np.int32) for _ in range(6)]
-        credited_depth(hashes, 1, 1, 0.5, 4, *idx, ixs[0]._scratch, *depths[:4], np.ones(w, np.uint8),  # noqa: SLF001
-                       np.zeros(w, np.uint8), *depths[4:])
+    hashes = np.frombuffer(np.arange(1, 3, dtype=np.uint64).tobytes(), dtype="<u8")
+    ledger = (a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests, a.ref_keys, a.ref_counts,
+              a.arena, a.s_state, a.s_generation, a.s_worker_row, a.s_worker_generation, a.s_isl, a.s_cached,
+              a.s_prefill, a.s_expected_osl, a.s_output_tokens, a.s_extra_blocks, a.s_class, a.s_enqueue_us,
+              a.s_admit_us, a.s_arena_off, a.s_arena_len, a.s_owner_pid)
+    ix = ixs[0]
+    params = np.zeros(len(ADMIT_PARAMS))
+    params[P["busy_threshold"]] = params[P["busy_threshold_frac"]] = -1.0
+    args = (ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix._scratch, np.zeros(w, np.int32),  # noqa: SLF001
+            *ledger[:4], a.w_max_batched_tokens, *ledger[4:], np.zeros(w), np.zeros((4, w)),
+            np.zeros((1, w), np.uint8), np.zeros((1, w), np.int32), np.zeros((1, w), np.int64),
+            np.zeros((1, w), np.int64), np.zeros((1, 5, w)), np.zeros(OUT_LEN, np.int64))
+    admit_kv(hashes, 8, 1, 0, -1, 0, 1, 0, 10, 1.0, 1, 0, 0, params, 4, 4, np.zeros(w, np.uint8),
+             np.zeros(w, np.bool_), *args)
+    reserve_slot(1, 0, 8, hashes, 0, -1, 0, 1, 1, 0, 4, 4, *ledger)
+    idx = [x for i in ixs for x in (i.keys, i.used, i.perm, i.ttlm, i.ttl_exp)]
+    depths = [np.zeros(w, np.int32) for _ in range(6)]
+    credited_depth(hashes, 1, 1, 0.5, 4, *idx, ixs[0]._scratch, *depths[:4], np.ones(w, np.uint8),  # noqa: SLF001
+                   np.zeros(w, np.uint8), *depths[4:])
