@@ -1,5 +1,6 @@
-"""Admission kernels: one booking (`reserve_slot`) and one whole immediate admission with the `kv`
-selector (`admit_kv`), each a single call (docs/ARCHITECTURE.md "The core", the immediate path).
+"""Admission kernels: one booking (`reserve_slot`), one whole immediate admission with the `kv`
+selector (`admit_kv`) and the credited overlap of event-fed rows (`credited_depth`), each a single
+call (docs/ARCHITECTURE.md "The core", the immediate path).
 
 `admit_kv` composes the existing kernels — it calls them, it does not restate their formulas:
 `overlap_depth` (approximate index) → the class's busy count (`count_busy`) → the cost snapshot
