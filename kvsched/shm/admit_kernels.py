@@ -15,10 +15,10 @@ Twins with the same names and signatures: `numpy_twin` / `python_twin` in `shm/r
 (implemented in `shm/reference_admit.py`, composing the component kernels' twins); property tests
 in tests/shm/test_admit_kernels.py.
 
-Numba's on-disk cache keys a function on its own file only, so a cached `admit_kv` would keep an
-old copy of a component kernel edited since. `_sources_digest()` (a hash of the component
-kernels' source files) is a closure variable of `admit_kv`, which numba's cache key includes:
-editing any of those files recompiles `admit_kv`.
+Numba's on-disk cache keys a function on its own file only, so a cached kernel of this module would
+keep an old copy of a component kernel edited since. `_sources_digest()` (a hash of the component
+kernels' source files) is a closure variable of each kernel here, which numba's cache key includes:
+editing any of those files recompiles them.
 """
 
 from __future__ import annotations
@@ -61,90 +61,104 @@ def _sources_digest() -> str:
     return h.hexdigest()
 
 
-@njit(cache=True, nogil=True)
-def reserve_slot(slot, row, isl_tokens, hashes, cached_tokens, expected_osl, class_idx, enqueue_us, now_us, owner_pid,
-                 block_size, stride, w_generation, w_active_blocks, w_active_prefill, w_active_requests, ref_keys,
-                 ref_counts, arena, s_state, s_generation, s_worker_row, s_worker_generation, s_isl, s_cached, s_prefill,
-                 s_expected_osl, s_output_tokens, s_extra_blocks, s_class, s_enqueue_us, s_admit_us, s_arena_off,
-                 s_arena_len, s_owner_pid):
-    """Book one request in free `slot` on worker `row`: the array half of `Ledger.reserve`.
+def _make_reserve_slot(digest: str):
+    """Build `reserve_slot` with `digest` as a closure variable (module docstring)."""
 
-    Stores the first min(len(hashes), stride, ceil(isl/B)) hashes in the slot's arena range, adds
-    them to the row's refcount index (`ref_add`), writes the slot's fields and adds the booking to
-    the row's aggregates (blocks: hashes that became live + the prompt blocks without a stored
-    hash; prefill: isl - cached; requests: 1). The slot's state is written last (ADMITTED).
+    @njit(cache=True, nogil=True)
+    def reserve_slot(slot, row, isl_tokens, hashes, cached_tokens, expected_osl, class_idx, enqueue_us, now_us, owner_pid,
+                     block_size, stride, w_generation, w_active_blocks, w_active_prefill, w_active_requests, ref_keys,
+                     ref_counts, arena, s_state, s_generation, s_worker_row, s_worker_generation, s_isl, s_cached, s_prefill,
+                     s_expected_osl, s_output_tokens, s_extra_blocks, s_class, s_enqueue_us, s_admit_us, s_arena_off,
+                     s_arena_len, s_owner_pid):
+        """Book one request in free `slot` on worker `row`: the array half of `Ledger.reserve`.
 
-    Args:
-        slot: a free slot; row: a registered worker row.
-        isl_tokens: prompt tokens (>= 1); hashes: uint64[n] chained block hashes.
-        cached_tokens: prompt tokens cached on `row` (clamped to [0, isl]).
-        expected_osl: expected output tokens, -1 = unknown; class_idx: policy class index.
-        enqueue_us / now_us: enqueue and admission times (µs); owner_pid: the owner id.
-        block_size: tokens per block (B); stride: arena entries per slot (max_blocks_per_request).
-        w_* / ref_* / arena / s_*: the ledger arrays (`shm.layout` dtypes), written in place.
-    Returns:
-        int: the booking's generation (the slot's previous generation + 1, wrapping 2**32-1 -> 1).
-    Source: docs/DESIGN.md §3.1 (bookings, live-prefix dedup), §4.2 (aggregates).
-    """
-    gen = np.int64(s_generation[slot]) % _U32_MAX + 1
-    request_blocks = (isl_tokens + block_size - 1) // block_size
-    nh = min(hashes.shape[0], stride, request_blocks)
-    off = slot * stride
-    for k in range(nh):
-        arena[off + k] = hashes[k]
-    became = ref_add(ref_keys[row], ref_counts[row], arena[off:off + nh])
-    cached = max(0, min(cached_tokens, isl_tokens))
-    extra = request_blocks - nh
-    s_worker_row[slot] = row
-    s_worker_generation[slot] = w_generation[row]
-    s_isl[slot] = isl_tokens
-    s_cached[slot] = cached
-    s_prefill[slot] = isl_tokens - cached
-    s_expected_osl[slot] = expected_osl
-    s_output_tokens[slot] = 0
-    s_extra_blocks[slot] = extra
-    s_class[slot] = class_idx
-    s_enqueue_us[slot] = enqueue_us
-    s_admit_us[slot] = now_us
-    s_owner_pid[slot] = owner_pid
-    s_arena_off[slot] = off
-    s_arena_len[slot] = nh
-    w_active_blocks[row] += became + extra
-    w_active_prefill[row] += isl_tokens - cached
-    w_active_requests[row] += 1
-    s_generation[slot] = gen
-    s_state[slot] = SLOT_ADMITTED
-    return gen
+        Stores the first min(len(hashes), stride, ceil(isl/B)) hashes in the slot's arena range, adds
+        them to the row's refcount index (`ref_add`), writes the slot's fields and adds the booking to
+        the row's aggregates (blocks: hashes that became live + the prompt blocks without a stored
+        hash; prefill: isl - cached; requests: 1). The slot's state is written last (ADMITTED).
+
+        Args:
+            slot: a free slot; row: a registered worker row.
+            isl_tokens: prompt tokens (>= 1); hashes: uint64[n] chained block hashes.
+            cached_tokens: prompt tokens cached on `row` (clamped to [0, isl]).
+            expected_osl: expected output tokens, -1 = unknown; class_idx: policy class index.
+            enqueue_us / now_us: enqueue and admission times (µs); owner_pid: the owner id.
+            block_size: tokens per block (B); stride: arena entries per slot (max_blocks_per_request).
+            w_* / ref_* / arena / s_*: the ledger arrays (`shm.layout` dtypes), written in place.
+        Returns:
+            int: the booking's generation (the slot's previous generation + 1, wrapping 2**32-1 -> 1).
+        Source: docs/DESIGN.md §3.1 (bookings, live-prefix dedup), §4.2 (aggregates).
+        """
+        if len(digest) == 0:  # never: `digest` is here for numba's cache key (module docstring)
+            return 0
+        gen = np.int64(s_generation[slot]) % _U32_MAX + 1
+        request_blocks = (isl_tokens + block_size - 1) // block_size
+        nh = min(hashes.shape[0], stride, request_blocks)
+        off = slot * stride
+        for k in range(nh):
+            arena[off + k] = hashes[k]
+        became = ref_add(ref_keys[row], ref_counts[row], arena[off:off + nh])
+        cached = max(0, min(cached_tokens, isl_tokens))
+        extra = request_blocks - nh
+        s_worker_row[slot] = row
+        s_worker_generation[slot] = w_generation[row]
+        s_isl[slot] = isl_tokens
+        s_cached[slot] = cached
+        s_prefill[slot] = isl_tokens - cached
+        s_expected_osl[slot] = expected_osl
+        s_output_tokens[slot] = 0
+        s_extra_blocks[slot] = extra
+        s_class[slot] = class_idx
+        s_enqueue_us[slot] = enqueue_us
+        s_admit_us[slot] = now_us
+        s_owner_pid[slot] = owner_pid
+        s_arena_off[slot] = off
+        s_arena_len[slot] = nh
+        w_active_blocks[row] += became + extra
+        w_active_prefill[row] += isl_tokens - cached
+        w_active_requests[row] += 1
+        s_generation[slot] = gen
+        s_state[slot] = SLOT_ADMITTED
+        return gen
+
+    return reserve_slot
 
 
-@njit(cache=True, nogil=True)
-def credited_depth(hashes, now_us, has_offload, offload_credit, stale_flag, a_keys, a_used, a_perm, a_ttlm, a_ttl_exp,
-                   d_keys, d_used, d_perm, d_ttlm, d_ttl_exp, o_keys, o_used, o_perm, o_ttlm, o_ttl_exp, s_keys, s_used,
-                   s_perm, s_ttlm, s_ttl_exp, scratch, approx_depth, dev_depth, off_depth, spec_depth, event_fed, w_flags,
-                   spec_raw, out):
-    """`OverlapView.depth` with event-fed rows in one call: the prefix depth in the approximate,
-    device, offload (if `has_offload`) and speculative indexes (`overlap_depth` each), then the
-    credited overlap per row (`credit_rows`).
+def _make_credited_depth(digest: str):
+    """Build `credited_depth` with `digest` as a closure variable (module docstring)."""
 
-    Args:
-        hashes: uint64[n]; now_us: µs; has_offload: 1 when an offload index is given (else its
-            arrays are any index's, unread); offload_credit: credit of an offload-only block (0..1);
-            stale_flag: the FLAG_STALE bit of `w_flags`.
-        a_* / d_* / o_* / s_*: the approximate, device, offload and speculative `OverlapIndex`
-            arrays (keys, used, perm, ttlm, ttl_exp); scratch: uint64[words].
-        approx_depth / dev_depth / off_depth / spec_depth: int32[W], written: the raw depths
-            (off_depth only with `has_offload`).
-        event_fed: uint8[W]; w_flags: uint8[W]; spec_raw: int32[W], written (a copy of spec_depth).
-        out: int32[W], written: the credited overlap (`credit_rows`).
-    Source: docs/DESIGN.md §6.4; the credit rule is `core.overlap_view.credited_overlap`.
-    """
-    overlap_depth(a_keys, a_used, a_perm, a_ttlm, a_ttl_exp, hashes, now_us, scratch, approx_depth)
-    overlap_depth(d_keys, d_used, d_perm, d_ttlm, d_ttl_exp, hashes, now_us, scratch, dev_depth)
-    if has_offload != 0:
-        overlap_depth(o_keys, o_used, o_perm, o_ttlm, o_ttl_exp, hashes, now_us, scratch, off_depth)
-    overlap_depth(s_keys, s_used, s_perm, s_ttlm, s_ttl_exp, hashes, now_us, scratch, spec_depth)
-    credit_rows(approx_depth, dev_depth, off_depth, spec_depth, event_fed, w_flags, stale_flag, offload_credit,
-                has_offload != 0, spec_raw, out)
+    @njit(cache=True, nogil=True)
+    def credited_depth(hashes, now_us, has_offload, offload_credit, stale_flag, a_keys, a_used, a_perm, a_ttlm, a_ttl_exp,
+                       d_keys, d_used, d_perm, d_ttlm, d_ttl_exp, o_keys, o_used, o_perm, o_ttlm, o_ttl_exp, s_keys, s_used,
+                       s_perm, s_ttlm, s_ttl_exp, scratch, approx_depth, dev_depth, off_depth, spec_depth, event_fed, w_flags,
+                       spec_raw, out):
+        """`OverlapView.depth` with event-fed rows in one call: the prefix depth in the approximate,
+        device, offload (if `has_offload`) and speculative indexes (`overlap_depth` each), then the
+        credited overlap per row (`credit_rows`).
+
+        Args:
+            hashes: uint64[n]; now_us: µs; has_offload: 1 when an offload index is given (else its
+                arrays are any index's, unread); offload_credit: credit of an offload-only block (0..1);
+                stale_flag: the FLAG_STALE bit of `w_flags`.
+            a_* / d_* / o_* / s_*: the approximate, device, offload and speculative `OverlapIndex`
+                arrays (keys, used, perm, ttlm, ttl_exp); scratch: uint64[words].
+            approx_depth / dev_depth / off_depth / spec_depth: int32[W], written: the raw depths
+                (off_depth only with `has_offload`).
+            event_fed: uint8[W]; w_flags: uint8[W]; spec_raw: int32[W], written (a copy of spec_depth).
+            out: int32[W], written: the credited overlap (`credit_rows`).
+        Source: docs/DESIGN.md §6.4; the credit rule is `core.overlap_view.credited_overlap`.
+        """
+        if len(digest) == 0:  # never: `digest` is here for numba's cache key (module docstring)
+            return
+        overlap_depth(a_keys, a_used, a_perm, a_ttlm, a_ttl_exp, hashes, now_us, scratch, approx_depth)
+        overlap_depth(d_keys, d_used, d_perm, d_ttlm, d_ttl_exp, hashes, now_us, scratch, dev_depth)
+        if has_offload != 0:
+            overlap_depth(o_keys, o_used, o_perm, o_ttlm, o_ttl_exp, hashes, now_us, scratch, off_depth)
+        overlap_depth(s_keys, s_used, s_perm, s_ttlm, s_ttl_exp, hashes, now_us, scratch, spec_depth)
+        credit_rows(approx_depth, dev_depth, off_depth, spec_depth, event_fed, w_flags, stale_flag, offload_credit,
+                    has_offload != 0, spec_raw, out)
+
+    return credited_depth
 
 
 def _make_admit_kv(digest: str):
@@ -257,7 +271,10 @@ def _make_admit_kv(digest: str):
     return admit_kv
 
 
-admit_kv = _make_admit_kv(_sources_digest())
+_DIGEST = _sources_digest()
+reserve_slot = _make_reserve_slot(_DIGEST)
+credited_depth = _make_credited_depth(_DIGEST)
+admit_kv = _make_admit_kv(_DIGEST)
 
 
 def pack_kv_params(selector, selector_cfg, cls) -> np.ndarray:  # noqa: ANN001
