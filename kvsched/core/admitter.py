@@ -56,8 +56,8 @@ class Admitter:
         explain: `ExplainRing` of the last `EXPLAIN_RING` admissions (worker ids / ranks / present
             copies are shared between decisions while the worker table is unchanged; costs are kept
             only when there are no terms, whose sum is the cost).
-        fused: True when `admit_fast` may decide (the `kv` selector at temperature 0 over an
-            `OverlapIndex`); False sends every request through `admit_one`.
+        fused: True when `admit_fast` may decide (the `kv` selector, `KvSelector.decides_by_kernel`,
+            over an `OverlapIndex`); False sends every request through `admit_one`.
     """
 
     def __init__(self, ledger, view, selector, leases, pq, selector_cfg) -> None:
@@ -77,7 +77,7 @@ class Admitter:
         self._view = SelectionView(ledger._out_prefill, ledger._out_blocks, a.w_active_prefill,  # noqa: SLF001
                                    a.w_active_blocks, a.w_total_kv_blocks, a.w_max_batched_tokens, 0,
                                    ledger.block_size, 0)
-        self.fused = (type(selector) is KvSelector and selector.temperature <= 0.0
+        self.fused = (type(selector) is KvSelector and selector.decides_by_kernel()
                       and isinstance(view.approx, OverlapIndex))
         if self.fused:
             selector.reserve_rows(w)

@@ -254,6 +254,14 @@ class KvSelector(DynamoCostSelector):
                                      request_blocks=request_blocks, view=view)[0]
 
     # ---- learning (after admission) -------------------------------------------------------------
+    def decides_by_kernel(self) -> bool:
+        """True when every decision of `select_explained` with a view is the `kv_cost_terms` kernel's
+        (its unique minimum; ties go through `DynamoCostSelector.select`) and `admitted` only updates
+        `recent`: temperature 0 and no key that only the array code computes. The fused admission
+        kernel (`shm.admit_kernels.admit_kv`) may then decide in the selector's place. A new key the
+        kernel does not compute must make this False."""
+        return self.temperature <= 0.0 and self.ttft_model is None
+
     def reserve_rows(self, n: int) -> None:
         """Grow `recent` to at least `n` rows now (zeros), so that `admitted` never grows it and the
         fused admission kernel can update it in place. Decisions are unchanged: a row past the end

@@ -155,3 +155,29 @@ def test_explain_ring_keeps_the_newest_records_when_it_wraps(n):
         fast.enqueue(make_request(f"x{i}", isl_tokens=32, block_hashes=np.array([7, i], np.uint64), owner=1), 100 + i)
     assert fast.explain("x0") is None and fast.explain(f"x{n + 1}") is not None
     assert adm_mod.EXPLAIN_RING >= 1024
+
+
+@pytest.mark.parametrize("key", ["lead_max_extra_ttft_s", "prefill_seconds_ref_us"])
+def test_fused_path_is_off_when_a_key_only_the_array_code_computes_is_on(key):
+    """The predicted-seconds keys are computed by the kv selector's array code only (and its
+    `admitted` feeds their model): with one on, every request takes the Python path, and two
+    schedulers, one forced onto the Python path, decide alike."""
+    from kvsched.core.ledger import Ledger as _Ledger
+
+    out = []
+    for _ in range(2):
+        config = make_config(selector=SelectorConfig(seed=3, **{key: 3.0 if key == "lead_max_extra_ttft_s" else 30.0}))
+        s = create_scheduler(config, ledger=_Ledger(LedgerArrays.private(8, 64, 16, block_size=16)),
+                             overlap=OverlapIndex(8, 256), add_workers=False)
+        for wid, rank in WORKERS:
+            s.add_worker(WorkerKey(wid, rank), 4000, 2048)
+        out.append(s)
+    auto, slow = out
+    slow.admitter.fused = False
+    assert not auto.admitter.fused
+    rng = np.random.default_rng(5)
+    for i in range(40):
+        h = np.array([int(rng.integers(0, 3)) * 100 + k for k in range(4)] + [10**6 + i], dtype=np.uint64)
+        got = [s.enqueue(make_request(f"q{i}", isl_tokens=80, block_hashes=h, owner=1), 1000 * i) for s in out]
+        assert got[0] == got[1]
+    _same_state(auto, slow, [f"q{i}" for i in range(40)])
