@@ -14,6 +14,19 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba-cache"))
 
 
+def pytest_sessionstart(session) -> None:  # noqa: ANN001 - pytest.Session
+    """Compile every kernel into the shared NUMBA_CACHE_DIR once, before any test: on a fresh clone
+    the first daemon a test starts would otherwise compile them inside its ready timeout (~50 s on a
+    2-core machine with a cold cache); with the cache filled it loads them in a few seconds."""
+    from kvsched.shm.kernels import warm_kernels
+
+    t0 = time.monotonic()
+    warm_kernels()
+    took = time.monotonic() - t0
+    if took > 5:
+        print(f"\nkernels compiled into {os.environ['NUMBA_CACHE_DIR']} in {took:.0f} s")
+
+
 def wait_until(pred: Callable[[], bool], timeout_s: float = 30.0, interval_s: float = 0.02) -> bool:
     """Poll `pred` until it is true; returns False at timeout (assert on the result). The default
     deadline is generous on purpose: a loaded 2-core CI machine can be seconds late."""
