@@ -140,7 +140,7 @@ class Daemon:
                                              self.segments.kv_index_restored, runtime)
         self.admin_ctx.kv_events = self.kv_events
         self.admin_ctx.hash_check = install_hash_check(cfg, self.kv_events, self.scheduler, self.metrics)
-        self.actor.on_tick.append(kv_metrics_tick(self.kv_events, self.metrics))
+        self.actor.on_second.append(kv_metrics_tick(self.kv_events, self.metrics))  # counters: not per 10 ms tick
         self.kv_events.start()  # restored rows ask their engines for a catch-up replay now
         await self.kv_events.wait_caught_up(KV_CATCH_UP_WAIT_S)
         status = f"serving {self.endpoint} epoch={epoch} workers={len(self.scheduler.workers())}"

@@ -85,6 +85,13 @@ class ReplyOutbox:
         return lost
 
     def _send_items(self, conn: Connection, items: list[tuple[bytes, Admit | None]]) -> list[Admit]:
+        if len(items) == 1:  # the common case: one reply this wake, sent as itself
+            raw, admit = items[0]
+            return [] if self.send_now(conn, raw) or admit is None else [admit]
+        if sum(len(raw) for raw, _ in items) <= self.limit:  # one Replies message
+            if self.send_now(conn, p.encode_replies([raw for raw, _ in items])):
+                return []
+            return [a for _, a in items if a is not None]
         lost: list[Admit] = []
         start, size = 0, 0
         for i in range(len(items) + 1):

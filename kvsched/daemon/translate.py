@@ -136,22 +136,27 @@ class Translator:
         self.releases_this_wake = 0
 
     def handle(self, conn: Connection, frame, t: int) -> None:
-        """One decoded frame other than Hello (the actor answers Hello itself)."""
-        match frame:
-            case p.Enqueue():
-                self.on_enqueue(conn, frame, t)
-            case p.Release():
-                self.releases_this_wake += 1
-                if self.owns(conn, frame.request_id):
-                    self._observe_lease(frame.slot, frame.generation, t)
-                    self.scheduler.release(frame.request_id, frame.slot, frame.generation, frame.outcome,
-                                           frame.context_tokens, t)
-            case p.Update():
-                self.on_update(conn, frame, t)
-            case p.Heartbeat():
-                self.send(conn, p.HeartbeatAck(frame.seq))
-            case p.Reattach():
-                self.on_reattach(conn, frame, t)
+        """One decoded frame other than Hello (the actor answers Hello itself). Dispatch is by exact
+        type, the lifecycle's two frames first (a `match` on class patterns costs an isinstance
+        check per case)."""
+        tp = type(frame)
+        if tp is p.Enqueue:
+            self.on_enqueue(conn, frame, t)
+        elif tp is p.Release:
+            self.on_release(conn, frame, t)
+        elif tp is p.Update:
+            self.on_update(conn, frame, t)
+        elif tp is p.Heartbeat:
+            self.send(conn, p.HeartbeatAck(frame.seq))
+        elif tp is p.Reattach:
+            self.on_reattach(conn, frame, t)
+
+    def on_release(self, conn: Connection, f: p.Release, t: int) -> None:
+        """A Release: the lease's duration is observed, then the scheduler applies it (idempotent)."""
+        self.releases_this_wake += 1
+        if self.owns(conn, f.request_id):
+            self._observe_lease(f.slot, f.generation, t)
+            self.scheduler.release(f.request_id, f.slot, f.generation, f.outcome, f.context_tokens, t)
 
     def _observe_lease(self, slot: int, generation: int, t: int) -> None:
         """A lease's duration, just before the scheduler applies its Release (stale or repeated

@@ -258,7 +258,7 @@ def install_hash_check(cfg: Config, subscriber, scheduler, metrics):
 
 
 def kv_metrics_tick(subscriber, metrics):
-    """An `Actor.on_tick` callback: add the subscriber's applied / replayed deltas to the counters
+    """An `Actor.on_second` callback: add the subscriber's applied / replayed deltas to the counters
     and set the stale-workers gauge."""
     last = {"applied": 0, "replayed": 0}
 
