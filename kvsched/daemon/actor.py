@@ -154,10 +154,17 @@ class Actor:
     def _drain_data(self) -> None:
         if self.stopped:
             return
+        sock = self.data_sock
+        if not sock.getsockopt(_EVENTS) & _POLLIN:
+            # Nothing to read: the ZMQ FD also signals after sends and internal commands. No fold,
+            # no cleanup pass (the timers fold while anything waits); flush what a timer left.
+            if self.outbox:
+                self._flush_replies()
+                self._rearm(sock, self._on_data, more=False)
+            return
         budget = self.cfg.frame_budget_per_wake
         t = now_us()
         n = 0
-        sock = self.data_sock
         folded = self._fold()  # local routers' dispatched / prefill_done / tokens, before this wake's frames
         while n < budget and sock.getsockopt(_EVENTS) & _POLLIN:  # no zmq.Again raised per wake (~3 µs)
             identity = sock.recv(_NOBLOCK)

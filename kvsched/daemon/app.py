@@ -134,7 +134,8 @@ class Daemon:
         self.actor.on_tick.append(self.notifier.watchdog_tick)
         arrays = self.scheduler.ledger.arrays
         self.health.watch_workers(lambda: available_workers(arrays.w_present, arrays.w_flags))
-        self.actor.on_tick.append(self.health.tick)
+        self.actor.on_tick.append(self.health.stamp)  # liveness: every tick
+        self.actor.on_second.append(self.health.tick)  # + available workers (readiness), once a second
         self.actor.start()
         self.kv_events = build_kv_subscriber(cfg, self.scheduler, loop, self.ctx, self.segments.kv_index,
                                              self.segments.kv_index_restored, runtime)

@@ -64,8 +64,14 @@ class Health:
         """Set the function (run on the actor's loop, at each tick) counting available workers."""
         self._count_workers = count
 
+    def stamp(self) -> None:
+        """An actor on-tick callback (every `progress_fold_ms`): stamp the time only."""
+        self.last_tick_s = self.clock()
+
     def tick(self) -> None:
-        """An actor on-tick callback: stamp the time and refresh the available-worker count."""
+        """Stamp the time and refresh the available-worker count. The daemon runs it once a second
+        (`Actor.on_second`): the count is a few numpy passes, too dear for every 10 ms tick, and
+        workers change only by admin commands and runtime registration."""
         if self._count_workers is not None:
             self.available_workers = self._count_workers()
         self.last_tick_s = self.clock()
