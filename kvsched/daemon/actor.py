@@ -173,19 +173,23 @@ class Actor:
         budget = self.cfg.frame_budget_per_wake
         t = now_us()
         n = 0
+        sends = self.outbox.sends
         folded = self._fold()  # local routers' dispatched / prefill_done / tokens, before this wake's frames
-        while n < budget and readable(sock):  # no zmq.Again raised per wake (an exception: dearer)
+        while True:  # readable: checked above, then after each message (no zmq.Again raised per wake)
             identity = sock.recv(_NOBLOCK)
-            payload = sock.recv(_NOBLOCK)  # the rest of a message is there once its first part is
-            if sock.getsockopt(_RCVMORE):  # more than [identity, payload]: several parts, or a REQ's envelope
-                rest = []
+            part = sock.recv(_NOBLOCK, copy=False)  # the rest of a message is there once its first part is
+            payload = part.bytes
+            if part.more:  # more than [identity, payload]: several parts, or a REQ's envelope
+                rest = []  # (`Frame.more` reads the message; getsockopt(RCVMORE) would build an enum)
                 while sock.getsockopt(_RCVMORE):
                     rest.append(sock.recv(_NOBLOCK))
                 self.metrics.malformed.labels(code="malformed").inc()
                 if is_req_envelope(payload, rest):  # a REQ socket: tell it (it waits for an answer)
                     self._refuse_req(identity)
-                continue
-            n += self._handle_data(identity, payload, t) or 1  # a Batch counts its inner frames
+            else:
+                n += self._handle_data(identity, payload, t) or 1  # a Batch counts its inner frames
+            if n >= budget or not readable(sock):
+                break
         tally = self.tally
         if n:
             tally.frames += n
@@ -199,7 +203,11 @@ class Actor:
         self._arm_fold_timer()
         self._flush_replies()
         tally.flush_if_full()
-        self._rearm(self.data_sock, self._on_data, more=(n == budget))
+        # Sends process the socket's commands and can swallow the FD's edge for a message that
+        # arrived meanwhile: look again after sending. With nothing sent, the check that ended the
+        # loop above still holds.
+        if n >= budget or (self.outbox.sends != sends and readable(sock)):
+            self.loop.call_soon(self._on_data)
 
     # ------------------------------------------------------------------ shared-memory words
     def _fold(self) -> bool:
@@ -349,6 +357,7 @@ class Actor:
         """Answer a REQ socket on the data socket with `error{code=1}` in its own envelope."""
         try:
             err = p.Error(int(p.ErrorCode.MALFORMED), REQ_ON_DATA_SOCKET)
+            self.outbox.sends += 1
             self.data_sock.send_multipart((identity, b"", self.enc.encode(err)), _NOBLOCK)
         except zmq.ZMQError:
             pass

@@ -34,6 +34,8 @@ class ReplyOutbox:
             of replies queued outside a data-socket wake (timers, admin); a wake flushes itself.
         on_flush_due: the callback `schedule` runs (the actor's flush-and-release).
     Attributes:
+        sends: messages sent (or attempted) so far; the actor compares it across a wake to know
+            whether to re-check the socket (a send can swallow the ZMQ FD's edge).
         in_wake: True while the actor drains the data socket; replies queued then are flushed at the
             end of the wake, so no safety-net callback is scheduled for them.
     """
@@ -48,6 +50,7 @@ class ReplyOutbox:
         self._boxes: dict[bytes, tuple[Connection, list[tuple[bytes, Admit | None]]]] = {}
         self._queued = False
         self.in_wake = False
+        self.sends = 0  # messages handed to ZeroMQ (or refused by it) so far
 
     def __bool__(self) -> bool:
         return bool(self._boxes)
@@ -68,6 +71,7 @@ class ReplyOutbox:
 
     def send_now(self, conn: Connection, payload: bytes) -> bool:
         """Send one message to `conn`. False when ZeroMQ refuses it (peer gone, or its queue full)."""
+        self.sends += 1
         try:
             self.sock.send(conn.identity, _SNDMORE_NOBLOCK)  # EHOSTUNREACH here for a gone peer
             self.sock.send(payload, _NOBLOCK)
