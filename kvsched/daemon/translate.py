@@ -162,12 +162,13 @@ class Translator:
         """A lease's duration, just before the scheduler applies its Release (stale or repeated
         releases, whose generation no longer matches, are not observed)."""
         a = self.scheduler.ledger.arrays
-        if not (0 <= slot < len(a.s_state)) or a.s_state[slot] == 0 or a.s_generation[slot] != generation:
+        # `.item` gives Python ints: no numpy scalar per read, no mixed-type comparison
+        if not (0 <= slot < len(a.s_state)) or a.s_state.item(slot) == 0 or a.s_generation.item(slot) != generation:
             return
-        idx = int(a.s_class[slot])
+        idx = a.s_class.item(slot)
         classes = self.scheduler.pq.classes
         if 0 <= idx < len(classes):
-            self.tally.lease_s.setdefault(classes[idx].name, []).append(max(0, t - int(a.s_admit_us[slot])) / 1e6)
+            self.tally.lease_s.setdefault(classes[idx].name, []).append(max(0, t - a.s_admit_us.item(slot)) / 1e6)
 
     # ------------------------------------------------------------------ Enqueue
     def on_enqueue(self, conn: Connection, f: p.Enqueue, t: int) -> None:
