@@ -25,38 +25,17 @@ pair names at most one booking, so stale releases and stale progress words are n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..config import OverloadConfig
 from ..protocol import MAX_REQUEST_ID_BYTES
 from ..shm.admit_kernels import reserve_slot
 from ..shm.booking_kernels import release_booking, slot_dispatched, slot_output_tokens, slot_prefill_done
-from ..shm.kernels import fold_progress, fold_words, project_and_cost, ref_add
+from ..shm.kernels import fold_progress, fold_words, project_and_cost
 from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
+from .slot_table import SlotInfo, read_slot, rebuild_aggregates
 from .types import WorkerKey
 from .worker_rows import WorkerRows
-
-
-
-@dataclass(frozen=True, slots=True)
-class SlotInfo:
-    """One booking as read from the slot table (tokens, µs)."""
-
-    request_id: str
-    generation: int
-    row: int
-    state: int  # 0 free, 1 admitted, 2 dispatched, 3 prefill_done
-    isl: int
-    cached: int
-    prefill: int  # outstanding prefill tokens
-    output_tokens: int
-    expected_osl: int  # -1 = unknown
-    class_idx: int
-    admit_us: int
-    enqueue_us: int
-    owner_pid: int
 
 
 class Ledger:
@@ -403,13 +382,8 @@ class Ledger:
         return self._slot_of.get(request_id)
 
     def slot_info(self, slot: int) -> SlotInfo:
-        a = self.arrays
-        return SlotInfo(
-            request_id=a.s_request_id[slot].decode(), generation=int(a.s_generation[slot]), row=int(a.s_worker_row[slot]),
-            state=int(a.s_state[slot]), isl=int(a.s_isl[slot]), cached=int(a.s_cached[slot]), prefill=int(a.s_prefill[slot]),
-            output_tokens=int(a.s_output_tokens[slot]), expected_osl=int(a.s_expected_osl[slot]), class_idx=int(a.s_class[slot]),
-            admit_us=int(a.s_admit_us[slot]), enqueue_us=int(a.s_enqueue_us[slot]), owner_pid=int(a.s_owner_pid[slot]),
-        )
+        """The booking in `slot` (`slot_table.read_slot`)."""
+        return read_slot(self.arrays, slot)
 
     def live_slots(self) -> list[int]:
         return np.flatnonzero(self.arrays.s_state).tolist()
@@ -420,22 +394,9 @@ class Ledger:
     def rebuild_aggregates(self) -> None:
         """Recompute w_active_* and the refcount index from the slot table + arena (daemon restart).
 
-        Bookings on rows that no longer hold a worker are freed.
+        Bookings on rows that no longer hold a worker are freed (`slot_table.rebuild_aggregates`).
         """
-        a = self.arrays
-        a.w_active_blocks[:] = a.w_active_prefill[:] = a.w_active_requests[:] = 0
-        for row in range(a.max_workers):
-            if a.ref_counts[row].any():
-                a.ref_counts[row, :] = 0
-        for slot in np.flatnonzero(a.s_state).tolist():
-            row = int(a.s_worker_row[slot])
-            if not (0 <= row < a.max_workers and a.w_present[row]):
-                a.s_state[slot] = SLOT_FREE
-                continue
-            off, nh = int(a.s_arena_off[slot]), int(a.s_arena_len[slot])
-            a.w_active_blocks[row] += ref_add(a.ref_keys[row], a.ref_counts[row], a.arena[off:off + nh]) + a.s_extra_blocks[slot]
-            a.w_active_prefill[row] += a.s_prefill[slot]
-            a.w_active_requests[row] += 1
+        rebuild_aggregates(self.arrays)
         self.rows.adopt()
         self._adopt()
         if self.rows.overload_enabled():
