@@ -8,8 +8,9 @@ The work is done by parts with one job each (docs/ARCHITECTURE.md "The core"):
 * `LeaseTable` (leases.py): live requests by id / slot / owner, ownership, adoption, orphans;
 * `Intake` (intake.py): validation, placements, why a request waits, limits, deadlines;
 * `PolicyFeed` (policy_feed.py): admission-policy events buffered until `drain_cleanup`;
-* `reload.py`, `introspect.py`, `workers.py`, `periodic.py`: a profile reload, the admin views,
-  worker removal and the timed work (word folds, deadlines, orphans, reconcile), as plain functions.
+* `reload.py`, `introspect.py`, `workers.py`, `periodic.py`, `revoke.py`: a profile reload, the admin
+  views, worker removal, the timed work (word folds, deadlines, orphans, reconcile) and requests ended
+  by someone other than their holder (router death, admin cancel, shutdown), as plain functions.
 
 Lifecycle rules kept here: `release()` frees the booking / removes the queued entry at once (lazy
 deletion) and buffers the policy events and the id; `drain_cleanup()` tells the policies (the id
@@ -26,7 +27,7 @@ from typing import Callable
 
 from ..config import ClassConfig, Config
 from ..shm.overlap import OverlapIndex
-from . import introspect, periodic, workers
+from . import introspect, periodic, revoke, workers
 from .admission import Bypass, Defer, Ready, create_admission_policy
 from .admitter import Admitter
 from .class_queue import PolicyClassQueue
@@ -256,35 +257,13 @@ class Scheduler:
             self.feed.completed(live, context_tokens)
 
     def cancel_owner(self, owner: int, now_us: int) -> None:
-        """Router death: every lease and waiting request of `owner` is aborted (batched)."""
-        table = self.lease_table
-        for rid in list(table.by_owner.get(owner, ())):
-            live = table.live[rid]
-            if live.state == LEASED:
-                self.release(rid, live.slot, live.generation, "aborted", 0, now_us)
-            else:
-                self.release(rid, -1, 0, "cancelled", 0, now_us)
+        """Router death: every lease and waiting request of `owner` is aborted (`revoke.cancel_owner`)."""
+        revoke.cancel_owner(self, owner, now_us)
 
     def cancel(self, request_id: str, now_us: int) -> list[Reject] | None:
-        """Admin cancel: remove a waiting request or abort a lease; None when unknown.
-
-        Returns one `Reject("cancelled")` for the owner: for a waiting request it is the answer to its
-        Enqueue; for a lease it is a revocation notice (`revoked=True`) telling the holder to stop.
-        """
-        live = self.lease_table.live.get(request_id)
-        if live is None:
-            return None
-        cls_name = self.pq.classes[live.entry.class_idx].name
-        leased = live.state == LEASED
-        if leased:
-            self.release(request_id, live.slot, live.generation, "aborted", 0, now_us)
-        else:
-            self.release(request_id, -1, 0, "cancelled", 0, now_us)
-        reject = self.admitter.reject(live.spec, "cancelled", "cancelled by an operator", cls_name)
-        if leased:
-            reject = Reject(reject.request_id, reject.owner, reject.reason, "lease revoked by an operator",
-                            reject.policy_class, revoked=True)
-        return [reject]
+        """Admin cancel: remove a waiting request or abort a lease; None when unknown (`revoke.cancel`).
+        Returns one `Reject("cancelled")` for the owner (`revoked=True` when it held a lease)."""
+        return revoke.cancel(self, request_id, now_us)
 
     # ---- ownership (LeaseTable) --------------------------------------------------------------
     def owner_of(self, request_id: str) -> int | None:
@@ -371,20 +350,8 @@ class Scheduler:
         return out
 
     def shutdown(self, now_us: int) -> list[Reject]:
-        """Every waiting / deferred request → Reject "shutting_down"; later enqueues too."""
-        self.intake.shutting_down = True
-        out = []
-        for cq in self.pq.classes:
-            entries = list(cq.iter_all())
-            cq.remove_many(entries)
-            self.pq._reset_if_empty(cq)  # noqa: SLF001 - same package
-            for entry in entries:
-                self.lease_table.drop(entry.payload, abort=True)
-                out.append(self.admitter.reject(entry.payload.spec, "shutting_down", "scheduler is shutting down",
-                                                cq.name))
-        self._tell_policies(now_us)
-        self.pq.compact()
-        return out
+        """Every waiting / deferred request → Reject "shutting_down"; later enqueues too (`revoke.shutdown`)."""
+        return revoke.shutdown(self, now_us)
 
     def reload(self, config: Config) -> None:
         """Apply a new scheduling profile (`reload.reload_profile`). Raises ValueError (old profile kept)."""
