@@ -22,6 +22,7 @@ import zmq
 
 from .. import protocol as p
 from ..core.types import Admit
+from . import tick
 from .admin_socket import ADMIN_BUDGET, AdminSocket
 from .connections import Connection, ConnectionTable
 from .envelope import REQ_ON_DATA_SOCKET, is_req_envelope
@@ -380,56 +381,14 @@ class Actor:
         self._timer = self.loop.call_later(self.cfg.progress_fold_ms / 1000, self._on_tick)
 
     def _on_tick(self) -> None:
+        """Timer callback: the periodic work (`tick.py`), then the next tick and fold timer."""
         if self.stopped:
             return
         t = now_us()  # one clock reading for the lag and the reaper: a stall after it shows in the next lag
-        now_s = t / 1_000_000
-        lag_s = max(0.0, now_s - self._last_tick_s - self.cfg.progress_fold_ms / 1000)
-        self.metrics.loop_lag.observe(lag_s)
-        self._last_tick_s = now_s
-        if self.conns.credit_stall(int(lag_s * 1_000_000), t):  # read nothing that long: nobody's silence
-            self.scheduler.credit_stall(int(lag_s * 1_000_000))  # nor part of a restart's re-attach grace
-            self.warn.warning("loop-stall", "actor loop stalled seconds=%.2f; not counted as the routers' silence",
-                              lag_s)
+        tick.observe_lag(self, t)
         try:
-            self._fold()  # counted here; the tick's own fold then finds nothing new
-            outcomes = self.scheduler.tick(t)
-            orphans = self.scheduler.take_orphan_report()
-            if orphans is not None and orphans.released:
-                log.warning("released leases nobody re-attached after the restart count=%d claimed=%d",
-                            orphans.released, orphans.claimed)
-            for note in self.scheduler.take_notices():
-                self.warn.warning("invalid-placement", "%s (ignored so far: %d)", note, self.scheduler.invalid_placements)
-            if t >= self._next_liveness_us:
-                self._next_liveness_us = t + 100_000
-                self._reap_dead(t)
-            if t >= self._next_gauges_us:
-                self._next_gauges_us = t + 1_000_000
-                self._update_gauges(t)
-                for cb in self.on_second:
-                    cb()
-            outcomes += self.scheduler.drain_cleanup(t)
-            self._deliver(outcomes, t)
-            self.tally.flush()
-            for cb in self.on_tick:
-                cb()
+            tick.periodic_work(self, t)
         finally:
             self._schedule_tick()
             self._arm_fold_timer()
         self._rearm(self.data_sock, self._on_data, more=False)
-
-    def _update_gauges(self, t: int) -> None:
-        """Queue, lease and worker gauges, refreshed once a second from the scheduler's introspection."""
-        self.metrics.refresh(self.scheduler, t)
-
-    def _reap_dead(self, t: int) -> None:
-        for conn in self.conns.find_dead(t):
-            owned = self.scheduler.owned_count(conn.owner)
-            # A router that closed cleanly owns nothing (there is no goodbye frame): not a warning.
-            (log.warning if owned else log.info)(
-                "router gone owner=%d client=%s pid=%d silent_ms=%d aborted_requests=%d", conn.owner,
-                conn.client_name, conn.hello_pid, (t - conn.last_seen_us) // 1000, owned)
-            self.metrics.dead_connections.inc()
-            self.conns.close_dead(conn)
-            self.scheduler.cancel_owner(conn.owner, t)
-        self.metrics.connections.set(len(self.conns))
