@@ -200,7 +200,7 @@ def _add_worker_problem(req: p.AddWorker) -> str | None:
 
 def _add_kv_source(ctx: AdminContext, req: p.AddWorker, row: int) -> None:
     """Subscribe to the new rank's KV events (the endpoints are the rank's own: no dp offset)."""
-    from .kv_events import KvEventSource
+    from .kv_sources import KvEventSource
 
     ctx.kv_events.remove_source(row)  # a row reused after RemoveWorker starts from a clean stream
     ctx.kv_events.add_source(KvEventSource(row, req.kv_events_endpoint, req.kv_replay_endpoint or None,

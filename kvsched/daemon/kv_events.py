@@ -31,74 +31,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..kvevents.apply import KvEventApplier
-from ..kvevents.format import offset_endpoint, seq_from_bytes, seq_to_bytes
+from ..kvevents.format import seq_from_bytes, seq_to_bytes
 from ..shm.overlap import OverlapIndex
+from .kv_sources import KvEventSource, SourceStream, replay_backoff_s
+from .kv_sources import sources_for_worker  # noqa: F401 - re-exported (the tests and older callers import it here)
 from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class KvEventSource:
-    """Where one worker row's events come from (endpoints already offset by dp_rank)."""
-
-    row: int  # ledger worker row
-    endpoint: str  # the engine's PUB endpoint (we connect)
-    replay_endpoint: str | None = None  # the engine's replay ROUTER, or None (no replay)
-    topic: str = ""  # SUB prefix filter ("" = every topic)
-    stale_after_s: float | None = None  # silence before stale (s); None = the subscriber's default
-
-
-def sources_for_worker(worker_cfg, rows_by_rank: dict[int, int]) -> list[KvEventSource]:
-    """The sources of one `WorkerConfig` (none without `kv_events_endpoint`).
-
-    Args:
-        worker_cfg: `kvsched.config.WorkerConfig`.
-        rows_by_rank: dp_rank -> ledger row, for the ranks registered in the ledger.
-    """
-    if not worker_cfg.kv_events_endpoint:
-        return []
-    out = []
-    for rank, row in sorted(rows_by_rank.items()):
-        replay = worker_cfg.kv_replay_endpoint
-        out.append(KvEventSource(row, offset_endpoint(worker_cfg.kv_events_endpoint, rank),
-                                 offset_endpoint(replay, rank) if replay else None, worker_cfg.kv_events_topic,
-                                 worker_cfg.kv_events_stale_after_s))
-    return out
-
-
 def _now_us() -> int:
     return time.monotonic_ns() // 1000
-
-
-class _Stream:
-    """Sockets and timers of one source."""
-
-    __slots__ = ("src", "sub", "mon", "dealer", "last_msg_s", "stale", "replay_deadline_s",
-                 "replay_attempts", "retry_at_s", "retry_from")
-
-    def __init__(self, src: KvEventSource) -> None:
-        self.src = src
-        self.sub: zmq.Socket | None = None
-        self.mon: zmq.Socket | None = None
-        self.dealer: zmq.Socket | None = None
-        self.last_msg_s = 0.0
-        self.stale = True
-        self.replay_deadline_s: float | None = None  # end marker expected before this
-        self.replay_attempts = 0
-        self.retry_at_s: float | None = None  # re-send a failed replay request at this time
-        self.retry_from = 0
-
-
-def _backoff_s(attempt: int) -> float:
-    return min(5.0, 0.1 * (2 ** max(0, attempt - 1)))
 
 
 class KvEventSubscriber:
@@ -129,7 +78,7 @@ class KvEventSubscriber:
                  restored: dict[int, int] | None = None) -> None:
         self.loop = loop
         self.ctx = ctx
-        self.streams = [_Stream(s) for s in sources]
+        self.streams = [SourceStream(s) for s in sources]
         rows = [s.src.row for s in self.streams]
         if len(set(rows)) != len(rows):
             raise ValueError(f"two KV-event sources for one worker row: {rows}")
@@ -201,7 +150,7 @@ class KvEventSubscriber:
         """Subscribe one more worker row (admin AddWorker); it starts stale."""
         if any(st.src.row == src.row for st in self.streams):
             raise ValueError(f"worker row {src.row} already has a KV-event source")
-        st = _Stream(src)
+        st = SourceStream(src)
         self.streams.append(st)
         if src.stale_after_s:
             self.tick_s = max(0.01, min(self.tick_s, src.stale_after_s / 4))
@@ -218,7 +167,7 @@ class KvEventSubscriber:
             self.streams.remove(st)
         self.applier.reset_row(row)
 
-    def _close(self, st: _Stream) -> None:
+    def _close(self, st: SourceStream) -> None:
         self._close_dealer(st)
         st.retry_at_s = None
         if st.mon is not None:
@@ -238,7 +187,7 @@ class KvEventSubscriber:
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
 
-    def _open_sub(self, st: _Stream) -> None:
+    def _open_sub(self, st: SourceStream) -> None:
         sub = self.ctx.socket(zmq.SUB)
         self._options(sub)
         sub.setsockopt(zmq.RCVHWM, 100_000)
@@ -255,7 +204,7 @@ class KvEventSubscriber:
         self.loop.call_soon(self._on_sub, st)  # a ZMQ FD only signals after EVENTS has been read once
         self.loop.call_soon(self._on_monitor, st)
 
-    def _open_dealer(self, st: _Stream) -> zmq.Socket:
+    def _open_dealer(self, st: SourceStream) -> zmq.Socket:
         assert st.src.replay_endpoint is not None
         dealer = self.ctx.socket(zmq.DEALER)
         self._options(dealer)
@@ -269,7 +218,7 @@ class KvEventSubscriber:
         self.loop.add_reader(dealer.getsockopt(zmq.FD), self._on_dealer, st)
         return dealer
 
-    def _close_dealer(self, st: _Stream) -> None:
+    def _close_dealer(self, st: SourceStream) -> None:
         st.replay_deadline_s = None
         if st.dealer is not None:
             self.loop.remove_reader(st.dealer.getsockopt(zmq.FD))
@@ -277,7 +226,7 @@ class KvEventSubscriber:
             st.dealer = None
 
     # ------------------------------------------------------------------ live stream
-    def _on_sub(self, st: _Stream) -> None:
+    def _on_sub(self, st: SourceStream) -> None:
         sub = st.sub
         if sub is None:
             return
@@ -296,7 +245,7 @@ class KvEventSubscriber:
         if st.sub is sub and (n == self.frame_budget or sub.getsockopt(zmq.EVENTS) & zmq.POLLIN):
             self.loop.call_soon(self._on_sub, st)
 
-    def _on_live(self, st: _Stream, seq: int, payload: bytes) -> None:
+    def _on_live(self, st: SourceStream, seq: int, payload: bytes) -> None:
         row = st.src.row
         st.last_msg_s = self.clock()
         self._set_stale(st, False)
@@ -309,13 +258,13 @@ class KvEventSubscriber:
         if res.replay_from is not None:
             self._request_replay(st, res.replay_from)
 
-    def _malformed(self, st: _Stream, what: str, parts: int) -> None:
+    def _malformed(self, st: SourceStream, what: str, parts: int) -> None:
         self.malformed_frames += 1
         self.warn.warning(f"kv-malformed-{st.src.row}", "kv event frame malformed row=%d socket=%s parts=%d",
                           st.src.row, what, parts)
 
     # ------------------------------------------------------------------ replay
-    def _request_replay(self, st: _Stream, start: int) -> None:
+    def _request_replay(self, st: SourceStream, start: int) -> None:
         if st.src.replay_endpoint is None:  # nowhere to ask: the missing seqs are lost
             self.applier.replay_failed(st.src.row, retry=False)
             return
@@ -330,7 +279,7 @@ class KvEventSubscriber:
         log.debug("kv replay requested row=%d from=%d", st.src.row, start)
         self.loop.call_soon(self._on_dealer, st)
 
-    def _on_dealer(self, st: _Stream) -> None:
+    def _on_dealer(self, st: SourceStream) -> None:
         dealer = st.dealer
         if dealer is None:
             return
@@ -345,7 +294,7 @@ class KvEventSubscriber:
         if st.dealer is dealer and (n == self.frame_budget or dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN):
             self.loop.call_soon(self._on_dealer, st)
 
-    def _on_replay_frames(self, st: _Stream, frames: list[bytes]) -> None:
+    def _on_replay_frames(self, st: SourceStream, frames: list[bytes]) -> None:
         if frames and frames[0] == b"":
             frames = frames[1:]
         if len(frames) == 3:  # [topic, seq, payload]
@@ -371,7 +320,7 @@ class KvEventSubscriber:
         self.applier.on_replay(row, seq, frames[1], _now_us())
 
     # ------------------------------------------------------------------ timers
-    def _on_monitor(self, st: _Stream) -> None:
+    def _on_monitor(self, st: SourceStream) -> None:
         mon = st.mon
         while mon is not None:
             try:
@@ -385,7 +334,7 @@ class KvEventSubscriber:
         if st.mon is not None and st.mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self.loop.call_soon(self._on_monitor, st)
 
-    def _set_stale(self, st: _Stream, stale: bool) -> None:
+    def _set_stale(self, st: SourceStream, stale: bool) -> None:
         if st.stale != stale:
             st.stale = stale
             if self.mark_stale is not None:
@@ -407,7 +356,7 @@ class KvEventSubscriber:
             if self._running:
                 self._timer = self.loop.call_later(self.tick_s, self._on_timer)
 
-    def _replay_timed_out(self, st: _Stream, now: float) -> None:
+    def _replay_timed_out(self, st: SourceStream, now: float) -> None:
         self._close_dealer(st)  # drops late replies of this attempt
         st.replay_attempts += 1
         retry = st.replay_attempts <= self.replay_retries
@@ -421,7 +370,7 @@ class KvEventSubscriber:
             st.replay_attempts = 0
             return
         st.retry_from = nxt
-        st.retry_at_s = now + _backoff_s(st.replay_attempts)
+        st.retry_at_s = now + replay_backoff_s(st.replay_attempts)
 
     # ------------------------------------------------------------------ introspection
     def stale_rows(self) -> list[int]:

@@ -170,7 +170,7 @@ def build_scheduler(cfg: Config, segments, restarted: bool, conns=None):
 def kv_event_sources(cfg: Config, scheduler) -> list:
     """KV-event sources of the configured workers (rows looked up in the ledger); marks those rows
     event-fed in the scheduler."""
-    from .kv_events import sources_for_worker
+    from .kv_sources import sources_for_worker
 
     out = []
     for w in cfg.workers:
@@ -207,7 +207,8 @@ def build_kv_subscriber(cfg: Config, scheduler, loop, ctx, kv_index=None, restor
     `kv_index` (the KV-index segment) persists each row's applied seq; when `restored`, its rows
     with a seq start from it (catch-up replay at `start()`).
     """
-    from .kv_events import KvEventSource, KvEventSubscriber
+    from .kv_events import KvEventSubscriber
+    from .kv_sources import KvEventSource
 
     sources = kv_event_sources(cfg, scheduler)
     for row, rec in sorted((runtime or {}).items()):
