@@ -186,7 +186,10 @@ class Actor:
                     rest.append(sock.recv(_NOBLOCK))
                 self.metrics.malformed.labels(code="malformed").inc()
                 if is_req_envelope(payload, rest):  # a REQ socket: tell it (it waits for an answer)
-                    self._refuse_req(identity)
+                    self._refuse(identity, REQ_ON_DATA_SOCKET, envelope=True)
+                else:
+                    self._refuse(identity, f"a data-socket message is one frame; this one had {1 + len(rest)} "
+                                           "parts", envelope=False)
             else:
                 n += self._handle_data(identity, payload, t) or 1  # a Batch counts its inner frames
             if n >= budget or not readable(sock):
@@ -354,12 +357,13 @@ class Actor:
                 self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
             self._deliver(self.scheduler.drain_cleanup(t), t)  # may owe more replies: loop
 
-    def _refuse_req(self, identity: bytes) -> None:
-        """Answer a REQ socket on the data socket with `error{code=1}` in its own envelope."""
+    def _refuse(self, identity: bytes, message: str, envelope: bool) -> None:
+        """Answer a message the data socket cannot take with `error{code=1}` (in a REQ's envelope
+        when `envelope`): bad input gets an answer, never silence."""
         try:
-            err = p.Error(int(p.ErrorCode.MALFORMED), REQ_ON_DATA_SOCKET)
+            raw = self.enc.encode(p.Error(int(p.ErrorCode.MALFORMED), message))
             self.outbox.sends += 1
-            self.data_sock.send_multipart((identity, b"", self.enc.encode(err)), _NOBLOCK)
+            self.data_sock.send_multipart((identity, b"", raw) if envelope else (identity, raw), _NOBLOCK)
         except zmq.ZMQError:
             pass
 

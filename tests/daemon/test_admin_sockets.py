@@ -85,3 +85,21 @@ def test_req_socket_on_the_data_socket_is_told_to_use_dealer(daemon):
             assert isinstance(err, p.Error) and err.code == p.ErrorCode.MALFORMED and "DEALER" in err.message
         finally:
             sock.close(0)
+
+
+def test_dealer_multipart_message_on_the_data_socket_gets_an_error_and_dealer_still_works(daemon):
+    """A data-socket message is one frame; a DEALER that sends several parts gets `error{code=1}`
+    naming the part count (before: counted as malformed and dropped in silence), then keeps working."""
+    enc, dec = p.make_encoder(), p.make_daemon_decoder()
+    with zmq.Context() as ctx:
+        sock = _socket(ctx, zmq.DEALER, daemon.endpoint)
+        try:
+            sock.send_multipart([b"\x00", b"extra"])
+            assert sock.poll(10_000), "a multipart message on the data socket got no answer"
+            err = dec.decode(sock.recv())
+            assert isinstance(err, p.Error) and err.code == p.ErrorCode.MALFORMED and "2 parts" in err.message
+            sock.send(enc.encode(p.Hello(p.PROTOCOL_VERSION, "after-multipart")))
+            assert sock.poll(10_000)
+            assert isinstance(dec.decode(sock.recv()), p.Welcome)
+        finally:
+            sock.close(0)
