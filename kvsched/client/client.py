@@ -133,18 +133,25 @@ class SchedulerClient:
         """Open the DEALER, say Hello, wait for Welcome.
 
         Raises:
-            DaemonUnavailable: no Welcome within `connect_timeout_s`, or at once when the endpoint
-                is an ipc:// socket file that does not exist (no daemon bound it; the `kvsched` CLI
-                makes the same check); names the endpoint. In bypass mode it does not raise, returns
-                at once when the socket file is missing, and keeps trying in the background.
+            DaemonUnavailable: no Welcome within `connect_timeout_s` — for an ipc:// endpoint whose
+                socket file does not exist, the wait is for the daemon to bind it (a router started
+                before its daemon), and the error names the file; names the endpoint. In bypass mode
+                it does not raise, returns at once when the socket file is missing, and keeps trying
+                in the background.
             ProtocolError: the daemon refused our protocol version.
         """
         self._loop = asyncio.get_running_loop()
+        started = self._loop.time()
         missing = missing_ipc_path(self.endpoint)
         if missing is not None and self.on_unavailable != "bypass":
-            await self.close()
-            raise DaemonUnavailable(f"no kvsched daemon at {self.endpoint}: socket file {missing} does not exist "
-                                    "(is the daemon running, with the same XDG_RUNTIME_DIR / instance?)")
+            while missing is not None and self._loop.time() - started < self.connect_timeout_s:
+                await asyncio.sleep(0.05)  # a daemon starting up binds it soon
+                missing = missing_ipc_path(self.endpoint)
+            if missing is not None:
+                await self.close()
+                raise DaemonUnavailable(f"no kvsched daemon at {self.endpoint}: socket file {missing} does not exist "
+                                        f"after {self.connect_timeout_s:.1f}s (is the daemon running, with the same "
+                                        "XDG_RUNTIME_DIR / instance?)")
         self._welcome_fut = self._loop.create_future()
         self._link = Link(self._ctx, self.endpoint, self.client_name, self._on_frame, self._on_welcome,
                           curve_server_key=self.curve_server_key, curve_client_keys=self.curve_client_keys,
@@ -153,7 +160,8 @@ class SchedulerClient:
         try:
             if missing is not None:  # bypass mode, no daemon bound the socket: do not wait for one
                 raise asyncio.TimeoutError
-            await asyncio.wait_for(asyncio.shield(self._welcome_fut), self.connect_timeout_s)
+            left = max(0.5, self.connect_timeout_s - (self._loop.time() - started))
+            await asyncio.wait_for(asyncio.shield(self._welcome_fut), left)
         except asyncio.TimeoutError:
             if self.on_unavailable == "bypass":
                 log.warning("no daemon at %s; bypass mode until it answers", self.endpoint)
