@@ -151,7 +151,10 @@ def test_malformed_frame_gets_error_and_daemon_keeps_serving_others(session_daem
         bad.send(enc.encode(p.Status()))  # admin frame on the data socket
         assert bad.poll(5000)
         assert dec.decode(bad.recv()).code == p.ErrorCode.ADMIN_ON_DATA_SOCKET
-        bad.send_multipart([enc.encode(p.Heartbeat(1)), b"extra part"])  # several parts: dropped, counted
+        bad.send_multipart([enc.encode(p.Heartbeat(1)), b"extra part"])  # several parts: answered, dropped
+        assert bad.poll(5000)
+        err = dec.decode(bad.recv())
+        assert err.code == p.ErrorCode.MALFORMED and "2 parts" in err.message
         bad.send(enc.encode(p.Hello(p.PROTOCOL_VERSION)))  # the next frame is still served
         assert bad.poll(5000)
         assert isinstance(dec.decode(bad.recv()), p.Welcome)
