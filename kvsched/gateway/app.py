@@ -85,16 +85,11 @@ class Gateway:
         A gateway started beside its daemon (one pod, one compose file, `make gateway-demo`) may
         start first: it waits instead of exiting. Raises DaemonUnavailable after the timeout.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + g.connect_timeout_s
         client = SchedulerClient(g.daemon_endpoint or None, instance=g.instance,
                                  client_name=g.client_name or f"gateway-{os.getpid()}",
                                  connect_timeout_s=g.connect_timeout_s)
-        if missing_ipc_path(client.endpoint) is not None:
+        if missing_ipc_path(client.endpoint) is not None:  # the client waits for it (SchedulerClient.connect)
             log.info("waiting up to %.1fs for the daemon at %s", g.connect_timeout_s, client.endpoint)
-            while missing_ipc_path(client.endpoint) is not None and loop.time() < deadline:
-                await asyncio.sleep(0.1)
-        client.connect_timeout_s = max(0.5, deadline - loop.time())
         return await client.connect()  # DaemonUnavailable names the endpoint (and a still-missing socket)
 
     async def stop(self) -> None:
