@@ -19,6 +19,15 @@ class ProtocolError(KvschedError):
     """An undecodable, oversized or out-of-order frame, or a protocol version outside the window."""
 
 
+class FrameTooLarge(ProtocolError, ValueError):
+    """A frame this client would send is larger than the daemon accepts (`Welcome.max_frame_bytes`,
+    the daemon's `[daemon] max_frame_bytes`): the daemon's transport would drop the whole connection
+    for it. Raised by `schedule()` before anything is sent (e.g. a request with tens of thousands of
+    block hashes against a small limit); a waiting request whose `Enqueue` no longer fits a restarted
+    daemon's limit fails with it. The message gives both sizes in bytes.
+    """
+
+
 class ShmLayoutError(KvschedError):
     """A shared-memory segment's magic, layout version or capacities do not match what was expected."""
 

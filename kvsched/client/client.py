@@ -34,11 +34,11 @@ import zmq
 
 from .. import protocol as p
 from ..endpoints import connect_problem, data_endpoint, missing_ipc_path
-from ..errors import DaemonUnavailable, ProtocolError, rejection_error
+from ..errors import DaemonUnavailable, FrameTooLarge, ProtocolError, rejection_error
 from .checks import checked_enqueue
 from .lease import DroppedLeases, Lease
 from .link import Link
-from .pending import Answer, Bypass, PendingCalls
+from .pending import Answer, Bypass, PendingCalls, split_reattach
 from .words import SlotWords
 
 log = logging.getLogger(__name__)
@@ -201,8 +201,19 @@ class SchedulerClient:
         frame = self._pending.reattach(leases)
         log.info("reconnected epoch=%d reattaching leases=%d pending=%d requeues=%d", welcome.daemon_epoch,
                  len(frame.leases), len(frame.pending), len(frame.requeues))
-        if self._link is not None:
-            self._link.send(frame)
+        if self._link is None:
+            return
+        limit = self._link.max_frame_bytes - p.BATCH_OVERHEAD_BYTES
+        frames, too_large = split_reattach(frame, limit, self._link.enc.encode)
+        for rid, size in too_large:  # fits no frame this daemon accepts: fail the call, keep the others
+            self._pending.origins.pop(rid, None)
+            self._pending.fail(rid, FrameTooLarge(
+                f"request {rid!r} takes {size:,} bytes to re-send; the restarted daemon accepts at most "
+                f"{self._link.max_frame_bytes:,} (max_frame_bytes)"))
+        if len(frames) > 1:
+            log.info("reattach split into frames=%d (max_frame_bytes=%d)", len(frames), self._link.max_frame_bytes)
+        for f in frames:
+            self._link.send(f)
 
     def _open_leases(self) -> list[Lease]:
         out = []
@@ -259,6 +270,9 @@ class SchedulerClient:
             ValueError: an argument out of its bounds, malformed block_hashes, or request_id already
                 waiting in this client.
             ProtocolError: the daemon answered this request with an `Error` (it could not decode it).
+            FrameTooLarge (a ProtocolError and a ValueError): the request's `Enqueue` is larger than
+                the daemon's `max_frame_bytes` (nothing was sent), or no longer fits the limit of a
+                restarted daemon it had to be re-sent to.
         """
         if self._link is None or self._loop is None:
             raise DaemonUnavailable(f"not connected to {self.endpoint}; call connect() first")

@@ -35,6 +35,7 @@ import msgspec
 import zmq
 
 from .. import protocol as p
+from ..errors import FrameTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +203,16 @@ class Link:
     # ------------------------------------------------------------------ send / receive
     def send(self, frame: p.Frame, *, buffer_when_down: bool = True) -> bool:
         """Send a frame now, or buffer it while reconnecting (Release / Update frames). Returns False
-        when the frame was dropped (link down and not bufferable)."""
+        when the frame was dropped (link down and not bufferable).
+
+        Raises:
+            FrameTooLarge: the encoded frame exceeds `max_frame_bytes` (nothing is sent or buffered).
+        """
         raw = self.enc.encode(frame)
+        if len(raw) > self.max_frame_bytes:  # the daemon's transport would drop the connection for it
+            raise FrameTooLarge(f"{type(frame).__name__} frame for request {getattr(frame, 'request_id', '')!r} "
+                                f"is {len(raw):,} bytes; the daemon accepts at most {self.max_frame_bytes:,} "
+                                f"(max_frame_bytes): fewer block_hashes or a larger [daemon] max_frame_bytes")
         if self.connected and self._silent_too_long(time.monotonic()):
             self.link_down()  # e.g. our loop was blocked: the daemon reaped this connection
         if self.connected:

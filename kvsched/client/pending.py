@@ -13,7 +13,7 @@ client sends what it returns.
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable, Iterator, NamedTuple, Union
+from typing import Callable, Iterable, Iterator, NamedTuple, Union
 
 from .. import protocol as p
 from ..errors import DaemonUnavailable, ShuttingDown
@@ -143,3 +143,47 @@ class PendingCalls:
                 requeues.append(p.Requeued(p.LeaseRef(rid, frame.slot, frame.generation), self.origins[rid]))
         self._parked.clear()
         return p.Reattach(list(leases), pending, requeues)
+
+
+def split_reattach(frame: p.Reattach, limit: int,
+                   encode: Callable[[object], bytes]) -> tuple[list[p.Reattach], list[tuple[str, int]]]:
+    """Cut `frame` into `Reattach` frames of at most `limit` encoded bytes and `p.MAX_LIST` entries per
+    list, in order.
+
+    The daemon handles a `Reattach`'s leases, then its requeues, then its pending Enqueues, and several
+    `Reattach` frames one after the other (each answered by its own `Reattached`), so chunks taken in
+    that order are handled exactly like the one frame (docs/PROTOCOL.md "Transport"). Without
+    the cut, a router holding many waiting requests when its daemon restarts sends one message larger
+    than the daemon accepts, the transport drops the connection, and every reconnect repeats it.
+
+    Args:
+        frame: the whole `Reattach`.
+        limit: bytes a frame may take (the daemon's `max_frame_bytes` minus the `Batch` overhead).
+        encode: the link's msgpack encoder (`encode(struct) -> bytes`).
+    Returns:
+        (frames, too_large): `too_large` lists (request_id, bytes) of the requeues and pending Enqueues
+        that alone exceed `limit`; they are left out (the caller fails their calls).
+    """
+    if len(encode(frame)) <= limit and max(len(frame.leases), len(frame.requeues), len(frame.pending)) <= p.MAX_LIST:
+        return [frame], []
+    base = len(encode(p.Reattach())) + 12  # each of the three list headers grows from 1 to at most 5 bytes
+    fields = ("leases", "requeues", "pending")
+    frames: list[p.Reattach] = []
+    too_large: list[tuple[str, int]] = []
+    cur: dict[str, list] = {f: [] for f in fields}
+    size = base
+    for field in fields:
+        for item in getattr(frame, field):
+            n = len(encode(item))
+            if base + n > limit:
+                rid = item.lease.request_id if isinstance(item, p.Requeued) else item.request_id
+                too_large.append((rid, base + n))
+                continue
+            if size + n > limit or len(cur[field]) >= p.MAX_LIST:
+                frames.append(p.Reattach(**cur))
+                cur, size = {f: [] for f in fields}, base
+            cur[field].append(item)
+            size += n
+    if any(cur.values()) or not frames:
+        frames.append(p.Reattach(**cur))
+    return frames, too_large

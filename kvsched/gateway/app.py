@@ -26,7 +26,7 @@ from aiohttp import web
 from ..client import SchedulerClient
 from ..client.hashing import BlockHashCache, block_hashes
 from ..endpoints import missing_ipc_path
-from ..errors import ConfigError, DaemonUnavailable, RequestRejected
+from ..errors import ConfigError, DaemonUnavailable, FrameTooLarge, RequestRejected
 from ..protocol import MAX_NAME_CHARS
 from . import openai as oa
 from .config import GatewayConfig, GatewaySection, load_gateway_config
@@ -109,6 +109,8 @@ class Gateway:
             raise oa.error_for_rejection(exc) from None
         except DaemonUnavailable as exc:
             raise oa.error_for_unavailable(exc) from None
+        except FrameTooLarge as exc:  # more block hashes than the daemon's max_frame_bytes carries
+            raise oa.HttpError(400, str(exc), code="prompt_too_long") from None
 
     # ------------------------------------------------------------------ handlers
     async def completions(self, request: web.Request) -> web.StreamResponse:
