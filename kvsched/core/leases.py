@@ -19,15 +19,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import msgspec
+
 from .ordering import QueueEntry
 from .types import DAEMON_OWNER, Admit, RequestSpec
 
 READY, DEFERRED, LEASED, GONE = "ready", "deferred", "leased", "gone"
 
 
-@dataclass(slots=True, eq=False)
-class Live:
-    """One live request (waiting, deferred or leased); `entry.payload is self`.
+class Live(msgspec.Struct, eq=False):
+    """One live request (waiting, deferred or leased); `entry.payload is self` until it is dropped.
+    A mutable `msgspec.Struct` (one per request; ~4x cheaper to build than a slots dataclass);
+    `eq=False`: compared and hashed by identity.
 
     Attributes:
         spec: the request as enqueued.
@@ -111,7 +114,8 @@ class LeaseTable:
 
     def drop(self, live: Live, abort: bool) -> None:
         """Forget a live request (its queue entry / lease must already be gone). Its id waits for the
-        policies' cleanup; with `abort`, a tracked request's policy is told Aborted."""
+        policies' cleanup; with `abort`, a tracked request's policy is told Aborted. Its entry's
+        `payload` is cleared (read `entry.payload` before dropping it)."""
         rid = live.spec.request_id
         if self.live.get(rid) is live:
             del self.live[rid]
@@ -129,6 +133,7 @@ class LeaseTable:
         if abort and live.tracked:
             self.feed.aborted(live)
         live.wrote = None
+        live.entry.payload = None  # breaks the live <-> entry cycle: both are freed by refcount, no GC pass
 
     def lease(self, request_id: str, slot: int, generation: int) -> Live:
         """The leased request (request_id, slot, generation). Raises KeyError when there is none."""

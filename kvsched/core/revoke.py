@@ -60,8 +60,9 @@ def shutdown(sched, now_us: int) -> list[Reject]:  # noqa: ANN001 - a Scheduler
         cq.remove_many(entries)
         pq._reset_if_empty(cq)  # noqa: SLF001 - same package
         for entry in entries:
-            sched.lease_table.drop(entry.payload, abort=True)
-            out.append(sched.admitter.reject(entry.payload.spec, "shutting_down", "scheduler is shutting down",
+            live = entry.payload
+            sched.lease_table.drop(live, abort=True)
+            out.append(sched.admitter.reject(live.spec, "shutting_down", "scheduler is shutting down",
                                              cq.name))
     sched._tell_policies(now_us)  # noqa: SLF001 - the facade's own step
     pq.compact()

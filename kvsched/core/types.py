@@ -89,9 +89,14 @@ class CostSnapshot:
         return CostSnapshot(isl_tokens, cached, uncached, max(1, uncached))
 
 
-@dataclass(frozen=True, slots=True)
-class Admit:
-    """Decision: `request_id` runs on `worker` under lease (slot, generation)."""
+class Admit(msgspec.Struct, frozen=True, gc=False):
+    """Decision: `request_id` runs on `worker` under lease (slot, generation).
+
+    A frozen `msgspec.Struct` (as `Reject`): one is built per admission, ~15x faster than a frozen
+    dataclass (whose `__init__` goes through `object.__setattr__` per field). Positional or keyword
+    fields in this order; equal when every field is; hashable. `gc=False`: it holds only strings,
+    ints and a `WorkerKey`, so it can never be part of a reference cycle.
+    """
 
     request_id: str
     owner: int
@@ -104,9 +109,9 @@ class Admit:
     policy_class: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Reject:
-    """Decision: `request_id` will not run. `reason` is a rejection reason of docs/DESIGN.md §2.4."""
+class Reject(msgspec.Struct, frozen=True, gc=False):
+    """Decision: `request_id` will not run. `reason` is a rejection reason of docs/DESIGN.md §2.4.
+    A frozen `msgspec.Struct` like `Admit`."""
 
     request_id: str
     owner: int

@@ -60,8 +60,9 @@ def remove_worker(sched, worker_id: int, dp_rank: int | None, now_us: int) -> li
                 entry.cost = adm.snapshot_cost(spec, spec.pinned, now_us)
                 cq.unplace(entry)
         for entry in cq.remove_many(stranded):
-            table.drop(entry.payload, abort=True)
-            out.append(adm.reject(entry.payload.spec, "no_endpoints",
+            live = entry.payload
+            table.drop(live, abort=True)
+            out.append(adm.reject(live.spec, "no_endpoints",
                                   f"worker {names} removed; no registered worker can take it", cq.name))
         pq._reset_if_empty(cq)  # noqa: SLF001 - same package
     pq.compact()
