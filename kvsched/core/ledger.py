@@ -25,16 +25,20 @@ pair names at most one booking, so stale releases and stale progress words are n
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 from ..config import OverloadConfig
 from ..protocol import MAX_REQUEST_ID_BYTES
 from ..shm.admit_kernels import reserve_slot
+from ..shm.bind import entry_point
 from ..shm.booking_kernels import release_booking, slot_dispatched, slot_output_tokens, slot_prefill_done
-from ..shm.kernels import fold_progress, fold_words, project_and_cost
+from ..shm.kernels import project_and_cost
 from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
 from .slot_table import SlotInfo, read_slot, rebuild_aggregates
 from .types import WorkerKey
+from .word_fold import WordFold
 from .worker_rows import WorkerRows
 
 
@@ -57,10 +61,6 @@ class Ledger:
         self.progress = progress
         self.state = state
         s = arrays.max_slots
-        self._seen_state = np.zeros(s, np.uint64)  # state word last folded per slot
-        self._folded_dispatched = np.zeros(s, np.int64)  # fold_words output: slots newly dispatched
-        self._fold_counts = np.zeros(3, np.int64)  # fold_words output: [slots changed, dispatched, rows]
-        self._folded_rows = np.zeros(arrays.max_workers, np.int64)  # fold_words output: rows changed
         self._high = 0  # slots [0, _high) have been booked at least once (fold range)
         self._max_slots = s
         self.block_size = arrays.block_size
@@ -69,9 +69,8 @@ class Ledger:
         self._out_blocks = np.zeros(w, np.int64)
         self._out_prefill = np.zeros(w, np.int64)
         self._out_cost = np.zeros(w, np.float64)
-        self._prev_blocks = np.zeros(w, np.int64)  # aggregates before a fold (fold_progress_rows)
-        self._prev_prefill = np.zeros(w, np.int64)
         self.rows = WorkerRows(arrays, overload if overload is not None else OverloadConfig())
+        self.words = WordFold(arrays, self.rows, progress, state)
         self._adopt()
 
     def _adopt(self) -> None:
@@ -256,13 +255,13 @@ class Ledger:
         aggregates, slot state); returns its worker row, or -1 (no-op) when stale or free."""
         if not 0 <= slot < self._max_slots:
             return -1
-        a = self.arrays
-        row = release_booking(slot, generation, a.s_state, a.s_generation, a.s_worker_row, a.s_arena_off, a.s_arena_len, a.s_extra_blocks, a.s_prefill, a.arena, a.ref_keys, a.ref_counts, a.w_active_blocks, a.w_active_prefill, a.w_active_requests)
+        fn, args = self._k_release
+        row = fn(slot, generation, *args)
         if row < 0:
             return -1
         rid = self._rid_of[slot]
         self._rid_of[slot] = None
-        self._slot_of.pop(rid if rid is not None else a.s_request_id[slot].decode(), None)
+        self._slot_of.pop(rid if rid is not None else self.arrays.s_request_id[slot].decode(), None)
         self._free.append(slot)
         if self.rows.overload_rules:
             self.rows.update_overload(row)
@@ -270,8 +269,10 @@ class Ledger:
 
     def dispatched(self, slot: int, generation: int) -> bool:
         """The backend accepted the request (state admitted -> dispatched). False if stale."""
-        a = self.arrays
-        return 0 <= slot < self._max_slots and slot_dispatched(slot, generation, a.s_state, a.s_generation)
+        if not 0 <= slot < self._max_slots:
+            return False
+        fn, args = self._k_dispatched
+        return fn(slot, generation, *args)
 
     def prefill_done(self, slot: int, generation: int) -> bool:
         """First output token seen: the booking's outstanding prefill leaves its worker. False if stale."""
@@ -282,8 +283,8 @@ class Ledger:
         row, or -1 when stale."""
         if not 0 <= slot < self._max_slots:
             return -1
-        a = self.arrays
-        row = slot_prefill_done(slot, generation, a.s_state, a.s_generation, a.s_worker_row, a.s_prefill, a.w_active_prefill)
+        fn, args = self._k_prefill_done
+        row = fn(slot, generation, *args)
         if row >= 0 and self.rows.overload_rules:
             self.rows.update_overload(row)
         return row
@@ -298,73 +299,55 @@ class Ledger:
         worker row when the count moved forward, else -1 (stale or ignored)."""
         if not 0 <= slot < self._max_slots:
             return -1
-        a = self.arrays
-        row = slot_output_tokens(slot, generation, int(n), a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size)
+        fn, args = self._k_output_tokens
+        row = fn(slot, generation, int(n), *args)
         if row >= 0 and self.rows.overload_rules:
             self.rows.update_overload(row)
         return row
 
+    # -- the routers' words (`word_fold.WordFold`) ---------------------------------------------
     def fold_progress(self, every_slot: bool = False) -> int:
-        """Fold the routers' words into the slots and aggregates (one kernel call). Returns slots changed.
-
-        With state words (`state` given) both words of each slot are folded by `kernels.fold_words`
-        over the slots booked so far (`every_slot`: the whole table, as after a restart); slots whose
-        `dispatched` flag appeared are kept for `take_dispatched()`. Without them, only the
-        progress words (`kernels.fold_progress`).
-        """
-        if self.progress is None:
-            return 0
-        a = self.arrays
-        if self.state is not None:
-            n = a.max_slots if every_slot else self._high
-            changed = fold_words(n, self.progress, self.state, self._seen_state, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size, self._folded_dispatched, self._fold_counts, self._folded_rows)
-        else:
-            changed = fold_progress(self.progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size)
-        if changed and self.rows.overload_enabled():
-            self.rows.update_overload_all()
-        return int(changed)
+        """Fold the routers' words into the slots and aggregates (`WordFold.fold_progress`)."""
+        return self.words.fold_progress(self.arrays.max_slots if every_slot else self._high)
 
     def fold(self) -> tuple[list[int], list[int]]:
-        """Fold the routers' words (as `fold_progress`) and take what changed, in one kernel call
-        when the state words are mapped: (rows whose capacity changed — active blocks or active
-        prefill tokens — ascending, so only their blocked lanes are re-checked; slots whose
-        `dispatched` flag appeared, as `take_dispatched` returns them)."""
-        if self.state is None or self.progress is None:
-            return self.fold_progress_rows(), self.take_dispatched()
-        a = self.arrays
-        changed = fold_words(self._high, self.progress, self.state, self._seen_state, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, self.block_size, self._folded_dispatched, self._fold_counts, self._folded_rows)
-        if not changed:
-            if self._fold_counts[1] == 0:
-                return [], []
-            return [], self.take_dispatched()
-        if self.rows.overload_rules:
-            self.rows.update_overload_all()
-        n_rows = int(self._fold_counts[2])
-        return self._folded_rows[:n_rows].tolist(), self.take_dispatched()
+        """Fold the routers' words and take what changed (`WordFold.fold`): (rows whose capacity
+        changed, ascending; slots whose `dispatched` flag appeared)."""
+        return self.words.fold(self._high)
 
     def fold_progress_rows(self) -> list[int]:
-        """Fold the progress segment (as `fold_progress`); returns the rows whose capacity changed
-        (active blocks or active prefill tokens), ascending, so only their blocked lanes are re-checked."""
-        if self.progress is None:
-            return []
-        a = self.arrays
-        if self.state is not None:
-            if not self.fold_progress():
-                return []
-            return self._folded_rows[:int(self._fold_counts[2])].tolist()
-        np.copyto(self._prev_blocks, a.w_active_blocks)
-        np.copyto(self._prev_prefill, a.w_active_prefill)
-        if not self.fold_progress():
-            return []
-        return np.flatnonzero((self._prev_blocks != a.w_active_blocks) | (self._prev_prefill != a.w_active_prefill)).tolist()
+        """Fold; the rows whose capacity changed, ascending (`WordFold.fold_progress_rows`)."""
+        return self.words.fold_progress_rows(self._high)
 
     def take_dispatched(self) -> list[int]:
-        """Slots whose `dispatched` flag the last `fold_progress` saw appear (once per generation)."""
-        k = int(self._fold_counts[1])
-        if k == 0:
-            return []
-        self._fold_counts[1] = 0
-        return self._folded_dispatched[:k].tolist()
+        """Slots whose `dispatched` flag the last fold saw appear (`WordFold.take_dispatched`)."""
+        return self.words.take_dispatched()
+
+    # -- the one-event kernels, bound to this ledger's arrays (`shm.bind.entry_point`) -------------
+    @cached_property
+    def _k_release(self) -> tuple:
+        a = self.arrays
+        args = (a.s_state, a.s_generation, a.s_worker_row, a.s_arena_off, a.s_arena_len, a.s_extra_blocks, a.s_prefill,
+                a.arena, a.ref_keys, a.ref_counts, a.w_active_blocks, a.w_active_prefill, a.w_active_requests)
+        return entry_point(release_booking, (0, 0, *args)), args
+
+    @cached_property
+    def _k_dispatched(self) -> tuple:
+        args = (self.arrays.s_state, self.arrays.s_generation)
+        return entry_point(slot_dispatched, (0, 0, *args)), args
+
+    @cached_property
+    def _k_prefill_done(self) -> tuple:
+        a = self.arrays
+        args = (a.s_state, a.s_generation, a.s_worker_row, a.s_prefill, a.w_active_prefill)
+        return entry_point(slot_prefill_done, (0, 0, *args)), args
+
+    @cached_property
+    def _k_output_tokens(self) -> tuple:
+        a = self.arrays
+        args = (a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks,
+                a.w_active_blocks, a.w_active_prefill, self.block_size)
+        return entry_point(slot_output_tokens, (0, 0, 0, *args)), args
 
     # -- decisions ----------------------------------------------------------------------------
     def project(self, hashes: np.ndarray, isl_tokens: int, overlap_blocks: np.ndarray, eligible: np.ndarray, prefill_load_scale: float, overlap_credit: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -342,6 +342,33 @@ def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_wo
     return changed
 
 
+
+@njit(cache=True, nogil=True)
+def words_changed(n_slots, progress, state, seen_progress, seen_state):
+    """Has any router word of slots [0, n_slots) changed since the daemon last saw it? The cheap
+    test before `fold_words` (5 arguments instead of 17: the daemon folds on every wake, and most
+    wakes find nothing new).
+
+    A state word is compared with `seen_state` (which `fold_words` keeps); a progress word with
+    `seen_progress`, which this kernel keeps: when it finds a change at slot s it copies
+    progress[s:n_slots] (the words before s are equal) into `seen_progress` BEFORE the caller folds,
+    so a store landing after the copy differs from it and is found by the next call (none is lost;
+    a store folded early is folded again, a no-op).
+
+    Args:
+        n_slots: slots to test (the daemon's high-water mark of used slots).
+        progress / state: uint64[S], the routers' words; seen_progress / seen_state: uint64[S],
+            daemon-private.
+    Returns:
+        bool: True when some word differs (then call `fold_words`).
+    """
+    for s in range(n_slots):
+        if state[s] != seen_state[s] or progress[s] != seen_progress[s]:
+            for t in range(s, n_slots):
+                seen_progress[t] = progress[t]
+            return True
+    return False
+
 def warm_kernels() -> None:
     """Compile (or load from NUMBA_CACHE_DIR) every kernel for the argument types the ledger and
     the overlap index use, on tiny arrays. Called before the daemon says READY."""
@@ -363,6 +390,7 @@ def warm_kernels() -> None:
     progress = np.zeros(2, np.uint64)
     fold_progress(progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
     fold_words(2, progress, progress.copy(), progress.copy(), a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4, np.zeros(2, np.int64), np.zeros(3, np.int64), np.zeros(2, np.int64))
+    words_changed(2, progress, progress.copy(), progress.copy(), progress.copy())
     apply_output_tokens(0, 0, a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
     warm_overlap_kernels()
     from .booking_kernels import warm_booking_kernels

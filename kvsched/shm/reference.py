@@ -3,7 +3,7 @@
 Naming: `numpy_twin.<kernel>` and `python_twin.<kernel>` have the kernel's name and signature and
 write the same outputs (property tests in tests/shm/test_kernels.py; ratios in bench/bench_kernels.py).
 Covered: mix64, ref_add, ref_remove, ref_live_count, ref_live_prefix, project_and_cost, apply_output_tokens,
-fold_progress, fold_words, overlap_depth, (from reference_select.py) pairwise_sum, kv_cost_terms,
+fold_progress, fold_words, words_changed, overlap_depth, (from reference_select.py) pairwise_sum, kv_cost_terms,
 count_busy, credit_rows, and (from reference_booking.py) slot_dispatched, slot_prefill_done,
 slot_output_tokens, release_booking, and (from reference_admit.py) reserve_slot, admit_kv,
 credited_depth. The numpy twins vectorise over workers/hashes/slots where the algorithm
@@ -199,6 +199,14 @@ def _py_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, 
     return changed
 
 
+
+def _py_words_changed(n_slots, progress, state, seen_progress, seen_state) -> bool:
+    for s in range(n_slots):
+        if int(state[s]) != int(seen_state[s]) or int(progress[s]) != int(seen_progress[s]):
+            seen_progress[s:n_slots] = progress[s:n_slots]
+            return True
+    return False
+
 def _py_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out) -> None:
     mask = keys.shape[0] - 1
     limit = min(keys.shape[0], WINDOW)
@@ -388,6 +396,15 @@ def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, 
     return changed
 
 
+
+def _np_words_changed(n_slots, progress, state, seen_progress, seen_state) -> bool:
+    if np.array_equal(state[:n_slots], seen_state[:n_slots]) and np.array_equal(progress[:n_slots], seen_progress[:n_slots]):
+        return False
+    differs = (state[:n_slots] != seen_state[:n_slots]) | (progress[:n_slots] != seen_progress[:n_slots])
+    s = int(np.argmax(differs))
+    seen_progress[s:n_slots] = progress[s:n_slots]
+    return True
+
 def _np_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out) -> None:
     h = np.asarray(hashes, np.uint64)
     if h.size == 0:
@@ -406,7 +423,7 @@ def _np_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, 
     out[:] = np.cumprod(bits, axis=0, dtype=np.int64).sum(axis=0)
 
 
-_NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "ref_live_prefix", "project_and_cost", "apply_output_tokens", "fold_progress", "fold_words", "overlap_depth")
+_NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "ref_live_prefix", "project_and_cost", "apply_output_tokens", "fold_progress", "fold_words", "words_changed", "overlap_depth")
 
 python_twin = SimpleNamespace(**{name: globals()[f"_py_{name}"] for name in _NAMES})
 numpy_twin = SimpleNamespace(**{name: globals().get(f"_np_{name}", globals()[f"_py_{name}"]) for name in _NAMES})

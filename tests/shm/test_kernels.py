@@ -308,3 +308,27 @@ def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
     skipped = (state == 0) | (rows < 0) | (rows >= n_rows)
     assert np.array_equal(a[6][skipped], out_tok[skipped])
     assert np.all(a[1][state != 0] >= state[state != 0])  # states never move backwards
+
+
+@FAST
+@given(n_slots=st.integers(0, 10), seed=st.integers(0, 2**32 - 1))
+def test_words_changed_agrees_and_keeps_every_store(n_slots, seed):
+    """The three implementations agree; True exactly when some state or progress word of slots
+    [0, n) differs from what was seen; afterwards the progress words of [0, n) are all seen (a
+    second call with no new store says False), and slots past n are never touched."""
+    rng = np.random.default_rng(seed)
+    size = n_slots + 2
+    progress, state = rng.integers(0, 3, size).astype(np.uint64), rng.integers(0, 3, size).astype(np.uint64)
+    seen_p, seen_s = rng.integers(0, 3, size).astype(np.uint64), rng.integers(0, 3, size).astype(np.uint64)
+    want = bool(np.any(progress[:n_slots] != seen_p[:n_slots]) or np.any(state[:n_slots] != seen_s[:n_slots]))
+    results = {}
+    for name, impl in IMPLS.items():
+        sp = seen_p.copy()
+        got = impl.words_changed(n_slots, progress, state, sp, seen_s)
+        results[name] = (bool(got), sp.tolist())
+        assert bool(got) == want, name
+        assert np.array_equal(sp[n_slots:], seen_p[n_slots:]), name
+        if got:
+            assert np.array_equal(sp[:n_slots], progress[:n_slots]), name
+            assert not impl.words_changed(n_slots, progress, state, sp, state.copy()), name  # all seen now
+    assert results["numpy"] == results["numba"] == results["python"]

@@ -1,0 +1,118 @@
+"""WordFold: the routers' shared-memory words folded into the ledger's slots and aggregates.
+
+A local router stores its lease's progress word (output tokens) and state word (`dispatched`,
+`prefill_done`) into shared memory (`kvsched.shm.progress`, `kvsched.shm.words`); the daemon folds
+them on every wake and on its fold timer, with the same effect as `Update` frames (docs/PROTOCOL.md,
+"Shared memory"). Most wakes find nothing new, so a fold first asks `kernels.words_changed` (5
+arguments) and only then runs `kernels.fold_words` (17 arguments); both are called through their
+compiled entry points (`shm.bind.entry_point`). Without state words (older layouts, the simulator
+with progress words only) the progress words alone are folded by `kernels.fold_progress`.
+
+Pure: no I/O, no clock. The slot range to fold ([0, n_slots): the ledger's high-water mark of used
+slots, or the whole table after a restart) comes from the caller.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..shm.bind import entry_point
+from ..shm.kernels import fold_progress, fold_words, words_changed
+from ..shm.layout import LedgerArrays
+
+
+class WordFold:
+    """Folds the progress and state words of one ledger.
+
+    Args:
+        arrays: the ledger views (slot table and per-worker aggregates, updated in place).
+        rows: the ledger's `WorkerRows` (overload flags are re-checked after a fold that changed load).
+        progress: uint64[max_slots] progress words, or None (nothing to fold).
+        state: uint64[max_slots] state words, or None (progress words only).
+    """
+
+    def __init__(self, arrays: LedgerArrays, rows, progress: np.ndarray | None, state: np.ndarray | None) -> None:  # noqa: ANN001
+        self.arrays, self.rows, self.progress, self.state = arrays, rows, progress, state
+        s, w = arrays.max_slots, arrays.max_workers
+        self._seen_state = np.zeros(s, np.uint64)  # state word last folded per slot
+        self._seen_progress = np.zeros(s, np.uint64)  # progress word last seen per slot (`words_changed`)
+        self._dispatched = np.zeros(s, np.int64)  # fold_words output: slots newly dispatched
+        self._counts = np.zeros(3, np.int64)  # fold_words output: [slots changed, dispatched, rows]
+        self._rows = np.zeros(w, np.int64)  # fold_words output: rows changed
+        self._prev_blocks = np.zeros(w, np.int64)  # aggregates before a progress-only fold
+        self._prev_prefill = np.zeros(w, np.int64)
+        self._fold = self._test = None
+        if progress is not None and state is not None:
+            a = arrays
+            args = (progress, state, self._seen_state, a.s_state, a.s_generation, a.s_worker_row, a.s_isl,
+                    a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill,
+                    arrays.block_size, self._dispatched, self._counts, self._rows)
+            self._fold_args = args
+            self._test_args = (progress, state, self._seen_progress, self._seen_state)
+
+    def _bind(self) -> None:
+        """Resolve both kernels' entry points (first fold: the kernels load or compile then)."""
+        self._fold = entry_point(fold_words, (0, *self._fold_args))
+        self._test = entry_point(words_changed, (0, *self._test_args))
+
+    def fold_progress(self, n_slots: int) -> int:
+        """Fold both words of slots [0, n_slots) (`kernels.fold_words`), or every progress word when
+        there are no state words (`kernels.fold_progress`). Slots whose `dispatched` flag appeared
+        are kept for `take_dispatched()`. Returns the slots whose load changed."""
+        if self.progress is None:
+            return 0
+        a = self.arrays
+        if self.state is not None:
+            if self._fold is None:
+                self._bind()
+            changed = self._fold(n_slots, *self._fold_args)
+        else:
+            changed = fold_progress(self.progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill,
+                                    a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill,
+                                    a.block_size)
+        if changed and self.rows.overload_rules:
+            self.rows.update_overload_all()
+        return int(changed)
+
+    def fold(self, n_slots: int) -> tuple[list[int], list[int]]:
+        """Fold slots [0, n_slots) and take what changed: (rows whose capacity changed — active blocks
+        or active prefill tokens — ascending, so only their blocked lanes are re-checked; slots whose
+        `dispatched` flag appeared, as `take_dispatched` returns them).
+
+        With state words, a wake that finds no word changed costs one `words_changed` call."""
+        if self.state is None or self.progress is None:
+            return self.fold_progress_rows(n_slots), self.take_dispatched()
+        if self._fold is None:
+            self._bind()
+        if not self._test(n_slots, *self._test_args):
+            return [], []
+        changed = self._fold(n_slots, *self._fold_args)
+        _, k, n_rows = self._counts.tolist()
+        if changed and self.rows.overload_rules:
+            self.rows.update_overload_all()
+        rows = self._rows[:n_rows].tolist() if n_rows else []
+        return rows, self.take_dispatched() if k else []
+
+    def fold_progress_rows(self, n_slots: int) -> list[int]:
+        """Fold (as `fold_progress`); returns the rows whose capacity changed (active blocks or active
+        prefill tokens), ascending, so only their blocked lanes are re-checked."""
+        if self.progress is None:
+            return []
+        a = self.arrays
+        if self.state is not None:
+            if not self.fold_progress(n_slots):
+                return []
+            return self._rows[:int(self._counts[2])].tolist()
+        np.copyto(self._prev_blocks, a.w_active_blocks)
+        np.copyto(self._prev_prefill, a.w_active_prefill)
+        if not self.fold_progress(n_slots):
+            return []
+        return np.flatnonzero((self._prev_blocks != a.w_active_blocks) | (self._prev_prefill != a.w_active_prefill)).tolist()
+
+    def take_dispatched(self) -> list[int]:
+        """Slots whose `dispatched` flag the last fold saw appear (once per generation)."""
+        k = int(self._counts[1])
+        if k == 0:
+            return []
+        self._counts[1] = 0
+        return self._dispatched[:k].tolist()
