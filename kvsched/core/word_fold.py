@@ -91,7 +91,10 @@ class WordFold:
         if changed and self.rows.overload_rules:
             self.rows.update_overload_all()
         rows = self._rows[:n_rows].tolist() if n_rows else []
-        return rows, self.take_dispatched() if k else []
+        if not k:
+            return rows, []
+        self._counts[1] = 0  # taken (`take_dispatched`)
+        return rows, self._dispatched[:k].tolist()
 
     def fold_progress_rows(self, n_slots: int) -> list[int]:
         """Fold (as `fold_progress`); returns the rows whose capacity changed (active blocks or active
