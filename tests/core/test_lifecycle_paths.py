@@ -93,3 +93,27 @@ def test_ledger_fold_reports_changed_rows_and_new_dispatches():
     assert ledger.fold() == ([row], [])
     write_progress(progress, a.slot, a.generation, 2)  # 34 tokens: same blocks, count moves on
     assert ledger.fold() == ([], []) and arrays.s_output_tokens[a.slot] == 2
+
+
+def test_finished_requests_leave_no_reference_cycles():
+    """A request's records (its `Live` and queue entry) are freed by reference counting when it
+    ends, immediate or queued: the cyclic garbage collector finds nothing to collect afterwards (a
+    cycle per request would cost every lifecycle a share of a collector pass)."""
+    import gc
+
+    s = make_scheduler(classes=[make_class(prefill_busy_threshold=100)])
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(50):
+            [a] = s.enqueue(make_request(f"a{i}", isl_tokens=500), 10 * i)
+            assert s.enqueue(make_request(f"b{i}", isl_tokens=50), 10 * i + 1) == []  # busy: b queues
+            s.update(a.request_id, a.slot, a.generation, "prefill_done", None, 10 * i + 2)
+            s.release(a.request_id, a.slot, a.generation, "completed", 500, 10 * i + 3)
+            [b] = s.drain_cleanup(10 * i + 4)
+            s.release(b.request_id, b.slot, b.generation, "completed", 50, 10 * i + 5)
+            s.drain_cleanup(10 * i + 6)
+        assert s.active_leases == 0
+        assert gc.collect() < 20  # before the cycle was broken: 2 objects per request, 200 here
+    finally:
+        gc.enable()
