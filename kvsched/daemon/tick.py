@@ -13,7 +13,7 @@ import logging
 
 log = logging.getLogger("kvsched.daemon.actor")  # the actor's log lines, under the actor's logger name
 
-LIVENESS_EVERY_US = 100_000  # dead-router check (µs)
+LIVENESS_EVERY_US = 100_000  # dead-router check and the metric tally's flush (µs)
 GAUGES_EVERY_US = 1_000_000  # gauges + `on_second` callbacks (µs)
 
 
@@ -24,7 +24,7 @@ def observe_lag(actor, t: int) -> None:  # noqa: ANN001 - an Actor
     cfg = actor.cfg
     now_s = t / 1_000_000
     lag_s = max(0.0, now_s - actor._last_tick_s - cfg.progress_fold_ms / 1000)  # noqa: SLF001
-    actor.metrics.loop_lag.observe(lag_s)
+    actor.tally.loop_lag_s.append(lag_s)  # written with the tally's other samples
     actor._last_tick_s = now_s  # noqa: SLF001
     if actor.conns.credit_stall(int(lag_s * 1_000_000), t):  # read nothing that long: nobody's silence
         actor.scheduler.credit_stall(int(lag_s * 1_000_000))  # nor part of a restart's re-attach grace
@@ -35,7 +35,9 @@ def observe_lag(actor, t: int) -> None:  # noqa: ANN001 - an Actor
 def periodic_work(actor, t: int) -> None:  # noqa: ANN001 - an Actor
     """One tick's work at `t` (µs): fold the routers' words, `Scheduler.tick`, the orphan report
     and placement notices, dead routers every `LIVENESS_EVERY_US`, gauges and `on_second` every
-    `GAUGES_EVERY_US`, one `drain_cleanup`, deliver every outcome, flush the tally, `on_tick`."""
+    `GAUGES_EVERY_US`, one `drain_cleanup`, deliver every outcome, `on_tick`. The metric tally is
+    written every `LIVENESS_EVERY_US` (and by the actor's wakes whenever `FLUSH_SAMPLES` samples
+    are pending): writing it costs ~25 µs however little it holds, too much for every 10 ms tick."""
     sched = actor.scheduler
     actor._fold()  # noqa: SLF001 - counted here; the tick's own fold then finds nothing new
     outcomes = sched.tick(t)
@@ -45,7 +47,8 @@ def periodic_work(actor, t: int) -> None:  # noqa: ANN001 - an Actor
                     orphans.released, orphans.claimed)
     for note in sched.take_notices():
         actor.warn.warning("invalid-placement", "%s (ignored so far: %d)", note, sched.invalid_placements)
-    if t >= actor._next_liveness_us:  # noqa: SLF001
+    flush = t >= actor._next_liveness_us  # noqa: SLF001
+    if flush:
         actor._next_liveness_us = t + LIVENESS_EVERY_US  # noqa: SLF001
         reap_dead(actor, t)
     if t >= actor._next_gauges_us:  # noqa: SLF001
@@ -55,7 +58,10 @@ def periodic_work(actor, t: int) -> None:  # noqa: ANN001 - an Actor
             cb()
     outcomes += sched.drain_cleanup(t)
     actor._deliver(outcomes, t)  # noqa: SLF001
-    actor.tally.flush()
+    if flush:
+        actor.tally.flush()
+    else:
+        actor.tally.flush_if_full()
     for cb in actor.on_tick:
         cb()
 

@@ -8,8 +8,8 @@ the Scheduler, including who may claim a request on Reattach (`Scheduler.may_tak
 dead) is released at once (docs/DESIGN.md §4.11: a failed delivery must release).
 
 Metrics of the decision path are counted in a `WakeTally` (plain ints and lists) and written to
-Prometheus in bulk (`WakeTally.flush`): by the actor's tick (every `progress_fold_ms`, 10 ms by
-default) or when `FLUSH_SAMPLES` samples are pending, never once per frame.
+Prometheus in bulk (`WakeTally.flush`): by the actor's tick every 100 ms (`tick.LIVENESS_EVERY_US`)
+or when `FLUSH_SAMPLES` samples are pending, never once per frame.
 """
 
 from __future__ import annotations
@@ -37,19 +37,22 @@ class WakeTally:
     """Decision-path counts since the last `flush`, written to `metrics` in bulk.
 
     The actor calls `flush_if_full()` after each wake (writes only when `FLUSH_SAMPLES` histogram
-    samples are pending: bounded memory) and `flush()` on its tick, so Prometheus lags the actor by
-    at most one tick (`progress_fold_ms`); a prometheus_client `inc` / `observe` costs 1–4 µs each.
+    samples are pending: bounded memory) and `flush()` every 100 ms from its tick, so Prometheus
+    lags the actor by at most ~100 ms plus one tick; a prometheus_client `inc` / `observe` costs
+    1–4 µs each and a flush ~25 µs however little it holds.
 
     Attributes:
         admissions: policy class -> Admitted frames sent; rejections: reason -> Rejected.
         updates: Update kind -> frames; queue_wait_s / admission_s / lease_s: histogram samples (s);
         undeliverable: admissions released because nobody could receive them.
+        loop_lag_s: the tick's lag behind its schedule (s), one sample per tick.
         frames / batches / word_folds: data-socket frames, Batch messages, folds that changed something;
         cleanup_sizes: releases applied per cleanup pass (one sample per wake that had releases).
     """
 
     __slots__ = ("metrics", "admissions", "rejections", "updates", "queue_wait_s", "admission_s", "lease_s",
-                 "lease_class", "undeliverable", "frames", "batches", "word_folds", "cleanup_sizes", "samples")
+                 "lease_class", "undeliverable", "frames", "batches", "word_folds", "cleanup_sizes", "samples",
+                 "loop_lag_s")
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -63,6 +66,7 @@ class WakeTally:
         self.frames = self.batches = self.word_folds = 0
         self.cleanup_sizes: list[int] = []
         self.samples = 0  # histogram samples appended by the actor since the last flush (an estimate)
+        self.loop_lag_s: list[float] = []
 
     def flush_if_full(self) -> None:
         """`flush()` when `FLUSH_SAMPLES` samples are pending (checked once per wake)."""
@@ -110,6 +114,9 @@ class WakeTally:
         if self.undeliverable:
             m.undeliverable.inc(self.undeliverable)
             self.undeliverable = 0
+        if self.loop_lag_s:
+            observe_many(m.loop_lag, self.loop_lag_s)
+            self.loop_lag_s.clear()
 
 
 class Translator:

@@ -104,3 +104,32 @@ def test_tally_writes_socket_counts_in_bulk_and_only_when_full_between_ticks():
     assert _metric(metrics, "kvsched_cleanup_batch_size_sum") == 4
     tally.flush()  # nothing pending: nothing added twice
     assert _metric(metrics, "kvsched_frames_received_total") == 5 and tally.samples == 0
+
+
+def test_tick_writes_the_tally_every_100_ms_with_the_loop_lag_samples():
+    """The periodic tick (every 10 ms) writes the tally only every `LIVENESS_EVERY_US`: a write costs
+    ~25 µs however little it holds. The loop-lag sample of every tick goes through the tally."""
+    from types import SimpleNamespace
+
+    from kvsched.daemon import tick
+    from kvsched.daemon.ratelimit import RateLimitedLog
+
+    tr, conns, sched, sent, metrics, tally = _translator()
+    cfg = DaemonConfig()
+    actor = SimpleNamespace(cfg=cfg, metrics=metrics, tally=tally, conns=conns, scheduler=sched,
+                            warn=RateLimitedLog(__import__("logging").getLogger("t")), on_tick=[], on_second=[],
+                            _last_tick_s=0.0, _next_liveness_us=0, _next_gauges_us=10**18,
+                            _fold=lambda: False, _deliver=lambda outcomes, t: None)
+    lag = lambda: _metric(metrics, "kvsched_actor_loop_lag_seconds_count")  # noqa: E731
+    t = 1_000_000
+    actor._last_tick_s = t / 1e6 - cfg.progress_fold_ms / 1000
+    for k in range(10):  # ten ticks 10 ms apart: the first writes, the next nine within 100 ms do not
+        now = t + k * 10_000
+        tally.frames += 1
+        tick.observe_lag(actor, now)
+        tick.periodic_work(actor, now)
+        assert _metric(metrics, "kvsched_frames_received_total") == 1 and lag() == 1, k
+    now = t + tick.LIVENESS_EVERY_US
+    tick.observe_lag(actor, now)
+    tick.periodic_work(actor, now)
+    assert _metric(metrics, "kvsched_frames_received_total") == 10 and lag() == 11
