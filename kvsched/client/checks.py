@@ -25,22 +25,32 @@ _MAX_DEADLINE_MS = 86_400_000
 
 def _int(name: str, value: Any, lo: int, hi: int) -> int:
     """An int (not a bool; numpy integers accepted) in [lo, hi]. Raises TypeError / ValueError
-    naming the argument."""
+    naming the argument. A plain `int` takes one exact type check (`schedule()` checks several per
+    call)."""
+    if type(value) is not int:  # exact: bool is an int subclass and is refused below
+        value = _as_int(name, value)
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value} is outside [{lo}, {hi}]")
+    return value
+
+
+def _as_int(name: str, value: Any) -> int:
+    """`value` as a plain int when it is an int subclass other than bool or a numpy integer."""
     import numpy as np
 
     if isinstance(value, np.integer):
-        value = int(value)
+        return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name}={value} is outside [{lo}, {hi}]")
     return value
 
 
 def _str(name: str, value: Any, max_len: int, *, min_len: int = 0, utf8_bytes: bool = False) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-    n = len(value.encode()) if utf8_bytes else len(value)
+    n = len(value)
+    if utf8_bytes and not (min_len <= n and 4 * n <= max_len):  # else n..4n UTF-8 bytes: surely in bounds
+        n = len(value.encode())
     if n < min_len or n > max_len:
         unit = "UTF-8 bytes" if utf8_bytes else "characters"
         raise ValueError(f"{name} has {n} {unit}; allowed {min_len}..{max_len}")
