@@ -197,7 +197,8 @@ class Translator:
             return "shutting_down", "the daemon is stopping"
         if conn.inflight >= self.cfg.inflight_cap_per_connection:
             return "overloaded", f"in-flight cap {self.cfg.inflight_cap_per_connection} reached on this connection"
-        if len(f.request_id.encode()) > p.MAX_REQUEST_ID_BYTES:
+        rid = f.request_id  # at most 4 UTF-8 bytes per character: short ids are not encoded to be measured
+        if 4 * len(rid) > p.MAX_REQUEST_ID_BYTES and len(rid.encode()) > p.MAX_REQUEST_ID_BYTES:
             return "invalid", f"request_id longer than {p.MAX_REQUEST_ID_BYTES} UTF-8 bytes"
         if len(f.block_hashes) % 8:
             return "invalid", "block_hashes length is not a multiple of 8 bytes"
