@@ -27,11 +27,10 @@ def _int(name: str, value: Any, lo: int, hi: int) -> int:
     """An int (not a bool; numpy integers accepted) in [lo, hi]. Raises TypeError / ValueError
     naming the argument. A plain `int` takes one exact type check (`schedule()` checks several per
     call)."""
-    if type(value) is not int:  # exact: bool is an int subclass and is refused below
-        value = _as_int(name, value)
-    if not lo <= value <= hi:
-        raise ValueError(f"{name}={value} is outside [{lo}, {hi}]")
-    return value
+    checked: int = value if type(value) is int else _as_int(name, value)  # exact: bool is refused there
+    if not lo <= checked <= hi:
+        raise ValueError(f"{name}={checked} is outside [{lo}, {hi}]")
+    return checked
 
 
 def _as_int(name: str, value: Any) -> int:
