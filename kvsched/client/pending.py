@@ -13,7 +13,7 @@ client sends what it returns.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Iterable, Iterator, NamedTuple, Union
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Union
 
 from .. import protocol as p
 from ..errors import DaemonUnavailable, ShuttingDown
@@ -170,7 +170,7 @@ def split_reattach(frame: p.Reattach, limit: int,
     fields = ("leases", "requeues", "pending")
     frames: list[p.Reattach] = []
     too_large: list[tuple[str, int]] = []
-    cur: dict[str, list] = {f: [] for f in fields}
+    cur: dict[str, list[Any]] = {f: [] for f in fields}
     size = base
     for field in fields:
         for item in getattr(frame, field):
