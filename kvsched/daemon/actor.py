@@ -86,6 +86,7 @@ class Actor:
         self.warn = RateLimitedLog(log)
         self.batch_dec = p.make_batched_router_decoder()
         self._batch_index: int | None = None  # position in the Batch being handled, for Error frames
+        self.max_frame_bytes = daemon_cfg.max_frame_bytes  # bigger messages are answered error{oversized}
         self.outbox = ReplyOutbox(data_sock, daemon_cfg.max_frame_bytes, self.warn, loop.call_soon,
                                   self._flush_replies)  # version-2 peers: the replies of one wake
         self.tally = WakeTally(metrics)
@@ -251,6 +252,11 @@ class Actor:
             conn = self.conns.open(identity, t)
             self.metrics.connections.set(len(self.conns))
         conn.last_seen_us = t
+        if len(payload) > self.max_frame_bytes:  # read only up to the transport's cut (sockets.transport_cut)
+            self._error(conn, p.ErrorCode.OVERSIZED,
+                        f"message of {len(payload):,} bytes exceeds max_frame_bytes {self.max_frame_bytes:,}: "
+                        "split it into several messages, or send fewer block hashes", p.peek_request_id(payload))
+            return
         try:
             frame = self.dec.decode(payload)
         except Exception as exc:  # noqa: BLE001 - ValidationError, DecodeError, RecursionError, ...: all answered

@@ -76,7 +76,7 @@ class Daemon:
         from .connections import ConnectionTable
         from .metrics import Metrics
         from .notify import Notifier
-        from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, start_curve_auth
+        from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, transport_cut, start_curve_auth
         from ..shm.layout import ledger_name, progress_name
         from .wiring import (KV_CATCH_UP_WAIT_S, build_kv_subscriber, build_scheduler, install_hash_check,
                              kv_metrics_tick, open_segments, restore_runtime_workers,
@@ -106,7 +106,7 @@ class Daemon:
         curve = load_curve_secret(d.curve_secret_key_file)
         self.auth = start_curve_auth(self.ctx, curve, d.curve_authorized_keys_dir)
         self.data_sock = bind_router(self.ctx, self.endpoint, mode=DATA_SOCKET_MODE,
-                                     max_frame_bytes=d.max_frame_bytes, curve_secret_key=curve,
+                                     max_frame_bytes=transport_cut(d.max_frame_bytes), curve_secret_key=curve,
                                      heartbeat_ms=d.heartbeat_ms)
         self.admin_sock = bind_router(self.ctx, self.admin_endpoint, mode=ADMIN_SOCKET_MODE,
                                       max_frame_bytes=d.max_frame_bytes, curve_secret_key=curve,

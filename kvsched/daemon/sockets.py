@@ -44,6 +44,17 @@ def ipc_path(endpoint: str) -> Path | None:
     return None
 
 
+def transport_cut(max_frame_bytes: int) -> int:
+    """ZMQ_MAXMSGSIZE of the data socket, bytes: twice `max_frame_bytes` plus 64 KiB.
+
+    A message between `max_frame_bytes` and this cut reaches the actor, which answers its sender
+    `error{code=4 oversized}` naming both sizes (docs/PROTOCOL.md "Transport"); only a message beyond
+    the cut makes libzmq drop the connection, unanswered. Reading up to the cut bounds what one
+    message can cost the daemon in memory.
+    """
+    return 2 * max_frame_bytes + (64 << 10)
+
+
 def bind_router(
     ctx: zmq.Context,
     endpoint: str,

@@ -17,7 +17,7 @@ import pytest
 from kvsched import protocol as p
 from kvsched.client import FrameTooLarge, SchedulerClient
 from kvsched.client.pending import split_reattach
-from tests.conftest import admin_call, daemon_fixture
+from tests.conftest import RawPeer, admin_call, daemon_fixture
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -100,3 +100,20 @@ def test_split_reattach_keeps_the_order_stays_under_the_limit_and_sets_aside_wha
     # a frame that fits is sent as it is
     small = p.Reattach(leases[:3], pending[:2], [])
     assert split_reattach(small, limit, enc.encode) == ([small], [])
+
+
+def test_a_raw_peer_s_oversized_message_is_answered_oversized_and_the_connection_kept(daemon):
+    """A peer not using the client library sends an Enqueue of ~6 KB to a daemon whose limit is 4 KiB.
+    Result: error{code=4 oversized} naming the request and both sizes, on the same connection, and
+    the next valid Enqueue is admitted (before: the transport dropped the connection unanswered)."""
+    enc = p.make_encoder()
+    with RawPeer(daemon.endpoint) as peer:
+        peer.hello()
+        peer.send(enc.encode(p.Enqueue("raw-big", 16 * 700, block_hashes=b"\x01" * 8 * 700)))
+        err = peer.recv()
+        assert isinstance(err, p.Error) and err.code == p.ErrorCode.OVERSIZED, err
+        assert err.request_id == "raw-big" and "4,096" in err.message, err
+        peer.send(enc.encode(p.Enqueue("raw-small", 10)))
+        got = peer.recv()
+        assert isinstance(got, p.Admitted) and got.request_id == "raw-small", got
+        peer.send(enc.encode(p.Release("raw-small", got.slot, got.generation)))
