@@ -327,11 +327,51 @@ def _make_admit_kv_packed(digest: str):
     return admit_kv_packed
 
 
+_INDEX_ARRAYS = (("keys", np.uint64, 1), ("used", np.uint8, 1), ("perm", np.uint64, 2), ("ttlm", np.uint64, 2),
+                 ("ttl_exp", np.int64, 1))
+# `credited_depth`'s arguments from `a_keys` to `out`, as (name, dtype, ndim): the table
+# `credited_depth_packed` takes instead of them (`pack_credited_arrays`).
+CREDITED_ARRAYS = tuple((f"{tier}_{name}", dt, nd) for tier in "ados" for name, dt, nd in _INDEX_ARRAYS) + (
+    ("scratch", np.uint64, 1), ("approx_depth", np.int32, 1), ("dev_depth", np.int32, 1), ("off_depth", np.int32, 1),
+    ("spec_depth", np.int32, 1), ("event_fed", np.uint8, 1), ("w_flags", np.uint8, 1), ("spec_raw", np.int32, 1),
+    ("out", np.int32, 1))
+
+
+def pack_credited_arrays(arrays: tuple) -> np.ndarray:
+    """int64 table of `credited_depth`'s 29 array arguments (`CREDITED_ARRAYS` order) for
+    `credited_depth_packed`; the caller keeps `arrays` alive while it uses the table. Raises
+    ValueError for an array of another dtype, ndim or layout."""
+    return pack_table(arrays, CREDITED_ARRAYS)
+
+
+def _make_credited_depth_packed(digest: str):
+    """Build `credited_depth_packed` with `digest` as a closure variable (module docstring)."""
+
+    @njit(cache=True, nogil=True)
+    def credited_depth_packed(hashes, now_us, has_offload, offload_credit, stale_flag, table):
+        """`credited_depth` with its 29 arrays given as one table (`pack_credited_arrays`): the same
+        arguments up to `stale_flag`, then `table` int64[4 * 29]. Same writes (`shm.argtable`)."""
+        if len(digest) == 0:  # never: `digest` is here for numba's cache key (module docstring)
+            return
+        t = table
+        u8, u64, i32, i64 = np.uint8, np.uint64, np.int32, np.int64
+        credited_depth(hashes, now_us, has_offload, offload_credit, stale_flag,
+                       view1(t, 0, u64), view1(t, 1, u8), view2(t, 2, u64), view2(t, 3, u64), view1(t, 4, i64),
+                       view1(t, 5, u64), view1(t, 6, u8), view2(t, 7, u64), view2(t, 8, u64), view1(t, 9, i64),
+                       view1(t, 10, u64), view1(t, 11, u8), view2(t, 12, u64), view2(t, 13, u64), view1(t, 14, i64),
+                       view1(t, 15, u64), view1(t, 16, u8), view2(t, 17, u64), view2(t, 18, u64), view1(t, 19, i64),
+                       view1(t, 20, u64), view1(t, 21, i32), view1(t, 22, i32), view1(t, 23, i32), view1(t, 24, i32),
+                       view1(t, 25, u8), view1(t, 26, u8), view1(t, 27, i32), view1(t, 28, i32))
+
+    return credited_depth_packed
+
+
 _DIGEST = _sources_digest()
 reserve_slot = _make_reserve_slot(_DIGEST)
 credited_depth = _make_credited_depth(_DIGEST)
 admit_kv = _make_admit_kv(_DIGEST)
 admit_kv_packed = _make_admit_kv_packed(_DIGEST)
+credited_depth_packed = _make_credited_depth_packed(_DIGEST)
 
 
 def pack_kv_params(selector, selector_cfg, cls) -> np.ndarray:  # noqa: ANN001
@@ -351,7 +391,7 @@ def pack_kv_params(selector, selector_cfg, cls) -> np.ndarray:  # noqa: ANN001
 
 
 def warm_admit_kernels() -> None:
-    """Compile (or load from the cache) the four kernels for the dtypes the daemon uses: block hashes
+    """Compile (or load from the cache) the five kernels for the dtypes the daemon uses: block hashes
     read-only, as decoded from a frame (callers with writable hashes compile that variant on first
     use; the daemon never has them). Called by `kernels.warm_kernels`."""
     from .layout import LedgerArrays
@@ -379,5 +419,6 @@ def warm_admit_kernels() -> None:
     reserve_slot(1, 0, 8, hashes, 0, -1, 0, 1, 1, 0, 4, 4, *ledger)
     idx = [x for i in ixs for x in (i.keys, i.used, i.perm, i.ttlm, i.ttl_exp)]
     depths = [np.zeros(w, np.int32) for _ in range(6)]
-    credited_depth(hashes, 1, 1, 0.5, 4, *idx, ixs[0]._scratch, *depths[:4], np.ones(w, np.uint8),  # noqa: SLF001
-                   np.zeros(w, np.uint8), *depths[4:])
+    credited = (*idx, ixs[0]._scratch, *depths[:4], np.ones(w, np.uint8), np.zeros(w, np.uint8), *depths[4:])  # noqa: SLF001
+    credited_depth(hashes, 1, 1, 0.5, 4, *credited)
+    credited_depth_packed(hashes, 1, 1, 0.5, 4, pack_credited_arrays(credited))

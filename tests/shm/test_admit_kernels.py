@@ -148,7 +148,10 @@ def test_admit_kv_equals_its_twins(seed, depth_given, decay_recent, lead_release
 @given(seed=st.integers(0, 2**31), has_offload=st.booleans(), credit=st.sampled_from([0.0, 0.5, 1.0]))
 def test_credited_depth_equals_its_twins(seed, has_offload, credit):
     """Four indexes holding overlapping prefixes (permanent and TTL holders), stale and unfed rows."""
-    from kvsched.shm.admit_kernels import credited_depth
+    from kvsched.shm.admit_kernels import credited_depth, credited_depth_packed, pack_credited_arrays
+
+    def packed(*args):  # `credited_depth_packed` called with `credited_depth`'s arguments
+        credited_depth_packed(*args[:5], pack_credited_arrays(args[5:]))
 
     rng = np.random.default_rng(seed)
     ixs = [OverlapIndex(W, 64) for _ in range(4)]
@@ -162,7 +165,7 @@ def test_credited_depth_equals_its_twins(seed, has_offload, credit):
     h = _hashes(rng, int(rng.integers(0, STRIDE + 1)))
     now = int(rng.integers(0, 4000))
     outs = []
-    for fn in (credited_depth, numpy_twin.credited_depth, python_twin.credited_depth):
+    for fn in (credited_depth, packed, numpy_twin.credited_depth, python_twin.credited_depth):
         arrays = [np.zeros(W, np.int32) for _ in range(6)]
         idx_args = [x for ix in ixs for x in (ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp)]
         fn(h, now, int(has_offload), credit, 4, *idx_args, ixs[0]._scratch, *arrays[:4], fed, flags, *arrays[4:])
