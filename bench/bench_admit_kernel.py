@@ -34,13 +34,7 @@ from numba import njit  # noqa: E402
 import kvsched.core.admitter as admitter_mod  # noqa: E402
 from kvsched.shm import admit_kernels as ak  # noqa: E402
 from kvsched.shm.kernels import project_and_cost, ref_add, ref_remove  # noqa: E402
-from kvsched.shm.overlap import WINDOW, overlap_depth, overlap_insert  # noqa: E402
-
-try:
-    from kvsched.shm.prefetch import prefetch_overlap_windows  # noqa: E402
-except ImportError:  # a tree before the prefetch
-    def prefetch_overlap_windows(*args) -> None:  # noqa: ANN002
-        pass
+from kvsched.shm.overlap import overlap_depth, overlap_insert  # noqa: E402
 
 
 @njit(cache=True, nogil=True)
@@ -61,15 +55,13 @@ def main() -> None:
     ix = adm.view.approx
     a = adm.ledger.arrays
     shadow = {k: getattr(ix, k).copy() for k in ("keys", "used", "perm", "ttlm", "ttl_exp")}
-    shadow2 = {k: v.copy() for k, v in shadow.items()}
     ref_keys, ref_counts = a.ref_keys.copy(), a.ref_counts.copy()
     w = a.max_workers
     depth = np.zeros(w, np.int32)
     scratch = np.zeros(ix.words, np.uint64)
     blocks, prefill, cost = np.zeros(w, np.int64), np.zeros(w, np.int64), np.zeros(w)
     times: dict[str, list[int]] = {k: [] for k in ("admit_kv", "dispatch", "noop1", "overlap_depth", "overlap_insert",
-                                                   "project_and_cost", "ref_add+ref_remove",
-                                                   "depth+insert", "prefetch+depth+insert")}
+                                                   "project_and_cost", "ref_add+ref_remove")}
     name = "admit_kv_packed" if hasattr(admitter_mod, "admit_kv_packed") else "admit_kv"
     real = getattr(admitter_mod, name)
     busy = np.zeros(len(ak.ADMIT_PARAMS))
@@ -100,17 +92,6 @@ def main() -> None:
             t0 = pc()
             overlap_insert(s["keys"], s["used"], s["perm"], s["ttlm"], s["ttl_exp"], h, row, now, expiry)
             times["overlap_insert"].append(pc() - t0)
-            s2 = shadow2
-            t0 = pc()
-            if len(times["overlap_insert"]) % 2:
-                prefetch_overlap_windows(s2["keys"], s2["used"], s2["perm"], s2["ttl_exp"], h, WINDOW)
-                overlap_depth(s2["keys"], s2["used"], s2["perm"], s2["ttlm"], s2["ttl_exp"], h, now, scratch, depth)
-                overlap_insert(s2["keys"], s2["used"], s2["perm"], s2["ttlm"], s2["ttl_exp"], h, row, now, expiry)
-                times["prefetch+depth+insert"].append(pc() - t0)
-            else:
-                overlap_depth(s2["keys"], s2["used"], s2["perm"], s2["ttlm"], s2["ttl_exp"], h, now, scratch, depth)
-                overlap_insert(s2["keys"], s2["used"], s2["perm"], s2["ttlm"], s2["ttl_exp"], h, row, now, expiry)
-                times["depth+insert"].append(pc() - t0)
             t0 = pc()
             ref_add(ref_keys[row], ref_counts[row], h)
             ref_remove(ref_keys[row], ref_counts[row], h)
