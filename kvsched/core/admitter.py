@@ -29,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ClassConfig
-from ..shm.admit_kernels import OUT_CACHED, OUT_GENERATION, OUT_EVICTED, OUT_LEN, OUT_OVERLAP, OUT_SNAPSHOT, P, UNDECIDED, admit_kv_packed, pack_admit_arrays, pack_kv_params
+from ..shm.admit_kernels import OUT_CACHED, OUT_GENERATION, OUT_EVICTED, OUT_LEN, OUT_OVERLAP, OUT_SNAPSHOT, P, UNDECIDED, pack_kv_params
+from ..shm.admit_packed import admit_kv_packed, pack_admit_arrays
 from ..shm.layout import FLAG_DRAINED
 from ..shm.overlap import INT64_MAX, OverlapIndex
 from ..shm.select_kernels import count_busy

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from ..config import SelectorConfig
 from ..shm.layout import FLAG_STALE
-from ..shm.admit_kernels import credited_depth_packed, pack_credited_arrays
+from ..shm.admit_packed import credited_depth_packed, pack_credited_arrays
 from ..shm.select_kernels import credit_rows
 
 if TYPE_CHECKING:

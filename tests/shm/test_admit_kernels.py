@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsched.shm.admit_kernels import (ADMIT_ARRAYS, ADMIT_PARAMS, BUSY, OUT_LEN, P, UNDECIDED, admit_kv, admit_kv_packed,
-                                       pack_admit_arrays, reserve_slot)
+from kvsched.shm.admit_kernels import ADMIT_PARAMS, BUSY, OUT_LEN, P, UNDECIDED, admit_kv, reserve_slot
+from kvsched.shm.admit_packed import ADMIT_ARRAYS, admit_kv_packed, pack_admit_arrays
 from kvsched.shm.layout import LedgerArrays
 from kvsched.shm.overlap import OverlapIndex
 from kvsched.shm.reference import numpy_twin, python_twin
@@ -148,7 +148,8 @@ def test_admit_kv_equals_its_twins(seed, depth_given, decay_recent, lead_release
 @given(seed=st.integers(0, 2**31), has_offload=st.booleans(), credit=st.sampled_from([0.0, 0.5, 1.0]))
 def test_credited_depth_equals_its_twins(seed, has_offload, credit):
     """Four indexes holding overlapping prefixes (permanent and TTL holders), stale and unfed rows."""
-    from kvsched.shm.admit_kernels import credited_depth, credited_depth_packed, pack_credited_arrays
+    from kvsched.shm.admit_kernels import credited_depth
+    from kvsched.shm.admit_packed import credited_depth_packed, pack_credited_arrays
 
     def packed(*args):  # `credited_depth_packed` called with `credited_depth`'s arguments
         credited_depth_packed(*args[:5], pack_credited_arrays(args[5:]))
