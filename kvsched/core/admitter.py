@@ -294,6 +294,11 @@ class Admitter:
         self._arrays = (key, arrays, args)
         return args
 
+    def __getstate__(self) -> dict:
+        """Copies and pickles drop the argument tables (`shm.argtable`): they hold this process's
+        addresses of the original arrays; the copy builds its own on first use."""
+        return {**self.__dict__, "_arrays": None}
+
     def admit_fast(self, spec: RequestSpec, cq, seq, now_us: int) -> Admit | None:  # noqa: ANN001
         """Admit `spec` at once with one `admit_kv` kernel call, or None: nothing changed, the caller
         decides by the Python path (module docstring).

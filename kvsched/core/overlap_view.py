@@ -158,6 +158,11 @@ class OverlapView:
             v += idx.version
         return v
 
+    def __getstate__(self) -> dict:
+        """Copies and pickles drop the argument tables (`shm.argtable`): they hold this process's
+        addresses of the original arrays; the copy builds its own on first use."""
+        return {**self.__dict__, "_credited": None}
+
     def depth(self, hashes: np.ndarray, now_us: int) -> np.ndarray:
         """int32[max_workers] (`depth_out`): overlap blocks to credit per row for `hashes` (uint64[n])
         at `now_us` (module docstring). Memoised: the cost snapshot and admit_one of an immediate

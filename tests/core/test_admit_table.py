@@ -72,3 +72,26 @@ def test_a_replaced_depth_array_gets_a_new_credited_table():
     table = view._credited[2]  # noqa: SLF001
     assert table[ENTRY * CREDITED_OUT] == view.depth_out.__array_interface__["data"][0]
     assert s.admitter._kernel_arrays()[2][ENTRY * 8] == view.depth_out.__array_interface__["data"][0]  # noqa: SLF001
+
+
+def test_a_copied_scheduler_writes_its_own_arrays():
+    """A deep copy must not inherit the tables (they hold the original's addresses): admitting and
+    releasing in the copy leaves the original's ledger and indexes as they were."""
+    import copy
+
+    s = _scheduler()
+    a = _admit(s, 1, 1_000)
+    s.release(a.request_id, a.slot, a.generation, "completed", 1, 1_500)
+    s.ledger.fold_progress()
+    snapshot = {n: getattr(s.ledger.arrays, n).copy() for n in ("w_active_blocks", "w_active_requests", "s_state",
+                                                                 "s_generation", "ref_counts", "arena")}
+    keys, recent = s.view.approx.keys.copy(), s.admitter.selector.recent.copy()
+    c = copy.deepcopy(s)
+    b = _admit(c, 2, 2_000)
+    assert c.ledger.arrays.w_active_requests.sum() == 1
+    c.release(b.request_id, b.slot, b.generation, "completed", 1, 2_500)
+    assert c.admitter._kernel_arrays()[2][ENTRY * RECENT] == c.admitter.selector.recent.__array_interface__["data"][0]  # noqa: SLF001
+    for n, before in snapshot.items():
+        np.testing.assert_array_equal(getattr(s.ledger.arrays, n), before, err_msg=n)
+    np.testing.assert_array_equal(s.view.approx.keys, keys)
+    np.testing.assert_array_equal(s.admitter.selector.recent, recent)
