@@ -18,8 +18,8 @@ describes an array of another type or layout.
 Lifetime: the table holds addresses, not references. The caller keeps the arrays (e.g. in the same
 tuple as the table) for as long as it uses the table, and builds a new table when any of the arrays
 is replaced (a segment re-attached after a restart maps new memory). A table is this process's
-cache: an owner that is copied or pickled drops it (`__getstate__` of `Ledger`, `Admitter`,
-`OverlapView`), or the copy's kernels would write the original's arrays.
+cache: an owner that is copied or pickled drops it (`__getstate__` of `Admitter` and `OverlapView`),
+or the copy's kernels would write the original's arrays.
 """
 
 from __future__ import annotations
