@@ -16,8 +16,9 @@ Scratch arrays (eligible rows, placeable rows, the selection view, the explain r
 once; the decision path allocates only what it keeps (the lease's records, one explain tuple).
 
 `admit_fast` is the immediate path of the default configuration in one kernel call
-(`shm.admit_kernels.admit_kv`: overlap → busy rule → cost snapshot → projection → kv terms and
-argmin → booking → overlap record → recent work). It decides exactly as `admit_one` does: the
+(`shm.admit_kernels.admit_kv_packed`: `admit_kv` with its fixed arrays given as one table; overlap →
+busy rule → cost snapshot → projection → kv terms and argmin → booking → overlap record → recent
+work). It decides exactly as `admit_one` does: the
 kernel composes the same kernels `admit_one` calls, and whenever the decision is not a unique
 finite minimum (ties draw from the selector's RNG), the class is busy, or anything else the kernel
 does not cover applies, it books nothing and the caller takes the Python path.
@@ -28,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ClassConfig
-from ..shm.admit_kernels import OUT_CACHED, OUT_GENERATION, OUT_EVICTED, OUT_LEN, OUT_OVERLAP, OUT_SNAPSHOT, P, UNDECIDED, admit_kv, pack_kv_params
+from ..shm.admit_kernels import OUT_CACHED, OUT_GENERATION, OUT_EVICTED, OUT_LEN, OUT_OVERLAP, OUT_SNAPSHOT, P, UNDECIDED, pack_kv_params
+from ..shm.admit_packed import admit_kv_packed, pack_admit_arrays
 from ..shm.layout import FLAG_DRAINED
 from ..shm.overlap import INT64_MAX, OverlapIndex
 from ..shm.select_kernels import count_busy
@@ -84,7 +86,7 @@ class Admitter:
         self._params: dict[int, tuple] = {}  # class index -> (ClassConfig, admit_kv params)
         self._scratch = np.zeros((4, w), np.float64)
         self._out = np.zeros(OUT_LEN, np.int64)
-        self._arrays: tuple | None = None  # (explain ring, recent work, `_kernel_arrays()`)
+        self._arrays: tuple | None = None  # (the objects read, the arrays, `_kernel_arrays()`)
 
     @property
     def selector_cfg(self):  # noqa: ANN201 - the [selector] table
@@ -268,23 +270,34 @@ class Admitter:
         return got[1]
 
     def _kernel_arrays(self) -> tuple:
-        """`admit_kv`'s arguments from `block_size` on: the same objects for every call, built once
-        (again when the explain ring or the selector's recent-work array is replaced)."""
-        ring, recent = self.explain, self.selector.recent
+        """`admit_kv_packed`'s last arguments: (block_size, stride, the table of `admit_kv`'s 41 fixed
+        arrays). Built once, again when one of the objects it reads is replaced (explain ring, the
+        selector's recent-work array, ledger arrays, approximate index, depth or eligibility array);
+        the cache keeps the arrays alive while the table holds their addresses (`shm.argtable`)."""
+        ring, recent, ledger, view = self.explain, self.selector.recent, self.ledger, self.view
         got = self._arrays
-        if got is not None and got[0] is ring and got[1] is recent:
-            return got[2]
-        ledger, view, a = self.ledger, self.view, self.ledger.arrays
-        ix = view.approx
-        args = (ledger.block_size, ledger._stride, self.elig, self.placeable, ix.keys, ix.used, ix.perm,  # noqa: SLF001
-                ix.ttlm, ix.ttl_exp, ix._scratch, view.depth_out, a.w_generation, a.w_active_blocks,  # noqa: SLF001
-                a.w_active_prefill, a.w_active_requests, a.w_max_batched_tokens, a.ref_keys, a.ref_counts, a.arena,
-                a.s_state, a.s_generation, a.s_worker_row, a.s_worker_generation, a.s_isl, a.s_cached, a.s_prefill,
-                a.s_expected_osl, a.s_output_tokens, a.s_extra_blocks, a.s_class, a.s_enqueue_us, a.s_admit_us,
-                a.s_arena_off, a.s_arena_len, a.s_owner_pid, recent, self._scratch, ring.elig, ring.depth,
-                ring.blocks, ring.prefill, ring.terms, self._out)
-        self._arrays = (ring, recent, args)
+        if got is not None:
+            k = got[0]
+            if (k[0] is ring and k[1] is recent and k[2] is ledger.arrays and k[3] is view.approx
+                    and k[4] is view.depth_out and k[5] is self.elig):
+                return got[2]
+        key = (ring, recent, ledger.arrays, view.approx, view.depth_out, self.elig)
+        a, ix = ledger.arrays, view.approx
+        arrays = (self.elig, self.placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix._scratch,  # noqa: SLF001
+                  view.depth_out, a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests,
+                  a.w_max_batched_tokens, a.ref_keys, a.ref_counts, a.arena, a.s_state, a.s_generation, a.s_worker_row,
+                  a.s_worker_generation, a.s_isl, a.s_cached, a.s_prefill, a.s_expected_osl, a.s_output_tokens,
+                  a.s_extra_blocks, a.s_class, a.s_enqueue_us, a.s_admit_us, a.s_arena_off, a.s_arena_len,
+                  a.s_owner_pid, recent, self._scratch, ring.elig, ring.depth, ring.blocks, ring.prefill, ring.terms,
+                  self._out)
+        args = (ledger.block_size, ledger._stride, pack_admit_arrays(arrays))  # noqa: SLF001
+        self._arrays = (key, arrays, args)
         return args
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles drop the argument tables (`shm.argtable`): they hold this process's
+        addresses of the original arrays; the copy builds its own on first use."""
+        return {**self.__dict__, "_arrays": None}
 
     def admit_fast(self, spec: RequestSpec, cq, seq, now_us: int) -> Admit | None:  # noqa: ANN001
         """Admit `spec` at once with one `admit_kv` kernel call, or None: nothing changed, the caller
@@ -310,10 +323,11 @@ class Admitter:
         if not own_depth:
             view.depth(hashes, now_us)
         recent_at = sel.recent_at_us
-        row = admit_kv(hashes, spec.isl_tokens, now_us, slot, -1 if spec.expected_osl is None else spec.expected_osl,
-                       cq.index, now_us, spec.owner, min(now_us + view.ttl_us, INT64_MAX - 1),
-                       sel._decay(now_us), 1 if now_us > recent_at else 0, 0 if own_depth else 1,  # noqa: SLF001
-                       ring.head, self._params_of(cq), *self._kernel_arrays())
+        row = admit_kv_packed(hashes, spec.isl_tokens, now_us, slot,
+                              -1 if spec.expected_osl is None else spec.expected_osl, cq.index, now_us, spec.owner,
+                              min(now_us + view.ttl_us, INT64_MAX - 1), sel._decay(now_us),  # noqa: SLF001
+                              1 if now_us > recent_at else 0, 0 if own_depth else 1, ring.head, self._params_of(cq),
+                              *self._kernel_arrays())
         if own_depth:
             view.drop_memo()  # the kernel wrote depth_out
         if row < 0:

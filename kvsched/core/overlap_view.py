@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from ..config import SelectorConfig
 from ..shm.layout import FLAG_STALE
-from ..shm.admit_kernels import credited_depth
+from ..shm.admit_packed import credited_depth_packed, pack_credited_arrays
 from ..shm.select_kernels import credit_rows
 
 if TYPE_CHECKING:
@@ -118,6 +118,7 @@ class OverlapView:
         self._dev_depth = np.zeros(w, np.int32)
         self._off_depth = np.zeros(w, np.int32)
         self._spec_depth = np.zeros(w, np.int32)
+        self._credited: tuple | None = None  # (objects read, arrays, `credited_depth_packed`'s table)
         self._memo_of: np.ndarray | None = None  # the hashes array the memo is for (identity)
         self._memo_t = self._memo_v = -1  # its time (µs) and `_version()`
         self._versioned = [ix for ix in (approx, device, offload, speculative) if hasattr(ix, "version")]
@@ -157,6 +158,11 @@ class OverlapView:
             v += idx.version
         return v
 
+    def __getstate__(self) -> dict:
+        """Copies and pickles drop the argument tables (`shm.argtable`): they hold this process's
+        addresses of the original arrays; the copy builds its own on first use."""
+        return {**self.__dict__, "_credited": None}
+
     def depth(self, hashes: np.ndarray, now_us: int) -> np.ndarray:
         """int32[max_workers] (`depth_out`): overlap blocks to credit per row for `hashes` (uint64[n])
         at `now_us` (module docstring). Memoised: the cost snapshot and admit_one of an immediate
@@ -177,12 +183,17 @@ class OverlapView:
         ap, sp = self.approx, self.speculative
         # every index's depth, then stale / unfed rows: approximate only; the others: credited_overlap,
         # floored (one kernel call)
-        credited_depth(np.asarray(hashes, dtype=np.uint64), int(now_us), 0 if self.offload is None else 1,
-                       float(self.offload_credit), FLAG_STALE, ap.keys, ap.used, ap.perm, ap.ttlm, ap.ttl_exp, dev.keys,
-                       dev.used, dev.perm, dev.ttlm, dev.ttl_exp, off.keys, off.used, off.perm, off.ttlm, off.ttl_exp,
-                       sp.keys, sp.used, sp.perm, sp.ttlm, sp.ttl_exp, ap._scratch, self.approx_depth,  # noqa: SLF001
-                       self._dev_depth, self._off_depth, self._spec_depth, self.event_fed, self.ledger.arrays.w_flags,
-                       self._spec_raw, out)
+        flags = self.ledger.arrays.w_flags
+        got = self._credited
+        if got is None or not all(x is y for x, y in zip(got[0], (ap, dev, off, sp, flags, out))):
+            arrays = (ap.keys, ap.used, ap.perm, ap.ttlm, ap.ttl_exp, dev.keys, dev.used, dev.perm, dev.ttlm, dev.ttl_exp,
+                      off.keys, off.used, off.perm, off.ttlm, off.ttl_exp, sp.keys, sp.used, sp.perm, sp.ttlm, sp.ttl_exp,
+                      ap._scratch, self.approx_depth, self._dev_depth, self._off_depth, self._spec_depth,  # noqa: SLF001
+                      self.event_fed, flags, self._spec_raw, out)
+            # the arrays stay referenced beside their table (its addresses: `shm.argtable`)
+            got = self._credited = ((ap, dev, off, sp, flags, out), arrays, pack_credited_arrays(arrays))
+        credited_depth_packed(np.asarray(hashes, dtype=np.uint64), int(now_us), 0 if self.offload is None else 1,
+                              float(self.offload_credit), FLAG_STALE, got[2])
         return out
 
     def _depth_by_index(self, hashes: np.ndarray, now_us: int, out: np.ndarray) -> np.ndarray:

@@ -11,6 +11,9 @@ known to be the one the Python path would take (a unique finite minimum on an el
 every other case it returns a negative status and the caller runs the Python path, which decides
 from the same (unchanged) state.
 
+`shm/admit_packed.py` has `admit_kv_packed` / `credited_depth_packed`: the same kernels with their
+fixed arrays given as one int64 table (`shm/argtable.py`); the core calls those.
+
 Twins with the same names and signatures: `numpy_twin` / `python_twin` in `shm/reference.py`
 (implemented in `shm/reference_admit.py`, composing the component kernels' twins); property tests
 in tests/shm/test_admit_kernels.py.
@@ -294,7 +297,7 @@ def pack_kv_params(selector, selector_cfg, cls) -> np.ndarray:  # noqa: ANN001
 
 
 def warm_admit_kernels() -> None:
-    """Compile (or load from the cache) the three kernels for the dtypes the daemon uses: block hashes
+    """Compile (or load from the cache) the five kernels for the dtypes the daemon uses: block hashes
     read-only, as decoded from a frame (callers with writable hashes compile that variant on first
     use; the daemon never has them). Called by `kernels.warm_kernels`."""
     from .layout import LedgerArrays
@@ -317,8 +320,13 @@ def warm_admit_kernels() -> None:
             np.zeros((1, w), np.int64), np.zeros((1, 5, w)), np.zeros(OUT_LEN, np.int64))
     admit_kv(hashes, 8, 1, 0, -1, 0, 1, 0, 10, 1.0, 1, 0, 0, params, 4, 4, np.zeros(w, np.uint8),
              np.zeros(w, np.bool_), *args)
+    from .admit_packed import admit_kv_packed, credited_depth_packed, pack_admit_arrays, pack_credited_arrays
+
+    arrays = (np.zeros(w, np.uint8), np.zeros(w, np.bool_), *args)
+    admit_kv_packed(hashes, 8, 2, 1, -1, 0, 1, 0, 10, 1.0, 1, 0, 0, params, 4, 4, pack_admit_arrays(arrays))
     reserve_slot(1, 0, 8, hashes, 0, -1, 0, 1, 1, 0, 4, 4, *ledger)
     idx = [x for i in ixs for x in (i.keys, i.used, i.perm, i.ttlm, i.ttl_exp)]
     depths = [np.zeros(w, np.int32) for _ in range(6)]
-    credited_depth(hashes, 1, 1, 0.5, 4, *idx, ixs[0]._scratch, *depths[:4], np.ones(w, np.uint8),  # noqa: SLF001
-                   np.zeros(w, np.uint8), *depths[4:])
+    credited = (*idx, ixs[0]._scratch, *depths[:4], np.ones(w, np.uint8), np.zeros(w, np.uint8), *depths[4:])  # noqa: SLF001
+    credited_depth(hashes, 1, 1, 0.5, 4, *credited)
+    credited_depth_packed(hashes, 1, 1, 0.5, 4, pack_credited_arrays(credited))

@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsched.shm.admit_kernels import ADMIT_PARAMS, BUSY, OUT_LEN, P, UNDECIDED, admit_kv, reserve_slot
+from kvsched.shm.admit_packed import ADMIT_ARRAYS, admit_kv_packed, pack_admit_arrays
 from kvsched.shm.layout import LedgerArrays
 from kvsched.shm.overlap import OverlapIndex
 from kvsched.shm.reference import numpy_twin, python_twin
@@ -80,6 +82,11 @@ KNOBS = dict(lead_release_requests_ratio=st.sampled_from([0.0, 2.0]), interferen
              busy=st.sampled_from([(-1.0, -1.0, 1.0), (-1.0, 1.0, 1.0), (300.0, -1.0, 0.5), (0.0, 0.2, 1.0)]))
 
 
+def _packed(*args):
+    """`admit_kv_packed` called with `admit_kv`'s arguments: its 41 arrays packed into one table."""
+    return admit_kv_packed(*args[:16], pack_admit_arrays(args[16:]))
+
+
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**31), depth_given=st.booleans(), decay_recent=st.booleans(), **KNOBS)
 def test_admit_kv_equals_its_twins(seed, depth_given, decay_recent, lead_release_requests_ratio, interference_weight, recent_weight,
@@ -105,7 +112,7 @@ def test_admit_kv_equals_its_twins(seed, depth_given, decay_recent, lead_release
     depth0 = rng.integers(0, 4, W).astype(np.int32)
     now = int(rng.integers(1000, 2000))
     results = []
-    for fn in (admit_kv, numpy_twin.admit_kv, python_twin.admit_kv):
+    for fn in (admit_kv, _packed, numpy_twin.admit_kv, python_twin.admit_kv):
         a, ix = copy.deepcopy(a0), copy.deepcopy(ix0)
         recent, depth, out = recent0.copy(), depth0.copy(), np.zeros(OUT_LEN, np.int64)
         ring = [np.zeros((3, W), np.uint8), np.zeros((3, W), np.int32), np.zeros((3, W), np.int64),
@@ -142,6 +149,10 @@ def test_admit_kv_equals_its_twins(seed, depth_given, decay_recent, lead_release
 def test_credited_depth_equals_its_twins(seed, has_offload, credit):
     """Four indexes holding overlapping prefixes (permanent and TTL holders), stale and unfed rows."""
     from kvsched.shm.admit_kernels import credited_depth
+    from kvsched.shm.admit_packed import credited_depth_packed, pack_credited_arrays
+
+    def packed(*args):  # `credited_depth_packed` called with `credited_depth`'s arguments
+        credited_depth_packed(*args[:5], pack_credited_arrays(args[5:]))
 
     rng = np.random.default_rng(seed)
     ixs = [OverlapIndex(W, 64) for _ in range(4)]
@@ -155,7 +166,7 @@ def test_credited_depth_equals_its_twins(seed, has_offload, credit):
     h = _hashes(rng, int(rng.integers(0, STRIDE + 1)))
     now = int(rng.integers(0, 4000))
     outs = []
-    for fn in (credited_depth, numpy_twin.credited_depth, python_twin.credited_depth):
+    for fn in (credited_depth, packed, numpy_twin.credited_depth, python_twin.credited_depth):
         arrays = [np.zeros(W, np.int32) for _ in range(6)]
         idx_args = [x for ix in ixs for x in (ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp)]
         fn(h, now, int(has_offload), credit, 4, *idx_args, ixs[0]._scratch, *arrays[:4], fed, flags, *arrays[4:])
@@ -165,3 +176,19 @@ def test_credited_depth_equals_its_twins(seed, has_offload, credit):
             if k == 2 and not has_offload:
                 continue  # the offload depth is not computed without an offload index
             np.testing.assert_array_equal(g, w, err_msg=str(k))
+
+
+def test_pack_admit_arrays_rejects_what_the_kernel_would_misread():
+    """A table describes only arrays of the kernel's dtype, ndim and C layout (`shm.argtable`)."""
+    good = [np.zeros((2,) * ndim, dtype) for _, dtype, ndim in ADMIT_ARRAYS]
+    assert pack_admit_arrays(tuple(good)).shape == (4 * len(ADMIT_ARRAYS),)
+    for k, bad in ((8, np.zeros(2, np.int64)),  # depth: int32 expected
+                   (4, np.zeros(2, np.uint64)),  # ov_perm: 2-D expected
+                   (10, np.zeros(4, np.int64)[::2]),  # not contiguous
+                   (10, np.frombuffer(bytes(16), np.int64))):  # read-only
+        args = list(good)
+        args[k] = bad
+        with pytest.raises(ValueError, match=ADMIT_ARRAYS[k][0]):
+            pack_admit_arrays(tuple(args))
+    with pytest.raises(ValueError):
+        pack_admit_arrays(tuple(good[:-1]))
