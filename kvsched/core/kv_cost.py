@@ -69,7 +69,9 @@ class KvSelector(DynamoCostSelector):
                  recent_half_life_s: float = 30.0, interference_weight: float = 1.0,
                  interference_cap_prompts: float = 0.1, lead_release_requests_ratio: float = 2.0,
                  lead_max_extra_ttft_s: float = 0.0, prefill_seconds_ref_us: float = 0.0,
-                 prefill_us_per_token: float = 30.0, prefill_attn_us_per_token_ktoken: float = 1.33) -> None:
+                 prefill_us_per_token: float = 30.0, prefill_attn_us_per_token_ktoken: float = 1.33,
+                 home_weight: float = 0.0, home_half_life_s: float = 30.0, home_min_cached_share: float = 0.5,
+                 home_min_prefill_tokens: int = 16384) -> None:
         super().__init__(temperature, seed)
         self.prefill_weight = float(prefill_weight)
         self.active_blocks_weight = float(active_blocks_weight)
@@ -90,6 +92,12 @@ class KvSelector(DynamoCostSelector):
         self.ttft_model = (PrefillTimeModel(prefill_us_per_token, prefill_attn_us_per_token_ktoken)
                            if self.lead_max_extra_ttft_s > 0.0 or self.prefill_seconds_ref_us > 0.0 else None)
         self._last_isl = 0  # the last decision's prompt tokens (its `admitted` follows)
+        self.home_weight = float(home_weight)
+        self.home_half_life_us = float(home_half_life_s) * 1e6
+        self.home_min_cached_share = float(home_min_cached_share)
+        self.home_min_prefill_tokens = int(home_min_prefill_tokens)
+        self.home = np.zeros(0, np.float64)  # decayed count of cache-reusing admissions per row
+        self.home_at_us = 0
         self.recent = np.zeros(0, np.float64)
         self.recent_at_us = 0
         self._total = np.zeros(0)  # scratch of select_explained (float64[W])
@@ -110,7 +118,10 @@ class KvSelector(DynamoCostSelector):
                    lead_release_requests_ratio=cfg.lead_release_requests_ratio,
                    lead_max_extra_ttft_s=cfg.lead_max_extra_ttft_s, prefill_seconds_ref_us=cfg.prefill_seconds_ref_us,
                    prefill_us_per_token=cfg.prefill_us_per_token,
-                   prefill_attn_us_per_token_ktoken=cfg.prefill_attn_us_per_token_ktoken)
+                   prefill_attn_us_per_token_ktoken=cfg.prefill_attn_us_per_token_ktoken,
+                   home_weight=cfg.home_weight, home_half_life_s=cfg.home_half_life_s,
+                   home_min_cached_share=cfg.home_min_cached_share,
+                   home_min_prefill_tokens=cfg.home_min_prefill_tokens)
 
     # ---- terms (pure) ----------------------------------------------------------------------------
     def _decay(self, now_us: int) -> float:
@@ -133,9 +144,17 @@ class KvSelector(DynamoCostSelector):
         lead = np.zeros(n)
         recent = np.zeros(n)
         interference = np.zeros(n)
+        home = np.zeros(n) if self.home_weight > 0.0 else None
+
+        def out() -> dict[str, np.ndarray]:
+            t = {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent,
+                 "interference": interference}
+            if home is not None:
+                t["home"] = home
+            return t
+
         if rows.size == 0:
-            return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent,
-                    "interference": interference}
+            return out()
         ttft = self.ttft_model.predicted_ttft_us(view) if self.ttft_model is not None else None
         if self.prefill_seconds_ref_us > 0.0:  # predicted µs as tokens at the reference rate
             prefill[rows] = ttft[rows] / self.prefill_seconds_ref_us * (self.prefill_weight * inv_bs)
@@ -150,6 +169,8 @@ class KvSelector(DynamoCostSelector):
                 cap = self.interference_cap_prompts * self.prefill_weight * float(view.isl_tokens) * inv_bs
                 low = interference[rows].min()
                 interference[rows] = np.minimum(interference[rows] - low, cap)
+        if home is not None:
+            home[rows] = self.home_term(rows, view)
         m = min(n, self.recent.size)
         rt = None
         if m:
@@ -173,16 +194,34 @@ class KvSelector(DynamoCostSelector):
                     if self.lead_max_extra_ttft_s > 0.0 and others.size and (
                             ttft[top] <= ttft[others].min() + self.lead_max_extra_ttft_s * 1e6):
                         base = prefill + active + recent + interference  # the lead row wins by `bonus`
+                        if home is not None:
+                            base = base + home
                         lead[top] = -(max(0.0, base[top] - base[others].min()) + bonus)
-                        return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent,
-                                "interference": interference}
+                        return out()
                     if self.lead_max_wait_steps > 0.0:  # at most this much extra queued prefill for affinity
                         wait_blocks = max(self.lead_max_wait_steps * float(view.max_batched_tokens[top]) * inv_bs,
                                           self.lead_max_wait_per_lead * gap)
                         bonus = min(bonus, self.prefill_weight * wait_blocks)
                     lead[top] = -bonus
-        return {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent,
-                "interference": interference}
+        return out()
+
+    def home_term(self, rows: np.ndarray, view: SelectionView) -> np.ndarray:
+        """float64[len(rows)], the "home" term at eligible `rows` (blocks; docs/ROUTING.md): with h_w the
+        decayed count of cache-reusing admissions on w (`admitted`) and u_w the request's own uncached
+        prefill there (tokens), home_weight x prefill_weight x u_w / B x (h_w - min h) / mean h over
+        `rows`, and 0 where u_w < home_min_prefill_tokens or while no row has any h. Pure."""
+        h = np.zeros(rows.size)
+        m = min(self.home.size, int(rows.max()) + 1) if rows.size else 0
+        if m:
+            sel = rows < m
+            dt = max(0, view.now_us - self.home_at_us)
+            h[sel] = self.home[rows[sel]] * math.exp2(-dt / self.home_half_life_us)
+        mean = float(h.mean()) if rows.size else 0.0
+        if mean <= 0.0:
+            return np.zeros(rows.size)
+        own = np.maximum(view.prefill_tokens[rows] - view.active_prefill[rows], 0).astype(np.float64)
+        scale = self.home_weight * self.prefill_weight / float(view.block_size) / mean
+        return np.where(own >= self.home_min_prefill_tokens, own * (h - h.min()) * scale, 0.0)
 
     def _saturated(self, row: int, recent_tokens: np.ndarray | None, rows: np.ndarray, view: SelectionView,
                    active_requests: np.ndarray | None = None) -> bool:
@@ -216,7 +255,7 @@ class KvSelector(DynamoCostSelector):
         if view is None:
             return super().select(costs, eligible, active_requests), None
         self._last_isl = int(view.isl_tokens)
-        if self.ttft_model is not None:  # the predicted-seconds keys: computed by the array code only
+        if self.ttft_model is not None or self.home_weight > 0.0:  # keys computed by the array code only
             return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
         if overlap_blocks is None or active_requests.dtype != np.int64 or view.prefill_tokens.dtype != np.int64:
             return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
@@ -245,6 +284,8 @@ class KvSelector(DynamoCostSelector):
         """`select_explained` by the array code: `terms`, their total, `DynamoCostSelector.select`."""
         t = self.terms(costs, eligible, overlap_blocks, view, active_requests)
         total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"]
+        if "home" in t:
+            total = total + t["home"]
         return super().select(total, eligible, active_requests), t
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
@@ -260,7 +301,7 @@ class KvSelector(DynamoCostSelector):
         `recent`: temperature 0 and no key that only the array code computes. The fused admission
         kernel (`shm.admit_kernels.admit_kv`) may then decide in the selector's place. A new key the
         kernel does not compute must make this False."""
-        return self.temperature <= 0.0 and self.ttft_model is None
+        return self.temperature <= 0.0 and self.ttft_model is None and self.home_weight <= 0.0
 
     def reserve_rows(self, n: int) -> None:
         """Grow `recent` to at least `n` rows now (zeros), so that `admitted` never grows it and the
@@ -275,6 +316,8 @@ class KvSelector(DynamoCostSelector):
         the last decision, which this admission follows)."""
         if self.ttft_model is not None:
             self.ttft_model.admitted(row, uncached_tokens, self._last_isl)
+        if self.home_weight > 0.0:
+            self._note_home(row, uncached_tokens, now_us)
         if self.recent_weight <= 0.0:
             return
         if self.recent.size <= row:
@@ -283,3 +326,18 @@ class KvSelector(DynamoCostSelector):
             self.recent *= self._decay(now_us)
             self.recent_at_us = now_us
         self.recent[row] += max(0, uncached_tokens)
+
+    def _note_home(self, row: int, uncached_tokens: int, now_us: int) -> None:
+        """Count the admission on `row` as cache-reusing (decaying every row's count to `now_us` first)
+        when its cached tokens (the last decision's prompt minus `uncached_tokens`) are > 0 and at least
+        home_min_cached_share of that prompt."""
+        isl = self._last_isl
+        cached = isl - max(0, uncached_tokens)
+        if cached <= 0 or cached < self.home_min_cached_share * isl:
+            return
+        if self.home.size <= row:
+            self.home = np.concatenate([self.home, np.zeros(row + 1 - self.home.size)])
+        if now_us > self.home_at_us:
+            self.home *= math.exp2(-(now_us - self.home_at_us) / self.home_half_life_us)
+            self.home_at_us = now_us
+        self.home[row] += 1.0

@@ -157,16 +157,17 @@ def test_explain_ring_keeps_the_newest_records_when_it_wraps(n):
     assert adm_mod.EXPLAIN_RING >= 1024
 
 
-@pytest.mark.parametrize("key", ["lead_max_extra_ttft_s", "prefill_seconds_ref_us"])
-def test_fused_path_is_off_when_a_key_only_the_array_code_computes_is_on(key):
-    """The predicted-seconds keys are computed by the kv selector's array code only (and its
-    `admitted` feeds their model): with one on, every request takes the Python path, and two
+@pytest.mark.parametrize("key,value", [("lead_max_extra_ttft_s", 3.0), ("prefill_seconds_ref_us", 30.0),
+                                       ("home_weight", 0.5)])
+def test_fused_path_is_off_when_a_key_only_the_array_code_computes_is_on(key, value):
+    """The predicted-seconds keys and the home term are computed by the kv selector's array code only
+    (and its `admitted` feeds their state): with one on, every request takes the Python path, and two
     schedulers, one forced onto the Python path, decide alike."""
     from kvsched.core.ledger import Ledger as _Ledger
 
     out = []
     for _ in range(2):
-        config = make_config(selector=SelectorConfig(seed=3, **{key: 3.0 if key == "lead_max_extra_ttft_s" else 30.0}))
+        config = make_config(selector=SelectorConfig(seed=3, **{key: value}))
         s = create_scheduler(config, ledger=_Ledger(LedgerArrays.private(8, 64, 16, block_size=16)),
                              overlap=OverlapIndex(8, 256), add_workers=False)
         for wid, rank in WORKERS:
