@@ -70,7 +70,7 @@ class KvSelector(DynamoCostSelector):
                  interference_cap_prompts: float = 0.1, lead_release_requests_ratio: float = 2.0,
                  lead_max_extra_ttft_s: float = 0.0, prefill_seconds_ref_us: float = 0.0,
                  prefill_us_per_token: float = 30.0, prefill_attn_us_per_token_ktoken: float = 1.33,
-                 home_weight: float = 0.0, home_half_life_s: float = 30.0, home_min_cached_share: float = 0.5,
+                 home_weight: float = 0.08, home_half_life_s: float = 30.0, home_min_cached_share: float = 0.5,
                  home_min_prefill_tokens: int = 16384) -> None:
         super().__init__(temperature, seed)
         self.prefill_weight = float(prefill_weight)

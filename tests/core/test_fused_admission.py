@@ -31,7 +31,7 @@ def _pair(events: bool, busy_frac: float | None, max_slots: int, overload_prefil
     classes = [ClassConfig(name="default", prefill_busy_threshold_frac=busy_frac), ClassConfig(name="batch")]
     out = []
     for _ in range(2):
-        config = make_config(classes=classes, selector=SelectorConfig(seed=3),
+        config = make_config(classes=classes, selector=SelectorConfig(seed=3, home_weight=0.0),
                              overload=OverloadConfig(overload_prefill_tokens=overload_prefill))
         ledger = Ledger(LedgerArrays.private(8, max_slots, 16, block_size=16), overload=config.overload)
         s = create_scheduler(config, ledger=ledger, overlap=OverlapIndex(8, 256), add_workers=False, events=events)
@@ -167,7 +167,7 @@ def test_fused_path_is_off_when_a_key_only_the_array_code_computes_is_on(key, va
 
     out = []
     for _ in range(2):
-        config = make_config(selector=SelectorConfig(seed=3, **{key: value}))
+        config = make_config(selector=SelectorConfig(seed=3, **{"home_weight": 0.0, key: value}))
         s = create_scheduler(config, ledger=_Ledger(LedgerArrays.private(8, 64, 16, block_size=16)),
                              overlap=OverlapIndex(8, 256), add_workers=False)
         for wid, rank in WORKERS:

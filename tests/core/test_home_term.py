@@ -74,10 +74,12 @@ def test_only_admissions_that_reuse_enough_of_their_prompt_count():
     assert any_share.home.tolist() == [0.0, 1.0]
 
 
-def test_off_by_default_and_switchable():
-    """home_weight 0 (the default): no state, no "home" term, the fused kernel may decide; on: the term
-    is computed by the array code only, so the kernel path is off."""
-    off = KvSelector(seed=0)
+def test_on_by_default_and_switchable_off():
+    """On by default (docs/ROUTING.md): the term is computed by the array code only, so the fused kernel
+    path is off. home_weight 0: no state, no "home" term, the fused kernel may decide."""
+    assert KvSelector(seed=0).home_weight == SelectorConfig().home_weight == 0.08
+    assert not KvSelector(seed=0).decides_by_kernel()
+    off = KvSelector(seed=0, home_weight=0.0)
     _admit(off, 0, isl=1000, cached=900, now_us=0)
     assert off.home.size == 0 and off.decides_by_kernel()
     view = _view([20_000, 20_000], [0, 0], isl=20_000)
@@ -92,17 +94,15 @@ def test_off_by_default_and_switchable():
 @pytest.mark.parametrize("seed", range(5))
 def test_a_long_uncached_prompt_avoids_the_worker_home_to_recent_cache_reusing_work(seed):
     """Two equally loaded workers; worker 0 just served 10 turns that reused their cached history,
-    worker 1 served none. A 40k-token prompt cached nowhere goes to worker 1 with the term on (a tie
-    broken at random with it off); a short prompt under home_min_prefill_tokens is not steered."""
-    on = KvSelector(seed=seed, home_weight=0.1, recent_weight=0.0)
-    off = KvSelector(seed=seed, home_weight=0.0, recent_weight=0.0)
-    for sel in (on, off):
-        for k in range(10):
-            _admit(sel, 0, isl=8000, cached=7000, now_us=k * 1_000_000)
+    worker 1 served none. A 40k-token prompt cached nowhere goes to worker 1 with the default weight (a
+    tie broken at random with the term off); a short prompt under home_min_prefill_tokens is not steered."""
+    on = KvSelector(seed=seed, recent_weight=0.0)  # the default home_weight
+    for k in range(10):
+        _admit(on, 0, isl=8000, cached=7000, now_us=k * 1_000_000)
     elig, depth, active = np.ones(2, np.uint8), np.zeros(2, np.int32), np.array([5, 5], np.int64)
     long_view = _view([40_000, 40_000], [0, 0], isl=40_000, now_us=10_000_000)
     assert on.select(np.zeros(2), elig, active, overlap_blocks=depth, view=long_view) == 1
-    off_picks = {KvSelector(seed=s, recent_weight=0.0).select(np.zeros(2), elig, active, overlap_blocks=depth,
+    off_picks = {KvSelector(seed=s, recent_weight=0.0, home_weight=0.0).select(np.zeros(2), elig, active, overlap_blocks=depth,
                                                                view=long_view) for s in range(20)}
     assert off_picks == {0, 1}
     short = _view([2_000, 2_000], [0, 0], isl=2_000, now_us=10_000_000)

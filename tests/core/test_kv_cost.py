@@ -108,7 +108,7 @@ def test_explain_shows_the_cost_terms_summing_to_the_cost():
     rep = s.explain("a")
     assert rep is not None and len(rep.rows) == 2
     for row in rep.rows:
-        assert set(row.terms) == {"prefill", "active_blocks", "lead", "recent", "interference"}
+        assert set(row.terms) == {"prefill", "active_blocks", "lead", "recent", "interference", "home"}
         assert sum(row.terms.values()) == pytest.approx(row.cost)
 
 
