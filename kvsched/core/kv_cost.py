@@ -39,6 +39,13 @@ row wins outright while its predicted TTFT (`prefill_time.PrefillTimeModel`: que
 uncached prefill, priced with the attention term) is within that many seconds of the best other row's;
 with `prefill_seconds_ref_us` > 0 the prefill term is that predicted TTFT / the reference µs per token.
 Either key makes the numpy `terms` decide (the kernel does not compute them).
+
+"home" (`home_weight` > 0; docs/ROUTING.md, "Home"): a request whose own uncached prefill on w is at
+least `home_min_prefill_tokens` pays home_weight x prefill_weight x that prefill / B x (h_w - min h) /
+mean h, with h_w the decayed count of admissions to w that reused at least `home_min_cached_share` of
+their prompt (learnt in `admitted`): long prompts go where few conversations return, instead of
+queueing in front of their short turns. Computed by the numpy `terms` only, so with it on the numpy
+path decides and the fused admission kernel is not used (`decides_by_kernel`).
 """
 
 from __future__ import annotations
