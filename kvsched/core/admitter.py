@@ -253,7 +253,7 @@ class Admitter:
         self.selector.note_admitted(row, overlap_blocks, len(hashes))
         if terms is None:  # pinned, or a selector that does not compute terms on the way: before `admitted`
             terms = self.selector.terms(costs, self.elig, depth, view)
-        self.selector.admitted(row, spec.isl_tokens - cached, now_us)
+        self.selector.admitted(row, spec.isl_tokens - cached, now_us, spec.isl_tokens)
         self.explain.add(spec.request_id, row, now_us, self.elig, depth, blocks, prefill, costs, self._fleet_ids(), terms)
         self.decisions_total += 1
         return Admit(spec.request_id, spec.owner, ledger.key_of(row), live.slot, live.generation,
@@ -308,9 +308,9 @@ class Admitter:
         counter (drawn only when the request is admitted).
         """
         hashes = spec.block_hashes
-        if hashes.dtype != np.uint64 or not self.leases.owner_alive(spec.owner):
-            return None
         ledger, view, sel, ring = self.ledger, self.view, self.selector, self.explain
+        if hashes.dtype != np.uint64 or not sel.kernel_may_decide(spec.isl_tokens) or not self.leases.owner_alive(spec.owner):
+            return None
         try:
             got = ledger.take_slot(spec.request_id)
         except ValueError:  # the Python path raises it
@@ -345,6 +345,8 @@ class Admitter:
         ledger.booked(slot, spec.request_id, row)
         if now_us > recent_at and sel.recent_weight > 0.0:
             sel.recent_at_us = now_us
+        if sel.home_weight > 0.0:  # what `admitted` counts on the Python path
+            sel.note_home(row, spec.isl_tokens, spec.isl_tokens - cached, now_us)
         entry = QueueEntry(spec.request_id, next(seq), now_us, spec.priority, spec.strict_priority,
                            out[OUT_SNAPSHOT], spec.isl_tokens, None, cq.index)
         live = Live(spec, entry, LEASED, slot, gen)

@@ -44,8 +44,9 @@ Either key makes the numpy `terms` decide (the kernel does not compute them).
 least `home_min_prefill_tokens` pays home_weight x prefill_weight x that prefill / B x (h_w - min h) /
 mean h, with h_w the decayed count of admissions to w that reused at least `home_min_cached_share` of
 their prompt (learnt in `admitted`): long prompts go where few conversations return, instead of
-queueing in front of their short turns. Computed by the numpy `terms` only, so with it on the numpy
-path decides and the fused admission kernel is not used (`decides_by_kernel`).
+queueing in front of their short turns. Computed by the numpy `terms` only: it is 0 on every row for
+a prompt shorter than `home_min_prefill_tokens`, which the fused admission kernel still decides
+(`kernel_may_decide`); a longer one takes the numpy path while the term is on.
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ class KvSelector(DynamoCostSelector):
         if view is None:
             return super().select(costs, eligible, active_requests), None
         self._last_isl = int(view.isl_tokens)
-        if self.ttft_model is not None or self.home_weight > 0.0:  # keys computed by the array code only
+        if self.ttft_model is not None or not self.kernel_may_decide(int(view.isl_tokens)):  # array code only
             return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
         if overlap_blocks is None or active_requests.dtype != np.int64 or view.prefill_tokens.dtype != np.int64:
             return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
@@ -308,7 +309,14 @@ class KvSelector(DynamoCostSelector):
         `recent`: temperature 0 and no key that only the array code computes. The fused admission
         kernel (`shm.admit_kernels.admit_kv`) may then decide in the selector's place. A new key the
         kernel does not compute must make this False."""
-        return self.temperature <= 0.0 and self.ttft_model is None and self.home_weight <= 0.0
+        return self.temperature <= 0.0 and self.ttft_model is None
+
+    def kernel_may_decide(self, isl_tokens: int) -> bool:
+        """May the fused kernel decide a request of `isl_tokens` prompt tokens (with `decides_by_kernel`)?
+        The kernel does not compute the home term, which is 0 on every row for a prompt shorter than
+        `home_min_prefill_tokens` (a row's uncached prefill is at most the prompt): such a request is
+        decided alike by both paths; a longer one takes the array code while the term is on."""
+        return self.home_weight <= 0.0 or isl_tokens < self.home_min_prefill_tokens
 
     def reserve_rows(self, n: int) -> None:
         """Grow `recent` to at least `n` rows now (zeros), so that `admitted` never grows it and the
@@ -317,14 +325,16 @@ class KvSelector(DynamoCostSelector):
         if self.recent.size < n:
             self.recent = np.concatenate([self.recent, np.zeros(n - self.recent.size)])
 
-    def admitted(self, row: int, uncached_tokens: int, now_us: int) -> None:
+    def admitted(self, row: int, uncached_tokens: int, now_us: int, isl_tokens: int | None = None) -> None:
         """Add `uncached_tokens` to `row`'s decayed recent work (decaying every row to `now_us` first),
-        and the booking to the predicted-seconds model's FIFO when it is on (with the prompt length of
-        the last decision, which this admission follows)."""
+        the booking to the predicted-seconds model's FIFO when it is on, and a cache-reusing admission
+        to the home counts when that term is on. `isl_tokens`: the request's prompt tokens (the
+        admitter passes it; None = the last decision's, which a pinned admission did not make)."""
+        isl = self._last_isl if isl_tokens is None else int(isl_tokens)
         if self.ttft_model is not None:
-            self.ttft_model.admitted(row, uncached_tokens, self._last_isl)
+            self.ttft_model.admitted(row, uncached_tokens, isl)
         if self.home_weight > 0.0:
-            self._note_home(row, uncached_tokens, now_us)
+            self.note_home(row, isl, uncached_tokens, now_us)
         if self.recent_weight <= 0.0:
             return
         if self.recent.size <= row:
@@ -334,11 +344,11 @@ class KvSelector(DynamoCostSelector):
             self.recent_at_us = now_us
         self.recent[row] += max(0, uncached_tokens)
 
-    def _note_home(self, row: int, uncached_tokens: int, now_us: int) -> None:
+    def note_home(self, row: int, isl: int, uncached_tokens: int, now_us: int) -> None:
         """Count the admission on `row` as cache-reusing (decaying every row's count to `now_us` first)
-        when its cached tokens (the last decision's prompt minus `uncached_tokens`) are > 0 and at least
-        home_min_cached_share of that prompt."""
-        isl = self._last_isl
+        when its cached tokens (`isl` prompt tokens minus `uncached_tokens`) are > 0 and at least
+        home_min_cached_share of the prompt. Called by `admitted`, and by the fused admission path
+        (which does not call `admitted`) for the requests it decides."""
         cached = isl - max(0, uncached_tokens)
         if cached <= 0 or cached < self.home_min_cached_share * isl:
             return

@@ -108,8 +108,9 @@ class WorkerSelector(ABC):
         return self.select(costs, eligible, active_requests, overlap_blocks=overlap_blocks,
                            request_blocks=request_blocks, view=view), None
 
-    def admitted(self, row: int, uncached_tokens: int, now_us: int) -> None:
-        """Learn from an admission that succeeded on `row` (`uncached_tokens` = isl - cached). Default: nothing."""
+    def admitted(self, row: int, uncached_tokens: int, now_us: int, isl_tokens: int | None = None) -> None:
+        """Learn from an admission that succeeded on `row` (`uncached_tokens` = isl - cached; `isl_tokens`
+        the request's prompt tokens when known). Default: nothing."""
 
     def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
               view: SelectionView) -> dict[str, np.ndarray]:

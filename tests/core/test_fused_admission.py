@@ -24,14 +24,17 @@ LEDGER = ("w_active_blocks", "w_active_prefill", "w_active_requests", "w_flags",
           "s_extra_blocks", "s_class", "s_enqueue_us", "s_admit_us", "s_arena_len", "s_owner_pid")
 
 
-def _pair(events: bool, busy_frac: float | None, max_slots: int, overload_prefill: int | None):
-    """Two identical schedulers; the second decides by the Python path only."""
+def _pair(events: bool, busy_frac: float | None, max_slots: int, overload_prefill: int | None, home: bool = False):
+    """Two identical schedulers; the second decides by the Python path only. `home`: the home term on,
+    for prompts from 64 tokens (so that the fused path decides the shorter ones only)."""
     from kvsched.config import OverloadConfig
 
     classes = [ClassConfig(name="default", prefill_busy_threshold_frac=busy_frac), ClassConfig(name="batch")]
     out = []
     for _ in range(2):
-        config = make_config(classes=classes, selector=SelectorConfig(seed=3, home_weight=0.0),
+        sel = SelectorConfig(seed=3, home_weight=0.5, home_min_prefill_tokens=64) if home else \
+            SelectorConfig(seed=3, home_weight=0.0)
+        config = make_config(classes=classes, selector=sel,
                              overload=OverloadConfig(overload_prefill_tokens=overload_prefill))
         ledger = Ledger(LedgerArrays.private(8, max_slots, 16, block_size=16), overload=config.overload)
         s = create_scheduler(config, ledger=ledger, overlap=OverlapIndex(8, 256), add_workers=False, events=events)
@@ -59,19 +62,21 @@ def _same_state(fast, slow, ids) -> None:
     np.testing.assert_array_equal(fast.selector.recent[: slow.selector.recent.size], slow.selector.recent)
     assert not fast.selector.recent[slow.selector.recent.size:].any()
     assert fast.selector.recent_at_us == slow.selector.recent_at_us
+    np.testing.assert_array_equal(fast.selector.home, slow.selector.home)
+    assert fast.selector.home_at_us == slow.selector.home_at_us
     for rid in ids:
         assert fast.explain(rid) == slow.explain(rid), rid
 
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31), events=st.booleans(), busy_frac=st.sampled_from([None, 0.5, 4.0]),
-       max_slots=st.sampled_from([6, 64]), overload_prefill=st.sampled_from([None, 3000]))
-def test_fused_path_decides_as_the_python_path(seed, events, busy_frac, max_slots, overload_prefill):
+       max_slots=st.sampled_from([6, 64]), overload_prefill=st.sampled_from([None, 3000]), home=st.booleans())
+def test_fused_path_decides_as_the_python_path(seed, events, busy_frac, max_slots, overload_prefill, home):
     """Random enqueues (shared prefixes, allowed sets, pins, the batch class, repeated ids), progress,
     releases, requeues and cleanups, on an idle fleet (ties) and a loaded one (busy class, full slot
     table, overloaded rows)."""
     rng = np.random.default_rng(seed)
-    fast, slow = _pair(events, busy_frac, max_slots, overload_prefill)
+    fast, slow = _pair(events, busy_frac, max_slots, overload_prefill, home)
     calls = {"fused": 0}
     admit_fast = fast.admitter.admit_fast
 
@@ -157,8 +162,7 @@ def test_explain_ring_keeps_the_newest_records_when_it_wraps(n):
     assert adm_mod.EXPLAIN_RING >= 1024
 
 
-@pytest.mark.parametrize("key,value", [("lead_max_extra_ttft_s", 3.0), ("prefill_seconds_ref_us", 30.0),
-                                       ("home_weight", 0.5)])
+@pytest.mark.parametrize("key,value", [("lead_max_extra_ttft_s", 3.0), ("prefill_seconds_ref_us", 30.0)])
 def test_fused_path_is_off_when_a_key_only_the_array_code_computes_is_on(key, value):
     """The predicted-seconds keys and the home term are computed by the kv selector's array code only
     (and its `admitted` feeds their state): with one on, every request takes the Python path, and two
@@ -182,3 +186,35 @@ def test_fused_path_is_off_when_a_key_only_the_array_code_computes_is_on(key, va
         got = [s.enqueue(make_request(f"q{i}", isl_tokens=80, block_hashes=h, owner=1), 1000 * i) for s in out]
         assert got[0] == got[1]
     _same_state(auto, slow, [f"q{i}" for i in range(40)])
+
+
+def test_with_the_home_term_on_the_kernel_decides_short_prompts_and_the_array_code_long_ones():
+    """The home term is 0 on every row for a prompt shorter than `home_min_prefill_tokens`: the fused
+    kernel decides those; longer ones take the Python path. Both schedulers (one forced onto the
+    Python path) decide alike and count the same cache-reusing admissions."""
+    fast, slow = _pair(False, None, 64, None, home=True)
+    calls = {"fused": 0, "short": 0}
+    admit_fast = fast.admitter.admit_fast
+
+    def counting(spec, *args):
+        got = admit_fast(spec, *args)
+        calls["fused"] += got is not None
+        calls["short"] += spec.isl_tokens < 64
+        assert got is None or spec.isl_tokens < 64
+        return got
+
+    fast.admitter.admit_fast = counting
+    ids = []
+    for i in range(60):
+        n = 2 if i % 3 else 6  # 32 or 96 tokens; turns of 3 conversations reuse their history
+        h = np.array([1000 * (i % 3) + k for k in range(n)], dtype=np.uint64)
+        rid = f"h{i}"
+        got = [s.enqueue(make_request(rid, isl_tokens=16 * n, block_hashes=h, owner=1), 1000 * i) for s in (fast, slow)]
+        assert got[0] == got[1]
+        ids.append(rid)
+        for a in got[0]:
+            if isinstance(a, Admit):
+                for s in (fast, slow):
+                    s.release(a.request_id, a.slot, a.generation, "completed", 1, 1000 * i + 500)
+    _same_state(fast, slow, ids)
+    assert calls["fused"] > 0 and fast.selector.home.any()

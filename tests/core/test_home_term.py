@@ -76,17 +76,19 @@ def test_only_admissions_that_reuse_enough_of_their_prompt_count():
 
 def test_on_by_default_and_switchable_off():
     """On by default (docs/ROUTING.md): the term is computed by the array code only, so the fused kernel
-    path is off. home_weight 0: no state, no "home" term, the fused kernel may decide."""
+    decides only prompts shorter than home_min_prefill_tokens (the term is 0 on every row for them).
+    home_weight 0: no state, no "home" term, the fused kernel may decide any prompt."""
     assert KvSelector(seed=0).home_weight == SelectorConfig().home_weight == 0.08
-    assert not KvSelector(seed=0).decides_by_kernel()
+    on = KvSelector(seed=0)
+    assert on.decides_by_kernel() and on.kernel_may_decide(16383) and not on.kernel_may_decide(16384)
     off = KvSelector(seed=0, home_weight=0.0)
     _admit(off, 0, isl=1000, cached=900, now_us=0)
-    assert off.home.size == 0 and off.decides_by_kernel()
+    assert off.home.size == 0 and off.decides_by_kernel() and off.kernel_may_decide(10**6)
     view = _view([20_000, 20_000], [0, 0], isl=20_000)
     assert "home" not in off.terms(np.zeros(2), np.ones(2, np.uint8), np.zeros(2, np.int32), view)
     sel = create_selector(SelectorConfig(type="kv", home_weight=0.5, home_half_life_s=10.0, home_min_cached_share=0.25,
                                          home_min_prefill_tokens=100))
-    assert isinstance(sel, KvSelector) and not sel.decides_by_kernel()
+    assert isinstance(sel, KvSelector) and not sel.kernel_may_decide(100) and sel.kernel_may_decide(99)
     assert (sel.home_weight, sel.home_half_life_us, sel.home_min_cached_share, sel.home_min_prefill_tokens) == (
         0.5, 10e6, 0.25, 100)
 

@@ -108,7 +108,8 @@ def test_explain_shows_the_cost_terms_summing_to_the_cost():
     rep = s.explain("a")
     assert rep is not None and len(rep.rows) == 2
     for row in rep.rows:
-        assert set(row.terms) == {"prefill", "active_blocks", "lead", "recent", "interference", "home"}
+        # "home" is shown for prompts of home_min_prefill_tokens or more only (0 on every row below)
+        assert set(row.terms) == {"prefill", "active_blocks", "lead", "recent", "interference"}
         assert sum(row.terms.values()) == pytest.approx(row.cost)
 
 
