@@ -56,7 +56,7 @@ def remove_worker(worker: WorkerArg) -> None:
 
 
 def cancel(request_id: Annotated[str, typer.Argument(help="The request to cancel.", callback=check_request_id)]) -> None:
-    """Cancel a queued request (it never dispatches) or abort an active lease."""
+    """Cancel a queued request (it never dispatches) or abort an active lease (its router stops the request)."""
     render(call(p.Cancel(request_id=request_id)), False)
 
 

@@ -85,7 +85,7 @@ class SyncLease:
 
     @property
     def lost_reason(self) -> str:
-        """Why the daemon dropped the lease ("" unless outcome == "lost"; see `Lease`)."""
+        """Why the daemon dropped the lease ("" unless outcome is "lost" or "revoked"; see `Lease`)."""
         return self.lease.lost_reason
 
     @property
