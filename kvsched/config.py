@@ -18,6 +18,7 @@ from msgspec import Meta
 
 from .endpoints import admin_endpoint, data_endpoint, endpoint_problem, is_loopback_endpoint
 from .errors import ConfigError
+from .protocol import BatchedTokens, KvBlocks
 
 
 class Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -63,8 +64,8 @@ class WorkerConfig(Section):
 
     worker_id: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
     dp_size: Annotated[int, Meta(ge=1, le=1024)] = 1
-    total_kv_blocks: Annotated[int, Meta(ge=1)] = 8192  # KV blocks per rank
-    max_num_batched_tokens: Annotated[int, Meta(ge=1)] = 8192  # per-step token budget per rank
+    total_kv_blocks: KvBlocks = 8192  # KV blocks per rank, 1..2**40 (protocol.MAX_KV_BLOCKS)
+    max_num_batched_tokens: BatchedTokens = 8192  # per-step token budget per rank, 1..2**31-1
     kv_events_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5557 (port + dp_rank per rank)
     kv_replay_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5558 (port + dp_rank per rank)
     kv_events_topic: str = ""  # SUB topic filter ("" = all)

@@ -94,3 +94,13 @@ def test_discovery_prefers_env_then_config_then_runtime_dir():
     ep = data_endpoint("pool", "", {"XDG_RUNTIME_DIR": "/run/user/7"})
     assert ep.endswith("/pool.sock")
     assert admin_endpoint("pool", "", {"XDG_RUNTIME_DIR": "/run/user/7"}).endswith("/pool-admin.sock")
+
+
+@pytest.mark.parametrize("key, value", [("total_kv_blocks", 2**62), ("total_kv_blocks", 2**40 + 1),
+                                        ("max_num_batched_tokens", 2**31)])
+def test_worker_capacity_over_its_bound_is_a_config_error_naming_the_key(tmp_path, key, value):
+    """Was: `total_kv_blocks = 4611686018427387904` passed `--check-config` (and a start)."""
+    path = tmp_path / "big.toml"
+    path.write_text(f"[[workers]]\nworker_id = 0\n{key} = {value}\n")
+    with pytest.raises(ConfigError, match=rf"{key}"):
+        load_config(path, env={})

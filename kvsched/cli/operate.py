@@ -25,8 +25,9 @@ def undrain(worker: WorkerArg) -> None:
 
 def add_worker(
     worker: Annotated[str, typer.Argument(help="WORKER or WORKER:RANK (rank 0 by default).")],
-    total_kv_blocks: Annotated[int, typer.Option(min=1, help="KV blocks of this rank.")] = 8192,
-    max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="Per-step token budget of this rank.")] = 8192,
+    total_kv_blocks: Annotated[int, typer.Option(min=1, max=p.MAX_KV_BLOCKS, help="KV blocks of this rank.")] = 8192,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        min=1, max=p.MAX_BATCHED_TOKENS, help="Per-step token budget of this rank.")] = 8192,
     kv_events_endpoint: Annotated[Optional[str], typer.Option(
         help="The rank's vLLM KV-event PUB endpoint (its own port: not offset again by the rank); "
              "the daemon subscribes and marks the rank stale until events flow.")] = None,
