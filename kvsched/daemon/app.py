@@ -23,7 +23,7 @@ from .. import protocol as p
 from ..config import Config, check_endpoints, load_config
 from ..endpoints import admin_endpoint, data_endpoint
 from ..errors import ConfigError, KvschedError, ShmLayoutError
-from .instance_lock import InstanceLock
+from .instance_lock import InstanceLock, purge_instance
 from .logging_setup import setup_logging
 
 log = logging.getLogger(__name__)
@@ -323,19 +323,12 @@ def daemon_main(
 
 
 def _purge(instance: str) -> None:
-    """Unlink a stopped instance's segments; refuse while its daemon runs."""
-    from ..shm.layout import segment_names, unlink_segments
-
+    """Unlink a stopped instance's segments and lock file; refuse while its daemon runs."""
     try:
-        lock = InstanceLock(instance)
+        found = purge_instance(instance)
     except ConfigError as exc:
         typer.echo(f"kvsched-daemon: refusing to purge: {exc}", err=True)
         raise typer.Exit(1)
-    try:
-        found = [n for n in segment_names(instance) if Path("/dev/shm", n).exists()]
-        unlink_segments(instance)
-    finally:
-        lock.release()
     if found:
         typer.echo(f"purged {', '.join(found)}")
     else:
