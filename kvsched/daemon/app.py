@@ -258,7 +258,7 @@ def daemon_main(
     workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="Shortcut: register N workers (ids 0..N-1, dp_rank 0) with default capacities; an error when the config lists [[workers]].")] = None,
     endpoint: Annotated[Optional[str], typer.Option(help="Data socket endpoint (overrides discovery).")] = None,
     admin_endpoint_opt: Annotated[Optional[str], typer.Option("--admin-endpoint", help="Admin socket endpoint.")] = None,
-    check_config: Annotated[Optional[Path], typer.Option("--check-config", help="Validate FILE and exit (0 ok, 2 invalid).")] = None,
+    check_config: Annotated[Optional[Path], typer.Option("--check-config", help="Validate FILE as a start with the other flags (e.g. --workers) would, and exit (0 ok, 2 invalid).")] = None,
     purge: Annotated[bool, typer.Option("--purge", help="Unlink this instance's shared-memory segments and exit.")] = False,
     log_level: Annotated[Optional[str], typer.Option(help="debug | info | warning | error")] = None,
     log_format: Annotated[Optional[str], typer.Option(help="text | json")] = None,
@@ -271,9 +271,14 @@ def daemon_main(
     ipc://<rundir>/<instance>.sock); the `kvsched` CLI talks to the admin socket.
     Under systemd (Type=notify) it sends READY=1 once sockets are bound and kernels warm.
     """
-    if check_config is not None:
+    overrides: dict = {"daemon": {}}
+    for key, value in (("instance", instance), ("endpoint", endpoint), ("admin_endpoint", admin_endpoint_opt),
+                       ("log_level", log_level), ("log_format", log_format)):
+        if value is not None:
+            overrides["daemon"][key] = value
+    if check_config is not None:  # the same checks as a start with these flags (--workers included)
         try:
-            cfg = load_config(check_config)
+            cfg = _load(check_config, overrides, workers)
         except ConfigError as exc:
             typer.echo(f"invalid: {exc}", err=True)
             raise typer.Exit(2)
@@ -286,18 +291,8 @@ def daemon_main(
         typer.echo(f"ok: {check_config}: {len(cfg.classes)} classes, {len(cfg.workers)} workers, "
                    f"shared memory {segment_bytes(cfg) / 2**20:.1f} MiB")
         raise typer.Exit(0)
-    overrides: dict = {"daemon": {}}
-    for key, value in (("instance", instance), ("endpoint", endpoint), ("admin_endpoint", admin_endpoint_opt),
-                       ("log_level", log_level), ("log_format", log_format)):
-        if value is not None:
-            overrides["daemon"][key] = value
     try:
-        cfg = load_config(config, overrides=overrides)
-        if workers is not None and cfg.workers:
-            raise ConfigError(f"--workers {workers} conflicts with the {len(cfg.workers)} [[workers]] of {config}: "
-                              "give one or the other")
-        if workers is not None:
-            cfg = load_config(config, overrides={**overrides, "workers": [{"worker_id": i} for i in range(workers)]})
+        cfg = _load(config, overrides, workers)
     except ConfigError as exc:
         typer.echo(f"kvsched-daemon: {exc}", err=True)
         raise typer.Exit(2)
@@ -320,6 +315,18 @@ def daemon_main(
         log.error("daemon failed: %s: %s", type(exc).__name__, exc, exc_info=True)
         typer.echo(f"kvsched-daemon: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1)
+
+
+def _load(config: Path | None, overrides: dict, workers: int | None) -> Config:
+    """The config a start uses: the file (None = defaults), env, the flags' `overrides`, and
+    `--workers N` (ranks 0..N-1) unless the file lists [[workers]] (then a ConfigError)."""
+    cfg = load_config(config, overrides=overrides)
+    if workers is not None and cfg.workers:
+        raise ConfigError(f"--workers {workers} conflicts with the {len(cfg.workers)} [[workers]] of {config}: "
+                          "give one or the other")
+    if workers is not None:
+        cfg = load_config(config, overrides={**overrides, "workers": [{"worker_id": i} for i in range(workers)]})
+    return cfg
 
 
 def _purge(instance: str) -> None:

@@ -287,6 +287,24 @@ def test_daemon_workers_flag_conflicting_with_config_workers_is_an_error(tmp_pat
     assert "--workers 4 conflicts with the 2 [[workers]]" in err
 
 
+def test_check_config_with_workers_flag_reports_the_conflict_a_start_rejects(tmp_path):
+    """Was: `kvsched-daemon --workers 4 --check-config d.toml` (2 [[workers]]) printed ok, rc 0,
+    while the start with the same flags exits 2. `--check-config` also sees the other flags:
+    `--workers 3` on a file without [[workers]] counts 3 workers."""
+    cfg = tmp_path / "pool.toml"
+    cfg.write_text(TWO_WORKERS)
+    base = [sys.executable, "-m", "kvsched.daemon.app"]
+    bad = subprocess.run([*base, "--workers", "4", "--check-config", str(cfg)], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert bad.returncode == 2, bad.stdout
+    assert "--workers 4 conflicts with the 2 [[workers]]" in bad.stderr
+    empty = tmp_path / "empty.toml"
+    empty.write_text("[daemon]\nblock_size = 16\n")
+    ok = subprocess.run([*base, "--workers", "3", "--check-config", str(empty)], capture_output=True, text=True,
+                        timeout=60, cwd=ROOT)
+    assert ok.returncode == 0 and "3 workers" in ok.stdout, ok.stderr
+
+
 # ------------------------------------------------------------------------------------ replay
 
 
