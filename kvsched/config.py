@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Mapping
 import msgspec
 from msgspec import Meta
 
-from .endpoints import admin_endpoint, data_endpoint, endpoint_problem, is_loopback_endpoint
+from .endpoints import daemon_endpoints, endpoint_problem, is_loopback_endpoint
 from .errors import ConfigError
 from .protocol import BatchedTokens, KvBlocks
 
@@ -150,8 +150,8 @@ class DaemonConfig(Section):
     """Process, sockets and capacities of `kvsched-daemon`."""
 
     instance: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "default"
-    endpoint: str = ""  # data socket; "" = discovery (docs/DESIGN.md §1.2)
-    admin_endpoint: str = ""  # admin socket; "" = discovery
+    endpoint: str = ""  # data socket; "" = discovery (docs/DESIGN.md §1.2); set, it wins over KVSCHED_ENDPOINT
+    admin_endpoint: str = ""  # admin socket; "" = discovery; set, it wins over KVSCHED_ADMIN_ENDPOINT
     curve_secret_key_file: str | None = None  # z85 server secret key; required for a non-loopback TCP endpoint
     curve_authorized_keys_dir: str | None = None  # client public keys allowed (pyzmq certs); None = any client holding the server key
     block_size: Annotated[int, Meta(ge=1, le=1 << 20)] = 16  # tokens per KV block
@@ -251,8 +251,8 @@ def check_endpoints(cfg: "Config", env: Mapping[str, str] | None = None) -> list
     included): syntax and the CURVE rule. [] = fine. Used by `kvsched-daemon --check-config`."""
     d = cfg.daemon
     problems = []
-    for what, ep in (("data endpoint", data_endpoint(d.instance, d.endpoint, env)),
-                     ("admin endpoint", admin_endpoint(d.instance, d.admin_endpoint, env))):
+    (data, _), (admin, _) = daemon_endpoints(d.instance, d.endpoint, d.admin_endpoint, env)
+    for what, ep in (("data endpoint", data), ("admin endpoint", admin)):
         problem = endpoint_problem(ep) or curve_problem(ep, d.curve_secret_key_file)
         if problem:
             problems.append(f"{what} {ep!r}: {problem}")

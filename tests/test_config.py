@@ -96,6 +96,34 @@ def test_discovery_prefers_env_then_config_then_runtime_dir():
     assert admin_endpoint("pool", "", {"XDG_RUNTIME_DIR": "/run/user/7"}).endswith("/pool-admin.sock")
 
 
+def test_the_daemon_binds_its_configured_endpoints_before_the_discovery_variables():
+    """KVSCHED_ENDPOINT / KVSCHED_ADMIN_ENDPOINT tell routers and the CLI where to connect; a daemon
+    whose config names its endpoints binds those (was: the variables won, so an exported
+    KVSCHED_ADMIN_ENDPOINT moved a second instance onto the first one's socket)."""
+    from kvsched.endpoints import daemon_endpoints
+
+    env = {"KVSCHED_ENDPOINT": "ipc:///env/d.sock", "KVSCHED_ADMIN_ENDPOINT": "ipc:///env/a.sock",
+           "XDG_RUNTIME_DIR": "/run/user/7"}
+    assert daemon_endpoints("p", "ipc:///cfg/d.sock", "ipc:///cfg/a.sock", env) == (
+        ("ipc:///cfg/d.sock", "config"), ("ipc:///cfg/a.sock", "config"))
+    assert daemon_endpoints("p", "", "ipc:///cfg/a.sock", env) == (
+        ("ipc:///env/d.sock", "KVSCHED_ENDPOINT"), ("ipc:///cfg/a.sock", "config"))
+    assert daemon_endpoints("p", "", "", {"XDG_RUNTIME_DIR": "/run/user/7"})[1][1] == "discovery"
+
+
+def test_check_config_ignores_a_discovery_variable_the_configured_endpoint_overrides(tmp_path):
+    """--check-config checks the endpoints the daemon would bind: a malformed KVSCHED_ENDPOINT does
+    not matter to a daemon whose config names its endpoint; it does when the config leaves it ""."""
+    from kvsched.config import check_endpoints
+
+    named = tmp_path / "named.toml"
+    named.write_text('[daemon]\nendpoint = "ipc:///tmp/x.sock"\n')
+    env = {"KVSCHED_ENDPOINT": "tcp://nohost"}
+    assert check_endpoints(load_config(named, env={}), env) == []
+    problems = check_endpoints(load_config(None, env={}), env)
+    assert problems and "tcp://nohost" in problems[0]
+
+
 @pytest.mark.parametrize("key, value", [("total_kv_blocks", 2**62), ("total_kv_blocks", 2**40 + 1),
                                         ("max_num_batched_tokens", 2**31)])
 def test_worker_capacity_over_its_bound_is_a_config_error_naming_the_key(tmp_path, key, value):

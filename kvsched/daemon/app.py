@@ -21,7 +21,7 @@ import zmq
 
 from .. import protocol as p
 from ..config import Config, check_endpoints, load_config
-from ..endpoints import admin_endpoint, data_endpoint
+from ..endpoints import daemon_endpoints
 from ..errors import ConfigError, KvschedError, ShmLayoutError
 from .instance_lock import InstanceLock, purge_instance
 from .logging_setup import setup_logging
@@ -43,8 +43,10 @@ class Daemon:
         self.config_path = config_path
         self.overrides = overrides
         d = config.daemon
-        self.endpoint = data_endpoint(d.instance, d.endpoint)
-        self.admin_endpoint = admin_endpoint(d.instance, d.admin_endpoint)
+        (self.endpoint, data_src), (self.admin_endpoint, admin_src) = daemon_endpoints(
+            d.instance, d.endpoint, d.admin_endpoint)
+        flags = (overrides or {}).get("daemon", {})
+        self.endpoint_sources = (_source(data_src, "endpoint", flags), _source(admin_src, "admin_endpoint", flags))
         self.should_exit = False
         self.force_exit = False
         self.ctx: zmq.Context | None = None
@@ -105,6 +107,8 @@ class Daemon:
         self.ctx = zmq.Context()
         curve = load_curve_secret(d.curve_secret_key_file)
         self.auth = start_curve_auth(self.ctx, curve, d.curve_authorized_keys_dir)
+        log.info("endpoints data=%s data_from=%s admin=%s admin_from=%s", self.endpoint, self.endpoint_sources[0],
+                 self.admin_endpoint, self.endpoint_sources[1])
         self.data_sock = bind_router(self.ctx, self.endpoint, mode=DATA_SOCKET_MODE,
                                      max_frame_bytes=transport_cut(d.max_frame_bytes), curve_secret_key=curve,
                                      heartbeat_ms=d.heartbeat_ms)
@@ -315,6 +319,18 @@ def daemon_main(
         log.error("daemon failed: %s: %s", type(exc).__name__, exc, exc_info=True)
         typer.echo(f"kvsched-daemon: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1)
+
+
+def _source(source: str, key: str, flags: dict) -> str:
+    """Where a bound endpoint came from, for the log: "--endpoint" / "--admin-endpoint" (flag),
+    "KVSCHED_DAEMON_<KEY>" (the config's env override), "config file", "KVSCHED_ENDPOINT" /
+    "KVSCHED_ADMIN_ENDPOINT" (discovery variable: the config left it "") or "discovery"."""
+    if source != "config":
+        return source
+    if key in flags:
+        return "--" + key.replace("_", "-")
+    env_name = f"KVSCHED_DAEMON_{key.upper()}"
+    return env_name if os.environ.get(env_name) else "config file"
 
 
 def _load(config: Path | None, overrides: dict, workers: int | None) -> Config:
