@@ -263,21 +263,43 @@ def check_endpoints(cfg: "Config", env: Mapping[str, str] | None = None) -> list
 
 _ENV_PREFIX = "KVSCHED_"
 
+# The KVSCHED_<X>_<Y> variables that are not config overrides (docs/DESIGN.md §1.3); the loader
+# leaves them alone and refuses any other whose <X> is not a section it can set.
+NON_CONFIG_ENV = frozenset({
+    "KVSCHED_ENDPOINT", "KVSCHED_ADMIN_ENDPOINT",  # discovery of routers and the CLI (kvsched.endpoints)
+    "KVSCHED_DEBUG_STALL_S",  # debug aid: SIGUSR2 blocks the daemon's loop this long (s)
+    "KVSCHED_TOKENIZER_DIR",  # docker-compose.yml: the tokenizer mounted into engines and gateway
+    "KVSCHED_BENCH_CORE_SRC", "KVSCHED_REGEN_GOLDEN",  # bench/ and tests/
+})
+
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """`KVSCHED_<SECTION>_<KEY>=value` → {section: {key: value}} for the scalar sections."""
+    """`KVSCHED_<SECTION>_<KEY>=value` → {section: {key: value}} for the scalar sections.
+
+    Raises:
+        ConfigError: an unknown key of a section, or a `KVSCHED_<X>_<Y>` variable whose X is not
+            daemon, selector or overload and that is not one of `NON_CONFIG_ENV` (e.g. the typo
+            `KVSCHED_DEAMON_MAX_SLOTS`, which would otherwise be ignored in silence).
+    """
     out: dict[str, dict[str, Any]] = {}
     sections = {"daemon": DaemonConfig, "selector": SelectorConfig, "overload": OverloadConfig}
     for name, value in env.items():
-        if not name.startswith(_ENV_PREFIX):
+        if not name.startswith(_ENV_PREFIX) or name in NON_CONFIG_ENV:
             continue
         rest = name[len(_ENV_PREFIX):].lower()
-        for section, cls in sections.items():
-            if rest.startswith(section + "_"):
-                key = rest[len(section) + 1:]
-                if key not in cls.__struct_fields__:
-                    raise ConfigError(f"environment {name}: unknown key {section}.{key}")
-                out.setdefault(section, {})[key] = _parse_scalar(value)
+        section = next((s for s in sections if rest.startswith(s + "_")), None)
+        if section is None:
+            if "_" in rest.strip("_"):  # KVSCHED_<X>_<Y>: meant as an override of section X
+                raise ConfigError(
+                    f"environment {name}: {rest.split('_')[0]!r} is not a config section that can be set "
+                    f"from the environment (KVSCHED_<SECTION>_<KEY> with SECTION one of "
+                    f"{', '.join(s.upper() for s in sections)}); other KVSCHED_ variables kvsched reads: "
+                    f"{', '.join(sorted(NON_CONFIG_ENV))}")
+            continue
+        key = rest[len(section) + 1:]
+        if key not in sections[section].__struct_fields__:
+            raise ConfigError(f"environment {name}: unknown key {section}.{key}")
+        out.setdefault(section, {})[key] = _parse_scalar(value)
     return out
 
 

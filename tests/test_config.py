@@ -80,6 +80,23 @@ def test_env_overrides_file_and_flags_override_env(tmp_path):
         load_config(f, env={"KVSCHED_DAEMON_NOPE": "1"})
 
 
+@pytest.mark.parametrize("name", ["KVSCHED_DEAMON_MAX_SLOTS", "KVSCHED_SELECTR_TYPE", "KVSCHED_WORKERS_TOTAL_KV_BLOCKS"])
+def test_env_variable_naming_no_settable_section_is_an_error(name):
+    """Was: a typo in the section (`KVSCHED_DEAMON_MAX_SLOTS=5`) was ignored in silence, while one in
+    the key (`KVSCHED_DAEMON_MAX_SLOTZ`) was refused."""
+    with pytest.raises(ConfigError, match=f"{name}.*not a config section"):
+        load_config(None, env={name: "5"})
+
+
+def test_the_documented_non_config_variables_are_left_alone():
+    """Every other KVSCHED_ variable the code, docs and deploy files use still loads (discovery,
+    debug, compose, bench, tests), and so does a plain KVSCHED_TAG (no section part)."""
+    from kvsched.config import NON_CONFIG_ENV
+
+    env = {name: "x" for name in NON_CONFIG_ENV} | {"KVSCHED_TAG": "latest", "KVSCHED_DAEMON_MAX_SLOTS": "5"}
+    assert load_config(None, env=env).daemon.max_slots == 5
+
+
 def test_include_supplies_the_profile(tmp_path):
     (tmp_path / "profile.toml").write_text("default_class = 'a'\n[[classes]]\nname = 'a'\nquantum = 7\n")
     main = tmp_path / "main.toml"
