@@ -213,8 +213,9 @@ class Config(Section):
         if self.default_class not in names:
             raise ValueError(f"default_class {self.default_class!r} is not one of the classes {names}")
         keys = [w.worker_id for w in self.workers]
-        if len(set(keys)) != len(keys):
-            raise ValueError("duplicate worker_id in [[workers]]")
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        if dup:
+            raise ValueError(f"duplicate worker_id in [[workers]]: {', '.join(map(str, dup))}")
         ranks = sum(w.dp_size for w in self.workers)
         if ranks > self.daemon.max_workers:
             raise ValueError(f"[[workers]] declare {ranks} ranks, more than daemon.max_workers={self.daemon.max_workers}")

@@ -149,3 +149,11 @@ def test_worker_capacity_over_its_bound_is_a_config_error_naming_the_key(tmp_pat
     path.write_text(f"[[workers]]\nworker_id = 0\n{key} = {value}\n")
     with pytest.raises(ConfigError, match=rf"{key}"):
         load_config(path, env={})
+
+
+def test_duplicate_worker_id_is_named(tmp_path):
+    """Was: "duplicate worker_id in [[workers]]" without saying which."""
+    path = tmp_path / "dup.toml"
+    path.write_text("".join(f"[[workers]]\nworker_id = {w}\n" for w in (0, 7, 3, 7)))
+    with pytest.raises(ConfigError, match=r"duplicate worker_id in \[\[workers\]\]: 7$"):
+        load_config(path, env={})
