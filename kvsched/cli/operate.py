@@ -74,9 +74,12 @@ def reload(path: Annotated[Optional[Path], typer.Argument(
 
 def register(app: typer.Typer) -> None:
     """Add the commands that change the daemon to `app`."""
-    app.command()(drain)
-    app.command()(undrain)
+    # `kvsched drain -1`: a negative worker id is an argument (refused "outside 0..4294967295"),
+    # not an unknown option ("No such option: -1"); these commands have no other options.
+    worker_only = {"ignore_unknown_options": True}
+    app.command(context_settings=worker_only)(drain)
+    app.command(context_settings=worker_only)(undrain)
     app.command("add-worker")(add_worker)
-    app.command("remove-worker")(remove_worker)
+    app.command("remove-worker", context_settings=worker_only)(remove_worker)
     app.command()(cancel)
     app.command()(reload)

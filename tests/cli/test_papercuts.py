@@ -125,6 +125,9 @@ def test_daemon_errors_name_the_error_not_a_bare_number(session_daemon):
 @pytest.mark.parametrize("args, needle", [(("drain", "4294967296"), "outside 0..4294967295"),
                                            (("undrain", "1:99999"), "outside 0..65535"),
                                            (("remove-worker", "--", "-1"), "outside 0..4294967295"),
+                                           (("drain", "-1"), "outside 0..4294967295"),  # was "No such option: -1"
+                                           (("undrain", "-7:0"), "outside 0..4294967295"),
+                                           (("remove-worker", "-1"), "outside 0..4294967295"),
                                            (("add-worker", "3:70000"), "outside 0..65535")])
 def test_worker_out_of_the_wire_bounds_is_a_usage_error_before_any_call(session_daemon, args, needle):
     """Before: sent to the daemon, answered `malformed: Expected int <= 4294967295 - at $.worker_id`
