@@ -114,6 +114,12 @@ class SyncLease:
         """`Lease.add_output_tokens` (n output tokens more)."""
         self._client._call(self.lease.add_output_tokens, n)
 
+    def on_dropped(self, callback: Callable[[SyncLease], None] | None) -> None:
+        """`Lease.on_dropped`: `callback(this SyncLease)` runs once on the client's loop thread when
+        the daemon drops the lease ("lost" or "revoked"); keep it short and thread-safe."""
+        fn = None if callback is None else (lambda _lease: callback(self))
+        self._client._call(self.lease.on_dropped, fn)
+
     def release(self, outcome: Literal["completed", "aborted"] = "completed",
                 context_tokens: int | None = None) -> None:
         """`Lease.release`."""
