@@ -29,7 +29,7 @@ ENV PATH=/opt/kvsched/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1
 USER ${UID}:${UID}
 # Validate the shipped config and compile the numba kernels into the image's cache, so a start
-# only loads them (a fresh compile costs ~1.5 s of CPU before READY).
+# only loads them (a fresh compile costs ~30 s of CPU before READY; loading them ~1.5 s).
 RUN kvsched-daemon --check-config /etc/kvsched/kvsched.toml \
  && python -c "from kvsched.shm.kernels import warm_kernels; warm_kernels()"
 # 9464: /metrics /healthz /readyz of the daemon; 8000: the gateway; 8100/5557: simulated engines

@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal, Mapping
 import msgspec
 from msgspec import Meta
 
-from .endpoints import admin_endpoint, data_endpoint, endpoint_problem, is_loopback_endpoint
+from .endpoints import daemon_endpoints, endpoint_problem, is_loopback_endpoint
 from .errors import ConfigError
+from .protocol import BatchedTokens, KvBlocks
 
 
 class Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -63,8 +64,8 @@ class WorkerConfig(Section):
 
     worker_id: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
     dp_size: Annotated[int, Meta(ge=1, le=1024)] = 1
-    total_kv_blocks: Annotated[int, Meta(ge=1)] = 8192  # KV blocks per rank
-    max_num_batched_tokens: Annotated[int, Meta(ge=1)] = 8192  # per-step token budget per rank
+    total_kv_blocks: KvBlocks = 8192  # KV blocks per rank, 1..2**40 (protocol.MAX_KV_BLOCKS)
+    max_num_batched_tokens: BatchedTokens = 8192  # per-step token budget per rank, 1..2**31-1
     kv_events_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5557 (port + dp_rank per rank)
     kv_replay_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5558 (port + dp_rank per rank)
     kv_events_topic: str = ""  # SUB topic filter ("" = all)
@@ -149,8 +150,8 @@ class DaemonConfig(Section):
     """Process, sockets and capacities of `kvsched-daemon`."""
 
     instance: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "default"
-    endpoint: str = ""  # data socket; "" = discovery (docs/DESIGN.md §1.2)
-    admin_endpoint: str = ""  # admin socket; "" = discovery
+    endpoint: str = ""  # data socket; "" = discovery (docs/DESIGN.md §1.2); set, it wins over KVSCHED_ENDPOINT
+    admin_endpoint: str = ""  # admin socket; "" = discovery; set, it wins over KVSCHED_ADMIN_ENDPOINT
     curve_secret_key_file: str | None = None  # z85 server secret key; required for a non-loopback TCP endpoint
     curve_authorized_keys_dir: str | None = None  # client public keys allowed (pyzmq certs); None = any client holding the server key
     block_size: Annotated[int, Meta(ge=1, le=1 << 20)] = 16  # tokens per KV block
@@ -212,8 +213,9 @@ class Config(Section):
         if self.default_class not in names:
             raise ValueError(f"default_class {self.default_class!r} is not one of the classes {names}")
         keys = [w.worker_id for w in self.workers]
-        if len(set(keys)) != len(keys):
-            raise ValueError("duplicate worker_id in [[workers]]")
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        if dup:
+            raise ValueError(f"duplicate worker_id in [[workers]]: {', '.join(map(str, dup))}")
         ranks = sum(w.dp_size for w in self.workers)
         if ranks > self.daemon.max_workers:
             raise ValueError(f"[[workers]] declare {ranks} ranks, more than daemon.max_workers={self.daemon.max_workers}")
@@ -250,8 +252,8 @@ def check_endpoints(cfg: "Config", env: Mapping[str, str] | None = None) -> list
     included): syntax and the CURVE rule. [] = fine. Used by `kvsched-daemon --check-config`."""
     d = cfg.daemon
     problems = []
-    for what, ep in (("data endpoint", data_endpoint(d.instance, d.endpoint, env)),
-                     ("admin endpoint", admin_endpoint(d.instance, d.admin_endpoint, env))):
+    (data, _), (admin, _) = daemon_endpoints(d.instance, d.endpoint, d.admin_endpoint, env)
+    for what, ep in (("data endpoint", data), ("admin endpoint", admin)):
         problem = endpoint_problem(ep) or curve_problem(ep, d.curve_secret_key_file)
         if problem:
             problems.append(f"{what} {ep!r}: {problem}")
@@ -262,21 +264,43 @@ def check_endpoints(cfg: "Config", env: Mapping[str, str] | None = None) -> list
 
 _ENV_PREFIX = "KVSCHED_"
 
+# The KVSCHED_<X>_<Y> variables that are not config overrides (docs/DESIGN.md §1.3); the loader
+# leaves them alone and refuses any other whose <X> is not a section it can set.
+NON_CONFIG_ENV = frozenset({
+    "KVSCHED_ENDPOINT", "KVSCHED_ADMIN_ENDPOINT",  # discovery of routers and the CLI (kvsched.endpoints)
+    "KVSCHED_DEBUG_STALL_S",  # debug aid: SIGUSR2 blocks the daemon's loop this long (s)
+    "KVSCHED_TOKENIZER_DIR",  # docker-compose.yml: the tokenizer mounted into engines and gateway
+    "KVSCHED_BENCH_CORE_SRC", "KVSCHED_REGEN_GOLDEN",  # bench/ and tests/
+})
+
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """`KVSCHED_<SECTION>_<KEY>=value` → {section: {key: value}} for the scalar sections."""
+    """`KVSCHED_<SECTION>_<KEY>=value` → {section: {key: value}} for the scalar sections.
+
+    Raises:
+        ConfigError: an unknown key of a section, or a `KVSCHED_<X>_<Y>` variable whose X is not
+            daemon, selector or overload and that is not one of `NON_CONFIG_ENV` (e.g. the typo
+            `KVSCHED_DEAMON_MAX_SLOTS`, which would otherwise be ignored in silence).
+    """
     out: dict[str, dict[str, Any]] = {}
     sections = {"daemon": DaemonConfig, "selector": SelectorConfig, "overload": OverloadConfig}
     for name, value in env.items():
-        if not name.startswith(_ENV_PREFIX):
+        if not name.startswith(_ENV_PREFIX) or name in NON_CONFIG_ENV:
             continue
         rest = name[len(_ENV_PREFIX):].lower()
-        for section, cls in sections.items():
-            if rest.startswith(section + "_"):
-                key = rest[len(section) + 1:]
-                if key not in cls.__struct_fields__:
-                    raise ConfigError(f"environment {name}: unknown key {section}.{key}")
-                out.setdefault(section, {})[key] = _parse_scalar(value)
+        section = next((s for s in sections if rest.startswith(s + "_")), None)
+        if section is None:
+            if "_" in rest.strip("_"):  # KVSCHED_<X>_<Y>: meant as an override of section X
+                raise ConfigError(
+                    f"environment {name}: {rest.split('_')[0]!r} is not a config section that can be set "
+                    f"from the environment (KVSCHED_<SECTION>_<KEY> with SECTION one of "
+                    f"{', '.join(s.upper() for s in sections)}); other KVSCHED_ variables kvsched reads: "
+                    f"{', '.join(sorted(NON_CONFIG_ENV))}")
+            continue
+        key = rest[len(section) + 1:]
+        if key not in sections[section].__struct_fields__:
+            raise ConfigError(f"environment {name}: unknown key {section}.{key}")
+        out.setdefault(section, {})[key] = _parse_scalar(value)
     return out
 
 

@@ -8,7 +8,9 @@ Discovery, first match wins: the `KVSCHED_ENDPOINT` / `KVSCHED_ADMIN_ENDPOINT` e
 variables, then the configured endpoint, then `ipc://<runtime dir>/<instance>.sock` (data) and
 `ipc://<runtime dir>/<instance>-admin.sock` (admin), where the runtime dir is `/run/kvsched` when it
 exists (the systemd units' `RuntimeDirectory=kvsched`), else `$XDG_RUNTIME_DIR/kvsched`, else
-`/tmp/kvsched-<uid>`.
+`/tmp/kvsched-<uid>`. That is the order for routers and the CLI (`data_endpoint`, `admin_endpoint`).
+The daemon binds its configured endpoint first (`daemon_endpoints`): the variables tell routers and
+the CLI where to connect, and apply to the daemon only when its config leaves the endpoint "".
 """
 
 from __future__ import annotations
@@ -49,6 +51,27 @@ def data_endpoint(instance: str = "default", configured: str = "", env: Mapping[
 def admin_endpoint(instance: str = "default", configured: str = "", env: Mapping[str, str] | None = None) -> str:
     """The admin socket endpoint: `KVSCHED_ADMIN_ENDPOINT`, else configured, else `<instance>-admin.sock`."""
     return _discover("KVSCHED_ADMIN_ENDPOINT", configured, f"{instance}-admin.sock", env)
+
+
+def daemon_endpoints(instance: str, configured: str, configured_admin: str,
+                     env: Mapping[str, str] | None = None) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The endpoints a daemon binds, each with where it came from: ((data, source), (admin, source)).
+
+    A non-empty configured endpoint wins (source "config"); else `KVSCHED_ENDPOINT` /
+    `KVSCHED_ADMIN_ENDPOINT` (source: the variable's name), the discovery variables of routers and
+    the CLI; else the runtime dir path (source "discovery"). `env` defaults to `os.environ`.
+    """
+    env = os.environ if env is None else env
+    out = []
+    for variable, value, socket_name in (("KVSCHED_ENDPOINT", configured, f"{instance}.sock"),
+                                         ("KVSCHED_ADMIN_ENDPOINT", configured_admin, f"{instance}-admin.sock")):
+        if value:
+            out.append((value, "config"))
+        elif env.get(variable):
+            out.append((env[variable], variable))
+        else:
+            out.append((f"ipc://{runtime_dir(env)}/{socket_name}", "discovery"))
+    return out[0], out[1]
 
 
 def endpoint_problem(endpoint: str) -> str | None:

@@ -53,6 +53,19 @@ class LeaseLost(LeaseError):
         self.reason = reason
 
 
+class LeaseRevoked(LeaseLost):
+    """An operator cancelled this active lease (`kvsched cancel`): the daemon released its booking.
+    Abort the request (stop the engine's work and the caller's stream); do not schedule it again.
+    A `LeaseLost`, so code that stops on a lost lease stops on a revoked one too. `reason` holds the
+    daemon's detail.
+    """
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        LeaseError.__init__(self, f"lease {request_id!r} was revoked by an operator (kvsched cancel): {reason}")
+        self.request_id = request_id
+        self.reason = reason
+
+
 class RequestRejected(KvschedError):
     """Client-side face of a `Rejected` frame (docs/DESIGN.md §2.4).
 

@@ -26,6 +26,12 @@ MAX_REQUEST_ID_BYTES = 128
 MAX_BLOCK_HASHES = 65_536  # per request; 8 bytes each on the wire
 MAX_NAME_CHARS = 128
 MAX_LIST = 65_536
+# Worker capacities (per rank). 2**40 KV blocks is ~10**5 times the largest GPU's (an 80 GB card
+# holds ~10**6 blocks of 16 tokens); with it, sums over max_workers (4,096 = 2**12) rows and products
+# with the selector's weights stay exact in int64 and float64 (< 2**53). A step budget is an int
+# in vLLM (`--max-num-batched-tokens`), as a prompt's token count is here (`Tokens`).
+MAX_KV_BLOCKS = 2**40
+MAX_BATCHED_TOKENS = 2**31 - 1
 
 U16 = Annotated[int, Meta(ge=0, le=0xFFFF)]
 U32 = Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
@@ -36,6 +42,8 @@ Name = Annotated[str, Meta(max_length=MAX_NAME_CHARS)]
 Tokens = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 HashBytes = Annotated[bytes, Meta(max_length=8 * MAX_BLOCK_HASHES)]
 Slot = Annotated[int, Meta(ge=-1, le=2**31 - 1)]
+KvBlocks = Annotated[int, Meta(ge=1, le=MAX_KV_BLOCKS)]  # a rank's total KV blocks
+BatchedTokens = Annotated[int, Meta(ge=1, le=MAX_BATCHED_TOKENS)]  # a rank's per-step token budget
 
 
 
@@ -336,8 +344,8 @@ class AddWorker(Admin, tag="add_worker"):
 
     worker_id: U32
     dp_rank: U16 = 0
-    total_kv_blocks: Annotated[int, Meta(ge=1)] = 8192
-    max_num_batched_tokens: Annotated[int, Meta(ge=1)] = 8192
+    total_kv_blocks: KvBlocks = 8192  # 1..MAX_KV_BLOCKS (2**40)
+    max_num_batched_tokens: BatchedTokens = 8192  # 1..MAX_BATCHED_TOKENS (2**31 - 1)
     kv_events_endpoint: str | None = None  # the engine's KV-event PUB endpoint (we connect)
     kv_replay_endpoint: str | None = None  # its replay ROUTER endpoint, or None (no replay)
     kv_events_topic: str = ""  # SUB topic filter ("" = all)

@@ -90,9 +90,15 @@ def admin_call(d, request):
 
 
 def purge(instance: str) -> None:
+    """Remove a stopped test daemon's segments and lock file (segments only if it still runs)."""
+    from kvsched.daemon.instance_lock import purge_instance
+    from kvsched.errors import ConfigError
     from kvsched.shm.layout import unlink_segments
 
-    unlink_segments(instance)
+    try:
+        purge_instance(instance)
+    except ConfigError:
+        unlink_segments(instance)
 
 
 TWO_WORKERS = """

@@ -80,6 +80,23 @@ def test_env_overrides_file_and_flags_override_env(tmp_path):
         load_config(f, env={"KVSCHED_DAEMON_NOPE": "1"})
 
 
+@pytest.mark.parametrize("name", ["KVSCHED_DEAMON_MAX_SLOTS", "KVSCHED_SELECTR_TYPE", "KVSCHED_WORKERS_TOTAL_KV_BLOCKS"])
+def test_env_variable_naming_no_settable_section_is_an_error(name):
+    """Was: a typo in the section (`KVSCHED_DEAMON_MAX_SLOTS=5`) was ignored in silence, while one in
+    the key (`KVSCHED_DAEMON_MAX_SLOTZ`) was refused."""
+    with pytest.raises(ConfigError, match=f"{name}.*not a config section"):
+        load_config(None, env={name: "5"})
+
+
+def test_the_documented_non_config_variables_are_left_alone():
+    """Every other KVSCHED_ variable the code, docs and deploy files use still loads (discovery,
+    debug, compose, bench, tests), and so does a plain KVSCHED_TAG (no section part)."""
+    from kvsched.config import NON_CONFIG_ENV
+
+    env = {name: "x" for name in NON_CONFIG_ENV} | {"KVSCHED_TAG": "latest", "KVSCHED_DAEMON_MAX_SLOTS": "5"}
+    assert load_config(None, env=env).daemon.max_slots == 5
+
+
 def test_include_supplies_the_profile(tmp_path):
     (tmp_path / "profile.toml").write_text("default_class = 'a'\n[[classes]]\nname = 'a'\nquantum = 7\n")
     main = tmp_path / "main.toml"
@@ -94,3 +111,49 @@ def test_discovery_prefers_env_then_config_then_runtime_dir():
     ep = data_endpoint("pool", "", {"XDG_RUNTIME_DIR": "/run/user/7"})
     assert ep.endswith("/pool.sock")
     assert admin_endpoint("pool", "", {"XDG_RUNTIME_DIR": "/run/user/7"}).endswith("/pool-admin.sock")
+
+
+def test_the_daemon_binds_its_configured_endpoints_before_the_discovery_variables():
+    """KVSCHED_ENDPOINT / KVSCHED_ADMIN_ENDPOINT tell routers and the CLI where to connect; a daemon
+    whose config names its endpoints binds those (was: the variables won, so an exported
+    KVSCHED_ADMIN_ENDPOINT moved a second instance onto the first one's socket)."""
+    from kvsched.endpoints import daemon_endpoints
+
+    env = {"KVSCHED_ENDPOINT": "ipc:///env/d.sock", "KVSCHED_ADMIN_ENDPOINT": "ipc:///env/a.sock",
+           "XDG_RUNTIME_DIR": "/run/user/7"}
+    assert daemon_endpoints("p", "ipc:///cfg/d.sock", "ipc:///cfg/a.sock", env) == (
+        ("ipc:///cfg/d.sock", "config"), ("ipc:///cfg/a.sock", "config"))
+    assert daemon_endpoints("p", "", "ipc:///cfg/a.sock", env) == (
+        ("ipc:///env/d.sock", "KVSCHED_ENDPOINT"), ("ipc:///cfg/a.sock", "config"))
+    assert daemon_endpoints("p", "", "", {"XDG_RUNTIME_DIR": "/run/user/7"})[1][1] == "discovery"
+
+
+def test_check_config_ignores_a_discovery_variable_the_configured_endpoint_overrides(tmp_path):
+    """--check-config checks the endpoints the daemon would bind: a malformed KVSCHED_ENDPOINT does
+    not matter to a daemon whose config names its endpoint; it does when the config leaves it ""."""
+    from kvsched.config import check_endpoints
+
+    named = tmp_path / "named.toml"
+    named.write_text('[daemon]\nendpoint = "ipc:///tmp/x.sock"\n')
+    env = {"KVSCHED_ENDPOINT": "tcp://nohost"}
+    assert check_endpoints(load_config(named, env={}), env) == []
+    problems = check_endpoints(load_config(None, env={}), env)
+    assert problems and "tcp://nohost" in problems[0]
+
+
+@pytest.mark.parametrize("key, value", [("total_kv_blocks", 2**62), ("total_kv_blocks", 2**40 + 1),
+                                        ("max_num_batched_tokens", 2**31)])
+def test_worker_capacity_over_its_bound_is_a_config_error_naming_the_key(tmp_path, key, value):
+    """Was: `total_kv_blocks = 4611686018427387904` passed `--check-config` (and a start)."""
+    path = tmp_path / "big.toml"
+    path.write_text(f"[[workers]]\nworker_id = 0\n{key} = {value}\n")
+    with pytest.raises(ConfigError, match=rf"{key}"):
+        load_config(path, env={})
+
+
+def test_duplicate_worker_id_is_named(tmp_path):
+    """Was: "duplicate worker_id in [[workers]]" without saying which."""
+    path = tmp_path / "dup.toml"
+    path.write_text("".join(f"[[workers]]\nworker_id = {w}\n" for w in (0, 7, 3, 7)))
+    with pytest.raises(ConfigError, match=r"duplicate worker_id in \[\[workers\]\]: 7$"):
+        load_config(path, env={})

@@ -25,8 +25,9 @@ def undrain(worker: WorkerArg) -> None:
 
 def add_worker(
     worker: Annotated[str, typer.Argument(help="WORKER or WORKER:RANK (rank 0 by default).")],
-    total_kv_blocks: Annotated[int, typer.Option(min=1, help="KV blocks of this rank.")] = 8192,
-    max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="Per-step token budget of this rank.")] = 8192,
+    total_kv_blocks: Annotated[int, typer.Option(min=1, max=p.MAX_KV_BLOCKS, help="KV blocks of this rank.")] = 8192,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        min=1, max=p.MAX_BATCHED_TOKENS, help="Per-step token budget of this rank.")] = 8192,
     kv_events_endpoint: Annotated[Optional[str], typer.Option(
         help="The rank's vLLM KV-event PUB endpoint (its own port: not offset again by the rank); "
              "the daemon subscribes and marks the rank stale until events flow.")] = None,
@@ -56,7 +57,7 @@ def remove_worker(worker: WorkerArg) -> None:
 
 
 def cancel(request_id: Annotated[str, typer.Argument(help="The request to cancel.", callback=check_request_id)]) -> None:
-    """Cancel a queued request (it never dispatches) or abort an active lease."""
+    """Cancel a queued request (it never dispatches) or abort an active lease (its router stops the request)."""
     render(call(p.Cancel(request_id=request_id)), False)
 
 
@@ -73,9 +74,12 @@ def reload(path: Annotated[Optional[Path], typer.Argument(
 
 def register(app: typer.Typer) -> None:
     """Add the commands that change the daemon to `app`."""
-    app.command()(drain)
-    app.command()(undrain)
+    # `kvsched drain -1`: a negative worker id is an argument (refused "outside 0..4294967295"),
+    # not an unknown option ("No such option: -1"); these commands have no other options.
+    worker_only = {"ignore_unknown_options": True}
+    app.command(context_settings=worker_only)(drain)
+    app.command(context_settings=worker_only)(undrain)
     app.command("add-worker")(add_worker)
-    app.command("remove-worker")(remove_worker)
+    app.command("remove-worker", context_settings=worker_only)(remove_worker)
     app.command()(cancel)
     app.command()(reload)

@@ -380,10 +380,11 @@ class SchedulerClient:
         self._dropped.push(request_id, slot, generation)
 
     def _revoke(self, request_id: str, why: str, outcome: str = "revoked") -> bool:
-        """The daemon no longer holds this lease: close it locally. "revoked" (operator cancel): its
-        progress calls and release become no-ops; "lost" (reaped as silent, a restart, or its worker
-        removed: a revocation notice whose reason is not `cancelled`, docs/PROTOCOL.md): its
-        progress calls raise `LeaseLost(why)` and release is a logged no-op (see `Lease`)."""
+        """The daemon no longer holds this lease: close it locally and run its `on_dropped` callback.
+        "revoked" (operator cancel): its progress calls raise `LeaseRevoked(why)`; "lost" (reaped as
+        silent, a restart, or its worker removed: a revocation notice whose reason is not
+        `cancelled`, docs/PROTOCOL.md): they raise `LeaseLost(why)`. Release is a no-op for both
+        (logged once for a lost lease; see `Lease`)."""
         ref = self._leases.pop(request_id, None)
         if request_id not in self._pending:
             self._pending.origins.pop(request_id, None)
@@ -391,9 +392,9 @@ class SchedulerClient:
         if lease is None or lease.outcome is not None:
             return False
         lease.outcome = outcome
-        if outcome == "lost":
-            lease.lost_reason = why
+        lease.lost_reason = why
         log.warning("lease %s request_id=%s reason=%s", outcome, request_id, why)
+        lease._notify_dropped()
         return True
 
     # ------------------------------------------------------------------ incoming
@@ -404,7 +405,7 @@ class SchedulerClient:
                     return
                 if isinstance(frame, p.Admitted):  # nobody waits (cancelled): give it back
                     self._send(p.Release(frame.request_id, frame.slot, frame.generation, "aborted", 0))
-                elif frame.reason == "cancelled":  # an operator's `kvsched cancel`: stop quietly
+                elif frame.reason == "cancelled":  # an operator's `kvsched cancel`: abort the request
                     self._revoke(frame.request_id, frame.detail)
                 elif self._revoke(frame.request_id, frame.detail or frame.reason, outcome="lost"):
                     self.lost_leases.append(frame.request_id)  # e.g. its worker was removed

@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 from collections import deque
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from .. import protocol as p
-from ..errors import LeaseError, LeaseLost
+from ..errors import LeaseError, LeaseLost, LeaseRevoked
 
 if TYPE_CHECKING:
     from .client import SchedulerClient
@@ -96,16 +96,17 @@ class Lease:
             router dead after its liveness timeout of silence, restarted without the lease, or an
             operator removed the lease's worker: `kvsched remove-worker`) the
             progress calls and `requeue()` raise `LeaseLost` naming the cause, and `release()` /
-            guard exit log it once and return. After "revoked" (`kvsched cancel`) the progress
-            calls and `release()` are no-ops.
-        lost_reason: why the lease was lost ("" unless outcome == "lost").
+            guard exit log it once and return. After "revoked" (an operator's `kvsched cancel` of
+            the active lease) the progress calls and `requeue()` raise `LeaseRevoked` (a
+            `LeaseLost`): abort the request; `release()` / guard exit return quietly.
+        lost_reason: why the daemon dropped the lease ("" unless outcome is "lost" or "revoked").
         url: the worker's base URL from the daemon (`Admitted.url`; "" when none is configured).
         dp_size: ranks of the worker (> 1: tell a vLLM engine the rank, `X-data-parallel-rank`).
     """
 
     __slots__ = ("request_id", "worker", "slot", "generation", "cached_tokens", "overlap_blocks", "queued_us",
                  "isl_tokens", "degraded", "output_tokens", "outcome", "url", "dp_size", "lost_reason", "_client", "_dispatched",
-                 "_loss_logged", "__weakref__")
+                 "_loss_logged", "_on_dropped", "__weakref__")
 
     def __init__(self, client: "SchedulerClient | None", request_id: str, worker: p.WorkerKey, slot: int,
                  generation: int, cached_tokens: int, overlap_blocks: int, queued_us: int, isl_tokens: int,
@@ -127,6 +128,7 @@ class Lease:
         self.lost_reason = ""
         self._loss_logged = False
         self._dispatched = False
+        self._on_dropped: Callable[[Lease], None] | None = None
 
     def __repr__(self) -> str:
         return (f"Lease({self.request_id!r}, worker={self.worker}, slot={self.slot}, gen={self.generation}, "
@@ -136,16 +138,34 @@ class Lease:
     def closed(self) -> bool:
         return self.outcome is not None
 
+    def on_dropped(self, callback: "Callable[[Lease], None] | None") -> None:
+        """Call `callback(lease)` once, on the client's loop, when the daemon drops this open lease
+        (`outcome` becomes "lost" or "revoked"); at once if it already has. A caller streaming from
+        an engine uses it to stop at once (e.g. close the engine request on a revoke) instead of at
+        its next progress call. None removes the callback. Exceptions it raises are logged."""
+        self._on_dropped = callback
+        if callback is not None and self.outcome in _DROPPED:
+            self._notify_dropped()
+
+    def _notify_dropped(self) -> None:
+        callback, self._on_dropped = self._on_dropped, None
+        if callback is None:
+            return
+        try:
+            callback(self)
+        except Exception:  # a caller's bug must not break the client's frame dispatch
+            log.exception("on_dropped callback of lease request_id=%s failed", self.request_id)
+
     def _check_open(self, what: str) -> bool:
-        """True when the lease is open. A lease "revoked" by an operator answers False so streaming
-        code is not interrupted; a "lost" one raises LeaseLost (the worker's booking is gone and the
-        caller must know); a lease the caller already closed raises LeaseError (a bug in the caller)."""
+        """True when the lease is open. A "lost" lease raises LeaseLost and a "revoked" one (an
+        operator's cancel) LeaseRevoked: the worker's booking is gone and the caller must stop; a
+        lease the caller already closed raises LeaseError (a bug in the caller)."""
         if self.outcome is None:
             return True
         if self.outcome == "lost":
             raise LeaseLost(self.request_id, self.lost_reason or "the daemon no longer holds it")
-        if self.outcome in _DROPPED:
-            return False
+        if self.outcome == "revoked":
+            raise LeaseRevoked(self.request_id, self.lost_reason or "cancelled by an operator")
         raise LeaseError(f"{what} on lease {self.request_id!r} after it was {self.outcome}")
 
     def dispatched(self) -> None:
@@ -220,10 +240,10 @@ class Lease:
         Raises:
             RequestRejected: the daemon rejected the re-admission.
             LeaseLost: the daemon lost the lease (schedule the request again).
-            LeaseError: the lease is closed, revoked or degraded.
+            LeaseRevoked: an operator cancelled it (abort the request).
+            LeaseError: the lease is closed or degraded.
         """
-        if not self._check_open("requeue()"):
-            raise LeaseError(f"lease {self.request_id!r} was {self.outcome} by the daemon; schedule it again")
+        self._check_open("requeue()")
         if self.degraded or self._client is None:
             raise LeaseError("a degraded lease cannot be requeued")
         self.outcome = "requeued"

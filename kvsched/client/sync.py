@@ -85,7 +85,7 @@ class SyncLease:
 
     @property
     def lost_reason(self) -> str:
-        """Why the daemon dropped the lease ("" unless outcome == "lost"; see `Lease`)."""
+        """Why the daemon dropped the lease ("" unless outcome is "lost" or "revoked"; see `Lease`)."""
         return self.lease.lost_reason
 
     @property
@@ -113,6 +113,12 @@ class SyncLease:
     def add_output_tokens(self, n: int) -> None:
         """`Lease.add_output_tokens` (n output tokens more)."""
         self._client._call(self.lease.add_output_tokens, n)
+
+    def on_dropped(self, callback: Callable[[SyncLease], None] | None) -> None:
+        """`Lease.on_dropped`: `callback(this SyncLease)` runs once on the client's loop thread when
+        the daemon drops the lease ("lost" or "revoked"); keep it short and thread-safe."""
+        fn = None if callback is None else (lambda _lease: callback(self))
+        self._client._call(self.lease.on_dropped, fn)
 
     def release(self, outcome: Literal["completed", "aborted"] = "completed",
                 context_tokens: int | None = None) -> None:

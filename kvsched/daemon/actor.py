@@ -263,7 +263,8 @@ class Actor:
             self._undecodable(conn, payload, exc)
             return
         if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
-            self._error(conn, p.ErrorCode.NOT_HELLO, "send Hello first", getattr(frame, "request_id", None))
+            self._error(conn, p.ErrorCode.NOT_HELLO, self.conns.not_hello_reason(conn.identity),
+                        getattr(frame, "request_id", None))
             return
         if type(frame) is _BATCH:
             return self._on_batch(conn, frame, t)

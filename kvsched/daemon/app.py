@@ -21,9 +21,9 @@ import zmq
 
 from .. import protocol as p
 from ..config import Config, check_endpoints, load_config
-from ..endpoints import admin_endpoint, data_endpoint
+from ..endpoints import daemon_endpoints
 from ..errors import ConfigError, KvschedError, ShmLayoutError
-from .instance_lock import InstanceLock
+from .instance_lock import InstanceLock, purge_instance
 from .logging_setup import setup_logging
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,10 @@ class Daemon:
         self.config_path = config_path
         self.overrides = overrides
         d = config.daemon
-        self.endpoint = data_endpoint(d.instance, d.endpoint)
-        self.admin_endpoint = admin_endpoint(d.instance, d.admin_endpoint)
+        (self.endpoint, data_src), (self.admin_endpoint, admin_src) = daemon_endpoints(
+            d.instance, d.endpoint, d.admin_endpoint)
+        flags = (overrides or {}).get("daemon", {})
+        self.endpoint_sources = (_source(data_src, "endpoint", flags), _source(admin_src, "admin_endpoint", flags))
         self.should_exit = False
         self.force_exit = False
         self.ctx: zmq.Context | None = None
@@ -105,6 +107,8 @@ class Daemon:
         self.ctx = zmq.Context()
         curve = load_curve_secret(d.curve_secret_key_file)
         self.auth = start_curve_auth(self.ctx, curve, d.curve_authorized_keys_dir)
+        log.info("endpoints data=%s data_from=%s admin=%s admin_from=%s", self.endpoint, self.endpoint_sources[0],
+                 self.admin_endpoint, self.endpoint_sources[1])
         self.data_sock = bind_router(self.ctx, self.endpoint, mode=DATA_SOCKET_MODE,
                                      max_frame_bytes=transport_cut(d.max_frame_bytes), curve_secret_key=curve,
                                      heartbeat_ms=d.heartbeat_ms)
@@ -258,7 +262,7 @@ def daemon_main(
     workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="Shortcut: register N workers (ids 0..N-1, dp_rank 0) with default capacities; an error when the config lists [[workers]].")] = None,
     endpoint: Annotated[Optional[str], typer.Option(help="Data socket endpoint (overrides discovery).")] = None,
     admin_endpoint_opt: Annotated[Optional[str], typer.Option("--admin-endpoint", help="Admin socket endpoint.")] = None,
-    check_config: Annotated[Optional[Path], typer.Option("--check-config", help="Validate FILE and exit (0 ok, 2 invalid).")] = None,
+    check_config: Annotated[Optional[Path], typer.Option("--check-config", help="Validate FILE as a start with the other flags (e.g. --workers) would, and exit (0 ok, 2 invalid).")] = None,
     purge: Annotated[bool, typer.Option("--purge", help="Unlink this instance's shared-memory segments and exit.")] = False,
     log_level: Annotated[Optional[str], typer.Option(help="debug | info | warning | error")] = None,
     log_format: Annotated[Optional[str], typer.Option(help="text | json")] = None,
@@ -271,9 +275,14 @@ def daemon_main(
     ipc://<rundir>/<instance>.sock); the `kvsched` CLI talks to the admin socket.
     Under systemd (Type=notify) it sends READY=1 once sockets are bound and kernels warm.
     """
-    if check_config is not None:
+    overrides: dict = {"daemon": {}}
+    for key, value in (("instance", instance), ("endpoint", endpoint), ("admin_endpoint", admin_endpoint_opt),
+                       ("log_level", log_level), ("log_format", log_format)):
+        if value is not None:
+            overrides["daemon"][key] = value
+    if check_config is not None:  # the same checks as a start with these flags (--workers included)
         try:
-            cfg = load_config(check_config)
+            cfg = _load(check_config, overrides, workers)
         except ConfigError as exc:
             typer.echo(f"invalid: {exc}", err=True)
             raise typer.Exit(2)
@@ -286,18 +295,8 @@ def daemon_main(
         typer.echo(f"ok: {check_config}: {len(cfg.classes)} classes, {len(cfg.workers)} workers, "
                    f"shared memory {segment_bytes(cfg) / 2**20:.1f} MiB")
         raise typer.Exit(0)
-    overrides: dict = {"daemon": {}}
-    for key, value in (("instance", instance), ("endpoint", endpoint), ("admin_endpoint", admin_endpoint_opt),
-                       ("log_level", log_level), ("log_format", log_format)):
-        if value is not None:
-            overrides["daemon"][key] = value
     try:
-        cfg = load_config(config, overrides=overrides)
-        if workers is not None and cfg.workers:
-            raise ConfigError(f"--workers {workers} conflicts with the {len(cfg.workers)} [[workers]] of {config}: "
-                              "give one or the other")
-        if workers is not None:
-            cfg = load_config(config, overrides={**overrides, "workers": [{"worker_id": i} for i in range(workers)]})
+        cfg = _load(config, overrides, workers)
     except ConfigError as exc:
         typer.echo(f"kvsched-daemon: {exc}", err=True)
         raise typer.Exit(2)
@@ -322,20 +321,37 @@ def daemon_main(
         raise typer.Exit(1)
 
 
-def _purge(instance: str) -> None:
-    """Unlink a stopped instance's segments; refuse while its daemon runs."""
-    from ..shm.layout import segment_names, unlink_segments
+def _source(source: str, key: str, flags: dict) -> str:
+    """Where a bound endpoint came from, for the log: "--endpoint" / "--admin-endpoint" (flag),
+    "KVSCHED_DAEMON_<KEY>" (the config's env override), "config file", "KVSCHED_ENDPOINT" /
+    "KVSCHED_ADMIN_ENDPOINT" (discovery variable: the config left it "") or "discovery"."""
+    if source != "config":
+        return source
+    if key in flags:
+        return "--" + key.replace("_", "-")
+    env_name = f"KVSCHED_DAEMON_{key.upper()}"
+    return env_name if os.environ.get(env_name) else "config file"
 
+
+def _load(config: Path | None, overrides: dict, workers: int | None) -> Config:
+    """The config a start uses: the file (None = defaults), env, the flags' `overrides`, and
+    `--workers N` (ranks 0..N-1) unless the file lists [[workers]] (then a ConfigError)."""
+    cfg = load_config(config, overrides=overrides)
+    if workers is not None and cfg.workers:
+        raise ConfigError(f"--workers {workers} conflicts with the {len(cfg.workers)} [[workers]] of {config}: "
+                          "give one or the other")
+    if workers is not None:
+        cfg = load_config(config, overrides={**overrides, "workers": [{"worker_id": i} for i in range(workers)]})
+    return cfg
+
+
+def _purge(instance: str) -> None:
+    """Unlink a stopped instance's segments and lock file; refuse while its daemon runs."""
     try:
-        lock = InstanceLock(instance)
+        found = purge_instance(instance)
     except ConfigError as exc:
         typer.echo(f"kvsched-daemon: refusing to purge: {exc}", err=True)
         raise typer.Exit(1)
-    try:
-        found = [n for n in segment_names(instance) if Path("/dev/shm", n).exists()]
-        unlink_segments(instance)
-    finally:
-        lock.release()
     if found:
         typer.echo(f"purged {', '.join(found)}")
     else:
@@ -344,8 +360,31 @@ def _purge(instance: str) -> None:
 
 
 def main() -> None:
-    """Console-script entry point of `kvsched-daemon`."""
-    app(prog_name="kvsched-daemon")
+    """Console-script entry point of `kvsched-daemon`.
+
+    Everything is closed by the time the command returns (sockets, segments, lock, metrics
+    server), so the process then leaves with `os._exit` after flushing logs and stdio: the
+    interpreter's own teardown of the loaded numba/LLVM state took 0.7 s more on an idle machine
+    and 2.5-5 s on a busy one, during which the process still existed after logging "stopped"
+    (a service manager waits for it). No atexit work is needed: none is registered by kvsched.
+    """
+    try:
+        app(prog_name="kvsched-daemon")
+        code: object = 0
+    except SystemExit as exc:
+        code = exc.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken pipe: nothing more to say
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

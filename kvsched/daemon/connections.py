@@ -83,6 +83,9 @@ class ConnectionTable:
         # Routing ids of peers whose watched process died: frames they left buffered are dropped
         # unread (a flood must not keep the daemon busy after its sender is gone). Bounded, FIFO.
         self._dead_ids: dict[bytes, None] = {}
+        # Routing ids of peers reaped for silence (bounded, FIFO): a frame one sends afterwards is
+        # told why it must say Hello again (`not_hello_reason`).
+        self._silent_ids: dict[bytes, bool] = {}
 
     def __len__(self) -> int:
         return len(self._by_identity)
@@ -114,7 +117,20 @@ class ConnectionTable:
             self._dead_ids[conn.identity] = None
             if len(self._dead_ids) > MAX_DEAD_IDS:
                 del self._dead_ids[next(iter(self._dead_ids))]
+        else:
+            self._silent_ids[conn.identity] = True
+            if len(self._silent_ids) > MAX_DEAD_IDS:
+                del self._silent_ids[next(iter(self._silent_ids))]
         self.close(conn)
+
+    def not_hello_reason(self, identity: bytes) -> str:
+        """The error text for a frame before Hello from `identity`: says, for a peer reaped for
+        silence, that it was declared dead and what was released (forgotten once it is told)."""
+        if not self._silent_ids.pop(identity, False):
+            return "send Hello first"
+        return (f"send Hello first: this connection was declared dead after more than "
+                f"{self.liveness_timeout_us // 1000} ms without a frame (liveness_timeout_ms) and its leases "
+                "and waiting requests were released; open a new connection, Hello and Reattach")
 
     def died(self, identity: bytes) -> bool:
         """True when `identity` is a remembered peer whose process died (`close_dead`)."""

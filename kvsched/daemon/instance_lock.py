@@ -3,7 +3,9 @@
 The lock lives beside the instance's segments (same namespace as what it protects) and is released
 by the kernel when the holder exits, even on SIGKILL, so a crashed daemon never blocks its restart.
 A second daemon with the same instance name, or `--purge` while the daemon runs, is refused with a
-message naming the holder's pid.
+message naming the holder's pid. The file is removed by its holder on the way out (a clean stop,
+`purge_instance`); a process that locked a file unlinked meanwhile retries on the new one, so the
+removal never lets two holders in (the usual open / flock / check-the-path's-inode sequence).
 """
 
 from __future__ import annotations
@@ -31,16 +33,20 @@ class InstanceLock:
     def __init__(self, instance: str) -> None:
         self.path = lock_path(instance)
         self.instance = instance
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise ConfigError(
-                f"instance {instance!r} is already running (pid {holder}); stop it first or use "
-                f"another --instance"
-            ) from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise ConfigError(
+                    f"instance {instance!r} is already running (pid {holder}); stop it first or use "
+                    f"another --instance"
+                ) from None
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # its holder unlinked it before we locked it: lock the path's new file
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd: int | None = fd
@@ -55,3 +61,32 @@ class InstanceLock:
             pass
         os.close(self._fd)
         self._fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """True when `path` still names the file open as `fd` (it was not unlinked or replaced)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def purge_instance(instance: str) -> list[str]:
+    """Remove a stopped instance's shared-memory segments and its lock file.
+
+    Returns:
+        the names (under /dev/shm) of the segments that existed, in `segment_names` order.
+    Raises:
+        ConfigError: the instance's daemon is running (the message names its pid).
+    """
+    from ..shm.layout import segment_names, unlink_segments
+
+    lock = InstanceLock(instance)
+    try:
+        found = [n for n in segment_names(instance) if (LOCK_DIR / n).exists()]
+        unlink_segments(instance)
+    finally:
+        lock.release()  # unlinks the lock file
+    return found

@@ -79,7 +79,7 @@ class Metrics:
         self.rejections = Counter("kvsched_rejections", "Rejections by reason", ["reason"], registry=r)
         self.frames = Counter("kvsched_frames_received", "Frames received on the data socket", registry=r)
         self.update_frames = Counter(
-            "kvsched_update_frames", "Update frames received, by kind (local routers store dispatched, "
+            "kvsched_update_frames", "Update frames applied to a live lease, by kind (local routers store dispatched, "
             "prefill_done and output tokens in shared memory instead)", ["kind"], registry=r,
         )
         self.batches = Counter(

@@ -215,11 +215,13 @@ class Translator:
 
     # ------------------------------------------------------------------ Update
     def on_update(self, conn: Connection, f: p.Update, t: int) -> None:
-        updates = self.tally.updates
-        updates[f.kind] = updates.get(f.kind, 0) + 1
+        """Apply one Update; `kvsched_update_frames{kind}` counts those that reached a live lease (one
+        for an unknown or foreign lease is answered an error and counted there, not here)."""
         if not self.owns(conn, f.request_id):
             return
+        updates = self.tally.updates
         if f.kind == "requeue" and not self.accepting:  # stopping: give the booking back, answer now
+            updates[f.kind] = updates.get(f.kind, 0) + 1
             self.scheduler.release(f.request_id, f.slot, f.generation, "aborted", 0, t)
             self.send_reject(conn, f.request_id, "shutting_down", "the daemon is stopping", "")
             return
@@ -229,6 +231,7 @@ class Translator:
             self.error(conn, p.ErrorCode.UNKNOWN_REQUEST,
                        f"no lease ({f.request_id}, slot={f.slot}, generation={f.generation})", f.request_id)
             return
+        updates[f.kind] = updates.get(f.kind, 0) + 1
         if f.kind == "requeue":
             conn.inflight += 1
         if outcomes:

@@ -83,11 +83,15 @@ class Gateway:
         """Connect, waiting up to `connect_timeout_s` (s) for the daemon to bind its socket and answer.
 
         A gateway started beside its daemon (one pod, one compose file, `make gateway-demo`) may
-        start first: it waits instead of exiting. Raises DaemonUnavailable after the timeout.
+        start first: it waits instead of exiting. Raises DaemonUnavailable after the timeout, and
+        ConfigError for a malformed endpoint (e.g. from KVSCHED_ENDPOINT).
         """
-        client = SchedulerClient(g.daemon_endpoint or None, instance=g.instance,
-                                 client_name=g.client_name or f"gateway-{os.getpid()}",
-                                 connect_timeout_s=g.connect_timeout_s)
+        try:
+            client = SchedulerClient(g.daemon_endpoint or None, instance=g.instance,
+                                     client_name=g.client_name or f"gateway-{os.getpid()}",
+                                     connect_timeout_s=g.connect_timeout_s)
+        except ValueError as exc:  # the endpoint's syntax (the file's is checked when it is loaded)
+            raise ConfigError(str(exc)) from None
         if missing_ipc_path(client.endpoint) is not None:  # the client waits for it (SchedulerClient.connect)
             log.info("waiting up to %.1fs for the daemon at %s", g.connect_timeout_s, client.endpoint)
         return await client.connect()  # DaemonUnavailable names the endpoint (and a still-missing socket)

@@ -23,6 +23,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from ..endpoints import connect_problem
 from ..errors import ConfigError
 
 
@@ -79,8 +80,8 @@ def load_gateway_config(path: str | Path) -> GatewayConfig:
     """Read and validate a gateway TOML file.
 
     Raises:
-        ConfigError: unreadable file, bad TOML, unknown keys or wrong types (naming the key path), no
-            `[[models]]`, or a model name listed twice.
+        ConfigError: unreadable file, bad TOML, unknown keys or wrong types (naming the key path), a
+            malformed `daemon_endpoint`, no `[[models]]`, or a model name listed twice.
     """
     path = Path(path)
     try:
@@ -96,6 +97,10 @@ def load_gateway_config(path: str | Path) -> GatewayConfig:
         cfg = msgspec.convert(raw, GatewayConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    problem = connect_problem(cfg.gateway.daemon_endpoint) if cfg.gateway.daemon_endpoint else None
+    if problem is not None:
+        raise ConfigError(f"{path}: gateway.daemon_endpoint = {cfg.gateway.daemon_endpoint!r}: {problem}; "
+                          "use ipc://PATH or tcp://HOST:PORT")
     if not cfg.models:
         raise ConfigError(f"{path}: no [[models]] table: the gateway needs at least one model")
     names = [m.name for m in cfg.models]

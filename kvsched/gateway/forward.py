@@ -5,7 +5,10 @@ Lease lifecycle against the engine's answer: `dispatched()` when the engine answ
 `release("completed")` after `[DONE]`, `release("aborted")` on an engine error, a client disconnect
 (the handler is cancelled) or any other exception. A lease the daemon drops while the engine serves
 it (`LeaseLost`: its worker removed by an operator, or this gateway's link reaped) stops being
-reported on, but the stream the engine is still sending is relayed to the end. An engine failure before the first chunk
+reported on, but the stream the engine is still sending is relayed to the end. A lease an operator
+revokes (`kvsched cancel`, `LeaseRevoked`) aborts the request at once: the engine connection is
+closed (vLLM aborts a request whose connection closes) and the client gets a 503, or an error event
+ending its stream. An engine failure before the first chunk
 (connection error, timeout, 5xx, stream closed empty) releases `aborted`, marks the worker failing
 and retries once with it in `excluded_workers`; a second failure answers 502.
 """
@@ -22,7 +25,7 @@ import msgspec
 from aiohttp import web
 
 from ..client.lease import Lease
-from ..errors import LeaseLost
+from ..errors import LeaseLost, LeaseRevoked
 from .openai import Collector, HttpError, Prompt, engine_body
 from .relay import EngineStreamError, Relay
 
@@ -114,12 +117,16 @@ async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, le
     if lease.dp_size > 1:
         headers["X-data-parallel-rank"] = str(lease.worker.dp_rank)
     silence = Silence(asyncio.get_running_loop(), gw.cfg.gateway.engine_read_timeout_s)
+    lease.on_dropped(lambda dropped: silence.abort(LeaseRevoked(dropped.request_id, dropped.lost_reason))
+                     if dropped.outcome == "revoked" else None)
     try:
         try:
             resp = await gw.session.post(lease.url.rstrip("/") + path, data=_json_encode(engine_body(p)),
                                          headers=headers, timeout=gw.engine_timeout)
         except asyncio.CancelledError:
-            if silence.expired and silence.task is not None and silence.task.uncancel() == 0:
+            if silence.aborted is not None and silence.task is not None and silence.task.uncancel() == 0:
+                if isinstance(silence.aborted, LeaseRevoked):
+                    raise silence.aborted from None
                 raise EngineFailed(f"no response headers from the engine within {silence.timeout_s:g} s "
                                    "(engine_read_timeout_s)") from None
             raise  # the client went away (or both at once)
@@ -136,8 +143,18 @@ async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, le
                 return web.Response(status=resp.status, body=body, content_type="application/json")
             _report(lease, lease.dispatched)
             return await _stream(gw, request, p, lease, resp, silence, marks)
+    except LeaseRevoked as exc:  # before the first byte to the client
+        gw.stats["leases_revoked"] += 1
+        raise _revoked_error(exc) from None
     finally:
+        lease.on_dropped(None)
         silence.cancel()
+
+
+def _revoked_error(exc: LeaseRevoked) -> HttpError:
+    """The answer to a request whose lease an operator revoked: 503 `cancelled`, no Retry-After
+    (the same as a request cancelled while it waited, docs/GATEWAY.md)."""
+    return HttpError(503, f"the request was cancelled by an operator: {exc}", "service_unavailable", "cancelled")
 
 
 class Silence:
@@ -148,22 +165,23 @@ class Silence:
     connection receives (~3 µs each on uvloop, i.e. per streamed token), and `asyncio.timeout`
     around the request costs ~12 µs on Python 3.11. Here each read stores the loop time (`touch`);
     the timer fires at most once per `timeout_s` and re-arms from the last read. After a full
-    `timeout_s` without data it cancels the waiting task while no response has arrived (`expired`
+    `timeout_s` without data it cancels the waiting task while no response has arrived (`aborted`
     tells the caller the cancellation was ours), or fails the stream with aiohttp's
-    `ServerTimeoutError` (what `sock_read` raised) and closes the connection.
+    `ServerTimeoutError` (what `sock_read` raised) and closes the connection. `abort` does the same
+    at once for another cause (a revoked lease).
 
     Args:
         loop: the running loop (the current task is the one cancelled). timeout_s: longest silence (s).
     """
 
-    __slots__ = ("loop", "timeout_s", "last", "handle", "resp", "task", "expired")
+    __slots__ = ("loop", "timeout_s", "last", "handle", "resp", "task", "aborted")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
         self.loop = loop
         self.timeout_s = timeout_s
         self.resp: aiohttp.ClientResponse | None = None
         self.task = asyncio.current_task(loop)
-        self.expired = False
+        self.aborted: BaseException | None = None
         self.last = loop.time()
         self.handle: asyncio.TimerHandle | None = loop.call_at(self.last + timeout_s, self._fire)
 
@@ -182,13 +200,22 @@ class Silence:
             self.handle = self.loop.call_at(self.last + self.timeout_s, self._fire)
             return
         self.handle = None
-        self.expired = True
+        self.abort(aiohttp.ServerTimeoutError(
+            f"engine sent nothing for {idle:.1f} s (engine_read_timeout_s = {self.timeout_s:g})"))
+
+    def abort(self, exc: BaseException) -> None:
+        """Stop the engine request now (once): before its response headers, cancel the waiting task
+        (`aborted` = exc tells the caller why); after them, fail its stream with `exc` and close
+        the engine connection."""
+        if self.aborted is not None:
+            return
+        self.aborted = exc
+        self.cancel()
         if self.resp is None:
             if self.task is not None:
                 self.task.cancel()
             return
-        self.resp.content.set_exception(aiohttp.ServerTimeoutError(
-            f"engine sent nothing for {idle:.1f} s (engine_read_timeout_s = {self.timeout_s:g})"))
+        self.resp.content.set_exception(exc)
         self.resp.close()
 
     def cancel(self) -> None:
@@ -216,11 +243,16 @@ def _sse_data(buf: bytearray, piece: bytes) -> list[bytes]:
 def _report(lease: Lease, call, *args: int) -> None:  # noqa: ANN001 - a bound Lease method
     """One progress report (`dispatched`, `prefill_done`, `add_output_tokens`) on `lease`. A lost
     lease (LeaseLost: the daemon released its booking, e.g. `kvsched remove-worker`; the client has
-    logged it) is not reported on any more; the caller keeps relaying the engine's stream."""
+    logged it) is not reported on any more; the caller keeps relaying the engine's stream.
+
+    Raises:
+        LeaseRevoked: an operator cancelled the lease (the caller aborts the request)."""
     if lease.outcome == "lost":
         return
     try:
         call(*args)
+    except LeaseRevoked:
+        raise
     except LeaseLost:
         pass
 
@@ -265,6 +297,16 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                 await _write(out, b"".join(pending))
             if done:
                 break
+    except LeaseRevoked as exc:  # `kvsched cancel`: the engine connection is closed (Silence.abort)
+        resp.close()
+        gw.stats["leases_revoked"] += 1
+        if out is None:
+            raise _revoked_error(exc) from None
+        err = _revoked_error(exc)
+        await _write(out, b"data: " + _json_encode({"error": {"message": err.message, "type": err.err_type,
+                                                             "code": 503}}) + b"\n\n")
+        await out.write_eof()
+        return out
     except (aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError, EngineStreamError) as exc:
         if first:
             raise EngineFailed(f"{type(exc).__name__}: {exc}") from None

@@ -242,9 +242,13 @@ class LocalFleet:
                 p.wait(5)
         if self.daemon is not None:
             self.daemon.stop()
-            from ..shm.layout import unlink_segments
+            from ..daemon.instance_lock import purge_instance
+            from ..errors import ConfigError
 
-            unlink_segments(self.instance)
+            try:  # segments and lock file: nothing of a demo's random instance piles up in /dev/shm
+                purge_instance(self.instance)
+            except ConfigError as exc:  # the daemon outlived its stop (not ours to remove then)
+                print(f"kvsched: {exc}; its shared memory is left in /dev/shm", file=sys.stderr)
             self.daemon = None
 
     def __enter__(self) -> "LocalFleet":

@@ -93,6 +93,11 @@ class Prompt:
     max_tokens: int | None = None
 
 
+# Chat roles: OpenAI's (system, developer, user, assistant, tool, function) plus Llama 3's `ipython`
+# (tool output), which chat templates of vLLM models render.
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function", "ipython"})
+
+
 def _bad(message: str, param: str | None = None) -> HttpError:
     return HttpError(400, message, "invalid_request_error", "invalid_request", param=param)
 
@@ -101,7 +106,8 @@ def parse_body(kind: str, body: Any) -> Prompt:
     """Validate the fields the gateway relies on (the engine validates the rest).
 
     Raises:
-        HttpError(400): not an object, no model, missing or empty messages / prompt, bad types,
+        HttpError(400): not an object, no model, missing or empty messages / prompt, bad types
+            (a `priority` that is not an integer included), a chat role outside `CHAT_ROLES`,
             `n` or `best_of` other than 1.
     """
     if not isinstance(body, dict):
@@ -118,6 +124,9 @@ def parse_body(kind: str, body: Any) -> Prompt:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         raise _bad("'max_tokens' must be a positive integer", "max_tokens")
+    prio = body.get("priority")
+    if prio is not None and (not isinstance(prio, int) or isinstance(prio, bool)):
+        raise _bad("'priority' must be an integer", "priority")
     for key in ("n", "best_of"):  # one lease books one sequence's KV blocks
         if body.get(key, 1) not in (1, None) or isinstance(body.get(key), bool):
             raise _bad(f"'{key}' must be 1: the gateway schedules one sequence per request "
@@ -131,6 +140,9 @@ def parse_body(kind: str, body: Any) -> Prompt:
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise _bad(f"messages[{i}] must be an object with a string 'role'", "messages")
+            if m["role"] not in CHAT_ROLES:
+                raise _bad(f"messages[{i}].role {m['role'][:64]!r} is not one of {', '.join(sorted(CHAT_ROLES))}",
+                           "messages")
             c = m.get("content")
             if c is not None and not isinstance(c, (str, list)):
                 raise _bad(f"messages[{i}].content must be a string or a list of parts", "messages")

@@ -187,6 +187,9 @@ class HttpSimEngine:
         opts = body.get("stream_options") or {}
         usage_each = stream and bool(opts.get("continuous_usage_stats"))
         created = int(time.time())
+        # The model the client asked for, as vLLM answers with the served name the client used
+        # (else a gateway's streamed and buffered answers named different models).
+        model = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else self.model
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         rec = live.rec
         isl = rec.request.isl
@@ -202,7 +205,7 @@ class HttpSimEngine:
                     "prompt_tokens_details": {"cached_tokens": rec.cached_tokens}}
 
         def chunk(choice: dict, n: int) -> bytes:
-            c = {"id": rid, "object": obj, "created": created, "model": self.model, "choices": [choice]}
+            c = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
             if usage_each:
                 c["usage"] = usage(n)
             return b"data: " + _enc(c) + b"\n\n"
@@ -230,9 +233,9 @@ class HttpSimEngine:
             msg = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": "length"}
                    if kind == "chat" else {"index": 0, "text": "".join(text), "finish_reason": "length"})
             return web.json_response({"id": rid, "object": obj.replace(".chunk", ""), "created": created,
-                                      "model": self.model, "choices": [msg], "usage": usage(sent)})
+                                      "model": model, "choices": [msg], "usage": usage(sent)})
         if opts.get("include_usage"):
-            final = {"id": rid, "object": obj, "created": created, "model": self.model, "choices": [],
+            final = {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
                      "usage": usage(sent)}
             await out.write(b"data: " + _enc(final) + b"\n\n")
         await out.write(b"data: [DONE]\n\n")

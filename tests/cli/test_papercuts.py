@@ -125,6 +125,9 @@ def test_daemon_errors_name_the_error_not_a_bare_number(session_daemon):
 @pytest.mark.parametrize("args, needle", [(("drain", "4294967296"), "outside 0..4294967295"),
                                            (("undrain", "1:99999"), "outside 0..65535"),
                                            (("remove-worker", "--", "-1"), "outside 0..4294967295"),
+                                           (("drain", "-1"), "outside 0..4294967295"),  # was "No such option: -1"
+                                           (("undrain", "-7:0"), "outside 0..4294967295"),
+                                           (("remove-worker", "-1"), "outside 0..4294967295"),
                                            (("add-worker", "3:70000"), "outside 0..65535")])
 def test_worker_out_of_the_wire_bounds_is_a_usage_error_before_any_call(session_daemon, args, needle):
     """Before: sent to the daemon, answered `malformed: Expected int <= 4294967295 - at $.worker_id`
@@ -287,6 +290,24 @@ def test_daemon_workers_flag_conflicting_with_config_workers_is_an_error(tmp_pat
     assert "--workers 4 conflicts with the 2 [[workers]]" in err
 
 
+def test_check_config_with_workers_flag_reports_the_conflict_a_start_rejects(tmp_path):
+    """Was: `kvsched-daemon --workers 4 --check-config d.toml` (2 [[workers]]) printed ok, rc 0,
+    while the start with the same flags exits 2. `--check-config` also sees the other flags:
+    `--workers 3` on a file without [[workers]] counts 3 workers."""
+    cfg = tmp_path / "pool.toml"
+    cfg.write_text(TWO_WORKERS)
+    base = [sys.executable, "-m", "kvsched.daemon.app"]
+    bad = subprocess.run([*base, "--workers", "4", "--check-config", str(cfg)], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert bad.returncode == 2, bad.stdout
+    assert "--workers 4 conflicts with the 2 [[workers]]" in bad.stderr
+    empty = tmp_path / "empty.toml"
+    empty.write_text("[daemon]\nblock_size = 16\n")
+    ok = subprocess.run([*base, "--workers", "3", "--check-config", str(empty)], capture_output=True, text=True,
+                        timeout=60, cwd=ROOT)
+    assert ok.returncode == 0 and "3 workers" in ok.stdout, ok.stderr
+
+
 # ------------------------------------------------------------------------------------ replay
 
 
@@ -338,3 +359,43 @@ def test_scheduler_client_refuses_a_bind_only_address():
 
     with pytest.raises(ValueError, match="only binds"):
         SchedulerClient("tcp://*:5555")
+
+
+@pytest.mark.parametrize("option, value", [("--total-kv-blocks", str(2**40 + 1)), ("--total-kv-blocks", str(2**63)),
+                                           ("--total-kv-blocks", "99999999999999999999"),
+                                           ("--max-num-batched-tokens", str(2**31))])
+def test_add_worker_capacity_over_its_bound_is_a_usage_error(session_daemon, option, value):
+    """Was: 2**63-1 accepted (shown as such by `kvsched workers`), 2**63 answered `internal:
+    OverflowError` with a traceback in the daemon's log, 10**20 a rich traceback from the CLI
+    (msgspec cannot encode it), exit 1. Now: exit 2 naming the option and its range, nothing sent."""
+    result = run(session_daemon, "add-worker", "9", option, value)
+    assert result.exit_code == 2, result.output
+    assert option in result.output and "Traceback" not in result.output, result.output
+    ids = {w["worker_id"] for w in json.loads(run(session_daemon, "workers", "--json").output)["workers"]}
+    assert 9 not in ids
+
+
+@pytest.mark.parametrize("field, value", [("total_kv_blocks", 2**62), ("total_kv_blocks", 2**63),
+                                          ("total_kv_blocks", 2**64 - 1), ("max_num_batched_tokens", 2**40)])
+def test_admin_add_worker_over_the_capacity_bound_is_answered_malformed_and_registers_nothing(own_daemon, field, value):
+    """A raw `add_worker` frame (another admin tool) with a capacity past its bound: an
+    `admin_error` MALFORMED naming the field (was: 2**62 accepted; 2**63 `internal: OverflowError`
+    and an ERROR traceback in the daemon's log), the worker is not registered, the daemon answers on."""
+    import msgspec
+    import zmq
+
+    from kvsched import protocol as p
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(own_daemon.admin_endpoint)
+    try:
+        sock.send(msgspec.msgpack.encode({"t": "add_worker", "worker_id": 9, field: value}))
+        assert sock.poll(10_000), "no admin reply"
+        reply = msgspec.msgpack.decode(sock.recv())
+    finally:
+        sock.close()
+    assert reply["t"] == "admin_error" and reply["code"] == int(p.ErrorCode.MALFORMED), reply
+    assert field in reply["message"], reply
+    rows = json.loads(run(own_daemon, "workers", "--json").output)["workers"]
+    assert 9 not in {w["worker_id"] for w in rows}

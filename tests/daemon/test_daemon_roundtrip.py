@@ -205,12 +205,16 @@ def test_several_client_processes_complete_every_lifecycle_when_run_concurrently
 async def test_operator_cancel_answers_the_waiting_router_and_revokes_a_lease(daemon):
     """1. two leases fill both workers, 2. a third request waits, 3. `kvsched cancel` on the waiting
     one and on a lease. Result: the waiter gets RequestCancelled; the lease holder sees outcome
-    "revoked" and its progress calls become no-ops; the ledger returns to zero."""
-    from kvsched.errors import RequestCancelled
+    "revoked", its `on_dropped` callback runs once and its progress calls raise LeaseRevoked (a
+    LeaseLost: the caller must abort the request); release stays a quiet no-op; the ledger returns
+    to zero."""
+    from kvsched.errors import LeaseLost, LeaseRevoked, RequestCancelled
 
     async with SchedulerClient(daemon.endpoint) as client:
         a = await client.schedule("oc-a", isl_tokens=1500)
         b = await client.schedule("oc-b", isl_tokens=1500)
+        dropped = []
+        a.on_dropped(lambda lease: dropped.append(lease.outcome))
         waiting = asyncio.create_task(client.schedule("oc-c", isl_tokens=100))
         assert await asyncio.to_thread(wait_until, lambda: queued(daemon.admin_endpoint) == 1)
         with AdminClient(daemon.admin_endpoint) as admin:
@@ -219,7 +223,12 @@ async def test_operator_cancel_answers_the_waiting_router_and_revokes_a_lease(da
                 await asyncio.wait_for(waiting, 30)
             assert isinstance(admin.call(p.Cancel(request_id="oc-a")), p.OkReply)
         assert await asyncio.to_thread(wait_until, lambda: a.outcome == "revoked", 30)
-        a.add_output_tokens(5)  # no-op, no exception
+        assert dropped == ["revoked"]
+        for call in (lambda: a.add_output_tokens(5), a.dispatched, a.prefill_done):
+            with pytest.raises(LeaseRevoked, match="oc-a.*revoked by an operator"):
+                call()
+        with pytest.raises(LeaseLost):
+            await a.requeue()
         a.release()
         b.release()
     assert wait_until(lambda: ledger_is_zero(daemon.admin_endpoint))

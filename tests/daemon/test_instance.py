@@ -52,3 +52,63 @@ def test_failed_start_leaves_no_segments_behind(tmp_path):
     assert not os.path.exists(f"/dev/shm/kvsched-{instance}-ledger")
     assert not os.path.exists(f"/dev/shm/kvsched-{instance}-progress")
     assert not os.path.exists(f"/dev/shm/kvsched-{instance}.lock")
+
+
+def _shm_files(instance: str) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"kvsched-{instance}-")
+                  or n == f"kvsched-{instance}.lock")
+
+
+def test_purge_after_a_sigkill_removes_the_segments_and_the_lock_file(tmp_path):
+    instance = unique_instance()
+    d = DaemonProcess.start(None, instance=instance, runtime_dir=tmp_path, extra_args=["--workers", "1"])
+    d.kill()
+    assert f"kvsched-{instance}.lock" in _shm_files(instance)
+    out = _daemon_cli("--purge", "--instance", instance)
+    assert out.returncode == 0 and "purged" in out.stdout, out.stderr
+    assert _shm_files(instance) == []
+
+
+def test_gateway_demo_fleet_stopped_after_its_daemon_was_killed_leaves_nothing_in_dev_shm(tmp_path):
+    """`make gateway-demo`, its daemon SIGKILLed, then Ctrl-C (LocalFleet.stop). Was: the lock file
+    `kvsched-gw-<random>.lock` stayed, one more per demo run."""
+    from kvsched.gateway.local_fleet import LocalFleet
+
+    fleet = LocalFleet.start(tmp_path / "demo", n_engines=0, n_gateways=0)
+    instance = fleet.instance
+    fleet.daemon.kill()
+    assert f"kvsched-{instance}.lock" in _shm_files(instance)
+    fleet.stop()
+    assert _shm_files(instance) == []
+
+
+def test_a_lock_file_unlinked_between_open_and_flock_is_not_the_one_kept(monkeypatch):
+    """The open / flock / inode-check sequence: when the holder removes the lock file between a new
+    locker's open and its flock (fault injected into flock), the locker must end up holding the
+    path's new file, not the unlinked one (else a third process could lock the new file too, and
+    two daemons would run)."""
+    import fcntl
+
+    from kvsched.daemon.instance_lock import InstanceLock, lock_path
+
+    instance = unique_instance()
+    path = lock_path(instance)
+    real_flock = fcntl.flock
+    calls = []
+
+    def flock(fd, op):
+        if not calls:
+            os.unlink(path)  # the previous holder's release(), right between our open and flock
+        calls.append(fd)
+        return real_flock(fd, op)
+
+    path.touch()
+    monkeypatch.setattr(fcntl, "flock", flock)
+    lock = InstanceLock(instance)
+    monkeypatch.undo()
+    try:
+        assert len(calls) == 2
+        assert os.fstat(lock._fd).st_ino == os.stat(path).st_ino
+    finally:
+        lock.release()
+    assert not path.exists()

@@ -187,3 +187,22 @@ async def test_a_frame_read_late_does_not_hide_that_the_daemon_reaped_this_route
             await asyncio.sleep(0.05)
         await asyncio.sleep(1.0)
         assert "NOT_HELLO" not in daemon.log_path.read_text()
+
+
+async def test_a_frame_from_a_connection_reaped_for_silence_is_told_why(daemon):
+    """1. a raw peer says Hello, then stays silent past the liveness timeout (reaped: "router
+    gone"), 2. it sends an Enqueue on the same connection. Result: error NOT_HELLO whose message
+    says the connection was declared dead after the liveness timeout and what was released (was
+    the bare "send Hello first", which does not say why)."""
+    from tests.conftest import RawPeer, wait_until
+
+    with RawPeer(daemon.endpoint) as peer:
+        peer.hello(client_name="silent-raw")
+        assert await asyncio.to_thread(
+            wait_until, lambda: "router gone" in daemon.log_path.read_text()
+            and "client=silent-raw" in daemon.log_path.read_text().split("router gone", 1)[1], 60)
+        peer.send(p.Enqueue("after-reap", 32))
+        err = await asyncio.to_thread(peer.recv)
+    assert isinstance(err, p.Error) and err.code == p.ErrorCode.NOT_HELLO, err
+    assert "declared dead after more than 1500 ms without a frame" in err.message, err.message
+    assert "leases" in err.message

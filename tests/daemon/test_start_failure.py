@@ -110,3 +110,42 @@ def test_sigterm_during_start_stops_cleanly(tmp_path):
         pytest.fail("the daemon did not stop after SIGTERM during start")
     assert code == 0, log.read_text()[-2000:]
     assert _segments(instance) == []
+
+
+def test_configured_endpoints_win_over_the_discovery_variables_and_the_log_says_where_each_came_from(tmp_path):
+    """1. a config naming its data and admin endpoints, started with KVSCHED_ENDPOINT and
+    KVSCHED_ADMIN_ENDPOINT exported to other paths (the README exports the admin one for the CLI).
+    Result: the daemon binds the configured paths, not the variables' (was: the variables won,
+    silently), and logs `data_from=config file admin_from=config file`; without configured endpoints
+    it binds the variables' paths and logs their names."""
+    import os
+
+    instance = unique_instance("env")
+    cfg = tmp_path / "d.toml"
+    env = {**os.environ, "KVSCHED_ENDPOINT": f"ipc://{tmp_path}/env-d.sock",
+           "KVSCHED_ADMIN_ENDPOINT": f"ipc://{tmp_path}/env-a.sock"}
+    for configured in (True, False):
+        text = (f'[daemon]\nendpoint = "ipc://{tmp_path}/cfg-d.sock"\nadmin_endpoint = "ipc://{tmp_path}/cfg-a.sock"\n'
+                if configured else "")
+        cfg.write_text(text + "[[workers]]\nworker_id = 0\n")
+        log = tmp_path / f"d-{configured}.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "kvsched.daemon.app", "--config", str(cfg),
+                                     "--instance", instance], stdout=subprocess.DEVNULL, stderr=fh, env=env)
+        try:
+            deadline = time.monotonic() + 120
+            while "ready endpoint" not in log.read_text():
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, log.read_text()[-2000:]
+                time.sleep(0.1)
+            text = log.read_text()
+            want, other = ("cfg", "env") if configured else ("env", "cfg")
+            assert (tmp_path / f"{want}-d.sock").exists() and (tmp_path / f"{want}-a.sock").exists(), text
+            assert not (tmp_path / f"{other}-d.sock").exists() and not (tmp_path / f"{other}-a.sock").exists(), text
+            if configured:
+                assert "data_from=config file" in text and "admin_from=config file" in text, text
+            else:
+                assert "data_from=KVSCHED_ENDPOINT" in text and "admin_from=KVSCHED_ADMIN_ENDPOINT" in text, text
+        finally:
+            proc.terminate()
+            proc.wait(60)

@@ -70,6 +70,17 @@ def test_translator_answers_and_counts_once_per_wake():
     assert sched.active_leases == 0 and tr.releases_this_wake == 3
 
 
+def test_an_update_for_an_unknown_lease_is_an_error_and_not_counted_as_applied():
+    """Was: `kvsched_update_frames_total{kind="dispatched"}` rose for an update of a lease that does
+    not exist (answered UNKNOWN_REQUEST)."""
+    tr, conns, sched, sent, metrics, tally = _translator()
+    conn = conns.open(b"peer", 0)
+    tr.handle(conn, p.Update("nobody", 5, 1, "dispatched"), 1)
+    tally.flush()
+    assert sent == [(conn.owner, ("error", p.ErrorCode.UNKNOWN_REQUEST, "nobody"))]
+    assert _metric(metrics, "kvsched_update_frames_total", kind="dispatched") == 0
+
+
 def test_translator_releases_an_admission_nobody_can_receive():
     tr, conns, sched, sent, metrics, tally = _translator()
     conn = conns.open(b"peer", 0)

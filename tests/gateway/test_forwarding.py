@@ -23,11 +23,13 @@ pytestmark = pytest.mark.timeout(120)
 class ScriptedEngine:
     """An OpenAI-ish engine that records each request's headers and answers `mode`: "ok" (two
     tokens, usage on every chunk), "fail" (HTTP 500), "stall_headers" (no answer for 8 s),
-    "stall" (the first token, then silence for 8 s) or "slow" (six tokens, 0.3 s apart)."""
+    "stall" (the first token, then silence for 8 s), "slow" (six tokens, 0.3 s apart) or "long"
+    (600 tokens, 0.1 s apart). `disconnects` counts requests whose connection closed before the end."""
 
     def __init__(self, port: int, mode: str = "ok") -> None:
         self.mode = mode
         self.seen: list[dict] = []
+        self.disconnects = 0
         self.port = port
         self.runner: web.AppRunner | None = None
 
@@ -44,17 +46,21 @@ class ScriptedEngine:
             await asyncio.sleep(8)
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
-        texts = tuple("abcdef") if self.mode == "slow" else ("a", "b")
-        for i, text in enumerate(texts):
-            if i and self.mode == "stall":
-                await asyncio.sleep(8)
-            if self.mode == "slow":
-                await asyncio.sleep(0.3)
-            chunk = {"id": "e", "choices": [{"index": 0, "delta": {"content": text},
-                                             "finish_reason": "stop" if i == len(texts) - 1 else None}],
-                     "usage": {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i}}
-            await out.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        await out.write(b"data: [DONE]\n\n")
+        texts = {"slow": tuple("abcdef"), "long": ("x",) * 600}.get(self.mode, ("a", "b"))
+        try:
+            for i, text in enumerate(texts):
+                if i and self.mode == "stall":
+                    await asyncio.sleep(8)
+                if self.mode in ("slow", "long"):
+                    await asyncio.sleep(0.3 if self.mode == "slow" else 0.1)
+                chunk = {"id": "e", "choices": [{"index": 0, "delta": {"content": text},
+                                                 "finish_reason": "stop" if i == len(texts) - 1 else None}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i}}
+                await out.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await out.write(b"data: [DONE]\n\n")
+        except (ConnectionError, asyncio.CancelledError):  # the gateway closed the connection
+            self.disconnects += 1
+            raise
         return out
 
     async def health(self, request: web.Request) -> web.Response:

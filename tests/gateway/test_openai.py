@@ -41,6 +41,10 @@ def test_every_rejection_reason_has_its_status_and_retry_after_rule():
     ("completion", {"model": "m", "prompt": [1, 2**31]}, "token ids must be integers in [0, 2147483647]"),
     ("completion", {"model": "m", "prompt": [[5, 2**80]]}, "token ids must be integers in [0, 2147483647]"),
     ("completion", {"model": "m", "prompt": [1, -1]}, "token ids must be integers in [0, 2147483647]"),
+    # were answered 200 (the priority silently 0, the role passed to the template)
+    ("completion", {"model": "m", "prompt": "a", "priority": "x"}, "'priority' must be an integer"),
+    ("completion", {"model": "m", "prompt": "a", "priority": 1.5}, "'priority' must be an integer"),
+    ("chat", {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role 'wizard'"),
 ])
 def test_bad_bodies_are_400_with_a_message_naming_the_field(kind, body, needle):
     with pytest.raises(oa.HttpError) as err:

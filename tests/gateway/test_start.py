@@ -77,3 +77,24 @@ def test_gateway_without_a_daemon_exits_3_after_its_connect_timeout_naming_the_s
     assert proc.returncode == 3, out
     assert "absent.sock does not exist" in out
     assert elapsed >= 2.0  # it waited for the daemon first
+
+
+@pytest.mark.parametrize("configured, env", [("tcp://foo", None), ("", "tcp://foo")])
+def test_malformed_daemon_endpoint_exits_2_with_a_message_not_a_traceback(tmp_path, configured, env):
+    """`daemon_endpoint = "tcp://foo"` (no port) in the file, or the same in KVSCHED_ENDPOINT with the
+    file's endpoint empty: exit 2 (bad config, docs/GATEWAY.md) naming the endpoint, no traceback."""
+    import os
+
+    tok = write_tiny_tokenizer(tmp_path / "tok")
+    cfg = tmp_path / "gateway.toml"
+    cfg.write_text(f"[gateway]\nport = 0\ndaemon_endpoint = \"{configured}\"\n\n"
+                   f"[[models]]\nname = \"tiny\"\ntokenizer_dir = \"{tok}\"\n")
+    environ = {k: v for k, v in os.environ.items() if k != "KVSCHED_ENDPOINT"}
+    if env is not None:
+        environ["KVSCHED_ENDPOINT"] = env
+    proc = subprocess.run([sys.executable, "-m", "kvsched.gateway", "--config", str(cfg)], env=environ,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "'tcp://foo'" in proc.stderr and "HOST:PORT" in proc.stderr, proc.stderr
+    if configured:
+        assert "daemon_endpoint" in proc.stderr, proc.stderr
