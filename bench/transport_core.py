@@ -28,7 +28,7 @@ def _config(workers: int, blocks_per_request: int, max_slots: int):
         "daemon": {"block_size": 16, "max_workers": workers, "max_slots": max_slots,
                    "max_blocks_per_request": blocks_per_request},
         "selector": {"seed": 0},
-        "workers": [{"worker_id": w, "total_kv_blocks": 1 << 40, "max_num_batched_tokens": 1 << 40}
+        "workers": [{"worker_id": w, "total_kv_blocks": 1 << 40, "max_num_batched_tokens": 1 << 30}
                     for w in range(workers)]})
 
 
