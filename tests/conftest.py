@@ -81,6 +81,18 @@ def daemon_fixture(config_text: str, name: str = "daemon"):
     return daemon
 
 
+async def kill_and_wait_for_disconnect(d, client, timeout_s: float = 10.0) -> None:
+    """SIGKILL the daemon handle `d` and wait until `client` (a SchedulerClient) sees its link down."""
+    import asyncio
+
+    await asyncio.to_thread(d.kill)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while client.connected and loop.time() < end:
+        await asyncio.sleep(0.05)
+    assert not client.connected
+
+
 def admin_call(d, request):
     """One admin request to the daemon handle `d` (blocking); returns its reply frame."""
     from kvsched.client import AdminClient

@@ -17,7 +17,7 @@ import pytest
 from kvsched import protocol as p
 from kvsched.client import FrameTooLarge, SchedulerClient
 from kvsched.client.pending import split_reattach
-from tests.conftest import RawPeer, admin_call, daemon_fixture
+from tests.conftest import RawPeer, admin_call, kill_and_wait_for_disconnect, daemon_fixture
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -62,12 +62,7 @@ async def test_a_reattach_larger_than_the_limit_is_split_and_every_waiting_reque
     async with SchedulerClient(daemon.endpoint, reconnect_deadline_s=120) as client:
         first = await client.schedule("warm", isl_tokens=100)
         first.release("completed")
-        await asyncio.to_thread(daemon.kill)
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 10
-        while client.connected and loop.time() < end:
-            await asyncio.sleep(0.05)
-        assert not client.connected
+        await kill_and_wait_for_disconnect(daemon, client)
         calls = [asyncio.ensure_future(client.schedule(f"w-{i}", isl_tokens=16 * 40, block_hashes=_hashes(i + 2, 40)))
                  for i in range(40)]
         await asyncio.sleep(0.2)

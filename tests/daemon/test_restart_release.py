@@ -13,7 +13,7 @@ import pytest
 
 from kvsched import protocol as p
 from kvsched.client import SchedulerClient
-from tests.conftest import admin_call, daemon_fixture
+from tests.conftest import admin_call, kill_and_wait_for_disconnect, daemon_fixture
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -49,12 +49,8 @@ async def test_a_release_made_while_the_daemon_is_down_is_applied_after_its_rest
         for lease in leases:
             lease.dispatched()
         await asyncio.sleep(0.3)
-        await asyncio.to_thread(daemon.kill)
+        await kill_and_wait_for_disconnect(daemon, client)
         loop = asyncio.get_running_loop()
-        end = loop.time() + 10
-        while client.connected and loop.time() < end:
-            await asyncio.sleep(0.05)
-        assert not client.connected
         leases[0].release("completed")
         leases[1].release("completed")
         await asyncio.to_thread(daemon.restart)
