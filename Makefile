@@ -26,9 +26,9 @@ $(BENCH_STAMP): $(BIN)/python pyproject.toml
 	touch $(BENCH_STAMP)
 
 ## Every benchmark (kernels, queue, the daemon vs echo vs Redis vs Dynamo, routing quality), plots and
-## docs/BENCHMARKS.md tables from this machine (starts redis-server itself). About 3 h on 2 shared cores:
-## the routing grid alone is ~340 virtual replays of ~1 min each, 2 at a time (bench/bench_routing.py),
-## then 8 wall-clock replays (kv, dynamo, dynamo_cost, cache_aware at 4 and 16 workers, ~3 min each).
+## docs/BENCHMARKS.md tables from this machine (starts redis-server itself). About 2 h on 2 cores:
+## bench/bench_routing.py first runs 16 wall-clock replays (kv and dynamo 3 times each, dynamo_cost and
+## cache_aware once, at 4 and 16 workers, ~2 min each), then ~340 virtual replays of ~20 s, 2 at a time.
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py
 

@@ -209,11 +209,36 @@ def overlap_agreement(path: Path) -> dict | None:
             "nonzero_samples": sum(1 for s in rows if max(s["dynamo"].values(), default=0) > 0)}
 
 
+WALL_REPEATED = ("kv", "dynamo")  # run `repeats` times each, alternating which goes first; the others once
+WALL_METRICS = ("prefix_hit_ratio", "overlap_given_up_share", "ttft_adj_ms_p50", "ttft_adj_ms_p99", "ttft_ms_p50",
+                "ttft_ms_p99", "admission_ms_p50", "admission_ms_p99", "queued_ms_p99", "tpot_ms_mean",
+                "not_completed", "not_completed_share", "imbalance_max_over_mean", "wall_s")
+
+
+def combine_wall(fs: list[dict]) -> dict:
+    """Repeated wall-clock runs of one policy -> one record: the mean of each of `WALL_METRICS`, its
+    min and max (`<metric>_min` / `_max`, the spread the verdict uses), the per-run figures under
+    `each`, and the first run's other fields (notes, overlap check)."""
+    out = dict(fs[0])
+    for m in WALL_METRICS:
+        vals = [f[m] for f in fs if f.get(m) is not None]
+        if not vals:
+            continue
+        out[m] = round(sum(vals) / len(vals), 4)
+        out[m + "_min"], out[m + "_max"] = min(vals), max(vals)
+    out["repeats"] = len(fs)
+    out["each"] = [{m: f.get(m) for m in WALL_METRICS} for f in fs]
+    return out
+
+
 def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup: float = WALL_SPEEDUP,
-                    policies: tuple[str, ...] | None = None) -> dict:
+                    policies: tuple[str, ...] | None = None, repeats: int = 1) -> dict:
     """Wall-clock replays (real daemon, simulated fleet process, router processes) of the same slice of
     the conversation trace routed by kv, NVIDIA Dynamo's selection service (`dynamo`, when installed),
-    dynamo_cost and cache_aware; kv's overlap checked against Dynamo's first; plus kv in virtual time."""
+    dynamo_cost and cache_aware; kv's overlap checked against Dynamo's first; plus kv in virtual time.
+    `kv` and `dynamo` run `repeats` times (even repeats kv first, odd ones dynamo first, so a drift in
+    the machine's load hits both alike); the verdict compares means with the min-max spread as the tie
+    band, the rule of the virtual grid (`verdicts`)."""
     from kvsched.sim.dynamo import dynamo_unavailable_reason
     from kvsched.sim.profile import kv_blocks_for
     from kvsched.sim.replay import ReplayOptions, run_replay
@@ -229,26 +254,33 @@ def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup
     reason = dynamo_unavailable_reason()
     if reason is not None:
         print(f"dynamo baseline skipped ({workers} workers): {reason}", flush=True)
-    runs = {}
-    for label, selector, via in WALL_POLICIES:
-        if (via == "dynamo" and reason is not None) or (policies and label not in policies):
-            continue
-        out = ROOT / "out" / "bench" / f"routing-wall-{workers}-{label}"
-        sample = OVERLAP_SAMPLE_EVERY if label == "kv" and reason is None else 0
-        opts = ReplayOptions(trace=trace_path, routers=routers, workers=workers, speedup=speedup, load_scale=workers / 4,
-                             limit=limit, out=out, selector=selector, seed=0, router_via=via, overlap_sample_every=sample)
-        t0 = time.perf_counter()
-        summary = run_replay(opts)
-        f = wall_figures(read_results(out / "results.jsonl"), trace, workers, per, time.perf_counter() - t0, speedup)
-        f.update(ledger_zero=summary.ledger_zero, rejected=summary.rejected, aborted=summary.aborted, notes=opts.notes)
-        if sample:
-            f["overlap_check"] = overlap_agreement(out / "overlap_samples.jsonl")
-        runs[label] = f
-        print(f"wall W={workers} {label}: hit {f['prefix_hit_ratio']:.3f} gave up {f['overlap_given_up_share']:.3f} "
-              f"TTFT-adm p50 {f['ttft_adj_ms_p50']:,.0f} p99 {f['ttft_adj_ms_p99']:,.0f} ms, admission p50 "
-              f"{f['admission_ms_p50']:.1f} ms, not completed {f['not_completed']} ({f['wall_s']:.0f} s)", flush=True)
-        if sample:
-            print(f"  overlap daemon vs dynamo: {f['overlap_check']}", flush=True)
+    chosen = [p for p in WALL_POLICIES
+              if not (p[2] == "dynamo" and reason is not None) and not (policies and p[0] not in policies)]
+    each: dict[str, list[dict]] = {}
+    for rep in range(max(1, repeats)):
+        order = chosen if rep % 2 == 0 else sorted(chosen, key=lambda p: p[0] != "dynamo")
+        for label, selector, via in order:
+            if rep and label not in WALL_REPEATED:
+                continue
+            out = ROOT / "out" / "bench" / (f"routing-wall-{workers}-{label}" + (f"-r{rep}" if rep else ""))
+            sample = OVERLAP_SAMPLE_EVERY if label == "kv" and reason is None and rep == 0 else 0
+            opts = ReplayOptions(trace=trace_path, routers=routers, workers=workers, speedup=speedup,
+                                 load_scale=workers / 4, limit=limit, out=out, selector=selector, seed=0,
+                                 router_via=via, overlap_sample_every=sample)
+            t0 = time.perf_counter()
+            summary = run_replay(opts)
+            f = wall_figures(read_results(out / "results.jsonl"), trace, workers, per, time.perf_counter() - t0, speedup)
+            f.update(ledger_zero=summary.ledger_zero, rejected=summary.rejected, aborted=summary.aborted, notes=opts.notes)
+            if sample:
+                f["overlap_check"] = overlap_agreement(out / "overlap_samples.jsonl")
+            each.setdefault(label, []).append(f)
+            print(f"wall W={workers} {label} run {rep + 1}: hit {f['prefix_hit_ratio']:.3f} gave up "
+                  f"{f['overlap_given_up_share']:.3f} TTFT-adm p50 {f['ttft_adj_ms_p50']:,.0f} p99 "
+                  f"{f['ttft_adj_ms_p99']:,.0f} ms, admission p50 {f['admission_ms_p50']:.1f} ms, not completed "
+                  f"{f['not_completed']} ({f['wall_s']:.0f} s)", flush=True)
+            if sample:
+                print(f"  overlap daemon vs dynamo: {f['overlap_check']}", flush=True)
+    runs = {label: combine_wall(fs) for label, fs in each.items()}
     vopts = ReplayOptions(trace=trace_path, workers=workers, virtual=True, load_scale=workers / 4, limit=limit,
                           out=ROOT / "out" / "bench" / f"routing-virtual-{workers}", selector="kv", seed=0)
     vs = run_replay(vopts)
@@ -260,9 +292,12 @@ def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup
             ratios[label] = {m: (round(f[m] / d[m], 3) if d[m] else None)
                              for m in ("prefix_hit_ratio", "ttft_adj_ms_p50", "ttft_adj_ms_p99")}
             ratios[label]["overlap_given_up_share"] = f["overlap_given_up_share"]
+    rows = [{"workload": "wall", "workers": workers, "level": workers / 4, "policy": label, **f} for label, f in runs.items()]
+    ver = verdicts(rows, ttft=("ttft_adj_ms_p50", "ttft_adj_ms_p99"))
     return {"workers": workers, "routers": routers, "speedup": speedup, "load_scale": workers / 4, "limit": limit,
-            "requests": len(trace), "runs": runs, "wall": runs.get("kv"), "virtual": virt, "ratios_vs_dynamo": ratios,
-            "dynamo_skipped": reason, "loadavg": os.getloadavg()}
+            "requests": len(trace), "repeats": max(1, repeats), "runs": runs, "wall": runs.get("kv"), "virtual": virt,
+            "ratios_vs_dynamo": ratios, "verdict": ver[0] if ver else None, "dynamo_skipped": reason,
+            "loadavg": os.getloadavg()}
 
 
 def aggregate(runs: list[dict]) -> list[dict]:
@@ -287,10 +322,11 @@ def aggregate(runs: list[dict]) -> list[dict]:
 TIE_REL = 0.01  # with one seed (no spread): within 1 % of the best counts as a tie
 
 
-def verdicts(rows: list[dict]) -> list[dict]:
+def verdicts(rows: list[dict], ttft: tuple[str, str] = ("ttft_ms_p50", "ttft_ms_p99")) -> list[dict]:
     """Per (workload, workers, level): is `kv` best on hit ratio and TTFT p50 / p99 (a tie within the
     seed spread, or within 1 % with one seed, counts), TPOT within 10 % of the best baseline's,
-    not-completed <= best + 0.5 %?"""
+    not-completed <= best + 0.5 %? `ttft` names the two TTFT figures (the wall-clock cross-check
+    judges TTFT with the admission transport subtracted)."""
     out = []
     cells = sorted({(r["workload"], r["workers"], r["level"]) for r in rows})
     for cell in cells:
@@ -304,7 +340,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
         hspread = max(kv["prefix_hit_ratio_max"] - kv["prefix_hit_ratio_min"],
                       best_hit["prefix_hit_ratio_max"] - best_hit["prefix_hit_ratio_min"], TIE_REL * best_hit["prefix_hit_ratio"])
         checks["hit"] = kv["prefix_hit_ratio"] >= best_hit["prefix_hit_ratio"] - hspread
-        for m in ("ttft_ms_p50", "ttft_ms_p99"):
+        for m in ttft:
             best = min(others, key=lambda r: r[m])
             spread = max(kv[m + "_max"] - kv[m + "_min"], best[m + "_max"] - best[m + "_min"], TIE_REL * best[m])
             checks[m] = kv[m] <= best[m] + spread
@@ -388,6 +424,9 @@ def main() -> None:
     ap.add_argument("--wall-speedup", type=float, default=WALL_SPEEDUP, help="Wall-clock replay speedup.")
     ap.add_argument("--wall-policies", default=None, help="Subset of kv,dynamo,dynamo_cost,cache_aware (default all).")
     ap.add_argument("--wall-only", action="store_true", help="Only the wall-clock cross-check (no virtual grid).")
+    ap.add_argument("--wall-repeats", type=int, default=None,
+                    help="Runs of kv and of dynamo per fleet size in the wall-clock cross-check (default 3, 1 with "
+                         "--quick); dynamo_cost and cache_aware run once.")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="Override a [selector] key for every policy run (repeatable; e.g. --set interference_weight=1).")
     ap.add_argument("--merge", nargs="+", default=None, metavar="FILE",
@@ -418,9 +457,36 @@ def main() -> None:
     # whole cells first, level 1.0 first (a cut-short grid still has complete cells); big fleets first in a cell
     rank = {1.0: 0, 1.25: 1, 0.5: 2}
     jobs.sort(key=lambda j: (j[4], rank.get(j[3], 0) if j[0] == "conversation" else 0.5, -j[2]))
-    t0 = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # The wall-clock cross-check first: it is the part a busy machine disturbs; the virtual grid is
+    # deterministic and only takes longer.
+    wall = None
+    if not args.no_wall:
+        repeats = args.wall_repeats or (1 if args.quick else 3)
+        sizes = (4,) if args.quick else tuple(map(int, args.wall_workers.split(",")))
+        wall_policies = tuple(args.wall_policies.split(",")) if args.wall_policies else None
+        wall = [wall_crosscheck(w, args.quick, args.wall_limit, args.wall_speedup, wall_policies, repeats) for w in sizes]
+        for c in wall:
+            w, v = c["wall"], c["virtual"]
+            print(f"cross-check (kv, {c['workers']} workers, {c['requests']} requests, {c['speedup']:g}x): "
+                  f"hit {w['prefix_hit_ratio']:.3f} wall vs {v['prefix_hit_ratio']:.3f} virtual; "
+                  f"TTFT p50 {w['ttft_ms_p50']:,.0f} vs {v['ttft_ms_p50']:,.0f} ms; "
+                  f"p99 {w['ttft_ms_p99']:,.0f} vs {v['ttft_ms_p99']:,.0f} ms", flush=True)
+            if c["verdict"]:
+                v = c["verdict"]
+                print(f"  verdict W={c['workers']} (kv vs {', '.join(l for l in c['runs'] if l != 'kv')}, "
+                      f"{c['repeats']} runs of kv and dynamo): {v['verdict']} {'; '.join(v['missed'])}", flush=True)
+            for label, rt in c["ratios_vs_dynamo"].items():
+                print(f"  W={c['workers']} {label} / dynamo: hit x{rt['prefix_hit_ratio']}, TTFT-adm p50 "
+                      f"x{rt['ttft_adj_ms_p50']}, p99 x{rt['ttft_adj_ms_p99']}; overlap given up "
+                      f"{rt['overlap_given_up_share']:.3f}", flush=True)
+        wall_out = out.with_name(out.stem + "_wall.json")
+        wall_out.write_text(json.dumps({"loadavg": os.getloadavg(), "crosscheck": wall}, indent=1))
+        print(f"wrote {wall_out}")
+    if args.wall_only:
+        return
+    t0 = time.perf_counter()
     partial = out.with_suffix(".partial.jsonl")  # one line per finished run, for long grids
     runs = []
     with mp.get_context("spawn").Pool(max(1, args.jobs)) as pool, open(partial, "w") as fh:
@@ -439,25 +505,6 @@ def main() -> None:
     ver = verdicts(rows)
     for v in ver:
         print(f"verdict {v['workload']} W={v['workers']} level={v['level']}: {v['verdict']} {'; '.join(v['missed'])}")
-    wall = None
-    if not args.no_wall:
-        wall = [wall_crosscheck(w, args.quick, args.wall_limit, args.wall_speedup,
-                                tuple(args.wall_policies.split(",")) if args.wall_policies else None) for w in ((4,) if args.quick else tuple(map(int, args.wall_workers.split(","))))]
-        for c in wall:
-            w, v = c["wall"], c["virtual"]
-            print(f"cross-check (kv, {c['workers']} workers, {c['requests']} requests, {c['speedup']:g}x): "
-                  f"hit {w['prefix_hit_ratio']:.3f} wall vs {v['prefix_hit_ratio']:.3f} virtual; "
-                  f"TTFT p50 {w['ttft_ms_p50']:,.0f} vs {v['ttft_ms_p50']:,.0f} ms; "
-                  f"p99 {w['ttft_ms_p99']:,.0f} vs {v['ttft_ms_p99']:,.0f} ms", flush=True)
-            for label, rt in c["ratios_vs_dynamo"].items():
-                print(f"  W={c['workers']} {label} / dynamo: hit x{rt['prefix_hit_ratio']}, TTFT-adm p50 "
-                      f"x{rt['ttft_adj_ms_p50']}, p99 x{rt['ttft_adj_ms_p99']}; overlap given up "
-                      f"{rt['overlap_given_up_share']:.3f}", flush=True)
-        wall_out = out.with_name(out.stem + "_wall.json")
-        wall_out.write_text(json.dumps({"loadavg": os.getloadavg(), "crosscheck": wall}, indent=1))
-        print(f"wrote {wall_out}")
-    if args.wall_only:
-        return
     meta = {"levels": args.levels, "workers": args.workers, "seeds": list(seeds), "quick": args.quick,
             "workloads": workloads, "load_scale_rule": "level * workers / 4", "virtual_runs": len(runs),
             "virtual_runs_s": round(virtual_s, 1), "jobs": args.jobs, "loadavg": os.getloadavg()}

@@ -293,8 +293,17 @@ def md_routing(r: dict) -> str:
     return "\n\n".join(parts)
 
 
+def _ranged(f: dict, m: str, fmt: str) -> str:
+    """`f[m]` formatted, with its min–max when the policy ran more than once."""
+    v = format(f[m], fmt)
+    if f.get("repeats", 1) > 1 and f.get(m + "_min") is not None:
+        v += f" ({format(f[m + '_min'], fmt)}–{format(f[m + '_max'], fmt)})"
+    return v
+
+
 def md_crosscheck(cs) -> str:
-    """The wall-clock cross-check (`bench_routing.wall_crosscheck` results, one per fleet size)."""
+    """The wall-clock cross-check (`bench_routing.wall_crosscheck` results, one per fleet size): per
+    policy the mean over its runs with the min–max, the ratio to `dynamo`, and the cell's verdict."""
     if not cs:
         return "_not run_"
     cs = cs if isinstance(cs, list) else [cs]
@@ -305,14 +314,15 @@ def md_crosscheck(cs) -> str:
         for label, f in runs.items():
             rt = (c.get("ratios_vs_dynamo") or {}).get(label, {})
             ratio = lambda m: f" ({rt[m]:.2f}×)" if rt.get(m) is not None and label != "dynamo" else ""  # noqa: E731
-            rows.append([("**kv**" if label == "kv" else label), f"{f['prefix_hit_ratio']:.3f}{ratio('prefix_hit_ratio')}",
+            rows.append([("**kv**" if label == "kv" else label), f.get("repeats", 1),
+                         _ranged(f, "prefix_hit_ratio", ".3f") + ratio("prefix_hit_ratio"),
                          f"{f['overlap_given_up_share']:.3f}",
-                         f"{f['ttft_adj_ms_p50']:,.0f}{ratio('ttft_adj_ms_p50')}" if "ttft_adj_ms_p50" in f else "–",
-                         f"{f['ttft_adj_ms_p99']:,.0f}{ratio('ttft_adj_ms_p99')}" if "ttft_adj_ms_p99" in f else "–",
+                         _ranged(f, "ttft_adj_ms_p50", ",.0f") + ratio("ttft_adj_ms_p50") if "ttft_adj_ms_p50" in f else "–",
+                         _ranged(f, "ttft_adj_ms_p99", ",.0f") + ratio("ttft_adj_ms_p99") if "ttft_adj_ms_p99" in f else "–",
                          _f(f["ttft_ms_p50"]), f"{f.get('admission_ms_p50', 0):.1f} / {f.get('admission_ms_p99', 0):.1f}",
-                         f"{f['tpot_ms_mean'] or 0:.1f}", f["not_completed"], f"{f['imbalance_max_over_mean'] or 0:.2f}"])
+                         f"{f['tpot_ms_mean'] or 0:.1f}", f"{f['not_completed']:g}", f"{f['imbalance_max_over_mean'] or 0:.2f}"])
         v = c["virtual"]
-        rows.append(["kv, virtual time", f"{v['prefix_hit_ratio']:.3f}", f"{v['overlap_given_up_share']:.3f}",
+        rows.append(["kv, virtual time", 1, f"{v['prefix_hit_ratio']:.3f}", f"{v['overlap_given_up_share']:.3f}",
                      _f(v["ttft_ms_p50"]), _f(v["ttft_ms_p99"]), _f(v["ttft_ms_p50"]), "0", f"{v['tpot_ms_mean'] or 0:.1f}",
                      v["not_completed"], f"{v['imbalance_max_over_mean'] or 0:.2f}"])
         chk = (runs.get("kv") or {}).get("overlap_check")
@@ -323,16 +333,24 @@ def md_crosscheck(cs) -> str:
                  "of pairs." if chk else "")
         skipped = f" `dynamo` skipped: {c['dynamo_skipped']}." if c.get("dynamo_skipped") else ""
         load = c.get("loadavg")
+        ver = c.get("verdict")
+        verdict = ""
+        if ver:
+            verdict = (f"\n\nVerdict (`kv` best on hit ratio and TTFT − admission p50 / p99, a tie within the spread of "
+                       f"the runs counting; TPOT within 10 % of the best; not completed ≤ best + 0.5 %): "
+                       f"**{ver['verdict']}**" + (f" — {'; '.join(ver['missed'])}" if ver["missed"] else "") + ".")
         out.append(f"**{c['workers']} workers**: first {c['requests']:,} requests of the conversation trace, load scale "
                    f"{c['load_scale']:g}, {c['routers']} router processes, speedup {c['speedup']:g}×"
-                   + (f", load average {load[0]:.1f} at the end" if load else "") + "." + skipped + check + "\n\n"
-                   + table(["policy", "hit (/ dynamo)", "gave up", "TTFT − admission p50 (/ dynamo)",
+                   + (f", load average {load[0]:.1f} at the end" if load else "") + "; mean over runs (min–max)."
+                   + skipped + check + "\n\n"
+                   + table(["policy", "runs", "hit (/ dynamo)", "gave up", "TTFT − admission p50 (/ dynamo)",
                             "TTFT − admission p99 (/ dynamo)", "raw TTFT p50", "admission p50 / p99 (wall ms)",
-                            "TPOT", "not completed", "imbalance"], rows))
+                            "TPOT", "not completed", "imbalance"], rows) + verdict)
     return "\n\n".join(out)
 
 
-def targets(t: dict | None, k: dict | None, r: dict | None, core: dict | None = None) -> list[list[str]]:
+def targets(t: dict | None, k: dict | None, r: dict | None, core: dict | None = None,
+            wall: list[dict] | None = None) -> list[list[str]]:
     """[target, measured, verdict] rows computed from the JSON. The in-process core row comes from
     `bench_core.py`'s JSON when there is one, else from the transport run's inline figure."""
     out = []
@@ -362,6 +380,16 @@ def targets(t: dict | None, k: dict | None, r: dict | None, core: dict | None = 
             met = sum(v["verdict"] == "met" for v in ver)
             out.append(["kv best on hit ratio and TTFT p50 / p99 in every conversation-grid cell",
                         f"{met} of {len(ver)} cells", "met" if met == len(ver) else "missed"])
+        syn = [v for v in r.get("verdicts") or [] if v["workload"] == "synthetic"]
+        if syn:
+            met = sum(v["verdict"] == "met" for v in syn)
+            out.append(["the same on the synthetic workload", f"{met} of {len(syn)} fleet sizes",
+                        "met" if met == len(syn) else "missed"])
+    wv = [c["verdict"] for c in wall or [] if c.get("verdict")]
+    if wv:
+        met = sum(v["verdict"] == "met" for v in wv)
+        out.append(["the same in the wall-clock runs against Dynamo's selection service (4 and 16 workers)",
+                    f"{met} of {len(wv)} fleet sizes", "met" if met == len(wv) else "missed"])
     return out
 
 
@@ -389,9 +417,11 @@ def render_doc(bench_dir: Path, run: dict | None) -> None:
         blocks["routing"] = md_routing(r)
         blocks["crosscheck"] = md_crosscheck(r.get("wall_crosscheck"))
     wall = load("routing_wall")
-    if wall and (not r or not r.get("wall_crosscheck")):  # a `bench_routing.py --wall-only` run
-        blocks["crosscheck"] = md_crosscheck(wall["crosscheck"])
-    blocks["targets"] = table(["target", "measured", "verdict"], targets(t, k, r, core))
+    crosscheck = (r or {}).get("wall_crosscheck")
+    if wall and not crosscheck:  # a `bench_routing.py --wall-only` run
+        crosscheck = wall["crosscheck"]
+        blocks["crosscheck"] = md_crosscheck(crosscheck)
+    blocks["targets"] = table(["target", "measured", "verdict"], targets(t, k, r, core, crosscheck))
     text = DOC.read_text()
     for name, body in blocks.items():
         pat = re.compile(rf"(<!-- generated:{name} -->\n)(?:.*?\n)?(<!-- /generated:{name} -->)", re.S)
