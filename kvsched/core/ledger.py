@@ -243,7 +243,7 @@ class Ledger:
             self._high = slot + 1
         self._slot_of[request_id] = slot
         self._rid_of[slot] = request_id
-        if self.rows.overload_enabled():
+        if self.rows.overload_rules:
             self.rows.update_overload(row)
 
     def release(self, slot: int, generation: int) -> bool:

@@ -134,15 +134,15 @@ class Scheduler:
     def enqueue(self, spec: RequestSpec, now_us: int) -> Outcomes:
         """Decide one request: immediate admission, queue, defer, or Reject. [] = waiting."""
         c = self._class_index.get(spec.policy_class, self._default) if spec.policy_class else self._default
-        cq = self.pq.classes[c]
         intake, adm, ledger = self.intake, self.admitter, self.ledger
+        cq = adm.pq.classes[c]
         if spec.excluded_workers:
             intake.fold_excluded(spec)
         bad = intake.validate(spec, cq.name)
         if bad is not None:
             return [bad]
-        n_elig = ledger.eligible_mask(spec.pinned, spec.allowed_workers, adm.elig)
-        if n_elig and adm.fused and spec.pinned is None and cq.admission is None and not cq.n_ready:
+        n_elig = ledger.rows.eligible_mask(spec.pinned, spec.allowed_workers, adm.elig)
+        if n_elig and adm.fused and spec.pinned is None and cq.admission is None and cq.n_waiting == len(cq.deferred):
             got = adm.admit_fast(spec, cq, intake.seq, now_us)  # one kernel call; None: decide below
             if got is not None:
                 return [got]
