@@ -248,10 +248,16 @@ class Scheduler:
             slot, generation = live.slot, live.generation  # Release(request_id) with the defaults
         if live.state != LEASED or live.slot != slot or live.generation != generation:
             return
-        row = self.ledger.release_booking(slot, generation)  # one kernel call: refcounts, aggregates, slot
+        ledger = self.ledger
+        row = ledger.release_booking(slot, generation)  # one kernel call: refcounts, aggregates, slot
         if row < 0:  # the booking was already gone (cannot happen while the lease is live)
-            row = int(self.ledger.arrays.s_worker_row[slot])
-        self._capacity_changed(row)
+            row = int(ledger.arrays.s_worker_row[slot])
+        pq = self.admitter.pq  # `_capacity_changed(row)`, written out: one release per lifecycle
+        for cq in pq.classes:
+            if cq.blocked_workers:
+                pq.on_capacity_change(ledger.key_of(row))
+                break
+        self._dirty = True
         self.lease_table.drop(live, abort=outcome != "completed")
         if outcome == "completed" and live.tracked:
             self.feed.completed(live, context_tokens)
