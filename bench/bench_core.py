@@ -165,21 +165,25 @@ def run_all(n: int, repeats: int, warm: int = 2000) -> list[dict]:
     return [measure(mode, window, n, repeats, warm) for mode, window in CELLS]
 
 
-def run_baseline(rev: str, n: int, repeats: int, warm: int = 2000) -> tuple[list[dict], str]:
-    """This script's figures for the `kvsched/` package of git revision `rev` (a subprocess)."""
+def export_revision(rev: str, into: str) -> str:
+    """Export the `kvsched/` package of git revision `rev` into directory `into`; returns its short hash."""
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True,
                             text=True).stdout.strip()
-    with tempfile.TemporaryDirectory(prefix="kvsched-core-base-") as tmp:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kvsched"], check=True,
-                                 capture_output=True).stdout
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(tmp, filter="data")
-        env = dict(os.environ, PYTHONPATH=tmp, KVSCHED_BENCH_CORE_SRC=tmp,
-                   NUMBA_CACHE_DIR=str(Path(tmp) / ".numba-cache"))
-        out = subprocess.run([sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats),
-                              "--warm", str(warm)],
-                             check=True, capture_output=True, text=True, env=env, cwd=tmp)
-    return json.loads(out.stdout.strip().splitlines()[-1]), commit
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kvsched"], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return commit
+
+
+def run_baseline(src: str, n: int, repeats: int, warm: int = 2000) -> list[dict]:
+    """This script's figures for the `kvsched/` package exported into `src` (a subprocess; the
+    exported tree's numba cache lives beside it, so only the first round of a run compiles)."""
+    env = dict(os.environ, PYTHONPATH=src, KVSCHED_BENCH_CORE_SRC=src, NUMBA_CACHE_DIR=str(Path(src) / ".numba-cache"))
+    out = subprocess.run([sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats),
+                          "--warm", str(warm)],
+                         check=True, capture_output=True, text=True, env=env, cwd=src)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -204,12 +208,15 @@ def main() -> None:
         print(json.dumps(run_all(n, repeats, warm)))
         return
     base, base_rev, rows = None, None, None
-    for _ in range(rounds):  # alternate baseline and this tree: load changes hit both alike
+    with tempfile.TemporaryDirectory(prefix="kvsched-core-base-") as src:
         if args.baseline:
-            got, base_rev = run_baseline(args.baseline, n, repeats, warm)
-            base = got if base is None else [_best(a, b) for a, b in zip(base, got)]
-        got = run_all(n, repeats, warm)
-        rows = got if rows is None else [_best(a, b) for a, b in zip(rows, got)]
+            base_rev = export_revision(args.baseline, src)
+        for _ in range(rounds):  # alternate baseline and this tree: load changes hit both alike
+            if args.baseline:
+                got = run_baseline(src, n, repeats, warm)
+                base = got if base is None else [_best(a, b) for a, b in zip(base, got)]
+            got = run_all(n, repeats, warm)
+            rows = got if rows is None else [_best(a, b) for a, b in zip(rows, got)]
     calib = calibrate()
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()

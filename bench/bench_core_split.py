@@ -19,12 +19,10 @@ Usage: python bench/bench_core_split.py [--baseline main] [--n 3000] [--repeats 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -199,15 +197,12 @@ def measure(n: int, repeats: int, window: int = 8) -> dict:
     return dict(zip(CALLS + FOLDS + FRAMES, calls + folds + frm))
 
 
-def _baseline(rev: str, n: int, repeats: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="kvsched-split-base-") as tmp:
-        archive = subprocess.run(["git", "-C", str(HERE.parent), "archive", rev, "kvsched"], check=True,
-                                 capture_output=True).stdout
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(tmp, filter="data")
-        env = dict(os.environ, PYTHONPATH=tmp, KVSCHED_BENCH_CORE_SRC=tmp, NUMBA_CACHE_DIR=str(Path(tmp) / ".nb"))
-        out = subprocess.run([sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats)],
-                             check=True, capture_output=True, text=True, env=env, cwd=tmp)
+def _baseline(src: str, n: int, repeats: int) -> dict:
+    """The figures of the `kvsched/` package exported into `src` (`bench_core.export_revision`), in a
+    subprocess; its numba cache lives beside it, so only the first round of a run compiles."""
+    env = dict(os.environ, PYTHONPATH=src, KVSCHED_BENCH_CORE_SRC=src, NUMBA_CACHE_DIR=str(Path(src) / ".nb"))
+    out = subprocess.run([sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats)],
+                         check=True, capture_output=True, text=True, env=env, cwd=src)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -225,9 +220,12 @@ def main() -> None:
     print(f"thread CPU µs per call (best of {args.repeats} x {args.n}; each figure includes ~0.5 µs of clock reads)")
     names = CALLS + FOLDS + FRAMES
     results = []
-    for _ in range(args.rounds):
-        results += ([(args.baseline, _baseline(args.baseline, args.n, args.repeats))] if args.baseline else []) + \
-                   [("this tree", measure(args.n, args.repeats))]
+    with tempfile.TemporaryDirectory(prefix="kvsched-split-base-") as src:
+        if args.baseline:
+            bc.export_revision(args.baseline, src)
+        for _ in range(args.rounds):
+            results += ([(args.baseline, _baseline(src, args.n, args.repeats))] if args.baseline else []) + \
+                       [("this tree", measure(args.n, args.repeats))]
     print(f"{'call':<24}" + "".join(f"{label[:10]:>11}" for label, _ in results))
     for k in names:
         print(f"{k:<24}" + "".join(f"{r[k]:>11.2f}" for _, r in results))

@@ -43,6 +43,7 @@ from .selector import SelectionView
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
 
 EXPLAIN_RING = 1024  # admissions kept for `kvsched explain`
+_U64 = np.dtype(np.uint64)  # the block hashes' dtype (an `is` test first: ~0.3 µs less than `!=`)
 
 
 class Admitter:
@@ -305,29 +306,32 @@ class Admitter:
 
         The caller has checked: `fused`, `eligible_mask` > 0 into `elig`, an unpinned request, a class
         (`cq`) without an admission policy and without a ready backlog. `seq` is the enqueue_seq
-        counter (drawn only when the request is admitted).
+        counter (drawn only when the request is admitted). One function on purpose: this runs for
+        every immediate admission, and each Python call here costs ~0.2-0.4 µs (docs/BENCHMARKS.md §4b).
         """
-        hashes = spec.block_hashes
-        ledger, view, sel, ring = self.ledger, self.view, self.selector, self.explain
-        if hashes.dtype != np.uint64 or not sel.kernel_may_decide(spec.isl_tokens) or not self.leases.owner_alive(spec.owner):
+        hashes, isl, sel = spec.block_hashes, spec.isl_tokens, self.selector
+        dt = hashes.dtype
+        if (dt is not _U64 and dt != _U64) or not sel.kernel_may_decide(isl) or not self.leases.owner_alive(spec.owner):
             return None
+        ledger, view, ring, rid = self.ledger, self.view, self.explain, spec.request_id
         try:
-            got = ledger.take_slot(spec.request_id)
+            got = ledger.take_slot(rid)
         except ValueError:  # the Python path raises it
             return None
         if got is None:  # slot table full: the Python path rejects
             return None
         slot = got[0]
-        self.placeable_mask(None, spec.allowed_workers)
+        allowed = spec.allowed_workers
+        if self._placeable_key != (None, allowed, False, ledger.rows.version):  # `placeable_mask`'s memo, checked here
+            self.placeable_mask(None, allowed)
         own_depth = view.approx_only()
         if not own_depth:
             view.depth(hashes, now_us)
         recent_at = sel.recent_at_us
-        row = admit_kv_packed(hashes, spec.isl_tokens, now_us, slot,
-                              -1 if spec.expected_osl is None else spec.expected_osl, cq.index, now_us, spec.owner,
-                              min(now_us + view.ttl_us, INT64_MAX - 1), sel._decay(now_us),  # noqa: SLF001
-                              1 if now_us > recent_at else 0, 0 if own_depth else 1, ring.head, self._params_of(cq),
-                              *self._kernel_arrays())
+        row = admit_kv_packed(hashes, isl, now_us, slot, -1 if spec.expected_osl is None else spec.expected_osl,
+                              cq.index, now_us, spec.owner, min(now_us + view.ttl_us, INT64_MAX - 1),
+                              sel._decay(now_us), 1 if now_us > recent_at else 0, 0 if own_depth else 1,  # noqa: SLF001
+                              ring.head, self._params_of(cq), *self._kernel_arrays())
         if own_depth:
             view.drop_memo()  # the kernel wrote depth_out
         if row < 0:
@@ -335,32 +339,29 @@ class Admitter:
             if row == UNDECIDED:
                 ring.lose_head()
             return None
-        return self._admitted_fast(spec, cq, seq, now_us, slot, row, own_depth, recent_at)
-
-    def _admitted_fast(self, spec: RequestSpec, cq, seq, now_us: int, slot: int, row: int, own_depth: bool,  # noqa: ANN001
-                       recent_at: int) -> Admit:
-        """The Python half of an `admit_kv` admission: maps, lease, overlap versions, explain record."""
-        out, ledger, view, sel, hashes = self._out.tolist(), self.ledger, self.view, self.selector, spec.block_hashes
+        # the Python half: maps, lease, overlap versions, explain record
+        out = self._out.tolist()
         gen, ob, cached = out[OUT_GENERATION], out[OUT_OVERLAP], out[OUT_CACHED]
-        ledger.booked(slot, spec.request_id, row)
+        ledger.booked(slot, rid, row)
         if now_us > recent_at and sel.recent_weight > 0.0:
             sel.recent_at_us = now_us
-        if sel.home_weight > 0.0:  # what `admitted` counts on the Python path
-            sel.note_home(row, spec.isl_tokens, spec.isl_tokens - cached, now_us)
-        entry = QueueEntry(spec.request_id, next(seq), now_us, spec.priority, spec.strict_priority,
-                           out[OUT_SNAPSHOT], spec.isl_tokens, None, cq.index)
+        if sel.home_weight > 0.0 and cached > 0 and cached >= sel.home_min_cached_share * isl:
+            sel.note_home(row, isl, isl - cached, now_us)  # what `admitted` counts (its condition, checked first)
+        entry = QueueEntry(rid, next(seq), now_us, spec.priority, spec.strict_priority, out[OUT_SNAPSHOT], isl, None,
+                           cq.index)
         live = Live(spec, entry, LEASED, slot, gen)
         entry.payload = live
-        self.leases.register(live)
-        self.leases.by_slot[slot] = live
+        leases = self.leases
+        leases.register(live)
+        leases.by_slot[slot] = live
         if len(hashes):
             approx = view.approx
             approx.version += 1
             approx.evictions += out[OUT_EVICTED]
             live.wrote = view.record_speculative(hashes, row, now_us, ob if own_depth else int(view.approx_depth[row]))
-        self.explain.commit(spec.request_id, row, now_us, self._fleet_ids())
+        ring.commit(rid, row, now_us, self._fleet_ids())
         self.decisions_total += 1
-        return Admit(spec.request_id, spec.owner, ledger.key_of(row), slot, gen, ob, cached, 0, cq.name)
+        return Admit(rid, spec.owner, ledger.rows.key_of(row), slot, gen, ob, cached, 0, cq.name)
 
     def _fleet_ids(self) -> tuple:
         """(worker ids, dp ranks, present) copies for the explain ring, shared by every decision

@@ -52,6 +52,7 @@ a prompt shorter than `home_min_prefill_tokens`, which the fused admission kerne
 from __future__ import annotations
 
 import math
+from math import exp2
 
 import numpy as np
 
@@ -133,8 +134,9 @@ class KvSelector(DynamoCostSelector):
 
     # ---- terms (pure) ----------------------------------------------------------------------------
     def _decay(self, now_us: int) -> float:
-        dt = max(0, now_us - self.recent_at_us)
-        return math.exp2(-dt / self.recent_half_life_us) if self.recent_half_life_us > 0 else 0.0
+        dt = now_us - self.recent_at_us  # max(0, dt) written out: this runs once per admission
+        hl = self.recent_half_life_us
+        return exp2(-(dt if dt > 0 else 0) / hl) if hl > 0 else 0.0
 
     def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
               view: SelectionView, active_requests: np.ndarray | None = None) -> dict[str, np.ndarray]:

@@ -33,7 +33,8 @@ from ..config import OverloadConfig
 from ..protocol import MAX_REQUEST_ID_BYTES
 from ..shm.admit_kernels import reserve_slot
 from ..shm.bind import entry_point
-from ..shm.booking_kernels import release_booking, slot_dispatched, slot_output_tokens, slot_prefill_done
+from ..shm.booking_kernels import slot_dispatched, slot_output_tokens, slot_prefill_done
+from ..shm.booking_packed import pack_release_arrays, release_booking_packed
 from ..shm.kernels import project_and_cost
 from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
 from .slot_table import SlotInfo, read_slot, rebuild_aggregates
@@ -243,7 +244,7 @@ class Ledger:
             self._high = slot + 1
         self._slot_of[request_id] = slot
         self._rid_of[slot] = request_id
-        if self.rows.overload_enabled():
+        if self.rows.overload_rules:
             self.rows.update_overload(row)
 
     def release(self, slot: int, generation: int) -> bool:
@@ -255,7 +256,7 @@ class Ledger:
         aggregates, slot state); returns its worker row, or -1 (no-op) when stale or free."""
         if not 0 <= slot < self._max_slots:
             return -1
-        fn, args = self._k_release
+        fn, args, _ = self._k_release
         row = fn(slot, generation, *args)
         if row < 0:
             return -1
@@ -326,10 +327,18 @@ class Ledger:
     # -- the one-event kernels, bound to this ledger's arrays (`shm.bind.entry_point`) -------------
     @cached_property
     def _k_release(self) -> tuple:
+        """`release_booking_packed` with the table of this ledger's 13 arrays (`shm.booking_packed`);
+        the arrays stay referenced beside the table (`shm.argtable`)."""
         a = self.arrays
-        args = (a.s_state, a.s_generation, a.s_worker_row, a.s_arena_off, a.s_arena_len, a.s_extra_blocks, a.s_prefill,
-                a.arena, a.ref_keys, a.ref_counts, a.w_active_blocks, a.w_active_prefill, a.w_active_requests)
-        return entry_point(release_booking, (0, 0, *args)), args
+        table = pack_release_arrays(a)
+        return entry_point(release_booking_packed, (0, 0, table)), (table,), a
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles drop the release kernel's argument table (`shm.argtable`: it holds this
+        process's addresses of the original arrays); the copy builds its own on first use."""
+        state = dict(self.__dict__)
+        state.pop("_k_release", None)
+        return state
 
     @cached_property
     def _k_dispatched(self) -> tuple:

@@ -134,15 +134,15 @@ class Scheduler:
     def enqueue(self, spec: RequestSpec, now_us: int) -> Outcomes:
         """Decide one request: immediate admission, queue, defer, or Reject. [] = waiting."""
         c = self._class_index.get(spec.policy_class, self._default) if spec.policy_class else self._default
-        cq = self.pq.classes[c]
         intake, adm, ledger = self.intake, self.admitter, self.ledger
+        cq = adm.pq.classes[c]
         if spec.excluded_workers:
             intake.fold_excluded(spec)
         bad = intake.validate(spec, cq.name)
         if bad is not None:
             return [bad]
-        n_elig = ledger.eligible_mask(spec.pinned, spec.allowed_workers, adm.elig)
-        if n_elig and adm.fused and spec.pinned is None and cq.admission is None and not cq.n_ready:
+        n_elig = ledger.rows.eligible_mask(spec.pinned, spec.allowed_workers, adm.elig)
+        if n_elig and adm.fused and spec.pinned is None and cq.admission is None and cq.n_waiting == len(cq.deferred):
             got = adm.admit_fast(spec, cq, intake.seq, now_us)  # one kernel call; None: decide below
             if got is not None:
                 return [got]
@@ -248,10 +248,16 @@ class Scheduler:
             slot, generation = live.slot, live.generation  # Release(request_id) with the defaults
         if live.state != LEASED or live.slot != slot or live.generation != generation:
             return
-        row = self.ledger.release_booking(slot, generation)  # one kernel call: refcounts, aggregates, slot
+        ledger = self.ledger
+        row = ledger.release_booking(slot, generation)  # one kernel call: refcounts, aggregates, slot
         if row < 0:  # the booking was already gone (cannot happen while the lease is live)
-            row = int(self.ledger.arrays.s_worker_row[slot])
-        self._capacity_changed(row)
+            row = int(ledger.arrays.s_worker_row[slot])
+        pq = self.admitter.pq  # `_capacity_changed(row)`, written out: one release per lifecycle
+        for cq in pq.classes:
+            if cq.blocked_workers:
+                pq.on_capacity_change(ledger.key_of(row))
+                break
+        self._dirty = True
         self.lease_table.drop(live, abort=outcome != "completed")
         if outcome == "completed" and live.tracked:
             self.feed.completed(live, context_tokens)

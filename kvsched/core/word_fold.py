@@ -4,8 +4,9 @@ A local router stores its lease's progress word (output tokens) and state word (
 `prefill_done`) into shared memory (`kvsched.shm.progress`, `kvsched.shm.words`); the daemon folds
 them on every wake and on its fold timer, with the same effect as `Update` frames (docs/PROTOCOL.md,
 "Shared memory"). Most wakes find nothing new, so a fold first asks `kernels.words_changed` (5
-arguments) and only then runs `kernels.fold_words` (17 arguments); both are called through their
-compiled entry points (`shm.bind.entry_point`). Without state words (older layouts, the simulator
+arguments) and only then runs `kernels.fold_words` (its 15 arrays as one table:
+`shm.booking_packed.fold_words_packed`); both are called through their compiled entry points
+(`shm.bind.entry_point`). Without state words (older layouts, the simulator
 with progress words only) the progress words alone are folded by `kernels.fold_progress`.
 
 Pure: no I/O, no clock. The slot range to fold ([0, n_slots): the ledger's high-water mark of used
@@ -17,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..shm.bind import entry_point
-from ..shm.kernels import fold_progress, fold_words, words_changed
+from ..shm.booking_packed import fold_words_packed, pack_fold_arrays
+from ..shm.kernels import fold_progress, words_changed
 from ..shm.layout import LedgerArrays
 
 
@@ -51,9 +53,20 @@ class WordFold:
             self._test_args = (progress, state, self._seen_progress, self._seen_state)
 
     def _bind(self) -> None:
-        """Resolve both kernels' entry points (first fold: the kernels load or compile then)."""
-        self._fold = entry_point(fold_words, (0, *self._fold_args))
+        """Resolve both kernels' entry points (first fold: the kernels load or compile then); the fold
+        takes its 15 arrays as one table (`shm.booking_packed.fold_words_packed`), built here once."""
+        a = self._fold_args  # the arrays stay referenced here beside their table (`shm.argtable`)
+        self._fold_call = (a[12], pack_fold_arrays((*a[:12], *a[13:])))  # (block_size, table)
+        self._fold = entry_point(fold_words_packed, (0, *self._fold_call))
         self._test = entry_point(words_changed, (0, *self._test_args))
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles drop the fold's argument table (`shm.argtable`: this process's addresses
+        of the original arrays); the copy binds its own on its first fold."""
+        state = dict(self.__dict__)
+        state.pop("_fold_call", None)
+        state["_fold"] = state["_test"] = None
+        return state
 
     def fold_progress(self, n_slots: int) -> int:
         """Fold both words of slots [0, n_slots) (`kernels.fold_words`), or every progress word when
@@ -65,7 +78,7 @@ class WordFold:
         if self.state is not None:
             if self._fold is None:
                 self._bind()
-            changed = self._fold(n_slots, *self._fold_args)
+            changed = self._fold(n_slots, *self._fold_call)
         else:
             changed = fold_progress(self.progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill,
                                     a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill,
@@ -86,7 +99,7 @@ class WordFold:
             self._bind()
         if not self._test(n_slots, *self._test_args):
             return [], []
-        changed = self._fold(n_slots, *self._fold_args)
+        changed = self._fold(n_slots, *self._fold_call)
         _, k, n_rows = self._counts.tolist()
         if changed and self.rows.overload_rules:
             self.rows.update_overload_all()

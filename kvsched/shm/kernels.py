@@ -397,6 +397,9 @@ def warm_kernels() -> None:
     from .select_kernels import warm_select_kernels
 
     warm_booking_kernels()
+    from .booking_packed import warm_booking_packed
+
+    warm_booking_packed()
     warm_select_kernels()
     from .admit_kernels import warm_admit_kernels
 

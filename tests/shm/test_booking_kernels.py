@@ -1,6 +1,6 @@
-"""Booking kernels (`booking_kernels.py`) == numpy twins == pure-Python twins, event after event, on
-ledgers built by real reservations; stale events are no-ops; releasing everything returns every
-aggregate and refcount to zero (docs/DESIGN.md §3.1, §3.5)."""
+"""Booking kernels (`booking_kernels.py`) == numpy twins == pure-Python twins == the packed release
+(`booking_packed.py`), event after event, on ledgers built by real reservations; stale events are
+no-ops; releasing everything returns every aggregate and refcount to zero (docs/DESIGN.md §3.1, §3.5)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,27 @@ from kvsched.config import OverloadConfig
 from kvsched.core.ledger import Ledger
 from kvsched.core.types import WorkerKey
 from kvsched.shm import booking_kernels
+from kvsched.shm.argtable import pack_table
+from kvsched.shm.booking_packed import RELEASE_ARRAYS, release_booking_packed
 from kvsched.shm.layout import SLOT_FREE, LedgerArrays
 from kvsched.shm.reference import numpy_twin, python_twin
 
-IMPLS = {"numba": booking_kernels, "numpy": numpy_twin, "python": python_twin}
+
+
+class _Packed:
+    """`booking_kernels` with `release_booking` through `release_booking_packed` (its arrays as one
+    table, as `Ledger` calls it); the other kernels unchanged."""
+
+    slot_dispatched = staticmethod(booking_kernels.slot_dispatched)
+    slot_prefill_done = staticmethod(booking_kernels.slot_prefill_done)
+    slot_output_tokens = staticmethod(booking_kernels.slot_output_tokens)
+
+    @staticmethod
+    def release_booking(slot, generation, *arrays):
+        return release_booking_packed(slot, generation, pack_table(arrays, RELEASE_ARRAYS))
+
+
+IMPLS = {"numba": booking_kernels, "numpy": numpy_twin, "python": python_twin, "packed": _Packed}
 FAST = settings(max_examples=60, deadline=None)
 ROWS, SLOTS, STRIDE, CAP, BS = 3, 6, 5, 16, 4
 ARRAYS = ("s_state", "s_generation", "s_worker_row", "s_prefill", "s_output_tokens", "s_extra_blocks",
@@ -74,7 +91,7 @@ def test_booking_kernels_agree_with_twins_event_after_event(bookings, events):
         before = {name: getattr(a0, name).copy() for name in ARRAYS}
         got = {name: _apply(IMPLS[name], ledgers[name].arrays, kind, slot, generation, n) for name in IMPLS}
         assert len({int(v) for v in got.values()}) == 1, (kind, got)
-        for name in ("numpy", "python"):
+        for name in ("numpy", "python", "packed"):
             for arr in ARRAYS:
                 assert np.array_equal(getattr(ledgers[name].arrays, arr), getattr(a0, arr)), (name, kind, arr)
         if not live:  # stale, free or out of range: nothing moved

@@ -7,6 +7,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvsched.shm import kernels
+from kvsched.shm.booking_packed import fold_words_packed, pack_fold_arrays
 from kvsched.shm.overlap import OverlapIndex, overlap_depth
 from kvsched.shm.reference import numpy_twin, python_twin
 
@@ -113,6 +114,15 @@ def test_project_and_cost_agree_when_random_state(n_rows, cap_log, bookings, has
                 leading += 1
             assert live == leading
             assert ob[w] == active_blocks[w] + -(-isl // bs) - live
+
+
+class _PackedFold:
+    """`fold_words` through `booking_packed.fold_words_packed` (its arrays as one table, as `WordFold` calls it)."""
+
+    @staticmethod
+    def fold_words(n, progress, state, *rest):
+        *arrays, bs, out_d, counts, out_r = rest
+        return fold_words_packed(n, bs, pack_fold_arrays((progress, state, *arrays, out_d, counts, out_r)))
 
 
 @FAST
@@ -257,6 +267,15 @@ def test_warm_kernels_runs():
     kernels.warm_kernels()
 
 
+class _PackedFold:
+    """`fold_words` through `booking_packed.fold_words_packed` (its arrays as one table, as `WordFold` calls it)."""
+
+    @staticmethod
+    def fold_words(n, progress, state, *rest):
+        *arrays, bs, out_d, counts, out_r = rest
+        return fold_words_packed(n, bs, pack_fold_arrays((progress, state, *arrays, out_d, counts, out_r)))
+
+
 @FAST
 @given(
     n_slots=st.integers(1, 12),
@@ -264,7 +283,7 @@ def test_warm_kernels_runs():
     folds=st.integers(1, 3),
 )
 def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
-    """State + progress words: the three implementations agree fold after fold, and stale or
+    """State + progress words: the three implementations (and the packed form) agree fold after fold, and stale or
     unchanged words never touch a slot."""
     rng = np.random.default_rng(seed)
     n_rows, bs = 3, 4
@@ -279,7 +298,8 @@ def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
     wp = rng.integers(100, 200, n_rows).astype(np.int64)
     seen = ((gen.astype(np.uint64) << np.uint64(32)) | rng.integers(0, 4, n_slots).astype(np.uint64))
     seen[rng.random(n_slots) < 0.5] = 0
-    arrs = {name: [a.copy() for a in (seen, state, gen, rows, isl, prefill, out_tok, extra, wb, wp)] for name in IMPLS}
+    impls = {**IMPLS, "packed": _PackedFold}
+    arrs = {name: [a.copy() for a in (seen, state, gen, rows, isl, prefill, out_tok, extra, wb, wp)] for name in impls}
     for _ in range(folds):
         def words():
             g = np.where(rng.random(n_slots) < 0.7, gen, gen + 1).astype(np.uint64)
@@ -289,12 +309,12 @@ def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
         n = int(rng.integers(0, n_slots + 1))
         results = {}
         before = (arrs["numba"][8].copy(), arrs["numba"][9].copy())  # w_active_blocks, w_active_prefill
-        for name, impl in IMPLS.items():
+        for name, impl in impls.items():
             a = arrs[name]
             out_d, counts, out_r = np.full(n_slots, -1, np.int64), np.zeros(3, np.int64), np.full(n_rows, -1, np.int64)
             changed = impl.fold_words(n, progress.copy(), sw.copy(), *a, bs, out_d, counts, out_r)
             results[name] = (changed, counts.tolist(), sorted(out_d[:counts[1]].tolist()), out_r[:counts[2]].tolist())
-        for name in ("numpy", "python"):
+        for name in ("numpy", "python", "packed"):
             assert results[name] == results["numba"], name
             for got, want in zip(arrs[name], arrs["numba"]):
                 assert np.array_equal(got, want), name
