@@ -502,6 +502,9 @@ def main() -> None:
                                                    [p[0] for p in policies].index(r["policy"])))
     print_table(rows)
     print(f"{len(runs)} virtual runs in {virtual_s:.0f} s")
+    if args.quick:
+        print("--quick: the bundled 1,500-request slice and one seed; these verdicts are a smoke test, not "
+              "comparable with the published grid (the full trace, 3 seeds: docs/BENCHMARKS.md section 5)")
     ver = verdicts(rows)
     for v in ver:
         print(f"verdict {v['workload']} W={v['workers']} level={v['level']}: {v['verdict']} {'; '.join(v['missed'])}")

@@ -7,8 +7,8 @@ Order: kernels (`bench_kernels.py`), queue core (`bench_queue.py`), the schedule
 `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` in `docs/BENCHMARKS.md` are rewritten from
 the JSON (the prose around them is left alone).
 
-    python bench/run_all.py            # full: out/bench/, docs/bench/*.png, docs/BENCHMARKS.md (< 30 min)
-    python bench/run_all.py --quick    # smoke: out/bench/quick/ only, docs untouched (< 5 min)
+    python bench/run_all.py            # full: out/bench/, docs/bench/*.png, docs/BENCHMARKS.md (~1 h on 2 cores)
+    python bench/run_all.py --quick    # smoke: out/bench/quick/ only, docs untouched (~5 min idle, ~12 loaded)
     python bench/run_all.py --docs-only  # re-render plots + tables from existing JSON
 """
 
