@@ -32,7 +32,7 @@ $(BENCH_STAMP): $(BIN)/python pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py
 
-## The same benches, shorter: out/bench/quick/ only, docs untouched (< 5 min).
+## The same benches, shorter: out/bench/quick/ only, docs untouched (~5 min idle, ~12 on a loaded machine).
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py --quick
 
