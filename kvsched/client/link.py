@@ -92,6 +92,8 @@ class Link:
         connected: a Welcome arrived and the daemon has not been presumed gone since.
         reconnecting_since: monotonic time (s) the current outage began, or None.
         welcome: the last Welcome.
+        outbox: this loop turn's coalesced frames and the reconnect buffer (`Outbox`).
+        receipts: the Releases sent that the daemon may not have read yet (`Receipts`).
     """
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, client_name: str,
@@ -116,14 +118,11 @@ class Link:
         self.max_version = protocol_version  # what Hello first offers
         self.version = protocol_version  # what the current / next Hello says
         self.batching = False  # the connection speaks version 2: coalesce sends into Batch
-        # this loop turn's frames (coalesced) and the reconnect buffer
         self.outbox = Outbox(self._send_if_up, self.link_down, self._call_soon)
         self.connected = False
         self.ever_connected = False
         self.reconnecting_since: float | None = None
         self.welcome: p.Welcome | None = None
-        # Releases sent on this connection that the daemon may not have read yet (`link_down` buffers
-        # them again)
         self.receipts = Receipts()
         self._last_send = self._last_recv = time.monotonic()
         self._hb_seq = 0
