@@ -373,7 +373,7 @@ class Link:
             hb_s = self.welcome.heartbeat_ms / 1000
             quiet = now - self._last_send >= hb_s * 0.9 or now - self._last_recv >= hb_s * 0.9
             if quiet and now - self._last_hb >= hb_s * 0.9:  # at most one heartbeat per period
-                if self.outbox:
+                if self.outbox.turn_pending:
                     self._flush_out()  # frames of this turn go first: the ack then confirms them too
                 self._hb_seq += 1
                 self._last_hb = now

@@ -49,8 +49,9 @@ class Outbox:
         self.held: list[bytes] = []
         self.max_frame_bytes = p.DEFAULT_MAX_FRAME_BYTES
 
-    def __bool__(self) -> bool:
-        """True while frames of this loop turn wait for their flush."""
+    @property
+    def turn_pending(self) -> bool:
+        """Frames of this loop turn wait for their flush."""
         return bool(self._turn)
 
     # ------------------------------------------------------------------ this loop turn
