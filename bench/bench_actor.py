@@ -27,11 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from baseline_trees import add_tree_args, alternate_trees, median
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE_METHODS = ("enqueue", "release", "drain_cleanup", "fold_words")
@@ -181,62 +181,32 @@ def measure(windows: list[int], rounds: int, repeats: int) -> dict:
     return {"kvsched": str(Path(kvsched.__file__).parent), "results": uvloop.run(main())}
 
 
-def run_tree(pythonpath: str | None, windows: list[int], rounds: int, repeats: int) -> dict:
-    """`measure` in a child process importing `kvsched` from `pythonpath` (None = this tree)."""
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-        env["NUMBA_CACHE_DIR"] = str(Path(pythonpath) / ".numba-cache")
-    out = subprocess.run([sys.executable, __file__, "--child", "--windows", ",".join(map(str, windows)),
-                          "--rounds", str(rounds), "--repeats", str(repeats)],
-                         env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--windows", default="1,8,32", help="Comma-separated frames per Batch (default 1,8,32).")
     ap.add_argument("--rounds", type=int, default=400, help="Rounds (Enqueue batch + Release batch) per repeat.")
     ap.add_argument("--repeats", type=int, default=5, help="Repeats per window; the median is printed.")
-    ap.add_argument("--alternate", type=int, default=3,
-                    help="With --baseline: this tree and the baseline run alternately this many times each.")
-    ap.add_argument("--baseline", help="Also measure the kvsched/ package of this git revision (exported).")
     ap.add_argument("--out", help="Write the JSON here.")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_tree_args(ap)
     args = ap.parse_args(argv)
     windows = [int(x) for x in args.windows.split(",")]
     if args.child:
         print(json.dumps(measure(windows, args.rounds, args.repeats)))
         return
-    trees: list[tuple[str, str | None]] = [("this tree", None)]
-    tmp = None
-    if args.baseline:
-        tmp = tempfile.mkdtemp(prefix="kvsched-bench-actor-")
-        rev = subprocess.run(["git", "rev-parse", "--short", args.baseline], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        arch = subprocess.run(["git", "archive", args.baseline, "kvsched"], cwd=ROOT, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", tmp], input=arch.stdout, check=True)
-        trees.append((f"@{rev}", tmp))
     samples: dict[tuple[str, int], list[dict]] = {}
-    for _ in range(args.alternate if args.baseline else 1):
-        for name, path in trees:
-            got = run_tree(path, windows, args.rounds, args.repeats)
-            assert (path is None) == (not got["kvsched"].startswith(tmp or "//")), got["kvsched"]
-            for res in got["results"]:
-                samples.setdefault((name, res["window"]), []).extend(res["rows"])
-
-    def med(xs: list[float]) -> float:
-        xs = sorted(xs)
-        return xs[len(xs) // 2]
+    child_args = ["--windows", ",".join(map(str, windows)), "--rounds", str(args.rounds), "--repeats", str(args.repeats)]
+    for name, got in alternate_trees(__file__, child_args, args.baseline, args.alternate, "kvsched-bench-actor-"):
+        for res in got["results"]:
+            samples.setdefault((name, res["window"]), []).extend(res["rows"])
 
     print(f"{'tree':12} {'window':>6} | {'actor µs/lc':>11} {'core µs/lc':>10} {'rest µs/lc':>10} {'rest share':>10}"
           f" | {'tick µs':>7} {'tick rest':>9}")
     table = []
     for (name, w), rows in samples.items():
-        a = med([r["actor_us_per_lc"] for r in rows])
-        c = med([r["core_us_per_lc"] for r in rows])
-        rest = med([r["actor_us_per_lc"] - r["core_us_per_lc"] for r in rows])
-        tk, tk_rest = med([r["tick_us"] for r in rows]), med([r["tick_rest_us"] for r in rows])
+        a = median([r["actor_us_per_lc"] for r in rows])
+        c = median([r["core_us_per_lc"] for r in rows])
+        rest = median([r["actor_us_per_lc"] - r["core_us_per_lc"] for r in rows])
+        tk, tk_rest = median([r["tick_us"] for r in rows]), median([r["tick_rest_us"] for r in rows])
         table.append({"tree": name, "window": w, "actor_us_per_lc": round(a, 2), "core_us_per_lc": round(c, 2),
                       "rest_us_per_lc": round(rest, 2), "tick_us": round(tk, 2), "tick_rest_us": round(tk_rest, 2),
                       "samples": len(rows)})

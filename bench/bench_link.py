@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from baseline_trees import add_tree_args, alternate_trees, median
 
 
 def measure(rounds: int, repeats: int) -> dict:
@@ -83,51 +79,25 @@ def measure(rounds: int, repeats: int) -> dict:
     return {"kvsched": str(Path(kvsched.__file__).parent), **uvloop.run(main())}
 
 
-def run_tree(pythonpath: str | None, rounds: int, repeats: int) -> dict:
-    """`measure` in a child process importing `kvsched` from `pythonpath` (None = this tree)."""
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(rounds), "--repeats", str(repeats)],
-                         env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10_000, help="Wakes (and sends) per repeat.")
     ap.add_argument("--repeats", type=int, default=5, help="Repeats per run; the median is printed.")
-    ap.add_argument("--alternate", type=int, default=3,
-                    help="With --baseline: this tree and the baseline run alternately this many times each.")
-    ap.add_argument("--baseline", help="Also measure the kvsched/ package of this git revision (exported).")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_tree_args(ap)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(measure(args.rounds, args.repeats)))
         return
-    trees: list[tuple[str, str | None]] = [("this tree", None)]
-    if args.baseline:
-        tmp = tempfile.mkdtemp(prefix="kvsched-bench-link-")
-        rev = subprocess.run(["git", "rev-parse", "--short", args.baseline], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        arch = subprocess.run(["git", "archive", args.baseline, "kvsched"], cwd=ROOT, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", tmp], input=arch.stdout, check=True)
-        trees.append((f"@{rev}", tmp))
     samples: dict[str, dict[str, list[float]]] = {}
-    for _ in range(args.alternate if args.baseline else 1):
-        for name, path in trees:
-            got = run_tree(path, args.rounds, args.repeats)
-            assert (path is None) == (not got["kvsched"].startswith(tempfile.gettempdir())), got["kvsched"]
-            s = samples.setdefault(name, {"read_us": [], "send_us": []})
-            s["read_us"] += got["read_us"]
-            s["send_us"] += got["send_us"]
-
-    def med(xs: list[float]) -> float:
-        return sorted(xs)[len(xs) // 2]
+    child_args = ["--rounds", str(args.rounds), "--repeats", str(args.repeats)]
+    for name, got in alternate_trees(__file__, child_args, args.baseline, args.alternate, "kvsched-bench-link-"):
+        s = samples.setdefault(name, {"read_us": [], "send_us": []})
+        s["read_us"] += got["read_us"]
+        s["send_us"] += got["send_us"]
 
     print(f"{'tree':12} | {'read µs/wake':>12} {'send µs':>8}")
     for name, s in samples.items():
-        print(f"{name:12} | {med(s['read_us']):>12.2f} {med(s['send_us']):>8.2f}")
+        print(f"{name:12} | {median(s['read_us']):>12.2f} {median(s['send_us']):>8.2f}")
 
 
 if __name__ == "__main__":

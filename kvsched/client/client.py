@@ -3,7 +3,7 @@
 
 I/O follows the daemon's own pattern (see `link.py`): a plain ZeroMQ socket whose FD is registered
 with `loop.add_reader`; each waiting `schedule()` is a future keyed by request_id (`pending.py` keeps
-them and builds the `Reattach`); a local router reports lease progress by stores into its slot's
+them and builds the `Reattach`, `reattach.py` sends it); a local router reports lease progress by stores into its slot's
 shared-memory words (`words.py`). Cancelling a caller
 still waiting in `schedule()` sends `Release(cancelled)`; an `Admitted` that arrives for a request
 nobody waits for any more is released at once, so nothing leaks.
@@ -25,7 +25,6 @@ import asyncio
 import logging
 import os
 import random
-import time
 import weakref
 from typing import Any, Iterable, Literal, Sequence, Union
 
@@ -34,11 +33,12 @@ import zmq
 
 from .. import protocol as p
 from ..endpoints import connect_problem, data_endpoint, missing_ipc_path
-from ..errors import DaemonUnavailable, FrameTooLarge, ProtocolError, rejection_error
+from ..errors import DaemonUnavailable, ProtocolError, rejection_error
 from .checks import checked_enqueue
 from .lease import DroppedLeases, Lease
 from .link import Link
-from .pending import Answer, Bypass, PendingCalls, split_reattach
+from .pending import Answer, Bypass, PendingCalls
+from .reattach import RESTART_LOSS, loss_reason, outage_expired, send_reattach
 from .words import SlotWords
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class SchedulerClient:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self.degraded_total = 0
         self._epoch: int | None = None  # daemon_epoch of the last Welcome
-        self._loss_reason = "released by the daemon after its restart"
+        self._loss_reason = RESTART_LOSS
         self.lost_leases: list[str] = []
         self.errors: list[p.Error] = []  # Error frames not tied to a waiting call (diagnostics)
 
@@ -182,38 +182,10 @@ class SchedulerClient:
         if self.attach_progress:
             self._words.attach(welcome.shm_ledger, welcome.daemon_epoch)
         if reconnected:
-            if welcome.daemon_epoch == self._epoch:  # same daemon: it reaped this router as silent
-                self._loss_reason = (f"the daemon (same daemon_epoch, it did not restart) declared this router dead "
-                                     f"after {welcome.liveness_timeout_ms / 1000:.1f} s of silence "
-                                     f"(event loop blocked or link down longer than liveness_timeout_ms); lease lost")
-            else:
-                self._loss_reason = f"the daemon restarted (daemon_epoch {self._epoch} -> {welcome.daemon_epoch}) without it; lease lost"
-            self._reattach(welcome)
+            self._loss_reason = loss_reason(self._epoch, welcome)
+            leases = [p.LeaseRef(l.request_id, l.slot, l.generation) for l in self._open_leases()]
+            send_reattach(self._link, self._pending, leases, welcome)
         self._epoch = welcome.daemon_epoch
-
-    def _reattach(self, welcome: p.Welcome) -> None:
-        """Claim open leases, re-send waiting Enqueues and unanswered requeues (each with the lease it
-        gave back and the request's original Enqueue)."""
-        leases = [p.LeaseRef(l.request_id, l.slot, l.generation) for l in self._open_leases()]
-        if self._link is not None:  # released while disconnected (or unread): their Releases follow the Reattach
-            busy = {ref.request_id for ref in leases} | set(self._pending)  # a reused id: never claim its old lease
-            leases += [ref for ref in self._link.buffered_releases() if ref.request_id not in busy]
-        frame = self._pending.reattach(leases)
-        log.info("reconnected epoch=%d reattaching leases=%d pending=%d requeues=%d", welcome.daemon_epoch,
-                 len(frame.leases), len(frame.pending), len(frame.requeues))
-        if self._link is None:
-            return
-        limit = self._link.max_frame_bytes - p.BATCH_OVERHEAD_BYTES
-        frames, too_large = split_reattach(frame, limit, self._link.enc.encode)
-        for rid, size in too_large:  # fits no frame this daemon accepts: fail the call, keep the others
-            self._pending.origins.pop(rid, None)
-            self._pending.fail(rid, FrameTooLarge(
-                f"request {rid!r} takes {size:,} bytes to re-send; the restarted daemon accepts at most "
-                f"{self._link.max_frame_bytes:,} (max_frame_bytes)"))
-        if len(frames) > 1:
-            log.info("reattach split into frames=%d (max_frame_bytes=%d)", len(frames), self._link.max_frame_bytes)
-        for f in frames:
-            self._link.send(f)
 
     def _open_leases(self) -> list[Lease]:
         out = []
@@ -279,17 +251,9 @@ class SchedulerClient:
         frame = checked_enqueue(request_id, isl_tokens, block_hashes, policy_class, priority, strict_priority,
                                 session_id, expected_osl, pinned, allowed_workers, do_not_queue, deadline_ms,
                                 lora_name, excluded_workers)
-        if not self._link.connected and self.on_unavailable == "bypass" and self._outage_expired():
+        if not self._link.connected and self.on_unavailable == "bypass" and outage_expired(self._link, self.reconnect_deadline_s):
             return self._degraded_lease(request_id, isl_tokens, pinned)
         return await self._await_admission(request_id, isl_tokens, frame)
-
-    def _outage_expired(self) -> bool:
-        link = self._link
-        if link is None or link.connected:
-            return False
-        if not link.ever_connected:
-            return True
-        return time.monotonic() - (link.reconnecting_since or 0) > self.reconnect_deadline_s
 
     def _degraded_lease(self, request_id: str, isl_tokens: int, pinned: tuple[int, int] | None) -> Lease:
         self.degraded_total += 1
@@ -346,7 +310,7 @@ class SchedulerClient:
     def _check_deadline(self) -> None:
         if self._link is None:
             return
-        if self._pending and self._link.ever_connected and self._outage_expired():
+        if self._pending and self._link.ever_connected and outage_expired(self._link, self.reconnect_deadline_s):
             err = f"daemon at {self.endpoint} unreachable for more than {self.reconnect_deadline_s:.0f}s"
             self._pending.expire(err, bypass=self.on_unavailable == "bypass")
         self._arm_deadline_timer()

@@ -10,7 +10,8 @@ long does not talk on a connection the daemon has reaped), when a send finds the
 (ZeroMQ's own reconnect is off, so a dead daemon's pipe is gone at once), or when it answers
 `Error(3)` ("send Hello first"). The link then opens a fresh
 DEALER and says Hello again with exponential backoff (0.05 s doubling to `max_backoff_s`) until a
-`Welcome` arrives; while reconnecting, lease frames are buffered (bounded) and flushed after it.
+`Welcome` arrives; while reconnecting, lease frames are buffered (bounded, `outbox.py`) and flushed
+after it.
 A Hello is sent only on a completed connection (ZMQ_IMMEDIATE), and once sent it waits for its
 answer on that connection as long as the connection stays up (at most `HELLO_PATIENCE_S`), so a
 busy daemon is not left with one abandoned connection per backoff step.
@@ -18,7 +19,8 @@ busy daemon is not left with one abandoned connection per backoff step.
 Protocol versions: Hello says the highest version this package speaks and falls back to version 1
 when the daemon answers `Error(VERSION)`. On a version-2 connection every frame sent within one
 event-loop turn goes out as one `Batch` message (one frame alone goes as itself), kept below the
-daemon's `Welcome.max_frame_bytes`; `Replies` messages from the daemon are unpacked in order.
+daemon's `Welcome.max_frame_bytes` (the coalescing is `outbox.py`'s); `Replies` messages from the
+daemon are unpacked in order.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import logging
 import os
 import socket
 import time
-from collections import deque
 from typing import Callable, cast
 
 import msgspec
@@ -36,6 +37,8 @@ import zmq
 
 from .. import protocol as p
 from ..errors import FrameTooLarge
+from .outbox import Outbox
+from .receipts import Receipts
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +57,10 @@ def _readable(sock: zmq.Socket[bytes]) -> bool:
     processes the socket's pending commands, so it re-arms the edge-triggered ZMQ FD."""
     return bool(_zmq_poll([(sock, _POLLIN)], 0))
 
-MAX_BUFFERED_FRAMES = 100_000
 # Send silence after which the daemon may have reaped us (a share of its liveness timeout, so a frame
 # in flight when the loop resumes cannot reach it after the reap). Heartbeats keep a running loop
 # far below it (heartbeat_ms ≤ liveness / 2).
 REAP_SHARE = 0.8
-MAX_UNCONFIRMED_RELEASES = 4096  # re-sent after a reconnect at most (older ones: surely read)
 # How long a Hello that reached a daemon (the connection's handshake completed) waits for its Welcome
 # on that connection before the link gives up on it and opens a new one (s). A busy daemon (start-up,
 # a flood, a long GC) answers late; a new socket per backoff step would leave it one abandoned
@@ -91,6 +92,8 @@ class Link:
         connected: a Welcome arrived and the daemon has not been presumed gone since.
         reconnecting_since: monotonic time (s) the current outage began, or None.
         welcome: the last Welcome.
+        outbox: this loop turn's coalesced frames and the reconnect buffer (`Outbox`).
+        receipts: the Releases sent that the daemon may not have read yet (`Receipts`).
     """
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, client_name: str,
@@ -115,22 +118,12 @@ class Link:
         self.max_version = protocol_version  # what Hello first offers
         self.version = protocol_version  # what the current / next Hello says
         self.batching = False  # the connection speaks version 2: coalesce sends into Batch
-        self.max_frame_bytes = p.DEFAULT_MAX_FRAME_BYTES
-        self._out: list[tuple[bytes, bool]] = []  # (frame, bufferable) sent this loop turn, not yet flushed
-        self._out_queued = False
+        self.outbox = Outbox(self._send_if_up, self.link_down, self._call_soon)
         self.connected = False
         self.ever_connected = False
         self.reconnecting_since: float | None = None
         self.welcome: p.Welcome | None = None
-        self._buffer: list[bytes] = []
-        # Releases sent on this connection that the daemon may not have read yet: (send seq, monotonic s,
-        # frame). A daemon that dies with them unread loses them; `link_down` buffers them again. The
-        # daemon reads a connection's frames in order, so an answer to a frame sent later (the
-        # HeartbeatAck of a later Heartbeat, the Admitted/Rejected of a later Enqueue) confirms them.
-        self._unconfirmed: deque[tuple[int, float, bytes]] = deque(maxlen=MAX_UNCONFIRMED_RELEASES)
-        self._send_seq = 0
-        self._enqueue_seq: dict[str, int] = {}  # request id -> send seq of its Enqueue (until answered)
-        self._hb_sent_at: tuple[int, int] = (0, 0)  # (heartbeat seq, send seq) of the last Heartbeat
+        self.receipts = Receipts()
         self._last_send = self._last_recv = time.monotonic()
         self._hb_seq = 0
         self._last_hb = 0.0
@@ -141,6 +134,11 @@ class Link:
         self._hello_at: float | None = None  # when the Hello went out on the current socket (None: not yet)
         self.closed = False
         self.reconnects = 0  # times the daemon was presumed gone (diagnostics, tests)
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The daemon's limit on one message (bytes, from the last Welcome; the default before)."""
+        return self.outbox.max_frame_bytes
 
     # ------------------------------------------------------------------ socket
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -154,6 +152,9 @@ class Link:
         if self.loop is None:
             raise RuntimeError("Link.open(loop) was not called")
         return self.loop
+
+    def _call_soon(self, callback: Callable[[], None]) -> None:
+        self._running_loop().call_soon(callback)
 
     def _new_socket(self) -> None:
         self._drop_socket()
@@ -218,80 +219,35 @@ class Link:
             FrameTooLarge: the encoded frame exceeds `max_frame_bytes` (nothing is sent or buffered).
         """
         raw = self.enc.encode(frame)
-        if len(raw) > self.max_frame_bytes:  # the daemon's transport would drop the connection for it
+        outbox = self.outbox
+        if len(raw) > outbox.max_frame_bytes:  # the daemon's transport would drop the connection for it
             raise FrameTooLarge(f"{type(frame).__name__} frame for request {getattr(frame, 'request_id', '')!r} "
-                                f"is {len(raw):,} bytes; the daemon accepts at most {self.max_frame_bytes:,} "
+                                f"is {len(raw):,} bytes; the daemon accepts at most {outbox.max_frame_bytes:,} "
                                 f"(max_frame_bytes): fewer block_hashes or a larger [daemon] max_frame_bytes")
         if self.connected and self._silent_too_long(time.monotonic()):
             self.link_down()  # e.g. our loop was blocked: the daemon reaped this connection
         if self.connected:
-            self._send_seq += 1
-            kind = type(frame)
-            if kind is p.Release:
-                now = time.monotonic()
-                self._unconfirmed.append((self._send_seq, now, raw))
-                while self._unconfirmed[0][1] < now - self._confirm_horizon_s():
-                    self._unconfirmed.popleft()
-            elif kind is p.Enqueue and len(self._enqueue_seq) < MAX_BUFFERED_FRAMES:
-                self._enqueue_seq[frame.request_id] = self._send_seq  # type: ignore[attr-defined]
+            self.receipts.sent(frame, raw)
             if self.batching:
-                self._queue_out(raw, buffer_when_down)
+                outbox.queue(raw, buffer_when_down)
                 return True
             if self._raw_send(raw):
                 return True
             self.link_down()  # no pipe to the daemon (it is gone): keep the frame for the next one
-        if buffer_when_down and len(self._buffer) < MAX_BUFFERED_FRAMES:
-            self._buffer.append(raw)
-            return True
-        return False
+        return buffer_when_down and outbox.hold(raw)
 
     def buffered_releases(self) -> list[p.LeaseRef]:
         """The leases whose `Release` waits in the reconnect buffer (sent after the next Welcome).
         The owner claims them in its `Reattach`, which goes out first, so the restarted daemon
         accepts those releases from this new connection. Decodes the buffer (at reconnect only)."""
-        dec = p.make_router_decoder()
-        refs: dict[str, p.LeaseRef] = {}
-        for raw in self._buffer:
-            try:
-                frame = dec.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if isinstance(frame, p.Release) and frame.slot >= 0:
-                refs[frame.request_id] = p.LeaseRef(frame.request_id, frame.slot, frame.generation)
-        return list(refs.values())
-
-    def _queue_out(self, raw: bytes, bufferable: bool) -> None:
-        """Coalesce: the first frame of a loop turn schedules one flush for everything sent in it."""
-        self._out.append((raw, bufferable))
-        if not self._out_queued:
-            self._out_queued = True
-            self._running_loop().call_soon(self._flush_soon)
-
-    def _flush_soon(self) -> None:
-        self._out_queued = False
-        self._flush_out()
+        return self.outbox.held_releases()
 
     def _flush_out(self) -> None:
-        """Send the frames of this loop turn: one message (the frame, or a `Batch`) per chunk that
-        fits under `max_frame_bytes`. When the daemon cannot be reached the bufferable frames are
-        kept for the next connection (Enqueues are re-sent by `Reattach`)."""
-        out, self._out = self._out, []
-        limit = self.max_frame_bytes - p.BATCH_OVERHEAD_BYTES
-        start, size, i = 0, 0, 0
-        while i <= len(out):
-            if i == len(out) or (i > start and size + len(out[i][0]) > limit):
-                chunk = out[start:i]
-                if chunk:
-                    payload = chunk[0][0] if len(chunk) == 1 else p.encode_batch([raw for raw, _ in chunk])
-                    if not (self.connected and self._raw_send(payload)):
-                        self.link_down()
-                        self._buffer.extend(raw for raw, keep in out[start:] if keep)
-                        del self._buffer[MAX_BUFFERED_FRAMES:]
-                        return
-                start, size = i, 0
-            if i < len(out):
-                size += len(out[i][0])
-            i += 1
+        """Send this loop turn's coalesced frames now (`Outbox.flush`)."""
+        self.outbox.flush()
+
+    def _send_if_up(self, raw: bytes) -> bool:
+        return self.connected and self._raw_send(raw)
 
     def _raw_send(self, raw: bytes) -> bool:
         if self.sock is None:
@@ -346,13 +302,13 @@ class Link:
                 self.reconnecting_since = None
                 self._backoff_s = 0.05
                 self.welcome = frame
+                self.receipts.horizon_s = 2 * (frame.liveness_timeout_ms / 1000)
                 self.batching = self.version >= p.BATCH_MIN_VERSION
-                self.max_frame_bytes = frame.max_frame_bytes or p.DEFAULT_MAX_FRAME_BYTES
+                self.outbox.max_frame_bytes = frame.max_frame_bytes or p.DEFAULT_MAX_FRAME_BYTES
                 self.on_welcome(frame, reconnected)
-                buffered, self._buffer = self._buffer, []
-                for raw in buffered:
+                for raw in self.outbox.take_held():
                     if self.batching:
-                        self._queue_out(raw, True)
+                        self.outbox.queue(raw, True)
                     else:
                         self._raw_send(raw)
             case p.Error() if (frame.code == p.ErrorCode.VERSION and not self.connected
@@ -362,24 +318,16 @@ class Link:
                 self.version = p.PROTOCOL_MIN
                 self._try_hello()
             case p.HeartbeatAck():
-                if frame.seq == self._hb_sent_at[0]:
-                    self._confirm(self._hb_sent_at[1])
+                self.receipts.heartbeat_acked(frame.seq)
             case p.Error() if frame.code == p.ErrorCode.NOT_HELLO:
                 if self.connected:
                     log.warning("daemon does not know this connection (restarted?); saying Hello again")
                     self.link_down()
             case p.Admitted() | p.Rejected():
-                seq = self._enqueue_seq.pop(frame.request_id, None)
-                if seq is not None:
-                    self._confirm(seq)
+                self.receipts.answered(frame.request_id)
                 self.on_frame(frame)
             case _:
                 self.on_frame(frame)
-
-    def _confirm(self, seq: int) -> None:
-        """The daemon answered the frame sent as number `seq`: it read every Release sent before it."""
-        while self._unconfirmed and self._unconfirmed[0][0] < seq:
-            self._unconfirmed.popleft()
 
     # ------------------------------------------------------------------ liveness
     def _silent_too_long(self, now: float) -> bool:
@@ -406,24 +354,11 @@ class Link:
         release the old daemon did apply is a stale no-op: its (slot, generation) no longer names a
         lease)."""
         if self.connected:
-            self._buffer[:0] = self._unread()
-            del self._buffer[MAX_BUFFERED_FRAMES:]
+            self.outbox.hold_first(self.receipts.unread())
             self.connected = False
             self.reconnects += 1
             self.reconnecting_since = time.monotonic()
             self._next_hello = 0.0
-
-    def _unread(self) -> list[bytes]:
-        """The Releases sent within two liveness timeouts before now that no later answer confirmed
-        (older ones were read by a daemon that kept answering). Empties the record."""
-        horizon = time.monotonic() - self._confirm_horizon_s()
-        out = [raw for _, t, raw in self._unconfirmed if t >= horizon]
-        self._unconfirmed.clear()
-        self._enqueue_seq.clear()  # a restarted daemon answers them after the Reattach: nothing to confirm
-        return out
-
-    def _confirm_horizon_s(self) -> float:
-        return 2 * (self.welcome.liveness_timeout_ms / 1000 if self.welcome is not None else 5.0)
 
     def _on_timer(self) -> None:
         if self.closed:
@@ -438,12 +373,11 @@ class Link:
             hb_s = self.welcome.heartbeat_ms / 1000
             quiet = now - self._last_send >= hb_s * 0.9 or now - self._last_recv >= hb_s * 0.9
             if quiet and now - self._last_hb >= hb_s * 0.9:  # at most one heartbeat per period
-                if self._out:
+                if self.outbox.turn_pending:
                     self._flush_out()  # frames of this turn go first: the ack then confirms them too
                 self._hb_seq += 1
                 self._last_hb = now
-                self._send_seq += 1
-                self._hb_sent_at = (self._hb_seq, self._send_seq)
+                self.receipts.heartbeat_sent(self._hb_seq)
                 if self.connected and not self._raw_send(self.enc.encode(p.Heartbeat(self._hb_seq))):
                     log.warning("daemon connection closed endpoint=%s; reconnecting", self.endpoint)
                     self.link_down()  # no pipe any more: the daemon is gone

@@ -29,6 +29,8 @@ What is modelled (vLLM v1-like):
   not-yet-eligible arrival, or `max_macro_us`) in one call, with the exact arithmetic-series duration,
   so cost is per event, not per token.
 
+The blocks (prefix cache, LRU, anonymous blocks) are `sim/prefix_cache.py`'s `PrefixCache`; this
+module is the batch scheduler over it (waiting / prefill / decode, step plans, step time, commits).
 Cache changes can be observed (`cache_listener`, e.g. a `kvsched.sim.kv_publisher.KvEventPublisher`):
 `block_stored(hashes, parent, block_size)` when blocks enter the prefix cache (at prefill end, one
 call per contiguous run of newly registered hashes) and `block_removed(hashes)` when blocks are
@@ -39,10 +41,13 @@ Step-time coefficients and capacities live in `sim/profile.py` (with their sourc
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
-from .profile import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, EngineProfile
+from .prefix_cache import PrefixCache
+from .profile import (DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, EngineProfile, decode_steps_us,
+                      decode_us)
 
 FIRST_TOKEN = 1  # event kind: prefill finished, first output token produced
 DONE = 2  # event kind: last output token produced, request left the engine
@@ -124,8 +129,8 @@ class EngineStats:
 class SimEngine:
     """One simulated engine (module docstring). Pure and deterministic; time is virtual µs.
 
-    Invariant: used blocks = len(cached hash blocks) + anonymous blocks; unpinned hash blocks are
-    exactly the LRU's keys; only `step()` changes the cache; `clock_us` never decreases.
+    Invariant: the cache's own (`PrefixCache`); only `step()` changes the cache; `clock_us` never
+    decreases.
     """
 
     def __init__(
@@ -147,17 +152,22 @@ class SimEngine:
         self.max_macro_us = max(1, max_macro_us)
         self.clock_us = 0
         self.stats = EngineStats()
-        self._ref: dict[int, int] = {}  # hash -> references held by running requests
-        self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned cached hashes, oldest first
-        self._anon = 0  # allocated blocks not registered under a hash
+        self.cache = PrefixCache(kv_blocks, block_size)  # the KV blocks: hash refs, LRU, anonymous blocks
         self._waiting: deque[_Seq] = deque()
         self._prefill: list[_Seq] = []
         self._decode: list[_Seq] = []
         self._decode_ctx = 0  # context tokens (isl + output) of the decoding requests
         self._live: dict[str, _Seq] = {}
         self._plan: _Plan | None = None
-        # Observer of prefix-cache changes (module docstring), or None.
-        self.cache_listener = None
+
+    @property
+    def cache_listener(self) -> Any:
+        """Observer of prefix-cache changes (module docstring), or None."""
+        return self.cache.listener
+
+    @cache_listener.setter
+    def cache_listener(self, listener: Any) -> None:
+        self.cache.listener = listener
 
     # ---------------------------------------------------------------- public API
 
@@ -224,17 +234,11 @@ class SimEngine:
     @property
     def used_blocks(self) -> int:
         """Blocks in use: cached (pinned or not) plus anonymous."""
-        return len(self._ref) + self._anon
+        return self.cache.used_blocks
 
     def cached_prefix_blocks(self, hashes: list[int] | tuple[int, ...]) -> int:
         """Leading blocks of `hashes` present in the cache now (pinned or not)."""
-        n = 0
-        ref = self._ref
-        for h in hashes:
-            if h not in ref:
-                break
-            n += 1
-        return n
+        return self.cache.prefix_blocks(hashes)
 
     # ---------------------------------------------------------------- planning (pure)
 
@@ -257,7 +261,7 @@ class SimEngine:
             return self._make_plan()
         if not plan.chunks:
             return self._plan_decode(start)
-        dur = p.step_base_us + self._decode_cost(0)
+        dur = p.step_base_us + decode_us(p, len(self._decode), self._decode_ctx)
         for seq, c in plan.chunks:
             ctx = seq.computed + (c - 1) / 2.0
             dur += c * (p.prefill_us_per_token + p.prefill_attn_us_per_token_ktoken * ctx / 1000.0)
@@ -267,13 +271,15 @@ class SimEngine:
     def _plan_starts(self, plan: _Plan, budget: int, start: int) -> None:
         """Admit waiting requests (FCFS, head of line) into this step while budget and blocks last."""
         running = len(self._prefill) + len(self._decode)
-        free = self.kv_blocks - self.used_blocks
-        evictable = len(self._lru)
+        cache = self.cache
+        lru = cache.lru
+        free = self.kv_blocks - cache.used_blocks
+        evictable = len(lru)
         for seq in self._waiting:
             if budget <= 0 or running >= self.max_num_seqs or seq.rec.submit_us > start:
                 return
-            hits = self.cached_prefix_blocks(seq.hashes)
-            pinned_from_lru = sum(1 for h in seq.hashes[:hits] if h in self._lru)
+            hits = cache.prefix_blocks(seq.hashes)
+            pinned_from_lru = sum(1 for h in seq.hashes[:hits] if h in lru)
             need = seq.need_blocks - hits
             avail = free + evictable - pinned_from_lru
             alone = running == 0 and not plan.starts
@@ -290,20 +296,9 @@ class SimEngine:
             free -= take
             evictable = max(0, evictable - pinned_from_lru - (need - take))
 
-    def _decode_cost(self, extra_steps: int) -> float:
-        n = len(self._decode)
-        if n == 0:
-            return 0.0
-        p = self.profile
-        ctx = self._decode_ctx + n * extra_steps
-        return n * p.decode_us_per_seq + p.decode_us_per_ctx_token * ctx
-
     def _macro_time(self, k: int) -> float:
         """Duration (µs) of k decode-only steps with the batch unchanged (context grows by n per step)."""
-        p = self.profile
-        n = len(self._decode)
-        d0 = p.step_base_us + self._decode_cost(0)
-        return k * d0 + p.decode_us_per_ctx_token * n * k * (k - 1) / 2.0
+        return decode_steps_us(self.profile, len(self._decode), self._decode_ctx, k)
 
     def _plan_decode(self, start: int) -> _Plan:
         k = min(s.osl - s.rec.output_tokens for s in self._decode)
@@ -373,25 +368,11 @@ class SimEngine:
         Hits are counted again here: an earlier start in the same step may have evicted blocks.
         """
         self._waiting.remove(seq)
-        hits = self.cached_prefix_blocks(seq.hashes)
-        for h in seq.hashes[:hits]:
-            if self._ref[h] == 0:
-                del self._lru[h]
-            self._ref[h] += 1
+        hits = self.cache.prefix_blocks(seq.hashes)
         seq.hits = seq.registered = hits
         need = seq.need_blocks - hits
-        short = need - (self.kv_blocks - self.used_blocks)
-        evicted: list[int] = []
-        while short > 0 and self._lru:
-            h, _ = self._lru.popitem(last=False)
-            del self._ref[h]
-            evicted.append(h)
-            self.stats.evicted_blocks += 1
-            short -= 1
-        if evicted and self.cache_listener is not None:
-            self.cache_listener.block_removed(evicted)
+        self.stats.evicted_blocks += self.cache.pin_and_allocate(seq.hashes, hits, need)
         seq.anon = need
-        self._anon += need
         isl = seq.rec.request.isl
         seq.rec.cached_tokens = min(hits * self.block_size, isl - 1)
         seq.rec.start_us = now_us
@@ -403,40 +384,13 @@ class SimEngine:
 
     def _register(self, seq: _Seq) -> None:
         """Prefill done: the request's newly computed prompt blocks become cache entries."""
-        listener = self.cache_listener
-        run: list[int] = []  # newly cached hashes, contiguous in the request
-        parent: int | None = None
-        for i in range(seq.registered, len(seq.hashes)):
-            h = seq.hashes[i]
-            seq.anon -= 1
-            self._anon -= 1
-            r = self._ref.get(h)
-            if r is None:
-                self._ref[h] = 1
-                if listener is not None:
-                    if not run:
-                        parent = seq.hashes[i - 1] if i > 0 else None
-                    run.append(h)
-                continue
-            # computed concurrently by another request: keep one copy
-            if r == 0:
-                del self._lru[h]
-            self._ref[h] = r + 1
-            if run:
-                listener.block_stored(run, parent, self.block_size)
-                run = []
-        if run:
-            listener.block_stored(run, parent, self.block_size)
+        self.cache.register(seq.hashes, seq.registered)
+        seq.anon -= len(seq.hashes) - seq.registered
         seq.registered = len(seq.hashes)
 
     def _finish(self, seq: _Seq, now_us: int) -> None:
         """Unpin the prompt blocks (tail first into the LRU), free the anonymous ones."""
-        for h in reversed(seq.hashes[: seq.registered]):
-            r = self._ref[h] - 1
-            self._ref[h] = r
-            if r == 0:
-                self._lru[h] = None
-        self._anon -= seq.anon
+        self.cache.release(seq.hashes[: seq.registered], seq.anon)
         seq.anon = 0
         if seq.state == _DECODE:
             self._decode_ctx -= seq.rec.request.isl + seq.rec.output_tokens

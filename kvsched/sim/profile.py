@@ -42,6 +42,22 @@ def decode_step_us(profile: EngineProfile, batch: int, ctx_tokens: int) -> float
     return profile.step_base_us + batch * profile.decode_us_per_seq + profile.decode_us_per_ctx_token * ctx_tokens
 
 
+def decode_us(profile: EngineProfile, batch: int, ctx_tokens: int) -> float:
+    """The decode share (µs) of one engine step: `batch` decoding requests holding `ctx_tokens` tokens
+    of context (0.0 without any). `sim/engine.py`'s step time is `step_base_us` + this + its prefill
+    chunks' cost."""
+    if batch == 0:
+        return 0.0
+    return batch * profile.decode_us_per_seq + profile.decode_us_per_ctx_token * ctx_tokens
+
+
+def decode_steps_us(profile: EngineProfile, batch: int, ctx_tokens: int, steps: int) -> float:
+    """Duration (µs) of `steps` decode-only steps with the batch unchanged, the context growing by
+    `batch` tokens per step (an arithmetic series: `sim/engine.py`'s macro step)."""
+    d0 = profile.step_base_us + decode_us(profile, batch, ctx_tokens)
+    return steps * d0 + profile.decode_us_per_ctx_token * batch * steps * (steps - 1) / 2.0
+
+
 def prefill_time_us(profile: EngineProfile, tokens: int, context: int = 0) -> float:
     """Duration (µs) of a step computing `tokens` prompt tokens after `context` cached ones, alone."""
     ctx = context + (tokens - 1) / 2.0

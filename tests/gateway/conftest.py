@@ -1,4 +1,5 @@
-"""Fixtures of the end-to-end gateway tests: a LocalFleet (daemon + HTTP sim engines + gateways)."""
+"""Fixtures of the gateway tests: a LocalFleet (daemon + HTTP sim engines + gateways), and a real
+daemon with scripted engines behind the gateway in process (`scripted_daemon_fixture` + `stack`)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,36 @@ def fleet(tmp_path_factory):
                          gateway_extra="max_body_bytes = 65536\nmax_prompt_tokens = 4000")
     yield f
     f.stop()
+
+
+def scripted_daemon_fixture(dp_sizes: dict[int, int], scope: str = "function"):
+    """A pytest fixture `daemon`: a real daemon (block_size 16) with one worker per `dp_sizes` entry
+    (worker_id -> data-parallel ranks), each at a free port for a `ScriptedEngine`
+    (`daemon.engine_ports`: worker_id -> port); stopped and purged afterwards. Use as
+    `daemon = scripted_daemon_fixture({1: 1})` at module level; the `stack` fixture serves it."""
+
+    @pytest.fixture(scope=scope, name="daemon")
+    def daemon(tmp_path_factory):
+        from kvsched.gateway.local_fleet import free_port
+        from tests.conftest import purge, start_daemon
+
+        ports = {w: free_port() for w in dp_sizes}
+        workers = "".join(f"\n[[workers]]\nworker_id = {w}\n" + (f"dp_size = {dp}\n" if dp != 1 else "")
+                          + f'url = "http://127.0.0.1:{ports[w]}"\n' for w, dp in dp_sizes.items())
+        d = start_daemon(tmp_path_factory.mktemp("gw"), "[daemon]\nblock_size = 16\n" + workers)
+        d.engine_ports = ports
+        yield d
+        d.stop()
+        purge(d.instance)
+
+    return daemon
+
+
+@pytest.fixture
+async def stack(daemon, tmp_path):
+    """(gateway, its URL, {worker_id: ScriptedEngine}, daemon): `helpers.scripted_stack` in front of
+    the module's `daemon` (a `scripted_daemon_fixture`)."""
+    from .helpers import scripted_stack
+
+    async for s in scripted_stack(daemon, tmp_path):
+        yield s

@@ -1,4 +1,5 @@
-"""HTTP helpers of the gateway tests: OpenAI-style requests over aiohttp, SSE parsing, ledger checks."""
+"""HTTP helpers of the gateway tests: OpenAI-style requests over aiohttp, SSE parsing, ledger checks,
+scripted engines and the in-process gateway in front of them."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import asyncio
 import json
 
 import aiohttp
+from aiohttp import web
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient
+from kvsched.gateway.app import Gateway, make_app
+from kvsched.gateway.config import GatewayConfig, GatewaySection, ModelSection
+from kvsched.gateway.local_fleet import free_port, write_tiny_tokenizer
 
 
 def words(start: int, n: int) -> str:
@@ -68,3 +73,79 @@ async def eventually(pred, timeout_s: float = 30.0, interval_s: float = 0.02) ->
             return True
         await asyncio.sleep(interval_s)
     return bool(pred())
+
+
+class ScriptedEngine:
+    """An OpenAI-ish engine that records each request's headers and answers `mode`: "ok" (two
+    tokens, usage on every chunk), "fail" (HTTP 500), "stall_headers" (no answer for 8 s),
+    "stall" (the first token, then silence for 8 s), "slow" (six tokens, 0.3 s apart) or "long"
+    (600 tokens, 0.1 s apart). `disconnects` counts requests whose connection closed before the end."""
+
+    def __init__(self, port: int, mode: str = "ok") -> None:
+        self.mode = mode
+        self.seen: list[dict] = []
+        self.disconnects = 0
+        self.port = port
+        self.runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.seen.append({"headers": dict(request.headers), "body": body})
+        if self.mode == "fail":
+            return web.Response(status=500, text="boom")
+        if self.mode == "stall_headers":
+            await asyncio.sleep(8)
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        texts = {"slow": tuple("abcdef"), "long": ("x",) * 600}.get(self.mode, ("a", "b"))
+        try:
+            for i, text in enumerate(texts):
+                if i and self.mode == "stall":
+                    await asyncio.sleep(8)
+                if self.mode in ("slow", "long"):
+                    await asyncio.sleep(0.3 if self.mode == "slow" else 0.1)
+                chunk = {"id": "e", "choices": [{"index": 0, "delta": {"content": text},
+                                                 "finish_reason": "stop" if i == len(texts) - 1 else None}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i}}
+                await out.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await out.write(b"data: [DONE]\n\n")
+        except (ConnectionError, asyncio.CancelledError):  # the gateway closed the connection
+            self.disconnects += 1
+            raise
+        return out
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.add_routes([web.post("/v1/chat/completions", self.chat), web.get("/health", self.health)])
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+
+async def scripted_stack(daemon, tmp_path, **gateway):
+    """The gateway in process (health checks every 60 s, the tiny tokenizer, `gateway` overrides of
+    its [gateway] section) in front of `daemon`, one `ScriptedEngine` per `daemon.engine_ports`
+    worker; yields (gateway, its URL, {worker_id: engine}, daemon) and stops them all afterwards."""
+    engines = {w: ScriptedEngine(port) for w, port in daemon.engine_ports.items()}
+    for e in engines.values():
+        await e.start()
+    cfg = GatewayConfig(gateway=GatewaySection(port=free_port(), daemon_endpoint=daemon.endpoint,
+                                               health_interval_s=60.0, **gateway),
+                        models=[ModelSection(name="tiny", tokenizer_dir=str(write_tiny_tokenizer(tmp_path / "tok")))])
+    gw = Gateway(cfg)
+    await gw.start()
+    runner = web.AppRunner(make_app(gw), handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", cfg.gateway.port).start()
+    yield gw, f"http://127.0.0.1:{cfg.gateway.port}", engines, daemon
+    await runner.cleanup()
+    await gw.stop()
+    for e in engines.values():
+        await e.runner.cleanup()

@@ -4,129 +4,25 @@ retry once with the failed worker excluded, 502 after two engine failures, nothi
 from __future__ import annotations
 
 import asyncio
-import json
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from kvsched.gateway.app import Gateway, make_app
-from kvsched.gateway.config import GatewayConfig, GatewaySection, ModelSection
-from kvsched.gateway.local_fleet import free_port, write_tiny_tokenizer
-from tests.conftest import purge, start_daemon
-
-from .helpers import eventually, ledger, stream_chat, words
+from .conftest import scripted_daemon_fixture
+from .helpers import eventually, ledger, scripted_stack, stream_chat, words
 
 pytestmark = pytest.mark.timeout(120)
 
 
-class ScriptedEngine:
-    """An OpenAI-ish engine that records each request's headers and answers `mode`: "ok" (two
-    tokens, usage on every chunk), "fail" (HTTP 500), "stall_headers" (no answer for 8 s),
-    "stall" (the first token, then silence for 8 s), "slow" (six tokens, 0.3 s apart) or "long"
-    (600 tokens, 0.1 s apart). `disconnects` counts requests whose connection closed before the end."""
-
-    def __init__(self, port: int, mode: str = "ok") -> None:
-        self.mode = mode
-        self.seen: list[dict] = []
-        self.disconnects = 0
-        self.port = port
-        self.runner: web.AppRunner | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.seen.append({"headers": dict(request.headers), "body": body})
-        if self.mode == "fail":
-            return web.Response(status=500, text="boom")
-        if self.mode == "stall_headers":
-            await asyncio.sleep(8)
-        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await out.prepare(request)
-        texts = {"slow": tuple("abcdef"), "long": ("x",) * 600}.get(self.mode, ("a", "b"))
-        try:
-            for i, text in enumerate(texts):
-                if i and self.mode == "stall":
-                    await asyncio.sleep(8)
-                if self.mode in ("slow", "long"):
-                    await asyncio.sleep(0.3 if self.mode == "slow" else 0.1)
-                chunk = {"id": "e", "choices": [{"index": 0, "delta": {"content": text},
-                                                 "finish_reason": "stop" if i == len(texts) - 1 else None}],
-                         "usage": {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i}}
-                await out.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            await out.write(b"data: [DONE]\n\n")
-        except (ConnectionError, asyncio.CancelledError):  # the gateway closed the connection
-            self.disconnects += 1
-            raise
-        return out
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response()
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.add_routes([web.post("/v1/chat/completions", self.chat), web.get("/health", self.health)])
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    """One daemon for the module: worker 1 with two ranks, worker 2 with one, at fixed engine ports."""
-    ports = {1: free_port(), 2: free_port()}
-    d = start_daemon(tmp_path_factory.mktemp("fwd"), f"""
-[daemon]
-block_size = 16
-
-[[workers]]
-worker_id = 1
-dp_size = 2
-url = "http://127.0.0.1:{ports[1]}"
-
-[[workers]]
-worker_id = 2
-url = "http://127.0.0.1:{ports[2]}"
-""")
-    d.engine_ports = ports
-    yield d
-    d.stop()
-    purge(d.instance)
-
-
-@pytest.fixture
-async def stack(daemon, tmp_path):
-    async for s in _stack(daemon, tmp_path):
-        yield s
+# worker 1 with two ranks, worker 2 with one: one daemon for the module
+daemon = scripted_daemon_fixture({1: 2, 2: 1}, scope="module")
 
 
 @pytest.fixture
 async def stack_short_read(daemon, tmp_path):
     """The stack with engine_read_timeout_s = 0.5 s."""
-    async for s in _stack(daemon, tmp_path, engine_read_timeout_s=0.5):
+    async for s in scripted_stack(daemon, tmp_path, engine_read_timeout_s=0.5):
         yield s
-
-
-async def _stack(daemon, tmp_path, **gateway):
-    engines = {w: ScriptedEngine(port) for w, port in daemon.engine_ports.items()}
-    for e in engines.values():
-        await e.start()
-    cfg = GatewayConfig(gateway=GatewaySection(port=free_port(), daemon_endpoint=daemon.endpoint,
-                                               health_interval_s=60.0, **gateway),
-                        models=[ModelSection(name="tiny", tokenizer_dir=str(write_tiny_tokenizer(tmp_path / "tok")))])
-    gw = Gateway(cfg)
-    await gw.start()
-    runner = web.AppRunner(make_app(gw), handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", cfg.gateway.port).start()
-    yield gw, f"http://127.0.0.1:{cfg.gateway.port}", engines, daemon
-    await runner.cleanup()
-    await gw.stop()
-    for e in engines.values():
-        await e.runner.cleanup()
 
 
 async def test_rank_header_only_for_workers_with_several_ranks_and_engine_body_streams(stack):

@@ -11,40 +11,14 @@ import pytest
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient
-from kvsched.gateway.local_fleet import free_port
-from tests.conftest import purge, start_daemon
 
+from .conftest import scripted_daemon_fixture
 from .helpers import eventually, ledger, stream_chat
-from .test_forwarding import _stack
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    ports = {1: free_port(), 2: free_port()}
-    d = start_daemon(tmp_path, f"""
-[daemon]
-block_size = 16
-
-[[workers]]
-worker_id = 1
-url = "http://127.0.0.1:{ports[1]}"
-
-[[workers]]
-worker_id = 2
-url = "http://127.0.0.1:{ports[2]}"
-""")
-    d.engine_ports = ports
-    yield d
-    d.stop()
-    purge(d.instance)
-
-
-@pytest.fixture
-async def stack(daemon, tmp_path):
-    async for s in _stack(daemon, tmp_path):
-        yield s
+daemon = scripted_daemon_fixture({1: 1, 2: 1})
 
 
 def _remove(admin_endpoint: str, worker_id: int):
