@@ -61,15 +61,19 @@ def populate(n_workers: int, n_active: int, rng: np.random.Generator) -> tuple[L
 
 
 def per_call_us(fn, reps: int) -> float:
-    """Median over 5 batches of `reps` calls, in µs per call (at least 1 call per batch)."""
-    reps = max(1, reps)
+    """Median over 50 short batches (about `reps` calls in all, at least 1 call per batch), in µs
+    per call. Short batches (≲ 1 ms) keep a batch from spanning the scheduler's preemptions on a
+    shared machine: a few long batches timed by the wall clock counted the time other processes
+    ran, and more so the slower the call, which looked like a regression growing with the number
+    of active sequences."""
+    per_batch = max(1, reps // 50)
     fn()
     samples = []
-    for _ in range(5 if reps > 1 else 3):
+    for _ in range(50 if reps > 1 else 3):
         t0 = time.perf_counter()
-        for _ in range(reps):
+        for _ in range(per_batch):
             fn()
-        samples.append((time.perf_counter() - t0) / reps * 1e6)
+        samples.append((time.perf_counter() - t0) / per_batch * 1e6)
     return float(np.median(samples))
 
 
