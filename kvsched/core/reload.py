@@ -2,22 +2,46 @@
 admission options and new classes apply at once; removing or renaming a class that holds requests,
 or swapping an admission policy that tracks requests, is refused and the old profile kept.
 
+The `[selector]` table: `prefill_load_scale`, `overlap_credit`, `approx_ttl_s` and
+`offload_overlap_credit` apply at once (they are read per decision); every other selector key (`type`,
+`seed`, the `kv` weights) is fixed when the selector is built at start. A reload that changes one of
+those keeps the running selector and its learnt state, and `reload_profile` returns the keys so the
+admin reply and the daemon log name them ("takes effect at restart").
+
 A plain function over the scheduler's parts; pure and synchronous like the rest of the core.
 """
 
 from __future__ import annotations
 
-from ..config import ClassConfig, Config
+from ..config import ClassConfig, Config, SelectorConfig
 from .admission import create_admission_policy
 from .class_queue import PolicyClassQueue
 from .leases import DEFERRED, READY
 from .policy_queue import PolicyQueue
 
 
-def reload_profile(sched, config: Config) -> None:  # noqa: ANN001 - a Scheduler
-    """Apply a new scheduling profile to `sched` (docs/DESIGN.md §4.16 reload rules). Raises
-    ValueError (old profile kept) when a class holding requests would be removed/renamed, or an
-    admission policy that tracks requests would be replaced by another type."""
+# `[selector]` keys a reload applies (read per decision by the admitter and the overlap view)
+RELOADABLE_SELECTOR_KEYS = frozenset({"prefill_load_scale", "overlap_credit", "approx_ttl_s",
+                                      "offload_overlap_credit"})
+
+
+def selector_keys_needing_restart(old: SelectorConfig, new: SelectorConfig) -> list[str]:
+    """`selector.<key>` for every key whose value differs between `old` and `new` and that a reload
+    does not apply (not in `RELOADABLE_SELECTOR_KEYS`), in declaration order."""
+    return [f"selector.{k}" for k in SelectorConfig.__struct_fields__
+            if k not in RELOADABLE_SELECTOR_KEYS and getattr(old, k) != getattr(new, k)]
+
+
+def reload_profile(sched, config: Config) -> list[str]:  # noqa: ANN001 - a Scheduler
+    """Apply a new scheduling profile to `sched` (docs/DESIGN.md §4.16 reload rules).
+
+    Returns:
+        `selector_keys_needing_restart(old, new)`: changed `[selector]` keys that did NOT take effect
+        (the running selector is kept; the caller warns). [] = everything applied.
+    Raises:
+        ValueError (old profile kept): a class holding requests would be removed/renamed, or an
+        admission policy that tracks requests would be replaced by another type.
+    """
     old = {cq.name: cq for cq in sched.pq.classes}
     new_names = {c.name for c in config.classes}
     leased = {lv.entry.class_idx for lv in sched.lease_table.by_slot.values()}
@@ -31,7 +55,9 @@ def reload_profile(sched, config: Config) -> None:  # noqa: ANN001 - a Scheduler
         same = c.admission is not None and c.admission.type == cq.config.admission.type
         if not same and cq.admission.tracked():
             raise ValueError(f"reload refused: class {c.name!r} admission policy tracks requests")
+    not_applied = selector_keys_needing_restart(sched.selector_config, config.selector)
     _apply(sched, config, old)
+    return not_applied
 
 
 def _apply(sched, config: Config, old: dict[str, PolicyClassQueue]) -> None:  # noqa: ANN001

@@ -230,12 +230,17 @@ def _reload(req: p.Reload, ctx: AdminContext):
         return _err(p.ErrorCode.INVALID, "the daemon was started without --config; give a path")
     try:
         cfg = load_config(path, overrides=ctx.config_overrides)
-        ctx.scheduler.reload(cfg)
+        not_applied = ctx.scheduler.reload(cfg)
     except (ConfigError, ValueError) as exc:
         log.warning("reload refused path=%s reason=%s", path, exc)
         return _err(p.ErrorCode.INVALID, f"reload refused, old profile kept: {exc}")
     log.info("profile reloaded path=%s classes=%d", path, len(cfg.classes))
-    return p.OkReply(message=f"reloaded {path}: {len(cfg.classes)} classes")
+    message = f"reloaded {path}: {len(cfg.classes)} classes"
+    if not_applied:
+        keys = ", ".join(not_applied)
+        log.warning("reload: changed keys NOT applied until restart (the running selector is kept): %s", keys)
+        message += f"; WARNING: changed, NOT applied until restart: {keys}"
+    return p.OkReply(message=message)
 
 
 def _err(code: p.ErrorCode, message: str) -> p.AdminError:
