@@ -102,6 +102,7 @@ class SelectorConfig(Section):
                   "lmetric", "llmd", "llmd_sticky"] = "kv"
     # kv: cost in blocks = prefill_weight x projected uncached prefill blocks + active_blocks_weight x projected
     # active blocks - lead_bonus x min(exclusive overlap lead, lead_cap_blocks) + recent_weight x decayed recent blocks
+    # + interference + home (both below; full formula in docs/ROUTING.md)
     prefill_weight: Annotated[float, Meta(ge=0)] = 16.0  # per block of projected uncached prefill
     active_blocks_weight: Annotated[float, Meta(ge=0)] = 0.1  # per projected active KV block
     lead_bonus: Annotated[float, Meta(ge=0)] = 400.0  # per block of exclusive overlap lead
