@@ -393,7 +393,7 @@ class Scheduler:
         return introspect.lease_rows(self, now_us, worker_id, policy_class, limit)
 
     def explain(self, request_id: str):  # noqa: ANN201 - ExplainReply | None
-        return introspect.explain(self.admitter.explain, request_id)
+        return introspect.explain(self.admitter.explain, request_id, self.selector.name)
 
 
 def _queueing(cls: ClassConfig) -> bool:

@@ -90,6 +90,9 @@ class WorkerSelector(ABC):
     """
 
     name: str = ""
+    # True when the choice is the argmin of the cost `terms` sum to (kv, dynamo_cost); False for the
+    # baselines, whose rule reads other figures: `kvsched explain` then marks the cost as not used.
+    decides_by_cost: bool = False
 
     def __init__(self, seed: int | None = None) -> None:
         self.rng = np.random.default_rng(seed)
@@ -139,6 +142,7 @@ class DynamoCostSelector(WorkerSelector):
     temperature T > 0: softmax of -(cost normalised to [0, 1] over the eligible rows) / T."""
 
     name = "dynamo_cost"
+    decides_by_cost = True
 
     def __init__(self, temperature: float = 0.0, seed: int | None = None) -> None:
         super().__init__(seed)
