@@ -66,7 +66,7 @@ class Scheduler:
                  event_device: OverlapIndex | None = None, event_offload: OverlapIndex | None = None,
                  speculative: OverlapIndex | None = None, speculative_ttl_s: float | None = None) -> None:
         self.config, self.ledger, self.selector = config, ledger, selector
-        self.selector_config = config.selector  # what `selector` was built from (a reload keeps it)
+        self.selector_config = config.selector  # what `selector` was built from (`reload` may rebuild it)
         self.view = OverlapView(ledger, overlap, device=event_device, offload=event_offload, speculative=speculative,
                                 selector=config.selector, speculative_ttl_s=speculative_ttl_s)
         self.feed = PolicyFeed()
@@ -362,10 +362,10 @@ class Scheduler:
 
     def reload(self, config: Config) -> list[str]:
         """Apply a new scheduling profile (`reload.reload_profile`). Returns the changed `[selector]` keys
-        that take effect only at restart. Raises ValueError (old profile kept)."""
-        not_applied = reload_profile(self, config)
+        for which the selector was rebuilt. Raises ValueError (old profile kept)."""
+        rebuilt = reload_profile(self, config)
         self._dirty = True
-        return not_applied
+        return rebuilt
 
     # ---- dispatch ----------------------------------------------------------------------------
     def _dispatch(self, now_us: int) -> Outcomes:

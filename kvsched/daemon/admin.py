@@ -230,16 +230,17 @@ def _reload(req: p.Reload, ctx: AdminContext):
         return _err(p.ErrorCode.INVALID, "the daemon was started without --config; give a path")
     try:
         cfg = load_config(path, overrides=ctx.config_overrides)
-        not_applied = ctx.scheduler.reload(cfg)
+        rebuilt = ctx.scheduler.reload(cfg)
     except (ConfigError, ValueError) as exc:
         log.warning("reload refused path=%s reason=%s", path, exc)
         return _err(p.ErrorCode.INVALID, f"reload refused, old profile kept: {exc}")
     log.info("profile reloaded path=%s classes=%d", path, len(cfg.classes))
     message = f"reloaded {path}: {len(cfg.classes)} classes"
-    if not_applied:
-        keys = ", ".join(not_applied)
-        log.warning("reload: changed keys NOT applied until restart (the running selector is kept): %s", keys)
-        message += f"; WARNING: changed, NOT applied until restart: {keys}"
+    if rebuilt:
+        keys = ", ".join(rebuilt)
+        log.warning("reload: selector rebuilt as %s for changed keys %s (docs/DESIGN.md reload: learnt state is "
+                    "kept only when the type is unchanged)", cfg.selector.type, keys)
+        message += f"; selector rebuilt ({cfg.selector.type}) for changed {keys}"
     return p.OkReply(message=message)
 
 
