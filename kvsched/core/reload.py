@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from ..config import ClassConfig, Config, SelectorConfig
 from .admission import create_admission_policy
-from .selector import create_selector
 from .class_queue import PolicyClassQueue
 from .leases import DEFERRED, READY
 from .policy_queue import PolicyQueue
+from .selector import create_selector
 
 
 # `[selector]` keys a reload applies (read per decision by the admitter and the overlap view)
