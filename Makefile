@@ -26,13 +26,14 @@ $(BENCH_STAMP): $(BIN)/python pyproject.toml
 	touch $(BENCH_STAMP)
 
 ## Every benchmark (kernels, queue, the daemon vs echo vs Redis vs Dynamo, routing quality), plots and
-## docs/BENCHMARKS.md tables from this machine (starts redis-server itself). About 2 h on 2 cores:
+## docs/BENCHMARKS.md tables from this machine (starts redis-server itself). About an hour on 2 cores:
 ## bench/bench_routing.py first runs 16 wall-clock replays (kv and dynamo 3 times each, dynamo_cost and
 ## cache_aware once, at 4 and 16 workers, ~2 min each), then ~340 virtual replays of ~20 s, 2 at a time.
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py
 
-## The same benches, shorter: out/bench/quick/ only, docs untouched (~5 min idle, ~12 on a loaded machine).
+## The same benches, shorter: out/bench/quick/ only, docs untouched (~5 min idle, ~12 on a loaded machine;
+## routing on the 1,500-request slice with one seed: not comparable with the published grid).
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py --quick
 

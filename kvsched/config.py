@@ -8,6 +8,7 @@ lives in `kvsched.endpoints`.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from pathlib import Path
@@ -19,6 +20,14 @@ from msgspec import Meta
 from .endpoints import daemon_endpoints, endpoint_problem, is_loopback_endpoint
 from .errors import ConfigError
 from .protocol import BatchedTokens, KvBlocks
+
+
+# An RNG seed: numpy.random.default_rng accepts any non-negative integer; kvsched takes 0..2**63-1 (TOML integers
+# are 64-bit signed, and msgspec bounds must fit in int64).
+Seed = Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
+# A token count compared with int64 ledger arrays and packed into float64 kernel parameters: at most
+# 2**53 (exact in float64, far inside int64).
+TokenCount = Annotated[int, Meta(ge=0, le=1 << 53)]
 
 
 class Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -44,13 +53,13 @@ class ClassConfig(Section):
     """One policy class (docs/DESIGN.md §4.1)."""
 
     name: Annotated[str, Meta(min_length=1, max_length=64)]
-    quantum: Annotated[int, Meta(gt=0)] = 1024  # DRR weight, uncached prompt tokens per turn
+    quantum: Annotated[int, Meta(gt=0, le=1 << 53)] = 1024  # DRR weight, uncached prompt tokens per turn
     ordering: Literal["fcfs", "priority", "wspt"] = "fcfs"
-    prefill_busy_threshold: Annotated[int, Meta(ge=0)] | None = None  # tokens; busy above this
+    prefill_busy_threshold: TokenCount | None = None  # tokens; busy above this
     prefill_busy_threshold_frac: Annotated[float, Meta(gt=0)] | None = None  # of max_num_batched_tokens
     busy_worker_ratio: Annotated[float, Meta(gt=0, le=1)] = 1.0  # queue when this share is busy
-    request_queue_limit_per_worker: Annotated[int, Meta(ge=0)] | None = None  # requests
-    isl_token_queue_limit_per_worker: Annotated[int, Meta(ge=0)] | None = None  # tokens
+    request_queue_limit_per_worker: Annotated[int, Meta(ge=0, le=1 << 53)] | None = None  # requests
+    isl_token_queue_limit_per_worker: TokenCount | None = None  # tokens
     queue_timeout_s: Annotated[float, Meta(gt=0)] | None = None  # seconds
     admission: AdmissionConfig | None = None
 
@@ -93,6 +102,7 @@ class SelectorConfig(Section):
                   "lmetric", "llmd", "llmd_sticky"] = "kv"
     # kv: cost in blocks = prefill_weight x projected uncached prefill blocks + active_blocks_weight x projected
     # active blocks - lead_bonus x min(exclusive overlap lead, lead_cap_blocks) + recent_weight x decayed recent blocks
+    # + interference + home (both below; full formula in docs/ROUTING.md)
     prefill_weight: Annotated[float, Meta(ge=0)] = 16.0  # per block of projected uncached prefill
     active_blocks_weight: Annotated[float, Meta(ge=0)] = 0.1  # per projected active KV block
     lead_bonus: Annotated[float, Meta(ge=0)] = 400.0  # per block of exclusive overlap lead
@@ -128,7 +138,7 @@ class SelectorConfig(Section):
     home_weight: Annotated[float, Meta(ge=0)] = 0.08
     home_half_life_s: Annotated[float, Meta(gt=0)] = 30.0
     home_min_cached_share: Annotated[float, Meta(ge=0, le=1)] = 0.5
-    home_min_prefill_tokens: Annotated[int, Meta(ge=0)] = 16384
+    home_min_prefill_tokens: TokenCount = 16384
     # dynamo_cost (NVIDIA Dynamo's kv-router cost, its defaults)
     prefill_load_scale: Annotated[float, Meta(ge=0)] = 1.0  # weight of the prefill term
     overlap_credit: Annotated[float, Meta(ge=0)] = 1.0  # blocks of credit per overlapping block
@@ -136,14 +146,14 @@ class SelectorConfig(Section):
     approx_ttl_s: Annotated[float, Meta(gt=0)] = 120.0  # approximate index entry lifetime (s)
     # credit of a block held only in an offload tier (CPU/disk KV events), as a fraction of a device block's
     offload_overlap_credit: Annotated[float, Meta(ge=0, le=1)] = 0.5
-    seed: int | None = None  # RNG seed for tie-breaks / softmax (None = random)
+    seed: Seed | None = None  # RNG seed (0..2**63-1) for tie-breaks / softmax (None = random)
 
 
 class OverloadConfig(Section):
     """Per-worker overload thresholds (docs/DESIGN.md §4.2): an overloaded worker is not eligible."""
 
     overload_active_blocks_frac: Annotated[float, Meta(gt=0)] | None = None  # of total_kv_blocks
-    overload_prefill_tokens: Annotated[int, Meta(ge=0)] | None = None  # active prefill tokens
+    overload_prefill_tokens: TokenCount | None = None  # active prefill tokens
 
 
 class DaemonConfig(Section):
@@ -372,10 +382,34 @@ def load_config(
 
 
 def config_from_dict(raw: Mapping[str, Any], where: str = "config") -> Config:
-    """Validate a plain dict (as parsed from TOML) into a `Config`; errors name `where` and the path."""
+    """Validate a plain dict (as parsed from TOML) into a `Config`; errors name `where` and the path.
+
+    Beyond the per-key types and bounds, every float key must be finite (`non_finite_keys`): TOML
+    allows `inf` / `-inf`, and an infinite weight makes every cost inf/NaN.
+    """
     try:
-        return msgspec.convert(raw, Config, strict=True)
+        cfg = msgspec.convert(raw, Config, strict=True)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     except ValueError as exc:  # __post_init__ cross-field checks
         raise ConfigError(f"{where}: {exc}") from exc
+    bad = non_finite_keys(cfg)
+    if bad:
+        raise ConfigError(f"{where}: " + "; ".join(f"{path} = {value!r}: expected a finite number"
+                                                    for path, value in bad))
+    return cfg
+
+
+def non_finite_keys(node: Any, path: str = "") -> list[tuple[str, float]]:
+    """(key path, value) of every float field that is inf, -inf or NaN in a config tree of `msgspec.Struct`s
+    and lists of them (e.g. `("selector.temperature", inf)`, `("classes[0].queue_timeout_s", -inf)`)."""
+    out: list[tuple[str, float]] = []
+    if isinstance(node, msgspec.Struct):
+        for name in node.__struct_fields__:
+            out += non_finite_keys(getattr(node, name), f"{path}.{name}" if path else name)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            out += non_finite_keys(item, f"{path}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        out.append((path, node))
+    return out

@@ -498,6 +498,7 @@ class ExplainReply(Admin, tag="explain_reply"):
     chosen_dp_rank: int
     decided_at_s: float
     rows: list[ExplainRow] = []
+    decided_by: str = ""  # the selector type that chose; `cost` is what decided only for kv / dynamo_cost
 
 
 AdminReply = Union[OkReply, AdminError, StatusReply, QueuesReply, WorkersReply, LeasesReply, ExplainReply]

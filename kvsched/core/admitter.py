@@ -80,14 +80,21 @@ class Admitter:
         self._view = SelectionView(ledger._out_prefill, ledger._out_blocks, a.w_active_prefill,  # noqa: SLF001
                                    a.w_active_blocks, a.w_total_kv_blocks, a.w_max_batched_tokens, 0,
                                    ledger.block_size, 0)
-        self.fused = (type(selector) is KvSelector and selector.decides_by_kernel()
-                      and isinstance(view.approx, OverlapIndex))
-        if self.fused:
-            selector.reserve_rows(w)
+        self.use_selector(selector)
         self._params: dict[int, tuple] = {}  # class index -> (ClassConfig, admit_kv params)
         self._scratch = np.zeros((4, w), np.float64)
         self._out = np.zeros(OUT_LEN, np.int64)
         self._arrays: tuple | None = None  # (the objects read, the arrays, `_kernel_arrays()`)
+
+    def use_selector(self, selector) -> None:  # noqa: ANN001 - a WorkerSelector
+        """Decide with `selector` from now on (start; a profile reload that rebuilt it): the fused path
+        is on for a kernel-decidable `KvSelector` over an `OverlapIndex`; kernel parameters are re-packed."""
+        self.selector = selector
+        self.fused = (type(selector) is KvSelector and selector.decides_by_kernel()
+                      and isinstance(self.view.approx, OverlapIndex))
+        if self.fused:
+            selector.reserve_rows(self.ledger.arrays.max_workers)
+        self._params = {}
 
     @property
     def selector_cfg(self):  # noqa: ANN201 - the [selector] table

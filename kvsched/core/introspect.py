@@ -58,8 +58,9 @@ def lease_rows(sched, now_us: int, worker_id: int | None = None, policy_class: s
     return out
 
 
-def explain(ring, request_id: str) -> ExplainReply | None:  # noqa: ANN001 - an ExplainRing
-    """Per-worker rows of the most recent admission of `request_id` (last ~1024 decisions)."""
+def explain(ring, request_id: str, decided_by: str = "") -> ExplainReply | None:  # noqa: ANN001 - an ExplainRing
+    """Per-worker rows of the most recent admission of `request_id` (last ~1024 decisions);
+    `decided_by` = the selector type that chose (its cost column decides only for kv / dynamo_cost)."""
     rec = ring.find(request_id)
     if rec is None:
         return None
@@ -72,4 +73,4 @@ def explain(ring, request_id: str) -> ExplainReply | None:  # noqa: ANN001 - an 
                        terms={k: float(v[r]) for k, v in terms.items()} if elig[r] else {})
             for r in np.flatnonzero(present).tolist()]
     return ExplainReply(request_id=request_id, chosen_worker_id=int(wid[row]), chosen_dp_rank=int(rank[row]),
-                        decided_at_s=now_us / 1e6, rows=rows)
+                        decided_at_s=now_us / 1e6, rows=rows, decided_by=decided_by)

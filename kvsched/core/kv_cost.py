@@ -70,6 +70,7 @@ class KvSelector(DynamoCostSelector):
     """
 
     name = "kv"
+    learnt = ("recent", "recent_at_us", "home", "home_at_us")  # decayed recent work and home counts
 
     def __init__(self, temperature: float = 0.0, seed: int | None = None, *, prefill_weight: float = 16.0,
                  active_blocks_weight: float = 0.1, lead_bonus: float = 400.0, lead_cap_blocks: float = 64.0,

@@ -2,22 +2,49 @@
 admission options and new classes apply at once; removing or renaming a class that holds requests,
 or swapping an admission policy that tracks requests, is refused and the old profile kept.
 
+The `[selector]` table: `prefill_load_scale`, `overlap_credit`, `approx_ttl_s` and
+`offload_overlap_credit` are read per decision and apply at once. A change to any other selector key
+(`type`, `seed`, `temperature`, the `kv` weights) rebuilds the selector from the new table; a rebuilt
+selector of the same type keeps what it learnt (`WorkerSelector.learnt`: the `kv` selector's decayed
+recent work and home counts, round robin's cursor, cache_aware's cache sizes), one of another type
+starts empty; the RNG restarts from `seed`, and the `kv` predicted-seconds model (when on) restarts
+with no bookings. `reload_profile` returns the changed keys so the reply and the log name them.
+
 A plain function over the scheduler's parts; pure and synchronous like the rest of the core.
 """
 
 from __future__ import annotations
 
-from ..config import ClassConfig, Config
+from ..config import ClassConfig, Config, SelectorConfig
 from .admission import create_admission_policy
 from .class_queue import PolicyClassQueue
 from .leases import DEFERRED, READY
 from .policy_queue import PolicyQueue
+from .selector import create_selector
 
 
-def reload_profile(sched, config: Config) -> None:  # noqa: ANN001 - a Scheduler
-    """Apply a new scheduling profile to `sched` (docs/DESIGN.md §4.16 reload rules). Raises
-    ValueError (old profile kept) when a class holding requests would be removed/renamed, or an
-    admission policy that tracks requests would be replaced by another type."""
+# `[selector]` keys a reload applies (read per decision by the admitter and the overlap view)
+RELOADABLE_SELECTOR_KEYS = frozenset({"prefill_load_scale", "overlap_credit", "approx_ttl_s",
+                                      "offload_overlap_credit"})
+
+
+def selector_keys_needing_rebuild(old: SelectorConfig, new: SelectorConfig) -> list[str]:
+    """`selector.<key>` for every key whose value differs between `old` and `new` and that the built
+    selector holds (not in `RELOADABLE_SELECTOR_KEYS`), in declaration order."""
+    return [f"selector.{k}" for k in SelectorConfig.__struct_fields__
+            if k not in RELOADABLE_SELECTOR_KEYS and getattr(old, k) != getattr(new, k)]
+
+
+def reload_profile(sched, config: Config) -> list[str]:  # noqa: ANN001 - a Scheduler
+    """Apply a new scheduling profile to `sched` (docs/DESIGN.md §4.16 reload rules).
+
+    Returns:
+        `selector_keys_needing_rebuild(old, new)`: the changed `[selector]` keys for which the selector
+        was rebuilt (module docstring; the caller reports them). [] = the selector was kept.
+    Raises:
+        ValueError (old profile kept): a class holding requests would be removed/renamed, or an
+        admission policy that tracks requests would be replaced by another type.
+    """
     old = {cq.name: cq for cq in sched.pq.classes}
     new_names = {c.name for c in config.classes}
     leased = {lv.entry.class_idx for lv in sched.lease_table.by_slot.values()}
@@ -31,7 +58,24 @@ def reload_profile(sched, config: Config) -> None:  # noqa: ANN001 - a Scheduler
         same = c.admission is not None and c.admission.type == cq.config.admission.type
         if not same and cq.admission.tracked():
             raise ValueError(f"reload refused: class {c.name!r} admission policy tracks requests")
+    rebuilt = selector_keys_needing_rebuild(sched.selector_config, config.selector)
+    selector = create_selector(config.selector) if rebuilt else None  # may raise: nothing changed yet
     _apply(sched, config, old)
+    if selector is not None:
+        _swap_selector(sched, selector, config.selector)
+    return rebuilt
+
+
+def _swap_selector(sched, selector, cfg: SelectorConfig) -> None:  # noqa: ANN001 - a Scheduler, a WorkerSelector
+    """Install a rebuilt selector: carry the learnt state of one of the same type, then let the admitter
+    re-derive what it derives from a selector (fused kernel path, its kernel parameters)."""
+    old = sched.selector
+    if type(old) is type(selector):
+        for name in selector.learnt:
+            setattr(selector, name, getattr(old, name))
+    sched.selector = selector
+    sched.selector_config = cfg
+    sched.admitter.use_selector(selector)
 
 
 def _apply(sched, config: Config, old: dict[str, PolicyClassQueue]) -> None:  # noqa: ANN001

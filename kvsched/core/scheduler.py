@@ -66,6 +66,7 @@ class Scheduler:
                  event_device: OverlapIndex | None = None, event_offload: OverlapIndex | None = None,
                  speculative: OverlapIndex | None = None, speculative_ttl_s: float | None = None) -> None:
         self.config, self.ledger, self.selector = config, ledger, selector
+        self.selector_config = config.selector  # what `selector` was built from (`reload` may rebuild it)
         self.view = OverlapView(ledger, overlap, device=event_device, offload=event_offload, speculative=speculative,
                                 selector=config.selector, speculative_ttl_s=speculative_ttl_s)
         self.feed = PolicyFeed()
@@ -359,10 +360,12 @@ class Scheduler:
         """Every waiting / deferred request → Reject "shutting_down"; later enqueues too (`revoke.shutdown`)."""
         return revoke.shutdown(self, now_us)
 
-    def reload(self, config: Config) -> None:
-        """Apply a new scheduling profile (`reload.reload_profile`). Raises ValueError (old profile kept)."""
-        reload_profile(self, config)
+    def reload(self, config: Config) -> list[str]:
+        """Apply a new scheduling profile (`reload.reload_profile`). Returns the changed `[selector]` keys
+        for which the selector was rebuilt. Raises ValueError (old profile kept)."""
+        rebuilt = reload_profile(self, config)
         self._dirty = True
+        return rebuilt
 
     # ---- dispatch ----------------------------------------------------------------------------
     def _dispatch(self, now_us: int) -> Outcomes:
@@ -390,7 +393,7 @@ class Scheduler:
         return introspect.lease_rows(self, now_us, worker_id, policy_class, limit)
 
     def explain(self, request_id: str):  # noqa: ANN201 - ExplainReply | None
-        return introspect.explain(self.admitter.explain, request_id)
+        return introspect.explain(self.admitter.explain, request_id, self.selector.name)
 
 
 def _queueing(cls: ClassConfig) -> bool:

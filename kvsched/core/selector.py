@@ -90,6 +90,12 @@ class WorkerSelector(ABC):
     """
 
     name: str = ""
+    # True when the choice is the argmin of the cost `terms` sum to (kv, dynamo_cost); False for the
+    # baselines, whose rule reads other figures: `kvsched explain` then marks the cost as not used.
+    decides_by_cost: bool = False
+    # attributes holding what the selector learnt from past decisions (not configuration): a profile
+    # reload that rebuilds a selector of the same type carries them over (`kvsched.core.reload`)
+    learnt: tuple[str, ...] = ()
 
     def __init__(self, seed: int | None = None) -> None:
         self.rng = np.random.default_rng(seed)
@@ -139,6 +145,7 @@ class DynamoCostSelector(WorkerSelector):
     temperature T > 0: softmax of -(cost normalised to [0, 1] over the eligible rows) / T."""
 
     name = "dynamo_cost"
+    decides_by_cost = True
 
     def __init__(self, temperature: float = 0.0, seed: int | None = None) -> None:
         super().__init__(seed)
@@ -187,6 +194,7 @@ class RoundRobinSelector(WorkerSelector):
     """The next eligible row at or after the cursor (cyclic); the cursor moves past the pick."""
 
     name = "round_robin"
+    learnt = ("cursor",)
 
     def __init__(self, seed: int | None = None) -> None:
         super().__init__(seed)
@@ -264,6 +272,7 @@ class CacheAwareSelector(WorkerSelector):
     """
 
     name = "cache_aware"
+    learnt = ("cache_blocks",)
 
     def __init__(self, seed: int | None = None, cache_threshold: float = 0.3, balance_abs: int = 64,
                  balance_rel: float = 1.5) -> None:

@@ -230,12 +230,18 @@ def _reload(req: p.Reload, ctx: AdminContext):
         return _err(p.ErrorCode.INVALID, "the daemon was started without --config; give a path")
     try:
         cfg = load_config(path, overrides=ctx.config_overrides)
-        ctx.scheduler.reload(cfg)
+        rebuilt = ctx.scheduler.reload(cfg)
     except (ConfigError, ValueError) as exc:
         log.warning("reload refused path=%s reason=%s", path, exc)
         return _err(p.ErrorCode.INVALID, f"reload refused, old profile kept: {exc}")
     log.info("profile reloaded path=%s classes=%d", path, len(cfg.classes))
-    return p.OkReply(message=f"reloaded {path}: {len(cfg.classes)} classes")
+    message = f"reloaded {path}: {len(cfg.classes)} classes"
+    if rebuilt:
+        keys = ", ".join(rebuilt)
+        log.warning("reload: selector rebuilt as %s for changed keys %s (docs/DESIGN.md reload: learnt state is "
+                    "kept only when the type is unchanged)", cfg.selector.type, keys)
+        message += f"; selector rebuilt ({cfg.selector.type}) for changed {keys}"
+    return p.OkReply(message=message)
 
 
 def _err(code: p.ErrorCode, message: str) -> p.AdminError:

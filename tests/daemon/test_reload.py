@@ -73,3 +73,39 @@ def test_reload_keeps_queued_requests_and_refuses_invalid_files(tmp_path):
     finally:
         d.stop()
         purge(instance)
+
+
+def test_reload_rebuilds_the_selector_for_every_changed_selector_key(tmp_path):
+    """Was: a reload changing `[selector] type` / the `kv` weights replied "reloaded" and kept the old
+    selector in silence. Now the selector is rebuilt: the reply names the changed keys, and the next
+    decision is the new selector's (`explain` says which); keys read per decision (prefill_load_scale,
+    overlap_credit) apply without a rebuild."""
+    d = start_daemon(tmp_path, BASE)
+    instance = d.instance
+    cfg = tmp_path / f"{instance}.toml"
+
+    async def decide(rid: str) -> p.ExplainReply:
+        async with SchedulerClient(d.endpoint) as client:
+            lease = await client.schedule(rid, isl_tokens=32)
+            lease.release()
+        return admin.call(p.Explain(request_id=rid))
+
+    try:
+        admin = AdminClient(d.admin_endpoint)
+        assert asyncio.run(decide("r0")).decided_by == "kv"
+        cfg.write_text(BASE + "\n[selector]\nprefill_load_scale = 2.0\noverlap_credit = 0.5\n")
+        same = admin.call(p.Reload())
+        assert isinstance(same, p.OkReply) and "rebuilt" not in same.message, same
+        cfg.write_text(BASE + "\n[selector]\ntype = 'round_robin'\nprefill_weight = 4.0\nprefill_load_scale = 3.0\n")
+        reply = admin.call(p.Reload())
+        assert isinstance(reply, p.OkReply), reply
+        assert "selector rebuilt (round_robin)" in reply.message
+        assert "selector.type" in reply.message and "selector.prefill_weight" in reply.message
+        assert "prefill_load_scale" not in reply.message
+        assert asyncio.run(decide("r1")).decided_by == "round_robin"
+        again = admin.call(p.Reload())  # the same file again: nothing left to rebuild
+        assert isinstance(again, p.OkReply) and "rebuilt" not in again.message, again
+        admin.close()
+    finally:
+        d.stop()
+        purge(instance)
