@@ -2,7 +2,8 @@
 
 Mooncake (`conversation_trace.jsonl`, FAST'25 release): one JSON object per line with `timestamp`
 (ms since the trace start), `input_length`, `output_length` and `hash_ids` (one id per 512-token
-chained prefix block; two requests sharing leading ids share that KV prefix). Ids are mapped to u64
+chained prefix block; two requests sharing leading ids share that KV prefix). Ids are integers in
+0..2^64-1 (u64; a line with another value is refused naming `path:line`) and are mapped to u64
 block hashes with SplitMix64 (a bijection on u64, so distinct ids stay distinct) — the daemon's and
 the engine's hash tables then see well-spread, non-zero keys, as with real chained hashes.
 
@@ -23,12 +24,14 @@ from ..shm.mix import splitmix64_array
 
 MOONCAKE_BLOCK_SIZE = 512  # tokens per `hash_ids` entry in the Mooncake traces
 AZURE_BLOCK_SIZE = 16  # no hashes in the Azure traces; vLLM's default block size
+U64_MAX = (1 << 64) - 1
+
 
 class _MooncakeRow(msgspec.Struct):
     timestamp: float  # ms since the start of the trace
     input_length: int
     output_length: int
-    hash_ids: list[int] = []
+    hash_ids: list[int] = []  # each in 0..U64_MAX (checked by load_mooncake)
 
 
 def splitmix64(ids: np.ndarray) -> np.ndarray:
@@ -136,7 +139,12 @@ def load_trace(path: str | Path, limit: int | None = None) -> Trace:
 
 
 def load_mooncake(path: str | Path, limit: int | None = None) -> Trace:
-    """Mooncake JSON Lines → `Trace` (block_size 512, hashes = splitmix64(hash_ids))."""
+    """Mooncake JSON Lines → `Trace` (block_size 512, hashes = splitmix64(hash_ids)).
+
+    Raises:
+        ValueError: a line that is not JSON, or whose fields have the wrong type or range (hash ids
+            must be in 0..2^64-1); the message starts with `path:line`.
+    """
     decoder = msgspec.json.Decoder(_MooncakeRow)
     rows: list[_MooncakeRow] = []
     with open(path, "rb") as fh:
@@ -147,15 +155,18 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> Trace:
             if not line:
                 continue
             try:
-                rows.append(decoder.decode(line))
-            except msgspec.ValidationError as exc:
-                raise ValueError(f"{path}:{n + 1}: {exc}") from exc
+                row = decoder.decode(line)
+            except msgspec.DecodeError as exc:  # not JSON, or a field of the wrong type (ValidationError)
+                raise ValueError(f"{path}:{n + 1}: {exc}") from None
+            if row.hash_ids and (min(row.hash_ids) < 0 or max(row.hash_ids) > U64_MAX):
+                bad = next(h for h in row.hash_ids if not 0 <= h <= U64_MAX)
+                raise ValueError(f"{path}:{n + 1}: hash_ids value {bad} is out of range (ids are integers "
+                                 f"in 0..2^64-1 = 0..{U64_MAX})")
+            rows.append(row)
     counts = np.fromiter((len(r.hash_ids) for r in rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    ids = np.fromiter((h for r in rows for h in r.hash_ids), dtype=np.int64, count=int(offsets[-1]))
-    if ids.size and ids.min() < 0:
-        raise ValueError(f"{path}: negative hash id")
+    ids = np.fromiter((h for r in rows for h in r.hash_ids), dtype=np.uint64, count=int(offsets[-1]))
     ts = np.array([r.timestamp for r in rows], dtype=np.float64)
     return Trace(
         arrival_us=_relative_us(ts * 1000.0),

@@ -72,3 +72,30 @@ def test_bundled_slice_loads_with_block_size_512():
     t = load_trace(str(path))
     assert len(t) >= 100 and t.block_size == 512
     assert all(len(t.hashes_of(i)) == -(-int(t.isl[i]) // 512) for i in range(len(t)))
+
+
+def test_mooncake_hash_ids_span_full_u64_when_loaded(tmp_path):
+    """Ids are any u64 (SplitMix64 is a bijection on u64): 2^63 and 2^64-1 load, distinct and mixed."""
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 1, '
+                 '"hash_ids": [9223372036854775808, 18446744073709551615]}\n')
+    t = load_trace(p)
+    expect = splitmix64(np.array([2**63, 2**64 - 1], dtype=np.uint64)).tolist()
+    assert t.hashes.tolist() == expect and len(set(expect)) == 2
+
+
+@pytest.mark.parametrize("ids", ["[18446744073709551616]", "[-1]"])
+def test_mooncake_hash_id_out_of_u64_names_path_line(tmp_path, ids):
+    p = tmp_path / "t.jsonl"
+    p.write_text(MOONCAKE.splitlines()[0] + "\n"
+                 + f'{{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": {ids}}}\n')
+    with pytest.raises(ValueError, match=rf"^{p}:2: ") as err:
+        load_trace(p)
+    assert "hash_ids" in str(err.value)
+
+
+def test_mooncake_malformed_json_names_path_line(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(MOONCAKE.splitlines()[0] + "\n" + MOONCAKE.splitlines()[1] + "\n{1: 2}\n")
+    with pytest.raises(ValueError, match=rf"^{p}:3: JSON is malformed"):
+        load_trace(p)
