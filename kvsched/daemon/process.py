@@ -1,8 +1,10 @@
 """Run `kvsched-daemon` as a child process (tests, `kvsched replay`, scripts).
 
 The child prints `KVSCHED_READY <endpoint> <admin_endpoint>` on stdout once it is ready (the same
-moment it sends READY=1 to systemd); `DaemonProcess.start` waits for that line. Logs go to
-`<runtime_dir>/<instance>.log`.
+moment it sends READY=1 to systemd); `DaemonProcess.start` waits for that line, calling
+`on_wait(elapsed_s)` about once a second meanwhile (the first start on a machine compiles the numba
+kernels: about a minute on a busy 2-core machine; cached afterwards, README "Quick start"). Logs go to `<runtime_dir>/<instance>.log` unless
+`log_path` says otherwise.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import DaemonUnavailable
@@ -54,8 +57,13 @@ class DaemonProcess:
         extra_args: list[str] | tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         ready_timeout_s: float = 60.0,
+        log_path: Path | None = None,
+        on_wait: Callable[[float], None] | None = None,
     ) -> "DaemonProcess":
         """Start a daemon with private ipc endpoints in `runtime_dir` and wait until it is ready.
+
+        `log_path`: its stderr (appended; default `<runtime_dir>/<instance>.log`). `on_wait`: called
+        with the seconds waited so far, about once a second, until it is ready (progress display).
 
         Raises:
             DaemonUnavailable: it exited or did not become ready within `ready_timeout_s` (the
@@ -72,9 +80,9 @@ class DaemonProcess:
         child_env = dict(os.environ if env is None else env)
         child_env.pop("KVSCHED_ENDPOINT", None)
         child_env.pop("KVSCHED_ADMIN_ENDPOINT", None)
-        log_path = runtime_dir / f"{instance}.log"
+        log_path = Path(log_path) if log_path is not None else runtime_dir / f"{instance}.log"
         handle = cls(cls._spawn(argv, child_env, log_path), endpoint, admin, log_path, argv, child_env)
-        handle.wait_ready(ready_timeout_s)
+        handle.wait_ready(ready_timeout_s, on_wait)
         return handle
 
     @staticmethod
@@ -91,8 +99,12 @@ class DaemonProcess:
         self.proc = self._spawn(self.argv, self.env, self.log_path)
         self.wait_ready(ready_timeout_s)
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Block until the child printed its ready line."""
+    def wait_ready(self, timeout_s: float = 60.0, on_wait: Callable[[float], None] | None = None) -> None:
+        """Block until the child printed its ready line; `on_wait(elapsed_s)` about once a second meanwhile.
+
+        Raises:
+            DaemonUnavailable: it exited first, or `timeout_s` passed (then it is SIGKILLed).
+        """
         box: list[bytes] = []
 
         def reader() -> None:
@@ -104,7 +116,14 @@ class DaemonProcess:
 
         t = threading.Thread(target=reader, daemon=True)
         t.start()
-        t.join(timeout_s)
+        start = time.monotonic()
+        while t.is_alive():
+            left = timeout_s - (time.monotonic() - start)
+            if left <= 0:
+                break
+            t.join(min(1.0, left))
+            if t.is_alive() and on_wait is not None:
+                on_wait(time.monotonic() - start)
         if not box:
             code = self.proc.poll()
             self.kill()

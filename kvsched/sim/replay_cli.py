@@ -60,6 +60,7 @@ def replay(
     kv_encoding: Annotated[str, typer.Option(help="KV-event encoding: array (vLLM before PR #42892) | map (after).")] = "array",
     kv_transport: Annotated[str, typer.Option(help="KV-event sockets: ipc (replay runtime dir) | tcp (loopback).")] = "ipc",
     overlap_mode: Annotated[Optional[str], typer.Option(help="--virtual only: events | approx | none (default: events, or approx with --no-kv-events).")] = None,
+    daemon_ready_timeout: Annotated[float, typer.Option(min=0.0, help="Seconds to wait for the private daemon to be ready (its first start on a machine compiles the kernels: ~1 min on a busy 2-core machine, cached afterwards). On failure its log is kept as --out/daemon.log and its shared memory removed.")] = 300.0,
 ) -> None:
     """Replay a request trace through the scheduler and a simulated fleet; print a summary.
 
@@ -102,6 +103,7 @@ def replay(
         kv_blocks=kv_blocks, max_num_batched_tokens=max_num_batched_tokens, selector=selector, seed=seed,
         profile=profile, class_rule=class_rule,
         kv_events=kv_events, kv_encoding=kv_encoding, kv_transport=kv_transport, overlap_mode=overlap_mode,
+        daemon_ready_timeout_s=daemon_ready_timeout,
     )
     try:
         summary = run_replay(opts, console)

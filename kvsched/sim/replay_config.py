@@ -50,6 +50,9 @@ class ReplayOptions:
     overlap_mode: str | None = None  # virtual only: "events" | "approx" | "none"; None = from kv_events
     router_via: str = "daemon"  # wall only: "daemon" | "dynamo" (NVIDIA Dynamo's selection service routes)
     overlap_sample_every: int = 0  # wall, daemon routing: compare the daemon's and Dynamo's overlap every N-th row
+    # wall, private daemon: wait this long for it to be ready (its first start compiles the kernels: ~1 min on
+    # a busy 2-core machine; the same 300 s as the k8s startupProbe / systemd TimeoutStartSec in docs/DEPLOY.md)
+    daemon_ready_timeout_s: float = 300.0
 
 
 def fleet_spec_for(opts: ReplayOptions, trace: Trace) -> FleetSpec:

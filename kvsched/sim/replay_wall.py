@@ -33,9 +33,13 @@ LEDGER_ZERO_TIMEOUT_S = 10.0  # releases are asynchronous: wait this long for th
 DYNAMO_SUBSCRIBE_S = 1.0  # after registering engines with Dynamo: time for its KV-event subscriptions
 
 
+DAEMON_WAIT_NOTE_S = (5.0, 15.0)  # while the private daemon starts: first progress line after 5 s, then every 15 s
+
+
 @dataclass(slots=True)
 class _Procs:
     runtime_dir: Path
+    instance: str | None = None  # the private daemon's instance (names its /dev/shm segments)
     daemon: object | None = None
     fleet: mp.Process | None = None
     routers: list = field(default_factory=list)
@@ -60,7 +64,7 @@ def run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profil
             raise ValueError("Dynamo needs the engines' KV events (drop --no-kv-events)")
         transport = "tcp" if use_dynamo else opts.kv_transport  # Dynamo's subscriber gets loopback tcp
         kv_eps = kv_event_endpoints(spec, procs.runtime_dir, transport) if opts.kv_events else ()
-        endpoint, admin = _start_daemon(opts, spec, procs, profile, kv_eps)
+        endpoint, admin = _start_daemon(opts, spec, procs, profile, kv_eps, console)
         dynamo_url = _start_dynamo(procs) if use_dynamo else None
         if procs.daemon is not None and console is not None:  # its sockets are in a private directory
             console.print(f"daemon admin endpoint: {admin}\n  inspect it while it runs: kvsched --admin-endpoint {admin} status",
@@ -117,7 +121,13 @@ def _sigterm_to_exit(signum, frame) -> None:  # noqa: ANN001 - signal handler si
 
 
 def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: Config | None,
-                  kv_eps: tuple = ()) -> tuple[str, str | None]:
+                  kv_eps: tuple = (), console=None) -> tuple[str, str | None]:
+    """Start the private daemon (its log: `<out>/daemon.log`), or note the external one; (endpoint, admin).
+
+    Raises:
+        DaemonUnavailable: it exited or was not ready within `opts.daemon_ready_timeout_s` (the
+            message names the kept log; `_stop_all` removes its shared memory).
+    """
     if opts.endpoint:
         opts.notes.append(f"external daemon at {opts.endpoint}: its [[workers]] must be 0..{spec.workers - 1}")
         if kv_eps:
@@ -127,6 +137,8 @@ def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: 
     from ..daemon.process import DaemonProcess
 
     cfg = procs.runtime_dir / "replay.toml"
+    log_path = opts.out / "daemon.log"  # kept after the run (the runtime dir is removed)
+    log_path.unlink(missing_ok=True)
     if profile is None:
         selector = "kv" if opts.router_via == "dynamo" else opts.selector  # the daemon only watches then
         cfg.write_text(config_toml(spec, selector, opts.seed, time_scale=opts.speedup, kv_events=kv_eps))
@@ -134,8 +146,27 @@ def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: 
         cfg.write_text(config_dict_toml(replay_config_dict(spec, opts, profile, time_scale=opts.speedup,
                                                            kv_events=kv_eps)))
         load_config(cfg, env={})  # fail here, naming the file, rather than in the daemon's log
-    procs.daemon = DaemonProcess.start(cfg, instance=f"replay-{os.getpid()}", runtime_dir=procs.runtime_dir)
+    procs.instance = f"replay-{os.getpid()}"
+    procs.daemon = DaemonProcess.start(cfg, instance=procs.instance, runtime_dir=procs.runtime_dir, log_path=log_path,
+                                       ready_timeout_s=opts.daemon_ready_timeout_s, on_wait=_wait_note(console))
     return procs.daemon.endpoint, procs.daemon.admin_endpoint
+
+
+def _wait_note(console):
+    """`on_wait` for `DaemonProcess.start`: a line after 5 s and every 15 s after, so a cold start
+    (numba compiling the kernels, cached for later starts) does not look like a hang."""
+    if console is None:
+        return None
+    first, every = DAEMON_WAIT_NOTE_S
+    due = [first]
+
+    def note(elapsed_s: float) -> None:
+        if elapsed_s >= due[0]:
+            due[0] += every
+            console.print(f"daemon compiling kernels (first start, cached afterwards)… {elapsed_s:.0f}s",
+                          markup=False, highlight=False)
+
+    return note
 
 
 def _start_dynamo(procs: _Procs) -> str:
@@ -225,6 +256,18 @@ def _merge(procs: _Procs, routers: int, trace: Trace, run_tag: str, load_scale: 
     return [by_index[i] for i in range(len(trace))]
 
 
+def _purge(instance: str) -> None:
+    """Remove the private daemon's /dev/shm segments and lock file (`kvsched-daemon --purge`): a clean
+    stop leaves nothing, but a daemon killed while starting (ready timeout, Ctrl-C) leaves them all."""
+    from ..daemon.instance_lock import purge_instance
+    from ..errors import ConfigError
+
+    try:
+        purge_instance(instance)
+    except ConfigError as exc:  # it outlived its stop: not ours to remove under it
+        log.warning("replay: shared memory of instance %s left in /dev/shm: %s", instance, exc)
+
+
 def _stop_all(procs: _Procs, keep: bool) -> None:
     for proc in procs.routers:
         if proc.is_alive():
@@ -244,6 +287,8 @@ def _stop_all(procs: _Procs, keep: bool) -> None:
             procs.daemon.stop(timeout_s=10)
         except Exception as exc:  # stopping must not hide the run's own result
             log.warning("replay: daemon stop failed err=%s", exc)
+    if procs.instance is not None:
+        _purge(procs.instance)
     if not keep:
         shutil.rmtree(procs.runtime_dir, ignore_errors=True)
 

@@ -1,0 +1,67 @@
+"""A wall-clock replay whose private daemon does not come up: its log is kept, its shared memory removed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from kvsched.daemon.instance_lock import LOCK_DIR
+from kvsched.daemon.process import DaemonProcess
+from kvsched.errors import DaemonUnavailable
+from kvsched.shm.layout import segment_names
+from kvsched.sim.replay import ReplayOptions, run_replay
+
+SLICE = Path(str(files("kvsched") / "data" / "mooncake_slice.jsonl"))
+
+
+def _instance_files(instance: str) -> list[str]:
+    return sorted(p.name for p in LOCK_DIR.glob(f"kvsched-{instance}*"))
+
+
+@pytest.mark.timeout(240)
+def test_daemon_killed_during_start_up_leaves_no_shared_memory_and_a_kept_log(tmp_path, monkeypatch):
+    """1. a wall replay starts its private daemon;
+    2. once the daemon has created its /dev/shm segments it is treated as not ready in time (SIGKILL,
+       as a ready timeout does during a cold kernel compile).
+    Result: DaemonUnavailable naming `<out>/daemon.log`, which exists and holds the daemon's output;
+    no segment and no lock file of the instance is left in /dev/shm."""
+    instance = f"replay-{os.getpid()}"
+    original = DaemonProcess.wait_ready
+
+    def ready_once_segments_exist(self, timeout_s=60.0, *args, **kwargs):
+        deadline = time.monotonic() + 180
+        while not all((LOCK_DIR / n).exists() for n in segment_names(instance)):
+            assert self.proc.poll() is None, "daemon exited before creating its segments"
+            assert time.monotonic() < deadline, "daemon created no segments in 180 s"
+            time.sleep(0.05)
+        return original(self, 0.0)  # not ready "in time": SIGKILLed with its segments in place
+
+    monkeypatch.setattr(DaemonProcess, "wait_ready", ready_once_segments_exist)
+    out = tmp_path / "out"
+    with pytest.raises(DaemonUnavailable) as err:
+        run_replay(ReplayOptions(trace=SLICE, routers=1, workers=2, speedup=50.0, limit=5, out=out))
+    log = out / "daemon.log"
+    assert str(log) in str(err.value)
+    assert log.is_file() and log.stat().st_size > 0
+    assert _instance_files(instance) == []
+
+
+@pytest.mark.timeout(120)
+def test_replay_cli_ready_timeout_exits_3_naming_a_log_that_exists_and_leaves_no_shared_memory(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvsched.cli", "replay", str(SLICE), "--limit", "5", "--routers", "1",
+         "--workers", "2", "--out", str(out), "--daemon-ready-timeout", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, stderr = proc.communicate(timeout=110)
+    assert proc.returncode == 3, stderr
+    assert "not ready within" in stderr and str(out / "daemon.log") in stderr
+    assert (out / "daemon.log").is_file()
+    assert "Traceback" not in stderr
+    assert _instance_files(f"replay-{proc.pid}") == []
