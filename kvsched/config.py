@@ -284,6 +284,14 @@ NON_CONFIG_ENV = frozenset({
 })
 
 
+def config_env_names(env: Mapping[str, str]) -> list[str]:
+    """The `KVSCHED_<X>_<Y>` variables of `env` the loader reads as config overrides (or refuses as
+    unknown sections): every `KVSCHED_` name with an inner `_` that is not one of `NON_CONFIG_ENV`.
+    Sorted. A process that writes its daemon's whole config (`kvsched replay`) drops these."""
+    return sorted(name for name in env if name.startswith(_ENV_PREFIX) and name not in NON_CONFIG_ENV
+                  and "_" in name[len(_ENV_PREFIX):].strip("_"))
+
+
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """`KVSCHED_<SECTION>_<KEY>=value` → {section: {key: value}} for the scalar sections.
 

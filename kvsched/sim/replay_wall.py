@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import Config, load_config
+from ..config import Config, config_env_names, load_config
 from .classes import ClassAssignment
 from .fleet_spec import FleetSpec, config_toml
 from .progress_bar import progress_bar
@@ -148,8 +148,26 @@ def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: 
         load_config(cfg, env={})  # fail here, naming the file, rather than in the daemon's log
     procs.instance = f"replay-{os.getpid()}"
     procs.daemon = DaemonProcess.start(cfg, instance=procs.instance, runtime_dir=procs.runtime_dir, log_path=log_path,
-                                       ready_timeout_s=opts.daemon_ready_timeout_s, on_wait=_wait_note(console))
+                                       env=_daemon_env(console), ready_timeout_s=opts.daemon_ready_timeout_s,
+                                       on_wait=_wait_note(console))
     return procs.daemon.endpoint, procs.daemon.admin_endpoint
+
+
+def _daemon_env(console) -> dict[str, str]:
+    """This process's environment without the `KVSCHED_<SECTION>_<KEY>` config overrides: the config
+    the replay writes is the whole of its daemon's (the summary reports it; `--virtual` reads no
+    environment either). Names what it drops in one line."""
+    env = dict(os.environ)
+    dropped = config_env_names(env)
+    for name in dropped:
+        del env[name]
+    if dropped:
+        line = f"replay: not passed to its daemon (the replay writes the daemon's config): {', '.join(dropped)}"
+        if console is not None:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            log.warning("%s", line)
+    return env
 
 
 def _wait_note(console):

@@ -65,3 +65,33 @@ def test_replay_cli_ready_timeout_exits_3_naming_a_log_that_exists_and_leaves_no
     assert (out / "daemon.log").is_file()
     assert "Traceback" not in stderr
     assert _instance_files(f"replay-{proc.pid}") == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_kvsched_config_environment_does_not_reach_the_replays_daemon(tmp_path, monkeypatch):
+    """1. KVSCHED_DAEMON_MAX_WORKERS=1 (a config override that contradicts the replay's 2 workers) and
+       KVSCHED_DEBUG_STALL_S (not a config variable) are in the environment;
+    2. a wall replay of 20 requests on 2 workers runs.
+    Result: the daemon starts with the replay's own config (the override would have made it refuse
+    to start) and every request completes; the console names the dropped variable, once; the
+    non-config variable still reaches the daemon."""
+    from rich.console import Console
+
+    monkeypatch.setenv("KVSCHED_DAEMON_MAX_WORKERS", "1")
+    monkeypatch.setenv("KVSCHED_DEBUG_STALL_S", "0.5")
+    seen: list[dict] = []
+    original = DaemonProcess.start.__func__
+
+    def start(cls, *args, **kwargs):
+        seen.append(dict(kwargs.get("env") or os.environ))
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(DaemonProcess, "start", classmethod(start))
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))
+    summary = run_replay(ReplayOptions(trace=SLICE, routers=1, workers=2, speedup=50.0, limit=20,
+                                       out=tmp_path / "out"), console)
+    assert summary.completed == 20
+    assert "KVSCHED_DAEMON_MAX_WORKERS" not in seen[0] and seen[0]["KVSCHED_DEBUG_STALL_S"] == "0.5"
+    lines = [ln for ln in console.export_text().splitlines() if "KVSCHED_DAEMON_MAX_WORKERS" in ln]
+    assert len(lines) == 1 and "not passed to its daemon" in lines[0]
