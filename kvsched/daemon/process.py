@@ -125,6 +125,11 @@ class DaemonProcess:
             if t.is_alive() and on_wait is not None:
                 on_wait(time.monotonic() - start)
         if not box:
+            if not t.is_alive():  # its stdout closed: it is exiting; let it finish so its code is known
+                try:
+                    self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    pass
             code = self.proc.poll()
             self.kill()
             why = f"exited with code {code}" if code is not None else f"was not ready within {timeout_s:.0f}s"

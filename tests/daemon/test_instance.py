@@ -112,3 +112,13 @@ def test_a_lock_file_unlinked_between_open_and_flock_is_not_the_one_kept(monkeyp
     finally:
         lock.release()
     assert not path.exists()
+
+
+def test_a_daemon_that_exits_during_start_is_reported_with_its_exit_code_not_as_a_timeout(tmp_path):
+    """Its stdout closes as it exits: the wait must report the exit (and its code), never 'not ready'."""
+    env = dict(os.environ, KVSCHED_DAEMON_MAX_WORKERS="0")  # invalid: the daemon refuses its config, exit 2
+    for k in range(3):
+        with pytest.raises(DaemonUnavailable, match="exited with code 2") as err:
+            DaemonProcess.start(None, instance=unique_instance(), runtime_dir=tmp_path / str(k), env=env,
+                                extra_args=["--workers", "1"], ready_timeout_s=60)
+        assert "max_workers" in str(err.value)
