@@ -60,12 +60,28 @@ def make_engines(spec: FleetSpec, max_macro_us: int = 1_000_000) -> dict[WorkerK
     }
 
 
+# The selector's keys that are spans of the simulated timeline (decays and lifetimes the daemon measures
+# on its clock): a wall-clock replay at speedup S divides them by S so they span the same simulated time
+# as in `--virtual`. Each class's `queue_timeout_s` is scaled the same way (replay_config.py). Not scaled:
+# the predicted-seconds keys (`lead_max_extra_ttft_s`, `prefill_seconds_ref_us`, `prefill_us_per_token`,
+# `prefill_attn_us_per_token_ktoken`) compare the cost model's predictions of simulated engine time, which
+# no clock enters; and the process timers (`[daemon]` heartbeat / liveness / fold / shutdown / health,
+# `kv_events_stale_after_s`), which watch the processes and sockets themselves, not the trace's timeline.
+SIMULATED_TIME_SELECTOR_KEYS = ("approx_ttl_s", "recent_half_life_s", "home_half_life_s")
+
+
+def scaled_selector_times(selector: SelectorConfig, time_scale: float) -> dict[str, float]:
+    """{key: value / time_scale} for `SIMULATED_TIME_SELECTOR_KEYS` of `selector` (s)."""
+    return {key: getattr(selector, key) / time_scale for key in SIMULATED_TIME_SELECTOR_KEYS}
+
+
 def config_dict(spec: FleetSpec, selector: str = "kv", seed: int | None = None,
                 time_scale: float = 1.0, kv_events: tuple[tuple[str, str | None], ...] = ()) -> dict[str, Any]:
     """The config as a plain dict (the shape TOML parses to).
 
-    `time_scale` (the replay's speedup) divides the wall-clock durations the daemon applies
-    (`selector.approx_ttl_s`), so they mean the same span of simulated time. `kv_events`: (pub,
+    `time_scale` (the replay's speedup) divides the simulated-time spans the daemon measures on its
+    clock (`SIMULATED_TIME_SELECTOR_KEYS`: `approx_ttl_s`, `recent_half_life_s`, `home_half_life_s`),
+    so they mean the same span of simulated time as in a `--virtual` run. `kv_events`: (pub,
     replay) endpoints per worker (`fleet.kv_event_endpoints`), written as `kv_events_endpoint` /
     `kv_replay_endpoint`; () = no KV events.
     """
@@ -73,7 +89,7 @@ def config_dict(spec: FleetSpec, selector: str = "kv", seed: int | None = None,
     if seed is not None:
         sel["seed"] = seed
     if time_scale != 1.0:
-        sel["approx_ttl_s"] = SelectorConfig().approx_ttl_s / time_scale
+        sel.update(scaled_selector_times(SelectorConfig(), time_scale))
     workers = [
         {
             "worker_id": w,

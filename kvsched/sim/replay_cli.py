@@ -38,7 +38,7 @@ def replay(
                                           exists=True, dir_okay=False, readable=True)],
     routers: Annotated[int, typer.Option(min=1, max=64, help="Router processes replaying the arrivals.")] = 4,
     workers: Annotated[int, typer.Option(min=1, max=1024, help="Simulated engines (workers 0..N-1, one rank each).")] = 4,
-    speedup: Annotated[float, typer.Option(min=0.001, help="Compress the whole timeline (arrivals and engine time).")] = 1.0,
+    speedup: Annotated[float, typer.Option(min=0.001, help="Compress the whole timeline: arrivals, engine time and the scheduler's TTLs, half-lives and queue timeouts.")] = 1.0,
     load_scale: Annotated[float, typer.Option(min=0.001, help="Compress arrivals only (more load on the same fleet).")] = 1.0,
     limit: Annotated[Optional[int], typer.Option(min=1, help="Replay only the first N requests.")] = None,
     virtual: Annotated[bool, typer.Option("--virtual", help="Discrete-event driver in process (no daemon, no sockets).")] = False,

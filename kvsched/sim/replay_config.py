@@ -17,7 +17,7 @@ import msgspec
 from ..config import Config, config_from_dict, load_config
 from .classes import (ClassAssignment, assign_classes, check_class_names, parse_class_rule,
                       read_class_column)
-from .fleet_spec import FleetSpec, config_dict
+from .fleet_spec import FleetSpec, config_dict, scaled_selector_times
 from .trace import Trace
 
 
@@ -102,8 +102,10 @@ def replay_config_dict(spec: FleetSpec, opts: ReplayOptions, profile: Config | N
     The replay's own `[daemon]` and `[[workers]]` always win (block size, capacities, endpoints come
     from the simulated fleet; the profile's are ignored). From the profile: `default_class`,
     `[[classes]]`, `[overload]` and `[selector]` except `type` (from --selector) and `seed` (from
-    --seed unless that is None). Wall-clock durations (`selector.approx_ttl_s`, each class's
-    `queue_timeout_s`) are divided by `time_scale` (the speedup) so they keep their simulated length.
+    --seed unless that is None). The simulated-time spans the daemon measures on its clock (the
+    selector's `approx_ttl_s`, `recent_half_life_s`, `home_half_life_s` — `fleet_spec.SIMULATED_TIME_SELECTOR_KEYS`,
+    which also says what is not scaled and why — and each class's `queue_timeout_s`) are divided by
+    `time_scale` (the speedup) so they keep their simulated length.
     """
     raw = config_dict(spec, opts.selector, opts.seed, time_scale, kv_events)
     if profile is None:
@@ -112,7 +114,7 @@ def replay_config_dict(spec: FleetSpec, opts: ReplayOptions, profile: Config | N
     sel.pop("type", None)
     if opts.seed is not None:
         sel.pop("seed", None)
-    sel["approx_ttl_s"] = profile.selector.approx_ttl_s / time_scale
+    sel.update(scaled_selector_times(profile.selector, time_scale))
     raw["selector"].update(sel)
     overload = _set_fields(profile.overload)
     if overload:

@@ -186,3 +186,36 @@ def test_cli_usage_error_names_unknown_class_and_profile_classes(tmp_path):
     assert res.exit_code == 2
     text = " ".join(res.output.replace("│", " ").split())  # rich may box and wrap the message
     assert "'bulk'" in text and "'latency', 'agents', 'batch'" in text
+
+
+@pytest.mark.parametrize("speedup", [1.0, 20.0])
+def test_wall_replay_daemon_config_divides_every_simulated_time_span_by_the_speedup(tmp_path, speedup):
+    """The TOML a wall replay's daemon starts from (with and without --profile) has the selector's
+    approx_ttl_s, recent_half_life_s, home_half_life_s and each class's queue_timeout_s = configured / S;
+    the cost model's predicted-seconds keys and the process timers are not scaled."""
+    from kvsched.config import Config
+    from kvsched.sim.fleet_spec import config_toml
+
+    prof = tmp_path / "p.toml"
+    prof.write_text(PROFILE.read_text() + "\n[selector]\nrecent_half_life_s = 12.0\nhome_half_life_s = 40.0\n"
+                    "approx_ttl_s = 60.0\nlead_max_extra_ttft_s = 2.0\nprefill_seconds_ref_us = 50.0\n")
+    profile = load_config(prof, env={})
+    spec = FleetSpec(workers=2)
+    opts = ReplayOptions(trace=tmp_path / "x.jsonl")
+    written = tmp_path / "replay.toml"
+    written.write_text(config_dict_toml(replay_config_dict(spec, opts, profile, time_scale=speedup)))
+    cfg = load_config(written, env={})
+    assert cfg.selector.recent_half_life_s == pytest.approx(12.0 / speedup)
+    assert cfg.selector.home_half_life_s == pytest.approx(40.0 / speedup)
+    assert cfg.selector.approx_ttl_s == pytest.approx(60.0 / speedup)
+    assert cfg.selector.lead_max_extra_ttft_s == 2.0 and cfg.selector.prefill_seconds_ref_us == 50.0
+    for got, conf in zip(cfg.classes, profile.classes):
+        assert got.queue_timeout_s == (None if conf.queue_timeout_s is None else pytest.approx(conf.queue_timeout_s / speedup))
+    assert any(c.queue_timeout_s is not None for c in profile.classes)
+    default = Config()
+    written.write_text(config_toml(spec, "kv", 0, time_scale=speedup))
+    cfg = load_config(written, env={})
+    for key in ("approx_ttl_s", "recent_half_life_s", "home_half_life_s"):
+        assert getattr(cfg.selector, key) == pytest.approx(getattr(default.selector, key) / speedup), key
+    assert cfg.daemon.heartbeat_ms == default.daemon.heartbeat_ms
+    assert cfg.daemon.liveness_timeout_ms == default.daemon.liveness_timeout_ms
