@@ -9,13 +9,18 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+
 def selector_types() -> tuple[str, ...]:
-    """The `[selector] type` values the config accepts (one list: the config's Literal)."""
+    """The `[selector] type` values the config accepts (one list: the config's Literal, which
+    `core.selector.create_selector` implements in full)."""
     from typing import get_args, get_type_hints
 
     from ..config import SelectorConfig
 
     return get_args(get_type_hints(SelectorConfig)["type"])
+
+
+SELECTOR_HELP = "Worker selection (docs/ROUTING.md): " + ", ".join(selector_types()) + "."
 
 
 EXIT_OK = 0
@@ -48,7 +53,7 @@ def replay(
     block_size: Annotated[Optional[int], typer.Option(min=1, help="Tokens per KV block (default: the trace's, 512 for Mooncake).")] = None,
     kv_blocks: Annotated[Optional[int], typer.Option(min=1, help="KV blocks per engine (default: Llama-3-8B on an H100-80GB).")] = None,
     max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="Per-step token budget per engine.")] = 8192,
-    selector: Annotated[str, typer.Option(help="Worker selection: kv, round_robin, random, least_loaded, power_of_two, cache_aware.")] = "kv",
+    selector: Annotated[str, typer.Option(help=SELECTOR_HELP)] = "kv",
     seed: Annotated[int, typer.Option(help="Seed for the selector's tie-breaks.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the table.")] = False,
     profile: Annotated[Optional[Path], typer.Option(
@@ -82,7 +87,8 @@ def replay(
     from .summary import class_table, summary_table
 
     if selector not in selector_types():
-        raise typer.BadParameter(f"unknown selector {selector!r}", param_hint="--selector")
+        raise typer.BadParameter(f"unknown selector {selector!r}; valid: {', '.join(selector_types())}",
+                                 param_hint="--selector")
     for name, value, allowed in (("--kv-encoding", kv_encoding, ("array", "map")), ("--kv-transport", kv_transport, ("ipc", "tcp")),
                                  ("--overlap-mode", overlap_mode or "events", ("events", "approx", "none"))):
         if value not in allowed:
