@@ -82,7 +82,11 @@ class DaemonProcess:
         child_env.pop("KVSCHED_ADMIN_ENDPOINT", None)
         log_path = Path(log_path) if log_path is not None else runtime_dir / f"{instance}.log"
         handle = cls(cls._spawn(argv, child_env, log_path), endpoint, admin, log_path, argv, child_env)
-        handle.wait_ready(ready_timeout_s, on_wait)
+        try:
+            handle.wait_ready(ready_timeout_s, on_wait)
+        except BaseException:  # e.g. Ctrl-C while waiting: the caller never gets a handle to stop it with
+            handle.kill()
+            raise
         return handle
 
     @staticmethod

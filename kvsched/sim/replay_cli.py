@@ -26,6 +26,7 @@ SELECTOR_HELP = "Worker selection (docs/ROUTING.md): " + ", ".join(selector_type
 EXIT_OK = 0
 EXIT_DAEMON_ERROR = 1
 EXIT_UNREACHABLE = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 CLASS_RULE_HELP = (
     "How requests get a policy class (names must be the profile's classes): "
@@ -113,6 +114,12 @@ def replay(
     )
     try:
         summary = run_replay(opts, console)
+    except KeyboardInterrupt:  # run_replay has stopped its processes and removed their shared memory
+        log = out / "daemon.log"
+        typer.echo("kvsched replay: interrupted" + ("" if virtual else "; cleaned up (processes stopped, shared memory removed"
+                                                    + (f"; daemon log {log})" if log.exists() and not endpoint else ")")),
+                   err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except ClassRuleError as exc:  # a column value naming an unknown class
         raise typer.BadParameter(str(exc), param_hint="--class-rule") from None
     except DaemonUnavailable as exc:

@@ -77,7 +77,7 @@ def run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profil
                               kv_events=kv_eps, kv_encoding=opts.kv_encoding, kv_token_ids=use_dynamo)
         procs.fleet = ctx.Process(target=fleet_main, args=(fparams, fleet_ready, go, t0, procs.fleet_stop),
                                   name="kvsched-fleet", daemon=True)
-        procs.fleet.start()
+        _start_ignoring_sigint(procs.fleet)
         readies = []
         for k in range(opts.routers):
             ready = ctx.Event()
@@ -89,7 +89,7 @@ def run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profil
                               overlap_path=str(procs.runtime_dir / f"overlap-{k}.jsonl"))
             proc = ctx.Process(target=router_main, args=(rp, ready, go, t0, counter), name=f"kvsched-router-{k}",
                                daemon=True)
-            proc.start()
+            _start_ignoring_sigint(proc)
             procs.routers.append(proc)
             readies.append(ready)
         _wait_ready([fleet_ready, *readies], [procs.fleet, *procs.routers], ROUTER_READY_TIMEOUT_S)
@@ -111,8 +111,23 @@ def run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profil
         _merge_overlap_samples(procs.runtime_dir, opts.routers, opts.out / "overlap_samples.jsonl")
         return results, wall_s, ledger_zero
     finally:
-        _stop_all(procs, keep=opts.keep_runtime_dir)
-        signal.signal(signal.SIGTERM, previous)
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        try:
+            _stop_all(procs, keep=opts.keep_runtime_dir)
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _start_ignoring_sigint(proc: mp.Process) -> None:
+    """Start a spawned child with SIGINT ignored (inherited across exec; Python then installs no
+    KeyboardInterrupt handler): a Ctrl-C to the process group interrupts this process only, whose
+    cleanup stops the children (SIGTERM / the fleet's stop event) without a traceback from each."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _sigterm_to_exit(signum, frame) -> None:  # noqa: ANN001 - signal handler signature

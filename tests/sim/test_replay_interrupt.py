@@ -1,0 +1,52 @@
+"""Ctrl-C of a running wall-clock replay: one line, exit status 130, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from kvsched.daemon.instance_lock import LOCK_DIR
+
+SLICE = Path(str(files("kvsched") / "data" / "mooncake_slice.jsonl"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigint_to_the_replays_process_group_prints_one_line_and_exits_130(tmp_path):
+    """1. `kvsched replay` (private daemon, fleet, 2 routers) runs in its own process group;
+    2. once its routers replay (the progress line is printed), SIGINT goes to the whole group, as a
+       terminal's Ctrl-C does.
+    Result: exit status 130, one 'interrupted; cleaned up' line, no traceback from any process; the
+    daemon stopped (its log says so) and its /dev/shm segments and lock file are gone."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvsched.cli", "replay", str(SLICE), "--limit", "600", "--routers", "2",
+         "--workers", "2", "--speedup", "5", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=dict(os.environ, COLUMNS="200"))
+    try:
+        deadline = time.monotonic() + 240
+        for line in proc.stdout:  # the admin-endpoint lines come once the daemon is ready
+            if "inspect it while it runs" in line or time.monotonic() > deadline:
+                break
+        time.sleep(3.0)  # the fleet and routers start (any moment is a fair Ctrl-C; this one is mid-run)
+        assert proc.poll() is None, proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "interrupted; cleaned up" in lines[0], stderr
+    assert "stopped" in (out / "daemon.log").read_text()
+    assert sorted(p.name for p in LOCK_DIR.glob(f"kvsched-replay-{proc.pid}*")) == []
