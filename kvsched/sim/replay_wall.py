@@ -31,8 +31,6 @@ ROUTER_READY_TIMEOUT_S = 120.0  # spawned routers import numpy/zmq/client and pa
 START_LEAD_S = 0.3  # t0 is this far after the go signal, so no router starts late
 LEDGER_ZERO_TIMEOUT_S = 10.0  # releases are asynchronous: wait this long for the aggregates
 DYNAMO_SUBSCRIBE_S = 1.0  # after registering engines with Dynamo: time for its KV-event subscriptions
-
-
 DAEMON_WAIT_NOTE_S = (5.0, 15.0)  # while the private daemon starts: first progress line after 5 s, then every 15 s
 
 
