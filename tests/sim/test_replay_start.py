@@ -27,8 +27,8 @@ def _instance_files(instance: str) -> list[str]:
 @pytest.mark.timeout(240)
 def test_daemon_killed_during_start_up_leaves_no_shared_memory_and_a_kept_log(tmp_path, monkeypatch):
     """1. a wall replay starts its private daemon;
-    2. once the daemon has created its /dev/shm segments it is treated as not ready in time (SIGKILL,
-       as a ready timeout does during a cold kernel compile).
+    2. once the daemon has created its /dev/shm segments it is SIGKILLed before it is ready (as a ready
+       timeout does during a cold kernel compile).
     Result: DaemonUnavailable naming `<out>/daemon.log`, which exists and holds the daemon's output;
     no segment and no lock file of the instance is left in /dev/shm."""
     instance = f"replay-{os.getpid()}"
@@ -40,7 +40,9 @@ def test_daemon_killed_during_start_up_leaves_no_shared_memory_and_a_kept_log(tm
             assert self.proc.poll() is None, "daemon exited before creating its segments"
             assert time.monotonic() < deadline, "daemon created no segments in 180 s"
             time.sleep(0.05)
-        return original(self, 0.0)  # not ready "in time": SIGKILLed with its segments in place
+        self.proc.kill()  # dies during start-up with its segments in place (as a ready timeout's SIGKILL)
+        self.proc.wait()
+        return original(self, 30.0)
 
     monkeypatch.setattr(DaemonProcess, "wait_ready", ready_once_segments_exist)
     out = tmp_path / "out"
