@@ -300,10 +300,8 @@ def _purge(instance: str) -> None:
 
 
 def _stop_all(procs: _Procs, keep: bool) -> None:
-    for proc in procs.routers:
-        if proc.is_alive():
-            proc.terminate()
-        proc.join(5)
+    # The fleet stops before the routers: a fleet still serving would warn about every event batch
+    # it can no longer deliver to a router that was just terminated (an interrupted run's noise).
     if procs.fleet is not None:
         if procs.fleet_stop is not None:
             procs.fleet_stop.set()
@@ -311,6 +309,10 @@ def _stop_all(procs: _Procs, keep: bool) -> None:
         if procs.fleet.is_alive():
             procs.fleet.terminate()
             procs.fleet.join(2)
+    for proc in procs.routers:
+        if proc.is_alive():
+            proc.terminate()
+        proc.join(5)
     if procs.dynamo is not None:
         procs.dynamo.stop()
     if procs.daemon is not None:

@@ -50,3 +50,42 @@ def test_sigint_to_the_replays_process_group_prints_one_line_and_exits_130(tmp_p
     assert len(lines) == 1 and "interrupted; cleaned up" in lines[0], stderr
     assert "stopped" in (out / "daemon.log").read_text()
     assert sorted(p.name for p in LOCK_DIR.glob(f"kvsched-replay-{proc.pid}*")) == []
+
+
+class _Recorder:
+    """Stands in for a multiprocessing Process / Event; appends (name, call) to a shared list."""
+
+    def __init__(self, name: str, calls: list):
+        self.name, self.calls, self.alive = name, calls, True
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def terminate(self) -> None:
+        self.calls.append((self.name, "terminate"))
+        self.alive = False
+
+    def join(self, timeout=None) -> None:  # noqa: ANN001 - Process.join signature
+        self.calls.append((self.name, "join"))
+
+    def set(self) -> None:
+        self.calls.append((self.name, "set"))
+        self.alive = False
+
+
+def test_cleanup_stops_the_fleet_before_terminating_routers(tmp_path):
+    """The fleet serves until its stop event; a router terminated while it still serves makes it log
+    'cannot deliver' for that router's events (a stray stderr line on Ctrl-C, seen in CI). Cleanup
+    sets the fleet's stop and joins it before it terminates any router."""
+    from kvsched.sim.replay_wall import _Procs, _stop_all
+
+    calls: list = []
+    fleet = _Recorder("fleet", calls)
+    stop = _Recorder("fleet_stop", calls)
+    stop.set = lambda: (calls.append(("fleet_stop", "set")), setattr(fleet, "alive", False))
+    procs = _Procs(runtime_dir=tmp_path / "rt", fleet=fleet, fleet_stop=stop,
+                   routers=[_Recorder("r0", calls), _Recorder("r1", calls)])
+    _stop_all(procs, keep=False)
+    first_router = min(i for i, (name, _) in enumerate(calls) if name.startswith("r"))
+    assert calls.index(("fleet_stop", "set")) < calls.index(("fleet", "join")) < first_router, calls
+    assert ("r0", "terminate") in calls and ("r1", "terminate") in calls
