@@ -416,9 +416,12 @@ def render_doc(bench_dir: Path, run: dict | None) -> None:
     if r:
         blocks["routing"] = md_routing(r)
         blocks["crosscheck"] = md_crosscheck(r.get("wall_crosscheck"))
+    # bench_routing.py writes routing_wall.json in every run that includes the wall-clock part (the
+    # same data as routing.json's wall_crosscheck), and alone in a `--wall-only` re-run: the file,
+    # when present, is the cross-check's source.
     wall = load("routing_wall")
     crosscheck = (r or {}).get("wall_crosscheck")
-    if wall and not crosscheck:  # a `bench_routing.py --wall-only` run
+    if wall and wall.get("crosscheck"):
         crosscheck = wall["crosscheck"]
         blocks["crosscheck"] = md_crosscheck(crosscheck)
     blocks["targets"] = table(["target", "measured", "verdict"], targets(t, k, r, core, crosscheck))
