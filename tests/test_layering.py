@@ -14,10 +14,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The ground floor, module by module (`kvsched.protocol` is a package: one module per job).
+PROTOCOL_MODULES = {
+    "kvsched.protocol", "kvsched.protocol.limits", "kvsched.protocol.vocabulary", "kvsched.protocol.frames",
+    "kvsched.protocol.batching", "kvsched.protocol.admin_frames", "kvsched.protocol.codec",
+}
+GROUND_FLOOR = {"kvsched", *PROTOCOL_MODULES, "kvsched.endpoints", "kvsched.errors"}
+
 # What a router process may load from kvsched: the ground floor, the client, the shm layout + words.
-CLIENT_ALLOWED = {
-    "kvsched", "kvsched.protocol", "kvsched.endpoints", "kvsched.errors",
-    "kvsched.shm", "kvsched.shm.layout", "kvsched.shm.space", "kvsched.shm.progress", "kvsched.shm.words",
+CLIENT_ALLOWED = GROUND_FLOOR | {
+    "kvsched.shm", "kvsched.shm.layout", "kvsched.shm.segments", "kvsched.shm.space", "kvsched.shm.progress",
+    "kvsched.shm.words",
 }
 
 
@@ -78,15 +85,15 @@ def test_client_with_mapped_words_stays_on_the_ground_floor(session_daemon):
         "            assert client._words.mapped\n"
         "asyncio.run(main())\n"
         + _PRINT_LOADED))
-    assert "kvsched.shm.layout" in loaded  # the words were mapped, not sent as frames
+    assert "kvsched.shm.segments" in loaded  # the words were mapped, not sent as frames
     assert "numba" not in loaded
     own = {m for m in loaded if m.startswith("kvsched") and not m.startswith("kvsched.client")}
     assert own <= CLIENT_ALLOWED, sorted(own - CLIENT_ALLOWED)
 
 
 def test_ground_floor_imports_nothing_else_of_kvsched():
-    """`protocol`, `endpoints` and `errors` stand on the standard library and msgspec alone."""
+    """`protocol` (every module of the package), `endpoints` and `errors` stand on the standard library
+    and msgspec alone."""
     loaded = _loaded(_run("import sys\nimport kvsched.protocol, kvsched.endpoints, kvsched.errors\n" + _PRINT_LOADED))
-    assert {m for m in loaded if m.startswith("kvsched")} == {"kvsched", "kvsched.protocol", "kvsched.endpoints",
-                                                              "kvsched.errors"}
+    assert {m for m in loaded if m.startswith("kvsched")} == GROUND_FLOOR
     assert not loaded & {"numpy", "zmq", "numba"}

@@ -20,7 +20,7 @@ from ..shm.progress import write_progress
 from ..shm.words import STATE_DISPATCHED, STATE_PREFILL_DONE, write_state
 
 if TYPE_CHECKING:
-    from ..shm.layout import Segments
+    from ..shm.segments import Segments
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class SlotWords:
             if daemon_epoch is None or int(self._segments.ledger.epoch) == daemon_epoch:
                 return self.mapped
             self.close()
-        from ..shm.layout import attach_segments, ledger_instance
+        from ..shm.segments import attach_segments, ledger_instance
 
         instance = ledger_instance(shm_ledger)
         if instance is None:

@@ -79,7 +79,7 @@ class Daemon:
         from .metrics import Metrics
         from .notify import Notifier
         from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, transport_cut, start_curve_auth
-        from ..shm.layout import ledger_name, progress_name
+        from ..shm.segments import ledger_name, progress_name
         from .wiring import (KV_CATCH_UP_WAIT_S, build_kv_subscriber, build_scheduler, install_hash_check,
                              kv_metrics_tick, open_segments, restore_runtime_workers,
                              warm_decision_path)

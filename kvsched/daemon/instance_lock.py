@@ -81,7 +81,7 @@ def purge_instance(instance: str) -> list[str]:
     Raises:
         ConfigError: the instance's daemon is running (the message names its pid).
     """
-    from ..shm.layout import segment_names, unlink_segments
+    from ..shm.segments import segment_names, unlink_segments
 
     lock = InstanceLock(instance)
     try:

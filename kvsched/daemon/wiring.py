@@ -40,7 +40,8 @@ def segment_capacities(cfg: Config) -> dict[str, int]:
 def segment_sizes(cfg: Config) -> dict[str, int]:
     """Bytes of each segment of this instance for the configured capacities (name -> bytes)."""
     from ..shm.kv_index import kv_index_nbytes
-    from ..shm.layout import LedgerArrays, kv_index_name, ledger_name, progress_name, progress_nbytes
+    from ..shm.layout import LedgerArrays, progress_nbytes
+    from ..shm.segments import kv_index_name, ledger_name, progress_name
 
     caps = segment_capacities(cfg)
     inst = cfg.daemon.instance
@@ -77,7 +78,7 @@ def open_segments(cfg: Config):
     import os
 
     from ..shm.kv_index import open_kv_index
-    from ..shm.layout import attach_segments, create_segments
+    from ..shm.segments import attach_segments, create_segments
     from ..shm.space import SHM_DIR, check_free_space
 
     caps = segment_capacities(cfg)
@@ -110,7 +111,8 @@ def _replace_old_layout(instance: str) -> None:
         ShmLayoutError: older-layout segments with live leases (message names `--purge`).
     """
     from ..errors import ShmLayoutError
-    from ..shm.layout import LAYOUT_VERSION, unlink_segments
+    from ..shm.layout import LAYOUT_VERSION
+    from ..shm.segments import unlink_segments
     from ..shm.upgrade import inspect_ledger
 
     found = inspect_ledger(instance)

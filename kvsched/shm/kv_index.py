@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShmLayoutError
-from .layout import _create, _unlink, _untrack, kv_index_name
+from .segments import _create, _unlink, _untrack, kv_index_name
 from .overlap import OverlapIndex
 from .space import reserve_pages
 

@@ -15,7 +15,8 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from .layout import (H_BLOCK_SIZE, H_MAGIC, H_MAX_BLOCKS, H_MAX_SLOTS, H_MAX_WORKERS, H_REF_CAPACITY, H_VERSION,
-                     HEADER_WORDS, MAGIC, LedgerArrays, _untrack, ledger_name)
+                     HEADER_WORDS, MAGIC, LedgerArrays)
+from .segments import _untrack, ledger_name
 
 COMPATIBLE_LEDGER_VERSIONS = (1, 2)  # ledger fields unchanged between these versions
 

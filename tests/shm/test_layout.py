@@ -134,6 +134,20 @@ def test_private_arrays_have_layout_dtypes_and_shapes():
         LedgerArrays.private(3, 5, 4, 12, 8)  # not a power of two
 
 
+def test_segment_names_moved_to_segments_still_import_from_layout():
+    """`kvsched.shm.segments` holds the named segments; `kvsched.shm.layout` answers for them (the
+    import path users had), with the same objects, and still refuses a name it never had."""
+    import kvsched.shm.layout as layout
+    import kvsched.shm.segments as segments
+
+    for name in ("ledger_name", "ledger_instance", "progress_name", "kv_index_name", "segment_names", "Segments",
+                 "create_segments", "attach_segments", "unlink_segments"):
+        assert getattr(layout, name) is getattr(segments, name), name
+    assert attach_segments is segments.attach_segments  # `from kvsched.shm.layout import ...` above
+    with pytest.raises(AttributeError):
+        layout.no_such_name  # noqa: B018
+
+
 def test_default_ref_capacity_is_clamped_power_of_two():
     assert default_ref_capacity(64, 8192, 1024) == 1 << 18
     assert default_ref_capacity(64, 1, 1) == 1024
@@ -209,7 +223,7 @@ def test_survival_check_fails_when_process_does_not_unregister(instance):
     them, 2. SIGKILL. Result: its resource tracker unlinks them — the harness can see a failure."""
     global _CHILD
     saved = _CHILD
-    _CHILD = _CHILD.replace("from kvsched.shm.layout import", "import kvsched.shm.layout as L; L._untrack = lambda shm: None; from kvsched.shm.layout import")
+    _CHILD = _CHILD.replace("from kvsched.shm.layout import", "import kvsched.shm.segments as S; S._untrack = lambda shm: None; from kvsched.shm.layout import")
     try:
         _spawn_and_kill("create", instance)
     finally:

@@ -1,0 +1,144 @@
+"""Every frame kvsched puts on the wire (docs/DESIGN.md §2; bytes: docs/PROTOCOL.md), as msgspec structs
+encoded with MessagePack.
+
+Router → daemon frames form `RouterFrame`, daemon → router frames `DaemonFrame`, admin requests
+`AdminRequest` and admin replies `AdminReply`. Hot-path frames are `array_like` (a MessagePack array,
+tag first); admin frames are maps (readable, easy to extend). Bounds live in the types (`Meta`), so a
+hostile frame fails at decode and never reaches the actor. Fields are only ever appended, each with
+a default; a breaking change bumps `PROTOCOL_VERSION`. `docs/PROTOCOL.md` describes the bytes.
+
+One module per job; import every name from `kvsched.protocol` itself (the modules are an inside
+arrangement):
+
+* `limits`        protocol versions, wire limits (`MAX_REQUEST_ID_BYTES`, ...), the bounded field types
+* `vocabulary`    `WorkerKey`, reject reasons, update kinds, release outcomes, `ErrorCode`
+* `frames`        the hot-path frames of version 1 (`Hello` ... `Reattached`)
+* `batching`      version 2's `Batch` / `Replies` and their byte builders
+* `admin_frames`  admin requests and replies
+* `codec`         what each socket decodes, encoder / decoder factories, peeks, block-hash bytes
+
+Like the whole ground floor, the package imports the standard library and msgspec only (numpy is
+imported by the block-hash helpers when called).
+"""
+
+from __future__ import annotations
+
+from .admin_frames import (
+    AddWorker,
+    Admin,
+    AdminError,
+    AdminReply,
+    AdminRequest,
+    Cancel,
+    ClassRow,
+    Drain,
+    Explain,
+    ExplainReply,
+    ExplainRow,
+    LeaseRow,
+    Leases,
+    LeasesReply,
+    OkReply,
+    Queues,
+    QueuesReply,
+    Reload,
+    RemoveWorker,
+    Status,
+    StatusReply,
+    Undrain,
+    WorkerRow,
+    Workers,
+    WorkersReply,
+)
+from .batching import BATCH_OVERHEAD_BYTES, Batch, Replies, encode_batch, encode_replies
+from .codec import (
+    BatchedRouterFrame,
+    DaemonFrame,
+    DataSocketFrame,
+    RepliedDaemonFrame,
+    RouterFrame,
+    hashes_from_bytes,
+    hashes_to_bytes,
+    make_admin_reply_decoder,
+    make_admin_request_decoder,
+    make_batched_router_decoder,
+    make_daemon_decoder,
+    make_encoder,
+    make_replied_daemon_decoder,
+    make_router_decoder,
+    peek_admin_tag,
+    peek_request_id,
+)
+from .frames import (
+    Admitted,
+    Enqueue,
+    Error,
+    Frame,
+    Heartbeat,
+    HeartbeatAck,
+    Hello,
+    LeaseRef,
+    Reattach,
+    Reattached,
+    Rejected,
+    Release,
+    Requeued,
+    Update,
+    Welcome,
+)
+from .limits import (
+    BATCH_MIN_VERSION,
+    DEFAULT_MAX_FRAME_BYTES,
+    I32,
+    MAX_BATCHED_TOKENS,
+    MAX_BLOCK_HASHES,
+    MAX_KV_BLOCKS,
+    MAX_LIST,
+    MAX_NAME_CHARS,
+    MAX_REQUEST_ID_BYTES,
+    PROTOCOL_MAX,
+    PROTOCOL_MIN,
+    PROTOCOL_VERSION,
+    U16,
+    U32,
+    U63,
+    BatchedTokens,
+    HashBytes,
+    KvBlocks,
+    Name,
+    RequestId,
+    Slot,
+    Tokens,
+)
+from .vocabulary import (
+    REJECT_REASONS,
+    ErrorCode,
+    RejectReason,
+    ReleaseOutcome,
+    UpdateKind,
+    WorkerKey,
+    error_code_name,
+)
+
+__all__ = [
+    # limits
+    "PROTOCOL_VERSION", "PROTOCOL_MIN", "PROTOCOL_MAX", "BATCH_MIN_VERSION", "DEFAULT_MAX_FRAME_BYTES",
+    "MAX_REQUEST_ID_BYTES", "MAX_BLOCK_HASHES", "MAX_NAME_CHARS", "MAX_LIST", "MAX_KV_BLOCKS", "MAX_BATCHED_TOKENS",
+    "U16", "U32", "I32", "U63", "RequestId", "Name", "Tokens", "HashBytes", "Slot", "KvBlocks", "BatchedTokens",
+    # vocabulary
+    "WorkerKey", "RejectReason", "REJECT_REASONS", "UpdateKind", "ReleaseOutcome", "ErrorCode", "error_code_name",
+    # frames (version 1)
+    "Frame", "Hello", "Enqueue", "Update", "Release", "Heartbeat", "LeaseRef", "Requeued", "Reattach",
+    "Welcome", "Admitted", "Rejected", "Error", "HeartbeatAck", "Reattached",
+    # batching (version 2)
+    "Batch", "Replies", "encode_batch", "encode_replies", "BATCH_OVERHEAD_BYTES",
+    # admin frames
+    "Admin", "Status", "Queues", "Workers", "Leases", "Drain", "Undrain", "AddWorker", "RemoveWorker", "Cancel",
+    "Reload", "Explain", "AdminRequest", "OkReply", "AdminError", "StatusReply", "ClassRow", "QueuesReply",
+    "WorkerRow", "WorkersReply", "LeaseRow", "LeasesReply", "ExplainRow", "ExplainReply", "AdminReply",
+    # codec
+    "RouterFrame", "BatchedRouterFrame", "DaemonFrame", "RepliedDaemonFrame", "DataSocketFrame",
+    "make_encoder", "make_router_decoder", "make_daemon_decoder", "make_batched_router_decoder",
+    "make_replied_daemon_decoder", "make_admin_request_decoder", "make_admin_reply_decoder",
+    "peek_admin_tag", "peek_request_id", "hashes_to_bytes", "hashes_from_bytes",
+]

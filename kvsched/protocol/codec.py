@@ -1,0 +1,133 @@
+"""Bytes to frames and back: what each socket decodes (`RouterFrame`, `DaemonFrame`, the frames a
+`Batch` / `Replies` may carry, admin requests and replies), the encoder and decoder factories, the
+bounded peeks that name a bad frame's request id or admin tag, and the wire form of block hashes
+(little-endian u64; docs/PROTOCOL.md, "Encoding rules").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+import msgspec
+from msgspec import Meta
+
+from .admin_frames import AdminReply, AdminRequest
+from .batching import Batch, Replies
+from .frames import (Admitted, Enqueue, Error, Heartbeat, HeartbeatAck, Hello, Reattach, Reattached, Rejected, Release,
+                     Update, Welcome)
+from .limits import RequestId
+
+RouterFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach, Batch]
+BatchedRouterFrame = Union[Enqueue, Update, Release, Heartbeat, Reattach]  # what a `Batch` may carry
+DaemonFrame = Union[Welcome, Admitted, Rejected, Error, HeartbeatAck, Reattached, Replies]
+RepliedDaemonFrame = Union[Welcome, Admitted, Rejected, Error, HeartbeatAck, Reattached]  # inside `Replies`
+
+# Data socket: router frames, plus admin requests so they can be refused with a precise code.
+DataSocketFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach, Batch]
+
+
+def make_encoder() -> msgspec.msgpack.Encoder:
+    """One encoder per socket (reuse it: it keeps an internal buffer)."""
+    return msgspec.msgpack.Encoder()
+
+
+def make_router_decoder() -> msgspec.msgpack.Decoder:
+    """Daemon side of the data socket: decodes any `RouterFrame`."""
+    return msgspec.msgpack.Decoder(RouterFrame)
+
+
+def make_daemon_decoder() -> msgspec.msgpack.Decoder:
+    """Client side of the data socket: decodes any `DaemonFrame`."""
+    return msgspec.msgpack.Decoder(DaemonFrame)
+
+
+def make_batched_router_decoder() -> msgspec.msgpack.Decoder:
+    """Daemon side: decodes one frame found inside a `Batch` (any `RouterFrame` but Hello / Batch)."""
+    return msgspec.msgpack.Decoder(BatchedRouterFrame)
+
+
+def make_replied_daemon_decoder() -> msgspec.msgpack.Decoder:
+    """Client side: decodes one frame found inside a `Replies`."""
+    return msgspec.msgpack.Decoder(RepliedDaemonFrame)
+
+
+def make_admin_request_decoder() -> msgspec.msgpack.Decoder:
+    """Daemon side of the admin socket."""
+    return msgspec.msgpack.Decoder(AdminRequest)
+
+
+def make_admin_reply_decoder() -> msgspec.msgpack.Decoder:
+    """CLI side of the admin socket."""
+    return msgspec.msgpack.Decoder(AdminReply)
+
+
+_ADMIN_TAGS = frozenset(cls.__struct_config__.tag for cls in AdminRequest.__args__)  # type: ignore[attr-defined]
+_ID_TAGS = frozenset(("enqueue", "update", "release"))
+
+
+class _TagPeek(msgspec.Struct):
+    """The `t` key of a MessagePack map (other keys skipped): typed, so nesting cannot recurse far."""
+
+    t: Annotated[str, Meta(max_length=64)]
+
+
+class _IdPeek(msgspec.Struct, array_like=True):
+    """The first two elements of a hot-path frame (tag, request_id); later elements are ignored."""
+
+    t: Annotated[str, Meta(max_length=64)]
+    request_id: RequestId
+
+
+_TAG_PEEK = msgspec.msgpack.Decoder(_TagPeek)
+_ID_PEEK = msgspec.msgpack.Decoder(_IdPeek)
+
+
+def peek_admin_tag(raw: bytes) -> bool:
+    """True when `raw` is a MessagePack map whose `t` names an admin request (the data socket then
+    answers `ADMIN_ON_DATA_SOCKET` rather than a generic decode error). Never raises."""
+    try:
+        return _TAG_PEEK.decode(raw).t in _ADMIN_TAGS
+    except Exception:  # noqa: BLE001 - any failure means "not an admin frame"
+        return False
+
+
+def peek_request_id(raw: bytes) -> str | None:
+    """The request id of a frame that failed the full decode, when a bounded typed look-up can read
+    it (an array whose tag is enqueue / update / release and whose second element is a valid id);
+    else None. Never raises."""
+    try:
+        peek = _ID_PEEK.decode(raw)
+    except Exception:  # noqa: BLE001
+        return None
+    return peek.request_id if peek.t in _ID_TAGS else None
+
+
+def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several shapes on purpose
+    """Encode block hashes as little-endian u64 bytes (the wire form).
+
+    Args:
+        block_hashes: bytes (returned as-is, length must be a multiple of 8), a sequence of ints in
+            [0, 2**64), or a numpy integer array (converted to uint64 little-endian).
+    Raises:
+        ValueError: a length that is not a multiple of 8, or an int out of u64 range.
+    """
+    import numpy as np
+
+    if isinstance(block_hashes, (bytes, bytearray, memoryview)):
+        raw = bytes(block_hashes)
+        if len(raw) % 8:
+            raise ValueError(f"block_hashes bytes length {len(raw)} is not a multiple of 8")
+        return raw
+    if isinstance(block_hashes, np.ndarray):
+        return np.ascontiguousarray(block_hashes, dtype="<u8").tobytes()
+    try:
+        return np.fromiter((int(h) for h in block_hashes), dtype="<u8").tobytes()
+    except OverflowError as exc:
+        raise ValueError("block hash out of u64 range") from exc
+
+
+def hashes_from_bytes(raw: bytes):  # noqa: ANN201
+    """Decode wire block hashes: returns uint64[n] (a read-only view on `raw`)."""
+    import numpy as np
+
+    return np.frombuffer(raw, dtype="<u8")
