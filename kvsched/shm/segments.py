@@ -1,0 +1,285 @@
+"""The named shared-memory segments of a daemon instance: their names, creation with mode, group and
+every page reserved, attachment with validation, unmapping and removal (docs/DESIGN.md §3.1; the
+bytes inside them are `kvsched.shm.layout`'s).
+
+Three named segments per daemon instance:
+
+* ledger (`kvsched-<instance>-ledger`, mode 0640, written only by the daemon): the header, worker
+  table, slot table, block arena and refcount index that `layout.LedgerArrays` lays views over.
+* progress (`kvsched-<instance>-progress`, mode 0660): `uint64[2 * max_slots]`, two words per slot,
+  each written only by the router holding that slot's lease: words [0, max_slots) are the progress
+  words (output tokens, see `kvsched.shm.progress`), words [max_slots, 2 * max_slots) the state
+  words (dispatched / prefill_done, see `kvsched.shm.words`). Layout version 2 added the state words;
+  a version-1 progress segment held the progress words only.
+* kv index (`kvsched-<instance>-kvindex`, mode 0640, daemon only): the event-fed overlap indexes and
+  each KV-event stream's last applied seq (`kvsched.shm.kv_index`), so a restart keeps the cache view.
+
+Room: the daemon reserves every page of its segments when it creates or re-attaches them
+(`kvsched.shm.space`), so a too-small /dev/shm fails the start instead of raising SIGBUS later.
+
+Lifetime: segments outlive the processes. Python 3.11's resource tracker would unlink every segment
+a process created or attached when it exits (even after SIGKILL), so every create/attach here
+unregisters the segment from the tracker immediately. Only `unlink_segments` removes them.
+
+Read-only clients: `attach_segments(..., writable_ledger=False)` maps the ledger through a read-only
+file descriptor (`PROT_READ`), so its arrays are read-only numpy views; a write raises ValueError.
+"""
+
+from __future__ import annotations
+
+import grp
+import mmap
+import os
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from ..errors import ShmLayoutError
+from .layout import PROGRESS_WORDS_PER_SLOT, LedgerArrays, check_capacities, default_ref_capacity, progress_nbytes
+from .space import reserve_pages
+
+_LEDGER_PREFIX, _LEDGER_SUFFIX = "kvsched-", "-ledger"
+
+
+def ledger_name(instance: str) -> str:
+    """Name of the ledger segment of `instance` (file /dev/shm/<name> on Linux)."""
+    return f"{_LEDGER_PREFIX}{instance}{_LEDGER_SUFFIX}"
+
+
+def ledger_instance(name: str) -> str | None:
+    """The instance whose ledger segment is called `name` (inverse of `ledger_name`), or None when
+    `name` is not a ledger segment name (routers read it from `Welcome.shm_ledger`)."""
+    if len(name) > len(_LEDGER_PREFIX) + len(_LEDGER_SUFFIX) and name.startswith(_LEDGER_PREFIX) \
+            and name.endswith(_LEDGER_SUFFIX):
+        return name[len(_LEDGER_PREFIX):-len(_LEDGER_SUFFIX)]
+    return None
+
+
+def progress_name(instance: str) -> str:
+    """Name of the progress segment of `instance`."""
+    return f"kvsched-{instance}-progress"
+
+
+def kv_index_name(instance: str) -> str:
+    """Name of the KV-index segment of `instance` (event-fed overlap indexes + stream seqs)."""
+    return f"kvsched-{instance}-kvindex"
+
+
+def segment_names(instance: str) -> tuple[str, ...]:
+    """Every segment `instance` may own (what `unlink_segments` and `--purge` remove)."""
+    return (ledger_name(instance), progress_name(instance), kv_index_name(instance))
+
+
+@dataclass
+class Segments:
+    """The two mapped segments of one instance.
+
+    Attributes:
+        instance: instance name.
+        ledger: views over the ledger segment (read-only arrays if attached read-only).
+        progress: uint64[max_slots] progress words (always writable).
+        state: uint64[max_slots] state words (always writable; the second half of the progress
+            segment).
+    """
+
+    instance: str
+    ledger: LedgerArrays
+    progress: np.ndarray
+    _handles: list[Any]
+    kv_index: Any = None  # the daemon's `kvsched.shm.kv_index.KvIndexSegment`, closed with the rest
+    kv_index_restored: bool = False  # its contents were kept from the previous daemon
+    state: np.ndarray | None = None  # uint64[max_slots] state words (the progress segment's second half)
+
+    def close(self) -> None:
+        """Unmap this process's mappings. A mapping still exported to live numpy views stays until
+        those views are collected (BufferError is swallowed); the segments themselves remain."""
+        if self.kv_index is not None:
+            self.kv_index.close()
+            self.kv_index = None
+        for handle in self._handles:
+            try:
+                handle.close()
+            except BufferError:
+                # numpy views still export the mapping: drop our reference (the mapping is unmapped
+                # when the last view goes) so SharedMemory.__del__ does not retry and warn at exit.
+                if getattr(handle, "_mmap", None) is not None:
+                    handle._mmap = None
+                fd = getattr(handle, "_fd", -1)
+                if isinstance(fd, int) and fd >= 0:
+                    os.close(fd)
+                    handle._fd = -1
+        self._handles = []
+
+    def unlink(self) -> None:
+        """Remove every named segment of the instance (other processes keep their mappings)."""
+        unlink_segments(self.instance)
+
+
+def _untrack(shm: SharedMemory) -> None:
+    """Stop the resource tracker from unlinking `shm` when this process exits (docs/DESIGN.md §3.3)."""
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+
+
+def _unlink(shm: SharedMemory) -> None:
+    """Unlink `shm`. `SharedMemory.unlink` unregisters from the tracker, so register first to keep
+    the tracker's register/unregister pairs balanced (it warns on an unknown name)."""
+    resource_tracker.register(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    shm.unlink()
+
+
+def _set_mode(shm: SharedMemory, mode: int, group: int | str | None) -> None:
+    fd = shm._fd  # type: ignore[attr-defined]
+    if group is not None:
+        gid = grp.getgrnam(group).gr_gid if isinstance(group, str) else int(group)
+        os.fchown(fd, -1, gid)
+    os.fchmod(fd, mode)
+
+
+def _create(name: str, size: int, mode: int, group: int | str | None) -> SharedMemory:
+    """Create segment `name` of `size` bytes, untracked, with its mode/group and every page reserved.
+
+    Raises:
+        FileExistsError: it exists. ShmSpaceError: /dev/shm has no room (the segment is removed).
+    """
+    shm = SharedMemory(name=name, create=True, size=size)
+    _untrack(shm)
+    try:
+        _set_mode(shm, mode, group)
+        reserve_pages(shm._fd, size, name)  # type: ignore[attr-defined]
+    except BaseException:
+        shm.close()
+        _unlink(shm)
+        raise
+    return shm
+
+
+def create_segments(
+    instance: str,
+    *,
+    max_workers: int,
+    max_slots: int,
+    max_blocks_per_request: int,
+    ref_capacity: int | None = None,
+    block_size: int,
+    epoch: int,
+    ledger_mode: int = 0o640,
+    progress_mode: int = 0o660,
+    group: int | str | None = None,
+) -> Segments:
+    """Create and initialise both segments of `instance`.
+
+    Args:
+        ref_capacity: refcount entries per worker row; None = `default_ref_capacity(...)`.
+        epoch: daemon epoch stamped in the header.
+        ledger_mode / progress_mode: file modes set explicitly (the stdlib creates 0600).
+        group: group name or gid given to both segments (None = the creator's).
+    Raises:
+        FileExistsError: a segment with either name exists (the daemon then attaches instead).
+    """
+    if ref_capacity is None:
+        ref_capacity = default_ref_capacity(max_workers, max_slots, max_blocks_per_request)
+    check_capacities(max_workers, max_slots, max_blocks_per_request, ref_capacity, block_size)
+    nbytes = LedgerArrays.nbytes(max_workers, max_slots, max_blocks_per_request, ref_capacity)
+    ledger_shm = _create(ledger_name(instance), nbytes, ledger_mode, group)
+    try:
+        progress_shm = _create(progress_name(instance), progress_nbytes(max_slots), progress_mode, group)
+    except BaseException:
+        ledger_shm.close()
+        _unlink(ledger_shm)
+        raise
+    arrays = LedgerArrays(ledger_shm.buf, max_workers=max_workers, max_slots=max_slots, max_blocks_per_request=max_blocks_per_request, ref_capacity=ref_capacity, block_size=block_size)
+    arrays.write_header(epoch)
+    progress, state = _word_views(progress_shm.buf, max_slots)
+    return Segments(instance, arrays, progress, [ledger_shm, progress_shm], state=state)
+
+
+def _word_views(buf: Any, max_slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """(progress words, state words): two uint64[max_slots] views over the progress segment."""
+    words = np.frombuffer(buf, dtype=np.uint64, count=PROGRESS_WORDS_PER_SLOT * max_slots)
+    return words[:max_slots], words[max_slots:]
+
+
+class _FileMap:
+    """A shared mapping of /dev/shm/<name>, read-only unless `writable` (routers).
+
+    Routers map their segments this way rather than through `SharedMemory`, which registers every
+    segment with multiprocessing's resource tracker: router processes that share one tracker (the
+    children of one multiprocessing parent) then race register/unregister pairs and the tracker
+    prints KeyError tracebacks. Plain mmap involves no tracker.
+    """
+
+    def __init__(self, name: str, writable: bool = False) -> None:
+        fd = os.open(f"/dev/shm/{name}", os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            self.size = os.fstat(fd).st_size
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            self.mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, prot)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.mm.close()
+
+
+def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writable_ledger: bool = False) -> Segments:
+    """Map the existing segments of `instance` and validate them.
+
+    Args:
+        expect: capacities the caller requires (keys from `CAPACITY_KEYS`), or None to accept any.
+        writable_ledger: True for the daemon; False maps the ledger read-only (routers).
+    Raises:
+        FileNotFoundError: a segment is missing.
+        ShmLayoutError: magic, layout version, size or a capacity does not match.
+    """
+    handles: list[Any] = []
+    try:
+        if writable_ledger or not os.path.isdir("/dev/shm"):
+            ledger_shm = SharedMemory(name=ledger_name(instance))
+            _untrack(ledger_shm)
+            handles.append(ledger_shm)
+            if writable_ledger:  # the daemon: a segment from an older start may still be sparse
+                reserve_pages(ledger_shm._fd, ledger_shm.size, ledger_name(instance))  # type: ignore[attr-defined]
+            buf: Any = ledger_shm.buf
+        else:
+            ro = _FileMap(ledger_name(instance))
+            handles.append(ro)
+            buf = ro.mm
+        arrays = LedgerArrays.from_header(buf, expect, what=ledger_name(instance))
+        if writable_ledger or not os.path.isdir("/dev/shm"):
+            progress_shm = SharedMemory(name=progress_name(instance))
+            _untrack(progress_shm)
+            handles.append(progress_shm)
+            if writable_ledger:
+                reserve_pages(progress_shm._fd, progress_shm.size, progress_name(instance))  # type: ignore[attr-defined]
+            size, words_buf = progress_shm.size, progress_shm.buf
+        else:  # a router: its slot's words are written through a plain shared mapping
+            rw = _FileMap(progress_name(instance), writable=True)
+            handles.append(rw)
+            size, words_buf = rw.size, rw.mm
+        if size < progress_nbytes(arrays.max_slots):
+            raise ShmLayoutError(f"{progress_name(instance)}: {size} bytes, need {progress_nbytes(arrays.max_slots)}")
+        progress, state = _word_views(words_buf, arrays.max_slots)
+    except BaseException:
+        arrays = progress = state = None  # drop views before closing
+        for handle in handles:
+            try:
+                handle.close()
+            except BufferError:
+                pass
+        raise
+    return Segments(instance, arrays, progress, handles, state=state)
+
+
+def unlink_segments(instance: str) -> None:
+    """Remove every segment of `instance` (`segment_names`); missing ones are ignored."""
+    for name in segment_names(instance):
+        try:
+            shm = SharedMemory(name=name)
+        except FileNotFoundError:
+            continue
+        _untrack(shm)
+        shm.close()
+        _unlink(shm)
