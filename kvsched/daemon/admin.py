@@ -16,7 +16,8 @@ from typing import Callable
 import zmq
 
 from .. import protocol as p
-from ..config import endpoint_problem, load_config, url_problem
+from ..config import load_config, url_problem
+from ..endpoints import endpoint_problem
 from ..errors import ConfigError
 from . import runtime_workers
 

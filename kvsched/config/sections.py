@@ -1,25 +1,18 @@
-"""The configuration tree: one TOML file, env `KVSCHED_<SECTION>_<KEY>` and a few flags on top.
-
-`load_config(path, env, overrides)` is the only loader (defaults < file < env < flags). Every table is a
-`Section` (unknown keys are errors naming their path). `examples/kvsched.toml` is kept equal to the
-defaults (a test checks it). Endpoint discovery (`data_endpoint`, `admin_endpoint`, docs/DESIGN.md §1.2)
-lives in `kvsched.endpoints`.
+"""The configuration tree: every TOML table as a `Section` (msgspec struct; an unknown key is an error
+naming its path), with its defaults, bounds and cross-field rules (`__post_init__`). `examples/kvsched.toml`
+is kept equal to these defaults (a test checks it). Loading is `kvsched.config.loader`'s job.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import tomllib
-from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
 
-from .endpoints import daemon_endpoints, endpoint_problem, is_loopback_endpoint
-from .errors import ConfigError
-from .protocol import BatchedTokens, KvBlocks
+from ..endpoints import endpoint_problem
+from ..protocol import BatchedTokens, KvBlocks
+from .checks import curve_problem, url_problem
 
 
 # An RNG seed: numpy.random.default_rng accepts any non-negative integer; kvsched takes 0..2**63-1 (TOML integers
@@ -229,195 +222,3 @@ class Config(Section):
         ranks = sum(w.dp_size for w in self.workers)
         if ranks > self.daemon.max_workers:
             raise ValueError(f"[[workers]] declare {ranks} ranks, more than daemon.max_workers={self.daemon.max_workers}")
-
-
-def url_problem(url: str) -> str | None:
-    """What is wrong with an engine's base URL (`[[workers]] url`), or None when it is usable.
-
-    Accepted: `http://HOST[:PORT][/PATH]` and `https://...` — the gateway POSTs to URL + "/v1/..."
-    (RFC 3986 syntax, checked with `urllib.parse`).
-    """
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0..65535
-    except ValueError as exc:
-        return str(exc)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "expected http://HOST[:PORT] or https://HOST[:PORT]"
-    return None
-
-
-def curve_problem(endpoint: str, curve_secret_key_file: str | None) -> str | None:
-    """The CURVE rule: a TCP endpoint not bound to loopback requires `daemon.curve_secret_key_file`."""
-    if endpoint.startswith("tcp://") and not is_loopback_endpoint(endpoint) and not curve_secret_key_file:
-        return (f"{endpoint} is a TCP endpoint off loopback: it requires daemon.curve_secret_key_file "
-                "(CURVE keys)")
-    return None
-
-
-def check_endpoints(cfg: "Config", env: Mapping[str, str] | None = None) -> list[str]:
-    """Problems of the endpoints the daemon would really use (discovery and `KVSCHED_*ENDPOINT`
-    included): syntax and the CURVE rule. [] = fine. Used by `kvsched-daemon --check-config`."""
-    d = cfg.daemon
-    problems = []
-    (data, _), (admin, _) = daemon_endpoints(d.instance, d.endpoint, d.admin_endpoint, env)
-    for what, ep in (("data endpoint", data), ("admin endpoint", admin)):
-        problem = endpoint_problem(ep) or curve_problem(ep, d.curve_secret_key_file)
-        if problem:
-            problems.append(f"{what} {ep!r}: {problem}")
-    if d.curve_secret_key_file and not Path(d.curve_secret_key_file).is_file():
-        problems.append(f"daemon.curve_secret_key_file {d.curve_secret_key_file}: no such file")
-    return problems
-
-
-_ENV_PREFIX = "KVSCHED_"
-
-# The KVSCHED_<X>_<Y> variables that are not config overrides (docs/DESIGN.md §1.3); the loader
-# leaves them alone and refuses any other whose <X> is not a section it can set.
-NON_CONFIG_ENV = frozenset({
-    "KVSCHED_ENDPOINT", "KVSCHED_ADMIN_ENDPOINT",  # discovery of routers and the CLI (kvsched.endpoints)
-    "KVSCHED_DEBUG_STALL_S",  # debug aid: SIGUSR2 blocks the daemon's loop this long (s)
-    "KVSCHED_TOKENIZER_DIR",  # docker-compose.yml: the tokenizer mounted into engines and gateway
-    "KVSCHED_BENCH_CORE_SRC", "KVSCHED_REGEN_GOLDEN",  # bench/ and tests/
-})
-
-
-def config_env_names(env: Mapping[str, str]) -> list[str]:
-    """The `KVSCHED_<X>_<Y>` variables of `env` the loader reads as config overrides (or refuses as
-    unknown sections): every `KVSCHED_` name with an inner `_` that is not one of `NON_CONFIG_ENV`.
-    Sorted. A process that writes its daemon's whole config (`kvsched replay`) drops these."""
-    return sorted(name for name in env if name.startswith(_ENV_PREFIX) and name not in NON_CONFIG_ENV
-                  and "_" in name[len(_ENV_PREFIX):].strip("_"))
-
-
-def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """`KVSCHED_<SECTION>_<KEY>=value` → {section: {key: value}} for the scalar sections.
-
-    Raises:
-        ConfigError: an unknown key of a section, or a `KVSCHED_<X>_<Y>` variable whose X is not
-            daemon, selector or overload and that is not one of `NON_CONFIG_ENV` (e.g. the typo
-            `KVSCHED_DEAMON_MAX_SLOTS`, which would otherwise be ignored in silence).
-    """
-    out: dict[str, dict[str, Any]] = {}
-    sections = {"daemon": DaemonConfig, "selector": SelectorConfig, "overload": OverloadConfig}
-    for name, value in env.items():
-        if not name.startswith(_ENV_PREFIX) or name in NON_CONFIG_ENV:
-            continue
-        rest = name[len(_ENV_PREFIX):].lower()
-        section = next((s for s in sections if rest.startswith(s + "_")), None)
-        if section is None:
-            if "_" in rest.strip("_"):  # KVSCHED_<X>_<Y>: meant as an override of section X
-                raise ConfigError(
-                    f"environment {name}: {rest.split('_')[0]!r} is not a config section that can be set "
-                    f"from the environment (KVSCHED_<SECTION>_<KEY> with SECTION one of "
-                    f"{', '.join(s.upper() for s in sections)}); other KVSCHED_ variables kvsched reads: "
-                    f"{', '.join(sorted(NON_CONFIG_ENV))}")
-            continue
-        key = rest[len(section) + 1:]
-        if key not in sections[section].__struct_fields__:
-            raise ConfigError(f"environment {name}: unknown key {section}.{key}")
-        out.setdefault(section, {})[key] = _parse_scalar(value)
-    return out
-
-
-def _parse_scalar(value: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
-        return value
-
-
-def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _deep_merge(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-    except UnicodeDecodeError as exc:  # TOML is UTF-8 text (toml.io); tomllib raises this for other bytes
-        raise ConfigError(f"{path}: invalid TOML: not UTF-8 text (byte {exc.start})") from None
-
-
-def load_config(
-    path: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> Config:
-    """Load and validate the configuration (defaults < file < env < overrides).
-
-    Args:
-        path: TOML file, or None for defaults only. An `include = "profile.toml"` key (relative to
-            the file) supplies `default_class` / `[[classes]]` unless the file sets them itself.
-        env: environment mapping (default `os.environ`); `KVSCHED_DAEMON_BLOCK_SIZE=512` etc.
-        overrides: nested dict from CLI flags, e.g. {"daemon": {"instance": "pool-a"}}.
-    Returns:
-        A validated `Config`.
-    Raises:
-        ConfigError: naming the file, key path and reason.
-    """
-    raw: dict[str, Any] = {}
-    where = "defaults"
-    if path is not None:
-        p = Path(path)
-        where = str(p)
-        raw = _read_toml(p)
-        inc = raw.get("include")
-        if isinstance(inc, str):
-            inc_raw = _read_toml((p.parent / inc).resolve())
-            for key in ("default_class", "classes"):
-                if key in inc_raw and key not in raw:
-                    raw[key] = inc_raw[key]
-    env_over = _env_overrides(os.environ if env is None else env)
-    if env_over:
-        where += " + KVSCHED_* environment (" + ", ".join(
-            f"KVSCHED_{sec.upper()}_{key.upper()}" for sec, keys in env_over.items() for key in keys) + ")"
-    raw = _deep_merge(raw, env_over)
-    if overrides:
-        raw = _deep_merge(raw, overrides)
-    return config_from_dict(raw, where)
-
-
-def config_from_dict(raw: Mapping[str, Any], where: str = "config") -> Config:
-    """Validate a plain dict (as parsed from TOML) into a `Config`; errors name `where` and the path.
-
-    Beyond the per-key types and bounds, every float key must be finite (`non_finite_keys`): TOML
-    allows `inf` / `-inf`, and an infinite weight makes every cost inf/NaN.
-    """
-    try:
-        cfg = msgspec.convert(raw, Config, strict=True)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-    except ValueError as exc:  # __post_init__ cross-field checks
-        raise ConfigError(f"{where}: {exc}") from exc
-    bad = non_finite_keys(cfg)
-    if bad:
-        raise ConfigError(f"{where}: " + "; ".join(f"{path} = {value!r}: expected a finite number"
-                                                    for path, value in bad))
-    return cfg
-
-
-def non_finite_keys(node: Any, path: str = "") -> list[tuple[str, float]]:
-    """(key path, value) of every float field that is inf, -inf or NaN in a config tree of `msgspec.Struct`s
-    and lists of them (e.g. `("selector.temperature", inf)`, `("classes[0].queue_timeout_s", -inf)`)."""
-    out: list[tuple[str, float]] = []
-    if isinstance(node, msgspec.Struct):
-        for name in node.__struct_fields__:
-            out += non_finite_keys(getattr(node, name), f"{path}.{name}" if path else name)
-    elif isinstance(node, list):
-        for i, item in enumerate(node):
-            out += non_finite_keys(item, f"{path}[{i}]")
-    elif isinstance(node, float) and not math.isfinite(node):
-        out.append((path, node))
-    return out

@@ -1,0 +1,38 @@
+"""The daemon's configuration: one TOML file, env `KVSCHED_<SECTION>_<KEY>` and a few flags on top.
+
+`load_config(path, env, overrides)` is the only loader (defaults < file < env < flags). Every table is a
+`Section` (unknown keys are errors naming their path). `examples/kvsched.toml` is kept equal to the
+defaults (a test checks it). Endpoint discovery (`data_endpoint`, `admin_endpoint`, docs/DESIGN.md §1.2)
+lives in `kvsched.endpoints`.
+
+One module per job; import every name from `kvsched.config` itself:
+
+* `sections`  the tree: `Config` and its sections, defaults, bounds, cross-field rules
+* `checks`    engine URLs, the CURVE rule, the endpoints the daemon would bind (`--check-config`)
+* `loader`    file + `include` + environment + flags -> a validated `Config`
+"""
+
+from __future__ import annotations
+
+from ..endpoints import endpoint_problem  # re-exported: callers validate endpoints beside config keys
+from .checks import check_endpoints, curve_problem, url_problem
+from .loader import NON_CONFIG_ENV, config_env_names, config_from_dict, load_config, non_finite_keys
+from .sections import (
+    AdmissionConfig,
+    ClassConfig,
+    Config,
+    DaemonConfig,
+    OverloadConfig,
+    Section,
+    SelectorConfig,
+    Seed,
+    TokenCount,
+    WorkerConfig,
+)
+
+__all__ = [
+    "Section", "AdmissionConfig", "ClassConfig", "WorkerConfig", "SelectorConfig", "OverloadConfig", "DaemonConfig",
+    "Config", "Seed", "TokenCount",
+    "url_problem", "curve_problem", "check_endpoints", "endpoint_problem",
+    "NON_CONFIG_ENV", "config_env_names", "load_config", "config_from_dict", "non_finite_keys",
+]
