@@ -16,12 +16,8 @@ Scratch arrays (eligible rows, placeable rows, the selection view, the explain r
 once; the decision path allocates only what it keeps (the lease's records, one explain tuple).
 
 `admit_fast` is the immediate path of the default configuration in one kernel call
-(`shm.admit_kernels.admit_kv_packed`: `admit_kv` with its fixed arrays given as one table; overlap →
-busy rule → cost snapshot → projection → kv terms and argmin → booking → overlap record → recent
-work). It decides exactly as `admit_one` does: the
-kernel composes the same kernels `admit_one` calls, and whenever the decision is not a unique
-finite minimum (ties draw from the selector's RNG), the class is busy, or anything else the kernel
-does not cover applies, it books nothing and the caller takes the Python path.
+(`fused_admit.FusedAdmission.admit`); it decides exactly as `admit_one` does, or books nothing and the
+caller takes the Python path.
 """
 
 from __future__ import annotations
@@ -29,21 +25,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ClassConfig
-from ..shm.admit_kernels import OUT_CACHED, OUT_GENERATION, OUT_EVICTED, OUT_LEN, OUT_OVERLAP, OUT_SNAPSHOT, P, UNDECIDED, pack_kv_params
-from ..shm.admit_packed import admit_kv_packed, pack_admit_arrays
 from ..shm.layout import FLAG_DRAINED
-from ..shm.overlap import INT64_MAX, OverlapIndex
+from ..shm.overlap import OverlapIndex
 from ..shm.select_kernels import count_busy
 from .admission import FleetView
 from .explain_ring import ExplainRing
+from .fused_admit import FusedAdmission
 from .kv_cost import KvSelector
 from .leases import LEASED, READY, Live
-from .ordering import QueueEntry
 from .selector import SelectionView
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
 
 EXPLAIN_RING = 1024  # admissions kept for `kvsched explain`
-_U64 = np.dtype(np.uint64)  # the block hashes' dtype (an `is` test first: ~0.3 µs less than `!=`)
 
 
 class Admitter:
@@ -61,6 +54,7 @@ class Admitter:
             only when there are no terms, whose sum is the cost).
         fused: True when `admit_fast` may decide (the `kv` selector, `KvSelector.decides_by_kernel`,
             over an `OverlapIndex`); False sends every request through `admit_one`.
+        admit_fast: `FusedAdmission.admit` of this admitter (`fast`): the immediate path in one kernel call.
     """
 
     def __init__(self, ledger, view, selector, leases, pq, selector_cfg) -> None:
@@ -77,14 +71,12 @@ class Admitter:
         self._ids: tuple = ()
         self.decisions_total = 0
         a = ledger.arrays
+        self.fast = FusedAdmission(self)
+        self.admit_fast = self.fast.admit
         self._view = SelectionView(ledger._out_prefill, ledger._out_blocks, a.w_active_prefill,  # noqa: SLF001
                                    a.w_active_blocks, a.w_total_kv_blocks, a.w_max_batched_tokens, 0,
                                    ledger.block_size, 0)
         self.use_selector(selector)
-        self._params: dict[int, tuple] = {}  # class index -> (ClassConfig, admit_kv params)
-        self._scratch = np.zeros((4, w), np.float64)
-        self._out = np.zeros(OUT_LEN, np.int64)
-        self._arrays: tuple | None = None  # (the objects read, the arrays, `_kernel_arrays()`)
 
     def use_selector(self, selector) -> None:  # noqa: ANN001 - a WorkerSelector
         """Decide with `selector` from now on (start; a profile reload that rebuilt it): the fused path
@@ -94,7 +86,7 @@ class Admitter:
                       and isinstance(self.view.approx, OverlapIndex))
         if self.fused:
             selector.reserve_rows(self.ledger.arrays.max_workers)
-        self._params = {}
+        self.fast.reset()
 
     @property
     def selector_cfg(self):  # noqa: ANN201 - the [selector] table
@@ -104,7 +96,7 @@ class Admitter:
     @selector_cfg.setter
     def selector_cfg(self, cfg) -> None:  # noqa: ANN001
         self._selector_cfg = cfg
-        self._params = {}
+        self.fast.reset()
 
     # ---- busy / eligibility (current load) ---------------------------------------------------
     def busy_rows(self, cls: ClassConfig) -> np.ndarray | None:
@@ -267,108 +259,10 @@ class Admitter:
         return Admit(spec.request_id, spec.owner, ledger.key_of(row), live.slot, live.generation,
                      overlap_blocks, cached, max(0, now_us - entry.arrival_us), cls_name)
 
-    # ---- the fused immediate path ------------------------------------------------------------
-    def _params_of(self, cq) -> np.ndarray:  # noqa: ANN001 - a PolicyClassQueue
-        """`admit_kv`'s params for class `cq` (rebuilt when its config or the `[selector]` table changes)."""
-        got = self._params.get(cq.index)
-        if got is None or got[0] is not cq.config:
-            p = pack_kv_params(self.selector, self._selector_cfg, cq.config)
-            p[P["inv_bs"]] = 1.0 / float(self.ledger.block_size)
-            got = self._params[cq.index] = (cq.config, p)
-        return got[1]
-
+    # ---- the fused immediate path (fused_admit.py) ----------------------------------------------
     def _kernel_arrays(self) -> tuple:
-        """`admit_kv_packed`'s last arguments: (block_size, stride, the table of `admit_kv`'s 41 fixed
-        arrays). Built once, again when one of the objects it reads is replaced (explain ring, the
-        selector's recent-work array, ledger arrays, approximate index, depth or eligibility array);
-        the cache keeps the arrays alive while the table holds their addresses (`shm.argtable`)."""
-        ring, recent, ledger, view = self.explain, self.selector.recent, self.ledger, self.view
-        got = self._arrays
-        if got is not None:
-            k = got[0]
-            if (k[0] is ring and k[1] is recent and k[2] is ledger.arrays and k[3] is view.approx
-                    and k[4] is view.depth_out and k[5] is self.elig):
-                return got[2]
-        key = (ring, recent, ledger.arrays, view.approx, view.depth_out, self.elig)
-        a, ix = ledger.arrays, view.approx
-        arrays = (self.elig, self.placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix._scratch,  # noqa: SLF001
-                  view.depth_out, a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests,
-                  a.w_max_batched_tokens, a.ref_keys, a.ref_counts, a.arena, a.s_state, a.s_generation, a.s_worker_row,
-                  a.s_worker_generation, a.s_isl, a.s_cached, a.s_prefill, a.s_expected_osl, a.s_output_tokens,
-                  a.s_extra_blocks, a.s_class, a.s_enqueue_us, a.s_admit_us, a.s_arena_off, a.s_arena_len,
-                  a.s_owner_pid, recent, self._scratch, ring.elig, ring.depth, ring.blocks, ring.prefill, ring.terms,
-                  self._out)
-        args = (ledger.block_size, ledger._stride, pack_admit_arrays(arrays))  # noqa: SLF001
-        self._arrays = (key, arrays, args)
-        return args
-
-    def __getstate__(self) -> dict:
-        """Copies and pickles drop the argument tables (`shm.argtable`): they hold this process's
-        addresses of the original arrays; the copy builds its own on first use."""
-        return {**self.__dict__, "_arrays": None}
-
-    def admit_fast(self, spec: RequestSpec, cq, seq, now_us: int) -> Admit | None:  # noqa: ANN001
-        """Admit `spec` at once with one `admit_kv` kernel call, or None: nothing changed, the caller
-        decides by the Python path (module docstring).
-
-        The caller has checked: `fused`, `eligible_mask` > 0 into `elig`, an unpinned request, a class
-        (`cq`) without an admission policy and without a ready backlog. `seq` is the enqueue_seq
-        counter (drawn only when the request is admitted). One function on purpose: this runs for
-        every immediate admission, and each Python call here costs ~0.2-0.4 µs (docs/BENCHMARKS.md §4b).
-        """
-        hashes, isl, sel = spec.block_hashes, spec.isl_tokens, self.selector
-        dt = hashes.dtype
-        if (dt is not _U64 and dt != _U64) or not sel.kernel_may_decide(isl) or not self.leases.owner_alive(spec.owner):
-            return None
-        ledger, view, ring, rid = self.ledger, self.view, self.explain, spec.request_id
-        try:
-            got = ledger.take_slot(rid)
-        except ValueError:  # the Python path raises it
-            return None
-        if got is None:  # slot table full: the Python path rejects
-            return None
-        slot = got[0]
-        allowed = spec.allowed_workers
-        if self._placeable_key != (None, allowed, False, ledger.rows.version):  # `placeable_mask`'s memo, checked here
-            self.placeable_mask(None, allowed)
-        own_depth = view.approx_only()
-        if not own_depth:
-            view.depth(hashes, now_us)
-        recent_at = sel.recent_at_us
-        row = admit_kv_packed(hashes, isl, now_us, slot, -1 if spec.expected_osl is None else spec.expected_osl,
-                              cq.index, now_us, spec.owner, min(now_us + view.ttl_us, INT64_MAX - 1),
-                              sel._decay(now_us), 1 if now_us > recent_at else 0, 0 if own_depth else 1,  # noqa: SLF001
-                              ring.head, self._params_of(cq), *self._kernel_arrays())
-        if own_depth:
-            view.drop_memo()  # the kernel wrote depth_out
-        if row < 0:
-            ledger.give_back(slot)
-            if row == UNDECIDED:
-                ring.lose_head()
-            return None
-        # the Python half: maps, lease, overlap versions, explain record
-        out = self._out.tolist()
-        gen, ob, cached = out[OUT_GENERATION], out[OUT_OVERLAP], out[OUT_CACHED]
-        ledger.booked(slot, rid, row)
-        if now_us > recent_at and sel.recent_weight > 0.0:
-            sel.recent_at_us = now_us
-        if sel.home_weight > 0.0 and cached > 0 and cached >= sel.home_min_cached_share * isl:
-            sel.note_home(row, isl, isl - cached, now_us)  # what `admitted` counts (its condition, checked first)
-        entry = QueueEntry(rid, next(seq), now_us, spec.priority, spec.strict_priority, out[OUT_SNAPSHOT], isl, None,
-                           cq.index)
-        live = Live(spec, entry, LEASED, slot, gen)
-        entry.payload = live
-        leases = self.leases
-        leases.register(live)
-        leases.by_slot[slot] = live
-        if len(hashes):
-            approx = view.approx
-            approx.version += 1
-            approx.evictions += out[OUT_EVICTED]
-            live.wrote = view.record_speculative(hashes, row, now_us, ob if own_depth else int(view.approx_depth[row]))
-        ring.commit(rid, row, now_us, self._fleet_ids())
-        self.decisions_total += 1
-        return Admit(rid, spec.owner, ledger.rows.key_of(row), slot, gen, ob, cached, 0, cq.name)
+        """`admit_kv_packed`'s last arguments (`FusedAdmission.kernel_arrays`)."""
+        return self.fast.kernel_arrays()
 
     def _fleet_ids(self) -> tuple:
         """(worker ids, dp ranks, present) copies for the explain ring, shared by every decision
