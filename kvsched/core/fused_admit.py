@@ -150,7 +150,11 @@ class FusedAdmission:
             args = self._args
         else:
             args = self.kernel_arrays()
-        kernel = admit_kv_packed
+        kernel = self._kernel
+        if kernel is None:
+            kernel = self._kernel = _admit_entry()
+        if hashes.strides != _ONE_WORD:  # not a C-contiguous vector: the entry point would misread it
+            kernel = admit_kv_packed
         recent_at = sel.recent_at_us
         expected = spec.expected_osl
         row = kernel(hashes, isl, now_us, slot, -1 if expected is None else expected, cq.index, now_us, spec.owner,
