@@ -207,8 +207,13 @@ class Scheduler:
                 self.feed.dispatched(live)
         elif kind == "prefill_done":
             row = ledger.prefill_done_row(slot, generation)
-            if row >= 0:
-                self._capacity_changed(row)
+            if row >= 0:  # `_capacity_changed(row)`, written out: one prefill_done per lifecycle
+                pq = self.admitter.pq
+                for cq in pq.classes:
+                    if cq.blocked_workers:
+                        pq.on_capacity_change(ledger.key_of(row))
+                        break
+                self._dirty = True
         elif kind == "progress":
             row = ledger.output_tokens_row(slot, generation, output_tokens or 0)
             if row >= 0:
@@ -259,7 +264,7 @@ class Scheduler:
                 pq.on_capacity_change(ledger.key_of(row))
                 break
         self._dirty = True
-        self.lease_table.drop(live, abort=outcome != "completed")
+        self.lease_table.drop(live, outcome != "completed")
         if outcome == "completed" and live.tracked:
             self.feed.completed(live, context_tokens)
 
@@ -321,19 +326,18 @@ class Scheduler:
         elif feed.cleanup_ids:  # nothing to tell: the released ids are reusable now
             feed.cleanup_ids.clear()
         out = []
+        pq = self.admitter.pq
         if self._dirty:
-            if self._any_ready():
-                out = self.admitter.dispatch(now_us)
+            for cq in pq.classes:  # `_any_ready()`, written out: a dispatch pass only when some entry is ready
+                if cq.n_waiting > len(cq.deferred):
+                    out = self.admitter.dispatch(now_us)
+                    break
             self._dirty = False
-        self.admitter.pq.compact()
+        for cq in pq.classes:  # `pq.compact()` when some class had removals (most cleanups have none)
+            if cq._to_compact:  # noqa: SLF001
+                pq.compact()
+                break
         return out
-
-    def _any_ready(self) -> bool:
-        """Some class holds a ready entry (a dispatch pass with none admits nothing and changes nothing)."""
-        for cq in self.admitter.pq.classes:
-            if cq.n_waiting > len(cq.deferred):
-                return True
-        return False
 
     def _tell_policies(self, now_us: int) -> None:
         if tell_policies(self, now_us):
