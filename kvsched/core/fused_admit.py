@@ -159,7 +159,7 @@ class FusedAdmission:
         expected = spec.expected_osl
         row = kernel(hashes, isl, now_us, slot, -1 if expected is None else expected, cq.index, now_us, spec.owner,
                      min(now_us + view.ttl_us, INT64_MAX - 1), sel._decay(now_us), 1 if now_us > recent_at else 0,  # noqa: SLF001
-                     0 if own_depth else 1, ring.head, params, *args)
+                     0 if own_depth else 1, ring.head, params, args[0], args[1], args[2])  # not `*args`: no tuple built
         if own_depth:
             view._memo_of = None  # noqa: SLF001 - `OverlapView.drop_memo`: the kernel wrote depth_out
         if row < 0:

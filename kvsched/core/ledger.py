@@ -256,8 +256,8 @@ class Ledger:
         aggregates, slot state); returns its worker row, or -1 (no-op) when stale or free."""
         if not 0 <= slot < self._max_slots:
             return -1
-        fn, args, _ = self._k_release
-        row = fn(slot, generation, *args)
+        fn, table, _ = self._k_release
+        row = fn(slot, generation, table)
         if row < 0:
             return -1
         rid = self._rid_of[slot]
@@ -272,8 +272,8 @@ class Ledger:
         """The backend accepted the request (state admitted -> dispatched). False if stale."""
         if not 0 <= slot < self._max_slots:
             return False
-        fn, args = self._k_dispatched
-        return fn(slot, generation, *args)
+        fn, state, gens = self._k_dispatched  # the arrays named, not `*args`: no tuple built per call
+        return fn(slot, generation, state, gens)
 
     def prefill_done(self, slot: int, generation: int) -> bool:
         """First output token seen: the booking's outstanding prefill leaves its worker. False if stale."""
@@ -284,8 +284,8 @@ class Ledger:
         row, or -1 when stale."""
         if not 0 <= slot < self._max_slots:
             return -1
-        fn, args = self._k_prefill_done
-        row = fn(slot, generation, *args)
+        fn, st, gens, rows, prefill, w_prefill = self._k_prefill_done
+        row = fn(slot, generation, st, gens, rows, prefill, w_prefill)
         if row >= 0 and self.rows.overload_rules:
             self.rows.update_overload(row)
         return row
@@ -331,7 +331,7 @@ class Ledger:
         the arrays stay referenced beside the table (`shm.argtable`)."""
         a = self.arrays
         table = pack_release_arrays(a)
-        return entry_point(release_booking_packed, (0, 0, table)), (table,), a
+        return entry_point(release_booking_packed, (0, 0, table)), table, a
 
     def __getstate__(self) -> dict:
         """Copies and pickles drop the release kernel's argument table (`shm.argtable`: it holds this
@@ -343,13 +343,13 @@ class Ledger:
     @cached_property
     def _k_dispatched(self) -> tuple:
         args = (self.arrays.s_state, self.arrays.s_generation)
-        return entry_point(slot_dispatched, (0, 0, *args)), args
+        return entry_point(slot_dispatched, (0, 0, *args)), *args
 
     @cached_property
     def _k_prefill_done(self) -> tuple:
         a = self.arrays
         args = (a.s_state, a.s_generation, a.s_worker_row, a.s_prefill, a.w_active_prefill)
-        return entry_point(slot_prefill_done, (0, 0, *args)), args
+        return entry_point(slot_prefill_done, (0, 0, *args)), *args
 
     @cached_property
     def _k_output_tokens(self) -> tuple:
