@@ -207,13 +207,8 @@ class Scheduler:
                 self.feed.dispatched(live)
         elif kind == "prefill_done":
             row = ledger.prefill_done_row(slot, generation)
-            if row >= 0:  # `_capacity_changed(row)`, written out: one prefill_done per lifecycle
-                pq = self.admitter.pq
-                for cq in pq.classes:
-                    if cq.blocked_workers:
-                        pq.on_capacity_change(ledger.key_of(row))
-                        break
-                self._dirty = True
+            if row >= 0:
+                self._capacity_changed(row)
         elif kind == "progress":
             row = ledger.output_tokens_row(slot, generation, output_tokens or 0)
             if row >= 0:
