@@ -22,9 +22,26 @@ def pytest_sessionstart(session) -> None:  # noqa: ANN001 - pytest.Session
 
     t0 = time.monotonic()
     warm_kernels()
+    _warm_core_decisions()
     took = time.monotonic() - t0
     if took > 5:
         print(f"\nkernels compiled into {os.environ['NUMBA_CACHE_DIR']} in {took:.0f} s")
+
+
+def _warm_core_decisions() -> None:
+    """Two decisions through the core tests' own factories, so the fused admission kernel compiles
+    for their argument types here rather than inside the first core test: cold, on a loaded 2-core
+    machine, that compile outlasted the 120 s per-test timeout, and every following core test timed
+    out in turn (each one restarting the interrupted compile). A warm-up only: any error here is
+    left for the tests themselves to report."""
+    try:
+        from tests.core.factories import make_request, make_scheduler
+
+        s = make_scheduler()
+        s.enqueue(make_request("warm-plain", isl_tokens=10), 1)
+        s.enqueue(make_request("warm-hashed", isl_tokens=64, block_hashes=[1, 2, 3]), 1)
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
 
 
 def wait_until(pred: Callable[[], bool], timeout_s: float = 30.0, interval_s: float = 0.02) -> bool:

@@ -196,7 +196,10 @@ class SchedulerClient:
         return out
 
     async def close(self) -> None:
-        """Abort every open lease, fail every waiting call, close the socket."""
+        """Abort every open lease, fail every waiting call, close the socket. Frames already sent
+        (a last Release, these aborts) still reach a daemon that is connected, for up to
+        `link.CLOSE_LINGER_MS` (2 s), so the daemon frees those leases at once; closing the client's
+        own ZeroMQ context waits for that."""
         for lease in self._open_leases():
             lease.release("aborted")
         self._pending.fail_all()

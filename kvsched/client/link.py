@@ -66,6 +66,10 @@ REAP_SHARE = 0.8
 # a flood, a long GC) answers late; a new socket per backoff step would leave it one abandoned
 # connection per step and never reach a daemon slower than the backoff ceiling.
 HELLO_PATIENCE_S = 30.0
+# How long a closed link's queued frames (a last Release) may still go out to a connected daemon (ms,
+# ZMQ_LINGER): with 0, ZeroMQ discarded what its I/O thread had not written yet, and the daemon held
+# that lease until its liveness timeout. Frames for a daemon that is gone are dropped at once.
+CLOSE_LINGER_MS = 2000
 _ANSWERED = float("-inf")  # `Link._hello_at` once the Welcome came
 
 
@@ -192,11 +196,11 @@ class Link:
             return False
         return bool(cast(int, self.sock.getsockopt(_EVENTS)) & _POLLOUT)
 
-    def _drop_socket(self) -> None:
+    def _drop_socket(self, linger_ms: int = 0) -> None:
         if self.sock is not None:
             if self.loop is not None and not self.loop.is_closed():
                 self.loop.remove_reader(self.sock.fileno())
-            self.sock.close(0)
+            self.sock.close(linger_ms)
             self.sock = None
 
     def _hello(self) -> bool:
@@ -204,11 +208,12 @@ class Link:
                                                socket.gethostname()[:p.MAX_NAME_CHARS], _pid_ns())))
 
     def close(self) -> None:
+        """Send this turn's frames and close; queued frames still go out for up to `CLOSE_LINGER_MS`."""
         self._flush_out()
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
-        self._drop_socket()
+        self._drop_socket(CLOSE_LINGER_MS if self.connected else 0)
 
     # ------------------------------------------------------------------ send / receive
     def send(self, frame: p.Frame, *, buffer_when_down: bool = True) -> bool:

@@ -27,6 +27,11 @@ from .trace import Trace, load_trace
 
 log = logging.getLogger(__name__)
 
+# How long a router waits for the daemon's first Welcome (s): as long as the orchestrator waits for its
+# routers to be ready (`replay_wall.ROUTER_READY_TIMEOUT_S`). With the client's 5 s default, a router on
+# a loaded machine could give up on a daemon that was up, and the replay lost all its rows.
+CONNECT_TIMEOUT_S = 120.0
+
 
 @dataclass(frozen=True, slots=True)
 class RouterParams:
@@ -127,7 +132,8 @@ class Router:
             self.dynamo = DynamoRoute(self.p.dynamo_url)
             await self.dynamo.open()
         if not self.p.route_via_dynamo:
-            self.client = SchedulerClient(self.p.endpoint, client_name=f"replay-{self.p.run_tag}-r{self.p.index}")
+            self.client = SchedulerClient(self.p.endpoint, client_name=f"replay-{self.p.run_tag}-r{self.p.index}",
+                                          connect_timeout_s=CONNECT_TIMEOUT_S)
             await self.client.connect()
 
     async def close(self) -> None:

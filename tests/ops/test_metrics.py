@@ -79,10 +79,14 @@ def test_worker_lease_decision_and_error_metrics(tmp_path):
         assert isinstance(admin.call(p.Drain(worker_id=1)), p.OkReply)
 
         def settled() -> bool:
+            # The active-lease count is read live and the gauges are refreshed once a second, but
+            # the decision-path counters (the lease-duration histogram among them) are written every
+            # ~100 ms of the daemon's loop: both can show the release before its duration is counted.
             text = scrape(port)
             return (value(text, "kvsched_worker_drained", worker_id=1, dp_rank=0) == 1
                     and value(text, "kvsched_active_leases") == 1
-                    and (value(text, "kvsched_lease_oldest_age_seconds", policy_class="default") or 0) > 0)
+                    and (value(text, "kvsched_lease_oldest_age_seconds", policy_class="default") or 0) > 0
+                    and (value(text, "kvsched_lease_duration_seconds_count", policy_class="default") or 0) >= 1)
 
         assert wait_until(settled, 30, 0.2)
         text = scrape(port)
