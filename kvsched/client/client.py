@@ -43,6 +43,10 @@ from .words import SlotWords
 
 log = logging.getLogger(__name__)
 
+# How long a new client waits for its daemon's first Welcome (s): a daemon compiling its kernels on a
+# cold cache (about a minute here) or starved of CPU answers late.
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+
 # What `schedule(block_hashes=...)` accepts: little-endian u64 bytes, ints, or a numpy integer array.
 BlockHashes = Union[bytes, bytearray, memoryview, Sequence[int], "np.ndarray[Any, np.dtype[np.integer[Any]]]"]
 
@@ -54,7 +58,9 @@ class SchedulerClient:
         endpoint: data socket; None = discovery (`KVSCHED_ENDPOINT`, else the ipc path of `instance`).
         instance: daemon instance name used by discovery.
         client_name: shown in the daemon's logs and `kvsched status`.
-        connect_timeout_s: seconds to wait for the first `Welcome`.
+        connect_timeout_s: seconds to wait for the first `Welcome` (default 30: a daemon that is still
+            starved of CPU on a loaded machine answers late; 5 s failed routers whose daemon was merely
+            slow). An ipc endpoint whose socket file is missing waits as long.
         reconnect_deadline_s: after losing the daemon, waiting calls fail with `DaemonUnavailable`
             only once the outage is this old (s).
         on_unavailable: "fail" (raise `DaemonUnavailable`) or "bypass" (degraded lease on a random
@@ -79,7 +85,7 @@ class SchedulerClient:
     """
 
     def __init__(self, endpoint: str | None = None, *, instance: str = "default", client_name: str = "",
-                 connect_timeout_s: float = 5.0, reconnect_deadline_s: float = 30.0,
+                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, reconnect_deadline_s: float = 30.0,
                  on_unavailable: Literal["fail", "bypass"] = "fail",
                  bypass_workers: Iterable[tuple[int, int]] = (), attach_progress: bool = True,
                  curve_server_key: str | bytes | None = None,

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Literal, TypeVar
 import zmq
 
 from .. import protocol as p
-from .client import BlockHashes, SchedulerClient
+from .client import DEFAULT_CONNECT_TIMEOUT_S, BlockHashes, SchedulerClient
 from .lease import Lease
 
 T = TypeVar("T")
@@ -155,7 +155,7 @@ class SyncSchedulerClient:
         *,
         instance: str = "default",
         client_name: str = "",
-        connect_timeout_s: float = 5.0,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         reconnect_deadline_s: float = 30.0,
         on_unavailable: Literal["fail", "bypass"] = "fail",
         bypass_workers: Iterable[tuple[int, int]] = (),
