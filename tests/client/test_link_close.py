@@ -16,12 +16,7 @@ import zmq
 from kvsched import protocol as p
 from kvsched.client.link import Link
 
-
-async def _until(pred, timeout_s: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not pred():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
+from .link_helpers import until, welcome
 
 
 async def test_frames_queued_behind_a_backlog_still_reach_the_daemon_after_close(tmp_path, monkeypatch):
@@ -36,15 +31,10 @@ async def test_frames_queued_behind_a_backlog_still_reach_the_daemon_after_close
     router.setsockopt(zmq.LINGER, 0)
     endpoint = f"ipc://{tmp_path}/d.sock"
     router.bind(endpoint)
-    enc, dec = p.make_encoder(), p.make_router_decoder()
     link = Link(client_ctx, endpoint, "closing", lambda frame: None, lambda welcome, again: None)
     link.open(asyncio.get_running_loop())
     try:
-        await _until(lambda: router.poll(0))
-        ident, raw = router.recv_multipart()
-        assert isinstance(dec.decode(raw), p.Hello)
-        router.send_multipart([ident, enc.encode(p.Welcome(1, 1, 2, 16, "l", "p", 10_000, 60_000, 1 << 20))])
-        await _until(lambda: link.connected)
+        await welcome(router, link)
         hashes = b"\x01" * 8 * 1000  # 8 KB per Enqueue
         for i in range(250):
             assert link.send(p.Enqueue(f"bulk-{i}", 16 * 1000, block_hashes=hashes))

@@ -10,12 +10,7 @@ import zmq
 from kvsched import protocol as p
 from kvsched.client.link import Link
 
-
-async def _until(pred, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not pred():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
+from .link_helpers import until, welcome
 
 
 async def test_sends_schedule_no_read_unless_a_frame_waits(tmp_path):
@@ -24,17 +19,13 @@ async def test_sends_schedule_no_read_unless_a_frame_waits(tmp_path):
     router.setsockopt(zmq.LINGER, 0)
     endpoint = f"ipc://{tmp_path}/d.sock"
     router.bind(endpoint)
-    enc, dec = p.make_encoder(), p.make_router_decoder()
+    enc = p.make_encoder()
     got: list = []
     link = Link(ctx, endpoint, "t", got.append, lambda w, r: None)
     loop = asyncio.get_running_loop()
     link.open(loop)
     try:
-        await _until(lambda: router.poll(0))
-        ident, raw = router.recv_multipart()
-        assert isinstance(dec.decode(raw), p.Hello)
-        router.send_multipart([ident, enc.encode(p.Welcome(1, 1, 2, 16, "l", "p", 10_000, 60_000, 1 << 20))])
-        await _until(lambda: link.connected)
+        ident = await welcome(router, link)
         await asyncio.sleep(0.05)  # the Welcome's own turn is over
         calls = []
         real = loop.call_soon
@@ -51,7 +42,7 @@ async def test_sends_schedule_no_read_unless_a_frame_waits(tmp_path):
             link._flush_out()
         finally:
             loop.call_soon = real
-        await _until(lambda: any(isinstance(f, p.Rejected) for f in got))
+        await until(lambda: any(isinstance(f, p.Rejected) for f in got))
     finally:
         link.close()
         router.close(0)

@@ -51,6 +51,21 @@ def _pair(events: bool, busy_frac: float | None, max_slots: int, overload_prefil
     return fast, slow
 
 
+def count_fused(sched) -> dict:
+    """Wrap `sched.admitter.admit_fast` so that each admission it decides (not None) counts in the
+    returned dict's "fused" entry."""
+    calls = {"fused": 0}
+    admit_fast = sched.admitter.admit_fast
+
+    def counting(*args):
+        got = admit_fast(*args)
+        calls["fused"] += got is not None
+        return got
+
+    sched.admitter.admit_fast = counting
+    return calls
+
+
 def _same_state(fast, slow, ids) -> None:
     for f in LEDGER:
         np.testing.assert_array_equal(getattr(fast.ledger.arrays, f), getattr(slow.ledger.arrays, f), err_msg=f)
@@ -77,15 +92,7 @@ def test_fused_path_decides_as_the_python_path(seed, events, busy_frac, max_slot
     table, overloaded rows)."""
     rng = np.random.default_rng(seed)
     fast, slow = _pair(events, busy_frac, max_slots, overload_prefill, home)
-    calls = {"fused": 0}
-    admit_fast = fast.admitter.admit_fast
-
-    def counting(*args):
-        got = admit_fast(*args)
-        calls["fused"] += got is not None
-        return got
-
-    fast.admitter.admit_fast = counting
+    calls = count_fused(fast)
     now, ids, held = 1_000_000, [], []
     for i in range(120):
         now += int(rng.integers(0, 3)) * int(rng.integers(1, 400_000))

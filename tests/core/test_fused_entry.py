@@ -10,21 +10,13 @@ import pytest
 from kvsched.core.types import Admit
 
 from .factories import make_request
-from .test_fused_admission import _pair, _same_state
+from .test_fused_admission import _pair, _same_state, count_fused
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "strided", "writable"])
 def test_fused_entry_point_reads_every_hash_layout(layout):
     fast, slow = _pair(events=False, busy_frac=None, max_slots=64, overload_prefill=None)
-    calls = {"fused": 0}
-    admit_fast = fast.admitter.admit_fast
-
-    def counting(*args):
-        got = admit_fast(*args)
-        calls["fused"] += got is not None
-        return got
-
-    fast.admitter.admit_fast = counting
+    calls = count_fused(fast)
     now, ids = 1_000_000, []
     for i in range(12):
         now += 1_000

@@ -134,18 +134,24 @@ async def scripted_stack(daemon, tmp_path, **gateway):
     its [gateway] section) in front of `daemon`, one `ScriptedEngine` per `daemon.engine_ports`
     worker; yields (gateway, its URL, {worker_id: engine}, daemon) and stops them all afterwards."""
     engines = {w: ScriptedEngine(port) for w, port in daemon.engine_ports.items()}
-    for e in engines.values():
-        await e.start()
-    cfg = GatewayConfig(gateway=GatewaySection(port=free_port(), daemon_endpoint=daemon.endpoint,
-                                               health_interval_s=60.0, **gateway),
-                        models=[ModelSection(name="tiny", tokenizer_dir=str(write_tiny_tokenizer(tmp_path / "tok")))])
-    gw = Gateway(cfg)
-    await gw.start()
-    runner = web.AppRunner(make_app(gw), handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", cfg.gateway.port).start()
-    yield gw, f"http://127.0.0.1:{cfg.gateway.port}", engines, daemon
-    await runner.cleanup()
-    await gw.stop()
-    for e in engines.values():
-        await e.runner.cleanup()
+    started, gw, runner = [], None, None
+    try:  # whatever started is stopped even when a later step fails (its ports freed for the next test)
+        for e in engines.values():
+            await e.start()
+            started.append(e)
+        cfg = GatewayConfig(gateway=GatewaySection(port=free_port(), daemon_endpoint=daemon.endpoint,
+                                                   health_interval_s=60.0, **gateway),
+                            models=[ModelSection(name="tiny", tokenizer_dir=str(write_tiny_tokenizer(tmp_path / "tok")))])
+        gw = Gateway(cfg)
+        await gw.start()
+        runner = web.AppRunner(make_app(gw), handler_cancellation=True)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", cfg.gateway.port).start()
+        yield gw, f"http://127.0.0.1:{cfg.gateway.port}", engines, daemon
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        if gw is not None:
+            await gw.stop()
+        for e in started:
+            await e.runner.cleanup()
