@@ -259,11 +259,6 @@ class Admitter:
         return Admit(spec.request_id, spec.owner, ledger.key_of(row), live.slot, live.generation,
                      overlap_blocks, cached, max(0, now_us - entry.arrival_us), cls_name)
 
-    # ---- the fused immediate path (fused_admit.py) ----------------------------------------------
-    def _kernel_arrays(self) -> tuple:
-        """`admit_kv_packed`'s last arguments (`FusedAdmission.kernel_arrays`)."""
-        return self.fast.kernel_arrays()
-
     def _fleet_ids(self) -> tuple:
         """(worker ids, dp ranks, present) copies for the explain ring, shared by every decision
         until the ledger's worker table changes (its `version`)."""

@@ -253,12 +253,7 @@ class Scheduler:
         row = ledger.release_booking(slot, generation)  # one kernel call: refcounts, aggregates, slot
         if row < 0:  # the booking was already gone (cannot happen while the lease is live)
             row = int(ledger.arrays.s_worker_row[slot])
-        pq = self.admitter.pq  # `_capacity_changed(row)`, written out: one release per lifecycle
-        for cq in pq.classes:
-            if cq.blocked_workers:
-                pq.on_capacity_change(ledger.key_of(row))
-                break
-        self._dirty = True
+        self._capacity_changed(row)
         self.lease_table.drop(live, outcome != "completed")
         if outcome == "completed" and live.tracked:
             self.feed.completed(live, context_tokens)
@@ -321,18 +316,16 @@ class Scheduler:
         elif feed.cleanup_ids:  # nothing to tell: the released ids are reusable now
             feed.cleanup_ids.clear()
         out = []
-        pq = self.admitter.pq
         if self._dirty:
-            for cq in pq.classes:  # `_any_ready()`, written out: a dispatch pass only when some entry is ready
-                if cq.n_waiting > len(cq.deferred):
-                    out = self.admitter.dispatch(now_us)
-                    break
+            if self._any_ready():
+                out = self.admitter.dispatch(now_us)
             self._dirty = False
-        for cq in pq.classes:  # `pq.compact()` when some class had removals (most cleanups have none)
-            if cq._to_compact:  # noqa: SLF001
-                pq.compact()
-                break
+        self.admitter.pq.compact()  # only the classes that had removals (most cleanups have none)
         return out
+
+    def _any_ready(self) -> bool:
+        """Some class holds a ready entry (a dispatch pass with none admits nothing and changes nothing)."""
+        return any(cq.n_waiting > len(cq.deferred) for cq in self.admitter.pq.classes)
 
     def _tell_policies(self, now_us: int) -> None:
         if tell_policies(self, now_us):

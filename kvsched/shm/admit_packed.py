@@ -4,7 +4,7 @@ table: `admit_kv_packed`, `credited_depth_packed`, and the functions that build 
 Numba unboxes every argument of every call before the body runs (~0.2 µs per array argument on this
 project's VM, `shm/argtable.py`); `admit_kv` takes 41 arrays and `credited_depth` 29 that are the
 same objects call after call (the ledger's, the overlap indexes', scratch space, the explain ring).
-The core builds each table once (`Admitter._kernel_arrays`, `OverlapView.depth`), keeps the arrays
+The core builds each table once (`core.fused_admit.FusedAdmission.kernel_arrays`, `OverlapView.depth`), keeps the arrays
 referenced beside it, and rebuilds it when one of them is replaced. Measured with
 `bench/bench_admit_kernel.py` (bench_core's state): the admission call ~10.7 -> ~4.5 µs before the
 kernel's work, the whole `admit_kv` call ~37 -> ~31 µs (medians, noisy shared machine).
