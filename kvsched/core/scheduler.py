@@ -325,7 +325,10 @@ class Scheduler:
 
     def _any_ready(self) -> bool:
         """Some class holds a ready entry (a dispatch pass with none admits nothing and changes nothing)."""
-        return any(cq.n_waiting > len(cq.deferred) for cq in self.admitter.pq.classes)
+        for cq in self.admitter.pq.classes:
+            if cq.n_waiting > len(cq.deferred):
+                return True
+        return False
 
     def _tell_policies(self, now_us: int) -> None:
         if tell_policies(self, now_us):
