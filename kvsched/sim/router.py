@@ -22,15 +22,16 @@ import numpy as np
 import zmq
 
 from .fleet import SimBatch, SimDone, SimError, SimFirstToken, SimProgress, SimSubmit
+from .replay_wall import ROUTER_READY_TIMEOUT_S
 from .summary import ABORTED, COMPLETED, REJECTED, RequestResult, write_results
 from .trace import Trace, load_trace
 
 log = logging.getLogger(__name__)
 
 # How long a router waits for the daemon's first Welcome (s): as long as the orchestrator waits for its
-# routers to be ready (`replay_wall.ROUTER_READY_TIMEOUT_S`). With the client's 5 s default, a router on
-# a loaded machine could give up on a daemon that was up, and the replay lost all its rows.
-CONNECT_TIMEOUT_S = 120.0
+# routers to be ready. With the client's former 5 s default, a router on a loaded machine gave up on a
+# daemon that was up, and the replay lost all its rows.
+CONNECT_TIMEOUT_S = ROUTER_READY_TIMEOUT_S
 
 
 @dataclass(frozen=True, slots=True)
