@@ -116,7 +116,7 @@ def md_machine(m: dict, run: dict) -> str:
             ["pyzmq / libzmq / msgspec", f"{m['pyzmq']} / {m['libzmq']} / {m['msgspec']}"],
             ["Redis", f"{m['redis_server'] or 'not installed'}; redis-py {m['redis_py'] or '–'} (hiredis parser)"],
             ["run", f"{run['started']} — {run['mode']}, {run['minutes']} min; 1-min load average at start "
-                    f"{run['loadavg_start'][0]:.2f} (other engineers' jobs share the 2 cores)"]]
+                    f"{run['loadavg_start'][0]:.2f} (the 2 cores are shared: absolute figures move between runs)"]]
     return table(["", ""], rows)
 
 
@@ -456,7 +456,8 @@ def main() -> None:
         render_doc(bench_dir, None)
         return
     t0 = time.perf_counter()
-    run = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "mode": "quick" if args.quick else "full",
+    mode = "quick" if args.quick else "full" if not args.only else f"steps {args.only} only"
+    run = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "mode": mode,
            "loadavg_start": os.getloadavg(), "machine": machine(), "steps": []}
     note = ensure_redis()
     if note:
