@@ -107,7 +107,8 @@ class DaemonProcess:
         """Block until the child printed its ready line; `on_wait(elapsed_s)` about once a second meanwhile.
 
         Raises:
-            DaemonUnavailable: it exited first, or `timeout_s` passed (then it is SIGKILLed).
+            DaemonUnavailable: it exited first (or right after its ready line:
+                tests/daemon/test_ready_then_dead.py), or `timeout_s` passed (then it is SIGKILLed).
         """
         box: list[bytes] = []
 
@@ -128,16 +129,22 @@ class DaemonProcess:
             t.join(min(1.0, left))
             if t.is_alive() and on_wait is not None:
                 on_wait(time.monotonic() - start)
-        if not box:
-            if not t.is_alive():  # its stdout closed: it is exiting; let it finish so its code is known
-                try:
-                    self.proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    pass
+        if box:  # ready, unless it died since: its line stays readable in the pipe after it exits
             code = self.proc.poll()
+            if code is None:
+                return
             self.kill()
-            why = f"exited with code {code}" if code is not None else f"was not ready within {timeout_s:.0f}s"
-            raise DaemonUnavailable(f"daemon {why}; log {self.log_path}:\n{self.log_tail()}")
+            raise DaemonUnavailable(f"daemon exited with code {code} right after it was ready; log "
+                                    f"{self.log_path}:\n{self.log_tail()}")
+        if not t.is_alive():  # its stdout closed: it is exiting; let it finish so its code is known
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        code = self.proc.poll()
+        self.kill()
+        why = f"exited with code {code}" if code is not None else f"was not ready within {timeout_s:.0f}s"
+        raise DaemonUnavailable(f"daemon {why}; log {self.log_path}:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 20) -> str:
         try:
