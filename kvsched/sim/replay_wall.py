@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import Config, config_env_names, load_config
+from ..errors import DaemonUnavailable
 from .classes import ClassAssignment
 from .fleet_spec import FleetSpec, config_toml
 from .progress_bar import progress_bar
@@ -90,7 +91,7 @@ def run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profil
             _start_ignoring_sigint(proc)
             procs.routers.append(proc)
             readies.append(ready)
-        _wait_ready([fleet_ready, *readies], [procs.fleet, *procs.routers], ROUTER_READY_TIMEOUT_S)
+        _wait_ready([fleet_ready, *readies], [procs.fleet, *procs.routers], ROUTER_READY_TIMEOUT_S, procs.daemon)
         if procs.dynamo is not None:  # its subscribers connect once: the fleet's publishers must be bound
             from .dynamo import register_fleet
 
@@ -221,10 +222,20 @@ def _merge_overlap_samples(runtime_dir: Path, routers: int, dest: Path) -> None:
         dest.unlink()
 
 
-def _wait_ready(events, processes, timeout_s: float) -> None:
+def _wait_ready(events, processes, timeout_s: float, daemon=None) -> None:  # noqa: ANN001
+    """Wait until every start-up event is set.
+
+    Raises:
+        DaemonUnavailable: the private `daemon` (a `DaemonProcess`, or None) exited meanwhile (the
+            routers would wait for it until `timeout_s`); the message names its log.
+        RuntimeError: one of `processes` exited, or `timeout_s` (s) passed.
+    """
     deadline = time.monotonic() + timeout_s
     for ev in events:
         while not ev.wait(0.1):
+            if daemon is not None and not daemon.alive():
+                raise DaemonUnavailable(f"daemon exited with code {daemon.proc.returncode} while the routers "
+                                        f"started; log {daemon.log_path}:\n{daemon.log_tail()}")
             dead = [p.name for p in processes if not p.is_alive()]
             if dead:
                 raise RuntimeError(f"replay: {', '.join(dead)} exited during start-up")

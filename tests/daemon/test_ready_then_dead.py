@@ -44,3 +44,25 @@ def test_a_child_that_printed_ready_and_lives_is_ready(tmp_path):
         assert handle.alive()
     finally:
         handle.kill()
+
+
+def test_the_replay_stops_waiting_for_its_routers_when_its_daemon_dies(tmp_path):
+    """1. the replay waits for its routers' ready events (never set: they cannot reach a dead
+    daemon); 2. its private daemon has exited. Result: DaemonUnavailable naming the daemon's exit
+    code and log within a second (before: RuntimeError "processes not ready" after the 120 s wait)."""
+    import multiprocessing as mp
+    import time
+
+    from kvsched.sim.replay_wall import _wait_ready
+
+    log = tmp_path / "d.log"
+    log.write_text("killed mid-start\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(9)"], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    proc.wait(30)
+    daemon = DaemonProcess(proc, "ipc://x", "ipc://y", log, [sys.executable, "--instance", "t"], {})
+    started = time.monotonic()
+    with pytest.raises(DaemonUnavailable) as err:
+        _wait_ready([mp.get_context("spawn").Event()], [], 120.0, daemon)
+    assert time.monotonic() - started < 5
+    assert "exited with code 9" in str(err.value) and str(log) in str(err.value)
