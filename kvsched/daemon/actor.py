@@ -88,7 +88,7 @@ class Actor:
         self._batch_index: int | None = None  # position in the Batch being handled, for Error frames
         self.max_frame_bytes = daemon_cfg.max_frame_bytes  # bigger messages are answered error{oversized}
         self.outbox = ReplyOutbox(data_sock, daemon_cfg.max_frame_bytes, self.warn, loop.call_soon,
-                                  self._flush_replies)  # version-2 peers: the replies of one wake
+                                  self._flush_outside_wake)  # version-2 peers: the replies of one wake
         self.tally = WakeTally(metrics)
         self.admin = AdminSocket(admin_sock, admin_handler, metrics, self.enc) if admin_sock is not None else None
         self.tr = Translator(scheduler, self.conns, self._send, self._error, self.tally, daemon_cfg,
@@ -363,6 +363,15 @@ class Actor:
                 self.tally.undeliverable += 1
                 self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
             self._deliver(self.scheduler.drain_cleanup(t), t)  # may owe more replies: loop
+
+    def _flush_outside_wake(self) -> None:
+        """The outbox's callback for replies owed outside a wake (timers, admin): flush them, then
+        look at the data socket again when something was sent — a send can swallow the FD's edge
+        of a frame that arrived meanwhile (tests/daemon/test_wake.py)."""
+        sends = self.outbox.sends
+        self._flush_replies()
+        if not self.stopped and self.outbox.sends != sends:
+            self._rearm(self.data_sock, self._on_data, more=False)
 
     def _refuse(self, identity: bytes, message: str, envelope: bool) -> None:
         """Answer a message the data socket cannot take with `error{code=1}` (in a REQ's envelope

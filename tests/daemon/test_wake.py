@@ -144,3 +144,28 @@ async def test_release_and_enqueue_in_one_batch_are_handled_in_order():
         assert h.sched.owner_of("r0") is not None
     finally:
         h.close()
+
+
+async def test_replies_sent_outside_a_wake_look_again_for_frames_their_sends_hid():
+    """1. a frame from the router waits in the daemon's socket; 2. a reply owed outside a wake (a
+    timer's admission, an admin action) is flushed by the outbox's own callback. ZeroMQ's FD is
+    edge-like and a send processes the socket's commands, which can swallow the signal of that
+    frame. Result: the flush schedules a wake (`_on_data`) when the socket is readable (before:
+    nothing did, and the frame waited for the next 10 ms tick or another router's message)."""
+    h = Harness("outside-wake")
+    try:
+        h.send(p.Heartbeat(1))
+        await asyncio.sleep(0.05)  # the frame reaches the daemon's socket (inproc: at once)
+        conn = next(iter(h.actor.conns))
+        h.actor.outbox.add(conn, h.enc.encode(p.HeartbeatAck(0)), None)  # owed outside a wake
+        scheduled = []
+        real_call_soon = h.loop.call_soon
+        h.loop.call_soon = lambda cb, *a: scheduled.append(cb)  # type: ignore[method-assign]
+        try:
+            h.actor.outbox._flush_due()  # noqa: SLF001 - the callback the outbox scheduled
+        finally:
+            h.loop.call_soon = real_call_soon  # type: ignore[method-assign]
+        assert [type(f) for f in h.replies()] == [p.HeartbeatAck]
+        assert h.actor._on_data in scheduled  # noqa: SLF001
+    finally:
+        h.close()
