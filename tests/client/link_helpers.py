@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+
+import zmq
 
 from kvsched import protocol as p
+from kvsched.client.link import Link
 
 
 async def until(pred, timeout_s: float = 30.0) -> None:
@@ -25,3 +29,23 @@ async def welcome(router, link) -> bytes:
     router.send_multipart([ident, enc.encode(p.Welcome(1, 1, 2, 16, "l", "p", 10_000, 60_000, 1 << 20))])
     await until(lambda: link.connected)
     return ident
+
+
+@contextlib.asynccontextmanager
+async def stand_in_daemon(tmp_path, client_name: str):
+    """A stand-in daemon (a ROUTER bound on an ipc path in `tmp_path`, its own context) and an open
+    `Link` to it (a second context, as a router process has). Yields (router, link); closes both."""
+    server_ctx, client_ctx = zmq.Context(), zmq.Context()
+    router = server_ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/d.sock"
+    router.bind(endpoint)
+    link = Link(client_ctx, endpoint, client_name, lambda frame: None, lambda welcome, again: None)
+    link.open(asyncio.get_running_loop())
+    try:
+        yield router, link
+    finally:
+        link.close()
+        router.close(0)
+        client_ctx.term()
+        server_ctx.term()

@@ -8,15 +8,12 @@ machine, where that thread runs late).
 
 from __future__ import annotations
 
-import asyncio
 import time
 
-import zmq
 
 from kvsched import protocol as p
-from kvsched.client.link import Link
 
-from .link_helpers import until, welcome
+from .link_helpers import stand_in_daemon, welcome
 
 
 async def test_frames_queued_behind_a_backlog_still_reach_the_daemon_after_close(tmp_path, monkeypatch):
@@ -26,14 +23,7 @@ async def test_frames_queued_behind_a_backlog_still_reach_the_daemon_after_close
     arrives (before: the close discarded everything still queued, the Release included). The linger
     is raised for the test so that a machine too busy to move 2 MB within the shipped 2 s cannot fail it."""
     monkeypatch.setattr("kvsched.client.link.CLOSE_LINGER_MS", 60_000, raising=False)
-    server_ctx, client_ctx = zmq.Context(), zmq.Context()
-    router = server_ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    endpoint = f"ipc://{tmp_path}/d.sock"
-    router.bind(endpoint)
-    link = Link(client_ctx, endpoint, "closing", lambda frame: None, lambda welcome, again: None)
-    link.open(asyncio.get_running_loop())
-    try:
+    async with stand_in_daemon(tmp_path, "closing") as (router, link):
         await welcome(router, link)
         hashes = b"\x01" * 8 * 1000  # 8 KB per Enqueue
         for i in range(250):
@@ -45,8 +35,3 @@ async def test_frames_queued_behind_a_backlog_still_reach_the_daemon_after_close
             if router.poll(500):
                 got_last = b"last" in router.recv_multipart()[1]
         assert got_last, "the Release sent before close() never reached the daemon"
-    finally:
-        link.close()
-        router.close(0)
-        client_ctx.term()
-        server_ctx.term()

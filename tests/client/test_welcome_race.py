@@ -11,15 +11,13 @@ that check stayed unread until the Hello's patience (30 s) ran out.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import zmq
 
 from kvsched import protocol as p
-from kvsched.client.link import Link
 
-from .link_helpers import until
+from .link_helpers import stand_in_daemon, until
 
 
 async def test_a_welcome_whose_signal_the_timer_consumed_is_still_read(tmp_path):
@@ -28,14 +26,7 @@ async def test_a_welcome_whose_signal_the_timer_consumed_is_still_read(tmp_path)
     timer check (`_hello_pending`, what `_on_timer` calls every 50 ms while not connected) runs first,
     as it does when the timer and the FD are due in the same loop iteration. Result: the link is
     connected within 2 s (before: not within its 30 s Hello patience, the FD never signalled again)."""
-    server_ctx, client_ctx = zmq.Context(), zmq.Context()
-    router = server_ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    endpoint = f"ipc://{tmp_path}/d.sock"
-    router.bind(endpoint)
-    link = Link(client_ctx, endpoint, "racing", lambda frame: None, lambda welcome, again: None)
-    link.open(asyncio.get_running_loop())
-    try:
+    async with stand_in_daemon(tmp_path, "racing") as (router, link):
         await until(lambda: router.poll(0), timeout_s=10)
         ident, raw = router.recv_multipart()
         assert isinstance(p.make_router_decoder().decode(raw), p.Hello)
@@ -47,8 +38,3 @@ async def test_a_welcome_whose_signal_the_timer_consumed_is_still_read(tmp_path)
         # The check above consumed the FD's signal too; the timer's own check is the one under test.
         assert link._hello_pending(time.monotonic())  # noqa: SLF001 - the connection is up, the Hello waits
         await until(lambda: link.connected, timeout_s=2)
-    finally:
-        link.close()
-        router.close(0)
-        client_ctx.term()
-        server_ctx.term()
