@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-
 from kvsched import protocol as p
 
 from .link_helpers import stand_in_daemon, welcome
