@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
@@ -82,15 +83,37 @@ def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return base
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is refused (bytes); profiles are a few KiB
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
+    """Parse one TOML file: a regular file of at most `MAX_CONFIG_BYTES`, opened without blocking
+    (a FIFO or a device named by mistake in `kvsched reload` must not stall the daemon's loop or
+    make it read forever: tests/test_config_files.py).
+
+    Raises:
+        ConfigError: not readable, not a regular file, too large, or not valid UTF-8 TOML.
+    """
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: not a regular file (a config is a TOML file)")
+        data = os.read(fd, MAX_CONFIG_BYTES + 1) if st.st_size <= MAX_CONFIG_BYTES else b""
+        if st.st_size > MAX_CONFIG_BYTES or len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes; a config is a small TOML file")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    try:
+        return tomllib.loads(data.decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-    except UnicodeDecodeError as exc:  # TOML is UTF-8 text (toml.io); tomllib raises this for other bytes
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 text (toml.io)
         raise ConfigError(f"{path}: invalid TOML: not UTF-8 text (byte {exc.start})") from None
 
 
