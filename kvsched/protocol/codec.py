@@ -6,6 +6,8 @@ bounded peeks that name a bad frame's request id or admin tag, and the wire form
 
 from __future__ import annotations
 
+import operator
+
 from typing import Annotated, Union
 
 import msgspec
@@ -110,9 +112,12 @@ def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several sh
             [0, 2**64), or a numpy integer array (converted to uint64 little-endian).
     Raises:
         ValueError: a length that is not a multiple of 8, or an int out of u64 range.
+        TypeError: a str, or elements that are not integers (the message names `block_hashes`).
     """
     import numpy as np
 
+    if isinstance(block_hashes, str):  # iterable, but its characters are not hashes
+        raise TypeError("block_hashes must be bytes, a sequence of ints or a numpy integer array, not str")
     if isinstance(block_hashes, (bytes, bytearray, memoryview)):
         raw = bytes(block_hashes)
         if len(raw) % 8:
@@ -120,10 +125,23 @@ def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several sh
         return raw
     if isinstance(block_hashes, np.ndarray):
         return np.ascontiguousarray(block_hashes, dtype="<u8").tobytes()
+    if not hasattr(block_hashes, "__iter__"):
+        raise TypeError(f"block_hashes must be bytes, a sequence of ints or a numpy integer array, "
+                        f"not {type(block_hashes).__name__}")
     try:
-        return np.fromiter((int(h) for h in block_hashes), dtype="<u8").tobytes()
+        return np.fromiter((_hash_int(h) for h in block_hashes), dtype="<u8").tobytes()
     except OverflowError as exc:
-        raise ValueError("block hash out of u64 range") from exc
+        raise ValueError("block_hashes: a hash out of u64 range [0, 2**64)") from exc
+
+
+def _hash_int(h) -> int:  # noqa: ANN001
+    """One block hash as an int (Python or numpy integer); TypeError naming `block_hashes` otherwise."""
+    if h is True or h is False:
+        raise TypeError(f"block_hashes elements must be integers, not bool ({h})")
+    try:
+        return operator.index(h)
+    except TypeError:
+        raise TypeError(f"block_hashes elements must be integers, not {type(h).__name__} ({h!r:.40})") from None
 
 
 def hashes_from_bytes(raw: bytes):  # noqa: ANN201

@@ -65,6 +65,21 @@ def test_hashes_travel_as_little_endian_u64_when_given_ints_array_or_bytes():
         p.hashes_to_bytes([2**64])
 
 
+@pytest.mark.parametrize("bad, why", [
+    ("abc", "not str"),  # before: ValueError "invalid literal for int() with base 10: 'a'"
+    ([1, "a"], "elements must be integers, not str"),
+    ([1.5], "elements must be integers, not float"),  # before: silently truncated to 1
+    ([True], "not bool"),
+    (5, "not int"),  # before: TypeError "'int' object is not iterable"
+])
+def test_malformed_block_hashes_raise_type_error_naming_the_argument(bad, why):
+    """Found from outside: `schedule(..., block_hashes="abc")` raised a ValueError about int() that did
+    not say which argument was wrong."""
+    with pytest.raises(TypeError, match="block_hashes") as err:
+        p.hashes_to_bytes(bad)
+    assert why in str(err.value)
+
+
 @pytest.mark.parametrize("bad", [
     p.make_encoder().encode(["enqueue", "r", 0]),  # isl below 1
     p.make_encoder().encode(["enqueue", "x" * 200, 5]),  # request id too long
