@@ -143,7 +143,14 @@ class _Server(ThreadingMixIn, WSGIServer):
     allow_reuse_address = True
 
 
+# A connection must send its request within this long (s); one that does not is closed, so
+# half-open connections cannot each keep a server thread forever (tests/ops/test_health.py).
+REQUEST_TIMEOUT_S = 5.0
+
+
 class _QuietHandler(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT_S  # socketserver.StreamRequestHandler: the connection's socket timeout
+
     def log_message(self, format: str, *args) -> None:  # probes every few seconds: no access log
         pass
 

@@ -125,3 +125,25 @@ def test_http_server_reports_a_busy_port_as_a_config_error():
             raise AssertionError("second bind succeeded")
     finally:
         first.close()
+
+
+def test_a_half_open_request_is_dropped_after_the_request_timeout():
+    """Found from outside: each connection that sent half a request line kept a server thread forever
+    (200 of them: 204 threads in the daemon). 1. a client connects and sends part of a request line,
+    2. then nothing. Result: the server closes the connection after its request timeout
+    (`REQUEST_TIMEOUT_S`), and a normal request is still answered."""
+    import socket
+    import time
+
+    from kvsched.daemon.health import REQUEST_TIMEOUT_S
+
+    server = HttpServer(Health(1000), CollectorRegistry(), "127.0.0.1", 0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=REQUEST_TIMEOUT_S + 20) as conn:
+            conn.sendall(b"GET /metr")
+            started = time.monotonic()
+            assert conn.recv(1024) == b""  # closed by the server (before: blocked until our own timeout)
+            assert time.monotonic() - started < REQUEST_TIMEOUT_S + 10
+        assert status(server.port, "/healthz") in (200, 503)
+    finally:
+        server.close()
