@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The ground floor, module by module (`kvsched.protocol` is a package: one module per job).
 PROTOCOL_MODULES = {
     "kvsched.protocol", "kvsched.protocol.limits", "kvsched.protocol.vocabulary", "kvsched.protocol.frames",
-    "kvsched.protocol.batching", "kvsched.protocol.admin_frames", "kvsched.protocol.codec",
+    "kvsched.protocol.batching", "kvsched.protocol.admin_frames", "kvsched.protocol.codec", "kvsched.protocol.walk",
 }
 GROUND_FLOOR = {"kvsched", *PROTOCOL_MODULES, "kvsched.endpoints", "kvsched.errors"}
 

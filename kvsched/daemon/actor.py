@@ -260,8 +260,11 @@ class Actor:
         try:
             frame = self.dec.decode(payload)
         except Exception as exc:  # noqa: BLE001 - ValidationError, DecodeError, RecursionError, ...: all answered
-            self._undecodable(conn, payload, exc)
-            return
+            frames = p.batch_frames(payload, p.MAX_LIST) if conn.protocol_version >= _BATCH_MIN_VERSION else None
+            if frames is None:
+                self._undecodable(conn, payload, exc)
+                return
+            frame = p.Batch(frames)  # one frame nested too deep fails alone, the others are handled
         if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
             self._error(conn, p.ErrorCode.NOT_HELLO, self.conns.not_hello_reason(conn.identity),
                         getattr(frame, "request_id", None))
@@ -292,8 +295,9 @@ class Actor:
         if p.peek_admin_tag(payload):
             self._error(conn, p.ErrorCode.ADMIN_ON_DATA_SOCKET, "admin frames are accepted on the admin socket only")
             return
-        detail = str(exc)[:300] if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)) else \
-            f"undecodable frame ({type(exc).__name__})"
+        detail = (f"undecodable frame: {str(exc)[:300]} (a frame is a MessagePack array [tag, fields...], "
+                  "docs/PROTOCOL.md)") if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)) else \
+            f"undecodable frame ({type(exc).__name__}: nested too deep or too large)"
         self._error(conn, p.ErrorCode.MALFORMED, detail, p.peek_request_id(payload))
 
     def _on_batch(self, conn: Connection, batch: p.Batch, t: int) -> int:

@@ -51,6 +51,7 @@ from .admin_frames import (
     WorkersReply,
 )
 from .batching import BATCH_OVERHEAD_BYTES, Batch, Replies, encode_batch, encode_replies
+from .walk import batch_frames
 from .codec import (
     BatchedRouterFrame,
     DaemonFrame,
@@ -140,5 +141,5 @@ __all__ = [
     "RouterFrame", "BatchedRouterFrame", "DaemonFrame", "RepliedDaemonFrame", "DataSocketFrame",
     "make_encoder", "make_router_decoder", "make_daemon_decoder", "make_batched_router_decoder",
     "make_replied_daemon_decoder", "make_admin_request_decoder", "make_admin_reply_decoder",
-    "peek_admin_tag", "peek_request_id", "hashes_to_bytes", "hashes_from_bytes",
+    "peek_admin_tag", "peek_request_id", "batch_frames", "hashes_to_bytes", "hashes_from_bytes",
 ]

@@ -18,6 +18,7 @@ from .batching import Batch, Replies
 from .frames import (Admitted, Enqueue, Error, Heartbeat, HeartbeatAck, Hello, Reattach, Reattached, Rejected, Release,
                      Update, Welcome)
 from .limits import RequestId
+from .walk import array_elements, tag_of
 
 RouterFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach, Batch]
 BatchedRouterFrame = Union[Enqueue, Update, Release, Heartbeat, Reattach]  # what a `Batch` may carry
@@ -99,9 +100,23 @@ def peek_request_id(raw: bytes) -> str | None:
     else None. Never raises."""
     try:
         peek = _ID_PEEK.decode(raw)
+    except RecursionError:  # a later element nested past msgspec's depth limit: walk to the first two
+        return _walked_request_id(raw)
     except Exception:  # noqa: BLE001
         return None
     return peek.request_id if peek.t in _ID_TAGS else None
+
+
+_RID = msgspec.msgpack.Decoder(RequestId)
+
+
+def _walked_request_id(raw: bytes) -> str | None:
+    """`peek_request_id` for a frame msgspec cannot even skip through (`walk.py`). Never raises."""
+    try:
+        head = array_elements(raw, first=2)
+        return _RID.decode(head[1]) if len(head) == 2 and tag_of(raw) in _ID_TAGS else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several shapes on purpose

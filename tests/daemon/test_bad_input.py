@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from kvsched import protocol as p
@@ -124,3 +125,34 @@ def test_admin_frame_with_deeply_nested_unknown_field_is_answered_and_the_next_o
         sock.close()
     assert replies[0]["t"] == "admin_error" and replies[0]["code"] == int(p.ErrorCode.MALFORMED), replies[0]
     assert replies[1]["t"] == "status_reply", replies[1]
+
+
+def test_a_frame_nested_too_deep_inside_a_batch_fails_alone_and_the_rest_is_handled(session_daemon):
+    """Found from outside: 1. a version-2 peer sends one Batch of [a frame of 1,200 nested arrays, a
+    valid Heartbeat, a valid Enqueue]. msgspec cannot even skip the deep frame (RecursionError), so
+    the whole message failed: one Error without `batch_index`, and the Enqueue was never answered (a
+    third-party client's caller waited forever). Result: Error(MALFORMED, batch_index=0), then the
+    HeartbeatAck, then Admitted."""
+    enc = p.make_encoder()
+    deep = b"\x91" * 1_200 + b"\xc0"
+    with RawPeer(session_daemon.endpoint) as peer:
+        peer.hello()
+        peer.send(p.encode_batch([deep, enc.encode(p.Heartbeat(77)), enc.encode(p.Enqueue("after-deep", 10))]))
+        err, ack, got = peer.recv(), peer.recv(), peer.recv()
+        assert isinstance(err, p.Error) and err.code == p.ErrorCode.MALFORMED and err.batch_index == 0, err
+        assert isinstance(ack, p.HeartbeatAck) and ack.seq == 77, ack
+        assert isinstance(got, p.Admitted) and got.request_id == "after-deep", got
+        peer.send(p.Release("after-deep", got.slot, got.generation))
+
+
+def test_an_error_names_the_request_id_even_when_a_later_field_is_nested_too_deep(session_daemon):
+    """Found from outside: an Enqueue whose `pinned` field is 1,200 arrays deep got an Error with
+    request_id None (the id peek could not skip the rest either). Result: the Error names the id."""
+    enc = p.make_encoder()
+    deep = msgspec.Raw(b"\x91" * 1_200 + b"\xc0")
+    with RawPeer(session_daemon.endpoint) as peer:
+        peer.hello()
+        peer.send(enc.encode(["enqueue", "deep-pinned", 10, b"", "", 0, 0, None, None, deep]))
+        err = peer.recv()
+        assert isinstance(err, p.Error) and err.code == p.ErrorCode.MALFORMED, err
+        assert err.request_id == "deep-pinned", err
