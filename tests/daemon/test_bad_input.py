@@ -156,3 +156,14 @@ def test_an_error_names_the_request_id_even_when_a_later_field_is_nested_too_dee
         err = peer.recv()
         assert isinstance(err, p.Error) and err.code == p.ErrorCode.MALFORMED, err
         assert err.request_id == "deep-pinned", err
+
+
+def test_a_frame_that_is_not_an_array_is_told_what_a_frame_is(session_daemon):
+    """Found from outside: random bytes got `Expected array, got object` (msgspec's words alone).
+    Result: the message says the frame is undecodable and what a frame is, naming docs/PROTOCOL.md."""
+    with RawPeer(session_daemon.endpoint) as peer:
+        peer.hello()
+        peer.send(msgspec.msgpack.encode({"kind": "enqueue"}))
+        err = peer.recv()
+        assert isinstance(err, p.Error) and err.code == p.ErrorCode.MALFORMED, err
+        assert err.message.startswith("undecodable frame: ") and "docs/PROTOCOL.md" in err.message, err.message
