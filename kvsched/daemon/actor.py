@@ -247,6 +247,9 @@ class Actor:
         conn = self.conns.get(identity)
         if conn is None and self.conns.died(identity):
             self.dropped_dead_frames += 1
+            notice = self.conns.dead_notice(identity)  # the first frame only: a wrong pid may be listening
+            if notice is not None:
+                self._refuse(identity, notice, envelope=False, code=p.ErrorCode.NOT_HELLO)
             return
         if conn is None:
             conn = self.conns.open(identity, t)
@@ -377,11 +380,12 @@ class Actor:
         if not self.stopped and self.outbox.sends != sends:
             self._rearm(self.data_sock, self._on_data, more=False)
 
-    def _refuse(self, identity: bytes, message: str, envelope: bool) -> None:
-        """Answer a message the data socket cannot take with `error{code=1}` (in a REQ's envelope
-        when `envelope`): bad input gets an answer, never silence."""
+    def _refuse(self, identity: bytes, message: str, envelope: bool,
+                code: p.ErrorCode = p.ErrorCode.MALFORMED) -> None:
+        """Answer a message from a peer without a connection entry with `error{code}` (in a REQ's
+        envelope when `envelope`): bad input gets an answer, never silence."""
         try:
-            raw = self.enc.encode(p.Error(int(p.ErrorCode.MALFORMED), message))
+            raw = self.enc.encode(p.Error(int(code), message))
             self.outbox.sends += 1
             self.data_sock.send_multipart((identity, b"", raw) if envelope else (identity, raw), _NOBLOCK)
         except zmq.ZMQError:

@@ -82,7 +82,7 @@ class ConnectionTable:
         self._next_owner = DAEMON_OWNER + 1
         # Routing ids of peers whose watched process died: frames they left buffered are dropped
         # unread (a flood must not keep the daemon busy after its sender is gone). Bounded, FIFO.
-        self._dead_ids: dict[bytes, None] = {}
+        self._dead_ids: dict[bytes, int | None] = {}  # identity -> pid not yet told (None: told)
         # Routing ids of peers reaped for silence (bounded, FIFO): a frame one sends afterwards is
         # told why it must say Hello again (`not_hello_reason`).
         self._silent_ids: dict[bytes, bool] = {}
@@ -114,7 +114,7 @@ class ConnectionTable:
         """Forget a peer found dead (`find_dead`); when its watched process is gone, its routing id is
         remembered (the last `MAX_DEAD_IDS`, FIFO) so that `died` drops what it left buffered."""
         if conn.pid and not pid_exists(conn.pid):
-            self._dead_ids[conn.identity] = None
+            self._dead_ids[conn.identity] = conn.pid  # cleared once `dead_notice` told the peer
             if len(self._dead_ids) > MAX_DEAD_IDS:
                 del self._dead_ids[next(iter(self._dead_ids))]
         else:
@@ -131,6 +131,17 @@ class ConnectionTable:
         return (f"send Hello first: this connection was declared dead after more than "
                 f"{self.liveness_timeout_us // 1000} ms without a frame (liveness_timeout_ms) and its leases "
                 "and waiting requests were released; open a new connection, Hello and Reattach")
+
+    def dead_notice(self, identity: bytes) -> str | None:
+        """The error text owed the first frame that arrives from a peer `close_dead` found dead (its
+        Hello may have named a wrong pid: then it is listening), or None: told already, or not dead."""
+        pid = self._dead_ids.get(identity)
+        if pid is None:
+            return None
+        self._dead_ids[identity] = None
+        return (f"send Hello first: this connection was closed because the process its Hello named (pid {pid} on "
+                "this host) is not running; its leases and waiting requests were released and its frames are "
+                "dropped from now on. Open a new connection whose Hello names this process's pid (or 0)")
 
     def died(self, identity: bytes) -> bool:
         """True when `identity` is a remembered peer whose process died (`close_dead`)."""

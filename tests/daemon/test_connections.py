@@ -40,3 +40,19 @@ def test_the_memory_of_dead_ids_is_bounded_oldest_first(monkeypatch):
         conn.pid = gone
         table.close_dead(conn)
     assert [table.died(b"peer-%d" % i) for i in range(5)] == [False, False, True, True, True]
+
+
+def test_a_dead_peer_is_told_once_why_its_frames_are_dropped():
+    """Found from outside: a connection whose Hello named a pid that is not running was reaped at once
+    and every later frame on it was dropped without an answer (a third-party client that sent a wrong
+    pid waited forever). Result: the first frame after the reap gets a notice naming the pid; later
+    ones are dropped silently (a dead router's buffered frames must not each cost a reply)."""
+    table = ConnectionTable(liveness_timeout_us=1_000)
+    dead = table.open(b"dead", 0)
+    dead.pid = dead.hello_pid = _gone_pid()
+    for conn in table.find_dead(10_000):
+        table.close_dead(conn)
+    notice = table.dead_notice(b"dead")
+    assert notice is not None and f"pid {dead.hello_pid}" in notice and "not running" in notice
+    assert table.dead_notice(b"dead") is None and table.died(b"dead")
+    assert table.dead_notice(b"never-seen") is None

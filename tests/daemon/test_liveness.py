@@ -206,3 +206,31 @@ async def test_a_frame_from_a_connection_reaped_for_silence_is_told_why(daemon):
     assert isinstance(err, p.Error) and err.code == p.ErrorCode.NOT_HELLO, err
     assert "declared dead after more than 1500 ms without a frame" in err.message, err.message
     assert "leases" in err.message
+
+
+async def test_a_connection_whose_hello_named_a_dead_pid_is_told_why_once(daemon):
+    """1. a raw peer on this host and PID namespace says Hello with the pid of a process that has
+    exited (a client reporting a wrong pid), 2. the daemon reaps it at its next liveness check,
+    3. the peer sends a Heartbeat, then another. Result: one error NOT_HELLO naming the pid, then
+    silence (before: silence from the first frame on)."""
+    import socket
+    import subprocess
+    import sys
+
+    from kvsched.daemon.connections import pid_namespace_id
+    from tests.conftest import RawPeer, wait_until
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with RawPeer(daemon.endpoint) as peer:
+        peer.send(p.Hello(p.PROTOCOL_VERSION, "wrong-pid", gone.pid, socket.gethostname(), pid_namespace_id()))
+        assert isinstance(await asyncio.to_thread(peer.recv), p.Welcome)
+        assert await asyncio.to_thread(
+            wait_until, lambda: "router gone" in daemon.log_path.read_text()
+            and "client=wrong-pid" in daemon.log_path.read_text().split("router gone", 1)[1], 30)
+        peer.send(p.Heartbeat(1))
+        err = await asyncio.to_thread(peer.recv, 10)
+        assert isinstance(err, p.Error) and err.code == p.ErrorCode.NOT_HELLO, err
+        assert f"pid {gone.pid}" in err.message, err.message
+        peer.send(p.Heartbeat(2))
+        assert await asyncio.to_thread(peer.recv, 1.5) is None
