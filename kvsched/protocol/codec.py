@@ -7,7 +7,6 @@ bounded peeks that name a bad frame's request id or admin tag, and the wire form
 from __future__ import annotations
 
 import operator
-
 from typing import Annotated, Union
 
 import msgspec
