@@ -35,6 +35,26 @@ def selector_keys_needing_rebuild(old: SelectorConfig, new: SelectorConfig) -> l
             if k not in RELOADABLE_SELECTOR_KEYS and getattr(old, k) != getattr(new, k)]
 
 
+# Config sections a reload does not apply: they shape the daemon's segments, sockets and fleet at start
+RESTART_ONLY_SECTIONS = ("daemon", "overload")
+
+
+def restart_only_changes(running: Config, new: Config) -> list[str]:
+    """What differs between the `running` config and `new` that a reload does not apply: `daemon.<key>`
+    and `overload.<key>` per changed key, and `workers (added …, removed …, changed …)` by worker_id
+    (`[[workers]]` change at a restart, or at runtime with `kvsched add-worker` / `remove-worker`)."""
+    out = [f"{section}.{k}" for section in RESTART_ONLY_SECTIONS
+           for k in type(getattr(running, section)).__struct_fields__
+           if getattr(getattr(running, section), k) != getattr(getattr(new, section), k)]
+    old_w, new_w = {w.worker_id: w for w in running.workers}, {w.worker_id: w for w in new.workers}
+    parts = [f"{what} {', '.join(map(str, ids))}" for what, ids in (
+        ("added", sorted(new_w.keys() - old_w.keys())), ("removed", sorted(old_w.keys() - new_w.keys())),
+        ("changed", sorted(i for i in old_w.keys() & new_w.keys() if old_w[i] != new_w[i]))) if ids]
+    if parts:
+        out.append(f"workers ({'; '.join(parts)})")
+    return out
+
+
 def reload_profile(sched, config: Config) -> list[str]:  # noqa: ANN001 - a Scheduler
     """Apply a new scheduling profile to `sched` (docs/DESIGN.md §4.16 reload rules).
 

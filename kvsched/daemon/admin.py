@@ -16,7 +16,8 @@ from typing import Callable
 import zmq
 
 from .. import protocol as p
-from ..config import load_config, url_problem
+from ..config import Config, load_config, url_problem
+from ..core.reload import restart_only_changes
 from ..endpoints import endpoint_problem
 from ..errors import ConfigError
 from . import runtime_workers
@@ -39,6 +40,8 @@ class AdminContext:
         hash_check: the KV-event `HashCheck` (its bad rows flag `kvsched workers`), or None.
         kv_index: the KV-index segment, where a runtime-added worker's URL and KV-event endpoints
             are kept for a restarted daemon (`runtime_workers`), or None.
+        running: the config the daemon started with (`reload` names what differs in the sections it
+            does not apply), or None.
     """
 
     scheduler: object
@@ -55,6 +58,7 @@ class AdminContext:
     worker_urls: dict = field(default_factory=dict)
     hash_check: object | None = None
     kv_index: object | None = None
+    running: Config | None = None
 
 
 def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
@@ -237,6 +241,11 @@ def _reload(req: p.Reload, ctx: AdminContext):
         return _err(p.ErrorCode.INVALID, f"reload refused, old profile kept: {exc}")
     log.info("profile reloaded path=%s classes=%d", path, len(cfg.classes))
     message = f"reloaded {path}: {len(cfg.classes)} classes"
+    pending = restart_only_changes(ctx.running, cfg) if ctx.running is not None else []
+    if pending:
+        log.warning("reload: not applied, need a restart: %s", ", ".join(pending))
+        message += (f"; not applied (need a restart; workers also via add-worker / remove-worker): "
+                    f"{', '.join(pending)}")
     if rebuilt:
         keys = ", ".join(rebuilt)
         log.warning("reload: selector rebuilt as %s for changed keys %s (docs/DESIGN.md reload: learnt state is "

@@ -129,7 +129,7 @@ class Daemon:
             daemon_epoch=epoch, config_path=self.config_path, config_overrides=self.overrides,
             worker_urls={**{r.worker_id: r.url for r in runtime.values() if r.url},
                          **{w.worker_id: w.url for w in cfg.workers if w.url}},
-            kv_index=self.segments.kv_index,
+            kv_index=self.segments.kv_index, running=cfg,
         )
         self.actor = Actor(loop, self.scheduler, self.data_sock, welcome, d, self.metrics,
                            admin_handler=lambda req, t: handle(req, self.admin_ctx, t), admin_sock=self.admin_sock,

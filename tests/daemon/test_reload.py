@@ -109,3 +109,33 @@ def test_reload_rebuilds_the_selector_for_every_changed_selector_key(tmp_path):
     finally:
         d.stop()
         purge(instance)
+
+
+def test_reload_names_the_keys_it_cannot_apply_without_a_restart(tmp_path):
+    """Found from outside: a reload changing `[daemon] block_size` or adding a `[[workers]]` entry
+    replied "reloaded" and applied neither, in silence (an operator editing a worker's url and
+    running `systemctl reload` thought it worked). Result: the reply and the log name what needs a
+    restart (or `add-worker` / `remove-worker`); the profile part still applies; the same file again
+    names them again (they are still not applied)."""
+    d = start_daemon(tmp_path, BASE)
+    instance = d.instance
+    cfg = tmp_path / f"{instance}.toml"
+    try:
+        admin = AdminClient(d.admin_endpoint)
+        changed = BASE.replace("block_size = 16", "block_size = 32").replace("quantum = 100", "quantum = 300")
+        cfg.write_text(changed + "\n[[workers]]\nworker_id = 9\nmax_num_batched_tokens = 1000\n")
+        reply = admin.call(p.Reload())
+        assert isinstance(reply, p.OkReply), reply
+        assert "not applied" in reply.message and "daemon.block_size" in reply.message, reply.message
+        assert "workers (added 9)" in reply.message, reply.message
+        assert admin.call(p.Status()).block_size == 16
+        again = admin.call(p.Reload())
+        assert "daemon.block_size" in again.message, again.message
+        cfg.write_text(BASE)
+        back = admin.call(p.Reload())
+        assert isinstance(back, p.OkReply) and "not applied" not in back.message, back.message
+        assert "restart" in d.log_path.read_text()
+        admin.close()
+    finally:
+        d.stop()
+        purge(instance)
