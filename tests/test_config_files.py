@@ -53,3 +53,16 @@ def test_a_regular_file_still_loads(tmp_path):
     cfg = tmp_path / "ok.toml"
     cfg.write_text("[daemon]\nblock_size = 32\n")
     assert load_config(cfg, env={}).daemon.block_size == 32
+
+
+@pytest.mark.parametrize("text", ["daemon = 5\n", "daemon = []\n", "selector = 'kv'\n"])
+def test_a_section_that_is_not_a_table_is_refused_even_under_flag_overrides(tmp_path, text):
+    """Found from outside: `daemon = 5` passed `kvsched-daemon --check-config` (the CLI's own
+    `[daemon]` overrides replaced the bad value before validation). Result: a ConfigError naming the key."""
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(text)
+    key = text.split(" ")[0]
+    with pytest.raises(ConfigError, match=f"{key} = .*expected a table"):
+        load_config(cfg, env={}, overrides={key: {"seed": 1} if key == "selector" else {"instance": "x"}})
+    with pytest.raises(ConfigError, match=key):
+        load_config(cfg, env={})

@@ -74,10 +74,15 @@ def _parse_scalar(value: str) -> Any:
         return value
 
 
-def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any], where: str = "config", path: str = "") -> dict[str, Any]:
+    """`top` merged into `base` (tables key by key). Raises ConfigError when `base` holds a non-table
+    where `top` brings a table (`daemon = 5` in the file, a `--instance` flag on top): the override
+    must not hide the file's error."""
     for key, value in top.items():
+        if isinstance(value, Mapping) and key in base and not isinstance(base[key], dict):
+            raise ConfigError(f"{where}: {path}{key} = {base[key]!r}: expected a table ([{path}{key}])")
         if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _deep_merge(base[key], value)
+            _deep_merge(base[key], value, where, f"{path}{key}.")
         else:
             base[key] = value
     return base
@@ -150,9 +155,9 @@ def load_config(
     if env_over:
         where += " + KVSCHED_* environment (" + ", ".join(
             f"KVSCHED_{sec.upper()}_{key.upper()}" for sec, keys in env_over.items() for key in keys) + ")"
-    raw = _deep_merge(raw, env_over)
+    raw = _deep_merge(raw, env_over, where)
     if overrides:
-        raw = _deep_merge(raw, overrides)
+        raw = _deep_merge(raw, overrides, where)
     return config_from_dict(raw, where)
 
 
