@@ -16,6 +16,7 @@ the CLI where to connect, and apply to the daemon only when its config leaves th
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Mapping
 
@@ -35,6 +36,17 @@ def runtime_dir(env: Mapping[str, str] | None = None) -> Path:
     if xdg:
         return Path(xdg) / "kvsched"
     return Path(f"/tmp/kvsched-{os.getuid()}")
+
+
+# A daemon instance name: it names the ipc sockets and the /dev/shm segments, so no path separators.
+INSTANCE_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+def instance_problem(name: str) -> str | None:
+    """Why `name` cannot be an instance name (it would leave the runtime directory or name nothing), or None."""
+    if not re.match(INSTANCE_PATTERN, name):
+        return f"instance name {name!r}: 1-64 characters of A-Z a-z 0-9 _ . - (it names sockets and segments)"
+    return None
 
 
 def _discover(variable: str, configured: str, socket_name: str, env: Mapping[str, str] | None) -> str:

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..endpoints import instance_problem
 from . import keys, operate, views
 from .common import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, opts
 
@@ -41,6 +42,12 @@ def _common(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Inspect and operate a kvsched daemon; replay request traces through one."""
+    bad = instance_problem(instance)
+    if bad is not None:
+        raise typer.BadParameter(bad, param_hint="--instance")
+    if admin_endpoint is not None and not admin_endpoint.strip():
+        raise typer.BadParameter("empty; leave it out to discover the admin socket from --instance",
+                                 param_hint="--admin-endpoint")
     opts.update(admin_endpoint=admin_endpoint, instance=instance, timeout_s=timeout_s)
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from ..endpoints import endpoint_problem
+from ..endpoints import INSTANCE_PATTERN, endpoint_problem
 from ..protocol import BatchedTokens, KvBlocks
 from .checks import curve_problem, url_problem
 
@@ -152,7 +152,7 @@ class OverloadConfig(Section):
 class DaemonConfig(Section):
     """Process, sockets and capacities of `kvsched-daemon`."""
 
-    instance: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "default"
+    instance: Annotated[str, Meta(pattern=INSTANCE_PATTERN)] = "default"
     endpoint: str = ""  # data socket; "" = discovery (docs/DESIGN.md §1.2); set, it wins over KVSCHED_ENDPOINT
     admin_endpoint: str = ""  # admin socket; "" = discovery; set, it wins over KVSCHED_ADMIN_ENDPOINT
     curve_secret_key_file: str | None = None  # z85 server secret key; required for a non-loopback TCP endpoint

@@ -399,3 +399,17 @@ def test_admin_add_worker_over_the_capacity_bound_is_answered_malformed_and_regi
     assert field in reply["message"], reply
     rows = json.loads(run(own_daemon, "workers", "--json").output)["workers"]
     assert 9 not in {w["worker_id"] for w in rows}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--instance", "../../etc/passwd", "status"], "instance name"),
+    (["--instance", "", "status"], "instance name"),
+    (["--admin-endpoint", "", "status"], "--admin-endpoint"),
+])
+def test_an_instance_that_is_not_a_name_or_an_empty_endpoint_is_a_usage_error(args, needle):
+    """Found from outside: `--instance ../../etc/passwd` became the socket path
+    `<runtime dir>/../../etc/passwd-admin.sock` (the daemon refuses such names; the CLI did not), and
+    `--admin-endpoint ""` silently fell back to discovery. Result: exit 2 naming the option."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
