@@ -247,6 +247,17 @@ class PortInUse(OSError):
     """The gateway's listen address is taken; the message names it and how to choose another."""
 
 
+def _port_arg(text: str) -> int:
+    """`--port`: an int in 0-65535 (argparse then says so and exits 2)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535)")
+    return port
+
+
 def check_listen_address(host: str, port: int, reuse_port: bool = False) -> None:
     """Bind (and close) `host:port` as the gateway will, to fail before any other start-up work.
 
@@ -255,19 +266,21 @@ def check_listen_address(host: str, port: int, reuse_port: bool = False) -> None
         reuse_port: bind with SO_REUSEPORT, as a worker of `--workers` does (its siblings may listen).
     Raises:
         PortInUse: another socket listens there (EADDRINUSE); message: "cannot listen on HOST:PORT ...".
-        OSError: any other bind failure (address not local, permission), unchanged.
+        ConfigError: any other bind failure (a host that does not resolve or is not local, a port out
+            of range, permission), naming the address.
     """
     if port == 0:
         return
     try:
         socket.create_server((host, port), reuse_port=reuse_port).close()  # SO_REUSEADDR as aiohttp's
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
         raise _port_error(host, port, exc) from None
 
 
-def _port_error(host: str, port: int, exc: OSError) -> OSError:
-    if exc.errno != errno.EADDRINUSE and "address already in use" not in str(exc):
-        return exc
+def _port_error(host: str, port: int, exc: Exception) -> Exception:
+    if not isinstance(exc, OSError) or (exc.errno != errno.EADDRINUSE and "address already in use" not in str(exc)):
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return ConfigError(f"[gateway] host / port (or --host / --port): cannot listen on {host}:{port}: {why}")
     return PortInUse(errno.EADDRINUSE, f"cannot listen on {host}:{port}: the port is already in use by another "
                      "process; choose another with --port N (or [gateway] port), or stop that process")
 
@@ -317,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
                                  "engines scheduled by a kvsched daemon (docs/GATEWAY.md).")
     ap.add_argument("--config", required=True, help="gateway TOML: [gateway] and [[models]] (docs/GATEWAY.md)")
     ap.add_argument("--host", help="listen address (overrides [gateway] host)")
-    ap.add_argument("--port", type=int, help="listen port, 0 = any free port (overrides [gateway] port)")
+    ap.add_argument("--port", type=_port_arg, help="listen port 0-65535, 0 = any free port (overrides [gateway] port)")
     ap.add_argument("--workers", type=int, metavar="N", help="gateway processes sharing the port with "
                     "SO_REUSEPORT, each with its own daemon connection; 0 = one per CPU (overrides [gateway] "
                     "workers; default 1)")

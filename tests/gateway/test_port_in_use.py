@@ -89,3 +89,21 @@ def test_gateway_whose_port_is_taken_while_it_waits_for_the_daemon_exits_cleanly
             proc.wait()
         if daemon is not None:
             daemon.stop()
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--port", "99999"], "99999 is not a TCP port"),
+    (["--port", "-1"], "-1 is not a TCP port"),
+    (["--host", "nosuchhost.invalid"], "cannot listen on nosuchhost.invalid:"),
+])
+def test_a_bad_listen_address_exits_2_with_a_message_not_a_traceback(tmp_path, extra, needle):
+    """Found from outside: `--port 99999` (OverflowError), `--port -1` and an unresolvable `--host`
+    (gaierror) ended in a Python traceback with exit 1 (docs/GATEWAY.md promises exit 2 and a message
+    for start errors). Result: exit 2, the message names the value, no traceback."""
+    port = socket.create_server(("127.0.0.1", 0))
+    free = port.getsockname()[1]
+    port.close()
+    proc = subprocess.run(_gateway_cmd(tmp_path, f"ipc://{tmp_path}/absent.sock", free, 5) + extra,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and needle in proc.stderr, proc.stderr
