@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 import numpy as np
@@ -27,10 +28,16 @@ AZURE_BLOCK_SIZE = 16  # no hashes in the Azure traces; vLLM's default block siz
 U64_MAX = (1 << 64) - 1
 
 
+# Token counts a trace line may give (0 is replayed as 1). Far above any model's context; above it the
+# replay's derived `max_blocks_per_request` would exceed the daemon's own bound.
+MAX_TRACE_TOKENS = 1 << 24
+TraceTokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TRACE_TOKENS)]
+
+
 class _MooncakeRow(msgspec.Struct):
     timestamp: float  # ms since the start of the trace
-    input_length: int
-    output_length: int
+    input_length: TraceTokens
+    output_length: TraceTokens
     hash_ids: list[int] = []  # each in 0..U64_MAX (checked by load_mooncake)
 
 
@@ -128,6 +135,17 @@ class Trace:
         return total
 
 
+def _tokens(text: str, path, line: int, column: str) -> int:  # noqa: ANN001
+    """A token count of an Azure CSV cell; ValueError naming `path:line` and the column otherwise."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"{path}:{line}: {column} {text!r} is not an integer") from None
+    if not 0 <= n <= MAX_TRACE_TOKENS:
+        raise ValueError(f"{path}:{line}: {column} {n} is out of range (0..{MAX_TRACE_TOKENS:,} tokens)")
+    return n
+
+
 def load_trace(path: str | Path, limit: int | None = None) -> Trace:
     """Load a Mooncake `.jsonl` or an Azure `.csv` trace (by extension); first `limit` rows."""
     p = Path(path)
@@ -193,8 +211,8 @@ def load_azure(path: str | Path, limit: int | None = None) -> Trace:
             if limit is not None and len(stamps) >= limit:
                 break
             stamps.append(row["TIMESTAMP"].strip())
-            isl.append(int(row["ContextTokens"]))
-            osl.append(int(row["GeneratedTokens"]))
+            isl.append(_tokens(row["ContextTokens"], path, reader.line_num, "ContextTokens"))
+            osl.append(_tokens(row["GeneratedTokens"], path, reader.line_num, "GeneratedTokens"))
     t = np.array(stamps, dtype="datetime64[us]").astype(np.int64).astype(np.float64)
     order = np.argsort(t, kind="stable")
     n = len(stamps)

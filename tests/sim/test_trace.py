@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -99,3 +101,30 @@ def test_mooncake_malformed_json_names_path_line(tmp_path):
     p.write_text(MOONCAKE.splitlines()[0] + "\n" + MOONCAKE.splitlines()[1] + "\n{1: 2}\n")
     with pytest.raises(ValueError, match=rf"^{p}:3: JSON is malformed"):
         load_trace(p)
+
+
+@pytest.mark.parametrize("field, value", [("input_length", -5), ("input_length", 100_000_000_000),
+                                          ("output_length", -1)])
+def test_mooncake_token_count_out_of_range_names_path_line_and_field(tmp_path, field, value):
+    """Found from outside: `input_length` -5 was replayed silently (as 1 token), and 1e11 failed later
+    as "replay fleet: Expected int <= 1048576 - at $.daemon.max_blocks_per_request", naming neither
+    the line nor the field. Result: ValueError starting `path:line` and naming the field."""
+    p = tmp_path / "t.jsonl"
+    row = {"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1]}
+    row[field] = value
+    p.write_text(MOONCAKE.splitlines()[0] + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=rf"^{p}:2: ") as err:
+        load_trace(p)
+    assert field in str(err.value)
+
+
+@pytest.mark.parametrize("cell, why", [("-3", "out of range"), ("x", "not an integer")])
+def test_azure_token_count_out_of_range_names_path_line_and_column(tmp_path, cell, why):
+    p = tmp_path / "t.csv"
+    lines = AZURE.splitlines()
+    head, first = lines[0], lines[1].split(",")
+    first[1] = cell  # ContextTokens
+    p.write_text("\n".join([head, ",".join(first), *lines[2:]]) + "\n")
+    with pytest.raises(ValueError, match=rf"^{p}:2: ContextTokens") as err:
+        load_trace(p)
+    assert why in str(err.value)
