@@ -26,6 +26,7 @@ from aiohttp import web
 
 from ..client.lease import Lease
 from ..errors import LeaseLost, LeaseRevoked
+from .health import EngineUnhealthy
 from .openai import Collector, HttpError, Prompt, engine_body
 from .relay import EngineStreamError, Relay
 
@@ -81,10 +82,11 @@ async def _write(out: web.StreamResponse, data: bytes) -> None:
 async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints: dict,
                 hashes, request_id: str, marks: Marks) -> web.StreamResponse:
     """Schedule and forward `p`; returns the response sent (or raises HttpError before any byte)."""
-    excluded = gw.health.excluded()
     isl = len(p.token_ids)
     last: EngineFailed | None = None
+    failed_here: set[int] = set()  # workers that failed this request (excluded on its retry)
     for _attempt in range(2):
+        excluded = gw.health.excluded() | failed_here  # the health view now (a retry sees the latest)
         lease = await gw.schedule(request_id, isl, hashes, excluded, hints)
         marks.admitted = _now()
         marks.queued_us = lease.queued_us
@@ -94,7 +96,7 @@ async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints
         except EngineFailed as exc:
             lease.release("aborted")
             gw.health.mark_failed(lease.worker.worker_id, str(exc))
-            excluded.add(lease.worker.worker_id)
+            failed_here.add(lease.worker.worker_id)
             last = exc
             gw.stats["engine_retries"] += 1
         except BaseException:
@@ -119,6 +121,8 @@ async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, le
     silence = Silence(asyncio.get_running_loop(), gw.cfg.gateway.engine_read_timeout_s)
     lease.on_dropped(lambda dropped: silence.abort(LeaseRevoked(dropped.request_id, dropped.lost_reason))
                      if dropped.outcome == "revoked" else None)
+    waiting = gw.health.waiting.setdefault(lease.worker.worker_id, set())
+    waiting.add(silence)  # until the response headers: a failed health check of this worker stops it
     try:
         try:
             resp = await gw.session.post(lease.url.rstrip("/") + path, data=_json_encode(engine_body(p)),
@@ -127,11 +131,15 @@ async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, le
             if silence.aborted is not None and silence.task is not None and silence.task.uncancel() == 0:
                 if isinstance(silence.aborted, LeaseRevoked):
                     raise silence.aborted from None
+                if isinstance(silence.aborted, EngineUnhealthy):
+                    raise EngineFailed(str(silence.aborted)) from None
                 raise EngineFailed(f"no response headers from the engine within {silence.timeout_s:g} s "
                                    "(engine_read_timeout_s)") from None
             raise  # the client went away (or both at once)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            waiting.discard(silence)
         marks.engine = _now()
         silence.streaming(resp)
         async with resp:

@@ -16,6 +16,11 @@ import aiohttp
 log = logging.getLogger(__name__)
 
 
+class EngineUnhealthy(Exception):
+    """Why a request waiting for an engine's response headers was stopped: the engine's worker failed
+    its health check (the request is retried on another worker, as after an engine error)."""
+
+
 class EngineHealth:
     """Learned worker URLs and the failing set.
 
@@ -33,6 +38,9 @@ class EngineHealth:
         self.path = path
         self.urls: dict[int, str] = {}  # worker_id -> base URL
         self.failing: set[int] = set()
+        # worker_id -> requests sent to it that have no response headers yet (`forward.Silence`):
+        # a failed health check stops them, and they are retried on another worker
+        self.waiting: dict[int, set] = {}
         self._task: asyncio.Task | None = None
 
     def learn(self, worker_id: int, url: str) -> None:
@@ -66,6 +74,10 @@ class EngineHealth:
             elif not ok and wid not in self.failing:
                 self.failing.add(wid)
                 log.warning("engine health check failed worker=%d url=%s", wid, url)
+            if not ok:
+                for silence in list(self.waiting.get(wid, ())):
+                    silence.abort(EngineUnhealthy(f"worker {wid} failed its health check ({url}) before it "
+                                                  "answered"))
 
     async def _check(self, url: str) -> bool:
         try:

@@ -85,6 +85,7 @@ class ScriptedEngine:
         self.mode = mode
         self.seen: list[dict] = []
         self.disconnects = 0
+        self.healthy = True  # False: GET /health answers 503
         self.port = port
         self.runner: web.AppRunner | None = None
 
@@ -119,7 +120,7 @@ class ScriptedEngine:
         return out
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response()
+        return web.Response() if self.healthy else web.Response(status=503)
 
     async def start(self) -> None:
         app = web.Application()

@@ -133,3 +133,27 @@ async def test_a_slow_stream_within_the_read_timeout_between_chunks_completes(st
         r = await stream_chat(s, url, "w1 w2")
     assert r["status"] == 200 and r["text"] == "abcdef" and r["done"] and not r["error"], r
     assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
+
+
+async def test_requests_waiting_on_an_engine_that_fails_its_health_check_are_retried_elsewhere(stack):
+    """Found from outside: with one engine hung (SIGSTOP), the requests already sent to it waited for
+    `engine_read_timeout_s` (600 s by default) although the health check had marked the worker
+    failing within 2 s. 1. both workers' URLs are known and worker 2 is excluded, so a request goes
+    to worker 1, whose engine does not answer (8 s) and whose health check fails; 2. a health-check
+    pass runs. Result: the waiting request is stopped and retried on worker 2 at once (200 well
+    before the engine's 8 s), and nothing is leaked."""
+    gw, url, engines, d = stack
+    gw.health.learn(1, engines[1].url)
+    gw.health.learn(2, engines[2].url)
+    gw.health.failing = {2}
+    engines[1].mode, engines[1].healthy = "stall_headers", False
+    async with aiohttp.ClientSession() as s:
+        started = asyncio.get_running_loop().time()
+        pending = asyncio.ensure_future(stream_chat(s, url, words(0, 20)))
+        assert await eventually(lambda: len(engines[1].seen) == 1, 20)
+        await gw.health.check_once()  # worker 1 fails its check, worker 2 passes
+        r = await asyncio.wait_for(pending, 20)
+        assert r["status"] == 200 and r["text"] == "ab", r
+        assert asyncio.get_running_loop().time() - started < 6
+    assert len(engines[2].seen) == 1 and gw.health.failing == {1}
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
