@@ -156,7 +156,13 @@ class Gateway:
             raise oa.HttpError(413, f"request body of {request.content_length} bytes exceeds the limit of "
                                f"{g.max_body_bytes} bytes", code="body_too_large")
         try:
-            raw = await request.read()
+            if request.content.is_eof():  # the whole body came with the headers: no timer
+                raw = await request.read()
+            else:  # a client that never sends the rest must not hold the connection forever
+                raw = await asyncio.wait_for(request.read(), g.body_read_timeout_s)
+        except asyncio.TimeoutError:
+            raise oa.HttpError(408, f"request body not received within {g.body_read_timeout_s:g} s "
+                               "(body_read_timeout_s)", code="body_timeout") from None
         except web.HTTPRequestEntityTooLarge:
             raise oa.HttpError(413, f"request body exceeds the limit of {g.max_body_bytes} bytes",
                                code="body_too_large") from None

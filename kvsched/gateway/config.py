@@ -43,6 +43,7 @@ class GatewaySection(_Section):
     instance: str = "default"
     client_name: str = ""  # shown by `kvsched status` ("" = gateway-<pid>)
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024  # larger request bodies -> 413
+    body_read_timeout_s: Annotated[float, Meta(gt=0)] = 30.0  # a body still incomplete after this -> 408 (s)
     max_prompt_tokens: Annotated[int, Meta(ge=1)] = 131_072  # longer prompts -> 400
     default_max_tokens: Annotated[int, Meta(ge=1)] = 256  # output tokens when the request names none
     hash_seed: str | None = None  # the engines' PYTHONHASHSEED (docs/VLLM.md); None = vLLM >= 0.29 default

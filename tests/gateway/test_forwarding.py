@@ -157,3 +157,29 @@ async def test_requests_waiting_on_an_engine_that_fails_its_health_check_are_ret
         assert asyncio.get_running_loop().time() - started < 6
     assert len(engines[2].seen) == 1 and gw.health.failing == {1}
     assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
+
+
+@pytest.fixture
+async def stack_short_body(daemon, tmp_path):
+    """The stack with body_read_timeout_s = 0.5 s."""
+    async for s in scripted_stack(daemon, tmp_path, body_read_timeout_s=0.5):
+        yield s
+
+
+async def test_a_body_that_never_completes_is_answered_408_and_the_connection_freed(stack_short_body):
+    """Found from outside: a client that sent `Content-Length: 100` and one byte got no answer and kept
+    its connection (slowloris). Result: 408 `body_timeout` after `body_read_timeout_s`; a normal
+    request still works and nothing was scheduled."""
+    gw, url, engines, d = stack_short_body
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\n\r\n{")
+    await writer.drain()
+    status_line = await asyncio.wait_for(reader.readline(), 10)  # before: nothing, until this timeout
+    assert b" 408 " in status_line, status_line
+    writer.close()
+    async with aiohttp.ClientSession() as s:
+        r = await stream_chat(s, url, words(0, 5))
+        assert r["status"] == 200, r
+    assert len(engines[1].seen) + len(engines[2].seen) == 1
