@@ -49,12 +49,6 @@ def test_an_include_that_is_a_fifo_is_refused_too(tmp_path):
         load_config(main, env={})
 
 
-def test_a_regular_file_still_loads(tmp_path):
-    cfg = tmp_path / "ok.toml"
-    cfg.write_text("[daemon]\nblock_size = 32\n")
-    assert load_config(cfg, env={}).daemon.block_size == 32
-
-
 @pytest.mark.parametrize("text", ["daemon = 5\n", "daemon = []\n", "selector = 'kv'\n"])
 def test_a_section_that_is_not_a_table_is_refused_even_under_flag_overrides(tmp_path, text):
     """Found from outside: `daemon = 5` passed `kvsched-daemon --check-config` (the CLI's own
