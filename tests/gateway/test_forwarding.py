@@ -183,3 +183,20 @@ async def test_a_body_that_never_completes_is_answered_408_and_the_connection_fr
         r = await stream_chat(s, url, words(0, 5))
         assert r["status"] == 200, r
     assert len(engines[1].seen) + len(engines[2].seen) == 1
+
+
+async def test_unknown_paths_and_wrong_methods_get_openai_style_json_errors(stack):
+    """Found from outside: 404 and 405 were aiohttp's plain text ("404: Not Found"), which an OpenAI
+    client cannot parse as an error. Result: JSON `{"error": {...}}` naming the route or the method."""
+    gw, url, engines, d = stack
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url + "/v1/chat/completions") as resp:
+            body = await resp.json()
+            assert resp.status == 405 and resp.headers["Allow"] == "POST", body
+            assert body["error"]["code"] == "method_not_allowed" and "POST" in body["error"]["message"]
+        async with s.post(url + "/v1/embeddings", json={}) as resp:
+            body = await resp.json()
+            assert resp.status == 404 and body["error"]["code"] == "not_found", body
+            assert "/v1/chat/completions" in body["error"]["message"]
+        async with s.get(url + "/v1/models") as resp:
+            assert resp.status == 200
