@@ -143,19 +143,13 @@ def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several sh
         raise TypeError(f"block_hashes must be bytes, a sequence of ints or a numpy integer array, "
                         f"not {type(block_hashes).__name__}")
     try:
-        return np.fromiter((_hash_int(h) for h in block_hashes), dtype="<u8").tobytes()
+        return np.fromiter(map(operator.index, block_hashes), dtype="<u8").tobytes()  # ints, numpy ints
     except OverflowError as exc:
         raise ValueError("block_hashes: a hash out of u64 range [0, 2**64)") from exc
-
-
-def _hash_int(h) -> int:  # noqa: ANN001
-    """One block hash as an int (Python or numpy integer); TypeError naming `block_hashes` otherwise."""
-    if h is True or h is False:
-        raise TypeError(f"block_hashes elements must be integers, not bool ({h})")
-    try:
-        return operator.index(h)
     except TypeError:
-        raise TypeError(f"block_hashes elements must be integers, not {type(h).__name__} ({h!r:.40})") from None
+        bad = next((h for h in block_hashes if not hasattr(h, "__index__")), None)  # None: a spent iterator
+        what = f"not {type(bad).__name__} ({bad!r:.40})" if bad is not None else "and one was not"
+        raise TypeError(f"block_hashes elements must be integers, {what}") from None
 
 
 def hashes_from_bytes(raw: bytes):  # noqa: ANN201
