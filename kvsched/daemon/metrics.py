@@ -144,6 +144,13 @@ class Metrics:
             "kvsched_kv_hash_mismatches", "First-of-chain BlockStored events whose hashes differ from the routers'",
             registry=r)
         self.stale_workers = Gauge("kvsched_stale_workers", "Workers whose KV event stream is stale", registry=r)
+        self.kv_events_skipped = Counter(
+            "kvsched_kv_events_skipped", "KV events or payloads the daemon could not read, by reason "
+            "(docs/KV_EVENTS.md)", ["reason"], registry=r)
+        self.kv_event_streams = Counter(
+            "kvsched_kv_event_streams", "KV event stream incidents by kind: seq gaps, restarts (a seq at or "
+            "below the last: the worker's index is cleared), batches a replay could not supply", ["kind"],
+            registry=r)
         self._worker_gauges = (self.worker_total_blocks, self.worker_blocks, self.worker_prefill, self.worker_requests,
                                self.worker_drained, self.worker_overloaded, self.worker_stale)
         self._worker_labels: set[tuple[str, str]] = set()

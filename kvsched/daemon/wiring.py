@@ -260,19 +260,45 @@ def install_hash_check(cfg: Config, subscriber, scheduler, metrics):
     return check
 
 
-def kv_metrics_tick(subscriber, metrics):
-    """An `Actor.on_second` callback: add the subscriber's applied / replayed deltas to the counters
-    and set the stale-workers gauge."""
-    last = {"applied": 0, "replayed": 0}
+# subscriber counters -> (metric attribute, label): what could not be read, and stream incidents
+KV_SKIPPED = ("malformed_frames", "malformed_batches", "malformed_events", "unknown_types", "unknown_fields")
+KV_STREAM = ("gaps", "restarts", "replay_lost")
+KV_SKIP_WARN_EVERY_S = 60.0  # one WARNING line at most this often while events cannot be read
+
+
+def kv_metrics_tick(subscriber, metrics, clock=time.monotonic):  # noqa: ANN001
+    """An `Actor.on_second` callback: add the subscriber's deltas to the counters (`applied`,
+    `replayed`, `kvsched_kv_events_skipped{reason}`, `kvsched_kv_event_streams{kind}`), set the
+    stale-workers gauge, and log one WARNING (at most every `KV_SKIP_WARN_EVERY_S`) while events
+    cannot be read: an engine whose format kvsched cannot read otherwise just gives its worker no
+    overlap (tests/daemon/test_kv_event_counters.py)."""
+    last: dict[str, int] = {}
+    warned_at = [float("-inf")]
+
+    def delta(c: dict[str, int], name: str) -> int:
+        d = c.get(name, 0) - last.get(name, 0)
+        last[name] = c.get(name, 0)
+        return d
 
     def tick() -> None:
         c = subscriber.counters()
         for name, counter in (("applied", metrics.kv_events_applied), ("replayed", metrics.kv_events_replayed)):
-            delta = c[name] - last[name]
-            if delta > 0:
-                counter.inc(delta)
-                last[name] = c[name]
+            d = delta(c, name)
+            if d > 0:
+                counter.inc(d)
+        skipped = {name: d for name in KV_SKIPPED if (d := delta(c, name)) > 0}
+        for name, d in skipped.items():
+            metrics.kv_events_skipped.labels(reason=name).inc(d)
+        for name in KV_STREAM:
+            d = delta(c, name)
+            if d > 0:
+                metrics.kv_event_streams.labels(kind=name).inc(d)
         metrics.stale_workers.set(c["stale_workers"])
+        now = clock()
+        if skipped and now - warned_at[0] >= KV_SKIP_WARN_EVERY_S:
+            warned_at[0] = now
+            log.warning("kv events could not be read (%s; kvsched_kv_events_skipped_total): check the engines' "
+                        "publisher format against docs/KV_EVENTS.md", ", ".join(f"{k}={v}" for k, v in skipped.items()))
 
     return tick
 
