@@ -37,6 +37,7 @@ import msgspec
 import numpy as np
 
 from ..errors import ProtocolError
+from ..protocol.limits import MAX_BLOCK_HASHES
 from ..shm.mix import GOLDEN, U64_MASK, mix64
 
 GROUP_MIX = GOLDEN  # 2**64 / golden ratio
@@ -130,9 +131,17 @@ def block_key(h: int, group_idx: int | None) -> int:
     return mix64((h + group_idx * GROUP_MIX) & U64_MASK)
 
 
+# Most block hashes one event may carry: a request's largest prompt (the protocol's MAX_BLOCK_HASHES).
+# A longer list is malformed and skipped unread: each hash costs ~1 µs of Python here, and one 6.5M-hash
+# BlockStored stalled the actor loop for 6.7 s (tests/kvevents/test_format.py).
+MAX_EVENT_BLOCKS = MAX_BLOCK_HASHES
+
+
 def _keys(hashes: Any, group_idx: int) -> np.ndarray:
     if not isinstance(hashes, (list, tuple)):
         raise TypeError("block_hashes must be an array")
+    if len(hashes) > MAX_EVENT_BLOCKS:
+        raise ValueError(f"{len(hashes):,} block_hashes in one event (at most {MAX_EVENT_BLOCKS:,})")
     return np.array([block_key(normalize_hash(h), group_idx) for h in hashes], dtype=np.uint64)
 
 
