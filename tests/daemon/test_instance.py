@@ -122,3 +122,23 @@ def test_a_daemon_that_exits_during_start_is_reported_with_its_exit_code_not_as_
             DaemonProcess.start(None, instance=unique_instance(), runtime_dir=tmp_path / str(k), env=env,
                                 extra_args=["--workers", "1"], ready_timeout_s=60)
         assert "max_workers" in str(err.value)
+
+
+def test_a_restart_with_other_capacities_says_what_to_do(tmp_path):
+    """Found from outside: restarting a crashed instance with another `max_slots` was refused with
+    "kvsched-X-ledger: max_slots=256 in the segment, expected 4" and nothing about what to do.
+    Result: the refusal also says to start with the segment's values or `--purge` (dropping the
+    leases they hold), naming the instance."""
+    instance = unique_instance()
+    d = DaemonProcess.start(None, instance=instance, runtime_dir=tmp_path, extra_args=["--workers", "1"])
+    d.kill()
+    cfg = tmp_path / "slots.toml"
+    cfg.write_text("[daemon]\nmax_slots = 4\n")
+    try:
+        out = _daemon_cli("--config", str(cfg), "--instance", instance, "--workers", "1",
+                          "--endpoint", f"ipc://{tmp_path}/x.sock", "--admin-endpoint", f"ipc://{tmp_path}/x-admin.sock")
+        assert out.returncode == 1, out.stderr
+        assert "max_slots" in out.stderr and f"--instance {instance} --purge" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    finally:
+        purge(instance)
