@@ -135,6 +135,9 @@ def block_key(h: int, group_idx: int | None) -> int:
 # A longer list is malformed and skipped unread: each hash costs ~1 µs of Python here, and one 6.5M-hash
 # BlockStored stalled the actor loop for 6.7 s (tests/kvevents/test_format.py).
 MAX_EVENT_BLOCKS = MAX_BLOCK_HASHES
+# Most block hashes one batch (one message) may carry in all; later events with hashes are malformed
+# and skipped unread (a vLLM step publishes a few thousand; this bounds one message to ~0.3 s of work).
+MAX_BATCH_BLOCKS = 4 * MAX_EVENT_BLOCKS
 
 
 def _keys(hashes: Any, group_idx: int) -> np.ndarray:
@@ -250,8 +253,15 @@ def decode_batch(payload: bytes) -> DecodedBatch:
     out: list[Event] = []
     unknown_types = malformed = 0
     unknown_fields = batch_unknown
+    budget = MAX_BATCH_BLOCKS
     for ev in events:
         tag, fields, n_unknown = _fields(ev)
+        hashes = fields.get("block_hashes")
+        if isinstance(hashes, (list, tuple)) and len(hashes) <= MAX_EVENT_BLOCKS:  # (longer: malformed below)
+            if len(hashes) > budget:  # over the batch's budget: skipped unread
+                malformed += 1
+                continue
+            budget -= len(hashes)
         rec, status = _decode(tag, fields)
         if status == "ok":
             assert rec is not None
