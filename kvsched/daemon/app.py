@@ -313,11 +313,7 @@ def daemon_main(
         uvloop.run(daemon.run())
     except (KvschedError, ShmLayoutError) as exc:
         log.error("daemon failed: %s", exc)
-        hint = "" if not isinstance(exc, ShmLayoutError) or "--purge" in str(exc) else (
-            f"\n  the shared-memory segments left by an earlier run of instance {cfg.daemon.instance} do not fit "
-            f"this config: start it with the values they were made with, or run `kvsched-daemon --instance "
-            f"{cfg.daemon.instance} --purge` first (that drops the leases they hold)")
-        typer.echo(f"kvsched-daemon: {exc}{hint}", err=True)
+        typer.echo(f"kvsched-daemon: {exc}", err=True)
         raise typer.Exit(1)
     except Exception as exc:  # noqa: BLE001 - any other cause: logged with its traceback, exit 1
         log.error("daemon failed: %s: %s", type(exc).__name__, exc, exc_info=True)

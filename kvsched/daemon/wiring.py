@@ -77,6 +77,7 @@ def open_segments(cfg: Config):
     """
     import os
 
+    from ..errors import ShmLayoutError
     from ..shm.kv_index import open_kv_index
     from ..shm.segments import attach_segments, create_segments
     from ..shm.space import SHM_DIR, check_free_space
@@ -89,7 +90,13 @@ def open_segments(cfg: Config):
         segs = create_segments(cfg.daemon.instance, epoch=epoch, **caps)
         restarted = False
     except FileExistsError:
-        segs = attach_segments(cfg.daemon.instance, expect=caps, writable_ledger=True)
+        try:
+            segs = attach_segments(cfg.daemon.instance, expect=caps, writable_ledger=True)
+        except ShmLayoutError as exc:  # another capacity, a bad header: say what to do about it
+            raise ShmLayoutError(
+                f"{exc}\n  the shared-memory segments left by an earlier run of instance {cfg.daemon.instance} do "
+                "not fit this config: start it with the values they were made with, or run `kvsched-daemon "
+                f"--instance {cfg.daemon.instance} --purge` first (that drops the leases they hold)") from None
         segs.ledger.epoch = epoch
         log.info("re-attached existing segments instance=%s epoch=%d", cfg.daemon.instance, epoch)
         restarted = True
