@@ -263,7 +263,8 @@ class Actor:
         try:
             frame = self.dec.decode(payload)
         except Exception as exc:  # noqa: BLE001 - ValidationError, DecodeError, RecursionError, ...: all answered
-            frames = p.batch_frames(payload, p.MAX_LIST) if conn.protocol_version >= _BATCH_MIN_VERSION else None
+            frames = (p.batch_frames(payload, p.MAX_LIST)  # only what the walk is for: nesting msgspec gave up on
+                      if type(exc) is RecursionError and conn.protocol_version >= _BATCH_MIN_VERSION else None)
             if frames is None:
                 self._undecodable(conn, payload, exc)
                 return

@@ -17,7 +17,7 @@ from .batching import Batch, Replies
 from .frames import (Admitted, Enqueue, Error, Heartbeat, HeartbeatAck, Hello, Reattach, Reattached, Rejected, Release,
                      Update, Welcome)
 from .limits import RequestId
-from .walk import array_elements, tag_of
+from .walk import array_elements
 
 RouterFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach, Batch]
 BatchedRouterFrame = Union[Enqueue, Update, Release, Heartbeat, Reattach]  # what a `Batch` may carry
@@ -107,13 +107,14 @@ def peek_request_id(raw: bytes) -> str | None:
 
 
 _RID = msgspec.msgpack.Decoder(RequestId)
+_TAG = msgspec.msgpack.Decoder(str)
 
 
 def _walked_request_id(raw: bytes) -> str | None:
     """`peek_request_id` for a frame msgspec cannot even skip through (`walk.py`). Never raises."""
     try:
-        head = array_elements(raw, first=2)
-        return _RID.decode(head[1]) if len(head) == 2 and tag_of(raw) in _ID_TAGS else None
+        head = array_elements(raw, first=2, budget=[2])  # tag and id: one value each
+        return _RID.decode(head[1]) if len(head) == 2 and _TAG.decode(head[0]) in _ID_TAGS else None
     except Exception:  # noqa: BLE001
         return None
 

