@@ -79,12 +79,12 @@ def _deep_merge(base: dict[str, Any], top: Mapping[str, Any], where: str = "conf
     where `top` brings a table (`daemon = 5` in the file, a `--instance` flag on top): the override
     must not hide the file's error."""
     for key, value in top.items():
-        if isinstance(value, Mapping) and key in base and not isinstance(base[key], dict):
-            raise ConfigError(f"{where}: {path}{key} = {base[key]!r}: expected a table ([{path}{key}])")
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+        if not isinstance(value, Mapping) or key not in base:
+            base[key] = value
+        elif isinstance(base[key], dict):
             _deep_merge(base[key], value, where, f"{path}{key}.")
         else:
-            base[key] = value
+            raise ConfigError(f"{where}: {path}{key} = {base[key]!r}: expected a table ([{path}{key}])")
     return base
 
 
@@ -107,8 +107,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{path}: not a regular file (a config is a TOML file)")
-        data = os.read(fd, MAX_CONFIG_BYTES + 1) if st.st_size <= MAX_CONFIG_BYTES else b""
-        if st.st_size > MAX_CONFIG_BYTES or len(data) > MAX_CONFIG_BYTES:
+        data = os.read(fd, MAX_CONFIG_BYTES + 1)  # one read: a regular file's size is known
+        if len(data) > MAX_CONFIG_BYTES:
             raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes; a config is a small TOML file")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc

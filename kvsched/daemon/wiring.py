@@ -267,13 +267,14 @@ def install_hash_check(cfg: Config, subscriber, scheduler, metrics):
     return check
 
 
-# subscriber counters -> (metric attribute, label): what could not be read, and stream incidents
+# The subscriber's counters exported as labels: what could not be read (`kvsched_kv_events_skipped{reason}`)
+# and stream incidents (`kvsched_kv_event_streams{kind}`)
 KV_SKIPPED = ("malformed_frames", "malformed_batches", "malformed_events", "unknown_types", "unknown_fields")
 KV_STREAM = ("gaps", "restarts", "replay_lost")
 KV_SKIP_WARN_EVERY_S = 60.0  # one WARNING line at most this often while events cannot be read
 
 
-def kv_metrics_tick(subscriber, metrics, clock=time.monotonic):  # noqa: ANN001
+def kv_metrics_tick(subscriber, metrics):  # noqa: ANN001
     """An `Actor.on_second` callback: add the subscriber's deltas to the counters (`applied`,
     `replayed`, `kvsched_kv_events_skipped{reason}`, `kvsched_kv_event_streams{kind}`), set the
     stale-workers gauge, and log one WARNING (at most every `KV_SKIP_WARN_EVERY_S`) while events
@@ -301,7 +302,7 @@ def kv_metrics_tick(subscriber, metrics, clock=time.monotonic):  # noqa: ANN001
             if d > 0:
                 metrics.kv_event_streams.labels(kind=name).inc(d)
         metrics.stale_workers.set(c["stale_workers"])
-        now = clock()
+        now = time.monotonic()
         if skipped and now - warned_at[0] >= KV_SKIP_WARN_EVERY_S:
             warned_at[0] = now
             log.warning("kv events could not be read (%s; kvsched_kv_events_skipped_total): check the engines' "

@@ -241,30 +241,25 @@ def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
     return hints
 
 
-ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET", "/health": "GET"}
-
-
-async def _no_route(request: web.Request) -> web.Response:
-    """Any other path, or a known path with another method: an OpenAI-style JSON 404 / 405 (aiohttp's
-    own answers are plain text)."""
-    allowed = ROUTES.get(request.path)
-    if allowed is not None:
-        err = oa.HttpError(405, f"{request.method} is not allowed on {request.path}; use {allowed}",
-                           code="method_not_allowed")
-        return web.json_response(err.body(), status=405, headers={"Allow": allowed})
-    err = oa.HttpError(404, f"no route {request.path}; the gateway serves {', '.join(ROUTES)}", code="not_found")
-    return web.json_response(err.body(), status=404)
-
-
 def make_app(gw: Gateway) -> web.Application:
     """The aiohttp application (body size checked by the handlers, so oversize answers an OpenAI-style 413;
     unknown routes and methods an OpenAI-style 404 / 405, from a catch-all resource added last)."""
+    routes = {"/v1/completions": ("POST", gw.completions), "/v1/chat/completions": ("POST", gw.chat),
+              "/v1/models": ("GET", gw.models), "/health": ("GET", gw.health_endpoint)}
+
+    async def no_route(request: web.Request) -> web.Response:
+        allowed = routes.get(request.path, (None,))[0]
+        if allowed is not None:
+            err = oa.HttpError(405, f"{request.method} is not allowed on {request.path}; use {allowed}",
+                               code="method_not_allowed")
+            return web.json_response(err.body(), status=405, headers={"Allow": allowed})
+        err = oa.HttpError(404, f"no route {request.path}; the gateway serves {', '.join(routes)}", code="not_found")
+        return web.json_response(err.body(), status=404)
+
     app = web.Application(client_max_size=gw.cfg.gateway.max_body_bytes)
-    handlers = {"/v1/completions": gw.completions, "/v1/chat/completions": gw.chat, "/v1/models": gw.models,
-                "/health": gw.health_endpoint}
-    app.add_routes([(web.post if method == "POST" else web.get)(path, handlers[path])  # web.get: HEAD too
-                    for path, method in ROUTES.items()])
-    app.router.add_route("*", "/{tail:.*}", _no_route)
+    app.add_routes([(web.post if method == "POST" else web.get)(path, handler)  # web.get: HEAD too
+                    for path, (method, handler) in routes.items()])
+    app.router.add_route("*", "/{tail:.*}", no_route)
     return app
 
 

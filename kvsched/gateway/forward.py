@@ -86,7 +86,8 @@ async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints
     last: EngineFailed | None = None
     failed_here: set[int] = set()  # workers that failed this request (excluded on its retry)
     for _attempt in range(2):
-        excluded = gw.health.excluded() | failed_here  # the health view now (a retry sees the latest)
+        excluded = gw.health.excluded()  # a fresh set: the health view now (a retry sees the latest)
+        excluded |= failed_here
         lease = await gw.schedule(request_id, isl, hashes, excluded, hints)
         marks.admitted = _now()
         marks.queued_us = lease.queued_us
