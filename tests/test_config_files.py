@@ -41,6 +41,7 @@ def test_a_file_larger_than_the_cap_is_refused_naming_the_cap(tmp_path):
         load_config(big, env={})
 
 
+@pytest.mark.timeout(20)
 def test_an_include_that_is_a_fifo_is_refused_too(tmp_path):
     os.mkfifo(tmp_path / "profile.fifo")
     main = tmp_path / "main.toml"
