@@ -252,6 +252,28 @@ def start_to_ready(tmp: Path, cache_dir: str | None) -> float:
     return dt
 
 
+def baseline_env(src: Path) -> dict[str, str]:
+    """The environment that makes `python -m kvsched.daemon.app` import the `kvsched/` package under
+    `src`, checked.
+
+    `python -m` puts the working directory first on `sys.path`, so run from this repository it would
+    import the repository's own `kvsched/` ahead of `PYTHONPATH` (until 2026-12-02 every `daemon@REV`
+    row was this tree's daemon for that reason). `PYTHONSAFEPATH=1` (Python >= 3.11) leaves the working
+    directory out.
+
+    Raises:
+        RuntimeError: a Python started with this environment here imports `kvsched` from elsewhere.
+    """
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(src), PYTHONSAFEPATH="1", NUMBA_CACHE_DIR=str(src / ".numba-cache"))
+    got = subprocess.run([sys.executable, "-c", "import kvsched; print(kvsched.__file__)"], env=env,
+                         capture_output=True, text=True).stdout.strip()
+    if not got or not Path(got).resolve().is_relative_to(Path(src).resolve()):
+        raise RuntimeError(f"the baseline tree {src} is not what a child imports (it imports {got or 'nothing'})")
+    return env
+
+
 def start_baseline_daemon(rev: str, tmp: Path):
     """`kvsched-daemon` from the `kvsched/` package of git revision `rev` (exported to `tmp`, run with
     PYTHONPATH pointing there), same config: the before/after comparison of one run. Returns
@@ -268,7 +290,7 @@ def start_baseline_daemon(rev: str, tmp: Path):
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kvsched"], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(src, filter="data")
-    env = dict(os.environ, PYTHONPATH=str(src), NUMBA_CACHE_DIR=str(src / ".numba-cache"))
+    env = baseline_env(src)
     instance = f"bench-transport-base-{os.getpid()}"
     d = DaemonProcess.start(tmp / "daemon.toml", instance=instance, runtime_dir=tmp / "base", env=env,
                             ready_timeout_s=120)

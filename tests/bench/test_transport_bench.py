@@ -74,3 +74,22 @@ def test_inprocess_figures_run():
     assert core["cpu_us_per_lifecycle"] > 0
     long = tc.long_prompt_cell(n=4, window=2)
     assert long["blocks"] == 6250 and long["workers"] == 64 and long["decisions_per_s"] > 0
+
+
+def test_baseline_env_imports_the_exported_tree_from_the_repository_root(tmp_path, monkeypatch):
+    """`daemon@REV` rows ran this tree's daemon: `python -m` put the repository (the working directory)
+    ahead of PYTHONPATH. The environment must make a child import the exported tree."""
+    src = tmp_path / "base"
+    (src / "kvsched").mkdir(parents=True)
+    (src / "kvsched" / "__init__.py").write_text("")
+    (src / "kvsched" / "__main__.py").write_text("print('the exported tree')")  # this repository's has none
+    monkeypatch.chdir(ROOT)
+    env = bt.baseline_env(src)
+    got = subprocess.run([sys.executable, "-m", "kvsched"], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert got.stdout.strip() == "the exported tree", (got.stdout, got.stderr)
+
+
+def test_baseline_env_refuses_a_tree_a_child_would_not_import(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(RuntimeError, match="not what a child imports"):
+        bt.baseline_env(tmp_path / "empty")
