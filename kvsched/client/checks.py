@@ -19,11 +19,12 @@ _I32 = (-(2**31), 2**31 - 1)
 _U32 = (0, 0xFFFF_FFFF)
 _U16 = (0, 0xFFFF)
 _TOKENS = (0, 2**31 - 1)
+MAX_TOKENS = _TOKENS[1]  # a token count's wire bound (`protocol.limits.Tokens`)
 _MAX_ALLOWED = 4096
 _MAX_DEADLINE_MS = 86_400_000
 
 
-def _int(name: str, value: Any, lo: int, hi: int) -> int:
+def checked_int(name: str, value: Any, lo: int, hi: int) -> int:
     """An int (not a bool; numpy integers accepted) in [lo, hi]. Raises TypeError / ValueError
     naming the argument. A plain `int` takes one exact type check (`schedule()` checks several per
     call)."""
@@ -75,40 +76,40 @@ def checked_enqueue(request_id: Any, isl_tokens: Any, block_hashes: "BlockHashes
             or malformed `block_hashes` (see `protocol.hashes_to_bytes`).
     """
     _str("request_id", request_id, p.MAX_REQUEST_ID_BYTES, min_len=1, utf8_bytes=True)
-    isl_tokens = _int("isl_tokens", isl_tokens, 1, 2**31 - 1)
+    isl_tokens = checked_int("isl_tokens", isl_tokens, 1, 2**31 - 1)
     raw = p.hashes_to_bytes(block_hashes if block_hashes is not None else b"")
     if len(raw) > 8 * p.MAX_BLOCK_HASHES:
         raise ValueError(f"{len(raw) // 8} block hashes; at most {p.MAX_BLOCK_HASHES} per request")
     _str("policy_class", policy_class, p.MAX_NAME_CHARS)
-    priority = _int("priority", priority, *_I32)
-    strict_priority = _int("strict_priority", strict_priority, *_I32)
+    priority = checked_int("priority", priority, *_I32)
+    strict_priority = checked_int("strict_priority", strict_priority, *_I32)
     if session_id is not None:
         _str("session_id", session_id, p.MAX_NAME_CHARS)
     if expected_osl is not None:
-        expected_osl = _int("expected_osl", expected_osl, *_TOKENS)
+        expected_osl = checked_int("expected_osl", expected_osl, *_TOKENS)
     if pinned is not None:
         try:
             worker_id, dp_rank = pinned
         except (TypeError, ValueError):
             raise TypeError("pinned must be a (worker_id, dp_rank) pair") from None
-        pinned = (_int("pinned worker_id", worker_id, *_U32), _int("pinned dp_rank", dp_rank, *_U16))
+        pinned = (checked_int("pinned worker_id", worker_id, *_U32), checked_int("pinned dp_rank", dp_rank, *_U16))
     if allowed_workers is not None:
         if isinstance(allowed_workers, (str, bytes)):
             raise TypeError("allowed_workers must be an iterable of worker ids")
-        allowed_workers = [_int("allowed_workers item", w, *_U32) for w in allowed_workers]
+        allowed_workers = [checked_int("allowed_workers item", w, *_U32) for w in allowed_workers]
         if len(allowed_workers) > _MAX_ALLOWED:
             raise ValueError(f"allowed_workers has {len(allowed_workers)} ids; at most {_MAX_ALLOWED}")
     if not isinstance(do_not_queue, bool):
         raise TypeError(f"do_not_queue must be a bool, not {type(do_not_queue).__name__}")
     if deadline_ms is not None:
-        deadline_ms = _int("deadline_ms", deadline_ms, 0, _MAX_DEADLINE_MS)
+        deadline_ms = checked_int("deadline_ms", deadline_ms, 0, _MAX_DEADLINE_MS)
     if lora_name is not None:
         _str("lora_name", lora_name, p.MAX_NAME_CHARS)
     excluded = None
     if excluded_workers:
         if isinstance(excluded_workers, (str, bytes)):
             raise TypeError("excluded_workers must be an iterable of worker ids")
-        excluded = sorted(_int("excluded_workers item", w, *_U32) for w in excluded_workers)
+        excluded = sorted(checked_int("excluded_workers item", w, *_U32) for w in excluded_workers)
         if len(excluded) > _MAX_ALLOWED:
             raise ValueError(f"excluded_workers has {len(excluded)} ids; at most {_MAX_ALLOWED}")
     return p.Enqueue(request_id, isl_tokens, raw, policy_class, priority, strict_priority, session_id,

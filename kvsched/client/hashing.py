@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import operator
 import struct
 from array import array
 from typing import Any, Literal, Sequence
@@ -162,7 +163,7 @@ def _vllm(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequen
             msg = join((head[0], parent, head[1], join(enc[i * block_size:(i + 1) * block_size]),
                         b"\xf6" if e is None else canonical_cbor(e)))
         else:
-            block = tuple(int(t) for t in token_ids[i * block_size:(i + 1) * block_size])
+            block = tuple(map(operator.index, token_ids[i * block_size:(i + 1) * block_size]))  # floats refused
             msg = canonical_cbor((parent, block, extra[i]))
         parent = sha256(msg).digest()
         out.append(from_bytes(parent, "big") & U64_MASK)
@@ -257,6 +258,8 @@ def _xxhash_seed(hash_seed: Any) -> int:
 
 def _xxhash(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequence[Any]) -> np.ndarray:
     arr = np.asarray(token_ids)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"token_ids must be integers, not {arr.dtype} values")
     if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF_FFFF):
         raise ValueError("xxhash mode needs token ids in [0, 2**32)")
     data = arr[: n * block_size].astype("<u4").tobytes()
@@ -290,7 +293,10 @@ def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int,
         uint64[len(token_ids) // block_size]; pass to the client's `schedule(block_hashes=...)`.
     Raises:
         ValueError: block_size < 1, an unknown mode, too few extra_keys, token ids out of range.
+        TypeError: token ids that are not integers (a str, bytes, floats).
     """
+    if isinstance(token_ids, (str, bytes, bytearray)):
+        raise TypeError(f"token_ids must be a sequence or array of integers, not {type(token_ids).__name__}")
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     n = len(token_ids) // block_size

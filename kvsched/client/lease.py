@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Literal
 
 from .. import protocol as p
 from ..errors import LeaseError, LeaseLost, LeaseRevoked
+from .checks import MAX_TOKENS, checked_int
 
 if TYPE_CHECKING:
     from .client import SchedulerClient
@@ -190,11 +191,18 @@ class Lease:
 
         Local routers: one aligned 8-byte store into the slot's progress word (no frame). Routers that
         could not map the progress segment send `Update(progress)`.
+
+        Raises:
+            TypeError: `n` is not an int (a bool or a float, e.g. a character count / 4).
+            ValueError: `n` < 0, or isl + output tokens would pass 2**31 - 1 (the wire's token bound:
+                the daemon would refuse the release, docs/PROTOCOL.md). Nothing is counted then.
         """
         if not self._check_open("add_output_tokens()"):
             return
-        if n < 0:
-            raise ValueError("output token count cannot decrease")
+        n = checked_int("n", n, 0, MAX_TOKENS)  # checked before counting: a refused count must not reach the release
+        if self.isl_tokens + self.output_tokens + n > MAX_TOKENS:
+            raise ValueError(f"{self.output_tokens + n} output tokens after {self.isl_tokens} prompt tokens pass "
+                             f"the {MAX_TOKENS:,}-token bound of a request's context")
         self.output_tokens += n
         if self.degraded or self._client is None:
             return
@@ -211,11 +219,15 @@ class Lease:
         without raising (so guards and `finally:` blocks stay simple) and logs a lost lease once.
 
         Raises:
-            ValueError: any other outcome (it would never reach the daemon and the lease would leak).
+            ValueError: any other outcome, or `context_tokens` outside [0, 2**31 - 1] (either would be
+                refused by the daemon, and the lease would stay booked there until this process exits).
+            TypeError: `context_tokens` not an int. The lease stays open after either error.
             LeaseError: closing again with a different outcome.
         """
         if outcome not in ("completed", "aborted"):
             raise ValueError(f"lease outcome must be 'completed' or 'aborted', not {outcome!r}")
+        if context_tokens is not None:
+            context_tokens = checked_int("context_tokens", context_tokens, 0, MAX_TOKENS)
         if self.outcome is not None:
             if self.outcome in _DROPPED:
                 if self.outcome == "lost" and not self._loss_logged:

@@ -124,10 +124,12 @@ def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several sh
 
     Args:
         block_hashes: bytes (returned as-is, length must be a multiple of 8), a sequence of ints in
-            [0, 2**64), or a numpy integer array (converted to uint64 little-endian).
+            [0, 2**64), or a 1-D numpy integer array (converted to uint64 little-endian; a signed
+            array's negative values are taken mod 2**64, as KV events' i64 hashes are).
     Raises:
-        ValueError: a length that is not a multiple of 8, or an int out of u64 range.
-        TypeError: a str, or elements that are not integers (the message names `block_hashes`).
+        ValueError: a length that is not a multiple of 8, an int out of u64 range, an array not 1-D.
+        TypeError: a str, elements that are not integers, a float / bool / object array (the message
+            names `block_hashes`).
     """
     import numpy as np
 
@@ -139,7 +141,13 @@ def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several sh
             raise ValueError(f"block_hashes bytes length {len(raw)} is not a multiple of 8")
         return raw
     if isinstance(block_hashes, np.ndarray):
-        return np.ascontiguousarray(block_hashes, dtype="<u8").tobytes()
+        if block_hashes.dtype.kind not in "iu":
+            raise TypeError(f"block_hashes must be an integer array, not {block_hashes.dtype} (a float or bool "
+                            f"array would be truncated into other hashes)")
+        if block_hashes.ndim != 1:
+            raise ValueError(f"block_hashes must be a 1-D array, not shape {block_hashes.shape}")
+        # a signed array is taken mod 2**64, as KV events' i64 hashes are (docs/KV_EVENTS.md)
+        return np.ascontiguousarray(block_hashes).astype("<u8", copy=False).tobytes()
     if not hasattr(block_hashes, "__iter__"):
         raise TypeError(f"block_hashes must be bytes, a sequence of ints or a numpy integer array, "
                         f"not {type(block_hashes).__name__}")

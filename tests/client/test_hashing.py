@@ -183,3 +183,10 @@ def test_cache_hits_on_a_shared_prefix_and_falls_back_for_tokens_out_of_range():
     assert block_hashes(big, 16, mode="vllm", cache=cache).tolist() == vllm_reference(big, 16, "vllm-none-hash")
     with pytest.raises(ValueError):
         BlockHashCache(0)
+
+
+@pytest.mark.parametrize("mode", ["xxhash", "vllm"])
+@pytest.mark.parametrize("token_ids", ["abc" * 20, b"abc" * 20, [1.5] * 32, np.ones(32)])
+def test_token_ids_that_are_not_integers_raise_type_error(token_ids, mode):
+    with pytest.raises(TypeError):
+        block_hashes(token_ids, 16, mode=mode)

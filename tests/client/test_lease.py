@@ -85,3 +85,29 @@ async def test_connect_raises_daemon_unavailable_naming_endpoint_when_nobody_lis
     endpoint = f"ipc://{tmp_path}/nobody.sock"
     with pytest.raises(DaemonUnavailable, match="nobody.sock"):
         await SchedulerClient(endpoint, connect_timeout_s=0.3).connect()
+
+
+async def test_bad_token_counts_raise_at_the_call_and_the_lease_still_releases(session_daemon):
+    """A float output count, a context count out of the wire's bounds or a total past 2**31 - 1 used to
+    reach the Release, which the daemon refused: the lease stayed booked until the router exited
+    while the client said "completed". They raise at the call now and nothing is counted."""
+    async with SchedulerClient(session_daemon.endpoint) as client:
+        lease = await client.schedule("bad-counts", isl_tokens=812)
+        lease.add_output_tokens(3)
+        with pytest.raises(TypeError, match="n must be an int"):
+            lease.add_output_tokens(len("some generated text") / 4)
+        with pytest.raises(TypeError):
+            lease.add_output_tokens(True)
+        with pytest.raises(ValueError, match="bound"):
+            lease.add_output_tokens(2**31 - 812)  # 812 + 3 + this > 2**31 - 1
+        with pytest.raises(ValueError, match="outside"):
+            lease.add_output_tokens(-1)
+        assert lease.output_tokens == 3
+        for bad, err in ((-5, ValueError), ("x", TypeError), (2**40, ValueError), (1.0, TypeError)):
+            with pytest.raises(err):
+                lease.release(context_tokens=bad)
+            assert lease.outcome is None  # still open: the caller can release it properly
+        lease.release()
+        assert lease.outcome == "completed"
+        assert not client.errors, client.errors
+    assert await asyncio.to_thread(wait_until, lambda: active_leases(session_daemon.admin_endpoint) == 0, 30)

@@ -137,3 +137,16 @@ def test_peeks_read_the_request_id_of_a_bad_frame_and_never_raise_on_deep_nestin
     assert p.peek_admin_tag(deep) is False
     nested_tail = b"\x93" + enc.encode("enqueue") + enc.encode("r-8") + deep  # [tag, id, [[[...]]]]
     assert p.peek_request_id(nested_tail) in ("r-8", None)  # read or not, never an exception
+
+
+@pytest.mark.parametrize("bad", [np.array([1.5, 2.0]), np.array([True, False]), np.array(["1", "2"]),
+                                 np.zeros((2, 2), np.uint64)])
+def test_hashes_to_bytes_refuses_arrays_it_would_truncate_or_flatten(bad):
+    with pytest.raises((TypeError, ValueError), match="block_hashes"):
+        p.hashes_to_bytes(bad)
+
+
+def test_hashes_to_bytes_takes_signed_arrays_mod_2_64_like_kv_events():
+    got = p.hashes_to_bytes(np.array([-1, 2], np.int64))
+    assert got == np.array([2**64 - 1, 2], np.uint64).astype("<u8").tobytes()
+    assert p.hashes_to_bytes(np.array([1, 2], ">u8")) == np.array([1, 2], "<u8").tobytes()
