@@ -116,3 +116,17 @@ def test_the_check_fails_for_a_missing_key(tmp_path):
     text = EXAMPLE.read_text().replace("# queue_timeout_s = 30.0", "")
     assert "queue_timeout_s" not in listed_keys(text)["classes"]
     assert "queue_timeout_s" in LISTED["classes"]
+
+
+def test_keys_where_a_written_class_differs_from_the_built_in_one_are_called_out():
+    """The [[classes]] table shows the built-in class; a key whose default differs for a class the user
+    writes (prefill_busy_threshold_frac: unset, i.e. a class that never queues) must be said in the
+    comment above the table, or users copy a class and lose its queueing without a word."""
+    text = EXAMPLE.read_text()
+    before = text[:text.index("\n[[classes]]\n")]
+    comment = before[before.rstrip().rfind("\n\n") + 1:]  # the comment block right above the table
+    built_in, written = Config().classes[0], ClassConfig(name=Config().classes[0].name)
+    differ = [f for f in ClassConfig.__struct_fields__ if getattr(built_in, f) != getattr(written, f)]
+    assert differ, "the built-in class equals a written one: drop this test and the comment"
+    for key in differ:
+        assert key in comment, f"the comment above [[classes]] does not call out {key}"
