@@ -77,6 +77,10 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
         case p.Workers():
             return p.WorkersReply(workers=_flag_hash_mismatch(ctx, s.workers())), []
         case p.Leases():
+            if req.policy_class is not None and all(cq.name != req.policy_class for cq in s.pq.classes):
+                return _err(p.ErrorCode.NOT_FOUND, f"no class named {req.policy_class!r}"), []
+            if req.worker_id is not None and all(w.worker_id != req.worker_id for w in s.workers()):
+                return _err(p.ErrorCode.NOT_FOUND, f"no worker {req.worker_id} is registered"), []
             if req.worker_id is None and req.policy_class is None:
                 rows, total = s.leases(now_us, limit=req.limit), s.active_leases
             else:  # total counts the leases that match the filter (bounded by max_slots)

@@ -122,6 +122,16 @@ def test_daemon_errors_name_the_error_not_a_bare_number(session_daemon):
     assert "error 9" not in result.output
 
 
+@pytest.mark.parametrize("args, needle", [(("leases", "--class", "nope"), "no class named 'nope'"),
+                                          (("leases", "--worker", "4242"), "no worker 4242"),
+                                          (("queues", "nope"), "no class named 'nope'")])
+def test_a_filter_naming_what_does_not_exist_is_not_found_not_an_empty_table(session_daemon, args, needle):
+    """`leases --class nope` printed an empty table with exit 0 while `queues nope` said not_found."""
+    result = run(session_daemon, *args)
+    assert result.exit_code == EXIT_DAEMON_ERROR, result.output
+    assert "not_found" in result.output and needle in result.output
+
+
 @pytest.mark.parametrize("args, needle", [(("drain", "4294967296"), "outside 0..4294967295"),
                                            (("undrain", "1:99999"), "outside 0..65535"),
                                            (("remove-worker", "--", "-1"), "outside 0..4294967295"),
