@@ -130,6 +130,34 @@ def purge(instance: str) -> None:
         unlink_segments(instance)
 
 
+def running_instance(instance: str) -> bool:
+    """True while a process started with `--instance <instance>` runs (a daemon a test started)."""
+    import subprocess
+
+    return subprocess.run(["pgrep", "-f", "--", f"--instance {instance}( |$)"], capture_output=True).returncode == 0
+
+
+def kill_instance(instance: str) -> None:
+    """SIGKILL the daemon of `instance` if it still runs and remove what it leaves (after a failed test)."""
+    import subprocess
+    import time
+
+    from kvsched.daemon.instance_lock import purge_instance
+    from kvsched.errors import ConfigError
+
+    subprocess.run(["pkill", "-KILL", "-f", "--", f"--instance {instance}( |$)"], check=False)
+    deadline = time.monotonic() + 10
+    while True:  # its lock is free once the killed process is gone for good, a moment after pgrep stops seeing it
+        try:
+            purge_instance(instance)
+            return
+        except ConfigError:
+            if time.monotonic() > deadline:
+                purge(instance)
+                return
+            time.sleep(0.1)
+
+
 TWO_WORKERS = """
 [daemon]
 block_size = 16

@@ -13,11 +13,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from kvsched.gateway.local_fleet import free_port
-from tests.conftest import ROOT
+from tests.conftest import ROOT, kill_instance, running_instance
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -51,3 +52,37 @@ def test_the_printed_admin_line_reaches_the_daemon_from_another_directory(tmp_pa
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+def test_a_hangup_of_the_demos_process_group_stops_its_daemon_and_frees_its_shared_memory(tmp_path):
+    """Closing the terminal (SIGHUP to the job's process group) killed the demo, its engines and its
+    gateway, but the daemon (its own session: no hangup) kept running with ~324 MiB of /dev/shm."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway.demo", "--port", str(free_port()),
+                             "--engines", "1", "--workdir", str(tmp_path / "demo")], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    instance = None
+    try:
+        seen, deadline = [], time.monotonic() + 180
+        while instance is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            m = re.search(r"KVSCHED_ADMIN_ENDPOINT=\S*/(gw-[0-9a-f]+)-admin\.sock", line)
+            instance = m.group(1) if m else None
+        assert instance, "".join(seen)
+        assert list(Path("/dev/shm").glob(f"kvsched-{instance}*")), "the daemon's segments should exist while it runs"
+        os.killpg(proc.pid, signal.SIGHUP)
+        proc.communicate(timeout=90)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (running_instance(instance) or list(Path("/dev/shm").glob(f"kvsched-{instance}*"))):
+            time.sleep(0.2)
+        assert not running_instance(instance), "the daemon outlived the demo"
+        assert not list(Path("/dev/shm").glob(f"kvsched-{instance}*"))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        if instance:  # a failed run leaves nothing behind either
+            kill_instance(instance)

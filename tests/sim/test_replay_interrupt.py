@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.daemon.instance_lock import LOCK_DIR
+from tests.conftest import kill_instance, running_instance
 
 SLICE = Path(str(files("kvsched") / "data" / "mooncake_slice.jsonl"))
 
@@ -50,6 +51,37 @@ def test_sigint_to_the_replays_process_group_prints_one_line_and_exits_130(tmp_p
     assert len(lines) == 1 and "interrupted; cleaned up" in lines[0], stderr
     assert "stopped" in (out / "daemon.log").read_text()
     assert sorted(p.name for p in LOCK_DIR.glob(f"kvsched-replay-{proc.pid}*")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sighup_to_the_replays_process_group_stops_its_daemon(tmp_path):
+    """A closed terminal (SIGHUP to the job's process group) ended the replay without its cleanup:
+    the daemon, in its own session, kept running with its /dev/shm segments."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvsched.cli", "replay", str(SLICE), "--limit", "600", "--routers", "2",
+         "--workers", "2", "--speedup", "5", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=dict(os.environ, COLUMNS="200"))
+    try:
+        deadline = time.monotonic() + 240
+        for line in proc.stdout:
+            if "inspect it while it runs" in line or time.monotonic() > deadline:
+                break
+        time.sleep(3.0)
+        assert proc.poll() is None, proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGHUP)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + signal.SIGHUP, stderr
+        assert not running_instance(f"replay-{proc.pid}"), "the replay's daemon outlived it"
+        assert "stopped" in (out / "daemon.log").read_text()
+        assert sorted(p.name for p in LOCK_DIR.glob(f"kvsched-replay-{proc.pid}*")) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        kill_instance(f"replay-{proc.pid}")  # a failed run leaves nothing behind either
 
 
 class _Recorder:
