@@ -39,6 +39,17 @@ def main(argv: list[str] | None = None) -> None:
                  f"  make gateway-demo GATEWAY_DEMO_PORT=18080\n"
                  f"  .venv/bin/python -m kvsched.gateway.demo --port 18080\n"
                  f"(and that port in the curl commands)")
+    stop = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    # Installed before anything starts, SIGHUP too: a closed terminal must stop the daemon, which runs
+    # in its own session (the hangup never reaches it) and would keep its shared memory until someone
+    # kills it. A signal during start-up stops the fleet once it is up.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     print(f"starting daemon, {args.engines} simulated engines and a gateway (logs in {args.workdir}) ...")
     try:
         fleet = LocalFleet.start(args.workdir, n_engines=args.engines, speedup=args.speedup, gateway_port=args.port)
@@ -59,14 +70,6 @@ curl -sN {url}/v1/completions -H 'Content-Type: application/json' \\
 
 Send the chat request twice: the second answer's usage shows prompt_tokens_details.cached_tokens.
 Ctrl-C stops everything.""", flush=True)
-    stop = False
-
-    def on_signal(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     try:
         while not stop:
             time.sleep(0.2)

@@ -57,6 +57,8 @@ def run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profil
     procs = _Procs(Path(tempfile.mkdtemp(prefix="kvsched-replay-")))
     run_tag = f"{os.getpid():x}{int(time.time()) % 100000:x}"
     previous = signal.signal(signal.SIGTERM, _sigterm_to_exit)  # SIGTERM cleans up like Ctrl-C
+    previous_hup = signal.signal(signal.SIGHUP, _sigterm_to_exit)  # so does a closed terminal (the daemon
+    # runs in its own session: the hangup never reaches it, and only this cleanup stops it)
     try:
         use_dynamo = opts.router_via == "dynamo" or opts.overlap_sample_every > 0
         if use_dynamo and not opts.kv_events:
@@ -116,6 +118,7 @@ def run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profil
         finally:
             signal.signal(signal.SIGINT, previous_int)
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGHUP, previous_hup)
 
 
 def _start_ignoring_sigint(proc: mp.Process) -> None:
@@ -130,7 +133,7 @@ def _start_ignoring_sigint(proc: mp.Process) -> None:
 
 
 def _sigterm_to_exit(signum, frame) -> None:  # noqa: ANN001 - signal handler signature
-    """Turn SIGTERM into SystemExit so the `finally` stops the daemon, fleet and routers."""
+    """Turn SIGTERM / SIGHUP into SystemExit so the `finally` stops the daemon, fleet and routers."""
     raise SystemExit(128 + signum)
 
 
