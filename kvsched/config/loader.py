@@ -152,7 +152,18 @@ def load_config(
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> Config:
-    """Load and validate the configuration (defaults < file < env < overrides).
+    """Load and validate the configuration (defaults < file < env < overrides); `load_config_keys`
+    documents the arguments and errors."""
+    return load_config_keys(path, env, overrides)[0]
+
+
+def load_config_keys(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[Config, frozenset[str]]:
+    """Load and validate the configuration (defaults < file < env < overrides), and say which keys
+    those sources set (the rest are defaults): what `kvsched reload` compares with the running config.
 
     Args:
         path: TOML file, or None for defaults only. An `include = "profile.toml"` key (relative to
@@ -161,7 +172,8 @@ def load_config(
         env: environment mapping (default `os.environ`); `KVSCHED_DAEMON_BLOCK_SIZE=512` etc.
         overrides: nested dict from CLI flags, e.g. {"daemon": {"instance": "pool-a"}}.
     Returns:
-        A validated `Config`.
+        (a validated `Config`, the set keys): `section.key` for each key of a table (`daemon.max_slots`),
+        the bare name of any other top-level key (`workers`, `classes`, `default_class`).
     Raises:
         ConfigError: naming the file, key path and reason.
     """
@@ -188,7 +200,18 @@ def load_config(
     raw = _deep_merge(raw, env_over, where)
     if overrides:
         raw = _deep_merge(raw, overrides, where)
-    return config_from_dict(raw, where)
+    return config_from_dict(raw, where), _set_keys(raw)
+
+
+def _set_keys(raw: Mapping[str, Any]) -> frozenset[str]:
+    """`section.key` for each key of a top-level table of `raw`, the name of every other top-level key."""
+    out = set()
+    for top, value in raw.items():
+        if isinstance(value, Mapping):
+            out.update(f"{top}.{key}" for key in value)
+        else:
+            out.add(top)
+    return frozenset(out)
 
 
 def config_from_dict(raw: Mapping[str, Any], where: str = "config") -> Config:
