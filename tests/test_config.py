@@ -157,3 +157,51 @@ def test_duplicate_worker_id_is_named(tmp_path):
     path.write_text("".join(f"[[workers]]\nworker_id = {w}\n" for w in (0, 7, 3, 7)))
     with pytest.raises(ConfigError, match=r"duplicate worker_id in \[\[workers\]\]: 7$"):
         load_config(path, env={})
+
+
+@pytest.mark.parametrize("text, bad", [
+    ("default_clas = 'a'\n", "default_clas"),
+    ("[[clases]]\nname = 'a'\n", "clases"),
+    ("[daemon]\nmax_slots = 5\n", "daemon"),
+])
+def test_an_unknown_key_in_an_included_file_is_an_error_naming_file_and_key(tmp_path, text, bad):
+    """Found from outside: the loader copied only default_class / classes from the included file, so
+    a typo there (or a [daemon] table) passed --check-config and the built-in profile was used."""
+    (tmp_path / "p1.toml").write_text(text)
+    main = tmp_path / "main.toml"
+    main.write_text("include = 'p1.toml'\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(main, env={})
+    msg = str(info.value)
+    assert str(tmp_path / "p1.toml") in msg and f"unknown key {bad}:" in msg
+    assert "default_class and [[classes]]" in msg  # what an include may hold
+
+
+def test_a_nested_include_is_refused_naming_both_files(tmp_path):
+    (tmp_path / "p2.toml").write_text("default_class = 'b'\n[[classes]]\nname = 'b'\n")
+    (tmp_path / "p1.toml").write_text("include = 'p2.toml'\n")
+    main = tmp_path / "main.toml"
+    main.write_text("include = 'p1.toml'\n")
+    with pytest.raises(ConfigError, match="cannot include another") as info:
+        load_config(main, env={})
+    assert str(tmp_path / "p1.toml") in str(info.value) and str(main) in str(info.value)
+    (tmp_path / "p1.toml").write_text("include = 'p1.toml'\n")  # a cycle: the same error, no recursion
+    with pytest.raises(ConfigError, match="cannot include another"):
+        load_config(main, env={})
+
+
+def test_an_error_in_an_included_class_names_the_included_file(tmp_path):
+    (tmp_path / "p1.toml").write_text("default_class = 'a'\n[[classes]]\nname = 'a'\nqantum = 7\n")
+    main = tmp_path / "main.toml"
+    main.write_text("include = 'p1.toml'\n")
+    with pytest.raises(ConfigError, match=r"qantum") as info:
+        load_config(main, env={})
+    assert str(tmp_path / "p1.toml") in str(info.value)
+
+
+def test_the_including_file_keeps_its_own_profile(tmp_path):
+    (tmp_path / "p1.toml").write_text("default_class = 'a'\n[[classes]]\nname = 'a'\n")
+    main = tmp_path / "main.toml"
+    main.write_text("include = 'p1.toml'\ndefault_class = 'b'\n[[classes]]\nname = 'b'\n")
+    cfg = load_config(main, env={})
+    assert cfg.default_class == "b" and [c.name for c in cfg.classes] == ["b"]

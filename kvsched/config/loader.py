@@ -122,20 +122,58 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: invalid TOML: not UTF-8 text (byte {exc.start})") from None
 
 
+INCLUDABLE_KEYS = ("default_class", "classes")  # what an included file may hold: the scheduling profile
+
+
+def _read_include(path: Path, parent: Path) -> dict[str, Any]:
+    """Parse the file `parent`'s `include` names: a profile holding only `INCLUDABLE_KEYS`.
+
+    Raises:
+        ConfigError: naming `path`: unreadable or invalid TOML (`_read_toml`), a key other than
+            `default_class` / `[[classes]]` (a typo such as `default_clas`, or a `[daemon]` table,
+            would otherwise be ignored in silence), or an `include` of its own (one level only).
+    """
+    raw = _read_toml(path)
+    if "include" in raw:
+        raise ConfigError(
+            f"{path}: include = {raw['include']!r}: a file included by {parent} cannot include another "
+            f"(one level only); move its default_class / [[classes]] into {path} or {parent}")
+    unknown = [key for key in raw if key not in INCLUDABLE_KEYS]
+    if unknown:
+        raise ConfigError(
+            f"{path} (included by {parent}): unknown key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(unknown)}: an included file may hold only default_class and [[classes]] "
+            f"(the other sections belong in {parent})")
+    return raw
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> Config:
-    """Load and validate the configuration (defaults < file < env < overrides).
+    """Load and validate the configuration (defaults < file < env < overrides); `load_config_keys`
+    documents the arguments and errors."""
+    return load_config_keys(path, env, overrides)[0]
+
+
+def load_config_keys(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[Config, frozenset[str]]:
+    """Load and validate the configuration (defaults < file < env < overrides), and say which keys
+    those sources set (the rest are defaults): what `kvsched reload` compares with the running config.
 
     Args:
         path: TOML file, or None for defaults only. An `include = "profile.toml"` key (relative to
-            the file) supplies `default_class` / `[[classes]]` unless the file sets them itself.
+            the file) supplies `default_class` / `[[classes]]` unless the file sets them itself; the
+            included file may hold nothing else and no `include` of its own (`_read_include`).
         env: environment mapping (default `os.environ`); `KVSCHED_DAEMON_BLOCK_SIZE=512` etc.
         overrides: nested dict from CLI flags, e.g. {"daemon": {"instance": "pool-a"}}.
     Returns:
-        A validated `Config`.
+        (a validated `Config`, the set keys): `section.key` for each key of a table (`daemon.max_slots`),
+        the bare name of any other top-level key (`workers`, `classes`, `default_class`).
     Raises:
         ConfigError: naming the file, key path and reason.
     """
@@ -147,10 +185,14 @@ def load_config(
         raw = _read_toml(p)
         inc = raw.get("include")
         if isinstance(inc, str):
-            inc_raw = _read_toml((p.parent / inc).resolve())
-            for key in ("default_class", "classes"):
-                if key in inc_raw and key not in raw:
-                    raw[key] = inc_raw[key]
+            inc_path = (p.parent / inc).resolve()
+            supplied = []
+            for key, value in _read_include(inc_path, p).items():
+                if key not in raw:  # the including file's own profile wins
+                    raw[key] = value
+                    supplied.append(key)
+            if supplied:  # errors in what the include supplied name the file it came from
+                where += f" ({' and '.join(supplied)} from {inc_path})"
     env_over = _env_overrides(os.environ if env is None else env)
     if env_over:
         where += " + KVSCHED_* environment (" + ", ".join(
@@ -158,7 +200,18 @@ def load_config(
     raw = _deep_merge(raw, env_over, where)
     if overrides:
         raw = _deep_merge(raw, overrides, where)
-    return config_from_dict(raw, where)
+    return config_from_dict(raw, where), _set_keys(raw)
+
+
+def _set_keys(raw: Mapping[str, Any]) -> frozenset[str]:
+    """`section.key` for each key of a top-level table of `raw`, the name of every other top-level key."""
+    out = set()
+    for top, value in raw.items():
+        if isinstance(value, Mapping):
+            out.update(f"{top}.{key}" for key in value)
+        else:
+            out.add(top)
+    return frozenset(out)
 
 
 def config_from_dict(raw: Mapping[str, Any], where: str = "config") -> Config:

@@ -207,7 +207,7 @@ class Config(Section):
     workers: list[WorkerConfig] = msgspec.field(default_factory=list)
     default_class: str = "default"
     classes: list[ClassConfig] = msgspec.field(default_factory=_default_classes)
-    include: str | None = None  # another TOML file holding `default_class` + `[[classes]]`
+    include: str | None = None  # another TOML file holding only `default_class` + `[[classes]]` (no include)
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.classes]

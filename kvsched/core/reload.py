@@ -15,6 +15,8 @@ A plain function over the scheduler's parts; pure and synchronous like the rest 
 
 from __future__ import annotations
 
+from typing import Collection
+
 from ..config import ClassConfig, Config, SelectorConfig
 from .admission import create_admission_policy
 from .class_queue import PolicyClassQueue
@@ -39,13 +41,25 @@ def selector_keys_needing_rebuild(old: SelectorConfig, new: SelectorConfig) -> l
 RESTART_ONLY_SECTIONS = ("daemon", "overload")
 
 
-def restart_only_changes(running: Config, new: Config) -> list[str]:
+def restart_only_changes(running: Config, new: Config, given: Collection[str] | None = None) -> list[str]:
     """What differs between the `running` config and `new` that a reload does not apply: `daemon.<key>`
     and `overload.<key>` per changed key, and `workers (added …, removed …, changed …)` by worker_id
-    (`[[workers]]` change at a restart, or at runtime with `kvsched add-worker` / `remove-worker`)."""
+    (`[[workers]]` change at a restart, or at runtime with `kvsched add-worker` / `remove-worker`).
+
+    Args:
+        given: the keys the reloaded sources set (`load_config_keys`: `daemon.<key>`, `workers`, ...),
+            or None to compare every key. With it, a key the reloaded file leaves at its default is not
+            named: a profile-only file (only `default_class` / `[[classes]]`) names nothing, and a daemon
+            whose workers came from `--workers N` is not told its workers were "removed".
+    """
+    def compared(key: str) -> bool:
+        return given is None or key in given
+
     out = [f"{section}.{k}" for section in RESTART_ONLY_SECTIONS
            for k in type(getattr(running, section)).__struct_fields__
-           if getattr(getattr(running, section), k) != getattr(getattr(new, section), k)]
+           if compared(f"{section}.{k}") and getattr(getattr(running, section), k) != getattr(getattr(new, section), k)]
+    if not compared("workers"):
+        return out
     old_w, new_w = {w.worker_id: w for w in running.workers}, {w.worker_id: w for w in new.workers}
     parts = [f"{what} {', '.join(map(str, ids))}" for what, ids in (
         ("added", sorted(new_w.keys() - old_w.keys())), ("removed", sorted(old_w.keys() - new_w.keys())),

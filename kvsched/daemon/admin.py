@@ -2,7 +2,7 @@
 
 The admin socket is a separate ROUTER (mode 0600). Handlers run on the actor like every other
 mutation, so admin operations are serialized with scheduling (docs/DESIGN.md §2.5). Reload re-reads the profile
-through `load_config` and hands it to `Scheduler.reload`, which refuses (keeping the old profile) when
+through `load_config_keys` and hands it to `Scheduler.reload`, which refuses (keeping the old profile) when
 a class holding requests would disappear.
 """
 
@@ -16,7 +16,7 @@ from typing import Callable
 import zmq
 
 from .. import protocol as p
-from ..config import Config, load_config, url_problem
+from ..config import Config, load_config_keys, url_problem
 from ..core.reload import restart_only_changes
 from ..endpoints import endpoint_problem
 from ..errors import ConfigError
@@ -238,14 +238,14 @@ def _reload(req: p.Reload, ctx: AdminContext):
     if path is None:
         return _err(p.ErrorCode.INVALID, "the daemon was started without --config; give a path")
     try:
-        cfg = load_config(path, overrides=ctx.config_overrides)
+        cfg, given = load_config_keys(path, overrides=ctx.config_overrides)
         rebuilt = ctx.scheduler.reload(cfg)
     except (ConfigError, ValueError) as exc:
         log.warning("reload refused path=%s reason=%s", path, exc)
         return _err(p.ErrorCode.INVALID, f"reload refused, old profile kept: {exc}")
     log.info("profile reloaded path=%s classes=%d", path, len(cfg.classes))
     message = f"reloaded {path}: {len(cfg.classes)} classes"
-    pending = restart_only_changes(ctx.running, cfg) if ctx.running is not None else []
+    pending = restart_only_changes(ctx.running, cfg, given) if ctx.running is not None else []
     if pending:
         log.warning("reload: not applied, need a restart: %s", ", ".join(pending))
         message += (f"; not applied (need a restart; workers also via add-worker / remove-worker): "

@@ -286,7 +286,10 @@ def daemon_main(
         except ConfigError as exc:
             typer.echo(f"invalid: {exc}", err=True)
             raise typer.Exit(2)
-        problems = check_endpoints(cfg)
+        from .health import metrics_host_problem
+
+        problems = check_endpoints(cfg) + [m for m in [metrics_host_problem(cfg.daemon.metrics_host,
+                                                                           cfg.daemon.metrics_port)] if m]
         if problems:
             typer.echo(f"invalid: {check_config}: " + "; ".join(problems), err=True)
             raise typer.Exit(2)

@@ -19,6 +19,7 @@ the HTTP thread never touches scheduling state.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from typing import Callable, Iterable
@@ -153,6 +154,23 @@ class _QuietHandler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args) -> None:  # probes every few seconds: no access log
         pass
+
+
+def metrics_host_problem(host: str, port: int) -> str | None:
+    """Why `HttpServer(host, port)` could not listen because of `host`, or None: resolves `host` the
+    way its bind does (`socket.getaddrinfo`, the server's address family, IPv4), binds nothing (the
+    port may be the running daemon's). For `kvsched-daemon --check-config`; port 0 = no metrics
+    server, nothing to check. The message names `daemon.metrics_host`.
+    """
+    if not port or host == "":  # "" binds every address (INADDR_ANY)
+        return None
+    try:
+        socket.getaddrinfo(host, port, _Server.address_family, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        return (f"daemon.metrics_host {host!r}: cannot resolve it as an IPv4 address to listen on "
+                f"(metrics_port {port}): {reason}")
+    return None
 
 
 class HttpServer:

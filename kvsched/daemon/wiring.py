@@ -69,7 +69,9 @@ def open_segments(cfg: Config):
         ledger is then rebuilt from its slot table under a new epoch). `Segments.kv_index` holds the
         KV-index segment; `Segments.kv_index_restored` says whether its contents were kept.
     Existing segments of an older layout version (see `kvsched.shm.upgrade`) are replaced when they
-    hold no live lease; with live leases the start is refused.
+    hold no live lease; with live leases the start is refused. A ledger whose header was never
+    written (an earlier start killed while creating the segments, `ledger_uninitialised`) is
+    replaced with a WARNING, with whatever progress / KV-index segment it left.
     Raises:
         ShmLayoutError: existing segments with another layout or capacities (use `--purge`), or
             older-layout segments that still hold live leases.
@@ -84,6 +86,7 @@ def open_segments(cfg: Config):
 
     caps = segment_capacities(cfg)
     epoch = time.time_ns() // 1000
+    _replace_uninitialised(cfg.daemon.instance)  # a start killed while creating them: nothing to keep
     _replace_old_layout(cfg.daemon.instance)  # before the room check: replaced segments need room again
     check_free_space({name: n for name, n in segment_sizes(cfg).items() if not os.path.exists(f"{SHM_DIR}/{name}")})
     try:
@@ -109,6 +112,18 @@ def open_segments(cfg: Config):
             segs.unlink()
         raise
     return segs, restarted
+
+
+def _replace_uninitialised(instance: str) -> None:
+    """Unlink `instance`'s segments when its ledger's header was never written (magic 0 or shorter
+    than the magic: a start killed between creating the ledger and stamping its header). Such a
+    ledger holds no lease, so no `--purge` is needed; a valid header is left to `attach_segments`."""
+    from ..shm.segments import ledger_name, ledger_uninitialised, unlink_segments
+
+    if ledger_uninitialised(instance):
+        log.warning("replacing segment %s: its header was never written (an earlier start was killed while "
+                    "creating the segments), so it holds no lease instance=%s", ledger_name(instance), instance)
+        unlink_segments(instance)
 
 
 def _replace_old_layout(instance: str) -> None:

@@ -27,6 +27,7 @@ file descriptor (`PROT_READ`), so its arrays are read-only numpy views; a write 
 
 from __future__ import annotations
 
+import _posixshmem  # the stdlib's shm_open/shm_unlink, what SharedMemory itself calls
 import grp
 import mmap
 import os
@@ -273,12 +274,53 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
     return Segments(instance, arrays, progress, handles, state=state)
 
 
+def ledger_uninitialised(instance: str) -> bool:
+    """True when `instance`'s ledger segment exists but its header was never written: shorter than
+    the magic word (killed before its size was set) or magic 0. `create_segments` writes the magic
+    last, after both segments exist and every page is reserved, so such a ledger is what a start
+    killed mid-creation leaves (with or without its progress segment); no daemon attached it and no
+    router can have (routers validate the magic), so it holds no lease. A nonzero foreign magic is
+    not "uninitialised": `attach_segments` reports it.
+
+    Returns:
+        False when the ledger segment does not exist or has a nonzero magic.
+    """
+    name = ledger_name(instance)
+    if os.path.isdir("/dev/shm"):
+        try:
+            fd = os.open(f"/dev/shm/{name}", os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            head = os.pread(fd, 8, 0)
+        finally:
+            os.close(fd)
+    else:
+        try:
+            shm = SharedMemory(name=name)
+        except FileNotFoundError:
+            return False
+        except ValueError:  # an empty segment cannot be mapped: its size was never set
+            return True
+        _untrack(shm)
+        head = bytes(shm.buf[:8])
+        shm.close()
+    return len(head) < 8 or int.from_bytes(head, "little") == 0
+
+
 def unlink_segments(instance: str) -> None:
-    """Remove every segment of `instance` (`segment_names`); missing ones are ignored."""
+    """Remove every segment of `instance` (`segment_names`); missing ones are ignored, empty ones
+    (size never set: cannot be mapped) are unlinked by name."""
     for name in segment_names(instance):
         try:
             shm = SharedMemory(name=name)
         except FileNotFoundError:
+            continue
+        except ValueError:  # "cannot mmap an empty file": a creation killed before its ftruncate
+            try:
+                _posixshmem.shm_unlink("/" + name)
+            except FileNotFoundError:
+                pass
             continue
         _untrack(shm)
         shm.close()

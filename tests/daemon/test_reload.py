@@ -139,3 +139,42 @@ def test_reload_names_the_keys_it_cannot_apply_without_a_restart(tmp_path):
     finally:
         d.stop()
         purge(instance)
+
+
+def test_reload_of_an_unchanged_file_names_nothing_when_workers_came_from_the_command_line(tmp_path):
+    """Found from outside: a daemon started with `--workers 2` (the README's form, no [[workers]] in
+    the file) answered every reload of the unchanged file `not applied ...: workers (removed 0, 1)`
+    and logged a WARNING. Result: a key the reloaded file does not set is not compared."""
+    d = start_daemon(tmp_path, BASE.split("[[workers]]")[0] + "[[classes]]\nname = \"a\"\n", extra_args=["--workers", "2"])
+    try:
+        with AdminClient(d.admin_endpoint) as admin:
+            assert admin.call(p.Status()).workers == 2
+            reply = admin.call(p.Reload())
+        assert isinstance(reply, p.OkReply) and "not applied" not in reply.message, reply.message
+        assert "need a restart" not in d.log_path.read_text()
+    finally:
+        d.stop()
+        purge(d.instance)
+
+
+def test_reload_of_a_profile_file_names_only_the_restart_keys_it_sets(tmp_path):
+    """Found from outside: reloading a profile-only file (`default_class` / [[classes]], what
+    `kvsched reload --help` calls a profile file) on a daemon started from a full config named
+    `daemon.instance, daemon.endpoint, ..., workers (removed 1)` (every key the profile leaves at
+    its default). Result: nothing is named for a
+    profile file; a file that does set a restart-only key to another value names that key only."""
+    d = start_daemon(tmp_path, BASE.replace("block_size = 16", "block_size = 16\nmax_slots = 4096"))
+    profile = tmp_path / "profile.toml"
+    profile.write_text('default_class = "a"\n[[classes]]\nname = "a"\nquantum = 300\n')
+    try:
+        with AdminClient(d.admin_endpoint) as admin:
+            reply = admin.call(p.Reload(path=str(profile)))
+            assert isinstance(reply, p.OkReply) and "not applied" not in reply.message, reply.message
+            profile.write_text('default_class = "a"\n[daemon]\nblock_size = 32\n[[classes]]\nname = "a"\n')
+            reply = admin.call(p.Reload(path=str(profile)))
+        assert isinstance(reply, p.OkReply), reply
+        assert reply.message.endswith("not applied (need a restart; workers also via add-worker / "
+                                      "remove-worker): daemon.block_size"), reply.message
+    finally:
+        d.stop()
+        purge(d.instance)

@@ -49,6 +49,24 @@ def test_check_config_accepts_good_endpoints(tmp_path):
     assert got.returncode == 0, got.stderr
 
 
+@pytest.mark.parametrize("host", ["999.1.1.1", "::1"])
+def test_check_config_rejects_a_metrics_host_the_daemon_cannot_listen_on(tmp_path, host):
+    """Found from outside: `KVSCHED_DAEMON_METRICS_HOST=999.1.1.1 kvsched-daemon --check-config` said
+    ok and the start then failed "cannot listen: Name or service not known" (an IPv6 address fails
+    the same way: the metrics server listens on IPv4). Result: exit 2 naming daemon.metrics_host."""
+    got = _check(tmp_path, f'[daemon]\nmetrics_port = 9464\nmetrics_host = "{host}"\n')
+    assert got.returncode == 2, got
+    assert "daemon.metrics_host" in got.stderr and host in got.stderr
+
+
+def test_check_config_accepts_resolvable_metrics_hosts_and_ignores_the_host_without_a_port(tmp_path):
+    for text in ('[daemon]\nmetrics_port = 9464\nmetrics_host = "localhost"\n',
+                 '[daemon]\nmetrics_port = 9464\nmetrics_host = "0.0.0.0"\n',
+                 '[daemon]\nmetrics_host = "999.1.1.1"\n'):  # metrics_port 0: no metrics server
+        got = _check(tmp_path, text)
+        assert got.returncode == 0, (text, got.stderr)
+
+
 def _start(tmp_path: Path, text: str, instance: str) -> tuple[subprocess.Popen, Path]:
     cfg = tmp_path / "d.toml"
     cfg.write_text(text)
