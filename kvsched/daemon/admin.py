@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import msgspec
 import zmq
 
 from .. import protocol as p
@@ -239,6 +240,8 @@ def _reload(req: p.Reload, ctx: AdminContext):
         return _err(p.ErrorCode.INVALID, "the daemon was started without --config; give a path")
     try:
         cfg, given = load_config_keys(path, overrides=ctx.config_overrides)
+        if not any(k.startswith("selector.") for k in given):  # a profile-only file: the selector stays as it runs
+            cfg = msgspec.structs.replace(cfg, selector=ctx.scheduler.admitter.selector_cfg)
         rebuilt = ctx.scheduler.reload(cfg)
     except (ConfigError, ValueError) as exc:
         log.warning("reload refused path=%s reason=%s", path, exc)

@@ -178,3 +178,29 @@ def test_reload_of_a_profile_file_names_only_the_restart_keys_it_sets(tmp_path):
     finally:
         d.stop()
         purge(d.instance)
+
+
+def test_reload_of_a_profile_file_keeps_the_running_selector(tmp_path):
+    """Found in review: a profile-only file (no [selector] key) reset the selector to the defaults,
+    e.g. a daemon started with `type = 'round_robin'` went back to `kv` on `kvsched reload
+    profile.toml`. The selector is taken from the file only when it sets a [selector] key."""
+    d = start_daemon(tmp_path, BASE + "\n[selector]\ntype = 'round_robin'\n")
+    profile = tmp_path / "profile.toml"
+    profile.write_text('default_class = "a"\n[[classes]]\nname = "a"\nquantum = 300\n')
+
+    async def decide(rid: str) -> str:
+        async with SchedulerClient(d.endpoint) as client:
+            lease = await client.schedule(rid, isl_tokens=32)
+            lease.release()
+        with AdminClient(d.admin_endpoint) as admin:
+            return admin.call(p.Explain(request_id=rid)).decided_by
+
+    try:
+        assert asyncio.run(decide("p0")) == "round_robin"
+        with AdminClient(d.admin_endpoint) as admin:
+            reply = admin.call(p.Reload(path=str(profile)))
+        assert isinstance(reply, p.OkReply) and "rebuilt" not in reply.message, reply
+        assert asyncio.run(decide("p1")) == "round_robin"
+    finally:
+        d.stop()
+        purge(d.instance)
