@@ -56,7 +56,6 @@ class Gateway:
         self.client: SchedulerClient | None = None
         self.session: aiohttp.ClientSession | None = None
         self.health: EngineHealth | None = None
-        self.block_size = 0
         # The longest silence (engine_read_timeout_s) is enforced by forward.Silence, one timer per
         # request, not by aiohttp's sock_read, which re-arms a timer per chunk received.
         self.engine_timeout = aiohttp.ClientTimeout(total=None, sock_connect=g.engine_connect_timeout_s)
@@ -71,7 +70,6 @@ class Gateway:
         """Connect to the daemon (raises DaemonUnavailable) and open the engine session."""
         g = self.cfg.gateway
         self.client = await self._connect_when_daemon_up(g)
-        self.block_size = self.client.welcome.block_size
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
                                              auto_decompress=False)
         self.health = EngineHealth(self.session, g.health_interval_s, g.health_timeout_s, g.health_path)
@@ -95,6 +93,11 @@ class Gateway:
         if missing_ipc_path(client.endpoint) is not None:  # the client waits for it (SchedulerClient.connect)
             log.info("waiting up to %.1fs for the daemon at %s", g.connect_timeout_s, client.endpoint)
         return await client.connect()  # DaemonUnavailable names the endpoint (and a still-missing socket)
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block of the daemon connected now (its last Welcome: a restart may change it), 0 before."""
+        return self.client.welcome.block_size if self.client is not None and self.client.welcome else 0
 
     async def stop(self) -> None:
         if self.health is not None:
