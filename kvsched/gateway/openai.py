@@ -107,7 +107,8 @@ def parse_body(kind: str, body: Any) -> Prompt:
 
     Raises:
         HttpError(400): not an object, no model, missing or empty messages / prompt, bad types
-            (a `priority` that is not an integer included), a chat role outside `CHAT_ROLES`,
+            (a `priority` that is not an integer included), a chat role outside `CHAT_ROLES`, a
+            content part that is not an object or a `text` part whose `text` is not a string,
             `n` or `best_of` other than 1.
     """
     if not isinstance(body, dict):
@@ -146,6 +147,8 @@ def parse_body(kind: str, body: Any) -> Prompt:
             c = m.get("content")
             if c is not None and not isinstance(c, (str, list)):
                 raise _bad(f"messages[{i}].content must be a string or a list of parts", "messages")
+            if isinstance(c, list):
+                _check_parts(i, c)
         return p
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -163,6 +166,26 @@ def parse_body(kind: str, body: Any) -> Prompt:
     else:
         raise _bad("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
     return p
+
+
+_JSON_TYPES = {str: "a string", int: "a number", float: "a number", bool: "a boolean", list: "an array",
+               dict: "an object", type(None): "null"}
+
+
+def _check_parts(i: int, parts: list) -> None:
+    """Content parts of messages[i]: objects (OpenAI's schema); a `text` part's `text` a string.
+
+    A bare string part is refused, not read as text: OpenAI's schema has none, and the gateway must
+    tokenize what the engine renders (vLLM reads one as text; its own joining of parts may differ).
+    Raises HttpError(400) naming the part, e.g. `messages[0].content[0].text must be a string, got a number`.
+    """
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise _bad(f"messages[{i}].content[{j}] must be a content part object such as "
+                       f'{{"type": "text", "text": "..."}}, got {_JSON_TYPES.get(type(part), "a value")}', "messages")
+        if part.get("type") == "text" and not isinstance(part.get("text"), str):
+            raise _bad(f"messages[{i}].content[{j}].text must be a string, got "
+                       f"{_JSON_TYPES.get(type(part.get('text')), 'a value')}", "messages")
 
 
 def chat_messages(body: dict) -> list[dict]:

@@ -45,6 +45,17 @@ def test_every_rejection_reason_has_its_status_and_retry_after_rule():
     ("completion", {"model": "m", "prompt": "a", "priority": "x"}, "'priority' must be an integer"),
     ("completion", {"model": "m", "prompt": "a", "priority": 1.5}, "'priority' must be an integer"),
     ("chat", {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role 'wizard'"),
+    # were a 500 (TypeError joining the parts) or, for a bare string part, silently dropped
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages[0].content[0].text must be a string, got a number"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"},
+                                         {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                      {"type": "text", "text": None}]}]},
+     "messages[1].content[1].text must be a string, got null"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages[0].content[0].text must be a string, got null"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": ["w1"]}]},
+     "messages[0].content[0] must be a content part object"),
 ])
 def test_bad_bodies_are_400_with_a_message_naming_the_field(kind, body, needle):
     with pytest.raises(oa.HttpError) as err:
@@ -76,3 +87,10 @@ def test_collector_rebuilds_a_chat_completion_from_chunks():
     assert r["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello"}, "finish_reason": "stop",
                              "logprobs": None}]
     assert r["usage"]["completion_tokens"] == 2
+
+
+def test_text_parts_are_joined_and_other_part_types_left_to_the_engine():
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "w1 "}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "w2"}]}]}
+    oa.parse_body("chat", body)
+    assert oa.chat_messages(body)[0]["content"] == "w1 w2"
