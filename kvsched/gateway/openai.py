@@ -102,6 +102,23 @@ def _bad(message: str, param: str | None = None) -> HttpError:
     return HttpError(400, message, "invalid_request_error", "invalid_request", param=param)
 
 
+def _max_tokens(kind: str, body: dict) -> int | None:
+    """Output tokens asked for (None: not given). Chat: `max_completion_tokens`, else `max_tokens`,
+    a null the same as an absent key (vLLM: `max_completion_tokens or max_tokens`). Completions:
+    `max_tokens` only, as vLLM's CompletionRequest has no `max_completion_tokens` (the engine ignores
+    it, so counting it would book an output the engine does not limit itself to).
+    Raises HttpError(400) naming the field when a given value is not an integer >= 1."""
+    found = None
+    for key in ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",):
+        v = body.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise _bad(f"'{key}' must be a positive integer", key)
+        found = v if found is None else found
+    return found
+
+
 def parse_body(kind: str, body: Any) -> Prompt:
     """Validate the fields the gateway relies on (the engine validates the rest).
 
@@ -122,9 +139,7 @@ def parse_body(kind: str, body: Any) -> Prompt:
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise _bad("'stream_options' must be an object", "stream_options")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-        raise _bad("'max_tokens' must be a positive integer", "max_tokens")
+    max_tokens = _max_tokens(kind, body)
     prio = body.get("priority")
     if prio is not None and (not isinstance(prio, int) or isinstance(prio, bool)):
         raise _bad("'priority' must be an integer", "priority")

@@ -35,6 +35,10 @@ def test_every_rejection_reason_has_its_status_and_retry_after_rule():
     ("completion", {"model": "m", "prompt": ""}, "empty"),
     ("completion", {"model": "m", "prompt": ["a", "b"]}, "one prompt per request"),
     ("completion", {"model": "m", "prompt": "a", "max_tokens": 0}, "'max_tokens'"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0,
+              "max_tokens": 5}, "'max_completion_tokens' must be a positive integer"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 5,
+              "max_tokens": "5"}, "'max_tokens' must be a positive integer"),
     ("completion", {"model": "m", "prompt": "a", "n": 3}, "'n' must be 1"),
     ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "'n' must be 1"),
     ("completion", {"model": "m", "prompt": "a", "best_of": 2}, "'best_of' must be 1"),
@@ -94,3 +98,19 @@ def test_text_parts_are_joined_and_other_part_types_left_to_the_engine():
         {"type": "text", "text": "w1 "}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "w2"}]}]}
     oa.parse_body("chat", body)
     assert oa.chat_messages(body)[0]["content"] == "w1 w2"
+
+
+@pytest.mark.parametrize("kind, fields, expected", [
+    # a null max_completion_tokens is an absent one (was: None, so the 256-token default)
+    ("chat", {"max_completion_tokens": None, "max_tokens": 5}, 5),
+    ("completion", {"max_completion_tokens": None, "max_tokens": 5}, 5),
+    ("chat", {"max_completion_tokens": 7, "max_tokens": 5}, 7),
+    ("chat", {"max_completion_tokens": 7}, 7),
+    ("chat", {"max_tokens": None}, None),
+    # /v1/completions: the engine (vLLM's CompletionRequest) has no max_completion_tokens; only max_tokens counts
+    ("completion", {"max_completion_tokens": 7, "max_tokens": 5}, 5),
+    ("completion", {"max_completion_tokens": 7}, None),
+])
+def test_max_tokens_is_what_the_engine_will_use(kind, fields, expected):
+    base = {"model": "m", "prompt": "a"} if kind == "completion" else {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    assert oa.parse_body(kind, {**base, **fields}).max_tokens == expected

@@ -35,3 +35,13 @@ async def test_a_content_part_whose_text_is_not_a_string_is_a_400_naming_it(stac
         {"role": "user", "content": ["w1"]}]})
     assert status == 400 and "messages[0].content[0] must be a content part object" in answer["error"]["message"]
     assert engines[1].seen == []  # none of them was scheduled or forwarded
+
+
+async def test_max_tokens_beside_a_null_max_completion_tokens_is_the_one_forwarded_and_booked(stack):
+    """Before: the null hid max_tokens, the gateway put its 256-token default in the engine's body."""
+    gw, url, engines, _ = stack
+    body = {"model": "tiny", "max_tokens": 2, "max_completion_tokens": None,
+            "messages": [{"role": "user", "content": "w1 w2"}]}
+    status, answer = await _post(url, "/v1/chat/completions", body)
+    assert status == 200, answer
+    assert engines[1].seen[-1]["body"]["max_tokens"] == 2
