@@ -27,11 +27,11 @@ from ..client import SchedulerClient
 from ..client.hashing import BlockHashCache, block_hashes
 from ..endpoints import missing_ipc_path
 from ..errors import ConfigError, DaemonUnavailable, FrameTooLarge, RequestRejected
-from ..protocol import MAX_NAME_CHARS
 from . import openai as oa
 from .config import GatewayConfig, GatewaySection, load_gateway_config
 from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
+from .hints import scheduling_hints
 from .tokenizer import ModelTokenizer, TemplateError
 from .workers import default_workers, supervise
 
@@ -208,40 +208,6 @@ class Gateway:
                                f"{p.max_tokens} in max_tokens). Reduce the prompt or max_tokens.",
                                code="context_length_exceeded", param="max_tokens")
         return p
-
-
-def _int_header(request: web.Request, name: str) -> int | None:
-    v = request.headers.get(name)
-    if v is None:
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        raise oa.HttpError(400, f"header {name} must be an integer, got {v!r}", code="invalid_header") from None
-
-
-def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
-    """schedule() options from the documented headers, with body fallbacks (docs/GATEWAY.md)."""
-    h = request.headers
-    prio = _int_header(request, oa.H_PRIORITY)
-    if prio is None:
-        bp = p.body.get("priority", 0)
-        prio = bp if isinstance(bp, int) and not isinstance(bp, bool) else 0
-    session = h.get(oa.H_SESSION)
-    if session is None and isinstance(p.body.get("user"), str):
-        session = p.body["user"]
-    hints = {"policy_class": h.get(oa.H_CLASS, ""), "priority": prio,
-             "strict_priority": _int_header(request, oa.H_STRICT) or 0,
-             "session_id": session[:MAX_NAME_CHARS] if session else None, "expected_osl": p.max_tokens,
-             "deadline_ms": _int_header(request, oa.H_DEADLINE),
-             "do_not_queue": h.get(oa.H_DO_NOT_QUEUE, "").lower() in ("1", "true", "yes")}
-    if len(hints["policy_class"]) > MAX_NAME_CHARS:
-        raise oa.HttpError(400, f"header {oa.H_CLASS} longer than {MAX_NAME_CHARS} characters", code="invalid_header")
-    if not (-(2**31) <= prio < 2**31) or not (-(2**31) <= hints["strict_priority"] < 2**31):
-        raise oa.HttpError(400, "priority out of the 32-bit range", code="invalid_header")
-    if hints["deadline_ms"] is not None and not (0 <= hints["deadline_ms"] <= 86_400_000):
-        raise oa.HttpError(400, f"header {oa.H_DEADLINE} must be in [0, 86400000]", code="invalid_header")
-    return hints
 
 
 def make_app(gw: Gateway) -> web.Application:

@@ -3,6 +3,7 @@ over HTTP against a real daemon and a scripted engine."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -10,6 +11,26 @@ import aiohttp
 from .conftest import scripted_daemon_fixture
 
 daemon = scripted_daemon_fixture({1: 1}, scope="module")
+
+
+async def _raw_post(url: str, path: str, body: bytes, extra_header: bytes) -> tuple[int, dict | str]:
+    """POST with one header line sent as raw bytes (a value aiohttp clients cannot send); returns
+    (status, the JSON answer or its text)."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     b"%s\r\nConnection: close\r\n\r\n%s" % (path.encode(), host.encode(), len(body), extra_header, body))
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, payload.decode(errors="replace")
 
 
 async def _post(url: str, path: str, body: dict, headers: dict | None = None) -> tuple[int, dict | str]:
@@ -45,3 +66,20 @@ async def test_max_tokens_beside_a_null_max_completion_tokens_is_the_one_forward
     status, answer = await _post(url, "/v1/chat/completions", body)
     assert status == 200, answer
     assert engines[1].seen[-1]["body"]["max_tokens"] == 2
+
+
+async def test_a_hint_header_that_is_not_utf8_is_a_400_naming_it(stack):
+    """aiohttp decodes such bytes with surrogateescape; the value reached the daemon link, which
+    failed to encode it (a 500 with a traceback)."""
+    gw, url, engines, _ = stack
+    body = json.dumps({"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "w1 w2"}]}).encode()
+    for header in (b"X-Kvsched-Class: \xff\xfe", b"X-Kvsched-Session-Id: \xff\xfe\xc3\xa9"):
+        name = header.split(b":")[0].decode()
+        status, answer = await _raw_post(url, "/v1/chat/completions", body, header)
+        assert status == 400, (header, answer)
+        assert answer["error"]["code"] == "invalid_header" and answer["error"]["type"] == "invalid_request_error"
+        assert f"header {name} is not valid UTF-8 text" == answer["error"]["message"]
+    # valid UTF-8 outside ASCII is a name like any other
+    status, answer = await _raw_post(url, "/v1/chat/completions", body, "X-Kvsched-Session-Id: clé".encode())
+    assert status == 200, answer
+    assert gw.client.connected
