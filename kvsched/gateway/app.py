@@ -36,6 +36,8 @@ from .tokenizer import ModelTokenizer, TemplateError
 from .workers import default_workers, supervise
 
 log = logging.getLogger("kvsched.gateway")
+# Counters /health reports (0 until they happen), besides http_<status> and rejected_<reason> (docs/GATEWAY.md).
+STATS = ("completed", "engine_retries", "engine_errors_mid_stream", "leases_lost_mid_stream", "leases_revoked", "client_gone")
 
 
 class Gateway:
@@ -132,10 +134,13 @@ class Gateway:
         return web.json_response({"object": "list", "data": data})
 
     async def health_endpoint(self, request: web.Request) -> web.Response:
+        """200 while the daemon connection is up, else 503: status, failing worker ids, pid, and this
+        process's `stats` (request counts since it started: `STATS`, http_<status>, rejected_<reason>)."""
         up = self.client is not None and self.client.connected
         failing = sorted(self.health.failing) if self.health else []
         return web.json_response({"status": "ok" if up else "daemon_unavailable", "failing_workers": failing,
-                                  "pid": os.getpid()}, status=200 if up else 503)
+                                  "pid": os.getpid(), "stats": {**dict.fromkeys(STATS, 0), **self.stats}},
+                                 status=200 if up else 503)
 
     async def _handle(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
         marks = Marks()

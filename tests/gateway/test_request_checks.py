@@ -9,6 +9,7 @@ import json
 import aiohttp
 
 from .conftest import scripted_daemon_fixture
+from .helpers import health_stats, stream_chat
 
 daemon = scripted_daemon_fixture({1: 1}, scope="module")
 
@@ -83,3 +84,16 @@ async def test_a_hint_header_that_is_not_utf8_is_a_400_naming_it(stack):
     status, answer = await _raw_post(url, "/v1/chat/completions", body, "X-Kvsched-Session-Id: clé".encode())
     assert status == 200, answer
     assert gw.client.connected
+
+
+async def test_health_reports_the_documented_stats_of_this_process(stack):
+    """docs/GATEWAY.md names stats (leases_lost_mid_stream, leases_revoked, ...) that nothing exposed."""
+    gw, url, engines, _ = stack
+    async with aiohttp.ClientSession() as s:
+        stats = await health_stats(s, url)
+        assert stats == {"completed": 0, "engine_retries": 0, "engine_errors_mid_stream": 0,
+                         "leases_lost_mid_stream": 0, "leases_revoked": 0, "client_gone": 0}
+        assert (await stream_chat(s, url, "w1 w2"))["status"] == 200
+        assert (await stream_chat(s, url, "w1", model="nope"))["status"] == 404
+        stats = await health_stats(s, url)
+    assert stats["completed"] == 1 and stats["http_404"] == 1 and stats["leases_revoked"] == 0
