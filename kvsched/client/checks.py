@@ -45,9 +45,29 @@ def _as_int(name: str, value: Any) -> int:
     return value
 
 
+def checked_utf8(name: str, value: str) -> str:
+    """`value` when UTF-8 can encode it (one `isascii` scan when it is ASCII). Raises ValueError naming
+    the argument when it holds a lone surrogate (e.g. bytes that were not UTF-8, decoded with
+    `surrogateescape`): a frame carrying it could not be encoded, the link would fail on it later."""
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{name} is not valid Unicode text: a lone surrogate at index {exc.start} "
+                             "cannot be encoded as UTF-8") from None
+    return value
+
+
 def _str(name: str, value: Any, max_len: int, *, min_len: int = 0, utf8_bytes: bool = False) -> str:
+    """A str of min_len..max_len characters (UTF-8 bytes with `utf8_bytes`) that UTF-8 can encode.
+
+    Raises:
+        TypeError: not a str.
+        ValueError: out of bounds, or holding a lone surrogate (`checked_utf8`).
+    """
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    checked_utf8(name, value)
     n = len(value)
     if utf8_bytes and not (min_len <= n and 4 * n <= max_len):  # else n..4n UTF-8 bytes: surely in bounds
         n = len(value.encode())
@@ -73,7 +93,8 @@ def checked_enqueue(request_id: Any, isl_tokens: Any, block_hashes: "BlockHashes
     Raises:
         TypeError: an argument of the wrong type (e.g. `request_id=42`, `isl_tokens="10"`).
         ValueError: a value out of bounds (e.g. `isl_tokens=0`, a 200-byte id, `priority=2**40`),
-            or malformed `block_hashes` (see `protocol.hashes_to_bytes`).
+            a str argument UTF-8 cannot encode (a lone surrogate, e.g. "\\udcff"), or malformed
+            `block_hashes` (see `protocol.hashes_to_bytes`).
     """
     _str("request_id", request_id, p.MAX_REQUEST_ID_BYTES, min_len=1, utf8_bytes=True)
     isl_tokens = checked_int("isl_tokens", isl_tokens, 1, 2**31 - 1)

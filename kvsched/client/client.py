@@ -34,7 +34,7 @@ import zmq
 from .. import protocol as p
 from ..endpoints import connect_problem, data_endpoint, missing_ipc_path
 from ..errors import DaemonUnavailable, ProtocolError, rejection_error
-from .checks import checked_enqueue
+from .checks import checked_enqueue, checked_utf8
 from .lease import DroppedLeases, Lease
 from .link import Link
 from .pending import Answer, Bypass, PendingCalls
@@ -75,8 +75,8 @@ class SchedulerClient:
             client falls back to version 1 when the daemon refuses it). Version 2 coalesces the
             frames of one event-loop turn into one `Batch` message.
     Raises:
-        ValueError: a malformed endpoint (accepted: ipc://PATH, tcp://HOST:PORT, inproc://NAME with a
-            shared `ctx`), an unknown `on_unavailable`, or bypass mode without `bypass_workers`.
+        ValueError: a malformed endpoint (accepted: ipc://PATH, tcp://HOST:PORT, inproc://NAME with a shared
+            `ctx`), an unknown `on_unavailable`, bypass without `bypass_workers`, a `client_name` with a lone surrogate.
     Usage:
         async with SchedulerClient() as client:
             lease = await client.schedule(request_id="r1", isl_tokens=812, block_hashes=hashes)
@@ -99,7 +99,7 @@ class SchedulerClient:
         if problem is not None:  # else pyzmq raises a bare ZMQError at connect() time
             raise ValueError(f"bad kvsched endpoint {self.endpoint!r}: {problem}; "
                              "use ipc://PATH or tcp://HOST:PORT")
-        self.client_name = client_name or f"router-{os.getpid()}"
+        self.client_name = checked_utf8("client_name", client_name or f"router-{os.getpid()}")  # sent in Hello
         self.connect_timeout_s = connect_timeout_s
         self.reconnect_deadline_s = reconnect_deadline_s
         self.on_unavailable = on_unavailable

@@ -27,15 +27,17 @@ from ..client import SchedulerClient
 from ..client.hashing import BlockHashCache, block_hashes
 from ..endpoints import missing_ipc_path
 from ..errors import ConfigError, DaemonUnavailable, FrameTooLarge, RequestRejected
-from ..protocol import MAX_NAME_CHARS
 from . import openai as oa
 from .config import GatewayConfig, GatewaySection, load_gateway_config
 from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
+from .hints import scheduling_hints
 from .tokenizer import ModelTokenizer, TemplateError
 from .workers import default_workers, supervise
 
 log = logging.getLogger("kvsched.gateway")
+# Counters /health reports (0 until they happen), besides http_<status> and rejected_<reason> (docs/GATEWAY.md).
+STATS = ("completed", "engine_retries", "engine_errors_mid_stream", "leases_lost_mid_stream", "leases_revoked", "client_gone")
 
 
 class Gateway:
@@ -56,7 +58,6 @@ class Gateway:
         self.client: SchedulerClient | None = None
         self.session: aiohttp.ClientSession | None = None
         self.health: EngineHealth | None = None
-        self.block_size = 0
         # The longest silence (engine_read_timeout_s) is enforced by forward.Silence, one timer per
         # request, not by aiohttp's sock_read, which re-arms a timer per chunk received.
         self.engine_timeout = aiohttp.ClientTimeout(total=None, sock_connect=g.engine_connect_timeout_s)
@@ -71,7 +72,6 @@ class Gateway:
         """Connect to the daemon (raises DaemonUnavailable) and open the engine session."""
         g = self.cfg.gateway
         self.client = await self._connect_when_daemon_up(g)
-        self.block_size = self.client.welcome.block_size
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
                                              auto_decompress=False)
         self.health = EngineHealth(self.session, g.health_interval_s, g.health_timeout_s, g.health_path)
@@ -95,6 +95,11 @@ class Gateway:
         if missing_ipc_path(client.endpoint) is not None:  # the client waits for it (SchedulerClient.connect)
             log.info("waiting up to %.1fs for the daemon at %s", g.connect_timeout_s, client.endpoint)
         return await client.connect()  # DaemonUnavailable names the endpoint (and a still-missing socket)
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block of the daemon connected now (its last Welcome: a restart may change it), 0 before."""
+        return self.client.welcome.block_size if self.client is not None and self.client.welcome else 0
 
     async def stop(self) -> None:
         if self.health is not None:
@@ -129,10 +134,13 @@ class Gateway:
         return web.json_response({"object": "list", "data": data})
 
     async def health_endpoint(self, request: web.Request) -> web.Response:
+        """200 while the daemon connection is up, else 503: status, failing worker ids, pid, and this
+        process's `stats` (request counts since it started: `STATS`, http_<status>, rejected_<reason>)."""
         up = self.client is not None and self.client.connected
         failing = sorted(self.health.failing) if self.health else []
         return web.json_response({"status": "ok" if up else "daemon_unavailable", "failing_workers": failing,
-                                  "pid": os.getpid()}, status=200 if up else 503)
+                                  "pid": os.getpid(), "stats": {**dict.fromkeys(STATS, 0), **self.stats}},
+                                 status=200 if up else 503)
 
     async def _handle(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
         marks = Marks()
@@ -205,40 +213,6 @@ class Gateway:
                                f"{p.max_tokens} in max_tokens). Reduce the prompt or max_tokens.",
                                code="context_length_exceeded", param="max_tokens")
         return p
-
-
-def _int_header(request: web.Request, name: str) -> int | None:
-    v = request.headers.get(name)
-    if v is None:
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        raise oa.HttpError(400, f"header {name} must be an integer, got {v!r}", code="invalid_header") from None
-
-
-def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
-    """schedule() options from the documented headers, with body fallbacks (docs/GATEWAY.md)."""
-    h = request.headers
-    prio = _int_header(request, oa.H_PRIORITY)
-    if prio is None:
-        bp = p.body.get("priority", 0)
-        prio = bp if isinstance(bp, int) and not isinstance(bp, bool) else 0
-    session = h.get(oa.H_SESSION)
-    if session is None and isinstance(p.body.get("user"), str):
-        session = p.body["user"]
-    hints = {"policy_class": h.get(oa.H_CLASS, ""), "priority": prio,
-             "strict_priority": _int_header(request, oa.H_STRICT) or 0,
-             "session_id": session[:MAX_NAME_CHARS] if session else None, "expected_osl": p.max_tokens,
-             "deadline_ms": _int_header(request, oa.H_DEADLINE),
-             "do_not_queue": h.get(oa.H_DO_NOT_QUEUE, "").lower() in ("1", "true", "yes")}
-    if len(hints["policy_class"]) > MAX_NAME_CHARS:
-        raise oa.HttpError(400, f"header {oa.H_CLASS} longer than {MAX_NAME_CHARS} characters", code="invalid_header")
-    if not (-(2**31) <= prio < 2**31) or not (-(2**31) <= hints["strict_priority"] < 2**31):
-        raise oa.HttpError(400, "priority out of the 32-bit range", code="invalid_header")
-    if hints["deadline_ms"] is not None and not (0 <= hints["deadline_ms"] <= 86_400_000):
-        raise oa.HttpError(400, f"header {oa.H_DEADLINE} must be in [0, 86400000]", code="invalid_header")
-    return hints
 
 
 def make_app(gw: Gateway) -> web.Application:

@@ -102,12 +102,30 @@ def _bad(message: str, param: str | None = None) -> HttpError:
     return HttpError(400, message, "invalid_request_error", "invalid_request", param=param)
 
 
+def _max_tokens(kind: str, body: dict) -> int | None:
+    """Output tokens asked for (None: not given). Chat: `max_completion_tokens`, else `max_tokens`,
+    a null the same as an absent key (vLLM: `max_completion_tokens or max_tokens`). Completions:
+    `max_tokens` only, as vLLM's CompletionRequest has no `max_completion_tokens` (the engine ignores
+    it, so counting it would book an output the engine does not limit itself to).
+    Raises HttpError(400) naming the field when a given value is not an integer >= 1."""
+    found = None
+    for key in ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",):
+        v = body.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise _bad(f"'{key}' must be a positive integer", key)
+        found = v if found is None else found
+    return found
+
+
 def parse_body(kind: str, body: Any) -> Prompt:
     """Validate the fields the gateway relies on (the engine validates the rest).
 
     Raises:
         HttpError(400): not an object, no model, missing or empty messages / prompt, bad types
-            (a `priority` that is not an integer included), a chat role outside `CHAT_ROLES`,
+            (a `priority` that is not an integer included), a chat role outside `CHAT_ROLES`, a
+            content part that is not an object or a `text` part whose `text` is not a string,
             `n` or `best_of` other than 1.
     """
     if not isinstance(body, dict):
@@ -121,9 +139,7 @@ def parse_body(kind: str, body: Any) -> Prompt:
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise _bad("'stream_options' must be an object", "stream_options")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-        raise _bad("'max_tokens' must be a positive integer", "max_tokens")
+    max_tokens = _max_tokens(kind, body)
     prio = body.get("priority")
     if prio is not None and (not isinstance(prio, int) or isinstance(prio, bool)):
         raise _bad("'priority' must be an integer", "priority")
@@ -146,6 +162,8 @@ def parse_body(kind: str, body: Any) -> Prompt:
             c = m.get("content")
             if c is not None and not isinstance(c, (str, list)):
                 raise _bad(f"messages[{i}].content must be a string or a list of parts", "messages")
+            if isinstance(c, list):
+                _check_parts(i, c)
         return p
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -163,6 +181,26 @@ def parse_body(kind: str, body: Any) -> Prompt:
     else:
         raise _bad("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
     return p
+
+
+_JSON_TYPES = {str: "a string", int: "a number", float: "a number", bool: "a boolean", list: "an array",
+               dict: "an object", type(None): "null"}
+
+
+def _check_parts(i: int, parts: list) -> None:
+    """Content parts of messages[i]: objects (OpenAI's schema); a `text` part's `text` a string.
+
+    A bare string part is refused, not read as text: OpenAI's schema has none, and the gateway must
+    tokenize what the engine renders (vLLM reads one as text; its own joining of parts may differ).
+    Raises HttpError(400) naming the part, e.g. `messages[0].content[0].text must be a string, got a number`.
+    """
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise _bad(f"messages[{i}].content[{j}] must be a content part object such as "
+                       f'{{"type": "text", "text": "..."}}, got {_JSON_TYPES.get(type(part), "a value")}', "messages")
+        if part.get("type") == "text" and not isinstance(part.get("text"), str):
+            raise _bad(f"messages[{i}].content[{j}].text must be a string, got "
+                       f"{_JSON_TYPES.get(type(part.get('text')), 'a value')}", "messages")
 
 
 def chat_messages(body: dict) -> list[dict]:

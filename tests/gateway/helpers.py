@@ -50,6 +50,13 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, content: str, ma
     return out
 
 
+async def health_stats(session: aiohttp.ClientSession, url: str) -> dict:
+    """The `stats` object of the gateway's GET /health (asserted to answer 200)."""
+    async with session.get(url + "/health") as resp:
+        assert resp.status == 200, await resp.text()
+        return (await resp.json())["stats"]
+
+
 def ledger(admin_endpoint: str) -> tuple[int, int]:
     """(active requests summed over workers, active leases) as the daemon reports them."""
     with AdminClient(admin_endpoint) as admin:

@@ -14,7 +14,7 @@ from kvsched import protocol as p
 from kvsched.client import AdminClient
 
 from .conftest import scripted_daemon_fixture
-from .helpers import eventually, ledger, stream_chat
+from .helpers import eventually, health_stats, ledger, stream_chat
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,6 +50,7 @@ async def test_cancel_mid_stream_closes_the_engine_request_and_ends_the_stream_w
         assert len(r["text"]) < 600, r
         assert await eventually(lambda: engine.disconnects == 1, 20)
         assert gw.stats["leases_revoked"] == 1
+        assert (await health_stats(s, url))["leases_revoked"] == 1  # documented as readable there
         engine.mode = "ok"
         again = await stream_chat(s, url, "w3 w4")
         assert again["status"] == 200 and again["done"] and again["text"] == "ab", again

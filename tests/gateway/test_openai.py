@@ -35,6 +35,10 @@ def test_every_rejection_reason_has_its_status_and_retry_after_rule():
     ("completion", {"model": "m", "prompt": ""}, "empty"),
     ("completion", {"model": "m", "prompt": ["a", "b"]}, "one prompt per request"),
     ("completion", {"model": "m", "prompt": "a", "max_tokens": 0}, "'max_tokens'"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0,
+              "max_tokens": 5}, "'max_completion_tokens' must be a positive integer"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 5,
+              "max_tokens": "5"}, "'max_tokens' must be a positive integer"),
     ("completion", {"model": "m", "prompt": "a", "n": 3}, "'n' must be 1"),
     ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "'n' must be 1"),
     ("completion", {"model": "m", "prompt": "a", "best_of": 2}, "'best_of' must be 1"),
@@ -45,6 +49,17 @@ def test_every_rejection_reason_has_its_status_and_retry_after_rule():
     ("completion", {"model": "m", "prompt": "a", "priority": "x"}, "'priority' must be an integer"),
     ("completion", {"model": "m", "prompt": "a", "priority": 1.5}, "'priority' must be an integer"),
     ("chat", {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role 'wizard'"),
+    # were a 500 (TypeError joining the parts) or, for a bare string part, silently dropped
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages[0].content[0].text must be a string, got a number"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"},
+                                         {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                      {"type": "text", "text": None}]}]},
+     "messages[1].content[1].text must be a string, got null"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages[0].content[0].text must be a string, got null"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": ["w1"]}]},
+     "messages[0].content[0] must be a content part object"),
 ])
 def test_bad_bodies_are_400_with_a_message_naming_the_field(kind, body, needle):
     with pytest.raises(oa.HttpError) as err:
@@ -76,3 +91,26 @@ def test_collector_rebuilds_a_chat_completion_from_chunks():
     assert r["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello"}, "finish_reason": "stop",
                              "logprobs": None}]
     assert r["usage"]["completion_tokens"] == 2
+
+
+def test_text_parts_are_joined_and_other_part_types_left_to_the_engine():
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "w1 "}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "w2"}]}]}
+    oa.parse_body("chat", body)
+    assert oa.chat_messages(body)[0]["content"] == "w1 w2"
+
+
+@pytest.mark.parametrize("kind, fields, expected", [
+    # a null max_completion_tokens is an absent one (was: None, so the 256-token default)
+    ("chat", {"max_completion_tokens": None, "max_tokens": 5}, 5),
+    ("completion", {"max_completion_tokens": None, "max_tokens": 5}, 5),
+    ("chat", {"max_completion_tokens": 7, "max_tokens": 5}, 7),
+    ("chat", {"max_completion_tokens": 7}, 7),
+    ("chat", {"max_tokens": None}, None),
+    # /v1/completions: the engine (vLLM's CompletionRequest) has no max_completion_tokens; only max_tokens counts
+    ("completion", {"max_completion_tokens": 7, "max_tokens": 5}, 5),
+    ("completion", {"max_completion_tokens": 7}, None),
+])
+def test_max_tokens_is_what_the_engine_will_use(kind, fields, expected):
+    base = {"model": "m", "prompt": "a"} if kind == "completion" else {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    assert oa.parse_body(kind, {**base, **fields}).max_tokens == expected

@@ -13,7 +13,7 @@ from kvsched import protocol as p
 from kvsched.client import AdminClient
 
 from .conftest import scripted_daemon_fixture
-from .helpers import eventually, ledger, stream_chat
+from .helpers import eventually, health_stats, ledger, stream_chat
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,6 +38,7 @@ async def test_stream_on_a_removed_worker_is_relayed_to_its_end(stack):
         r = await asyncio.wait_for(call, 30)
         assert r["status"] == 200 and r["text"] == "abcdef" and r["done"] and not r["error"], r
         assert gw.stats["leases_lost_mid_stream"] == 1
+        assert (await health_stats(s, url))["leases_lost_mid_stream"] == 1  # documented as readable there
         for e in engines.values():
             e.mode = "ok"
         again = await stream_chat(s, url, "w3 w4")
