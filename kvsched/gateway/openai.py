@@ -203,13 +203,19 @@ def _check_parts(i: int, parts: list) -> None:
                        f"{_JSON_TYPES.get(type(part.get('text')), 'a value')}", "messages")
 
 
+TEXT_PART_SEPARATOR = "\n"  # vLLM joins a message's text parts with a newline (chat_utils, "string" content format)
+
+
 def chat_messages(body: dict) -> list[dict]:
-    """Messages with list-of-parts content flattened to text (what text-only templates expect)."""
+    """Messages with list-of-parts content flattened to text (what text-only templates expect): the text
+    parts joined with a newline, as vLLM renders them, so the gateway's token ids and block hashes are
+    the engine's. The simulated engine renders with this function too."""
     out = []
     for m in body["messages"]:
         c = m.get("content")
         if isinstance(c, list):
-            c = "".join(part.get("text", "") for part in c if isinstance(part, dict) and part.get("type") == "text")
+            c = TEXT_PART_SEPARATOR.join(part.get("text", "") for part in c
+                                         if isinstance(part, dict) and part.get("type") == "text")
         out.append({**m, "content": c if c is not None else ""})
     return out
 

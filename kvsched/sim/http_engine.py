@@ -29,6 +29,7 @@ import msgspec
 from aiohttp import web
 
 from ..client.hashing import block_hashes
+from ..gateway.openai import chat_messages
 from .engine import DONE, SeqRecord, SimEngine, SimRequest
 from .profile import EngineProfile
 
@@ -147,10 +148,7 @@ class HttpSimEngine:
     # ------------------------------------------------------------------ HTTP
     def _prompt_ids(self, kind: str, body: dict) -> list[int]:
         if kind == "chat":
-            msgs = [{**m, "content": m.get("content") if isinstance(m.get("content"), str) else
-                     "".join(x.get("text", "") for x in m.get("content") or () if isinstance(x, dict))}
-                    for m in body["messages"]]
-            return self.tokenizer.encode(self.tokenizer.render_chat(msgs))
+            return self.tokenizer.encode(self.tokenizer.render_chat(chat_messages(body)))
         prompt = body["prompt"]
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a one-element batch; [3] alone is a one-token prompt

@@ -93,11 +93,13 @@ def test_collector_rebuilds_a_chat_completion_from_chunks():
     assert r["usage"]["completion_tokens"] == 2
 
 
-def test_text_parts_are_joined_and_other_part_types_left_to_the_engine():
+def test_text_parts_are_joined_with_a_newline_as_vllm_does_and_other_part_types_left_to_the_engine():
+    """vLLM renders a message's text parts joined by "\n" (its chat_utils, "string" content format); a
+    gateway joining them with "" tokenized another prompt than the engine's (other hashes, counts)."""
     body = {"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "w1 "}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "w2"}]}]}
+        {"type": "text", "text": "w1"}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "w2"}]}]}
     oa.parse_body("chat", body)
-    assert oa.chat_messages(body)[0]["content"] == "w1 w2"
+    assert oa.chat_messages(body)[0]["content"] == "w1\nw2"
 
 
 @pytest.mark.parametrize("kind, fields, expected", [
