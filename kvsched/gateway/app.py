@@ -30,7 +30,7 @@ from . import openai as oa
 from .config import GatewayConfig, GatewaySection, load_gateway_config
 from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
-from .listen import PortInUse, check_listen_address, listen_socket, port_arg, port_error
+from .listen import PortInUse, check_listen_address, host_port, listen_socket, port_arg, port_error
 from .tokenizer import ModelTokenizer, TemplateError
 from .workers import WorkerLink, default_workers, supervise
 
@@ -294,7 +294,7 @@ async def run(cfg: GatewayConfig, ready_file: str | None = None, link: WorkerLin
 async def _serve_until_signal(runner: web.AppRunner, cfg: GatewayConfig, ready_file: str | None,
                               link: WorkerLink | None) -> None:
     port = runner.addresses[0][1] if runner.addresses else cfg.gateway.port
-    log.info("listening on http://%s:%d", cfg.gateway.host, port)
+    log.info("listening on http://%s", host_port(cfg.gateway.host, port))
     if link:
         link.announce(port)
     elif ready_file:

@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .listen import host_port
+
 log = logging.getLogger("kvsched.gateway.workers")
 
 STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL for a worker that does not stop (s)
@@ -151,8 +153,8 @@ def supervise(config: str, sock: socket.socket, workers: int, ready_file: str | 
                     pass
                 if lines.count(b"\n") >= workers:
                     announced = True
-                    log.info("listening on http://%s:%d with %d worker processes pids=%s", host, port, workers,
-                             ",".join(str(p.pid) for p in procs))
+                    log.info("listening on http://%s with %d worker processes pids=%s", host_port(host, port),
+                             workers, ",".join(str(p.pid) for p in procs))
                     if ready_file:
                         Path(ready_file).write_text(str(port))
                 elif time.monotonic() > deadline:
