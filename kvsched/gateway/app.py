@@ -27,7 +27,8 @@ from ..endpoints import missing_ipc_path
 from ..errors import ConfigError, DaemonUnavailable, FrameTooLarge, RequestRejected
 from ..protocol import MAX_NAME_CHARS
 from . import openai as oa
-from .config import GatewayConfig, GatewaySection, load_gateway_config
+from .cli_args import log_level_arg, ready_file_arg
+from .config import GatewayConfig, GatewaySection, ModelSection, load_gateway_config
 from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
 from .listen import PortInUse, check_listen_address, host_port, listen_socket, port_arg, port_error
@@ -35,6 +36,14 @@ from .tokenizer import ModelTokenizer, TemplateError
 from .workers import WorkerLink, default_workers, supervise
 
 log = logging.getLogger("kvsched.gateway")
+
+
+def _tokenizer(m: ModelSection) -> ModelTokenizer:
+    """The model's tokenizer; raises ConfigError naming the `[[models]]` entry and its key."""
+    try:
+        return ModelTokenizer(m.tokenizer_dir, m.chat_template)
+    except ConfigError as exc:
+        raise ConfigError(f"[[models]] name = {m.name!r}: {exc}") from None
 
 
 class Gateway:
@@ -49,7 +58,7 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
         g = cfg.gateway
-        self.tokenizers = {m.name: ModelTokenizer(m.tokenizer_dir, m.chat_template) for m in cfg.models}
+        self.tokenizers = {m.name: _tokenizer(m) for m in cfg.models}
         self.max_model_len = {m.name: m.max_model_len for m in cfg.models}  # tokens, prompt + output
         self.created = int(time.time())
         self.client: SchedulerClient | None = None
@@ -317,8 +326,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, metavar="N", help="gateway processes sharing one listening "
                     "socket, each with its own daemon connection; 0 = one per CPU (overrides [gateway] "
                     "workers; default 1)")
-    ap.add_argument("--ready-file", help="write the bound port here once serving (for scripts and tests)")
-    ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    ap.add_argument("--ready-file", type=ready_file_arg, help="write the bound port here once serving (for scripts "
+                    "and tests)")
+    ap.add_argument("--log-level", type=log_level_arg, default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     ap.add_argument("--worker-of", type=WorkerLink.parse, help=argparse.SUPPRESS)  # set by --workers on its workers
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
