@@ -22,7 +22,7 @@ before and after in one run, under the same load. CPU per request (process CPU t
 all threads) is the figure least disturbed by other jobs on a shared machine.
 
 With `--workers N` one more gateway runs as `kvsched-gateway --workers N` (N processes sharing its
-port through SO_REUSEPORT, each a router of the daemon), as another interleaved mode; its CPU per
+listening socket, each a router of the daemon), as another interleaved mode; its CPU per
 request sums the supervisor and its workers.
 
 Usage: python bench/bench_gateway.py [--quick] [--requests N] [--concurrency C] [--workers N] [--compare-ref REF]
@@ -173,7 +173,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=f"output tokens per request, one "
                     f"streamed chunk each (default {MAX_TOKENS})")
     ap.add_argument("--workers", type=int, default=0, metavar="N", help="also run `kvsched-gateway --workers N` "
-                    "(N processes on one port, SO_REUSEPORT) as another interleaved mode")
+                    "(N processes on one listening socket) as another interleaved mode")
     ap.add_argument("--compare-ref", metavar="REF", help="also run a gateway from git REF's kvsched package "
                     "(same daemon, so REF must speak this protocol), interleaved with the others: before/after "
                     "of a gateway change in one run")

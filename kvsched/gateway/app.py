@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 import itertools
@@ -28,16 +26,26 @@ from ..client.hashing import BlockHashCache, block_hashes
 from ..endpoints import missing_ipc_path
 from ..errors import ConfigError, DaemonUnavailable, FrameTooLarge, RequestRejected
 from . import openai as oa
-from .config import GatewayConfig, GatewaySection, load_gateway_config
+from .cli_args import log_level_arg, ready_file_arg
+from .config import GatewayConfig, GatewaySection, ModelSection, load_gateway_config
 from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
 from .hints import scheduling_hints
+from .listen import PortInUse, check_listen_address, host_port, listen_socket, port_arg, port_error
 from .tokenizer import ModelTokenizer, TemplateError
-from .workers import default_workers, supervise
+from .workers import WorkerLink, default_workers, supervise
 
 log = logging.getLogger("kvsched.gateway")
 # Counters /health reports (0 until they happen), besides http_<status> and rejected_<reason> (docs/GATEWAY.md).
 STATS = ("completed", "engine_retries", "engine_errors_mid_stream", "leases_lost_mid_stream", "leases_revoked", "client_gone")
+
+
+def _tokenizer(m: ModelSection) -> ModelTokenizer:
+    """The model's tokenizer; raises ConfigError naming the `[[models]]` entry and its key."""
+    try:
+        return ModelTokenizer(m.tokenizer_dir, m.chat_template)
+    except ConfigError as exc:
+        raise ConfigError(f"[[models]] name = {m.name!r}: {exc}") from None
 
 
 class Gateway:
@@ -52,7 +60,7 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
         g = cfg.gateway
-        self.tokenizers = {m.name: ModelTokenizer(m.tokenizer_dir, m.chat_template) for m in cfg.models}
+        self.tokenizers = {m.name: _tokenizer(m) for m in cfg.models}
         self.max_model_len = {m.name: m.max_model_len for m in cfg.models}  # tokens, prompt + output
         self.created = int(time.time())
         self.client: SchedulerClient | None = None
@@ -237,57 +245,17 @@ def make_app(gw: Gateway) -> web.Application:
     return app
 
 
-class PortInUse(OSError):
-    """The gateway's listen address is taken; the message names it and how to choose another."""
-
-
-def _port_arg(text: str) -> int:
-    """`--port`: an int in 0-65535 (argparse then says so and exits 2)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535)")
-    return port
-
-
-def check_listen_address(host: str, port: int, reuse_port: bool = False) -> None:
-    """Bind (and close) `host:port` as the gateway will, to fail before any other start-up work.
-
-    Args:
-        host: listen address, e.g. "127.0.0.1". port: TCP port; 0 (any free port) is not checked.
-        reuse_port: bind with SO_REUSEPORT, as a worker of `--workers` does (its siblings may listen).
-    Raises:
-        PortInUse: another socket listens there (EADDRINUSE); message: "cannot listen on HOST:PORT ...".
-        ConfigError: any other bind failure (a host that does not resolve or is not local, a port out
-            of range, permission), naming the address.
-    """
-    if port == 0:
-        return
-    try:
-        socket.create_server((host, port), reuse_port=reuse_port).close()  # SO_REUSEADDR as aiohttp's
-    except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
-        raise _port_error(host, port, exc) from None
-
-
-def _port_error(host: str, port: int, exc: Exception) -> Exception:
-    if not isinstance(exc, OSError) or (exc.errno != errno.EADDRINUSE and "address already in use" not in str(exc)):
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return ConfigError(f"[gateway] host / port (or --host / --port): cannot listen on {host}:{port}: {why}")
-    return PortInUse(errno.EADDRINUSE, f"cannot listen on {host}:{port}: the port is already in use by another "
-                     "process; choose another with --port N (or [gateway] port), or stop that process")
-
-
-async def run(cfg: GatewayConfig, ready_file: str | None = None, reuse_port: bool = False) -> None:
-    """Serve until SIGINT/SIGTERM. `reuse_port`: bind with SO_REUSEPORT (a worker of `--workers`).
+async def run(cfg: GatewayConfig, ready_file: str | None = None, link: WorkerLink | None = None) -> None:
+    """Serve until SIGINT/SIGTERM. `link`: a worker of `--workers` (serves its supervisor's socket).
 
     Raises:
         PortInUse: the listen port is taken (checked before connecting to the daemon, and at bind).
         DaemonUnavailable: no daemon answered within `connect_timeout_s`.
     """
     host, port = cfg.gateway.host, cfg.gateway.port
-    check_listen_address(host, port, reuse_port)
+    sock = link.attach() if link else None  # a worker of `--workers` serves its supervisor's socket
+    if sock is None:
+        check_listen_address(host, port)
     gw = Gateway(cfg)
     runner = None
     try:
@@ -295,20 +263,24 @@ async def run(cfg: GatewayConfig, ready_file: str | None = None, reuse_port: boo
         runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None)
         await runner.setup()
         try:
-            await web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None).start()
+            site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port, backlog=1024)
+            await site.start()
         except OSError as exc:  # taken while the gateway waited for its daemon
-            raise _port_error(host, port, exc) from None
-        await _serve_until_signal(runner, cfg, ready_file)
+            raise port_error(host, port, exc) from None
+        await _serve_until_signal(runner, cfg, ready_file, link)
     finally:
         if runner is not None:
             await runner.cleanup()
         await gw.stop()
 
 
-async def _serve_until_signal(runner: web.AppRunner, cfg: GatewayConfig, ready_file: str | None) -> None:
+async def _serve_until_signal(runner: web.AppRunner, cfg: GatewayConfig, ready_file: str | None,
+                              link: WorkerLink | None) -> None:
     port = runner.addresses[0][1] if runner.addresses else cfg.gateway.port
-    log.info("listening on http://%s:%d", cfg.gateway.host, port)
-    if ready_file:
+    log.info("listening on http://%s", host_port(cfg.gateway.host, port))
+    if link:
+        link.announce(port)
+    elif ready_file:
         with open(ready_file, "w") as fh:
             fh.write(str(port))
     stop = asyncio.Event()
@@ -324,13 +296,14 @@ def main(argv: list[str] | None = None) -> None:
                                  "engines scheduled by a kvsched daemon (docs/GATEWAY.md).")
     ap.add_argument("--config", required=True, help="gateway TOML: [gateway] and [[models]] (docs/GATEWAY.md)")
     ap.add_argument("--host", help="listen address (overrides [gateway] host)")
-    ap.add_argument("--port", type=_port_arg, help="listen port 0-65535, 0 = any free port (overrides [gateway] port)")
-    ap.add_argument("--workers", type=int, metavar="N", help="gateway processes sharing the port with "
-                    "SO_REUSEPORT, each with its own daemon connection; 0 = one per CPU (overrides [gateway] "
+    ap.add_argument("--port", type=port_arg, help="listen port 0-65535, 0 = any free port (overrides [gateway] port)")
+    ap.add_argument("--workers", type=int, metavar="N", help="gateway processes sharing one listening "
+                    "socket, each with its own daemon connection; 0 = one per CPU (overrides [gateway] "
                     "workers; default 1)")
-    ap.add_argument("--ready-file", help="write the bound port here once serving (for scripts and tests)")
-    ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
-    ap.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set by --workers on its workers
+    ap.add_argument("--ready-file", type=ready_file_arg, help="write the bound port here once serving (for scripts "
+                    "and tests)")
+    ap.add_argument("--log-level", type=log_level_arg, default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    ap.add_argument("--worker-of", type=WorkerLink.parse, help=argparse.SUPPRESS)  # set by --workers on its workers
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
@@ -344,20 +317,20 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError(f"--workers must be >= 0, got {workers}")
         if workers == 0:
             workers = default_workers()
-        if workers > 1 and not args.reuse_port:
+        if workers > 1 and not args.worker_of:
             try:
-                sys.exit(supervise(args.config, cfg.gateway.host, cfg.gateway.port, workers, args.ready_file,
-                                   args.log_level, cfg.gateway.connect_timeout_s + 60.0))
-            except OSError as exc:
-                print(f"kvsched-gateway: cannot bind {cfg.gateway.host}:{cfg.gateway.port}: {exc}", file=sys.stderr)
-                sys.exit(2)
+                sock = listen_socket(cfg.gateway.host, cfg.gateway.port)
+            except (OSError, OverflowError) as exc:
+                raise port_error(cfg.gateway.host, cfg.gateway.port, exc) from None
+            sys.exit(supervise(args.config, sock, workers, args.ready_file, args.log_level,
+                               cfg.gateway.connect_timeout_s + 60.0))
         try:
             import uvloop
 
             uvloop.install()
         except ImportError:
             pass
-        asyncio.run(run(cfg, args.ready_file, reuse_port=args.reuse_port))
+        asyncio.run(run(cfg, args.ready_file, link=args.worker_of))
     except ConfigError as exc:
         print(f"kvsched-gateway: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -36,7 +36,7 @@ class GatewaySection(_Section):
 
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080
-    # Gateway processes sharing the port (SO_REUSEPORT), each its own router of the daemon; 0 = one
+    # Gateway processes sharing one listening socket, each its own router of the daemon; 0 = one
     # per CPU. Overridden by --workers.
     workers: Annotated[int, Meta(ge=0, le=256)] = 1
     daemon_endpoint: str = ""  # "" = discovery (KVSCHED_ENDPOINT, else the ipc path of `instance`)

@@ -32,7 +32,8 @@ class ModelTokenizer:
         tokenizer_dir: directory with tokenizer.json (and the template, module docstring).
         chat_template: a template file to use instead of the directory's.
     Raises:
-        ConfigError: missing tokenizer.json, unreadable files, or a template that does not compile.
+        ConfigError: a missing tokenizer directory or tokenizer.json, an unreadable `chat_template` or other
+            file, or a template that does not compile; the message names the path.
     """
 
     def __init__(self, tokenizer_dir: str | Path, chat_template: str | Path | None = None) -> None:
@@ -42,7 +43,8 @@ class ModelTokenizer:
         d = Path(tokenizer_dir)
         tok_file = d / "tokenizer.json"
         if not tok_file.is_file():
-            raise ConfigError(f"{d}: no tokenizer.json (the gateway reads tokenizers from local directories)")
+            why = "no tokenizer.json there" if d.is_dir() else "no such directory"
+            raise ConfigError(f"tokenizer directory {str(d)!r}: {why} (tokenizers are read from local directories)")
         try:
             self.tokenizer = Tokenizer.from_file(str(tok_file))
         except Exception as exc:  # the Rust side raises plain Exception
@@ -57,7 +59,11 @@ class ModelTokenizer:
                 raise ConfigError(f"{cfg_file}: {exc}") from None
         source = None
         if chat_template is not None:
-            source = Path(chat_template).read_text()
+            try:
+                source = Path(chat_template).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise ConfigError(f"chat_template = {str(chat_template)!r}: cannot read it: {why}") from None
         elif (d / "chat_template.jinja").is_file():
             source = (d / "chat_template.jinja").read_text()
         elif isinstance(config.get("chat_template"), str):

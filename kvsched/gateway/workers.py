@@ -1,68 +1,114 @@
-"""`kvsched-gateway --workers N`: N gateway processes sharing one listening port (SO_REUSEPORT).
+"""`kvsched-gateway --workers N`: N gateway processes serving one listening socket.
 
 One gateway process is one event loop on one core (docs/BENCHMARKS.md, gateway: about 2 ms of CPU
 per streamed request). For more throughput on a host with cores to spare, the supervisor started
-here runs N ordinary gateway processes that each bind the same `host:port` with `SO_REUSEPORT`: the
-kernel spreads new connections over their listening sockets (socket(7), SO_REUSEPORT; Linux 3.9 and
-later). Each worker is a complete gateway with its own `SchedulerClient` (one router of the daemon
-per process, as the daemon expects: docs/GATEWAY.md "Run it").
+here binds and listens on `host:port` itself, as a single gateway would (`SO_REUSEADDR`, no
+`SO_REUSEPORT`), and starts N ordinary gateway processes that inherit that socket and accept on it:
+the kernel hands each new connection to one of them. Each worker is a complete gateway with its own
+`SchedulerClient` (one router of the daemon per process, as the daemon expects: docs/GATEWAY.md
+"Run it").
 
-The supervisor holds no connection and serves nothing. With `port = 0` it reserves a free port by
-binding (not listening on) a `SO_REUSEPORT` socket, so every worker binds the same port; that socket
-never accepts, so it receives no connection. It writes the ready file once every worker listens,
-forwards SIGTERM / SIGINT to the workers and waits for them. A worker that exits on its own ends the
-group (the others are stopped, the supervisor exits with the worker's status): the service manager
+Why one inherited socket and not one `SO_REUSEPORT` socket per worker: Linux lets any socket of the
+same user that also sets `SO_REUSEPORT` join a port's group (socket(7)), so a second `--workers`
+gateway on the same port would silently take half of the connections. A socket bound without
+`SO_REUSEPORT` makes every later bind of the port fail (EADDRINUSE), whoever tries.
+
+The supervisor holds no connection and serves nothing. Workers report readiness on an inherited
+pipe (no files), and die with their supervisor (`PR_SET_PDEATHSIG` on Linux, else a parent-pid
+watch), so a SIGKILLed supervisor leaves neither orphan listeners nor files behind. It forwards
+SIGTERM / SIGINT to the workers and waits for them. A worker that exits on its own ends the group
+(the others are stopped, the supervisor exits with the worker's status): the service manager
 restarts the whole group rather than the supervisor hiding a crash loop.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from .listen import host_port
 
 log = logging.getLogger("kvsched.gateway.workers")
 
 STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL for a worker that does not stop (s)
+PARENT_POLL_S = 0.5  # parent-pid watch period where PR_SET_PDEATHSIG is unavailable (s)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
-    """A bound, non-listening `SO_REUSEPORT` socket on `host:port` (port 0 = a free port).
+@dataclass
+class WorkerLink:
+    """What a worker inherits from its supervisor: the hidden `--worker-of PID:LISTEN_FD:READY_FD`.
 
-    Keeps the port for the workers without taking connections. Raises OSError when the address
-    cannot be bound (e.g. held by another user's socket, or without SO_REUSEPORT)."""
-    if not hasattr(socket, "SO_REUSEPORT"):
-        raise OSError("this platform has no SO_REUSEPORT: run one gateway process per port instead of --workers")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        s.bind((host, port))
-    except OSError:
-        s.close()
-        raise
-    return s
+    supervisor_pid: the supervisor's pid (the worker exits when it is gone). listen_fd: the shared
+    listening socket. ready_fd: the write end of the readiness pipe (one line per worker)."""
+
+    supervisor_pid: int
+    listen_fd: int
+    ready_fd: int
+
+    @classmethod
+    def parse(cls, text: str) -> "WorkerLink":
+        """argparse type of `--worker-of`; raises ValueError for anything but three integers."""
+        pid, listen_fd, ready_fd = (int(x) for x in text.split(":"))
+        return cls(pid, listen_fd, ready_fd)
+
+    def arg(self) -> str:
+        return f"{self.supervisor_pid}:{self.listen_fd}:{self.ready_fd}"
+
+    def attach(self) -> socket.socket:
+        """Arrange to get SIGTERM when the supervisor dies, then return the inherited listening socket.
+
+        Raises SystemExit(1) when the supervisor is already gone (the worker must not serve alone)."""
+        _die_with_parent(self.supervisor_pid)
+        return socket.socket(fileno=self.listen_fd)
+
+    def announce(self, port: int) -> None:
+        """Tell the supervisor this worker listens (one line "PID PORT" on the readiness pipe)."""
+        os.write(self.ready_fd, f"{os.getpid()} {port}\n".encode())
+        os.close(self.ready_fd)
 
 
-def _worker_argv(config: str, host: str, port: int, ready: Path, log_level: str) -> list[str]:
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGTERM this process when `parent_pid` (its parent) exits: PR_SET_PDEATHSIG on Linux, otherwise
+    a daemon thread polling os.getppid() every PARENT_POLL_S seconds."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent_pid:  # it died before prctl: no signal will come
+        raise SystemExit(f"kvsched-gateway worker: supervisor pid {parent_pid} is gone; exiting")
+    if not armed:
+        def watch() -> None:
+            while os.getppid() == parent_pid:
+                time.sleep(PARENT_POLL_S)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="kvsched-parent-watch", daemon=True).start()
+
+
+def _worker_argv(config: str, host: str, port: int, link: WorkerLink, log_level: str) -> list[str]:
     return [sys.executable, "-m", "kvsched.gateway", "--config", config, "--host", host, "--port", str(port),
-            "--reuse-port", "--ready-file", str(ready), "--log-level", log_level]
+            "--worker-of", link.arg(), "--log-level", log_level]
 
 
-def supervise(config: str, host: str, port: int, workers: int, ready_file: str | None, log_level: str,
+def supervise(config: str, sock: socket.socket, workers: int, ready_file: str | None, log_level: str,
               start_timeout_s: float) -> int:
-    """Run `workers` gateway processes on one port until SIGTERM / SIGINT; returns the exit status.
+    """Run `workers` gateway processes on the listening socket `sock` until SIGTERM / SIGINT.
 
     Args:
         config: the gateway TOML path (each worker loads it).
-        host / port: the shared listening address (port 0 = a free port, chosen here).
+        sock: the listening socket (`listen_socket`); closed here on return.
         workers: processes to run (>= 2).
         ready_file: written with the port once every worker listens.
         log_level: passed to the workers.
@@ -73,8 +119,7 @@ def supervise(config: str, host: str, port: int, workers: int, ready_file: str |
         config, 3 daemon unavailable, as `kvsched-gateway` itself; 128 + the signal number when a
         signal killed it; 1 when it exited with 0 unasked), or 1 if one did not start in time.
     """
-    reserved = reserve_port(host, port)
-    port = reserved.getsockname()[1]
+    host, port = sock.getsockname()[:2]
     stop = {"sig": None}
 
     def on_signal(signum, _frame) -> None:
@@ -83,34 +128,45 @@ def supervise(config: str, host: str, port: int, workers: int, ready_file: str |
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     procs: list[subprocess.Popen] = []
-    with tempfile.TemporaryDirectory(prefix="kvsched-gateway-") as tmp:
-        readies = [Path(tmp) / f"worker-{i}.port" for i in range(workers)]
-        try:
-            for ready in readies:
-                procs.append(subprocess.Popen(_worker_argv(config, host, port, ready, log_level)))
-            deadline = time.monotonic() + start_timeout_s
-            announced = False
-            while stop["sig"] is None:
-                for proc in procs:
-                    if proc.poll() is not None and stop["sig"] is None:  # not a Ctrl-C the worker saw too
-                        log.error("gateway worker pid=%d exited with status %d; stopping the group", proc.pid,
-                                  proc.returncode)
-                        rc = proc.returncode
-                        return 128 - rc if rc < 0 else (rc or 1)
-                if not announced:
-                    if all(r.exists() and r.read_text().strip() for r in readies):
-                        announced = True
-                        log.info("listening on http://%s:%d with %d worker processes pids=%s", host, port, workers,
-                                 ",".join(str(p.pid) for p in procs))
-                        if ready_file:
-                            Path(ready_file).write_text(str(port))
-                    elif time.monotonic() > deadline:
-                        log.error("gateway workers not listening within %.0fs; stopping the group", start_timeout_s)
-                        return 1
-                time.sleep(0.05)
-        finally:
-            _stop_all(procs)
-            reserved.close()
+    ready_r, ready_w = os.pipe()
+    os.set_blocking(ready_r, False)
+    link = WorkerLink(os.getpid(), sock.fileno(), ready_w)
+    try:
+        for _ in range(workers):
+            procs.append(subprocess.Popen(_worker_argv(config, host, port, link, log_level),
+                                          pass_fds=(sock.fileno(), ready_w)))
+        os.close(ready_w)
+        ready_w = -1
+        deadline = time.monotonic() + start_timeout_s
+        lines, announced = b"", False
+        while stop["sig"] is None:
+            for proc in procs:
+                if proc.poll() is not None and stop["sig"] is None:  # not a Ctrl-C the worker saw too
+                    log.error("gateway worker pid=%d exited with status %d; stopping the group", proc.pid,
+                              proc.returncode)
+                    rc = proc.returncode
+                    return 128 - rc if rc < 0 else (rc or 1)
+            if not announced:
+                try:
+                    lines += os.read(ready_r, 4096)
+                except BlockingIOError:
+                    pass
+                if lines.count(b"\n") >= workers:
+                    announced = True
+                    log.info("listening on http://%s with %d worker processes pids=%s", host_port(host, port),
+                             workers, ",".join(str(p.pid) for p in procs))
+                    if ready_file:
+                        Path(ready_file).write_text(str(port))
+                elif time.monotonic() > deadline:
+                    log.error("gateway workers not listening within %.0fs; stopping the group", start_timeout_s)
+                    return 1
+            time.sleep(0.05)
+    finally:
+        _stop_all(procs)
+        sock.close()
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)
     return 0
 
 

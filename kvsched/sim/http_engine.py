@@ -21,6 +21,8 @@ import argparse
 import asyncio
 import itertools
 import logging
+import os
+import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -30,6 +32,9 @@ from aiohttp import web
 
 from ..client.hashing import block_hashes
 from ..gateway.openai import chat_messages
+from ..errors import ConfigError
+from ..gateway.cli_args import log_level_arg, positive_int_arg, ready_file_arg
+from ..gateway.listen import port_arg
 from .engine import DONE, SeqRecord, SimEngine, SimRequest
 from .profile import EngineProfile
 
@@ -259,7 +264,14 @@ class HttpSimEngine:
         return app
 
 
+class StartError(Exception):
+    """`kvsched-sim-engine` cannot start (exit 2); the message names the flag to change."""
+
+
 async def _serve(args) -> None:
+    """Serve until SIGINT / SIGTERM. Raises StartError for a tokenizer directory that cannot be loaded
+    (--tokenizer), a KV-event port (--kv-events-port / --kv-replay-port) or HTTP port (--port) that
+    cannot be bound."""
     import signal
 
     import zmq
@@ -267,30 +279,44 @@ async def _serve(args) -> None:
     from ..gateway.tokenizer import ModelTokenizer
     from .kv_publisher import KvEventPublisher
 
+    try:
+        tokenizer = ModelTokenizer(args.tokenizer)
+    except ConfigError as exc:
+        raise StartError(f"--tokenizer: {exc}") from None
     publisher = None
     ctx = zmq.Context()
     if args.kv_events_port:
         replay_port = args.kv_replay_port or args.kv_events_port + 1
-        publisher = KvEventPublisher(ctx, f"tcp://{args.host}:{args.kv_events_port}",
-                                     f"tcp://{args.host}:{replay_port}", topic=args.kv_events_topic,
-                                     encoding=args.kv_encoding, dp_rank=args.dp_rank)
-    sim = HttpSimEngine(ModelTokenizer(args.tokenizer), args.model, args.block_size, args.total_kv_blocks,
+        try:
+            publisher = KvEventPublisher(ctx, f"tcp://{args.host}:{args.kv_events_port}",
+                                         f"tcp://{args.host}:{replay_port}", topic=args.kv_events_topic,
+                                         encoding=args.kv_encoding, dp_rank=args.dp_rank)
+        except zmq.ZMQError as exc:
+            ctx.destroy(linger=0)  # closes the PUB socket when only the replay bind failed
+            raise StartError(f"--kv-events-port {args.kv_events_port} / --kv-replay-port {replay_port}: cannot bind "
+                             f"tcp://{args.host}:{args.kv_events_port} and tcp://{args.host}:{replay_port}: {exc}; "
+                             "choose other ports") from None
+    sim = HttpSimEngine(tokenizer, args.model, args.block_size, args.total_kv_blocks,
                         args.max_num_batched_tokens, args.speedup, args.hash_seed, publisher)
     sim.start()
     runner = web.AppRunner(sim.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, args.host, args.port, backlog=1024).start()
-    port = runner.addresses[0][1]
-    log.info("sim engine worker=%d rank=%d listening on http://%s:%d kv_events=%s", args.worker_id, args.dp_rank,
-             args.host, port, publisher.endpoint if publisher else "-")
-    if args.ready_file:
-        with open(args.ready_file, "w") as fh:
-            fh.write(str(port))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
+        try:
+            await web.TCPSite(runner, args.host, args.port, backlog=1024).start()
+        except OSError as exc:
+            raise StartError(f"--port {args.port}: cannot listen on {args.host}:{args.port}: "
+                             f"{os.strerror(exc.errno) if exc.errno else exc}; choose another port") from None
+        port = runner.addresses[0][1]
+        log.info("sim engine worker=%d rank=%d listening on http://%s:%d kv_events=%s", args.worker_id,
+                 args.dp_rank, args.host, port, publisher.endpoint if publisher else "-")
+        if args.ready_file:
+            with open(args.ready_file, "w") as fh:
+                fh.write(str(port))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         await runner.cleanup()
@@ -304,21 +330,22 @@ def main(argv: list[str] | None = None) -> None:
                                  "OpenAI-compatible HTTP server that publishes vLLM KV events (no GPU).")
     ap.add_argument("--worker-id", type=int, default=0, help="the worker id it plays (for logs)")
     ap.add_argument("--host", default="127.0.0.1", help="address for HTTP and KV events (default 127.0.0.1)")
-    ap.add_argument("--port", type=int, default=8000, help="HTTP port (0 = any free port)")
-    ap.add_argument("--kv-events-port", type=int, default=0, help="KV-event PUB port (0 = publish no events)")
-    ap.add_argument("--kv-replay-port", type=int, default=0, help="replay ROUTER port (default: PUB port + 1)")
+    ap.add_argument("--port", type=port_arg, default=8000, help="HTTP port (0 = any free port)")
+    ap.add_argument("--kv-events-port", type=port_arg, default=0, help="KV-event PUB port (0 = publish no events)")
+    ap.add_argument("--kv-replay-port", type=port_arg, default=0, help="replay ROUTER port (default: PUB port + 1)")
     ap.add_argument("--kv-events-topic", default="", help="topic of every KV-event message")
     ap.add_argument("--kv-encoding", choices=("array", "map"), default="array", help="KV-event encoding")
     ap.add_argument("--tokenizer", required=True, help="local tokenizer directory (tokenizer.json + chat template)")
     ap.add_argument("--model", default="sim", help="served model name")
-    ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block (= the daemon's block_size)")
-    ap.add_argument("--total-kv-blocks", type=int, default=8192, help="KV blocks of the engine")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192, help="per-step token budget")
+    ap.add_argument("--block-size", type=positive_int_arg, default=16,
+                    help="tokens per KV block (= the daemon's block_size)")
+    ap.add_argument("--total-kv-blocks", type=positive_int_arg, default=8192, help="KV blocks of the engine")
+    ap.add_argument("--max-num-batched-tokens", type=positive_int_arg, default=8192, help="per-step token budget")
     ap.add_argument("--dp-rank", type=int, default=0, help="data_parallel_rank written in KV-event batches")
     ap.add_argument("--speedup", type=float, default=1.0, help="simulated time per wall time (10 = 10x faster)")
     ap.add_argument("--hash-seed", default=None, help="vLLM hash seed (PYTHONHASHSEED); default vLLM >= 0.29's")
-    ap.add_argument("--ready-file", help="write the bound HTTP port here once serving")
-    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--ready-file", type=ready_file_arg, help="write the bound HTTP port here once serving")
+    ap.add_argument("--log-level", type=log_level_arg, default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
@@ -327,7 +354,11 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve(args))
+    try:
+        asyncio.run(_serve(args))
+    except StartError as exc:
+        print(f"kvsched-sim-engine: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

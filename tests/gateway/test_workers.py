@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import aiohttp
@@ -12,7 +15,7 @@ import pytest
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient
-from kvsched.gateway.local_fleet import LocalFleet
+from kvsched.gateway.local_fleet import LocalFleet, write_tiny_tokenizer
 
 from .helpers import eventually, ledger, stream_chat, words
 
@@ -80,4 +83,68 @@ def test_a_worker_that_dies_takes_the_group_down_with_its_status(tmp_path):
             time.sleep(0.05)
         assert not _alive(other), "the surviving worker was not stopped"
     finally:
+        fleet.stop()
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_a_second_workers_group_on_the_same_port_is_refused_with_exit_2(tmp_path):
+    """Found by a new user: two `--workers 2` gateways on one port both said "listening" and the kernel
+    split clients between them (every socket had SO_REUSEPORT). Result: the second exits 2 naming the
+    port, and the first keeps all connections."""
+    fleet = LocalFleet.start(tmp_path, n_engines=1, n_gateways=1, speedup=20.0, gateway_extra="workers = 2")
+    try:
+        url = fleet.gateway_urls[0]
+        port = int(url.rsplit(":", 1)[1])
+        pids, _ = asyncio.run(_pids_and_chats(url, 20))
+        tok = write_tiny_tokenizer(tmp_path / "tok-b")
+        cfg = tmp_path / "b.toml"  # another daemon (absent): its workers would wait 5 s, then exit 3
+        cfg.write_text(f"[gateway]\ndaemon_endpoint = \"ipc://{tmp_path}/b.sock\"\nconnect_timeout_s = 5\n\n"
+                       f"[[models]]\nname = \"tiny\"\ntokenizer_dir = \"{tok}\"\n")
+        proc = subprocess.run([sys.executable, "-m", "kvsched.gateway", "--config", str(cfg), "--port", str(port),
+                               "--workers", "2"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert f"cannot listen on 127.0.0.1:{port}: the port is already in use" in proc.stderr, proc.stderr
+        assert "--port" in proc.stderr, proc.stderr
+        again, _ = asyncio.run(_pids_and_chats(url, 20))
+        assert again <= pids, f"connections reached processes of another group: {again - pids}"
+    finally:
+        fleet.stop()
+
+
+def test_workers_exit_when_their_supervisor_is_killed_leaving_no_listener_or_files(tmp_path, monkeypatch):
+    """Found by a new user: after SIGKILL of the supervisor its workers kept serving the port as orphans
+    (with the old config) and its /tmp/kvsched-gateway-* folder stayed. Result: the workers exit, the
+    port refuses connections, and the supervisor's temporary directory holds nothing."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # inherited by the gateway: its temporary files land here
+    fleet = LocalFleet.start(tmp_path / "fleet", n_engines=1, n_gateways=1, speedup=20.0,
+                             gateway_extra="workers = 2")
+    pids: set[int] = set()
+    try:
+        url = fleet.gateway_urls[0]
+        port = int(url.rsplit(":", 1)[1])
+        pids, _ = asyncio.run(_pids_and_chats(url, 20))
+        assert len(pids) == 2
+        supervisor = fleet.gateways[0]
+        supervisor.send_signal(signal.SIGKILL)
+        supervisor.wait(10)
+        deadline = time.monotonic() + 15
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in pids), "a worker outlived its SIGKILLed supervisor"
+        assert _refused(port), "the port still accepts connections"
+        assert list(tmp.iterdir()) == [], list(tmp.iterdir())
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
         fleet.stop()
