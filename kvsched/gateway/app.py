@@ -165,6 +165,10 @@ class Gateway:
         except ClientGone:  # released `aborted` on the way out; nobody reads this answer
             self.stats["client_gone"] += 1
             return web.Response(status=499)
+        except asyncio.CancelledError:  # aiohttp cancels the handler of a client that disconnected
+            if request.transport is None or request.transport.is_closing():  # (not a shutdown's cancel)
+                self.stats["client_gone"] += 1
+            raise
 
     async def _parse(self, request: web.Request, kind: str) -> oa.Prompt:
         g = self.cfg.gateway

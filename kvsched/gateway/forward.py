@@ -306,6 +306,8 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                 await _write(out, b"".join(pending))
             if done:
                 break
+        if not done:  # a clean end of the body without [DONE]: the engine stopped mid-answer (vLLM always ends with it)
+            raise EngineStreamError("the engine ended the stream without [DONE]")
     except LeaseRevoked as exc:  # `kvsched cancel`: the engine connection is closed (Silence.abort)
         resp.close()
         gw.stats["leases_revoked"] += 1
@@ -327,8 +329,6 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
                                                              "type": "engine_error", "code": 502}}) + b"\n\n")
         await out.write_eof()
         return out
-    if first:
-        raise EngineFailed("engine closed the stream before the first token")
     lease.release("completed")
     gw.stats["completed"] += 1
     if collector is not None:

@@ -85,8 +85,9 @@ async def eventually(pred, timeout_s: float = 30.0, interval_s: float = 0.02) ->
 class ScriptedEngine:
     """An OpenAI-ish engine that records each request's headers and answers `mode`: "ok" (two
     tokens, usage on every chunk), "fail" (HTTP 500), "stall_headers" (no answer for 8 s),
-    "stall" (the first token, then silence for 8 s), "slow" (six tokens, 0.3 s apart) or "long"
-    (600 tokens, 0.1 s apart). `disconnects` counts requests whose connection closed before the end."""
+    "stall" (the first token, then silence for 8 s), "slow" (six tokens, 0.3 s apart), "long"
+    (600 tokens, 0.1 s apart) or "nodone" (two tokens, no finish_reason, and the body ends without
+    `[DONE]`). `disconnects` counts requests whose connection closed before the end."""
 
     def __init__(self, port: int, mode: str = "ok") -> None:
         self.mode = mode
@@ -116,11 +117,13 @@ class ScriptedEngine:
                     await asyncio.sleep(8)
                 if self.mode in ("slow", "long"):
                     await asyncio.sleep(0.3 if self.mode == "slow" else 0.1)
+                last = i == len(texts) - 1 and self.mode != "nodone"
                 chunk = {"id": "e", "choices": [{"index": 0, "delta": {"content": text},
-                                                 "finish_reason": "stop" if i == len(texts) - 1 else None}],
+                                                 "finish_reason": "stop" if last else None}],
                          "usage": {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i}}
                 await out.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            await out.write(b"data: [DONE]\n\n")
+            if self.mode != "nodone":
+                await out.write(b"data: [DONE]\n\n")
         except (ConnectionError, asyncio.CancelledError):  # the gateway closed the connection
             self.disconnects += 1
             raise

@@ -199,3 +199,32 @@ async def test_unknown_paths_and_wrong_methods_get_openai_style_json_errors(stac
             assert "/v1/chat/completions" in body["error"]["message"]
         async with s.get(url + "/v1/models") as resp:
             assert resp.status == 200
+
+
+async def test_a_stream_the_engine_ends_without_done_is_an_engine_error_not_a_completion(stack):
+    """Found from outside: an engine body that ended cleanly after some chunks but without `[DONE]`
+    was relayed as a success (the client got `[DONE]`, the lease was released `completed`)."""
+    gw, url, engines, d = stack
+    engines[1].mode = engines[2].mode = "nodone"
+    async with aiohttp.ClientSession() as s:
+        r = await stream_chat(s, url, "w1 w2")
+    assert r["status"] == 200 and not r["done"], r  # no [DONE] for the client either
+    assert r["error"] and "without [DONE]" in r["error"]["error"]["message"], r
+    assert gw.stats["engine_errors_mid_stream"] == 1 and gw.stats["completed"] == 0, gw.stats
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
+
+
+async def test_a_client_that_disconnects_mid_stream_is_counted_client_gone(stack):
+    """Found from outside: /health's `client_gone` counted only a failed write; aiohttp cancels the
+    handler of a client that went away, which was not counted."""
+    gw, url, engines, d = stack
+    engines[1].mode = engines[2].mode = "long"
+    for n in (1, 2):
+        async with aiohttp.ClientSession() as s:
+            resp = await s.post(url + "/v1/chat/completions", json={
+                "model": "tiny", "stream": True, "messages": [{"role": "user", "content": f"w{n} w2"}]})
+            assert resp.status == 200
+            await resp.content.readline()  # the first chunk arrived
+            resp.close()  # the client goes away mid-stream
+        assert await eventually(lambda: gw.stats["client_gone"] == n, 10), gw.stats
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
