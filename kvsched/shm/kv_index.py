@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShmLayoutError
-from .segments import _create, _unlink, _untrack, kv_index_name
+from .segments import _create, _untrack, kv_index_name, unlink_segment
 from .overlap import OverlapIndex
 from .space import reserve_pages
 
@@ -161,10 +161,14 @@ def attach_kv_index(instance: str, max_workers: int, capacity: int) -> KvIndexSe
     """Map an existing segment and validate its header against the wanted capacities.
 
     Raises:
-        FileNotFoundError: no such segment. ShmLayoutError: magic, version, capacities or size differ.
+        FileNotFoundError: no such segment. ShmLayoutError: magic, version, capacities or size differ,
+            or the segment is empty (its creation was killed before its size was set).
     """
     name = kv_index_name(instance)
-    shm = SharedMemory(name=name)
+    try:
+        shm = SharedMemory(name=name)
+    except ValueError:  # "cannot mmap an empty file": a creation killed before its size was set
+        raise ShmLayoutError(f"{name}: empty (an earlier start was killed while creating it)") from None
     _untrack(shm)
     try:
         if shm.size < _HEADER_WORDS * 8:
@@ -184,14 +188,8 @@ def attach_kv_index(instance: str, max_workers: int, capacity: int) -> KvIndexSe
 
 
 def remove_kv_index(instance: str) -> None:
-    """Unlink the KV-index segment alone (missing is fine)."""
-    try:
-        shm = SharedMemory(name=kv_index_name(instance))
-    except FileNotFoundError:
-        return
-    _untrack(shm)
-    shm.close()
-    _unlink(shm)
+    """Unlink the KV-index segment alone (missing is fine, an empty one too: `unlink_segment`)."""
+    unlink_segment(kv_index_name(instance))
 
 
 def open_kv_index(instance: str, max_workers: int, capacity: int, *, restore: bool,

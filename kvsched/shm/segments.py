@@ -308,20 +308,25 @@ def ledger_uninitialised(instance: str) -> bool:
     return len(head) < 8 or int.from_bytes(head, "little") == 0
 
 
-def unlink_segments(instance: str) -> None:
-    """Remove every segment of `instance` (`segment_names`); missing ones are ignored, empty ones
-    (size never set: cannot be mapped) are unlinked by name."""
-    for name in segment_names(instance):
+def unlink_segment(name: str) -> None:
+    """Remove the segment `name` (under /dev/shm); a missing one is ignored, an empty one (size never
+    set: a creation killed before its ftruncate, which cannot be mapped) is unlinked by name."""
+    try:
+        shm = SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    except ValueError:  # "cannot mmap an empty file"
         try:
-            shm = SharedMemory(name=name)
+            _posixshmem.shm_unlink("/" + name)
         except FileNotFoundError:
-            continue
-        except ValueError:  # "cannot mmap an empty file": a creation killed before its ftruncate
-            try:
-                _posixshmem.shm_unlink("/" + name)
-            except FileNotFoundError:
-                pass
-            continue
-        _untrack(shm)
-        shm.close()
-        _unlink(shm)
+            pass
+        return
+    _untrack(shm)
+    shm.close()
+    _unlink(shm)
+
+
+def unlink_segments(instance: str) -> None:
+    """Remove every segment of `instance` (`segment_names`, `unlink_segment` each)."""
+    for name in segment_names(instance):
+        unlink_segment(name)

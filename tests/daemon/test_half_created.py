@@ -107,3 +107,23 @@ def test_daemon_process_starts_over_a_half_created_ledger(tmp_path):
             d.stop()
     finally:
         purge(instance)
+
+
+@pytest.mark.parametrize("restore", [True, False], ids=["restart", "fresh"])
+def test_an_empty_kv_index_segment_is_recreated_not_a_start_failure(restore):
+    """Found from outside: a SIGKILL between the KV-index segment's shm_open and its ftruncate left an
+    empty segment, and every later start failed with `ValueError: cannot mmap an empty file`."""
+    from kvsched.shm.kv_index import kv_index_name, open_kv_index
+
+    instance = unique_instance("half")
+    _raw_segment(kv_index_name(instance), 0)
+    try:
+        seg, restored = open_kv_index(instance, 4, 1024, restore=restore)
+        try:
+            assert restored is False
+            assert os.path.getsize(f"/dev/shm/{kv_index_name(instance)}") > 0
+        finally:
+            seg.close()
+    finally:
+        unlink_segments(instance)
+        assert not os.path.exists(f"/dev/shm/{kv_index_name(instance)}")
