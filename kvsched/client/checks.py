@@ -35,14 +35,15 @@ def checked_int(name: str, value: Any, lo: int, hi: int) -> int:
 
 
 def _as_int(name: str, value: Any) -> int:
-    """`value` as a plain int when it is an int subclass other than bool or a numpy integer."""
+    """`value` as a plain int when it is an int subclass other than bool or a numpy integer (a plain
+    int: the frame encoder refuses other int subclasses)."""
     import numpy as np
 
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    return value
+    return int(value)
 
 
 def checked_utf8(name: str, value: str) -> str:
@@ -127,11 +128,12 @@ def checked_enqueue(request_id: Any, isl_tokens: Any, block_hashes: "BlockHashes
     if lora_name is not None:
         _str("lora_name", lora_name, p.MAX_NAME_CHARS)
     excluded = None
-    if excluded_workers:
+    if excluded_workers is not None:  # not a truth test: a numpy array [0] is falsy, [0, 1] ambiguous
         if isinstance(excluded_workers, (str, bytes)):
             raise TypeError("excluded_workers must be an iterable of worker ids")
         excluded = sorted(checked_int("excluded_workers item", w, *_U32) for w in excluded_workers)
         if len(excluded) > _MAX_ALLOWED:
             raise ValueError(f"excluded_workers has {len(excluded)} ids; at most {_MAX_ALLOWED}")
+        excluded = excluded or None  # none excluded: the field stays off the wire
     return p.Enqueue(request_id, isl_tokens, raw, policy_class, priority, strict_priority, session_id,
                      expected_osl, pinned, allowed_workers, do_not_queue, deadline_ms, lora_name, excluded)

@@ -292,11 +292,14 @@ def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int,
     Returns:
         uint64[len(token_ids) // block_size]; pass to the client's `schedule(block_hashes=...)`.
     Raises:
-        ValueError: block_size < 1, an unknown mode, too few extra_keys, token ids out of range.
+        ValueError: block_size < 1, an unknown mode, too few extra_keys, token ids out of range, an array
+            of token ids that is not 1-D.
         TypeError: token ids that are not integers (a str, bytes, floats).
     """
     if isinstance(token_ids, (str, bytes, bytearray)):
         raise TypeError(f"token_ids must be a sequence or array of integers, not {type(token_ids).__name__}")
+    if isinstance(token_ids, np.ndarray) and token_ids.ndim != 1:  # e.g. a tokenizer's (1, n) batch
+        raise ValueError(f"token_ids must be 1-D, not shape {token_ids.shape} (take row 0 of a batch of one)")
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     n = len(token_ids) // block_size

@@ -238,11 +238,12 @@ class Lease:
             if self.outcome != outcome:
                 raise LeaseError(f"lease {self.request_id!r} already {self.outcome}, cannot be {outcome}")
             return
-        self.outcome = outcome
         if self.degraded or self._client is None:
+            self.outcome = outcome
             return
         ctx = self.isl_tokens + self.output_tokens if context_tokens is None else context_tokens
         self._client._send(p.Release(self.request_id, self.slot, self.generation, outcome, ctx))
+        self.outcome = outcome  # after the send: a Release that could not be sent leaves the lease open
         self._client._forget_lease(self)
 
     async def requeue(self) -> "Lease":

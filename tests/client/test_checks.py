@@ -34,3 +34,26 @@ def test_a_client_name_with_a_lone_surrogate_is_refused_when_the_client_is_made(
 
     with pytest.raises(ValueError, match="^client_name is not valid Unicode text"):
         SchedulerClient("ipc:///tmp/kvsched-f3-unused.sock", client_name="gw-\udcff")
+
+
+@pytest.mark.parametrize("given, sent", [([0], [0]), ("np0", [0]), ("np01", [0, 1]), ([], None), (None, None)])
+def test_excluded_workers_as_a_numpy_array_is_read_not_truth_tested(given, sent):
+    """Found from outside: `if excluded_workers:` dropped np.array([0]) (falsy) and raised on
+    np.array([0, 1]) (ambiguous truth value)."""
+    import numpy as np
+
+    given = {"np0": np.array([0]), "np01": np.array([1, 0])}.get(given, given) if isinstance(given, str) else given
+    assert checked_enqueue(**{**OK, "excluded_workers": given}).excluded_workers == sent
+
+
+def test_int_subclasses_are_sent_as_plain_ints():
+    """Found from outside: an int subclass passed the checks unchanged and the frame encoder refused it
+    (a TypeError naming no argument; for a Release, after the lease was marked completed)."""
+    import msgspec
+
+    class MyInt(int):
+        pass
+
+    frame = checked_enqueue(**{**OK, "isl_tokens": MyInt(10), "priority": MyInt(3), "allowed_workers": [MyInt(1)]})
+    assert type(frame.isl_tokens) is int and type(frame.priority) is int
+    msgspec.msgpack.encode(frame)  # encodes

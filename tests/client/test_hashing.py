@@ -190,3 +190,10 @@ def test_cache_hits_on_a_shared_prefix_and_falls_back_for_tokens_out_of_range():
 def test_token_ids_that_are_not_integers_raise_type_error(token_ids, mode):
     with pytest.raises(TypeError):
         block_hashes(token_ids, 16, mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["xxhash", "vllm"])
+def test_a_2d_token_array_is_refused_not_hashed_as_zero_blocks(mode):
+    """Found from outside: a tokenizer's (1, n) batch gave 0 hashes, silently (len() is 1)."""
+    with pytest.raises(ValueError, match="1-D"):
+        block_hashes(np.array([list(range(32))]), 16, mode=mode)

@@ -111,3 +111,16 @@ async def test_bad_token_counts_raise_at_the_call_and_the_lease_still_releases(s
         assert lease.outcome == "completed"
         assert not client.errors, client.errors
     assert await asyncio.to_thread(wait_until, lambda: active_leases(session_daemon.admin_endpoint) == 0, 30)
+
+
+async def test_an_int_subclass_context_count_is_sent_and_the_lease_released(session_daemon):
+    """Found from outside: `release(context_tokens=MyInt(120))` marked the lease completed, then the
+    frame encoder refused the int subclass: nothing was sent and the daemon held the lease."""
+    class MyInt(int):
+        pass
+
+    async with SchedulerClient(session_daemon.endpoint) as client:
+        lease = await client.schedule("myint-rel", isl_tokens=100)
+        lease.release(context_tokens=MyInt(120))
+        assert lease.outcome == "completed"
+    assert await asyncio.to_thread(wait_until, lambda: active_leases(session_daemon.admin_endpoint) == 0, 30)
