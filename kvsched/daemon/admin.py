@@ -240,7 +240,9 @@ def _reload(req: p.Reload, ctx: AdminContext):
         return _err(p.ErrorCode.INVALID, "the daemon was started without --config; give a path")
     try:
         cfg, given = load_config_keys(path, overrides=ctx.config_overrides)
-        if not any(k.startswith("selector.") for k in given):  # a profile-only file: the selector stays as it runs
+        # keys only the environment or the start's flags set were set at the start too: the file decides
+        from_file = given - load_config_keys(None, overrides=ctx.config_overrides)[1]
+        if not any(k.startswith("selector.") for k in from_file):  # e.g. a profile-only file: the selector stays
             cfg = msgspec.structs.replace(cfg, selector=ctx.scheduler.admitter.selector_cfg)
         rebuilt = ctx.scheduler.reload(cfg)
     except (ConfigError, ValueError) as exc:

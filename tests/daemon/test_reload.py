@@ -204,3 +204,20 @@ def test_reload_of_a_profile_file_keeps_the_running_selector(tmp_path):
     finally:
         d.stop()
         purge(d.instance)
+
+
+def test_a_selector_environment_variable_does_not_make_a_profile_reload_reset_the_selector(tmp_path, monkeypatch):
+    """Found from outside: with KVSCHED_SELECTOR_SEED set (e.g. a systemd Environment= line), the
+    environment counted as "the reload sets [selector]", so a profile-only reload rebuilt the selector
+    from the defaults (prefill_weight 3.0 -> 16). Only the file's own keys decide."""
+    monkeypatch.setenv("KVSCHED_SELECTOR_SEED", "7")
+    d = start_daemon(tmp_path, BASE + "\n[selector]\ntype = 'kv'\nprefill_weight = 3.0\n")
+    profile = tmp_path / "profile.toml"
+    profile.write_text('default_class = "a"\n[[classes]]\nname = "a"\nquantum = 300\n')
+    try:
+        with AdminClient(d.admin_endpoint) as admin:
+            reply = admin.call(p.Reload(path=str(profile)))
+        assert isinstance(reply, p.OkReply) and "rebuilt" not in reply.message, reply
+    finally:
+        d.stop()
+        purge(d.instance)
