@@ -54,6 +54,7 @@ def run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profil
     from .router import RouterParams, router_main
 
     ctx = mp.get_context("spawn")
+    _start_resource_tracker_ignoring_sighup()
     procs = _Procs(Path(tempfile.mkdtemp(prefix="kvsched-replay-")))
     run_tag = f"{os.getpid():x}{int(time.time()) % 100000:x}"
     previous = signal.signal(signal.SIGTERM, _sigterm_to_exit)  # SIGTERM cleans up like Ctrl-C
@@ -130,6 +131,20 @@ def _start_ignoring_sigint(proc: mp.Process) -> None:
         proc.start()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _start_resource_tracker_ignoring_sighup() -> None:
+    """Start multiprocessing's resource tracker (the process that the spawned fleet and routers report
+    their semaphores to) with SIGHUP ignored. It ignores SIGINT and SIGTERM itself, not SIGHUP: a
+    closed terminal killed it, the next child to report relaunched it, and the new tracker printed a
+    KeyError traceback for every semaphore it had never seen. A tracker already running is kept."""
+    from multiprocessing import resource_tracker
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited as ignored across its exec
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def _sigterm_to_exit(signum, frame) -> None:  # noqa: ANN001 - signal handler signature

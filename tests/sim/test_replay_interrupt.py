@@ -74,6 +74,7 @@ def test_sighup_to_the_replays_process_group_stops_its_daemon(tmp_path):
         os.killpg(proc.pid, signal.SIGHUP)
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 128 + signal.SIGHUP, stderr
+        assert "Traceback" not in stderr and "resource_tracker" not in stderr, stderr
         assert not running_instance(f"replay-{proc.pid}"), "the replay's daemon outlived it"
         assert "stopped" in (out / "daemon.log").read_text()
         assert sorted(p.name for p in LOCK_DIR.glob(f"kvsched-replay-{proc.pid}*")) == []
