@@ -47,13 +47,17 @@ def main(argv: list[str] | None = None) -> None:
 
     # Installed before anything starts, SIGHUP too: a closed terminal must stop the daemon, which runs
     # in its own session (the hangup never reaches it) and would keep its shared memory until someone
-    # kills it. A signal during start-up stops the fleet once it is up.
+    # kills it. A signal to this process alone during start-up stops the fleet once it is up; a
+    # terminal's Ctrl-C or hangup also reaches the engines and the gateway, so the start fails, and
+    # that failure is reported as the interruption it is.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     print(f"starting daemon, {args.engines} simulated engines and a gateway (logs in {args.workdir}) ...")
     try:
         fleet = LocalFleet.start(args.workdir, n_engines=args.engines, speedup=args.speedup, gateway_port=args.port)
     except RuntimeError as exc:  # a process of the fleet failed to start: its log's tail is in the message
+        if stop:  # it died of the same Ctrl-C / hangup (LocalFleet.start stops whatever it started)
+            sys.exit("gateway-demo: interrupted while starting; everything it started is stopped")
         sys.exit(f"gateway-demo: {exc}")
     url = fleet.gateway_urls[0]
     admin = admin_endpoint_for_any_shell(fleet.daemon.admin_endpoint)

@@ -86,3 +86,26 @@ def test_a_hangup_of_the_demos_process_group_stops_its_daemon_and_frees_its_shar
             proc.communicate()
         if instance:  # a failed run leaves nothing behind either
             kill_instance(instance)
+
+
+def test_ctrl_c_during_start_up_is_reported_as_an_interruption_not_an_engine_failure(tmp_path):
+    """Found from outside: a terminal's Ctrl-C while the demo started (it reaches the engines too)
+    printed `gateway-demo: [... kvsched.sim.http_engine] exited with -2:` and the engine's traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway.demo", "--port", str(free_port()),
+                             "--engines", "1", "--workdir", str(tmp_path / "demo")], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("starting daemon"), first
+        time.sleep(0.3)  # the fleet is starting
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert "exited with" not in out and "Traceback" not in out, out
+    assert "interrupted while starting" in out or "stopping ..." in out, out
+    # nothing it started runs on: every process of the fleet has the work directory in its command line
+    assert subprocess.run(["pgrep", "-f", "--", str(tmp_path / "demo")], capture_output=True).returncode == 1
