@@ -188,7 +188,7 @@ _JSON_TYPES = {str: "a string", int: "a number", float: "a number", bool: "a boo
 
 
 def _check_parts(i: int, parts: list) -> None:
-    """Content parts of messages[i]: objects (OpenAI's schema); a `text` part's `text` a string.
+    """Content parts of messages[i]: objects (OpenAI's schema); a text part's text (`TEXT_PARTS`) a string.
 
     A bare string part is refused, not read as text: OpenAI's schema has none, and the gateway must
     tokenize what the engine renders (vLLM reads one as text; its own joining of parts may differ).
@@ -198,12 +198,15 @@ def _check_parts(i: int, parts: list) -> None:
         if not isinstance(part, dict):
             raise _bad(f"messages[{i}].content[{j}] must be a content part object such as "
                        f'{{"type": "text", "text": "..."}}, got {_JSON_TYPES.get(type(part), "a value")}', "messages")
-        if part.get("type") == "text" and not isinstance(part.get("text"), str):
-            raise _bad(f"messages[{i}].content[{j}].text must be a string, got "
-                       f"{_JSON_TYPES.get(type(part.get('text')), 'a value')}", "messages")
+        key = TEXT_PARTS.get(part.get("type"))
+        if key is not None and not isinstance(part.get(key), str):
+            raise _bad(f"messages[{i}].content[{j}].{key} must be a string, got "
+                       f"{_JSON_TYPES.get(type(part.get(key)), 'a value')}", "messages")
 
 
 TEXT_PART_SEPARATOR = "\n"  # vLLM joins a message's text parts with a newline (chat_utils, "string" content format)
+# The part types vLLM renders as text (its chat_utils), each with the key that holds the text.
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -214,10 +217,17 @@ def chat_messages(body: dict) -> list[dict]:
     for m in body["messages"]:
         c = m.get("content")
         if isinstance(c, list):
-            c = TEXT_PART_SEPARATOR.join(part.get("text", "") for part in c
-                                         if isinstance(part, dict) and part.get("type") == "text")
+            c = TEXT_PART_SEPARATOR.join(_part_text(part) for part in c
+                                         if isinstance(part, dict) and part.get("type") in TEXT_PARTS)
         out.append({**m, "content": c if c is not None else ""})
     return out
+
+
+def _part_text(part: dict) -> str:
+    """The text of a text-like part (`TEXT_PARTS`); "" when it is not a string (the gateway refuses such a
+    part before rendering, `_check_parts`; the simulated engine renders what it is sent)."""
+    text = part.get(TEXT_PARTS[part["type"]])
+    return text if isinstance(text, str) else ""
 
 
 def engine_body(p: Prompt) -> dict:

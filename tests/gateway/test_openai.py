@@ -116,3 +116,20 @@ def test_text_parts_are_joined_with_a_newline_as_vllm_does_and_other_part_types_
 def test_max_tokens_is_what_the_engine_will_use(kind, fields, expected):
     base = {"model": "m", "prompt": "a"} if kind == "completion" else {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     assert oa.parse_body(kind, {**base, **fields}).max_tokens == expected
+
+
+def test_the_part_types_vllm_renders_as_text_are_rendered_alike():
+    """Found from outside: vLLM renders input_text, output_text, refusal and thinking parts as text too;
+    the gateway rendered only `text` parts (fewer tokens, other hashes than the engine's)."""
+    body = {"model": "m", "messages": [{"role": "assistant", "content": [
+        {"type": "text", "text": "a"}, {"type": "input_text", "text": "b"}, {"type": "output_text", "text": "c"},
+        {"type": "refusal", "refusal": "d"}, {"type": "thinking", "thinking": "e"}, {"type": "image_url"}]}]}
+    oa.parse_body("chat", body)
+    assert oa.chat_messages(body)[0]["content"] == "a\nb\nc\nd\ne"
+
+
+@pytest.mark.parametrize("part", [{"type": "refusal", "refusal": 5}, {"type": "input_text"}])
+def test_a_text_like_part_without_a_string_is_a_400_naming_its_key(part):
+    body = {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+    with pytest.raises(oa.HttpError, match="content\\[0\\]"):
+        oa.parse_body("chat", body)
