@@ -67,7 +67,8 @@ class ModelSection(_Section):
     chat_template: str | None = None  # a template file overriding the directory's
     # The engine's context window (tokens, prompt + max_tokens; vLLM's --max-model-len): a request
     # asking for more answers 400 `context_length_exceeded` before it is scheduled.
-    max_model_len: Annotated[int, Meta(ge=2)] = 32_768
+    # At most 2**31-1, the wire bound on expected_osl (a larger window would let max_tokens reach it).
+    max_model_len: Annotated[int, Meta(ge=2, le=2**31 - 1)] = 32_768
 
 
 class GatewayConfig(_Section):
