@@ -27,6 +27,9 @@ from ..endpoints import connect_problem
 from ..errors import ConfigError
 
 
+MAX_WORKERS = 256  # `workers` and `--workers`: gateway processes of one group
+
+
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Base of every table: an unknown key is an error."""
 
@@ -38,7 +41,7 @@ class GatewaySection(_Section):
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080
     # Gateway processes sharing one listening socket, each its own router of the daemon; 0 = one
     # per CPU. Overridden by --workers.
-    workers: Annotated[int, Meta(ge=0, le=256)] = 1
+    workers: Annotated[int, Meta(ge=0, le=MAX_WORKERS)] = 1
     daemon_endpoint: str = ""  # "" = discovery (KVSCHED_ENDPOINT, else the ipc path of `instance`)
     instance: str = "default"
     client_name: str = ""  # shown by `kvsched status` ("" = gateway-<pid>)

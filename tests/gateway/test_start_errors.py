@@ -74,6 +74,14 @@ def test_gateway_bad_flag_exits_2_naming_it(tmp_path, extra, needles):
     assert "cannot bind" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("value", ["300", "-1"])
+def test_gateway_workers_flag_outside_the_configs_bound_exits_2_before_reading_the_config(value):
+    """Found by a new user: `--workers 300` forked 300 processes (the config caps `workers` at 256).
+    The flag is checked by argparse, so the (missing) config is never read and nothing is forked."""
+    proc = _run(["kvsched.gateway", "--config", "/nonexistent/gateway.toml", "--workers", value])
+    _assert_exit_2(proc, f"argument --workers: must be in [0, 256], got {value}")
+
+
 def _sim_argv(tmp_path, *extra: str, port: int = 0, tokenizer: str | None = None) -> list[str]:
     tok = tokenizer or str(write_tiny_tokenizer(tmp_path / "tok"))
     return ["kvsched.sim.http_engine", "--worker-id", "1", "--port", str(port), "--tokenizer", tok,
