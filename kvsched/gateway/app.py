@@ -31,7 +31,8 @@ from .config import MAX_WORKERS, GatewayConfig, GatewaySection, ModelSection, lo
 from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
 from .hints import scheduling_hints
-from .listen import PortInUse, check_listen_address, host_port, listen_socket, port_arg, port_error
+from .listen import (LISTEN_BACKLOG, PortInUse, check_listen_address, host_port, listen_socket, port_arg,
+                     port_error)
 from .tokenizer import ModelTokenizer, TemplateError
 from .workers import WorkerLink, default_workers, supervise
 
@@ -263,7 +264,9 @@ async def run(cfg: GatewayConfig, ready_file: str | None = None, link: WorkerLin
         runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None)
         await runner.setup()
         try:
-            site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port, backlog=1024)
+            # SockSite listens again: without backlog= its 128 would replace the supervisor's 1024.
+            site = (web.SockSite(runner, sock, backlog=LISTEN_BACKLOG) if sock
+                    else web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG))
             await site.start()
         except OSError as exc:  # taken while the gateway waited for its daemon
             raise port_error(host, port, exc) from None

@@ -13,6 +13,9 @@ import socket
 
 from ..errors import ConfigError
 
+# listen(2) backlog of every gateway socket, single process or `--workers` group (aiohttp's own default is 128).
+LISTEN_BACKLOG = 1024
+
 
 class PortInUse(OSError):
     """The gateway's listen address is taken; the message names it and how to choose another."""
@@ -76,7 +79,7 @@ def port_error(host: str, port: int, exc: Exception) -> Exception:
                      "another process; choose another with --port N (or [gateway] port), or stop that process")
 
 
-def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
+def listen_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     """A listening TCP socket on `host:port` (port 0 = a free port) that `--workers` processes inherit.
 
     `SO_REUSEADDR` as aiohttp sets it, no `SO_REUSEPORT`: while it is open no other socket can bind
