@@ -55,6 +55,17 @@ def test_gateway_with_a_missing_chat_template_file_exits_2_naming_the_key(tmp_pa
     _assert_exit_2(proc, "[[models]] name = 'tiny'", "chat_template = '/nonexist.jinja'", "No such file")
 
 
+def test_gateway_with_a_chat_template_that_does_not_compile_exits_2_naming_that_file(tmp_path):
+    """Was: the message named the tokenizer directory ("...: /tmp/x/tok: chat template does not
+    compile"), not the `chat_template` file that held the error."""
+    bad = tmp_path / "bin.jinja"
+    bad.write_text("{% for %}")
+    cfg = _gateway_config(tmp_path, f'chat_template = "{bad}"')
+    proc = _run(["kvsched.gateway", "--config", cfg])
+    _assert_exit_2(proc, "[[models]] name = 'tiny'", f"chat_template = '{bad}': chat template does not compile")
+    assert f"{tmp_path / 'tok'}:" not in proc.stderr, proc.stderr
+
+
 def test_gateway_with_a_missing_tokenizer_directory_exits_2_naming_the_model(tmp_path):
     cfg = _gateway_config(tmp_path)
     with open(cfg, "a") as fh:
