@@ -31,8 +31,8 @@ from .config import MAX_WORKERS, GatewayConfig, GatewaySection, ModelSection, lo
 from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
 from .hints import scheduling_hints
-from .listen import (LISTEN_BACKLOG, PortInUse, check_listen_address, host_port, listen_socket, port_arg,
-                     port_error)
+from .listen import (LISTEN_BACKLOG, PortInUse, check_listen_address, host_arg, host_port, listen_socket,
+                     port_arg, port_error)
 from .tokenizer import ModelTokenizer, TemplateError
 from .workers import WorkerLink, default_workers, supervise
 
@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="kvsched-gateway", description="OpenAI-compatible gateway in front of "
                                  "engines scheduled by a kvsched daemon (docs/GATEWAY.md).")
     ap.add_argument("--config", required=True, help="gateway TOML: [gateway] and [[models]] (docs/GATEWAY.md)")
-    ap.add_argument("--host", help="listen address (overrides [gateway] host)")
+    ap.add_argument("--host", type=host_arg, help="listen address; an IPv6 one bare or in brackets (overrides "
+                    "[gateway] host)")
     ap.add_argument("--port", type=port_arg, help="listen port 0-65535, 0 = any free port (overrides [gateway] port)")
     ap.add_argument("--workers", type=int_range_arg(0, MAX_WORKERS), metavar="N", help="gateway processes "
                     "sharing one listening socket, each with its own daemon connection; 0 = one per CPU, at "
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         cfg = load_gateway_config(args.config)
-        if args.host:
+        if args.host is not None:  # never empty (host_arg)
             cfg.gateway.host = args.host
         if args.port is not None:
             cfg.gateway.port = args.port

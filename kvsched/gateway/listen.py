@@ -32,6 +32,23 @@ def port_arg(text: str) -> int:
     return port
 
 
+def host_arg(text: str) -> str:
+    """`--host`: an address or name; an IPv6 literal may come in brackets as in URLs ("[::1]" -> "::1").
+    An empty value is refused (argparse then says so and exits 2) rather than silently ignored."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty; give an address or name, e.g. 127.0.0.1, or 0.0.0.0 / :: for "
+                                         "every interface")
+    if text.startswith("[") or text.endswith("]"):
+        inner = text[1:-1] if text.startswith("[") and text.endswith("]") else ""
+        try:
+            if not isinstance(ipaddress.ip_address(inner), ipaddress.IPv6Address):
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: brackets hold an IPv6 address, e.g. [::1]") from None
+        return inner
+    return text
+
+
 def address_family(host: str) -> socket.AddressFamily:
     """The socket family to listen on `host` with: AF_INET6 for an IPv6 literal ("::1", "::"), AF_INET
     for an IPv4 literal or "", else the family of the first address `getaddrinfo` gives for the name.

@@ -93,6 +93,28 @@ def test_gateway_workers_flag_outside_the_configs_bound_exits_2_before_reading_t
     _assert_exit_2(proc, f"argument --workers: must be in [0, 256], got {value}")
 
 
+@pytest.mark.parametrize("host, needle", [
+    ("", "argument --host: empty; give an address"),  # was silently ignored (the config's host used)
+    ("[127.0.0.1]", "argument --host: '[127.0.0.1]': brackets hold an IPv6 address"),
+])
+def test_gateway_empty_or_wrongly_bracketed_host_exits_2_naming_the_flag(tmp_path, host, needle):
+    _assert_exit_2(_run(["kvsched.gateway", "--config", _gateway_config(tmp_path), "--host", host]), needle)
+
+
+def test_gateway_host_in_brackets_is_the_ipv6_address_inside(tmp_path):
+    """Was: `--host "[::1]"` -> "cannot listen on [[::1]]:P" (the brackets kept as part of the name).
+    With the port taken on ::1 the message now names [::1]:P and the port conflict, so ::1 was bound."""
+    try:
+        held = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    with held:
+        port = held.getsockname()[1]
+        proc = _run(["kvsched.gateway", "--config", _gateway_config(tmp_path), "--host", "[::1]", "--port", str(port)])
+    _assert_exit_2(proc, f"cannot listen on [::1]:{port}: the port is already in use")
+    assert "[[" not in proc.stderr, proc.stderr
+
+
 def _sim_argv(tmp_path, *extra: str, port: int = 0, tokenizer: str | None = None) -> list[str]:
     tok = tokenizer or str(write_tiny_tokenizer(tmp_path / "tok"))
     return ["kvsched.sim.http_engine", "--worker-id", "1", "--port", str(port), "--tokenizer", tok,
