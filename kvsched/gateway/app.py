@@ -26,12 +26,13 @@ from ..client.hashing import BlockHashCache, block_hashes
 from ..endpoints import missing_ipc_path
 from ..errors import ConfigError, DaemonUnavailable, FrameTooLarge, RequestRejected
 from . import openai as oa
-from .cli_args import log_level_arg, ready_file_arg
-from .config import GatewayConfig, GatewaySection, ModelSection, load_gateway_config
+from .cli_args import int_range_arg, log_level_arg, ready_file_arg
+from .config import MAX_WORKERS, GatewayConfig, GatewaySection, ModelSection, load_gateway_config
 from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
 from .hints import scheduling_hints
-from .listen import PortInUse, check_listen_address, host_port, listen_socket, port_arg, port_error
+from .listen import (LISTEN_BACKLOG, PortInUse, check_listen_address, host_arg, host_port, listen_socket,
+                     port_arg, port_error)
 from .tokenizer import ModelTokenizer, TemplateError
 from .workers import WorkerLink, default_workers, supervise
 
@@ -267,7 +268,9 @@ async def run(cfg: GatewayConfig, ready_file: str | None = None, link: WorkerLin
         runner = web.AppRunner(make_app(gw), handler_cancellation=True, access_log=None)
         await runner.setup()
         try:
-            site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port, backlog=1024)
+            # SockSite listens again: without backlog= its 128 would replace the supervisor's 1024.
+            site = (web.SockSite(runner, sock, backlog=LISTEN_BACKLOG) if sock
+                    else web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG))
             await site.start()
         except OSError as exc:  # taken while the gateway waited for its daemon
             raise port_error(host, port, exc) from None
@@ -299,11 +302,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="kvsched-gateway", description="OpenAI-compatible gateway in front of "
                                  "engines scheduled by a kvsched daemon (docs/GATEWAY.md).")
     ap.add_argument("--config", required=True, help="gateway TOML: [gateway] and [[models]] (docs/GATEWAY.md)")
-    ap.add_argument("--host", help="listen address (overrides [gateway] host)")
+    ap.add_argument("--host", type=host_arg, help="listen address; an IPv6 one bare or in brackets (overrides "
+                    "[gateway] host)")
     ap.add_argument("--port", type=port_arg, help="listen port 0-65535, 0 = any free port (overrides [gateway] port)")
-    ap.add_argument("--workers", type=int, metavar="N", help="gateway processes sharing one listening "
-                    "socket, each with its own daemon connection; 0 = one per CPU (overrides [gateway] "
-                    "workers; default 1)")
+    ap.add_argument("--workers", type=int_range_arg(0, MAX_WORKERS), metavar="N", help="gateway processes "
+                    "sharing one listening socket, each with its own daemon connection; 0 = one per CPU, at "
+                    f"most {MAX_WORKERS} (overrides [gateway] workers; default 1)")
     ap.add_argument("--ready-file", type=ready_file_arg, help="write the bound port here once serving (for scripts "
                     "and tests)")
     ap.add_argument("--log-level", type=log_level_arg, default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
@@ -312,15 +316,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         cfg = load_gateway_config(args.config)
-        if args.host:
+        if args.host is not None:  # never empty (host_arg)
             cfg.gateway.host = args.host
         if args.port is not None:
             cfg.gateway.port = args.port
-        workers = cfg.gateway.workers if args.workers is None else args.workers
-        if workers < 0:
-            raise ConfigError(f"--workers must be >= 0, got {workers}")
+        workers = cfg.gateway.workers if args.workers is None else args.workers  # both in [0, MAX_WORKERS]
         if workers == 0:
-            workers = default_workers()
+            workers = min(default_workers(), MAX_WORKERS)
         if workers > 1 and not args.worker_of:
             try:
                 sock = listen_socket(cfg.gateway.host, cfg.gateway.port)

@@ -33,6 +33,19 @@ def positive_int_arg(text: str) -> int:
     return value
 
 
+def int_range_arg(low: int, high: int):
+    """An argparse type: an integer in [low, high] (e.g. `--workers`, bounded as the config's key)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {value}")
+        return value
+    return parse
+
+
 def ready_file_arg(text: str) -> str:
     """`--ready-file`: a path whose directory exists and is writable (the file is written later,
     once serving, so a script waiting for it must not see it early); not a directory itself."""

@@ -27,6 +27,9 @@ from ..endpoints import connect_problem
 from ..errors import ConfigError
 
 
+MAX_WORKERS = 256  # `workers` and `--workers`: gateway processes of one group
+
+
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Base of every table: an unknown key is an error."""
 
@@ -38,7 +41,7 @@ class GatewaySection(_Section):
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080
     # Gateway processes sharing one listening socket, each its own router of the daemon; 0 = one
     # per CPU. Overridden by --workers.
-    workers: Annotated[int, Meta(ge=0, le=256)] = 1
+    workers: Annotated[int, Meta(ge=0, le=MAX_WORKERS)] = 1
     daemon_endpoint: str = ""  # "" = discovery (KVSCHED_ENDPOINT, else the ipc path of `instance`)
     instance: str = "default"
     client_name: str = ""  # shown by `kvsched status` ("" = gateway-<pid>)
@@ -67,7 +70,8 @@ class ModelSection(_Section):
     chat_template: str | None = None  # a template file overriding the directory's
     # The engine's context window (tokens, prompt + max_tokens; vLLM's --max-model-len): a request
     # asking for more answers 400 `context_length_exceeded` before it is scheduled.
-    max_model_len: Annotated[int, Meta(ge=2)] = 32_768
+    # At most 2**31-1, the wire bound on expected_osl (a larger window would let max_tokens reach it).
+    max_model_len: Annotated[int, Meta(ge=2, le=2**31 - 1)] = 32_768
 
 
 class GatewayConfig(_Section):

@@ -149,7 +149,9 @@ async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, le
             if resp.status != 200:  # the engine refused the request itself (e.g. 400): pass it on
                 body = await resp.read()
                 lease.release("aborted")
-                return web.Response(status=resp.status, body=body, content_type="application/json")
+                gw.stats[f"http_{resp.status}"] += 1  # an answer other than 200 before streaming (docs)
+                ctype = resp.headers.get("Content-Type")  # as the engine labelled it (none: none)
+                return web.Response(status=resp.status, body=body, headers={"Content-Type": ctype} if ctype else None)
             _report(lease, lease.dispatched)
             return await _stream(gw, request, p, lease, resp, silence, marks)
     except LeaseRevoked as exc:  # before the first byte to the client

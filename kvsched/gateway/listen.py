@@ -13,6 +13,9 @@ import socket
 
 from ..errors import ConfigError
 
+# listen(2) backlog of every gateway socket, single process or `--workers` group (aiohttp's own default is 128).
+LISTEN_BACKLOG = 1024
+
 
 class PortInUse(OSError):
     """The gateway's listen address is taken; the message names it and how to choose another."""
@@ -27,6 +30,23 @@ def port_arg(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535)")
     return port
+
+
+def host_arg(text: str) -> str:
+    """`--host`: an address or name; an IPv6 literal may come in brackets as in URLs ("[::1]" -> "::1").
+    An empty value is refused (argparse then says so and exits 2) rather than silently ignored."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty; give an address or name, e.g. 127.0.0.1, or 0.0.0.0 / :: for "
+                                         "every interface")
+    if text.startswith("[") or text.endswith("]"):
+        inner = text[1:-1] if text.startswith("[") and text.endswith("]") else ""
+        try:
+            if not isinstance(ipaddress.ip_address(inner), ipaddress.IPv6Address):
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: brackets hold an IPv6 address, e.g. [::1]") from None
+        return inner
+    return text
 
 
 def address_family(host: str) -> socket.AddressFamily:
@@ -76,7 +96,7 @@ def port_error(host: str, port: int, exc: Exception) -> Exception:
                      "another process; choose another with --port N (or [gateway] port), or stop that process")
 
 
-def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
+def listen_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     """A listening TCP socket on `host:port` (port 0 = a free port) that `--workers` processes inherit.
 
     `SO_REUSEADDR` as aiohttp sets it, no `SO_REUSEPORT`: while it is open no other socket can bind

@@ -13,6 +13,7 @@ from ..errors import DaemonUnavailable, RequestRejected
 
 RETRY_AFTER_S = 1  # Retry-After (s) on 429 and retryable 503
 MAX_TOKEN_ID = 2**31 - 1  # engines hold token ids as int32 (vLLM: torch.int32 input ids); larger is no vocabulary index
+MAX_OUTPUT_TOKENS = 2**31 - 1  # the daemon's wire bound on expected_osl ([0, 2**31-1] tokens, client/checks.py)
 
 # Rejection reason -> HTTP status (OpenAI clients retry 429 and 503 with backoff).
 REJECT_STATUS: dict[str, int] = {
@@ -107,7 +108,8 @@ def _max_tokens(kind: str, body: dict) -> int | None:
     a null the same as an absent key (vLLM: `max_completion_tokens or max_tokens`). Completions:
     `max_tokens` only, as vLLM's CompletionRequest has no `max_completion_tokens` (the engine ignores
     it, so counting it would book an output the engine does not limit itself to).
-    Raises HttpError(400) naming the field when a given value is not an integer >= 1."""
+    Raises HttpError(400) naming the field when a given value is not an integer in
+    [1, MAX_OUTPUT_TOKENS]."""
     found = None
     for key in ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",):
         v = body.get(key)
@@ -115,6 +117,8 @@ def _max_tokens(kind: str, body: dict) -> int | None:
             continue
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise _bad(f"'{key}' must be a positive integer", key)
+        if v > MAX_OUTPUT_TOKENS:
+            raise _bad(f"'{key}' must be at most {MAX_OUTPUT_TOKENS} tokens, got {v}", key)
         found = v if found is None else found
     return found
 

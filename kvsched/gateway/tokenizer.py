@@ -57,17 +57,18 @@ class ModelTokenizer:
                 config = json.loads(cfg_file.read_text())
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"{cfg_file}: {exc}") from None
-        source = None
+        source, origin = None, ""  # origin: where the template came from, for a compile error
         if chat_template is not None:
+            origin = f"chat_template = {str(chat_template)!r}"
             try:
                 source = Path(chat_template).read_text()
             except (OSError, UnicodeDecodeError) as exc:
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 raise ConfigError(f"chat_template = {str(chat_template)!r}: cannot read it: {why}") from None
         elif (d / "chat_template.jinja").is_file():
-            source = (d / "chat_template.jinja").read_text()
+            source, origin = (d / "chat_template.jinja").read_text(), str(d / "chat_template.jinja")
         elif isinstance(config.get("chat_template"), str):
-            source = config["chat_template"]
+            source, origin = config["chat_template"], f"{cfg_file} (its chat_template)"
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         self.template = None
@@ -77,7 +78,7 @@ class ModelTokenizer:
             try:
                 self.template = env.from_string(source)
             except Exception as exc:
-                raise ConfigError(f"{d}: chat template does not compile: {exc}") from None
+                raise ConfigError(f"{origin}: chat template does not compile: {exc}") from None
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The prompt text of a chat request.

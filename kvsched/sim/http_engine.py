@@ -11,8 +11,9 @@ what it would see in front of vLLM.
 
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (streaming, with `stream_options`
 `include_usage` / `continuous_usage_stats`, or buffered), `GET /health`, `GET /v1/models`. Output is
-`max_tokens` filler tokens (finish_reason "length"). Simplification: a request whose client
-disconnects still runs to completion inside the simulated engine (SimEngine has no abort).
+`max_tokens` filler tokens (chat: `max_completion_tokens or max_tokens`, as vLLM; finish_reason
+"length"). Simplification: a request whose client disconnects still runs to completion inside the
+simulated engine (SimEngine has no abort).
 """
 
 from __future__ import annotations
@@ -165,7 +166,11 @@ class HttpSimEngine:
         try:
             body = msgspec.json.decode(await request.read())
             ids = self._prompt_ids(kind, body)
-            osl = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+            # vLLM: chat takes `max_completion_tokens or max_tokens`; completions has no
+            # max_completion_tokens (ignored), only `max_tokens`
+            asked = ((body.get("max_completion_tokens") or body.get("max_tokens")) if kind == "chat"
+                     else body.get("max_tokens"))
+            osl = int(asked or 16)
         except Exception as exc:
             return web.json_response({"error": {"message": f"bad request: {exc}", "type": "BadRequestError",
                                                 "code": 400}}, status=400)

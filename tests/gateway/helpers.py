@@ -84,10 +84,10 @@ async def eventually(pred, timeout_s: float = 30.0, interval_s: float = 0.02) ->
 
 class ScriptedEngine:
     """An OpenAI-ish engine that records each request's headers and answers `mode`: "ok" (two
-    tokens, usage on every chunk), "fail" (HTTP 500), "stall_headers" (no answer for 8 s),
-    "stall" (the first token, then silence for 8 s), "slow" (six tokens, 0.3 s apart), "long"
-    (600 tokens, 0.1 s apart) or "nodone" (two tokens, no finish_reason, and the body ends without
-    `[DONE]`). `disconnects` counts requests whose connection closed before the end."""
+    tokens, usage on every chunk), "fail" (HTTP 500), "refuse" (HTTP 422, text/plain), "stall_headers"
+    (no answer for 8 s), "stall" (the first token, then silence for 8 s), "slow" (six tokens, 0.3 s
+    apart), "long" (600 tokens, 0.1 s apart) or "nodone" (two tokens, no finish_reason, and the body
+    ends without `[DONE]`). `disconnects` counts requests whose connection closed before the end."""
 
     def __init__(self, port: int, mode: str = "ok") -> None:
         self.mode = mode
@@ -106,6 +106,8 @@ class ScriptedEngine:
         self.seen.append({"headers": dict(request.headers), "body": body})
         if self.mode == "fail":
             return web.Response(status=500, text="boom")
+        if self.mode == "refuse":  # the engine's own 4xx, in its own content type
+            return web.Response(status=422, text="unknown parameter 'foo'", content_type="text/plain")
         if self.mode == "stall_headers":
             await asyncio.sleep(8)
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -28,6 +28,8 @@ def test_shipped_gateway_configs_load(tmp_path):
     ("[[models]]\nname = \"a\"\ntokenizer = \"/x\"\n", "tokenizer"),
     ("[[models]]\nname = \"a\"\ntokenizer_dir = \"/x\"\n[[models]]\nname = \"a\"\ntokenizer_dir = \"/y\"\n", "twice"),
     ("[gateway]\nport = -1\n[[models]]\nname = \"a\"\ntokenizer_dir = \"/x\"\n", "port"),
+    # was accepted, letting max_tokens pass the daemon's wire bound on expected_osl (2**31-1) -> 500
+    ("[[models]]\nname = \"a\"\ntokenizer_dir = \"/x\"\nmax_model_len = 2147483648\n", "max_model_len"),
 ])
 def test_bad_gateway_configs_name_the_problem(tmp_path, text, needle):
     path = tmp_path / "g.toml"

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from .conftest import scripted_daemon_fixture
-from .helpers import eventually, ledger, scripted_stack, stream_chat, words
+from .helpers import eventually, health_stats, ledger, scripted_stack, stream_chat, words
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,6 +66,23 @@ async def test_two_engine_failures_answer_502_and_release_everything(stack):
     async with aiohttp.ClientSession() as s:
         r = await stream_chat(s, url, "w1 w2")
     assert r["status"] == 200 and r["text"] == "ab", r
+    assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
+
+
+async def test_an_engines_own_4xx_is_passed_through_with_its_content_type_and_counted(stack):
+    """Found by a new user: the engine's 4xx was relabelled `application/json` whatever the engine sent,
+    and missing from /health's `stats` (docs: answers other than 200 before streaming are `http_<status>`)."""
+    gw, url, engines, d = stack
+    engines[1].mode = engines[2].mode = "refuse"
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url + "/v1/chat/completions",
+                          json={"model": "tiny", "messages": [{"role": "user", "content": "w1 w2"}]}) as resp:
+            body = await resp.text()
+        stats = await health_stats(s, url)
+    assert resp.status == 422 and body == "unknown parameter 'foo'", body
+    assert resp.headers["Content-Type"].startswith("text/plain"), resp.headers
+    assert stats.get("http_422") == 1, stats
+    assert len(engines[1].seen) + len(engines[2].seen) == 1  # a refusal is no engine failure: no retry
     assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)
 
 

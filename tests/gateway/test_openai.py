@@ -39,6 +39,10 @@ def test_every_rejection_reason_has_its_status_and_retry_after_rule():
               "max_tokens": 5}, "'max_completion_tokens' must be a positive integer"),
     ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 5,
               "max_tokens": "5"}, "'max_tokens' must be a positive integer"),
+    # were a 500 (ValueError: expected_osl outside the daemon's wire bound [0, 2**31-1])
+    ("completion", {"model": "m", "prompt": "a", "max_tokens": 2**31}, "'max_tokens' must be at most 2147483647 tokens"),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2**40},
+     "'max_completion_tokens' must be at most 2147483647 tokens"),
     ("completion", {"model": "m", "prompt": "a", "n": 3}, "'n' must be 1"),
     ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "'n' must be 1"),
     ("completion", {"model": "m", "prompt": "a", "best_of": 2}, "'best_of' must be 1"),

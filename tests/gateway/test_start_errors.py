@@ -55,6 +55,17 @@ def test_gateway_with_a_missing_chat_template_file_exits_2_naming_the_key(tmp_pa
     _assert_exit_2(proc, "[[models]] name = 'tiny'", "chat_template = '/nonexist.jinja'", "No such file")
 
 
+def test_gateway_with_a_chat_template_that_does_not_compile_exits_2_naming_that_file(tmp_path):
+    """Was: the message named the tokenizer directory ("...: /tmp/x/tok: chat template does not
+    compile"), not the `chat_template` file that held the error."""
+    bad = tmp_path / "bin.jinja"
+    bad.write_text("{% for %}")
+    cfg = _gateway_config(tmp_path, f'chat_template = "{bad}"')
+    proc = _run(["kvsched.gateway", "--config", cfg])
+    _assert_exit_2(proc, "[[models]] name = 'tiny'", f"chat_template = '{bad}': chat template does not compile")
+    assert f"{tmp_path / 'tok'}:" not in proc.stderr, proc.stderr
+
+
 def test_gateway_with_a_missing_tokenizer_directory_exits_2_naming_the_model(tmp_path):
     cfg = _gateway_config(tmp_path)
     with open(cfg, "a") as fh:
@@ -72,6 +83,36 @@ def test_gateway_bad_flag_exits_2_naming_it(tmp_path, extra, needles):
     proc = _run(["kvsched.gateway", "--config", _gateway_config(tmp_path), *extra])
     _assert_exit_2(proc, *needles)
     assert "cannot bind" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("value", ["300", "-1"])
+def test_gateway_workers_flag_outside_the_configs_bound_exits_2_before_reading_the_config(value):
+    """Found by a new user: `--workers 300` forked 300 processes (the config caps `workers` at 256).
+    The flag is checked by argparse, so the (missing) config is never read and nothing is forked."""
+    proc = _run(["kvsched.gateway", "--config", "/nonexistent/gateway.toml", "--workers", value])
+    _assert_exit_2(proc, f"argument --workers: must be in [0, 256], got {value}")
+
+
+@pytest.mark.parametrize("host, needle", [
+    ("", "argument --host: empty; give an address"),  # was silently ignored (the config's host used)
+    ("[127.0.0.1]", "argument --host: '[127.0.0.1]': brackets hold an IPv6 address"),
+])
+def test_gateway_empty_or_wrongly_bracketed_host_exits_2_naming_the_flag(tmp_path, host, needle):
+    _assert_exit_2(_run(["kvsched.gateway", "--config", _gateway_config(tmp_path), "--host", host]), needle)
+
+
+def test_gateway_host_in_brackets_is_the_ipv6_address_inside(tmp_path):
+    """Was: `--host "[::1]"` -> "cannot listen on [[::1]]:P" (the brackets kept as part of the name).
+    With the port taken on ::1 the message now names [::1]:P and the port conflict, so ::1 was bound."""
+    try:
+        held = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    with held:
+        port = held.getsockname()[1]
+        proc = _run(["kvsched.gateway", "--config", _gateway_config(tmp_path), "--host", "[::1]", "--port", str(port)])
+    _assert_exit_2(proc, f"cannot listen on [::1]:{port}: the port is already in use")
+    assert "[[" not in proc.stderr, proc.stderr
 
 
 def _sim_argv(tmp_path, *extra: str, port: int = 0, tokenizer: str | None = None) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -147,4 +148,26 @@ def test_workers_exit_when_their_supervisor_is_killed_leaving_no_listener_or_fil
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        fleet.stop()
+
+
+def _listen_backlog(port: int) -> int:
+    """Send-Q of the listening socket on `port` per `ss -ltn`: its listen(2) backlog."""
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    assert len(rows) == 1, out
+    return int(rows[0][2])  # State Recv-Q Send-Q Local Peer
+
+
+@pytest.mark.skipif(not shutil.which("ss"), reason="needs ss (iproute2)")
+def test_a_workers_group_listens_with_the_single_gateways_backlog(tmp_path):
+    """Found by a new user: `ss -ltn` showed Send-Q 128 for a `--workers` group, 1024 for a single
+    gateway (the workers' aiohttp SockSite called listen(128) again on the supervisor's socket)."""
+    fleet = LocalFleet.start(tmp_path, n_engines=1, n_gateways=1, speedup=20.0, gateway_extra="workers = 2")
+    try:
+        single = fleet.add_gateway(extra="workers = 1")
+        group_port, single_port = (int(u.rsplit(":", 1)[1]) for u in (fleet.gateway_urls[0], single))
+        assert _listen_backlog(single_port) == 1024
+        assert _listen_backlog(group_port) == 1024
+    finally:
         fleet.stop()

@@ -35,3 +35,24 @@ async def test_streamed_and_buffered_answers_name_the_requested_model(tmp_path):
     finally:
         await client.close()
         await sim.stop()
+
+
+async def test_max_completion_tokens_counts_on_chat_only_as_in_vllm(tmp_path):
+    """Was: /v1/completions honoured `max_completion_tokens`, which vLLM's completions API does not
+    have (it ignores it; the gateway counts only `max_tokens` there)."""
+    sim = HttpSimEngine(ModelTokenizer(str(write_tiny_tokenizer(tmp_path / "tok"))), "sim", 16, 1000, speedup=1000.0)
+    sim.start()
+    client = TestClient(TestServer(sim.app()))
+    await client.start_server()
+    try:
+        both = {"model": "tiny", "max_completion_tokens": 2, "max_tokens": 5}
+        resp = await client.post("/v1/completions", json={**both, "prompt": "w1 w2 w3"})
+        assert (await resp.json())["usage"]["completion_tokens"] == 5
+        resp = await client.post("/v1/chat/completions", json={**both, "messages": [{"role": "user", "content": "w1"}]})
+        assert (await resp.json())["usage"]["completion_tokens"] == 2
+        resp = await client.post("/v1/chat/completions", json={"model": "tiny", "max_tokens": 4,
+                                                               "messages": [{"role": "user", "content": "w1"}]})
+        assert (await resp.json())["usage"]["completion_tokens"] == 4
+    finally:
+        await client.close()
+        await sim.stop()
