@@ -43,6 +43,20 @@ def test_check_config_rejects_bad_endpoints_and_the_curve_rule(tmp_path, text, n
     assert needle in got.stderr
 
 
+@pytest.mark.parametrize("text, needle", [
+    ('[daemon]\nendpoint = "ipc:///tmp/kvs-same.sock"\nadmin_endpoint = "ipc:///tmp/kvs-same.sock"\n', "the same"),
+    ('[daemon]\nendpoint = "tcp://127.0.0.1:5555"\nadmin_endpoint = "tcp://127.0.0.1:5555"\n', "the same"),
+    ('[daemon]\nendpoint = "tcp://127.0.0.1:9464"\nmetrics_port = 9464\n', "metrics_port"),
+    (f'[daemon]\nendpoint = "ipc:///tmp/{"x" * 120}.sock"\n', "at most 107"),
+])
+def test_check_config_rejects_endpoints_a_start_cannot_bind(tmp_path, text, needle):
+    """Found from outside: `--check-config` said ok, then the start failed: data and admin on one
+    address, an endpoint on the metrics port, an ipc path longer than a Unix socket address holds."""
+    got = _check(tmp_path, text)
+    assert got.returncode == 2, got
+    assert needle in got.stderr, got.stderr
+
+
 def test_check_config_accepts_good_endpoints(tmp_path):
     got = _check(tmp_path, '[daemon]\nendpoint = "tcp://127.0.0.1:5555"\n[[workers]]\nworker_id = 1\n'
                            'kv_events_endpoint = "tcp://10.0.0.5:5557"\nkv_replay_endpoint = "tcp://[::1]:5558"\n')
