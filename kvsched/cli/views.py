@@ -105,7 +105,7 @@ def workers(json_out: JsonOpt = False) -> None:
 
 
 def leases(
-    worker: Annotated[Optional[int], typer.Option("--worker", help="Only leases on this worker id.")] = None,
+    worker: Annotated[Optional[int], typer.Option("--worker", min=0, max=0xFFFF_FFFF, help="Only leases on this worker id.")] = None,
     policy_class: Annotated[Optional[str], typer.Option("--class", help="Only this class.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many rows.")] = 100,
     json_out: JsonOpt = False,

@@ -132,6 +132,13 @@ def test_a_filter_naming_what_does_not_exist_is_not_found_not_an_empty_table(ses
     assert "not_found" in result.output and needle in result.output
 
 
+@pytest.mark.parametrize("worker", ["-1", "4294967296"])
+def test_leases_worker_outside_the_wire_bounds_is_a_usage_error(session_daemon, worker):
+    """Found from outside: `kvsched leases --worker -1` went to the daemon and came back malformed (exit 1)."""
+    result = run(session_daemon, "leases", "--worker", worker)
+    assert result.exit_code == 2, result.output
+
+
 @pytest.mark.parametrize("args, needle", [(("drain", "4294967296"), "outside 0..4294967295"),
                                            (("undrain", "1:99999"), "outside 0..65535"),
                                            (("remove-worker", "--", "-1"), "outside 0..4294967295"),
