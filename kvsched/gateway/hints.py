@@ -53,6 +53,8 @@ def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
     if prio is None:
         bp = p.body.get("priority", 0)
         prio = bp if isinstance(bp, int) and not isinstance(bp, bool) else 0
+        if not -(2**31) <= prio < 2**31:  # the body's field, not a header: say so
+            raise oa.HttpError(400, "'priority' is out of the 32-bit range", code="invalid_request", param="priority")
     session = _text_header(request, oa.H_SESSION)
     if session is None and isinstance(p.body.get("user"), str):  # JSON text: valid UTF-8 (msgspec checks)
         session = p.body["user"]

@@ -97,3 +97,12 @@ async def test_health_reports_the_documented_stats_of_this_process(stack):
         assert (await stream_chat(s, url, "w1", model="nope"))["status"] == 404
         stats = await health_stats(s, url)
     assert stats["completed"] == 1 and stats["http_404"] == 1 and stats["leases_revoked"] == 0
+
+
+async def test_a_body_priority_out_of_range_is_a_400_naming_the_field_not_a_header(stack):
+    """Found from outside: `"priority": 2**70` in the body was answered `invalid_header`, param null."""
+    gw, url, engines, _ = stack
+    body = {"model": "tiny", "max_tokens": 2, "priority": 2**70, "messages": [{"role": "user", "content": "w1"}]}
+    status, answer = await _post(url, "/v1/chat/completions", body)
+    assert status == 400, answer
+    assert answer["error"]["code"] == "invalid_request" and answer["error"]["param"] == "priority", answer
