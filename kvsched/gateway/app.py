@@ -324,6 +324,8 @@ def main(argv: list[str] | None = None) -> None:
         if workers == 0:
             workers = min(default_workers(), MAX_WORKERS)
         if workers > 1 and not args.worker_of:
+            for m in cfg.models:  # a bad model is reported once, here, not by each worker
+                _tokenizer(m)
             try:
                 sock = listen_socket(cfg.gateway.host, cfg.gateway.port)
             except (OSError, OverflowError) as exc:

@@ -53,6 +53,9 @@ def test_gateway_with_a_missing_chat_template_file_exits_2_naming_the_key(tmp_pa
     cfg = _gateway_config(tmp_path, 'chat_template = "/nonexist.jinja"')
     proc = _run(["kvsched.gateway", "--config", cfg, "--workers", workers])
     _assert_exit_2(proc, "[[models]] name = 'tiny'", "chat_template = '/nonexist.jinja'", "No such file")
+    # one line, from the supervisor (was: the same line from each worker, and the group's ERROR line)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kvsched-gateway:"), proc.stderr
 
 
 def test_gateway_with_a_chat_template_that_does_not_compile_exits_2_naming_that_file(tmp_path):
