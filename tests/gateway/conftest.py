@@ -3,6 +3,8 @@ daemon with scripted engines behind the gateway in process (`scripted_daemon_fix
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 pytest.importorskip("aiohttp")
@@ -53,3 +55,11 @@ async def stack(daemon, tmp_path):
 
     async for s in scripted_stack(daemon, tmp_path):
         yield s
+
+
+@pytest.fixture
+def taken_port():
+    """A port on 127.0.0.1 held by a listening socket for the test's duration."""
+    s = socket.create_server(("127.0.0.1", 0))
+    yield s.getsockname()[1]
+    s.close()

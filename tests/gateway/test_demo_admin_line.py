@@ -23,23 +23,35 @@ from tests.conftest import ROOT, kill_instance, running_instance
 pytestmark = pytest.mark.timeout(240)
 
 
+def _demo(workdir: str, cwd: Path | None = None, session: bool = False) -> subprocess.Popen:
+    """`python -m kvsched.gateway.demo` with one engine on a free port (its own process group when
+    `session`, as a shell job is), stdout and stderr on one text pipe."""
+    return subprocess.Popen([sys.executable, "-m", "kvsched.gateway.demo", "--port", str(free_port()), "--engines",
+                             "1", "--workdir", workdir], cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            start_new_session=session, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _admin_endpoint(proc: subprocess.Popen) -> str:
+    """The admin endpoint the demo prints once everything is up (AssertionError with its output if not)."""
+    seen, deadline = [], time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        m = re.search(r"KVSCHED_ADMIN_ENDPOINT=(\S+)", line)
+        if m:
+            return m.group(1)
+    raise AssertionError("".join(seen))
+
+
 def test_the_printed_admin_line_reaches_the_daemon_from_another_directory(tmp_path):
     (tmp_path / "checkout").mkdir()
     (tmp_path / "elsewhere").mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway.demo", "--port", str(free_port()),
-                             "--engines", "1", "--workdir", "demo"], cwd=tmp_path / "checkout", env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _demo("demo", cwd=tmp_path / "checkout")
     try:
-        endpoint, seen, deadline = None, [], time.monotonic() + 180
-        while endpoint is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            m = re.search(r"KVSCHED_ADMIN_ENDPOINT=(\S+)", line)
-            endpoint = m.group(1) if m else None
-        assert endpoint, "".join(seen)
+        endpoint = _admin_endpoint(proc)
         cli = subprocess.run([sys.executable, "-m", "kvsched.cli", "workers", "--json"], cwd=tmp_path / "elsewhere",
                              env={**env, "KVSCHED_ADMIN_ENDPOINT": endpoint}, capture_output=True, text=True,
                              timeout=60)
@@ -57,21 +69,10 @@ def test_the_printed_admin_line_reaches_the_daemon_from_another_directory(tmp_pa
 def test_a_hangup_of_the_demos_process_group_stops_its_daemon_and_frees_its_shared_memory(tmp_path):
     """Closing the terminal (SIGHUP to the job's process group) killed the demo, its engines and its
     gateway, but the daemon (its own session: no hangup) kept running with ~324 MiB of /dev/shm."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway.demo", "--port", str(free_port()),
-                             "--engines", "1", "--workdir", str(tmp_path / "demo")], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _demo(str(tmp_path / "demo"), session=True)
     instance = None
     try:
-        seen, deadline = [], time.monotonic() + 180
-        while instance is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            m = re.search(r"KVSCHED_ADMIN_ENDPOINT=\S*/(gw-[0-9a-f]+)-admin\.sock", line)
-            instance = m.group(1) if m else None
-        assert instance, "".join(seen)
+        instance = re.search(r"/(gw-[0-9a-f]+)-admin\.sock$", _admin_endpoint(proc)).group(1)
         assert list(Path("/dev/shm").glob(f"kvsched-{instance}*")), "the daemon's segments should exist while it runs"
         os.killpg(proc.pid, signal.SIGHUP)
         proc.communicate(timeout=90)
@@ -91,10 +92,7 @@ def test_a_hangup_of_the_demos_process_group_stops_its_daemon_and_frees_its_shar
 def test_ctrl_c_during_start_up_is_reported_as_an_interruption_not_an_engine_failure(tmp_path):
     """Found from outside: a terminal's Ctrl-C while the demo started (it reaches the engines too)
     printed `gateway-demo: [... kvsched.sim.http_engine] exited with -2:` and the engine's traceback."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway.demo", "--port", str(free_port()),
-                             "--engines", "1", "--workdir", str(tmp_path / "demo")], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _demo(str(tmp_path / "demo"), session=True)
     try:
         first = proc.stdout.readline()
         assert first.startswith("starting daemon"), first

@@ -21,14 +21,6 @@ from kvsched.gateway.local_fleet import write_tiny_tokenizer
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture
-def taken_port():
-    """A port on 127.0.0.1 held by a listening socket for the test's duration."""
-    s = socket.create_server(("127.0.0.1", 0))
-    yield s.getsockname()[1]
-    s.close()
-
-
 def _gateway_cmd(tmp_path, endpoint: str, port: int, connect_timeout_s: float) -> list[str]:
     tok = write_tiny_tokenizer(tmp_path / "tok")
     cfg = tmp_path / "gateway.toml"

@@ -20,14 +20,6 @@ from kvsched.gateway.local_fleet import write_tiny_tokenizer
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture
-def taken_port():
-    """A port on 127.0.0.1 held by a listening socket for the test's duration."""
-    s = socket.create_server(("127.0.0.1", 0))
-    yield s.getsockname()[1]
-    s.close()
-
-
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=120)
 

@@ -18,6 +18,25 @@ from tests.conftest import kill_instance, running_instance
 SLICE = Path(str(files("kvsched") / "data" / "mooncake_slice.jsonl"))
 
 
+def _replay_mid_run(out: Path) -> subprocess.Popen:
+    """`kvsched replay` (private daemon, fleet, 2 routers) in its own process group, returned once its
+    routers replay: the admin-endpoint lines come once the daemon is ready, then 3 s for the fleet and
+    routers to start (any moment is a fair signal; this one is mid-run)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvsched.cli", "replay", str(SLICE), "--limit", "600", "--routers", "2",
+         "--workers", "2", "--speedup", "5", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=dict(os.environ, COLUMNS="200"))
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:
+        if "inspect it while it runs" in line or time.monotonic() > deadline:
+            break
+    time.sleep(3.0)
+    if proc.poll() is not None:
+        raise AssertionError(proc.stderr.read())
+    return proc
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigint_to_the_replays_process_group_prints_one_line_and_exits_130(tmp_path):
@@ -27,18 +46,8 @@ def test_sigint_to_the_replays_process_group_prints_one_line_and_exits_130(tmp_p
     Result: exit status 130, one 'interrupted; cleaned up' line, no traceback from any process; the
     daemon stopped (its log says so) and its /dev/shm segments and lock file are gone."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvsched.cli", "replay", str(SLICE), "--limit", "600", "--routers", "2",
-         "--workers", "2", "--speedup", "5", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env=dict(os.environ, COLUMNS="200"))
+    proc = _replay_mid_run(out)
     try:
-        deadline = time.monotonic() + 240
-        for line in proc.stdout:  # the admin-endpoint lines come once the daemon is ready
-            if "inspect it while it runs" in line or time.monotonic() > deadline:
-                break
-        time.sleep(3.0)  # the fleet and routers start (any moment is a fair Ctrl-C; this one is mid-run)
-        assert proc.poll() is None, proc.stderr.read()
         os.killpg(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
     finally:
@@ -59,18 +68,8 @@ def test_sighup_to_the_replays_process_group_stops_its_daemon(tmp_path):
     """A closed terminal (SIGHUP to the job's process group) ended the replay without its cleanup:
     the daemon, in its own session, kept running with its /dev/shm segments."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvsched.cli", "replay", str(SLICE), "--limit", "600", "--routers", "2",
-         "--workers", "2", "--speedup", "5", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env=dict(os.environ, COLUMNS="200"))
+    proc = _replay_mid_run(out)
     try:
-        deadline = time.monotonic() + 240
-        for line in proc.stdout:
-            if "inspect it while it runs" in line or time.monotonic() > deadline:
-                break
-        time.sleep(3.0)
-        assert proc.poll() is None, proc.stderr.read()
         os.killpg(proc.pid, signal.SIGHUP)
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 128 + signal.SIGHUP, stderr
