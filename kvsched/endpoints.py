@@ -86,17 +86,22 @@ def daemon_endpoints(instance: str, configured: str, configured_admin: str,
     return out[0], out[1]
 
 
+MAX_IPC_PATH_BYTES = 107  # sun_path of a Unix socket address is 108 bytes on Linux, NUL included (unix(7))
+
+
 def endpoint_problem(endpoint: str) -> str | None:
     """What is wrong with a ZeroMQ endpoint string, or None when it is well formed.
 
-    Accepted: `ipc://PATH`, `inproc://NAME`, `tcp://HOST:PORT` (PORT 1..65535, or `*` for an
-    ephemeral bind). ZeroMQ itself reports a missing port only when the socket connects, at which
+    Accepted: `ipc://PATH` (at most `MAX_IPC_PATH_BYTES` bytes), `inproc://NAME`, `tcp://HOST:PORT`
+    (PORT 1..65535, or `*` for an ephemeral bind). ZeroMQ itself reports a missing port only when the socket connects, at which
     point a daemon has already started; checking here makes it a config error (zmq_tcp(7)).
     """
     scheme, sep, rest = endpoint.partition("://")
     if not sep:
         return "expected ipc://PATH, tcp://HOST:PORT or inproc://NAME"
     if scheme in ("ipc", "inproc"):
+        if scheme == "ipc" and len(rest.encode()) > MAX_IPC_PATH_BYTES:  # the bind / connect would fail
+            return f"the ipc path is {len(rest.encode())} bytes; a Unix socket path holds at most {MAX_IPC_PATH_BYTES}"
         return None if rest else f"{scheme}:// needs a name"
     if scheme != "tcp":
         return f"unsupported transport {scheme!r} (ipc, tcp or inproc)"

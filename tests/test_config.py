@@ -205,3 +205,15 @@ def test_the_including_file_keeps_its_own_profile(tmp_path):
     main.write_text("include = 'p1.toml'\ndefault_class = 'b'\n[[classes]]\nname = 'b'\n")
     cfg = load_config(main, env={})
     assert cfg.default_class == "b" and [c.name for c in cfg.classes] == ["b"]
+
+
+def test_an_ipc_path_longer_than_a_unix_socket_address_is_an_endpoint_problem_everywhere():
+    """One check for every endpoint (daemon, workers' KV-event endpoints, add-worker, clients): a bind
+    or connect to a path over 107 bytes fails (unix(7)); found where --check-config passed one."""
+    from kvsched.endpoints import MAX_IPC_PATH_BYTES, endpoint_problem
+
+    ok = "ipc:///" + "x" * (MAX_IPC_PATH_BYTES - 1)
+    assert endpoint_problem(ok) is None
+    assert "at most 107" in endpoint_problem(ok + "x")
+    with pytest.raises(ConfigError, match="kv_events_endpoint"):
+        load_config(None, env={}, overrides={"workers": [{"worker_id": 1, "kv_events_endpoint": ok + "x"}]})

@@ -18,8 +18,8 @@ from .. import protocol as p
 _I32 = (-(2**31), 2**31 - 1)
 _U32 = (0, 0xFFFF_FFFF)
 _U16 = (0, 0xFFFF)
-_TOKENS = (0, 2**31 - 1)
-MAX_TOKENS = _TOKENS[1]  # a token count's wire bound (`protocol.limits.Tokens`)
+_TOKENS = (0, p.MAX_TOKENS)
+MAX_TOKENS = p.MAX_TOKENS  # a token count's wire bound (`protocol.limits.Tokens`)
 _MAX_ALLOWED = 4096
 _MAX_DEADLINE_MS = 86_400_000
 
@@ -98,7 +98,7 @@ def checked_enqueue(request_id: Any, isl_tokens: Any, block_hashes: "BlockHashes
             `block_hashes` (see `protocol.hashes_to_bytes`).
     """
     _str("request_id", request_id, p.MAX_REQUEST_ID_BYTES, min_len=1, utf8_bytes=True)
-    isl_tokens = checked_int("isl_tokens", isl_tokens, 1, 2**31 - 1)
+    isl_tokens = checked_int("isl_tokens", isl_tokens, 1, MAX_TOKENS)
     raw = p.hashes_to_bytes(block_hashes if block_hashes is not None else b"")
     if len(raw) > 8 * p.MAX_BLOCK_HASHES:
         raise ValueError(f"{len(raw) // 8} block hashes; at most {p.MAX_BLOCK_HASHES} per request")

@@ -40,33 +40,24 @@ def curve_problem(endpoint: str, curve_secret_key_file: str | None) -> str | Non
 
 def check_endpoints(cfg: "Config", env: Mapping[str, str] | None = None) -> list[str]:
     """Problems of the endpoints the daemon would really use (discovery and `KVSCHED_*ENDPOINT`
-    included): syntax and the CURVE rule. [] = fine. Used by `kvsched-daemon --check-config`."""
+    included): syntax (ipc path length too, `endpoint_problem`), the CURVE rule, and addresses a start
+    could not bind (data = admin, an endpoint on the metrics host:port). [] = fine. Used by
+    `kvsched-daemon --check-config`."""
     d = cfg.daemon
     problems = []
     (data, _), (admin, _) = daemon_endpoints(d.instance, d.endpoint, d.admin_endpoint, env)
-    for what, ep in (("data endpoint", data), ("admin endpoint", admin)):
-        problem = endpoint_problem(ep) or curve_problem(ep, d.curve_secret_key_file) or _ipc_path_problem(ep)
-        if problem:
-            problems.append(f"{what} {ep!r}: {problem}")
-    if data == admin:
-        problems.append(f"the data and admin endpoints are the same ({data!r}): each needs its own socket")
     wild = ("*", "0.0.0.0", "")
     for what, ep in (("data endpoint", data), ("admin endpoint", admin)):
+        problem = endpoint_problem(ep) or curve_problem(ep, d.curve_secret_key_file)
+        if problem:
+            problems.append(f"{what} {ep!r}: {problem}")
         host, _, port = ep[len("tcp://"):].rpartition(":") if ep.startswith("tcp://") else ("", "", "")
         if d.metrics_port and port == str(d.metrics_port) and (host == d.metrics_host or host in wild
                                                                 or d.metrics_host in wild):
             problems.append(f"the {what} and daemon.metrics_host/metrics_port both use {host}:{port}")
+    if data == admin:
+        problems.append(f"the data and admin endpoints are the same ({data!r}): each needs its own socket")
     if d.curve_secret_key_file and not Path(d.curve_secret_key_file).is_file():
         problems.append(f"daemon.curve_secret_key_file {d.curve_secret_key_file}: no such file")
     return problems
 
-
-MAX_IPC_PATH_BYTES = 107  # sun_path of a Unix socket address is 108 bytes on Linux, NUL included (unix(7))
-
-
-def _ipc_path_problem(endpoint: str) -> str | None:
-    """An `ipc://` path too long for a Unix socket address (the bind would fail at start), or None."""
-    if not endpoint.startswith("ipc://"):
-        return None
-    n = len(endpoint[len("ipc://"):].encode())
-    return f"the ipc path is {n} bytes; a Unix socket path holds at most {MAX_IPC_PATH_BYTES}" if n > MAX_IPC_PATH_BYTES else None

@@ -25,6 +25,7 @@ from msgspec import Meta
 
 from ..endpoints import connect_problem
 from ..errors import ConfigError
+from ..protocol import MAX_TOKENS
 
 
 MAX_WORKERS = 256  # `workers` and `--workers`: gateway processes of one group
@@ -70,8 +71,8 @@ class ModelSection(_Section):
     chat_template: str | None = None  # a template file overriding the directory's
     # The engine's context window (tokens, prompt + max_tokens; vLLM's --max-model-len): a request
     # asking for more answers 400 `context_length_exceeded` before it is scheduled.
-    # At most 2**31-1, the wire bound on expected_osl (a larger window would let max_tokens reach it).
-    max_model_len: Annotated[int, Meta(ge=2, le=2**31 - 1)] = 32_768
+    # At most MAX_TOKENS (2**31-1), the wire bound on expected_osl (a larger window would let max_tokens pass it).
+    max_model_len: Annotated[int, Meta(ge=2, le=MAX_TOKENS)] = 32_768
 
 
 class GatewayConfig(_Section):

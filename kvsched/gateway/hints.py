@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ..client.checks import checked_utf8
 from ..protocol import MAX_NAME_CHARS
 from . import openai as oa
 
 
 def _text_header(request: web.Request, name: str) -> str | None:
     """The header's value, or None when absent. Raises HttpError(400, invalid_header) naming the
-    header when its bytes were not valid UTF-8."""
+    header when its bytes were not valid UTF-8 (`client.checks.checked_utf8`)."""
     v = request.headers.get(name)
-    if v is not None and not v.isascii():
+    if v is not None:
         try:
-            v.encode()
-        except UnicodeEncodeError:
+            checked_utf8(name, v)
+        except ValueError:
             raise oa.HttpError(400, f"header {name} is not valid UTF-8 text", code="invalid_header",
                                param=name) from None
     return v
@@ -50,11 +51,10 @@ def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
     """
     h = request.headers
     prio = _int_header(request, oa.H_PRIORITY)
-    if prio is None:
+    prio_from_body = prio is None
+    if prio_from_body:
         bp = p.body.get("priority", 0)
         prio = bp if isinstance(bp, int) and not isinstance(bp, bool) else 0
-        if not -(2**31) <= prio < 2**31:  # the body's field, not a header: say so
-            raise oa.HttpError(400, "'priority' is out of the 32-bit range", code="invalid_request", param="priority")
     session = _text_header(request, oa.H_SESSION)
     if session is None and isinstance(p.body.get("user"), str):  # JSON text: valid UTF-8 (msgspec checks)
         session = p.body["user"]
@@ -65,8 +65,13 @@ def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
              "do_not_queue": h.get(oa.H_DO_NOT_QUEUE, "").lower() in ("1", "true", "yes")}
     if len(hints["policy_class"]) > MAX_NAME_CHARS:
         raise oa.HttpError(400, f"header {oa.H_CLASS} longer than {MAX_NAME_CHARS} characters", code="invalid_header")
-    if not (-(2**31) <= prio < 2**31) or not (-(2**31) <= hints["strict_priority"] < 2**31):
-        raise oa.HttpError(400, "priority out of the 32-bit range", code="invalid_header")
+    if not -(2**31) <= prio < 2**31:  # named where it came from: the body's field or the header
+        raise (oa.HttpError(400, "'priority' is out of the 32-bit range", code="invalid_request", param="priority")
+               if prio_from_body else oa.HttpError(400, f"header {oa.H_PRIORITY} is out of the 32-bit range",
+                                                   code="invalid_header", param=oa.H_PRIORITY))
+    if not -(2**31) <= hints["strict_priority"] < 2**31:
+        raise oa.HttpError(400, f"header {oa.H_STRICT} is out of the 32-bit range", code="invalid_header",
+                           param=oa.H_STRICT)
     if hints["deadline_ms"] is not None and not (0 <= hints["deadline_ms"] <= 86_400_000):
         raise oa.HttpError(400, f"header {oa.H_DEADLINE} must be in [0, 86400000]", code="invalid_header")
     return hints

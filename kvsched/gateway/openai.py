@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DaemonUnavailable, RequestRejected
+from ..protocol import MAX_TOKENS
 
 RETRY_AFTER_S = 1  # Retry-After (s) on 429 and retryable 503
 MAX_TOKEN_ID = 2**31 - 1  # engines hold token ids as int32 (vLLM: torch.int32 input ids); larger is no vocabulary index
-MAX_OUTPUT_TOKENS = 2**31 - 1  # the daemon's wire bound on expected_osl ([0, 2**31-1] tokens, client/checks.py)
+MAX_OUTPUT_TOKENS = MAX_TOKENS  # the daemon's wire bound on expected_osl (protocol.limits.Tokens)
 
 # Rejection reason -> HTTP status (OpenAI clients retry 429 and 503 with backoff).
 REJECT_STATUS: dict[str, int] = {

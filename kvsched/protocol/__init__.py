@@ -97,6 +97,7 @@ from .limits import (
     MAX_LIST,
     MAX_NAME_CHARS,
     MAX_REQUEST_ID_BYTES,
+    MAX_TOKENS,
     PROTOCOL_MAX,
     PROTOCOL_MIN,
     PROTOCOL_VERSION,
@@ -124,7 +125,7 @@ from .vocabulary import (
 __all__ = [
     # limits
     "PROTOCOL_VERSION", "PROTOCOL_MIN", "PROTOCOL_MAX", "BATCH_MIN_VERSION", "DEFAULT_MAX_FRAME_BYTES",
-    "MAX_REQUEST_ID_BYTES", "MAX_BLOCK_HASHES", "MAX_NAME_CHARS", "MAX_LIST", "MAX_KV_BLOCKS", "MAX_BATCHED_TOKENS",
+    "MAX_REQUEST_ID_BYTES", "MAX_BLOCK_HASHES", "MAX_NAME_CHARS", "MAX_LIST", "MAX_KV_BLOCKS", "MAX_BATCHED_TOKENS", "MAX_TOKENS",
     "U16", "U32", "I32", "U63", "RequestId", "Name", "Tokens", "HashBytes", "Slot", "KvBlocks", "BatchedTokens",
     # vocabulary
     "WorkerKey", "RejectReason", "REJECT_REASONS", "UpdateKind", "ReleaseOutcome", "ErrorCode", "error_code_name",

@@ -26,6 +26,7 @@ MAX_LIST = 65_536
 # in vLLM (`--max-num-batched-tokens`), as a prompt's token count is here (`Tokens`).
 MAX_KV_BLOCKS = 2**40
 MAX_BATCHED_TOKENS = 2**31 - 1
+MAX_TOKENS = 2**31 - 1  # a token count on the wire (ISL, output, context; `Tokens`): an int32, as vLLM's
 
 U16 = Annotated[int, Meta(ge=0, le=0xFFFF)]
 U32 = Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
@@ -33,7 +34,7 @@ I32 = Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
 U63 = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID_BYTES)]
 Name = Annotated[str, Meta(max_length=MAX_NAME_CHARS)]
-Tokens = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+Tokens = Annotated[int, Meta(ge=0, le=MAX_TOKENS)]
 HashBytes = Annotated[bytes, Meta(max_length=8 * MAX_BLOCK_HASHES)]
 Slot = Annotated[int, Meta(ge=-1, le=2**31 - 1)]
 KvBlocks = Annotated[int, Meta(ge=1, le=MAX_KV_BLOCKS)]  # a rank's total KV blocks
