@@ -22,28 +22,22 @@ def log_level_arg(text: str) -> str:
     return level
 
 
-def positive_int_arg(text: str) -> int:
-    """An integer >= 1 (a count or size, e.g. `--block-size` in tokens)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def int_range_arg(low: int, high: int):
-    """An argparse type: an integer in [low, high] (e.g. `--workers`, bounded as the config's key)."""
+def int_range_arg(low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high] (`high` None: no upper bound), e.g. `--workers`,
+    bounded as the config's key."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {value}")
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}" if high is None
+                                             else f"must be in [{low}, {high}], got {value}")
         return value
     return parse
+
+
+positive_int_arg = int_range_arg(1)  # an integer >= 1 (a count or size, e.g. `--block-size` in tokens)
 
 
 def ready_file_arg(text: str) -> str:

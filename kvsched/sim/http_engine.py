@@ -32,10 +32,10 @@ import msgspec
 from aiohttp import web
 
 from ..client.hashing import block_hashes
-from ..gateway.openai import chat_messages
 from ..errors import ConfigError
 from ..gateway.cli_args import log_level_arg, positive_int_arg, ready_file_arg
 from ..gateway.listen import port_arg
+from ..gateway.openai import chat_messages
 from .engine import DONE, SeqRecord, SimEngine, SimRequest
 from .profile import EngineProfile
 
