@@ -89,9 +89,15 @@ class Release(Frame, tag="release"):
 
 
 class Heartbeat(Frame, tag="heartbeat"):
-    """Liveness ping sent when the connection is otherwise idle. Answered by `HeartbeatAck`."""
+    """Liveness ping. Answered by `HeartbeatAck`.
+
+    Sent by a client's heartbeat thread on its own DEALER with `conn_token` = the data connection's
+    `Welcome.conn_token`: the daemon credits that data connection (docs/PROTOCOL.md, "Liveness").
+    On the data connection itself (`conn_token` 0, the protocol-1/2 form) it credits the sender.
+    """
 
     seq: U63
+    conn_token: U63 = 0  # appended in protocol rev. 3 ("Daemon edges"): 0 = the sender's own connection
 
 
 class LeaseRef(msgspec.Struct, frozen=True, array_like=True):
@@ -141,6 +147,12 @@ class Welcome(Frame, tag="welcome"):
     heartbeat_ms: Annotated[int, Meta(ge=1)]
     liveness_timeout_ms: Annotated[int, Meta(ge=1)]
     max_frame_bytes: Annotated[int, Meta(ge=0)] = 0  # largest message the daemon accepts; 0 = not announced (v1)
+    # appended with "Daemon edges" (docs/PROTOCOL.md, "Liveness"): the token a client's heartbeat DEALER
+    # carries so that its heartbeats credit this data connection; 0 = not announced (older daemon)
+    conn_token: U63 = 0
+    # appended with "Daemon edges": the daemon's `kv_hash_seed`, the one seed routers hash block_hashes
+    # with (`SchedulerClient.block_hashes`); None = vLLM >= 0.29's default seed
+    hash_seed: Name | None = None
 
 
 class Admitted(Frame, tag="admitted"):
