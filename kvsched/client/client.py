@@ -34,6 +34,7 @@ import zmq
 from .. import protocol as p
 from ..endpoints import connect_problem, data_endpoint, missing_ipc_path
 from ..errors import DaemonUnavailable, ProtocolError, rejection_error
+from . import hashing
 from .checks import checked_enqueue, checked_utf8
 from .lease import DroppedLeases, Lease
 from .link import Link
@@ -133,6 +134,40 @@ class SchedulerClient:
     @property
     def connected(self) -> bool:
         return self._link is not None and self._link.connected
+
+    def block_hashes(self, token_ids: Sequence[int] | np.ndarray, *, mode: Literal["vllm", "xxhash"] = "vllm",
+                     extra_keys: Sequence[Any] | None = None,
+                     cache: hashing.BlockHashCache | None = None) -> np.ndarray:
+        """Block hashes of a prompt as this pool hashes them: `hashing.block_hashes` with the daemon's
+        `block_size` and `kv_hash_seed` (from its last `Welcome`, so a daemon restarted with other
+        values is followed), ready for `schedule(block_hashes=...)`.
+
+        The daemon's `kv_hash_seed` is the pool's one hash seed: the daemon checks the engines' KV
+        events against it, and every router hashing here uses it too (docs/VLLM.md).
+
+        Args:
+            token_ids: the prompt's token ids.
+            mode: "vllm" (default): equal to the hashes vLLM engines publish in their KV events
+                (with `--prefix-caching-hash-algo sha256_cbor` and PYTHONHASHSEED = the daemon's seed),
+                which the daemon's event-fed index and hash check use; right for every pool, with or
+                without events. "xxhash": several times cheaper, only for a pool whose engines publish
+                no KV events, and then for every router of the pool (docs/KV_EVENTS.md).
+            extra_keys / cache: as `hashing.block_hashes` (LoRA / cache-salt keys; a `BlockHashCache`).
+        Returns:
+            uint64[len(token_ids) // block_size].
+        Raises:
+            DaemonUnavailable: no `Welcome` yet (before `connect()` returned, after `close()`, or in
+                bypass mode while no daemon has ever answered): the block size and seed are the
+                daemon's, so the client refuses to guess them. It does not wait: `connect()` already
+                waits for the Welcome.
+            ValueError / TypeError: as `hashing.block_hashes`.
+        """
+        welcome = self.welcome
+        if welcome is None:
+            raise DaemonUnavailable(f"no Welcome from the daemon at {self.endpoint} yet: block size and hash "
+                                    "seed come from it (call connect() first)")
+        return hashing.block_hashes(token_ids, welcome.block_size, mode=mode, hash_seed=welcome.hash_seed,
+                                    extra_keys=extra_keys, cache=cache)
 
     # ------------------------------------------------------------------ connection
     async def connect(self) -> "SchedulerClient":

@@ -1,9 +1,9 @@
 """A thin synchronous wrapper over `SchedulerClient` for threaded routers and scripts.
 
 The asyncio client runs on its own loop in a background thread; every call is handed over with
-`run_coroutine_threadsafe`. `SyncSchedulerClient.__init__` and `.schedule` take exactly the
-arguments of `SchedulerClient.__init__` / `.schedule` (spelled out, so type checkers see them; a
-test compares the signatures).
+`run_coroutine_threadsafe`. `SyncSchedulerClient.__init__`, `.schedule` and `.block_hashes` take
+exactly the arguments of `SchedulerClient`'s (spelled out, so type checkers see them; a test
+compares the signatures).
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ import asyncio
 import threading
 from collections.abc import Coroutine
 from types import TracebackType
-from typing import Any, Callable, Iterable, Literal, TypeVar
+from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar
 
+import numpy as np
 import zmq
 
 from .. import protocol as p
+from . import hashing
 from .client import DEFAULT_CONNECT_TIMEOUT_S, BlockHashes, SchedulerClient
 from .lease import Lease
 
@@ -200,6 +202,14 @@ class SyncSchedulerClient:
     def welcome(self) -> p.Welcome | None:
         """The daemon's last `Welcome` (block size, epoch, limits), or None before the first."""
         return self._client.welcome
+
+    def block_hashes(self, token_ids: Sequence[int] | np.ndarray, *, mode: Literal["vllm", "xxhash"] = "vllm",
+                     extra_keys: Sequence[Any] | None = None,
+                     cache: hashing.BlockHashCache | None = None) -> np.ndarray:
+        """`SchedulerClient.block_hashes` (the daemon's block size and `kv_hash_seed`): same arguments
+        and errors. Runs in the calling thread: it only reads the last `Welcome` (an immutable frame),
+        so hashing never queues behind the client's loop thread."""
+        return self._client.block_hashes(token_ids, mode=mode, extra_keys=extra_keys, cache=cache)
 
     def schedule(
         self,

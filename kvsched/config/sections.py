@@ -11,7 +11,7 @@ import msgspec
 from msgspec import Meta
 
 from ..endpoints import INSTANCE_PATTERN, endpoint_problem
-from ..protocol import BatchedTokens, KvBlocks
+from ..protocol import MAX_NAME_CHARS, BatchedTokens, KvBlocks
 from .checks import curve_problem, url_problem
 
 
@@ -180,7 +180,10 @@ class DaemonConfig(Section):
     # recompute the hashes of first-of-chain BlockStored events; warn, count and flag engines whose
     # hashes differ from block_hashes(mode="vllm", hash_seed=kv_hash_seed) (docs/VLLM.md)
     kv_hash_check: bool = True
-    kv_hash_seed: str | None = None  # the engines' PYTHONHASHSEED, as routers pass it; None = vLLM >= 0.29 default
+    # the engines' PYTHONHASHSEED: the one hash seed of the pool, sent to every router in `Welcome.hash_seed`
+    # (routers hash with `SchedulerClient.block_hashes`); None = vLLM >= 0.29's default. At most MAX_NAME_CHARS
+    # characters, the bound of the Welcome field.
+    kv_hash_seed: Annotated[str, Meta(max_length=MAX_NAME_CHARS)] | None = None
 
     def __post_init__(self) -> None:
         for key in ("endpoint", "admin_endpoint"):

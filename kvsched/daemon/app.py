@@ -121,6 +121,7 @@ class Daemon:
             block_size=d.block_size, shm_ledger=ledger_name(d.instance), shm_progress=progress_name(d.instance),
             heartbeat_ms=d.heartbeat_ms, liveness_timeout_ms=d.liveness_timeout_ms,
             max_frame_bytes=d.max_frame_bytes,
+            hash_seed=d.kv_hash_seed,  # the one seed routers hash with (SchedulerClient.block_hashes)
         )
         self.metrics.bind(self.scheduler)
         runtime = restore_runtime_workers(cfg, self.scheduler, self.segments.kv_index, restarted)

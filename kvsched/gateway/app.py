@@ -22,7 +22,7 @@ import msgspec
 from aiohttp import web
 
 from ..client import SchedulerClient
-from ..client.hashing import BlockHashCache, block_hashes
+from ..client.hashing import DEFAULT_VLLM_SEED, BlockHashCache, vllm_none_hash
 from ..endpoints import missing_ipc_path
 from ..errors import ConfigError, DaemonUnavailable, FrameTooLarge, RequestRejected
 from . import openai as oa
@@ -39,6 +39,28 @@ from .workers import WorkerLink, default_workers, supervise
 log = logging.getLogger("kvsched.gateway")
 # Counters /health reports (0 until they happen), besides http_<status> and rejected_<reason> (docs/GATEWAY.md).
 STATS = ("completed", "engine_retries", "engine_errors_mid_stream", "leases_lost_mid_stream", "leases_revoked", "client_gone")
+
+
+def hash_seed_mismatch(override: str | None, daemon_seed: str | None, endpoint: str) -> str | None:
+    """Why the gateway's `hash_seed` override cannot be used with the daemon at `endpoint`, or None.
+
+    The daemon's `kv_hash_seed` (its `Welcome.hash_seed`) is the pool's one hash seed (docs/VLLM.md);
+    the gateway's own `hash_seed` is only a statement of what it should be. They agree when they give
+    the same vLLM chain start (`vllm_none_hash`): unset means vLLM's default seed on either side.
+
+    Args:
+        override: `[gateway] hash_seed`, None when not set (no check).
+        daemon_seed: the daemon's `Welcome.hash_seed` (None = vLLM's default).
+        endpoint: the daemon's data endpoint, named in the message (the pool it concerns).
+    Returns:
+        None when they agree or no override is set; else a message naming both values.
+    """
+    if override is None or vllm_none_hash(override) == vllm_none_hash(daemon_seed):
+        return None
+    theirs = repr(daemon_seed) if daemon_seed is not None else f"unset, vLLM's default {DEFAULT_VLLM_SEED!r}"
+    return (f"block hash seed mismatch: the gateway's hash_seed = {override!r} but the daemon at {endpoint} has "
+            f"kv_hash_seed = {theirs}; the daemon's is the pool's one seed (what its engines' PYTHONHASHSEED must "
+            "be): remove hash_seed from the gateway's config or make it equal (docs/VLLM.md)")
 
 
 def _tokenizer(m: ModelSection) -> ModelTokenizer:
@@ -72,6 +94,7 @@ class Gateway:
         self.engine_timeout = aiohttp.ClientTimeout(total=None, sock_connect=g.engine_connect_timeout_s)
         self.stats: Counter = Counter()
         self.hash_cache = BlockHashCache()  # shared prefixes are hashed once per process
+        self._seed_checked: tuple[object, str | None] = (None, None)  # (the Welcome checked, its verdict)
         # Request ids: a random per-process prefix (unique across worker processes and restarts)
         # plus a counter; a twentieth of uuid4's cost per request.
         self._id_prefix = f"gw-{os.urandom(8).hex()}-"
@@ -85,7 +108,9 @@ class Gateway:
                                              auto_decompress=False)
         self.health = EngineHealth(self.session, g.health_interval_s, g.health_timeout_s, g.health_path)
         self.health.start()
-        log.info("gateway ready daemon=%s block_size=%d models=%s", self.client.endpoint, self.block_size,
+        self.hash_seed_problem()  # logged now rather than at the first request
+        log.info("gateway ready daemon=%s block_size=%d hash_seed=%r models=%s", self.client.endpoint,
+                 self.block_size, self.client.welcome.hash_seed if self.client.welcome else None,
                  ",".join(self.tokenizers))
 
     async def _connect_when_daemon_up(self, g: GatewaySection) -> SchedulerClient:
@@ -109,6 +134,31 @@ class Gateway:
     def block_size(self) -> int:
         """Tokens per block of the daemon connected now (its last Welcome: a restart may change it), 0 before."""
         return self.client.welcome.block_size if self.client is not None and self.client.welcome else 0
+
+    def hash_seed_problem(self) -> str | None:
+        """`hash_seed_mismatch` for the daemon's last Welcome, checked once per Welcome (a restarted
+        daemon may bring another seed) and logged as an ERROR when it fails; None before any Welcome."""
+        welcome = self.client.welcome if self.client is not None else None
+        if welcome is None:
+            return None
+        if welcome is not self._seed_checked[0]:
+            problem = hash_seed_mismatch(self.cfg.gateway.hash_seed, welcome.hash_seed, self.client.endpoint)
+            if problem is not None:
+                log.error("%s; every request answers 503 until they agree", problem)
+            self._seed_checked = (welcome, problem)
+        return self._seed_checked[1]
+
+    def block_hashes(self, token_ids: list[int]):
+        """The prompt's block hashes, with the daemon's block size and seed (`SchedulerClient.block_hashes`,
+        vLLM mode, through the process's `BlockHashCache`). Raises HttpError 503 `hash_seed_mismatch`
+        (no Retry-After: a configuration to fix) when the gateway's override disagrees with the daemon."""
+        problem = self.hash_seed_problem()
+        if problem is not None:
+            raise oa.HttpError(503, problem, "service_unavailable", "hash_seed_mismatch")
+        try:
+            return self.client.block_hashes(token_ids, cache=self.hash_cache)
+        except DaemonUnavailable as exc:  # no Welcome (not after start(), which waits for one)
+            raise oa.error_for_unavailable(exc) from None
 
     async def stop(self) -> None:
         if self.health is not None:
@@ -156,8 +206,7 @@ class Gateway:
         try:
             p = await self._parse(request, kind)
             hints = scheduling_hints(request, p)
-            hashes = block_hashes(p.token_ids, self.block_size, mode="vllm", hash_seed=self.cfg.gateway.hash_seed,
-                                  cache=self.hash_cache)
+            hashes = self.block_hashes(p.token_ids)
             marks.prepared = marks.admitted = marks.engine = time.perf_counter()
             return await serve(self, request, p, path, hints, hashes, f"{self._id_prefix}{next(self._ids):x}", marks)
         except oa.HttpError as exc:

@@ -11,7 +11,8 @@ Example (docs/GATEWAY.md)::
     tokenizer_dir = "/models/llama-3-8b"   # tokenizer.json + chat template; nothing is downloaded
     max_model_len = 32768                  # prompt + max_tokens (tokens); more -> 400
 
-The block size is not here: block hashes use the daemon's `Welcome.block_size`.
+The block size is not here, nor (unless as an override checked against it) the hash seed: block
+hashes use the daemon's `Welcome.block_size` and `Welcome.hash_seed`.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ class GatewaySection(_Section):
     body_read_timeout_s: Annotated[float, Meta(gt=0)] = 30.0  # a body still incomplete after this -> 408 (s)
     max_prompt_tokens: Annotated[int, Meta(ge=1)] = 131_072  # longer prompts -> 400
     default_max_tokens: Annotated[int, Meta(ge=1)] = 256  # output tokens when the request names none
-    hash_seed: str | None = None  # the engines' PYTHONHASHSEED (docs/VLLM.md); None = vLLM >= 0.29 default
+    # Optional override: what the daemon's `kv_hash_seed` (the pool's one hash seed, sent in its Welcome) must be;
+    # while the daemon's differs, the gateway answers every request 503 `hash_seed_mismatch`. None = use the
+    # daemon's, unchecked (docs/VLLM.md).
+    hash_seed: str | None = None
     engine_connect_timeout_s: Annotated[float, Meta(gt=0)] = 5.0  # TCP connect to the engine (s)
     # Longest wait for the engine's response headers, and longest silence between two reads of its
     # stream (s); then the stream fails as an engine error.

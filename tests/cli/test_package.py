@@ -96,7 +96,7 @@ def _params(fn) -> list[tuple[str, object, object, object]]:
     return [(p.name, p.kind, p.default, p.annotation) for p in inspect.signature(fn).parameters.values()]
 
 
-@pytest.mark.parametrize("method", ["__init__", "schedule"])
+@pytest.mark.parametrize("method", ["__init__", "schedule", "block_hashes"])
 def test_sync_client_takes_exactly_the_async_clients_arguments(method):
     """Names, kinds (positional / keyword-only), defaults and annotations: no *args / **kwargs."""
     sync, asyn = _params(getattr(SyncSchedulerClient, method)), _params(getattr(SchedulerClient, method))

@@ -24,11 +24,12 @@ def fleet(tmp_path_factory):
     f.stop()
 
 
-def scripted_daemon_fixture(dp_sizes: dict[int, int], scope: str = "function"):
-    """A pytest fixture `daemon`: a real daemon (block_size 16) with one worker per `dp_sizes` entry
-    (worker_id -> data-parallel ranks), each at a free port for a `ScriptedEngine`
-    (`daemon.engine_ports`: worker_id -> port); stopped and purged afterwards. Use as
-    `daemon = scripted_daemon_fixture({1: 1})` at module level; the `stack` fixture serves it."""
+def scripted_daemon_fixture(dp_sizes: dict[int, int], scope: str = "function", daemon_extra: str = ""):
+    """A pytest fixture `daemon`: a real daemon (block_size 16, plus the `[daemon]` lines of
+    `daemon_extra`) with one worker per `dp_sizes` entry (worker_id -> data-parallel ranks), each at a
+    free port for a `ScriptedEngine` (`daemon.engine_ports`: worker_id -> port); stopped and purged
+    afterwards. Use as `daemon = scripted_daemon_fixture({1: 1})` at module level; the `stack`
+    fixture serves it."""
 
     @pytest.fixture(scope=scope, name="daemon")
     def daemon(tmp_path_factory):
@@ -38,7 +39,7 @@ def scripted_daemon_fixture(dp_sizes: dict[int, int], scope: str = "function"):
         ports = {w: free_port() for w in dp_sizes}
         workers = "".join(f"\n[[workers]]\nworker_id = {w}\n" + (f"dp_size = {dp}\n" if dp != 1 else "")
                           + f'url = "http://127.0.0.1:{ports[w]}"\n' for w, dp in dp_sizes.items())
-        d = start_daemon(tmp_path_factory.mktemp("gw"), "[daemon]\nblock_size = 16\n" + workers)
+        d = start_daemon(tmp_path_factory.mktemp("gw"), "[daemon]\nblock_size = 16\n" + daemon_extra + workers)
         d.engine_ports = ports
         yield d
         d.stop()
