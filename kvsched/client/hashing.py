@@ -291,6 +291,8 @@ def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int,
             result is the same with or without it).
     Returns:
         uint64[len(token_ids) // block_size]; pass to the client's `schedule(block_hashes=...)`.
+        A router of a daemon calls `SchedulerClient.block_hashes(token_ids)` instead, which passes
+        the daemon's block size and `kv_hash_seed` (its `Welcome`) and mode "vllm" (docs/VLLM.md).
     Raises:
         ValueError: block_size < 1, an unknown mode, too few extra_keys, token ids out of range, an array
             of token ids that is not 1-D.

@@ -36,7 +36,8 @@ class HashCheck:
     `max_checks_per_s` events per row per second (cost: one SHA-256 per block).
 
     Attributes:
-        hash_seed: the seed routers use (`block_hashes(hash_seed=...)`; None = vLLM >= 0.29's default).
+        hash_seed: the daemon's `kv_hash_seed`, which routers hash with (`Welcome.hash_seed`,
+            `SchedulerClient.block_hashes`); None = vLLM >= 0.29's default.
         block_size: the daemon's block size (routers hash with it); an event of another size is a
             mismatch without recomputing. None = take the event's.
         checked / mismatches: events checked / found different (monotonic counters).

@@ -9,6 +9,8 @@ import pytest
 
 from kvsched.client import DaemonUnavailable, SchedulerClient, SyncSchedulerClient
 from kvsched.client.hashing import BlockHashCache, block_hashes
+from kvsched.config import load_config
+from kvsched.errors import ConfigError
 from tests.conftest import daemon_fixture
 
 SEED = "1234"  # not the default: the vLLM-mode chain starts at sha256(cbor("1234")), not at "vllm-none-hash"
@@ -64,3 +66,14 @@ async def test_client_block_hashes_before_the_welcome_raise_daemon_unavailable(d
             bypass.block_hashes(TOKENS)
     finally:
         await bypass.close()
+
+
+def test_a_kv_hash_seed_longer_than_the_welcome_carries_is_a_config_error(tmp_path):
+    """`Welcome.hash_seed` holds at most 128 characters: a longer seed would make every client refuse
+    the daemon's Welcome, so the config refuses it, naming the key."""
+    path = tmp_path / "cfg.toml"
+    path.write_text(f'[daemon]\nkv_hash_seed = "{"s" * 128}"\n')
+    assert load_config(path, env={}).daemon.kv_hash_seed == "s" * 128
+    path.write_text(f'[daemon]\nkv_hash_seed = "{"s" * 129}"\n')
+    with pytest.raises(ConfigError, match=r"kv_hash_seed"):
+        load_config(path, env={})
