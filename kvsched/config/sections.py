@@ -170,7 +170,8 @@ class DaemonConfig(Section):
     fold_interval_ms: Annotated[int, Meta(ge=1, le=1000)] = 1  # while requests wait: fold words at least this often
     # SIGTERM: releases / progress of live leases are still served for up to this long (s)
     shutdown_timeout_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
-    # one connection may hold at most this share of each queue limit of a class (1.0 = no cap)
+    # a connection's share of each class queue limit, max(1, floor(share x limit)): alone it may fill the
+    # limit; while others wait there it gets `overloaded` at its share (docs/DESIGN.md §5.9); 1.0 = limits only
     max_waiting_share: Annotated[float, Meta(gt=0, le=1)] = 0.5
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 0  # Prometheus HTTP; 0 = off
     metrics_host: str = "127.0.0.1"  # also serves /healthz and /readyz (docs/DEPLOY.md)

@@ -96,17 +96,20 @@ class PolicyClassQueue:
         yield from self.deferred.values()
 
     # ---- limits ------------------------------------------------------------------------------
-    def check_limits(self, isl_tokens: int, n_worker_ids: int) -> LimitExceeded | None:
+    def check_limits(self, isl_tokens: int, n_worker_ids: int,
+                     room: tuple[int, int] = (0, 0)) -> LimitExceeded | None:
         """Limits are checked BEFORE adding: the request that crosses a limit is accepted, the
-        next one refused. Limits scale with the number of registered worker ids (docs/DESIGN.md §4.10)."""
+        next one refused. Limits scale with the number of registered worker ids (docs/DESIGN.md §4.10).
+        `room` (requests, ISL tokens) is how far past each limit this request may still be accepted
+        (a connection's share, `WaitingShares.room`); the refusal reports the class limit itself."""
         cfg = self.config
         if cfg.request_queue_limit_per_worker is not None:
             limit = cfg.request_queue_limit_per_worker * n_worker_ids
-            if self.n_waiting >= limit:
+            if self.n_waiting >= limit + room[0]:
                 return LimitExceeded("requests", self.n_waiting, limit)
         if cfg.isl_token_queue_limit_per_worker is not None:
             limit = cfg.isl_token_queue_limit_per_worker * n_worker_ids
-            if self.isl_waiting >= limit:
+            if self.isl_waiting >= limit + room[1]:
                 return LimitExceeded("isl_tokens", self.isl_waiting, limit)
         return None
 

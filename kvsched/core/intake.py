@@ -128,14 +128,15 @@ class Intake:
             return reject(spec, "do_not_queue", f"the request would wait: {why}", cq.name, current=cq.n_ready)
         had_backlog = cq.has_ready()
         n_ids = self.ledger.n_worker_ids()
-        mine = self.shares.check(spec.owner, cq.index, spec.isl_tokens, cq.config, n_ids)
-        if mine is not None:  # this connection already holds its share of the class's limit
+        mine = self.shares.check(spec.owner, cq.index, cq.config, n_ids)
+        if mine is not None:  # this connection holds its share while other connections wait
             self.feed.rejected(live)
             return reject(spec, "overloaded", f"this connection holds its max_waiting_share of class "
-                          f"{cq.name!r} {mine.limit_kind} limit", cq.name,
+                          f"{cq.name!r} {mine.limit_kind} limit while other connections wait", cq.name,
                           limit_kind=mine.limit_kind, current=mine.current, limit=mine.limit)
         pq = self.admitter.pq
-        over = (pq.defer if defer else pq.enqueue)(cq.index, live.entry, n_ids)
+        room = self.shares.room(spec.owner, cq.index, cq.config, n_ids)
+        over = (pq.defer if defer else pq.enqueue)(cq.index, live.entry, n_ids, room)
         if over is not None:
             self.feed.rejected(live)
             return reject(spec, "queue_full", f"class {cq.name!r} {over.limit_kind} limit", cq.name,

@@ -54,18 +54,21 @@ class PolicyQueue:
         self.carry: int | None = None
 
     # ---- adding ------------------------------------------------------------------------------
-    def enqueue(self, class_idx: int, entry: QueueEntry, n_worker_ids: int) -> LimitExceeded | None:
-        """Limit-check then add a ready entry. Returns the exceeded limit (nothing added) or None."""
+    def enqueue(self, class_idx: int, entry: QueueEntry, n_worker_ids: int,
+                room: tuple[int, int] = (0, 0)) -> LimitExceeded | None:
+        """Limit-check then add a ready entry (`room`: see `PolicyClassQueue.check_limits`). Returns the
+        exceeded limit (nothing added) or None."""
         cq = self.classes[class_idx]
-        over = cq.check_limits(entry.isl_tokens, n_worker_ids)
+        over = cq.check_limits(entry.isl_tokens, n_worker_ids, room)
         if over is None:
             cq.add(entry)
         return over
 
-    def defer(self, class_idx: int, entry: QueueEntry, n_worker_ids: int) -> LimitExceeded | None:
+    def defer(self, class_idx: int, entry: QueueEntry, n_worker_ids: int,
+              room: tuple[int, int] = (0, 0)) -> LimitExceeded | None:
         """Limit-check then hold for the class's admission policy."""
         cq = self.classes[class_idx]
-        over = cq.check_limits(entry.isl_tokens, n_worker_ids)
+        over = cq.check_limits(entry.isl_tokens, n_worker_ids, room)
         if over is None:
             cq.defer(entry)
         return over

@@ -1,9 +1,11 @@
 """One flooding connection cannot starve others, and a dead flooder's backlog is dropped (real processes).
 
-A raw peer pipelines tens of thousands of Enqueues pinned to one busy worker. It may hold at most
-`max_waiting_share` of the class's queue limit (past it: `overloaded`), so a well-behaved router's
-request for an idle worker is still admitted. When the flooder is SIGKILLed, the daemon (watching its
-pid) removes its queued requests within the liveness timeout and drops the frames it still buffers.
+A raw peer pipelines tens of thousands of Enqueues pinned to one busy worker. Alone, it may fill the
+class's whole queue limit (past it: `queue_full`); a well-behaved router that then asks for an idle
+worker is below its `max_waiting_share` while the flooder holds more than its own, so its request is
+still accepted past the full limit and admitted (docs/DESIGN.md §5.9). When the flooder is SIGKILLed,
+the daemon (watching its pid) removes its queued requests within the liveness timeout and drops the
+frames it still buffers.
 """
 
 from __future__ import annotations
@@ -77,12 +79,13 @@ def _depth(d) -> int:
     return sum(row.depth + row.deferred for row in admin_call(d, p.Queues()).classes)
 
 
-async def test_a_flooder_cannot_fill_a_class_and_its_backlog_leaves_with_it(daemon, tmp_path):
+async def test_a_flooder_cannot_starve_others_and_its_backlog_leaves_with_it(daemon, tmp_path):
     """1. a router takes a lease that makes worker 1 busy, 2. a flooder (pid-watched) pipelines 50,000
-    Enqueues pinned to worker 1, 3. once it holds its share of the queue, a second router asks for
-    idle worker 2, 4. the flooder is SIGKILLed. Result: the flooder holds at most half the class limit
-    (100 of 200), the second router is admitted, and after the kill the queue empties (within 30 s,
-    far inside the 120 s liveness timeout: the pid watch) and only the two routers remain connected."""
+    Enqueues pinned to worker 1, 3. once it has filled the class, a second router asks for idle
+    worker 2, 4. the flooder is SIGKILLed. Result: the lone flooder fills the whole class limit (200),
+    the second router is still accepted and admitted, and after the kill the queue empties (within
+    30 s, far inside the 120 s liveness timeout: the pid watch) and only the two routers remain
+    connected."""
     async with SchedulerClient(daemon.endpoint) as a, SchedulerClient(daemon.endpoint) as b:
         blocker = await a.schedule("blocker", isl_tokens=2000, pinned=(1, 0))
         # The routers' connections, counted before the flooder's (a client whose Welcome came late
@@ -96,10 +99,10 @@ async def test_a_flooder_cannot_fill_a_class_and_its_backlog_leaves_with_it(daem
         try:
             loop = asyncio.get_running_loop()
             end = loop.time() + 60
-            while await asyncio.to_thread(_depth, daemon) < 100 and loop.time() < end:
+            while await asyncio.to_thread(_depth, daemon) < 200 and loop.time() < end:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
-            assert await asyncio.to_thread(_depth, daemon) == 100  # its share: 0.5 x 100 x 2 worker ids
+            assert await asyncio.to_thread(_depth, daemon) == 200  # the class limit: 100 x 2 worker ids
             good = await asyncio.wait_for(b.schedule("good", isl_tokens=100, allowed_workers=[2]), 20)
             assert good.worker.worker_id == 2
             good.release()
