@@ -283,6 +283,8 @@ async def test_a_gap_replay_cannot_fill_marks_the_worker_stale_until_the_engine_
         pub.flush()
         ok = await until(lambda: h.stale_calls[-1] == (ROW, False))
         assert ok, (h.sub.applier.stream(ROW), h.stale_calls, h.sub.streams[0].health, h.sub.counters())
+        await asyncio.sleep(1.0)  # then silent: it stays fresh
+        assert h.stale_calls[-1] == (ROW, False) and h.sub.stale_rows() == []
     finally:
         h.sub.stop()
         pub.close()
