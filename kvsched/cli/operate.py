@@ -35,7 +35,8 @@ def add_worker(
         help="The rank's KV-event replay endpoint (missed batches after a gap); needs --kv-events-endpoint.")] = None,
     kv_events_topic: Annotated[str, typer.Option(help="SUB topic filter (\"\" = all).")] = "",
     kv_events_stale_after_s: Annotated[Optional[float], typer.Option(
-        min=0.001, help="Silent stream -> rank marked stale after this many seconds (default: the daemon's, 30 s).")] = None,
+        min=0.001, help="Publisher disconnected or a seq gap unfilled this many seconds -> rank marked stale; silence never "
+             "counts (default: the daemon's, 30 s).")] = None,
     url: Annotated[str, typer.Option(
         help="Base URL of the engine's OpenAI server, sent to routers in Admitted.url (kvsched-gateway forwards there).")] = "",
 ) -> None:

@@ -71,7 +71,8 @@ class WorkerConfig(Section):
     kv_events_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5557 (port + dp_rank per rank)
     kv_replay_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5558 (port + dp_rank per rank)
     kv_events_topic: str = ""  # SUB topic filter ("" = all)
-    # KV-event stream silent or disconnected longer than this (s) -> worker marked stale (approximate index)
+    # publisher disconnected, or a seq gap unfilled by replay, longer than this (s) -> worker marked stale
+    # (approximate index); silence never counts (docs/KV_EVENTS.md "Staleness")
     kv_events_stale_after_s: Annotated[float, Meta(gt=0)] = 30.0
     # base URL of the engine's OpenAI-compatible server (e.g. http://10.0.0.5:8000), sent to routers in
     # `Admitted.url` (the gateway forwards there); "" = routers know the address themselves

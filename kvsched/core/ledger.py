@@ -153,7 +153,8 @@ class Ledger:
         return self.rows.has_flag(row, FLAG_DRAINED)
 
     def set_stale(self, row: int, stale: bool) -> None:
-        """KV-event stream of `row` silent past its timeout (overlap falls back to the approximate index)."""
+        """KV-event stream of `row` untrusted: its publisher disconnected or a gap unfilled past its limit
+        (kvevents/staleness.py); its overlap falls back to the approximate index."""
         self.rows.check(row)
         self.rows.set_flag(row, FLAG_STALE, stale)
 

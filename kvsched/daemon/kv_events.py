@@ -6,7 +6,10 @@ I/O only; every decision about seqs, gaps, replays and the indexes is `kvevents.
   subscribed to the worker's topic; its FD is registered with `loop.add_reader`; a wake drains at
   most `frame_budget` messages with NOBLOCK and re-checks `zmq.EVENTS` afterwards (the FD is
   edge-like), exactly like the actor's data socket. Reconnection with exponential backoff is
-  ZeroMQ's own (`RECONNECT_IVL` 100 ms doubling to `RECONNECT_IVL_MAX` 5 s).
+  ZeroMQ's own (`RECONNECT_IVL` 100 ms doubling to `RECONNECT_IVL_MAX` 5 s). The SUB sends ZMTP
+  heartbeats (`HEARTBEAT_IVL_MS`); a publisher that answers none for `HEARTBEAT_TIMEOUT_MS` (a
+  stopped process, a partitioned host: its TCP connection may stay open) is disconnected by
+  ZeroMQ, which the socket monitor reports like any other disconnect.
 * Replay: when the applier asks, a DEALER (created on demand, same backoff options) sends
   `[b"", start_seq]` to the rank's replay endpoint; replies `[b"", seq, payload]` or
   `[b"", topic, seq, payload]` are fed to the applier until the end marker (seq -1). No end marker
@@ -17,13 +20,14 @@ I/O only; every decision about seqs, gaps, replays and the indexes is `kvevents.
   and last applied seq survived in shared memory (`start(restored={row: seq})`) start fresh, and a
   catch-up replay from seq + 1 is sent to every such rank at once in `start()`, without waiting for
   the engine to publish; `wait_caught_up()` lets the daemon hold READY until they end (bounded).
-  A catch-up replay that ends refreshes the row; one that is given up with nothing live seen makes
-  it stale.
-* Staleness: every other row starts stale; its first live batch makes it fresh; a disconnect (socket
-  monitor) or `stale_after_s` without any live batch makes it stale again. Transitions only are
-  reported through `mark_stale(row, bool)` (the daemon passes `Ledger.set_stale`). An idle engine
-  publishes nothing, so it turns stale too: harmless, the scheduler then relies on the approximate
-  index for that row until the next event.
+* Connect: every completed handshake with a publisher (the first one included) asks its replay
+  endpoint at once for what was published while nobody listened (`KvEventApplier.reconnected`:
+  an idle engine would publish no later batch to reveal that gap).
+* Staleness: the rule is `kvevents.staleness.StreamHealth`'s (evidence of loss, never silence); this
+  class feeds it the socket monitor's handshakes and disconnects, the applier's `unfilled` verdict
+  after every read, and the clock (a timer re-checks every row). Every row starts fresh, as not yet
+  connected. Transitions are reported through `mark_stale(row, bool)` (the daemon passes
+  `Ledger.set_stale`), plus once per row at start.
 """
 
 from __future__ import annotations
@@ -38,12 +42,20 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..kvevents.apply import KvEventApplier
 from ..kvevents.format import seq_from_bytes, seq_to_bytes
+from ..kvevents.staleness import StreamHealth
 from ..shm.overlap import OverlapIndex
 from .kv_sources import KvEventSource, SourceStream, replay_backoff_s
 from .kv_sources import sources_for_worker  # noqa: F401 - re-exported (the tests and older callers import it here)
 from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
+
+# ZMTP heartbeats on every SUB (ms): a PING every second; a publisher that answers nothing for 3 s
+# is disconnected (a stopped or partitioned engine, whose TCP connection may stay open, is noticed
+# within ~4 s); the same TTL asks the publisher to drop us if our PINGs stop. libzmq's io threads
+# answer PINGs without the GIL, so a busy engine process still answers.
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 3000
 
 
 def _now_us() -> int:
@@ -60,7 +72,8 @@ class KvEventSubscriber:
         device: OverlapIndex of device (GPU) blocks, fed with permanent entries.
         offload: OverlapIndex of other tiers (CPU, disk, ...), or None to ignore those.
         mark_stale: `(row, stale)` called on every staleness transition (and once per row at start).
-        stale_after_s: silence (no live batch) after which a row is stale (s), unless its source says.
+        stale_after_s: how long a row may stay disconnected, or keep a gap unfilled, before it is
+            stale (s), unless its source says (`kvevents.staleness`); silence never counts.
         replay_timeout_s: time allowed for a replay to reach its end marker (s).
         replay_retries: re-sends of a replay request that timed out before giving up.
         frame_budget: messages read per socket per wake.
@@ -101,20 +114,18 @@ class KvEventSubscriber:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, restored: dict[int, int] | None = None) -> None:
-        """Connect every SUB, register readers, start the timer; rows in `restored` (row -> last
-        applied seq >= 0, kept in shared memory by the previous daemon) start fresh with a catch-up
-        replay requested at once, every other row is reported stale."""
+        """Connect every SUB, register readers, start the timer; every row is reported fresh (stale
+        once it stays unconnected for its limit); rows in `restored` (row -> last applied seq >= 0,
+        kept in shared memory by the previous daemon) get a catch-up replay requested at once."""
         if self._running:
             raise RuntimeError("KvEventSubscriber already started; call stop() first")
         self._running = True
-        now = self.clock()
         restored = self.restored if restored is None else restored
         caught = 0
         for st in self.streams:
             self._open_sub(st)
-            st.last_msg_s = now
             start_seq = self.applier.restore(st.src.row, restored[st.src.row]) if restored and st.src.row in restored else None
-            st.stale = start_seq is None
+            st.stale = False  # not connected yet: stale only if that lasts
             if self.mark_stale is not None:
                 self.mark_stale(st.src.row, st.stale)
             if start_seq is not None:
@@ -147,7 +158,7 @@ class KvEventSubscriber:
             self._close(st)
 
     def add_source(self, src: KvEventSource) -> None:
-        """Subscribe one more worker row (admin AddWorker); it starts stale."""
+        """Subscribe one more worker row (admin AddWorker); it starts fresh, as not yet connected."""
         if any(st.src.row == src.row for st in self.streams):
             raise ValueError(f"worker row {src.row} already has a KV-event source")
         st = SourceStream(src)
@@ -156,9 +167,8 @@ class KvEventSubscriber:
             self.tick_s = max(0.01, min(self.tick_s, src.stale_after_s / 4))
         if self._running:
             self._open_sub(st)
-            st.last_msg_s = self.clock()
             if self.mark_stale is not None:
-                self.mark_stale(src.row, True)
+                self.mark_stale(src.row, False)
 
     def remove_source(self, row: int) -> None:
         """Unsubscribe a worker row (admin RemoveWorker) and forget its entries in both indexes."""
@@ -191,14 +201,22 @@ class KvEventSubscriber:
         sub = self.ctx.socket(zmq.SUB)
         self._options(sub)
         sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        sub.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
         sub.setsockopt(zmq.SUBSCRIBE, st.src.topic.encode())
+        # Monitored before it connects (an event emitted before the monitor is attached is lost); a
+        # handshake, not EVENT_CONNECTED: a stopped process's kernel still accepts TCP connections.
+        mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         try:
             sub.connect(st.src.endpoint)
         except zmq.ZMQError:
+            sub.disable_monitor()
+            mon.close(0)
             sub.close(0)  # an unclosed socket would hang Context.term() at shutdown
             raise
-        st.sub = sub
-        st.mon = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        st.sub, st.mon = sub, mon
+        st.health = StreamHealth.subscribed(self._limit(st), self.clock())
         self.loop.add_reader(sub.getsockopt(zmq.FD), self._on_sub, st)
         self.loop.add_reader(st.mon.getsockopt(zmq.FD), self._on_monitor, st)
         self.loop.call_soon(self._on_sub, st)  # a ZMQ FD only signals after EVENTS has been read once
@@ -242,13 +260,13 @@ class KvEventSubscriber:
                 self._malformed(st, "live", len(frames))
                 continue
             self._on_live(st, seq_from_bytes(frames[1]), frames[2])
+        if n:
+            self._refresh(st)
         if st.sub is sub and (n == self.frame_budget or sub.getsockopt(zmq.EVENTS) & zmq.POLLIN):
             self.loop.call_soon(self._on_sub, st)
 
     def _on_live(self, st: SourceStream, seq: int, payload: bytes) -> None:
         row = st.src.row
-        st.last_msg_s = self.clock()
-        self._set_stale(st, False)
         res = self.applier.on_live(row, seq, payload, _now_us())
         if res.restarted:
             log.warning("kv events restart row=%d seq=%d: worker index cleared", row, seq)
@@ -291,6 +309,8 @@ class KvEventSubscriber:
                 break
             n += 1
             self._on_replay_frames(st, frames)
+        if n:
+            self._refresh(st)
         if st.dealer is dealer and (n == self.frame_budget or dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN):
             self.loop.call_soon(self._on_dealer, st)
 
@@ -307,10 +327,11 @@ class KvEventSubscriber:
         if seq == -1:
             st.replay_deadline_s = None
             st.replay_attempts = 0
-            if self.applier.catching_up(row):  # the engine answered: the restored row is current
-                st.last_msg_s = self.clock()
-                self._set_stale(st, False)
+            restarts = self.applier.counters.restarts
             nxt = self.applier.on_replay_end(row)
+            if self.applier.counters.restarts != restarts:
+                log.warning("kv events restart row=%d: the publisher no longer holds the last applied seq;"
+                            " worker index cleared", row)
             if nxt is not None:
                 self._request_replay(st, nxt)
             return
@@ -327,12 +348,37 @@ class KvEventSubscriber:
                 msg = recv_monitor_message(mon, zmq.NOBLOCK)
             except zmq.Again:
                 break
+            assert st.health is not None
             if msg["event"] == zmq.EVENT_DISCONNECTED:
                 self.disconnects += 1
                 log.info("kv events disconnected row=%d endpoint=%s", st.src.row, st.src.endpoint)
-                self._set_stale(st, True)
+                st.health.disconnected(self.clock())
+            elif msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                log.info("kv events connected row=%d endpoint=%s", st.src.row, st.src.endpoint)
+                st.health.connected()
+                self._catch_up_after_connect(st)
+            self._refresh(st)
         if st.mon is not None and st.mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self.loop.call_soon(self._on_monitor, st)
+
+    def _catch_up_after_connect(self, st: SourceStream) -> None:
+        """Ask the publisher for what it published while nobody listened (`KvEventApplier.reconnected`)."""
+        if st.src.replay_endpoint is None:
+            return
+        start = self.applier.reconnected(st.src.row)
+        if start is not None:
+            self._request_replay(st, start)
+
+    def _limit(self, st: SourceStream) -> float:
+        return self.stale_after_s if st.src.stale_after_s is None else st.src.stale_after_s
+
+    def _refresh(self, st: SourceStream) -> None:
+        """Hand the row's gap state and the time to its `StreamHealth`; report a change of verdict."""
+        if st.health is None:
+            return
+        now = self.clock()
+        st.health.gap(self.applier.unfilled(st.src.row), now)
+        self._set_stale(st, st.health.stale(now))
 
     def _set_stale(self, st: SourceStream, stale: bool) -> None:
         if st.stale != stale:
@@ -344,9 +390,7 @@ class KvEventSubscriber:
         now = self.clock()
         try:
             for st in self.streams:
-                limit = self.stale_after_s if st.src.stale_after_s is None else st.src.stale_after_s
-                if not st.stale and now - st.last_msg_s > limit:
-                    self._set_stale(st, True)
+                self._refresh(st)
                 if st.replay_deadline_s is not None and now > st.replay_deadline_s:
                     self._replay_timed_out(st, now)
                 if st.retry_at_s is not None and now >= st.retry_at_s:
@@ -360,10 +404,8 @@ class KvEventSubscriber:
         self._close_dealer(st)  # drops late replies of this attempt
         st.replay_attempts += 1
         retry = st.replay_attempts <= self.replay_retries
-        was_catching_up = self.applier.catching_up(st.src.row)
         nxt = self.applier.replay_failed(st.src.row, retry)
-        if nxt is None and was_catching_up and self.applier.stream(st.src.row).live_seq < 0:
-            self._set_stale(st, True)  # a restored row whose engine never answered
+        self._refresh(st)
         self.warn.warning(f"kv-replay-timeout-{st.src.row}", "kv replay timed out row=%d attempt=%d retry=%s",
                           st.src.row, st.replay_attempts, nxt is not None)
         if nxt is None:

@@ -2,7 +2,7 @@
 (docs/KV_EVENTS.md, docs/DESIGN.md §6).
 
 * `KvEventSource`: one worker row's endpoints (engine PUB, optional replay ROUTER, already offset by
-  dp_rank), topic and staleness timeout; `sources_for_worker` builds them from a `WorkerConfig`.
+  dp_rank), topic and staleness limit; `sources_for_worker` builds them from a `WorkerConfig`.
 * `SourceStream`: the sockets and timers of one source, owned by `kv_events.KvEventSubscriber`;
   `replay_backoff_s` the wait before a timed-out replay request is re-sent.
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import zmq
 
 from ..kvevents.format import offset_endpoint
+from ..kvevents.staleness import StreamHealth
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +27,9 @@ class KvEventSource:
     endpoint: str  # the engine's PUB endpoint (we connect)
     replay_endpoint: str | None = None  # the engine's replay ROUTER, or None (no replay)
     topic: str = ""  # SUB prefix filter ("" = every topic)
-    stale_after_s: float | None = None  # silence before stale (s); None = the subscriber's default
+    # how long a disconnect or an unfilled gap is tolerated before the row is stale (s), never silence;
+    # None = the subscriber's default (kvevents/staleness.py)
+    stale_after_s: float | None = None
 
 
 def sources_for_worker(worker_cfg, rows_by_rank: dict[int, int]) -> list[KvEventSource]:
@@ -50,7 +53,7 @@ def sources_for_worker(worker_cfg, rows_by_rank: dict[int, int]) -> list[KvEvent
 class SourceStream:
     """Sockets and timers of one source (owned and driven by `kv_events.KvEventSubscriber`)."""
 
-    __slots__ = ("src", "sub", "mon", "dealer", "last_msg_s", "stale", "replay_deadline_s",
+    __slots__ = ("src", "sub", "mon", "dealer", "health", "stale", "replay_deadline_s",
                  "replay_attempts", "retry_at_s", "retry_from")
 
     def __init__(self, src: KvEventSource) -> None:
@@ -58,8 +61,8 @@ class SourceStream:
         self.sub: zmq.Socket | None = None
         self.mon: zmq.Socket | None = None
         self.dealer: zmq.Socket | None = None
-        self.last_msg_s = 0.0
-        self.stale = True
+        self.health: StreamHealth | None = None  # made when the SUB connects
+        self.stale = False  # as last reported through mark_stale
         self.replay_deadline_s: float | None = None  # end marker expected before this
         self.replay_attempts = 0
         self.retry_at_s: float | None = None  # re-send a failed replay request at this time

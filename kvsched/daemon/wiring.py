@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 KV_EVENT_FRAME_BUDGET = 64
 # Longest the daemon holds READY for the catch-up replays of restored KV-event rows (s): a replay of
 # a whole 10,000-batch ring buffer takes well under a second here; an engine that does not answer
-# must not delay the start (its row keeps its restored entries and turns stale if it never answers).
+# must not delay the start (its row keeps its restored entries, and turns stale if it stays unconnected).
 KV_CATCH_UP_WAIT_S = 1.0
 
 

@@ -29,6 +29,19 @@ Rules (per row):
   publish; a live batch that such a replay already applied is a duplicate, not a restart. A live
   seq <= L still means the engine restarted (row cleared). If the ring buffer no longer holds L+1,
   the seqs before its oldest are lost (counted).
+* **Reconnect** (`reconnected`: a handshake with the row's publisher completed, the first one
+  included): batches published while nobody listened never reach the SUB socket, and an idle engine
+  publishes no later batch that would reveal the gap, so a catch-up replay is requested at once,
+  like a restored row's. A row that knows seq L asks from L itself (a *probe*): a publisher that
+  still holds L answers with it; one that answers with nothing at all no longer holds L, so it
+  restarted while we were away: the row is forgotten (counted as a restart). A row that knows
+  nothing asks from 0 (when `replay_on_first`).
+* **Unfilled** (`unfilled`, the gap half of the staleness rule in `kvevents/staleness.py`): the row
+  has missing seqs, or seqs replay gave up on (lost), that its index should have seen. A first
+  batch's [0, N) is the publisher's history from before the daemon listened, not a gap of the
+  stream: losing the part the ring buffer no longer holds leaves the index knowing less, not
+  wrong. Seqs before a live `AllBlocksCleared` no longer matter either. Lost seqs stay unfilled
+  until the row's index is rebuilt from a known state (that clear, or an engine restart).
 * **Persisted seq**: with a `seq_store`, the row's *applied-through* seq (every batch <= it applied:
   the seq before the oldest missing one, else the last seq) is written there after every change, so
   a daemon restarted from it replays nothing twice that matters and misses nothing it can still get.
@@ -40,6 +53,7 @@ Entries are permanent (`ttl_us=None`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -94,6 +108,9 @@ class RowStream:
     restored_seq: int = -1  # L of `restore`: a live seq <= L is an engine restart
     ahead_seq: int = -1  # highest seq applied from a catch-up replay before the live stream delivered it
     live_seq: int = -1  # highest seq received live since start / restore
+    settled_below: int = 0  # seqs below this no longer matter (first-contact history, before a live clear)
+    probe_seq: int = -1  # a reconnect replay asked from this known seq and has not been answered yet
+    lost: bool = False  # seqs >= settled_below were given up: the index may miss stores and removals
 
     def applied_through(self) -> int:
         """Every batch with seq <= this was applied (-1 = nothing known)."""
@@ -101,6 +118,10 @@ class RowStream:
 
     def missing_count(self) -> int:
         return sum(hi - lo for lo, hi in self.missing)
+
+    def matters(self, ranges: Iterable[Sequence[int]]) -> bool:
+        """True if any [lo, hi) seq range in `ranges` reaches above `settled_below`."""
+        return any(hi > self.settled_below for _lo, hi in ranges)
 
     def take_missing(self, seq: int) -> bool:
         """Mark `seq` as no longer missing; False if it was not missing."""
@@ -156,8 +177,23 @@ class KvEventApplier:
         self._persist(row, st)
         return self._request(st)
 
+    def reconnected(self, row: int) -> int | None:
+        """The row's publisher completed a handshake (module docstring, "Reconnect").
+
+        Returns:
+            the seq to request a catch-up replay from now, or None: a replay is owed or in flight
+            already, or the row knows nothing and `replay_on_first` is off.
+        """
+        st = self.stream(row)
+        if st.replay_from is not None or st.missing or (st.last_seq < 0 and not self.replay_on_first):
+            return None
+        st.catch_up = True
+        st.restored_seq = st.last_seq
+        st.probe_seq = st.last_seq
+        return self._request(st)
+
     def catching_up(self, row: int) -> bool:
-        """True while the row's catch-up replay (after `restore`) has not ended."""
+        """True while the row's catch-up replay (after `restore` or `reconnected`) has not ended."""
         st = self._rows.get(row)
         return st is not None and st.catch_up
 
@@ -172,6 +208,12 @@ class KvEventApplier:
     def replay_pending(self, row: int) -> bool:
         st = self._rows.get(row)
         return st is not None and st.replay_from is not None
+
+    def unfilled(self, row: int) -> bool:
+        """True while the row misses seqs of its stream that replay has not restored, or has lost
+        some for good (module docstring, "Unfilled"); the first batch's history does not count."""
+        st = self._rows.get(row)
+        return st is not None and (st.lost or st.matters(st.missing))
 
     # ------------------------------------------------------------------ live stream
     def on_live(self, row: int, seq: int, payload: bytes, now_us: int) -> LiveResult:
@@ -188,6 +230,7 @@ class KvEventApplier:
             st = self.stream(row)
         first = st.last_seq < 0
         if first:
+            st.settled_below = seq  # the publisher's history, not a gap of the stream
             if seq > 0 and self.replay_on_first:
                 st.missing.append([0, seq])
         elif seq > st.last_seq + 1:
@@ -222,7 +265,10 @@ class KvEventApplier:
         return batch
 
     def _request(self, st: RowStream) -> int:
-        st.replay_from = st.missing[0][0] if st.missing else st.last_seq + 1  # the latter: catch-up only
+        if st.probe_seq >= 0:  # a reconnect's probe: from the seq the row knows
+            st.replay_from = st.probe_seq
+        else:  # the latter: catch-up only
+            st.replay_from = st.missing[0][0] if st.missing else st.last_seq + 1
         st.replay_sent_at = st.last_seq
         self.counters.replay_requests += 1
         return st.replay_from
@@ -238,6 +284,7 @@ class KvEventApplier:
                 self._clear(row)
                 if record:
                     st.cleared_seq = seq
+                st.settled_below, st.lost = seq, False  # the index is exact again from here
                 n += 1
                 continue
             idx = self._index(ev.device)
@@ -262,6 +309,8 @@ class KvEventApplier:
     def on_replay(self, row: int, seq: int, payload: bytes, now_us: int) -> int:
         """Apply one replayed batch if `seq` is still missing. Returns events applied."""
         st = self._rows.get(row)
+        if st is not None and 0 <= st.probe_seq <= seq:
+            st.probe_seq = -1  # the publisher still holds the seq we know: the same process
         if st is not None and st.catch_up and seq > st.last_seq:
             return self._catch_up(row, st, seq, payload, now_us)
         if st is None or not st.take_missing(seq):
@@ -295,8 +344,11 @@ class KvEventApplier:
 
     def _catch_up(self, row: int, st: RowStream, seq: int, payload: bytes, now_us: int) -> int:
         """A catch-up replay's batch newer than the row: applied as the live stream would have."""
+        if st.last_seq < 0:  # a first contact through replay: what came before is history
+            st.settled_below = seq
         if seq > st.last_seq + 1:  # the ring buffer no longer holds these
             self.counters.replay_lost += seq - st.last_seq - 1
+            st.lost = st.lost or st.matters([(st.last_seq + 1, seq)])
         batch = self._decode(payload)
         n = 0 if batch is None else self._apply_live(row, st, seq, batch, now_us)
         st.last_seq = seq
@@ -328,9 +380,14 @@ class KvEventApplier:
         st = self._rows.get(row)
         if st is None or st.replay_from is None:
             return None
+        if st.probe_seq >= 0:  # nothing from the seq we know on: the publisher restarted
+            self.counters.restarts += 1
+            self.reset_row(row)
+            return None
         st.catch_up = False
         old = [r for r in st.missing if r[0] <= st.replay_sent_at]
         self.counters.replay_lost += sum(hi - lo for lo, hi in old)
+        st.lost = st.lost or st.matters(old)
         st.missing = [r for r in st.missing if r[0] > st.replay_sent_at]
         st.replay_from = None
         if st.missing:
@@ -350,12 +407,14 @@ class KvEventApplier:
         if retry and (st.missing or st.catch_up):
             return self._request(st)
         st.catch_up = False
+        st.probe_seq = -1
         self._give_up(st)
         self._persist(row, st)
         return None
 
     def _give_up(self, st: RowStream) -> None:
         self.counters.replay_lost += st.missing_count()
+        st.lost = st.lost or st.matters(st.missing)
         st.missing.clear()
         st.replay_from = None
         st.tombs.clear()

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsched.cli import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_UNREACHABLE, app
-from tests.conftest import ROOT, TWO_WORKERS, free_port, purge, start_daemon, unique_instance
+from tests.conftest import ROOT, TWO_WORKERS, free_port, purge, start_daemon, unique_instance, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 runner = CliRunner()
@@ -224,14 +224,18 @@ def test_reload_path_is_resolved_against_the_callers_directory(own_daemon, tmp_p
 def test_add_worker_subscribes_to_the_kv_event_endpoints_it_is_given(own_daemon):
     port = free_port()
     ok = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "100",
-             "--kv-events-endpoint", f"tcp://127.0.0.1:{port}", "--kv-events-stale-after-s", "60")
+             "--kv-events-endpoint", f"tcp://127.0.0.1:{port}", "--kv-events-stale-after-s", "1")
     assert ok.exit_code == EXIT_OK, ok.output
     plain = run(own_daemon, "add-worker", "8", "--total-kv-blocks", "100")
     assert plain.exit_code == EXIT_OK, plain.output
-    rows = {w["worker_id"]: w for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
-    assert rows[7]["total_kv_blocks"] == 100
-    assert rows[7].get("stale") is True  # event-fed, no event seen yet: the approximate index serves it
-    assert not rows[8].get("stale", False)  # no stream: nothing to go stale
+
+    def rows() -> dict:
+        return {w["worker_id"]: w for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
+
+    assert rows()[7]["total_kv_blocks"] == 100
+    # event-fed, and nothing answers on its endpoint for 1 s: the approximate index serves it
+    assert wait_until(lambda: rows()[7].get("stale") is True)
+    assert not rows()[8].get("stale", False)  # no stream: nothing to go stale
 
 
 @pytest.mark.parametrize("bad", [("--kv-events-endpoint", "garbage"), ("--kv-events-endpoint", "tcp://nohost"),
@@ -261,12 +265,17 @@ def test_a_runtime_worker_restored_by_a_restarted_daemon_keeps_its_url_and_the_s
     from kvsched.client import SyncSchedulerClient
 
     url, ep = "http://127.0.0.1:18007", f"tcp://127.0.0.1:{free_port()}"
-    args = ("add-worker", "7", "--total-kv-blocks", "100", "--url", url, "--kv-events-endpoint", ep)
+    args = ("add-worker", "7", "--total-kv-blocks", "100", "--url", url, "--kv-events-endpoint", ep,
+            "--kv-events-stale-after-s", "1")
     assert run(own_daemon, *args).exit_code == EXIT_OK
     own_daemon.kill()
     own_daemon.restart()
-    rows = {w["worker_id"]: w for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
-    assert rows[7].get("stale") is True  # event-fed again (no event seen yet)
+
+    def stale() -> bool:
+        rows = {w["worker_id"]: w for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
+        return rows[7].get("stale") is True
+
+    assert wait_until(stale)  # event-fed again: nothing answers on its endpoint for its 1 s
     with SyncSchedulerClient(own_daemon.endpoint) as client:
         lease = client.schedule("restored-url-1", isl_tokens=16, pinned=(7, 0))
         assert lease.url == url

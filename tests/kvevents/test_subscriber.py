@@ -1,5 +1,5 @@
-"""The daemon's KV-event subscriber against real sockets: replay, restarts, staleness
-(docs/DESIGN.md §6.2, §6.3)."""
+"""The daemon's KV-event subscriber against real sockets: replay, restarts, reconnects, staleness
+(docs/DESIGN.md §6.2, §6.3; docs/KV_EVENTS.md)."""
 
 from __future__ import annotations
 
@@ -211,39 +211,182 @@ async def test_all_blocks_cleared_over_the_wire(ctx, ipc_dir):
         pub.close()
 
 
-async def test_silence_marks_the_worker_stale_and_an_event_revives_it(ctx, ipc_dir):
+async def test_silence_never_marks_the_worker_stale(ctx, ipc_dir):
+    """An idle engine publishes nothing: a connected, silent stream stays fresh past its limit."""
     h = Harness(ctx, ipc_dir, stale_after_s=0.3)
     pub = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC)
     pub.attach(asyncio.get_running_loop())
     h.sub.start()
     try:
-        assert h.stale_calls == [(ROW, True)]  # no stream yet
+        assert h.stale_calls == [(ROW, False)]  # not connected yet: stale only if that lasts
         await h.sync(probe(pub))
-        assert h.stale_calls[-1] == (ROW, False)
+        await asyncio.sleep(1.5)  # five times the limit without a batch
+        assert h.stale_calls == [(ROW, False)] and h.sub.counters()["stale_workers"] == 0
+    finally:
+        h.sub.stop()
+        pub.close()
+
+
+async def test_no_connection_since_the_start_marks_the_worker_stale_until_a_handshake(ctx, ipc_dir):
+    h = Harness(ctx, ipc_dir, stale_after_s=0.3)
+    h.sub.start()
+    pub = None
+    try:
         assert await until(lambda: h.stale_calls[-1] == (ROW, True))
         assert h.sub.stale_rows() == [ROW] and h.sub.counters()["stale_workers"] == 1
-        pub.block_stored([1], None, 16)
-        pub.flush()
+        pub = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC)  # the engine comes up, publishes nothing
+        pub.attach(asyncio.get_running_loop())
+        assert await until(lambda: h.stale_calls[-1] == (ROW, False))
+    finally:
+        h.sub.stop()
+        if pub is not None:
+            pub.close()
+
+
+async def test_a_disconnect_lasting_the_limit_marks_the_worker_stale_and_a_reconnect_ends_it(ctx, ipc_dir):
+    loop = asyncio.get_running_loop()
+    h = Harness(ctx, ipc_dir, stale_after_s=0.3)
+    pub = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC)
+    pub.attach(loop)
+    h.sub.start()
+    again = None
+    try:
+        await h.sync(probe(pub))
+        assert h.stale_calls == [(ROW, False)]
+        pub.close()
+        assert await until(lambda: h.stale_calls[-1] == (ROW, True))
+        assert h.sub.counters()["disconnects"] >= 1
+        again = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC)  # back, and idle
+        again.attach(loop)
         assert await until(lambda: h.stale_calls[-1] == (ROW, False))
     finally:
         h.sub.stop()
         pub.close()
+        if again is not None:
+            again.close()
 
 
-async def test_disconnect_marks_the_worker_stale(ctx, ipc_dir):
-    h = Harness(ctx, ipc_dir, stale_after_s=30.0)
-    pub = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC)
-    pub.attach(asyncio.get_running_loop())
+async def test_a_gap_replay_cannot_fill_marks_the_worker_stale_until_the_engine_clears_its_cache(ctx, ipc_dir):
+    h = Harness(ctx, ipc_dir, stale_after_s=0.3, replay_timeout_s=0.1, replay_retries=0)
+    pub = KvEventPublisher(ctx, h.ev, None, topic=TOPIC)  # no replay service: a gap stays unfilled
     h.sub.start()
     try:
         await h.sync(probe(pub))
-        assert h.stale_calls[-1] == (ROW, False)
-        pub.close()
+        pub.block_removed([1])
+        pub.flush(drop=True)
+        pub.block_stored([2], None, 16)
+        pub.flush()
+        assert await until(lambda: depth(h.dev, [2]) == 1)
         assert await until(lambda: h.stale_calls[-1] == (ROW, True))
-        assert h.sub.counters()["disconnects"] >= 1
+        assert h.sub.counters()["replay_lost"] >= 1
+        pub.all_cleared()  # the index is exact again from here
+        pub.flush()
+        ok = await until(lambda: h.stale_calls[-1] == (ROW, False))
+        assert ok, (h.sub.applier.stream(ROW), h.stale_calls, h.sub.streams[0].health, h.sub.counters())
+        await asyncio.sleep(1.0)  # then silent: it stays fresh
+        assert h.stale_calls[-1] == (ROW, False) and h.sub.stale_rows() == []
     finally:
         h.sub.stop()
         pub.close()
+
+
+class SplitPublisher:
+    """A vLLM-format publisher whose PUB socket can go away and come back while its replay ROUTER
+    (and ring buffer) stays: batches published while nobody is connected reach only the buffer."""
+
+    def __init__(self, ctx, ev: str, rp: str) -> None:
+        self.ctx, self.ev, self.seq, self.store = ctx, ev, 0, {}
+        self.pub = None
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(rp)
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(self.router.getsockopt(zmq.FD), self.serve)
+        self.open()
+
+    def open(self) -> None:
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind(self.ev)
+
+    def close_pub(self) -> None:
+        self.pub.close(0)
+        self.pub = None
+
+    def publish(self, events: list) -> None:
+        payload = enc([time.time(), events, 0])
+        self.store[self.seq] = payload
+        if self.pub is not None:
+            self.pub.send_multipart([TOPIC.encode(), seq_to_bytes(self.seq), payload])
+        self.seq += 1
+
+    def serve(self) -> None:
+        while True:
+            try:
+                ident, _empty, start = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            for seq in sorted(self.store):
+                if seq >= seq_from_bytes(start):
+                    self.router.send_multipart([ident, b"", seq_to_bytes(seq), self.store[seq]])
+            self.router.send_multipart([ident, b"", END_SEQ, b""])
+        if self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.loop.call_soon(self.serve)
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.router.getsockopt(zmq.FD))
+        self.router.close(0)
+        if self.pub is not None:
+            self.pub.close(0)
+
+
+async def test_batches_published_while_disconnected_are_replayed_on_reconnect_without_a_later_batch(ctx, ipc_dir):
+    """1. the engine stores block 1 (applied live), 2. its PUB goes away; meanwhile it stores 2 and
+    removes 1 (only its ring buffer has those), 3. the PUB comes back and the engine stays idle.
+    Result: the reconnect's catch-up replay applies both; nothing waited for a live batch."""
+    h = Harness(ctx, ipc_dir)
+    pub = SplitPublisher(ctx, h.ev, h.rp)
+    h.sub.start()
+    try:
+        await h.sync(lambda: pub.publish([]))
+        pub.publish([["BlockStored", [1], None, [0] * 16, 16, None, "GPU"]])
+        assert await until(lambda: depth(h.dev, [1]) == 1)
+        pub.close_pub()
+        assert await until(lambda: h.sub.counters()["disconnects"] >= 1)
+        pub.publish([["BlockStored", [2], None, [0] * 16, 16, None, "GPU"]])
+        pub.publish([["BlockRemoved", [1], "GPU"]])
+        pub.open()
+        assert await until(lambda: depth(h.dev, [2]) == 1 and depth(h.dev, [1]) == 0)
+        assert h.sub.counters()["restarts"] == 0 and h.last_seq() == pub.seq - 1
+    finally:
+        h.sub.stop()
+        pub.close()
+
+
+async def test_an_engine_that_restarted_while_disconnected_is_forgotten_on_reconnect_while_idle(ctx, ipc_dir):
+    """The publisher that comes back no longer holds the last applied seq (its seqs start again at 0,
+    and it published nothing yet): its worker's entries are cleared without waiting for a batch."""
+    loop = asyncio.get_running_loop()
+    h = Harness(ctx, ipc_dir)
+    old = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC)
+    old.attach(loop)
+    h.sub.start()
+    new = None
+    try:
+        await h.sync(probe(old))
+        old.block_stored([1, 2], None, 16)
+        old.flush()
+        assert await until(lambda: depth(h.dev, [1, 2]) == 2)
+        old.close()
+        new = KvEventPublisher(ctx, h.ev, h.rp, topic=TOPIC)  # restarted, idle
+        new.attach(loop)
+        assert await until(lambda: depth(h.dev, [1]) == 0)
+        assert h.sub.counters()["restarts"] == 1 and h.stale_calls[-1] == (ROW, False)
+    finally:
+        h.sub.stop()
+        old.close()
+        if new is not None:
+            new.close()
 
 
 async def test_unanswered_replay_is_retried_then_given_up(ctx, ipc_dir):
@@ -292,7 +435,7 @@ async def test_sources_added_and_removed_at_runtime(ctx, ipc_dir):
     h.sub.start()
     try:
         h.sub.add_source(src)
-        assert h.stale_calls == [(ROW, True)]
+        assert h.stale_calls == [(ROW, False)]  # not connected yet: stale only if that lasts
         with pytest.raises(ValueError):
             h.sub.add_source(src)
         await h.sync(probe(pub))
