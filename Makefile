@@ -17,11 +17,19 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+## The routing baselines (dynamo_cost, cache_aware, lmetric, llmd, llmd_sticky) are the kvsched-bench
+## distribution (bench/pyproject.toml): the benches run them, and the tests check them.
+TEST_STAMP := $(VENV)/.installed-test
+
+$(TEST_STAMP): $(STAMP) bench/pyproject.toml
+	$(BIN)/pip install --quiet --no-deps -e bench
+	touch $(TEST_STAMP)
+
 BENCH_STAMP := $(VENV)/.installed-bench
 
-$(BENCH_STAMP): $(BIN)/python pyproject.toml
+$(BENCH_STAMP): $(BIN)/python pyproject.toml bench/pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench,gateway]'
+	$(BIN)/pip install --quiet -e '.[test,bench,gateway]' -e bench
 	$(BIN)/pip install --quiet -e '.[bench-dynamo]' || echo "ai-dynamo-runtime not installable here: the dynamo routing baseline will be skipped"
 	touch $(BENCH_STAMP)
 
@@ -47,8 +55,8 @@ GATEWAY_DEMO_PORT ?= 8080
 gateway-demo: $(STAMP)
 	$(BIN)/python -m kvsched.gateway.demo --port $(GATEWAY_DEMO_PORT)
 
-## Run the test suite (unit, property and multi-process tests).
-test: $(STAMP)
+## Run the test suite (unit, property and multi-process tests; with the kvsched-bench baselines).
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -64,21 +64,16 @@ def leases_table(r: p.LeasesReply) -> Table:
                     x.cached_tokens, x.output_tokens, x.age_s, x.state] for x in r.leases])
 
 
-# selectors whose choice is the argmin of the explained cost (docs/ROUTING.md); "" = a daemon that does not say
-_COST_SELECTORS = ("", "kv", "dynamo_cost")
-
-
 def explain_table(r: p.ExplainReply) -> Table:
-    """One row per worker of a recent decision, with one column per cost term of the selector. For a
-    baseline selector (round_robin, lmetric, llmd, ...) the cost is Dynamo's, shown for reference and
-    headed as not used: the title names the selector that decided."""
+    """One row per worker of a recent decision, with one column per cost term of the selector. The rows
+    carry terms only when the selector picked the lowest cost (`WorkerSelector.terms`: kv, or a cost
+    baseline); otherwise (round_robin, least_loaded, the kvsched-bench baselines lmetric, llmd, ...) the
+    cost is the projection's, Dynamo's kv-router cost, shown for reference and headed as not used. The
+    title names the selector that decided."""
     names = list(dict.fromkeys(k for x in r.rows for k in x.terms))  # the selector's cost terms, in order
     by = f" by selector {r.decided_by}" if r.decided_by else ""
-    if r.decided_by in _COST_SELECTORS:
-        cost = "cost"
-    else:
-        cost = f"dynamo_cost (not used by {r.decided_by})"
-        names = [k for k in names if k != "cost"]
+    cost = "cost" if names else f"dynamo_cost (not used by {r.decided_by or 'the selector'})"
+    names = [k for k in names if k != "cost"]  # a selector's one term "cost" is the total column itself
     return _table(f"decision for {r.request_id}: chose {r.chosen_worker_id}:{r.chosen_dp_rank}{by}",
                   ["worker", "eligible", "overlap_blocks", "potential_blocks", "potential_prefill", *names, cost],
                   [[f"{x.worker_id}:{x.dp_rank}", x.eligible, x.overlap_blocks, x.potential_blocks,

@@ -13,6 +13,7 @@ from msgspec import Meta
 from ..endpoints import INSTANCE_PATTERN, endpoint_problem
 from ..protocol import MAX_NAME_CHARS, BatchedTokens, KvBlocks
 from .checks import curve_problem, url_problem
+from .selectors import selector_problem
 
 
 # An RNG seed: numpy.random.default_rng accepts any non-negative integer; kvsched takes 0..2**63-1 (TOML integers
@@ -92,8 +93,9 @@ class WorkerConfig(Section):
 class SelectorConfig(Section):
     """Worker selection (docs/ROUTING.md: every selector, every term's source and measured effect)."""
 
-    type: Literal["kv", "dynamo_cost", "round_robin", "random", "least_loaded", "power_of_two", "cache_aware",
-                  "lmetric", "llmd", "llmd_sticky"] = "kv"
+    # an installed selector (the `kvsched.selectors` entry points, `kvsched.config.selectors`): kvsched's kv,
+    # round_robin, least_loaded, power_of_two, random; the kvsched-bench baselines when that is installed
+    type: Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)] = "kv"
     # kv: cost in blocks = prefill_weight x projected uncached prefill blocks + active_blocks_weight x projected
     # active blocks - lead_bonus x min(exclusive overlap lead, lead_cap_blocks) + recent_weight x decayed recent blocks
     # + interference + home (both below; full formula in docs/ROUTING.md)
@@ -133,14 +135,20 @@ class SelectorConfig(Section):
     home_half_life_s: Annotated[float, Meta(gt=0)] = 30.0
     home_min_cached_share: Annotated[float, Meta(ge=0, le=1)] = 0.5
     home_min_prefill_tokens: TokenCount = 16384
-    # dynamo_cost (NVIDIA Dynamo's kv-router cost, its defaults)
+    # the projection's reference cost, NVIDIA Dynamo's kv-router cost with its defaults: what the kvsched-bench
+    # `dynamo_cost` baseline decides by; `kvsched explain` shows it under a selector that decides by other figures
     prefill_load_scale: Annotated[float, Meta(ge=0)] = 1.0  # weight of the prefill term
     overlap_credit: Annotated[float, Meta(ge=0)] = 1.0  # blocks of credit per overlapping block
-    temperature: Annotated[float, Meta(ge=0)] = 0.0  # kv, dynamo_cost: 0 = argmin with random tie-break
+    temperature: Annotated[float, Meta(ge=0)] = 0.0  # kv (and dynamo_cost): 0 = argmin with random tie-break
     approx_ttl_s: Annotated[float, Meta(gt=0)] = 120.0  # approximate index entry lifetime (s)
     # credit of a block held only in an offload tier (CPU/disk KV events), as a fraction of a device block's
     offload_overlap_credit: Annotated[float, Meta(ge=0, le=1)] = 0.5
     seed: Seed | None = None  # RNG seed (0..2**63-1) for tie-breaks / softmax (None = random)
+
+    def __post_init__(self) -> None:
+        problem = selector_problem(self.type)
+        if problem is not None:
+            raise ValueError(f"selector.type: {problem}")
 
 
 class OverloadConfig(Section):

@@ -37,7 +37,8 @@ def create_scheduler(config: Config, *, ledger=None, overlap=None, event_device:
         add_workers: register every rank of `config.workers` not registered yet (`add_config_workers`).
         speculative_ttl_s: TTL of the speculative entries (s); None = approx_ttl_s / 24.
     Raises:
-        ValueError: an unknown selector or admission policy type, or more configured ranks than rows.
+        ValueError: a selector type that is not installed (`create_selector`), an unknown admission
+            policy type, or more configured ranks than rows.
     """
     from .ledger import Ledger
     from .selector import create_selector

@@ -60,7 +60,8 @@ def lease_rows(sched, now_us: int, worker_id: int | None = None, policy_class: s
 
 def explain(ring, request_id: str, decided_by: str = "") -> ExplainReply | None:  # noqa: ANN001 - an ExplainRing
     """Per-worker rows of the most recent admission of `request_id` (last ~1024 decisions);
-    `decided_by` = the selector type that chose (its cost column decides only for kv / dynamo_cost)."""
+    `decided_by` = the selector type that chose. Rows carry the selector's cost terms only when it picked
+    the lowest cost (`WorkerSelector.terms`); without terms, `cost` is the projection's, for reference."""
     rec = ring.find(request_id)
     if rec is None:
         return None

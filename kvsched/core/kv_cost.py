@@ -59,11 +59,11 @@ import numpy as np
 from ..config import SelectorConfig
 from ..shm.select_kernels import KV_TERMS, kv_cost_terms
 from .prefill_time import PrefillTimeModel
-from .selector import DynamoCostSelector, SelectionView, TermTable
+from .selector import CostSelector, SelectionView, TermTable
 
 
-class KvSelector(DynamoCostSelector):
-    """kvsched's default selector (module docstring). temperature as in `DynamoCostSelector`.
+class KvSelector(CostSelector):
+    """kvsched's default selector (module docstring). temperature as in `CostSelector`.
 
     State: `recent` float64[W] (tokens, decayed to `recent_at_us`), changed only by `admitted`.
     Without a `SelectionView` (callers outside the dispatcher) it falls back to the given costs.
@@ -260,7 +260,7 @@ class KvSelector(DynamoCostSelector):
         One `kv_cost_terms` kernel call computes the terms (extra-wait cap, requests release rule and
         capped interference included), their total and its argmin with the same float operations as
         `terms`; ties, a temperature, a NaN or an ineligible minimum go through
-        `DynamoCostSelector.select` on the total, as before. Without an overlap, with row arrays of
+        `CostSelector.select` on the total, as before. Without an overlap, with row arrays of
         other dtypes than the kernel is proven for, or when the release rule must sum more rows than
         the kernel sums in numpy's order, the array code (`terms`) decides."""
         if view is None:
@@ -292,7 +292,7 @@ class KvSelector(DynamoCostSelector):
 
     def _array_select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray,
                       overlap_blocks: np.ndarray | None, view: SelectionView) -> tuple[int, dict[str, np.ndarray]]:
-        """`select_explained` by the array code: `terms`, their total, `DynamoCostSelector.select`."""
+        """`select_explained` by the array code: `terms`, their total, `CostSelector.select`."""
         t = self.terms(costs, eligible, overlap_blocks, view, active_requests)
         total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"]
         if "home" in t:
@@ -308,7 +308,7 @@ class KvSelector(DynamoCostSelector):
     # ---- learning (after admission) -------------------------------------------------------------
     def decides_by_kernel(self) -> bool:
         """True when every decision of `select_explained` with a view is the `kv_cost_terms` kernel's
-        (its unique minimum; ties go through `DynamoCostSelector.select`) and `admitted` only updates
+        (its unique minimum; ties go through `CostSelector.select`) and `admitted` only updates
         `recent`: temperature 0 and no key that only the array code computes. The fused admission
         kernel (`shm.admit_kernels.admit_kv`) may then decide in the selector's place. A new key the
         kernel does not compute must make this False."""

@@ -6,7 +6,7 @@ The `[selector]` table: `prefill_load_scale`, `overlap_credit`, `approx_ttl_s` a
 `offload_overlap_credit` are read per decision and apply at once. A change to any other selector key
 (`type`, `seed`, `temperature`, the `kv` weights) rebuilds the selector from the new table; a rebuilt
 selector of the same type keeps what it learnt (`WorkerSelector.learnt`: the `kv` selector's decayed
-recent work and home counts, round robin's cursor, cache_aware's cache sizes), one of another type
+recent work and home counts, round robin's cursor, the cache_aware baseline's cache sizes), one of another type
 starts empty; the RNG restarts from `seed`, and the `kv` predicted-seconds model (when on) restarts
 with no bookings. `reload_profile` returns the changed keys so the reply and the log name them.
 

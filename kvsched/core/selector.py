@@ -3,9 +3,14 @@
 `select` never reserves or touches a queue; the only state it changes is its own RNG and, for
 round robin, its cursor. State learnt from decisions changes only in the two admission hooks the
 dispatcher calls once a reservation succeeded: `admitted` (the `kv` selector's recently admitted work)
-and `note_admitted` (the cache-aware baseline's registry) — Dynamo kv-router guardrail: selectors are
-side-effect free. `create_selector(cfg)` picks the implementation named by `cfg.type`; the `kv` cost
-and every baseline are documented in docs/ROUTING.md.
+and `note_admitted` (e.g. the `cache_aware` baseline's registry) — Dynamo kv-router guardrail: selectors
+are side-effect free.
+
+Selectors are plug-ins: `create_selector(cfg)` builds the class registered under `cfg.type` in the
+`kvsched.selectors` entry-point group (`kvsched.config.selectors`). kvsched registers `kv`
+(`kv_cost.KvSelector`) and the four below; the routing baselines of the benchmarks (`dynamo_cost`,
+`cache_aware`, `lmetric`, `llmd`, `llmd_sticky`) live in the `kvsched-bench` distribution (bench/).
+docs/ROUTING.md documents each.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import SelectorConfig
+from ..config.selectors import selector_entry_point
 
 
 @dataclass(slots=True)
@@ -90,15 +96,18 @@ class WorkerSelector(ABC):
     """
 
     name: str = ""
-    # True when the choice is the argmin of the cost `terms` sum to (kv, dynamo_cost); False for the
-    # baselines, whose rule reads other figures: `kvsched explain` then marks the cost as not used.
-    decides_by_cost: bool = False
     # attributes holding what the selector learnt from past decisions (not configuration): a profile
     # reload that rebuilds a selector of the same type carries them over (`kvsched.core.reload`)
     learnt: tuple[str, ...] = ()
 
     def __init__(self, seed: int | None = None) -> None:
         self.rng = np.random.default_rng(seed)
+
+    @classmethod
+    def from_config(cls, cfg: SelectorConfig) -> WorkerSelector:
+        """The selector for the `[selector]` table `cfg` (what `create_selector` calls on the class an
+        entry point names). Default: `cls(seed=cfg.seed)`; a selector with keys of its own overrides it."""
+        return cls(seed=cfg.seed)
 
     @abstractmethod
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
@@ -120,11 +129,13 @@ class WorkerSelector(ABC):
 
     def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
               view: SelectionView) -> dict[str, np.ndarray]:
-        """Named float64[W] cost terms of a decision (summing to the cost), for `kvsched explain`.
+        """Named float64[W] cost terms of a decision, for `kvsched explain`: a selector that picks the
+        lowest cost returns the terms that cost sums; one that decides by other figures returns none,
+        and `explain` then shows the projection's cost (Dynamo's, `costs`) as a reference it did not use.
 
-        Default: the one term "cost" (`costs` as given). Pure.
+        Default: no terms. Pure.
         """
-        return {"cost": costs.astype(np.float64, copy=True)}
+        return {}
 
     def note_admitted(self, row: int, overlap_blocks: int, request_blocks: int) -> None:
         """The dispatcher reserved `row` for a request with `request_blocks` hashed prompt blocks, of
@@ -137,25 +148,25 @@ class WorkerSelector(ABC):
         return int(rows[self.rng.integers(rows.size)])
 
 
-
-class DynamoCostSelector(WorkerSelector):
-    """Lowest Dynamo cost (the kernel's `costs`): `prefill_load_scale x max(0, (active prefill + isl)/B
-    - overlap_credit x overlap) + projected active blocks` (NVIDIA Dynamo kv-router's cost and defaults;
-    docs/ROUTING.md). temperature 0: argmin with a uniformly random tie-break among equal minima;
-    temperature T > 0: softmax of -(cost normalised to [0, 1] over the eligible rows) / T."""
-
-    name = "dynamo_cost"
-    decides_by_cost = True
+class CostSelector(WorkerSelector):
+    """Lowest cost wins. temperature 0: argmin with a uniformly random tie-break among equal minima;
+    temperature T > 0: softmax of -(cost normalised to [0, 1] over the eligible rows) / T. `select` picks
+    by the `costs` it is given (the projection's, or a subclass's own total); the `kv` selector and the
+    kvsched-bench `dynamo_cost` baseline decide through it."""
 
     def __init__(self, temperature: float = 0.0, seed: int | None = None) -> None:
         super().__init__(seed)
         self.temperature = float(temperature)
 
+    @classmethod
+    def from_config(cls, cfg: SelectorConfig) -> CostSelector:
+        """`cls(cfg.temperature, cfg.seed)`."""
+        return cls(cfg.temperature, cfg.seed)
+
     def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
               view: SelectionView) -> dict[str, np.ndarray]:
-        """"prefill" (scale x clamped prefill blocks) and "active_blocks" (projected), summing to `costs`."""
-        active = np.where(eligible != 0, view.blocks, 0).astype(np.float64)
-        return {"prefill": costs - active, "active_blocks": active}
+        """The one term "cost" (`costs` as given): what `select` picks the lowest of. Pure."""
+        return {"cost": costs.astype(np.float64, copy=True)}
 
     def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
                overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
@@ -257,77 +268,17 @@ class PowerOfTwoSelector(WorkerSelector):
         return b if active_requests[b] < active_requests[a] else a
 
 
-class CacheAwareSelector(WorkerSelector):
-    """Baseline in the style of SGLang's cache-aware router, over block prefixes instead of text.
-
-    Per request: if the eligible rows' active requests are imbalanced (max − min > `balance_abs`
-    and max > `balance_rel` × min), the least-loaded row (random tie-break). Otherwise, if the best
-    prefix match covers more than `cache_threshold` of the request's blocks, the row with that
-    longest match (ties: fewer active requests); else the row with the smallest approximate cache,
-    where a row's cache grows by the blocks of each request routed to it that it did not match yet
-    (SGLang's per-worker tree size; its eviction at 2^26 characters is never reached here).
-    Defaults are SGLang's published ones (abs 64, rel 1.5, threshold 0.3).
-    State: the per-row cache sizes (blocks), grown by `note_admitted` (after a reservation), never
-    by `select`.
-    """
-
-    name = "cache_aware"
-    learnt = ("cache_blocks",)
-
-    def __init__(self, seed: int | None = None, cache_threshold: float = 0.3, balance_abs: int = 64,
-                 balance_rel: float = 1.5) -> None:
-        super().__init__(seed)
-        self.cache_threshold = cache_threshold
-        self.balance_abs = balance_abs
-        self.balance_rel = balance_rel
-        self.cache_blocks = np.zeros(0, np.int64)  # row -> approximate blocks cached (grows on demand)
-
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
-        rows = np.flatnonzero(eligible)
-        if rows.size == 0:
-            return -1
-        self._grow(eligible.size)
-        load = active_requests[rows]
-        lo, hi = int(load.min()), int(load.max())
-        depth = overlap_blocks[rows] if overlap_blocks is not None else np.zeros(rows.size, np.int64)
-        if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
-            row = self._pick(rows[load == lo])
-        elif request_blocks > 0 and depth.max() / request_blocks > self.cache_threshold:
-            best = rows[depth == depth.max()]
-            best_load = active_requests[best]
-            row = self._pick(best[best_load == best_load.min()])
-        else:
-            size = self.cache_blocks[rows]
-            row = self._pick(rows[size == size.min()])
-        return row
-
-    def note_admitted(self, row: int, overlap_blocks: int, request_blocks: int) -> None:
-        """The row's approximate cache grows by the request's blocks it did not match yet."""
-        self._grow(row + 1)
-        self.cache_blocks[row] += max(0, request_blocks - overlap_blocks)
-
-    def _grow(self, size: int) -> None:
-        if self.cache_blocks.size < size:
-            self.cache_blocks = np.concatenate([self.cache_blocks, np.zeros(size - self.cache_blocks.size, np.int64)])
-
-
 def create_selector(cfg: SelectorConfig) -> WorkerSelector:
-    """The selector named by `cfg.type`, seeded from `cfg.seed`.
+    """The selector registered as `cfg.type` in the `kvsched.selectors` entry-point group, built by its
+    class's `from_config(cfg)` (seeded from `cfg.seed`).
 
     Raises:
-        ValueError: unknown `cfg.type`.
+        ValueError: `cfg.type` is not installed (the message names the distribution of a known
+            baseline, `kvsched.config.selectors.selector_problem`).
+        TypeError: the entry point does not name a `WorkerSelector` subclass.
     """
-    from .baselines import LlmdSelector, LlmdStickySelector, LMetricSelector
-    from .kv_cost import KvSelector
-
-    if cfg.type == "kv":
-        return KvSelector.from_config(cfg)
-    if cfg.type == "dynamo_cost":
-        return DynamoCostSelector(cfg.temperature, cfg.seed)
-    simple = {cls.name: cls for cls in (RoundRobinSelector, RandomSelector, LeastLoadedSelector, PowerOfTwoSelector,
-                                        CacheAwareSelector, LMetricSelector, LlmdSelector, LlmdStickySelector)}
-    if cfg.type not in simple:
-        raise ValueError(f"unknown selector type {cfg.type!r}; expected one of {['kv', 'dynamo_cost', *simple]}")
-    return simple[cfg.type](cfg.seed)
+    ep = selector_entry_point(cfg.type)
+    cls = ep.load()
+    if not (isinstance(cls, type) and issubclass(cls, WorkerSelector)):
+        raise TypeError(f"selector entry point {ep.name} = {ep.value!r} is not a WorkerSelector subclass")
+    return cls.from_config(cfg)

@@ -199,7 +199,8 @@ class LeasesReply(Admin, tag="leases_reply"):
 
 class ExplainRow(Admin, tag="explain_row"):
     """One worker's view of a decision: eligibility, overlap blocks, projected blocks and prefill tokens, cost
-    (lower wins; -1 if ineligible) and the selector's named cost terms summing to it (docs/ROUTING.md)."""
+    (lower wins; -1 if ineligible) and, when the selector picked the lowest cost, its named cost terms summing
+    to it (docs/ROUTING.md); with no terms, `cost` is the projection's (Dynamo's kv-router cost), not used."""
 
     worker_id: int
     dp_rank: int
@@ -219,7 +220,7 @@ class ExplainReply(Admin, tag="explain_reply"):
     chosen_dp_rank: int
     decided_at_s: float
     rows: list[ExplainRow] = []
-    decided_by: str = ""  # the selector type that chose; `cost` is what decided only for kv / dynamo_cost
+    decided_by: str = ""  # the selector type that chose; `cost` is what decided only when the rows carry terms
 
 
 AdminReply = Union[OkReply, AdminError, StatusReply, QueuesReply, WorkersReply, LeasesReply, ExplainReply]

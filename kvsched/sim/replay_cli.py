@@ -11,13 +11,11 @@ from rich.markup import escape
 
 
 def selector_types() -> tuple[str, ...]:
-    """The `[selector] type` values the config accepts (one list: the config's Literal, which
-    `core.selector.create_selector` implements in full)."""
-    from typing import get_args, get_type_hints
+    """The `[selector] type` values the config accepts: the installed selectors (the `kvsched.selectors`
+    entry points, `kvsched.config.selectors`), which `core.selector.create_selector` builds."""
+    from ..config.selectors import installed_selectors
 
-    from ..config import SelectorConfig
-
-    return get_args(get_type_hints(SelectorConfig)["type"])
+    return tuple(installed_selectors())
 
 
 SELECTOR_HELP = "Worker selection (docs/ROUTING.md): " + ", ".join(selector_types()) + "."
@@ -81,15 +79,16 @@ def replay(
     import msgspec
     from rich.console import Console
 
+    from ..config.selectors import selector_problem
     from ..errors import DaemonUnavailable, KvschedError
     from ..errors import ConfigError
     from .classes import ClassRuleError, check_class_names, parse_class_rule
     from .replay import ReplayOptions, load_profile, profile_class_names, run_replay
     from .summary import class_table, summary_table
 
-    if selector not in selector_types():
-        raise typer.BadParameter(f"unknown selector {selector!r}; valid: {', '.join(selector_types())}",
-                                 param_hint="--selector")
+    problem = selector_problem(selector)
+    if problem is not None:  # not installed: the message lists the installed ones (or names kvsched-bench)
+        raise typer.BadParameter(problem, param_hint="--selector")
     for name, value, allowed in (("--kv-encoding", kv_encoding, ("array", "map")), ("--kv-transport", kv_transport, ("ipc", "tcp")),
                                  ("--overlap-mode", overlap_mode or "events", ("events", "approx", "none"))):
         if value not in allowed:

@@ -368,30 +368,7 @@ def test_one_compaction_per_class_when_a_batch_cancels_many_requests(monkeypatch
     assert len(s.pq.classes[0].pending._heap) <= 32  # dead items were compacted away
 
 
-# ---- 12. selectors are side-effect free ---------------------------------------------------------
-def test_cache_aware_select_records_nothing_until_admitted():
-    from kvsched.config import SelectorConfig
-    from kvsched.core.selector import create_selector
-
-    sel = create_selector(SelectorConfig(type="cache_aware", seed=0))
-    elig = np.ones(2, np.uint8)
-    picks = {sel.select(np.zeros(2), elig, np.zeros(2, np.int64), overlap_blocks=np.zeros(2, np.int32),
-                        request_blocks=10) for _ in range(20)}
-    assert not sel.cache_blocks.any()
-    assert picks == {0, 1}  # nothing recorded: both rows stay the smallest cache
-
-
-def test_cache_aware_registry_skips_request_whose_owner_is_gone():
-    dead = {5}
-    from kvsched.config import SelectorConfig
-
-    cfg = make_config([make_class("default", **BUSY_500)], selector=SelectorConfig(type="cache_aware", seed=0))
-    s = make_scheduler(cfg, workers=((1, 0), (2, 0)), owner_alive=lambda o: o not in dead)
-    assert s.enqueue(make_request("gone", owner=5, block_hashes=[1, 2, 3, 4, 5, 6]), 0) == []
-    assert not s.selector.cache_blocks.any()
-    got = _one(s.enqueue(make_request("ok", owner=1, block_hashes=[1, 2, 3, 4, 5, 6]), 1))
-    assert int(s.selector.cache_blocks.sum()) == 6
-    assert int(s.selector.cache_blocks[s.ledger.row_of(got.worker)]) == 6
+# ---- 12. selectors are side-effect free: the cache_aware baseline's tests are in tests/bench/test_baselines.py
 
 
 def test_requeued_request_stays_behind_a_higher_strict_priority_tier():

@@ -49,13 +49,6 @@ def test_idle_fleet_spreads_sessions_and_later_turns_keep_affinity(seed):
     assert back == 40
 
 
-def test_dynamo_cost_piles_paced_sessions_on_the_system_prompt_holder():
-    """The former default (Dynamo's cost): nothing in flight, so the worker holding the shared prompt wins
-    every first turn — the failure the recent-work term fixes."""
-    split, _ = _paced_sessions("dynamo_cost", 0)
-    assert max(split.values()) >= 35, split
-
-
 def _view(prefill, blocks, active_prefill=None, isl=320, bs=16, now_us=0, mbt=8192):
     w = len(prefill)
     ap = np.zeros(w, np.int64) if active_prefill is None else np.asarray(active_prefill, np.int64)

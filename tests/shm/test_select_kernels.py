@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsched.core.kv_cost import KvSelector
-from kvsched.core.selector import DynamoCostSelector, SelectionView, TermTable
+from kvsched.core.selector import CostSelector, SelectionView, TermTable
 from kvsched.shm.reference import numpy_twin, python_twin
 from kvsched.shm.select_kernels import KV_TERMS, count_busy, kv_cost_terms, pairwise_sum
 
@@ -106,7 +106,7 @@ def test_kv_cost_terms_agree_with_twins_and_the_selector(seed, n, recent_short, 
 @settings(max_examples=400, deadline=None)
 @given(seed=st.integers(0, 2**31), n=st.integers(1, 24), isl=st.integers(0, 20000), **TERM_KNOBS)
 def test_kv_select_explained_picks_what_the_array_code_picks(seed, n, isl, **knobs):
-    """Same row, terms (and the same RNG draws on ties) as `DynamoCostSelector.select` on the array
+    """Same row, terms (and the same RNG draws on ties) as `CostSelector.select` on the array
     total, with the extra-wait cap binding or not, the requests release rule on or off and the
     (capped or uncapped) interference term on or off."""
     elig, overlap, prefill, blocks, ap, mb, recent = _state(seed, n, n)
@@ -123,7 +123,7 @@ def test_kv_select_explained_picks_what_the_array_code_picks(seed, n, isl, **kno
         row, table = fast.select_explained(costs, elig, active, overlap_blocks=overlap, view=view)
         assert isinstance(table, TermTable)  # decided by the kernel, not the array fallback
         t = slow.terms(costs, elig, overlap, view, active)
-        want = DynamoCostSelector.select(slow, t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"]
+        want = CostSelector.select(slow, t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"]
                                          + t["interference"], elig, active)
         assert row == want
         assert dict((k, v.tolist()) for k, v in table.items()) == {k: v.tolist() for k, v in t.items()}
