@@ -20,7 +20,7 @@ import typer
 import zmq
 
 from .. import protocol as p
-from ..config import Config, check_endpoints, load_config
+from ..config import Config, check_endpoints, env_hint, ignored_env, load_config
 from ..endpoints import daemon_endpoints
 from ..errors import ConfigError, KvschedError, ShmLayoutError
 from .instance_lock import InstanceLock, purge_instance
@@ -286,6 +286,8 @@ def daemon_main(
         except ConfigError as exc:
             typer.echo(f"invalid: {exc}", err=True)
             raise typer.Exit(2)
+        for name in ignored_env(os.environ)[1]:
+            typer.echo(f"warning: {_ignored_env_line(name)}", err=True)
         from .health import metrics_host_problem
 
         problems = check_endpoints(cfg) + [m for m in [metrics_host_problem(cfg.daemon.metrics_host,
@@ -304,6 +306,7 @@ def daemon_main(
         typer.echo(f"kvsched-daemon: {exc}", err=True)
         raise typer.Exit(2)
     setup_logging(cfg.daemon.log_level, cfg.daemon.log_format)
+    _log_ignored_env()
     if purge:
         _purge(cfg.daemon.instance)
     daemon = Daemon(cfg, str(config) if config else None, overrides)
@@ -334,6 +337,20 @@ def _source(source: str, key: str, flags: dict) -> str:
         return "--" + key.replace("_", "-")
     env_name = f"KVSCHED_DAEMON_{key.upper()}"
     return env_name if os.environ.get(env_name) else "config file"
+
+
+def _log_ignored_env() -> None:
+    """Log the `KVSCHED_` variables the config loader ignored (`kvsched.config.ignored_env`): one
+    debug line per Kubernetes service link, one warning per other name. Neither stops the daemon."""
+    links, unknown = ignored_env(os.environ)
+    for name in links:
+        log.debug("environment variable ignored name=%s reason=kubernetes-service-link", name)
+    for name in unknown:
+        log.warning("%s", _ignored_env_line(name))
+
+
+def _ignored_env_line(name: str) -> str:
+    return f"environment variable {name} ignored: not one kvsched reads ({env_hint()})"
 
 
 def _load(config: Path | None, overrides: dict, workers: int | None) -> Config:
