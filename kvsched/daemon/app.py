@@ -263,7 +263,7 @@ def daemon_main(
     endpoint: Annotated[Optional[str], typer.Option(help="Data socket endpoint (overrides discovery).")] = None,
     admin_endpoint_opt: Annotated[Optional[str], typer.Option("--admin-endpoint", help="Admin socket endpoint.")] = None,
     check_config: Annotated[Optional[Path], typer.Option("--check-config", help="Validate FILE as a start with the other flags (e.g. --workers) would, and exit (0 ok, 2 invalid).")] = None,
-    purge: Annotated[bool, typer.Option("--purge", help="Unlink this instance's shared-memory segments and exit.")] = False,
+    purge: Annotated[bool, typer.Option("--purge", help="Remove a stopped instance's shared-memory segments, lock file and leftover ipc socket files, and exit.")] = False,
     log_level: Annotated[Optional[str], typer.Option(help="debug | info | warning | error")] = None,
     log_format: Annotated[Optional[str], typer.Option(help="text | json")] = None,
     version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
@@ -308,7 +308,7 @@ def daemon_main(
     setup_logging(cfg.daemon.log_level, cfg.daemon.log_format)
     _log_ignored_env()
     if purge:
-        _purge(cfg.daemon.instance)
+        _purge(cfg)
     daemon = Daemon(cfg, str(config) if config else None, overrides)
     for sig in (signal.SIGTERM, signal.SIGINT):  # until the loop installs its own (first thing in start)
         signal.signal(sig, lambda signum, _frame: daemon._on_signal(signum))
@@ -365,10 +365,14 @@ def _load(config: Path | None, overrides: dict, workers: int | None) -> Config:
     return cfg
 
 
-def _purge(instance: str) -> None:
-    """Unlink a stopped instance's segments and lock file; refuse while its daemon runs."""
+def _purge(cfg: Config) -> None:
+    """Unlink a stopped instance's segments, lock file and the ipc socket files of the endpoints it
+    binds (resolved as a start would: config, flags, discovery); refuse while its daemon runs."""
+    d = cfg.daemon
+    instance = d.instance
+    endpoints = [endpoint for endpoint, _ in daemon_endpoints(instance, d.endpoint, d.admin_endpoint)]
     try:
-        found = purge_instance(instance)
+        found = purge_instance(instance, endpoints)
     except ConfigError as exc:
         typer.echo(f"kvsched-daemon: refusing to purge: {exc}", err=True)
         raise typer.Exit(1)
