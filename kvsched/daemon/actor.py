@@ -129,7 +129,8 @@ class Actor:
         time.sleep(seconds)
 
     def stop_reading(self) -> None:
-        self._flush_replies()  # what this wake still owes version-2 peers, while the socket is open
+        while self.outbox:  # what this wake still owes version-2 peers, while the socket is open
+            self._flush_replies()
         self.tally.flush()
         self.stopped = True  # callbacks already queued (call_soon) must not touch closed sockets
         self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
@@ -414,18 +415,26 @@ class Actor:
         return self.outbox.send_now(conn, self.enc.encode(frame))
 
     def _flush_replies(self) -> None:
-        """Send what this wake owes the version-2 peers; release admissions nobody can receive."""
+        """Send what this wake owes the version-2 peers; release admissions nobody can receive.
+
+        Releasing them runs one cleanup pass, which may admit more requests and so owe more
+        replies: those are sent on the next loop turn, not here. A peer gone with a long queue is
+        admitted one capacity's worth at a time, each undeliverable, until the reaper cancels its
+        requests; looping here until nothing was lost held the loop that long (100,000 requests
+        of a killed flooder kept `kvsched queues` waiting 18 s, tests/daemon/test_admin_flood.py).
+        """
         if self.stopped:  # the sockets are closed (a queued safety-net flush after stop_reading)
             return
-        while self.outbox:
-            lost = self.outbox.flush()
-            if not lost:
-                return
-            t = now_us()
-            for o in lost:
-                self.tally.undeliverable += 1
-                self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
-            self._deliver(self.scheduler.drain_cleanup(t), t)  # may owe more replies: loop
+        lost = self.outbox.flush()
+        if not lost:
+            return
+        t = now_us()
+        for o in lost:
+            self.tally.undeliverable += 1
+            self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
+        self._deliver(self.scheduler.drain_cleanup(t), t)
+        if self.outbox:
+            self._wake_soon(self._flush_outside_wake)
 
     def _flush_outside_wake(self) -> None:
         """The outbox's callback for replies owed outside a wake (timers, admin): flush them, then

@@ -151,3 +151,43 @@ def test_admin_queues_answers_within_2s_when_one_connection_floods_200k_enqueues
     assert worst <= MAX_ADMIN_ROUND_TRIP_S, (
         f"worst admin round trip {worst:.2f} s during the flood and the {AFTER_FLOOD_S:.0f} s after it "
         f"(bound {MAX_ADMIN_ROUND_TRIP_S} s)")
+
+
+N_DEAD_FLOOD = 50_000
+
+
+def test_admin_answers_within_2s_when_a_killed_flooders_queue_meets_a_free_worker(daemon, tmp_path):
+    """1. a router's lease makes worker 1 busy, 2. a flooder queues 50,000 Enqueues for it, 3. the flooder
+    is SIGKILLed and at once the lease released: worker 1 is free while its queue belongs to a peer
+    ZeroMQ can no longer reach, until the reaper (pid watch, 100 ms) cancels it. Result: `queues`
+    answers within 2 s and the queue empties. Before: the daemon admitted the dead peer's requests
+    one capacity's worth at a time, each undeliverable and released, in one loop until none was left
+    (about 18 s for 100,000), answering nothing meanwhile."""
+    script = tmp_path / "flooder.py"
+    script.write_text(FLOODER)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with SyncSchedulerClient(daemon.endpoint, attach_progress=False) as router, \
+            AdminClient(daemon.admin_endpoint, timeout_s=120) as admin:
+        blocker = router.schedule("blocker", isl_tokens=2000, pinned=(1, 0))
+        flooder = subprocess.Popen([sys.executable, str(script), daemon.endpoint, str(N_DEAD_FLOOD)],
+                                   stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            assert flooder.stdout.readline().strip() == "FLOODING"
+            end = time.monotonic() + 120
+            while sum(row.depth for row in admin.call(p.Queues()).classes) < N_DEAD_FLOOD:
+                assert time.monotonic() < end, "the flood was not queued within 120 s"
+                time.sleep(0.2)
+        finally:
+            flooder.kill()
+            flooder.wait()
+        blocker.release()
+        rtts, depth = [], N_DEAD_FLOOD
+        end = time.monotonic() + 60
+        while depth and time.monotonic() < end:
+            start = time.monotonic()
+            depth = sum(row.depth for row in admin.call(p.Queues()).classes)
+            rtts.append(time.monotonic() - start)
+            time.sleep(0.1)
+    print(f"\nqueues round trips after the flooder's death (s): {', '.join(f'{r:.3f}' for r in rtts)}")
+    assert depth == 0, f"the dead flooder's {depth} requests still wait"
+    assert max(rtts) <= MAX_ADMIN_ROUND_TRIP_S, f"worst admin round trip {max(rtts):.2f} s (bound 2 s)"
