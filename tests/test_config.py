@@ -81,20 +81,50 @@ def test_env_overrides_file_and_flags_override_env(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["KVSCHED_DEAMON_MAX_SLOTS", "KVSCHED_SELECTR_TYPE", "KVSCHED_WORKERS_TOTAL_KV_BLOCKS"])
-def test_env_variable_naming_no_settable_section_is_an_error(name):
-    """Was: a typo in the section (`KVSCHED_DEAMON_MAX_SLOTS=5`) was ignored in silence, while one in
-    the key (`KVSCHED_DAEMON_MAX_SLOTZ`) was refused."""
-    with pytest.raises(ConfigError, match=f"{name}.*not a config section"):
-        load_config(None, env={name: "5"})
+def test_env_variable_naming_no_settable_section_is_ignored_and_reported(name):
+    """A typo in the section (`KVSCHED_DEAMON_MAX_SLOTS=5`) no longer stops the daemon (an unknown
+    variable must not: Kubernetes injects KVSCHED_<SERVICE>_* names); the daemon warns about it."""
+    from kvsched.config import ignored_env
+
+    assert load_config(None, env={name: "5"}) == load_config(None, env={})
+    assert ignored_env({name: "5"}) == ([], [name])
+
+
+SERVICE_LINKS = {  # what a Service named kvsched-pool with ports 7000 (named data) and 9464 puts into a pod
+    "KVSCHED_POOL_SERVICE_HOST": "10.0.0.1", "KVSCHED_POOL_SERVICE_PORT": "7000",
+    "KVSCHED_POOL_SERVICE_PORT_DATA": "7000", "KVSCHED_POOL_PORT": "tcp://10.0.0.1:7000",
+    "KVSCHED_POOL_PORT_7000_TCP": "tcp://10.0.0.1:7000", "KVSCHED_POOL_PORT_7000_TCP_PROTO": "tcp",
+    "KVSCHED_POOL_PORT_7000_TCP_PORT": "7000", "KVSCHED_POOL_PORT_7000_TCP_ADDR": "10.0.0.1",
+    "KVSCHED_POOL_PORT_9464_UDP_ADDR": "10.0.0.1", "KVSCHED_POOL_PORT_9464_SCTP": "sctp://10.0.0.1:9464",
+    # a Service named kvsched-daemon: a settable section, but a service link, not a key of it
+    "KVSCHED_DAEMON_SERVICE_HOST": "10.0.0.2", "KVSCHED_DAEMON_PORT": "tcp://10.0.0.2:7000",
+}
+
+
+def test_kubernetes_service_links_are_ignored_but_a_known_key_is_always_read():
+    """Service links load as if absent (reported apart, for a debug line); KVSCHED_DAEMON_METRICS_PORT
+    ends in _PORT yet names a key: read. A settable section with an unknown key is still an error,
+    and the error names only the variables users set (not the debug, bench and test ones)."""
+    from kvsched.config import ignored_env
+
+    env = SERVICE_LINKS | {"KVSCHED_DAEMON_METRICS_PORT": "9464"}
+    assert load_config(None, env=env).daemon.metrics_port == 9464
+    assert ignored_env(env) == (sorted(SERVICE_LINKS), [])
+    with pytest.raises(ConfigError, match="KVSCHED_DAEMON_MAX_SLOTZ: unknown key daemon.max_slotz") as err:
+        load_config(None, env=SERVICE_LINKS | {"KVSCHED_DAEMON_MAX_SLOTZ": "5"})
+    assert "KVSCHED_ADMIN_ENDPOINT" in str(err.value)
+    for internal in ("KVSCHED_DEBUG_STALL_S", "KVSCHED_BENCH_CORE_SRC", "KVSCHED_REGEN_GOLDEN"):
+        assert internal not in str(err.value)
 
 
 def test_the_documented_non_config_variables_are_left_alone():
     """Every other KVSCHED_ variable the code, docs and deploy files use still loads (discovery,
-    debug, compose, bench, tests), and so does a plain KVSCHED_TAG (no section part)."""
-    from kvsched.config import NON_CONFIG_ENV
+    debug, compose, bench, tests) without a warning."""
+    from kvsched.config import NON_CONFIG_ENV, ignored_env
 
     env = {name: "x" for name in NON_CONFIG_ENV} | {"KVSCHED_TAG": "latest", "KVSCHED_DAEMON_MAX_SLOTS": "5"}
     assert load_config(None, env=env).daemon.max_slots == 5
+    assert ignored_env(env) == ([], [])
 
 
 def test_include_supplies_the_profile(tmp_path):

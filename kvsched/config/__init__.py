@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from ..endpoints import endpoint_problem  # re-exported: callers validate endpoints beside config keys
 from .checks import check_endpoints, curve_problem, url_problem
-from .loader import NON_CONFIG_ENV, config_env_names, config_from_dict, load_config, load_config_keys, non_finite_keys
+from .loader import (
+    NON_CONFIG_ENV,
+    config_env_names,
+    config_from_dict,
+    env_hint,
+    ignored_env,
+    load_config,
+    load_config_keys,
+    non_finite_keys,
+)
 from .sections import (
     AdmissionConfig,
     ClassConfig,
@@ -34,5 +43,6 @@ __all__ = [
     "Section", "AdmissionConfig", "ClassConfig", "WorkerConfig", "SelectorConfig", "OverloadConfig", "DaemonConfig",
     "Config", "Seed", "TokenCount",
     "url_problem", "curve_problem", "check_endpoints", "endpoint_problem",
-    "NON_CONFIG_ENV", "config_env_names", "load_config", "load_config_keys", "config_from_dict", "non_finite_keys",
+    "NON_CONFIG_ENV", "config_env_names", "ignored_env", "env_hint",
+    "load_config", "load_config_keys", "config_from_dict", "non_finite_keys",
 ]

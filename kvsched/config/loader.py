@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import msgspec
 
@@ -18,51 +19,96 @@ from .sections import Config, DaemonConfig, OverloadConfig, SelectorConfig
 
 
 _ENV_PREFIX = "KVSCHED_"
+_ENV_SECTIONS = {"daemon": DaemonConfig, "selector": SelectorConfig, "overload": OverloadConfig}
 
-# The KVSCHED_<X>_<Y> variables that are not config overrides (docs/DESIGN.md §1.3); the loader
-# leaves them alone and refuses any other whose <X> is not a section it can set.
-NON_CONFIG_ENV = frozenset({
+# The KVSCHED_ variables that are not config overrides (docs/DESIGN.md §1.3): the loader leaves them
+# alone. Only the user-facing ones are named in its errors and warnings.
+USER_ENV = frozenset({
     "KVSCHED_ENDPOINT", "KVSCHED_ADMIN_ENDPOINT",  # discovery of routers and the CLI (kvsched.endpoints)
+    "KVSCHED_TOKENIZER_DIR", "KVSCHED_TAG",  # docker-compose.yml: the tokenizer mount, the image tag
+})
+INTERNAL_ENV = frozenset({
     "KVSCHED_DEBUG_STALL_S",  # debug aid: SIGUSR2 blocks the daemon's loop this long (s)
-    "KVSCHED_TOKENIZER_DIR",  # docker-compose.yml: the tokenizer mounted into engines and gateway
     "KVSCHED_BENCH_CORE_SRC", "KVSCHED_REGEN_GOLDEN",  # bench/ and tests/
 })
+NON_CONFIG_ENV = USER_ENV | INTERNAL_ENV
+
+# The names Kubernetes gives the service links it puts into every pod of a namespace, for each
+# Service: <NAME>_SERVICE_HOST, <NAME>_SERVICE_PORT, <NAME>_SERVICE_PORT_<PORT NAME>, <NAME>_PORT and
+# <NAME>_PORT_<n>_<TCP|UDP|SCTP> with its _PROTO / _PORT / _ADDR forms ("Environment variables" in
+# https://kubernetes.io/docs/concepts/services-networking/service/). A Service named kvsched-pool
+# makes KVSCHED_POOL_SERVICE_HOST and the rest.
+SERVICE_LINK = re.compile(
+    r"_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)$")
+
+EnvKind = Literal["override", "non_config", "service_link", "unknown_key", "unknown"]
+
+
+def env_kind(name: str) -> EnvKind:
+    """What the loader does with the `KVSCHED_` variable `name`, first match wins:
+
+    * `override`: `KVSCHED_<SECTION>_<KEY>` naming a key of [daemon], [selector] or [overload]: read
+      (`KVSCHED_DAEMON_METRICS_PORT` too, though it looks like a service link);
+    * `non_config`: one of `NON_CONFIG_ENV`, read elsewhere: left alone;
+    * `service_link`: ends like a Kubernetes service link (`SERVICE_LINK`): ignored;
+    * `unknown_key`: a settable section with a key it does not have (`KVSCHED_DAEMON_MAX_SLOTZ`): an error;
+    * `unknown`: anything else (`KVSCHED_DEAMON_MAX_SLOTS`): ignored with a warning.
+    """
+    rest = name[len(_ENV_PREFIX):].lower()
+    section = next((s for s in _ENV_SECTIONS if rest.startswith(s + "_")), None)
+    if section is not None and rest[len(section) + 1:] in _ENV_SECTIONS[section].__struct_fields__:
+        return "override"
+    if name in NON_CONFIG_ENV:
+        return "non_config"
+    if SERVICE_LINK.search(name):
+        return "service_link"
+    return "unknown_key" if section is not None else "unknown"
+
+
+def env_hint() -> str:
+    """What kvsched reads from KVSCHED_ variables, for errors and warnings (user-facing ones only)."""
+    return (f"KVSCHED_<SECTION>_<KEY> sets a key of a config section, SECTION one of "
+            f"{', '.join(s.upper() for s in _ENV_SECTIONS)}; other KVSCHED_ variables kvsched reads: "
+            f"{', '.join(sorted(USER_ENV))}")
 
 
 def config_env_names(env: Mapping[str, str]) -> list[str]:
-    """The `KVSCHED_<X>_<Y>` variables of `env` the loader reads as config overrides (or refuses as
-    unknown sections): every `KVSCHED_` name with an inner `_` that is not one of `NON_CONFIG_ENV`.
-    Sorted. A process that writes its daemon's whole config (`kvsched replay`) drops these."""
-    return sorted(name for name in env if name.startswith(_ENV_PREFIX) and name not in NON_CONFIG_ENV
-                  and "_" in name[len(_ENV_PREFIX):].strip("_"))
+    """The `KVSCHED_` variables of `env` the loader reads as config overrides or refuses (`env_kind`
+    `override` or `unknown_key`). Sorted. A process that writes its daemon's whole config
+    (`kvsched replay`) drops these."""
+    return sorted(name for name in env if name.startswith(_ENV_PREFIX)
+                  and env_kind(name) in ("override", "unknown_key"))
+
+
+def ignored_env(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """The `KVSCHED_` variables of `env` the loader ignores: (service links, unknown names), each
+    sorted (`env_kind`). The daemon logs the first at debug level and warns once about each of the
+    second; a stray variable never stops it (Kubernetes puts service links into every pod)."""
+    kinds = {name: env_kind(name) for name in env if name.startswith(_ENV_PREFIX)}
+    return (sorted(n for n, k in kinds.items() if k == "service_link"),
+            sorted(n for n, k in kinds.items() if k == "unknown"))
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """`KVSCHED_<SECTION>_<KEY>=value` → {section: {key: value}} for the scalar sections.
+    """`KVSCHED_<SECTION>_<KEY>=value` → {section: {key: value}} for the scalar sections; every other
+    `KVSCHED_` variable is left alone (`env_kind`), except the one error below.
 
     Raises:
-        ConfigError: an unknown key of a section, or a `KVSCHED_<X>_<Y>` variable whose X is not
-            daemon, selector or overload and that is not one of `NON_CONFIG_ENV` (e.g. the typo
-            `KVSCHED_DEAMON_MAX_SLOTS`, which would otherwise be ignored in silence).
+        ConfigError: a settable section with an unknown key (`KVSCHED_DAEMON_MAX_SLOTZ`), unless
+            the name ends like a Kubernetes service link.
     """
     out: dict[str, dict[str, Any]] = {}
-    sections = {"daemon": DaemonConfig, "selector": SelectorConfig, "overload": OverloadConfig}
     for name, value in env.items():
-        if not name.startswith(_ENV_PREFIX) or name in NON_CONFIG_ENV:
+        if not name.startswith(_ENV_PREFIX):
+            continue
+        kind = env_kind(name)
+        if kind not in ("override", "unknown_key"):
             continue
         rest = name[len(_ENV_PREFIX):].lower()
-        section = next((s for s in sections if rest.startswith(s + "_")), None)
-        if section is None:
-            if "_" in rest.strip("_"):  # KVSCHED_<X>_<Y>: meant as an override of section X
-                raise ConfigError(
-                    f"environment {name}: {rest.split('_')[0]!r} is not a config section that can be set "
-                    f"from the environment (KVSCHED_<SECTION>_<KEY> with SECTION one of "
-                    f"{', '.join(s.upper() for s in sections)}); other KVSCHED_ variables kvsched reads: "
-                    f"{', '.join(sorted(NON_CONFIG_ENV))}")
-            continue
+        section = next(s for s in _ENV_SECTIONS if rest.startswith(s + "_"))
         key = rest[len(section) + 1:]
-        if key not in sections[section].__struct_fields__:
-            raise ConfigError(f"environment {name}: unknown key {section}.{key}")
+        if kind == "unknown_key":
+            raise ConfigError(f"environment {name}: unknown key {section}.{key} ({env_hint()})")
         out.setdefault(section, {})[key] = _parse_scalar(value)
     return out
 

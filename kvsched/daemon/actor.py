@@ -86,6 +86,7 @@ class Actor:
         self.warn = RateLimitedLog(log)
         self.batch_dec = p.make_batched_router_decoder()
         self._batch_index: int | None = None  # position in the Batch being handled, for Error frames
+        self._carry: tuple[Connection, list, int] | None = None  # a Batch begun, not finished: (peer, frames, next)
         self.max_frame_bytes = daemon_cfg.max_frame_bytes  # bigger messages are answered error{oversized}
         self.outbox = ReplyOutbox(data_sock, daemon_cfg.max_frame_bytes, self.warn, loop.call_soon,
                                   self._flush_outside_wake)  # version-2 peers: the replies of one wake
@@ -100,6 +101,7 @@ class Actor:
         self._next_gauges_us = 0
         self._last_tick_s = 0.0
         self._fold_timer: asyncio.TimerHandle | None = None
+        self._soon: dict[Callable[[], None], asyncio.Handle] = {}  # reader callback -> its one queued wake
         self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
         self.on_second: list[Callable[[], None]] = []  # once a second, with the gauges (e.g. kv-event counters)
         self.dropped_dead_frames = 0  # frames left by peers whose process died, dropped unread
@@ -119,7 +121,7 @@ class Actor:
         if stall_s > 0:  # operators' check of the watchdog wiring: `kill -USR2` freezes the loop
             self.loop.add_signal_handler(signal.SIGUSR2, self._stall, stall_s)
         self._schedule_tick()
-        self.loop.call_soon(self._on_data)
+        self._wake_soon(self._on_data)
 
     def _stall(self, seconds: float) -> None:
         """Block the actor loop (debug aid, enabled by KVSCHED_DEBUG_STALL_S): the watchdog must fire."""
@@ -127,7 +129,8 @@ class Actor:
         time.sleep(seconds)
 
     def stop_reading(self) -> None:
-        self._flush_replies()  # what this wake still owes version-2 peers, while the socket is open
+        while self.outbox:  # what this wake still owes version-2 peers, while the socket is open
+            self._flush_replies()
         self.tally.flush()
         self.stopped = True  # callbacks already queued (call_soon) must not touch closed sockets
         self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
@@ -153,6 +156,7 @@ class Actor:
     def _on_data(self) -> None:
         """Reader callback: one wake (`_drain_data`), whose replies it flushes itself (no safety-net
         callback per wake); if the wake failed midway, what it queued is flushed on the next turn."""
+        self._woken(self._on_data)
         self.outbox.in_wake = True
         try:
             self._drain_data()
@@ -165,7 +169,7 @@ class Actor:
         if self.stopped:
             return
         sock = self.data_sock
-        if not readable(sock):
+        if self._carry is None and not readable(sock):
             # Nothing to read: the ZMQ FD also signals after sends and internal commands. No fold,
             # no cleanup pass (the timers fold while anything waits); flush what a timer left.
             if self.outbox:
@@ -177,7 +181,11 @@ class Actor:
         n = 0
         sends = self.outbox.sends
         folded = self._fold()  # local routers' dispatched / prefill_done / tokens, before this wake's frames
-        while True:  # readable: checked above, then after each message (no zmq.Again raised per wake)
+        more = True  # readable: checked above, then after each message (no zmq.Again raised per wake)
+        if self._carry is not None:  # the rest of a Batch an earlier wake began comes before any new message
+            n = self._resume_batch(budget, t)
+            more = n < budget and self._carry is None and readable(sock)
+        while more:
             identity = sock.recv(_NOBLOCK)
             part = sock.recv(_NOBLOCK, copy=False)  # the rest of a message is there once its first part is
             payload = part.bytes
@@ -192,9 +200,10 @@ class Actor:
                     self._refuse(identity, f"a data-socket message is one frame; this one had {1 + len(rest)} "
                                            "parts", envelope=False)
             else:
-                n += self._handle_data(identity, payload, t) or 1  # a Batch counts its inner frames
-            if n >= budget or not readable(sock):
-                break
+                counted = self._handle_data(identity, payload, t)
+                # a Batch counts its inner frames, handled up to the budget now and the rest in the next wakes
+                n += self._resume_batch(budget - n, t) if self._carry is not None else counted or 1
+            more = n < budget and self._carry is None and readable(sock)
         tally = self.tally
         if n:
             tally.frames += n
@@ -211,8 +220,8 @@ class Actor:
         # Sends process the socket's commands and can swallow the FD's edge for a message that
         # arrived meanwhile: look again after sending. With nothing sent, the check that ended the
         # loop above still holds.
-        if n >= budget or (self.outbox.sends != sends and readable(sock)):
-            self.loop.call_soon(self._on_data)
+        if n >= budget or self._carry is not None or (self.outbox.sends != sends and readable(sock)):
+            self._wake_soon(self._on_data)
 
     # ------------------------------------------------------------------ shared-memory words
     def _fold(self) -> bool:
@@ -241,7 +250,28 @@ class Actor:
     def _rearm(self, sock: zmq.Socket, cb: Callable[[], None], more: bool) -> None:
         # The ZMQ FD is edge-like: after a partial drain or a send, re-check EVENTS ourselves.
         if more or readable(sock):
-            self.loop.call_soon(cb)
+            self._wake_soon(cb)
+
+    def _wake_soon(self, cb: Callable[[], None]) -> None:
+        """Run the reader callback `cb` on the next loop turn, unless a turn is already queued for it.
+
+        One queued wake per callback, never more: every path that finds a socket still readable (a
+        wake that used its whole budget, the tick, a flush, the FD's own reader firing meanwhile)
+        asks again while a flood lasts, and each queued wake that ends on its budget queues the next.
+        Queued side by side, the copies would all run in one loop turn, so that turn (and with it the
+        admin socket's reader and every timer) would wait for ever more data wakes: a flood of
+        200,000 Enqueues grew it past 25 back-to-back wakes and held `kvsched queues` for seconds
+        (docs/ARCHITECTURE.md, "The daemon's I/O pattern").
+        """
+        if cb not in self._soon:
+            self._soon[cb] = self.loop.call_soon(cb)
+
+    def _woken(self, cb: Callable[[], None]) -> None:
+        """First thing in a reader callback: the wake queued for it (if any) is this one, or is
+        cancelled because this one, run by the socket's own reader, does its work."""
+        handle = self._soon.pop(cb, None)
+        if handle is not None:
+            handle.cancel()
 
     def _handle_data(self, identity: bytes, payload: bytes, t: int) -> None:
         conn = self.conns.get(identity)
@@ -305,18 +335,43 @@ class Actor:
         self._error(conn, p.ErrorCode.MALFORMED, detail, p.peek_request_id(payload))
 
     def _on_batch(self, conn: Connection, batch: p.Batch, t: int) -> int:
-        """Handle a Batch's frames in order, as if they had arrived one by one; returns how many."""
+        """Begin a Batch: its frames are handled in order by `_resume_batch`, as if they had arrived
+        one by one. Returns 1 for a batch refused or empty (one frame's worth), else 0 (not counted yet)."""
         if conn.protocol_version < p.BATCH_MIN_VERSION:
             self._error(conn, p.ErrorCode.MALFORMED,
                         f"batch frames need protocol version {p.BATCH_MIN_VERSION}; this connection said "
                         f"Hello with version {conn.protocol_version}")
             return 1
         self.tally.batches += 1
+        if not batch.frames:
+            return 1
+        self._carry = (conn, batch.frames, 0)
+        return 0
+
+    def _resume_batch(self, room: int, t: int) -> int:
+        """Handle the next frames, at most `room`, of the Batch being handled; returns how many.
+
+        The rest waits for the next wakes, which handle it before reading another message: so
+        `frame_budget_per_wake` bounds every wake, however many frames one message carries (a client
+        coalesces a loop turn's frames into batches of up to `max_frame_bytes`, tens of thousands of
+        Enqueues), and the admin socket and the timers run between them. What remains of a batch
+        whose connection was closed meanwhile (found dead) is dropped, as its unread messages are.
+        """
+        assert self._carry is not None
+        conn, frames, start = self._carry
+        if not conn.alive:
+            self.dropped_dead_frames += len(frames) - start
+            self._carry = None
+            return 0
+        end = min(len(frames), start + room)
         decode = self.batch_dec.decode
         handle = self._handle_frame
+        i = start
         try:
-            for i, raw in enumerate(batch.frames):
+            while i < end:
+                raw = frames[i]
                 self._batch_index = i
+                i += 1  # past this frame even if handling it raises: a frame is never handled twice
                 try:
                     frame = decode(raw)
                 except Exception as exc:  # noqa: BLE001 - as for a whole message: every failure answered
@@ -325,7 +380,8 @@ class Actor:
                 handle(conn, frame, t)
         finally:
             self._batch_index = None
-        return max(1, len(batch.frames))
+            self._carry = (conn, frames, i) if i < len(frames) else None
+        return i - start
 
     def _on_hello(self, conn: Connection, frame: p.Hello) -> None:
         if not (p.PROTOCOL_MIN <= frame.protocol_version <= p.PROTOCOL_MAX):
@@ -359,18 +415,26 @@ class Actor:
         return self.outbox.send_now(conn, self.enc.encode(frame))
 
     def _flush_replies(self) -> None:
-        """Send what this wake owes the version-2 peers; release admissions nobody can receive."""
+        """Send what this wake owes the version-2 peers; release admissions nobody can receive.
+
+        Releasing them runs one cleanup pass, which may admit more requests and so owe more
+        replies: those are sent on the next loop turn, not here. A peer gone with a long queue is
+        admitted one capacity's worth at a time, each undeliverable, until the reaper cancels its
+        requests; looping here until nothing was lost held the loop that long (100,000 requests
+        of a killed flooder kept `kvsched queues` waiting 18 s, tests/daemon/test_admin_flood.py).
+        """
         if self.stopped:  # the sockets are closed (a queued safety-net flush after stop_reading)
             return
-        while self.outbox:
-            lost = self.outbox.flush()
-            if not lost:
-                return
-            t = now_us()
-            for o in lost:
-                self.tally.undeliverable += 1
-                self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
-            self._deliver(self.scheduler.drain_cleanup(t), t)  # may owe more replies: loop
+        lost = self.outbox.flush()
+        if not lost:
+            return
+        t = now_us()
+        for o in lost:
+            self.tally.undeliverable += 1
+            self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
+        self._deliver(self.scheduler.drain_cleanup(t), t)
+        if self.outbox:
+            self._wake_soon(self._flush_outside_wake)
 
     def _flush_outside_wake(self) -> None:
         """The outbox's callback for replies owed outside a wake (timers, admin): flush them, then
@@ -396,6 +460,7 @@ class Actor:
     def _on_admin(self) -> None:
         """Reader callback: answer the admin messages (`AdminSocket.serve`), then one `drain_cleanup`."""
         assert self.admin is not None
+        self._woken(self._on_admin)
         if self.stopped:
             return
         t = now_us()

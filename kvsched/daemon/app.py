@@ -20,7 +20,7 @@ import typer
 import zmq
 
 from .. import protocol as p
-from ..config import Config, check_endpoints, load_config
+from ..config import Config, check_endpoints, env_hint, ignored_env, load_config
 from ..endpoints import daemon_endpoints
 from ..errors import ConfigError, KvschedError, ShmLayoutError
 from .instance_lock import InstanceLock, purge_instance
@@ -264,7 +264,7 @@ def daemon_main(
     endpoint: Annotated[Optional[str], typer.Option(help="Data socket endpoint (overrides discovery).")] = None,
     admin_endpoint_opt: Annotated[Optional[str], typer.Option("--admin-endpoint", help="Admin socket endpoint.")] = None,
     check_config: Annotated[Optional[Path], typer.Option("--check-config", help="Validate FILE as a start with the other flags (e.g. --workers) would, and exit (0 ok, 2 invalid).")] = None,
-    purge: Annotated[bool, typer.Option("--purge", help="Unlink this instance's shared-memory segments and exit.")] = False,
+    purge: Annotated[bool, typer.Option("--purge", help="Remove a stopped instance's shared-memory segments, lock file and leftover ipc socket files, and exit.")] = False,
     log_level: Annotated[Optional[str], typer.Option(help="debug | info | warning | error")] = None,
     log_format: Annotated[Optional[str], typer.Option(help="text | json")] = None,
     version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
@@ -287,6 +287,8 @@ def daemon_main(
         except ConfigError as exc:
             typer.echo(f"invalid: {exc}", err=True)
             raise typer.Exit(2)
+        for name in ignored_env(os.environ)[1]:
+            typer.echo(f"warning: {_ignored_env_line(name)}", err=True)
         from .health import metrics_host_problem
 
         problems = check_endpoints(cfg) + [m for m in [metrics_host_problem(cfg.daemon.metrics_host,
@@ -305,8 +307,9 @@ def daemon_main(
         typer.echo(f"kvsched-daemon: {exc}", err=True)
         raise typer.Exit(2)
     setup_logging(cfg.daemon.log_level, cfg.daemon.log_format)
+    _log_ignored_env()
     if purge:
-        _purge(cfg.daemon.instance)
+        _purge(cfg)
     daemon = Daemon(cfg, str(config) if config else None, overrides)
     for sig in (signal.SIGTERM, signal.SIGINT):  # until the loop installs its own (first thing in start)
         signal.signal(sig, lambda signum, _frame: daemon._on_signal(signum))
@@ -337,6 +340,20 @@ def _source(source: str, key: str, flags: dict) -> str:
     return env_name if os.environ.get(env_name) else "config file"
 
 
+def _log_ignored_env() -> None:
+    """Log the `KVSCHED_` variables the config loader ignored (`kvsched.config.ignored_env`): one
+    debug line per Kubernetes service link, one warning per other name. Neither stops the daemon."""
+    links, unknown = ignored_env(os.environ)
+    for name in links:
+        log.debug("environment variable ignored name=%s reason=kubernetes-service-link", name)
+    for name in unknown:
+        log.warning("%s", _ignored_env_line(name))
+
+
+def _ignored_env_line(name: str) -> str:
+    return f"environment variable {name} ignored: not one kvsched reads ({env_hint()})"
+
+
 def _load(config: Path | None, overrides: dict, workers: int | None) -> Config:
     """The config a start uses: the file (None = defaults), env, the flags' `overrides`, and
     `--workers N` (ranks 0..N-1) unless the file lists [[workers]] (then a ConfigError)."""
@@ -349,10 +366,14 @@ def _load(config: Path | None, overrides: dict, workers: int | None) -> Config:
     return cfg
 
 
-def _purge(instance: str) -> None:
-    """Unlink a stopped instance's segments and lock file; refuse while its daemon runs."""
+def _purge(cfg: Config) -> None:
+    """Unlink a stopped instance's segments, lock file and the ipc socket files of the endpoints it
+    binds (resolved as a start would: config, flags, discovery); refuse while its daemon runs."""
+    d = cfg.daemon
+    instance = d.instance
+    endpoints = [endpoint for endpoint, _ in daemon_endpoints(instance, d.endpoint, d.admin_endpoint)]
     try:
-        found = purge_instance(instance)
+        found = purge_instance(instance, endpoints)
     except ConfigError as exc:
         typer.echo(f"kvsched-daemon: refusing to purge: {exc}", err=True)
         raise typer.Exit(1)

@@ -3,7 +3,7 @@
 The lock lives beside the instance's segments (same namespace as what it protects) and is released
 by the kernel when the holder exits, even on SIGKILL, so a crashed daemon never blocks its restart.
 A second daemon with the same instance name, or `--purge` while the daemon runs, is refused with a
-message naming the holder's pid. The file is removed by its holder on the way out (a clean stop,
+message naming the holder's pid (so `--purge` never removes a running daemon's segments or sockets). The file is removed by its holder on the way out (a clean stop,
 `purge_instance`); a process that locked a file unlinked meanwhile retries on the new one, so the
 removal never lets two holders in (the usual open / flock / check-the-path's-inode sequence).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -73,20 +74,29 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
-def purge_instance(instance: str) -> list[str]:
-    """Remove a stopped instance's shared-memory segments and its lock file.
+def purge_instance(instance: str, endpoints: Sequence[str] = ()) -> list[str]:
+    """Remove a stopped instance's shared-memory segments, its lock file and the ipc socket files its
+    `endpoints` left (a daemon killed without a clean stop leaves them in the discovery directory).
 
+    Args:
+        instance: the instance name.
+        endpoints: the data and admin endpoints its daemon binds (`endpoints.daemon_endpoints`);
+            tcp ones are skipped. A socket file is removed only when no process listens on it
+            (`sockets.remove_stale_ipc`).
     Returns:
-        the names (under /dev/shm) of the segments that existed, in `segment_names` order.
+        the names (under /dev/shm) of the segments that existed, in `segment_names` order, then the
+        paths of the socket files removed.
     Raises:
-        ConfigError: the instance's daemon is running (the message names its pid).
+        ConfigError: the instance's daemon is running (the message names its pid); nothing is removed.
     """
     from ..shm.segments import segment_names, unlink_segments
+    from .sockets import remove_stale_ipc
 
     lock = InstanceLock(instance)
     try:
         found = [n for n in segment_names(instance) if (LOCK_DIR / n).exists()]
         unlink_segments(instance)
+        found += [str(path) for path in map(remove_stale_ipc, endpoints) if path is not None]
     finally:
         lock.release()  # unlinks the lock file
     return found

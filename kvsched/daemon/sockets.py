@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import stat
 from pathlib import Path
 
 import zmq
@@ -35,6 +36,24 @@ def _ipc_in_use(path: Path) -> bool:
         return False
     finally:
         probe.close()
+
+
+def remove_stale_ipc(endpoint: str) -> Path | None:
+    """Unlink the socket file of an `ipc://` endpoint that a daemon killed without a clean stop left
+    behind; returns its path, or None when there was nothing to remove.
+
+    Only a socket file, and only one no process listens on (a connect probe, `_ipc_in_use`): a live
+    daemon's socket, even another instance's at the same path, and a regular file are left alone.
+    The caller holds the instance lock, so this instance's daemon cannot be binding it meanwhile.
+    """
+    path = ipc_path(endpoint)
+    try:
+        if path is None or not stat.S_ISSOCK(path.lstat().st_mode) or _ipc_in_use(path):
+            return None
+        path.unlink()
+    except FileNotFoundError:
+        return None
+    return path
 
 
 def ipc_path(endpoint: str) -> Path | None:

@@ -69,6 +69,65 @@ def test_purge_after_a_sigkill_removes_the_segments_and_the_lock_file(tmp_path):
     assert _shm_files(instance) == []
 
 
+def test_purge_after_a_sigkill_removes_the_socket_files_left_in_the_discovery_directory(tmp_path):
+    """1. a daemon started with no endpoint given binds ipc sockets in the discovery directory
+    ($XDG_RUNTIME_DIR/kvsched here), 2. SIGKILL: its socket files stay, 3. `kvsched-daemon --purge
+    --instance X`. Result: the segments, the lock file and both socket files are gone (before: the
+    socket files stayed, and a CLI call then waited out its timeout instead of saying at once that
+    no daemon runs)."""
+    from kvsched.endpoints import SYSTEM_RUNTIME_DIR
+
+    if SYSTEM_RUNTIME_DIR.is_dir():
+        pytest.skip(f"{SYSTEM_RUNTIME_DIR} exists: discovery would use it, not a private directory")
+    instance = unique_instance()
+    env = {k: v for k, v in os.environ.items() if k not in ("KVSCHED_ENDPOINT", "KVSCHED_ADMIN_ENDPOINT")}
+    env["XDG_RUNTIME_DIR"] = str(tmp_path)
+    sockets = [tmp_path / "kvsched" / f"{instance}.sock", tmp_path / "kvsched" / f"{instance}-admin.sock"]
+    argv = [sys.executable, "-m", "kvsched.daemon.app", "--instance", instance, "--workers", "1"]
+    log_path = tmp_path / "daemon.log"
+    with open(log_path, "ab") as log_fh:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_fh, stdin=subprocess.DEVNULL, env=env)
+    d = DaemonProcess(proc, f"ipc://{sockets[0]}", f"ipc://{sockets[1]}", log_path, argv, env)
+    try:
+        d.wait_ready(60)
+        d.kill()
+        assert all(path.exists() for path in sockets)
+        out = subprocess.run([sys.executable, "-m", "kvsched.daemon.app", "--purge", "--instance", instance],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0 and str(sockets[0]) in out.stdout, out.stdout + out.stderr
+        assert [path for path in sockets if path.exists()] == []
+        assert _shm_files(instance) == []
+    finally:
+        d.kill()
+        purge(instance)
+
+
+def test_purge_never_removes_a_live_daemons_socket_files(tmp_path):
+    """A daemon runs. `--purge` of its instance (its endpoints named) is refused by the instance lock;
+    `--purge` of another instance whose endpoints name the same socket paths finds them listened on,
+    and a regular file at an endpoint path is not a socket: all stay, and the daemon keeps answering."""
+    from kvsched import protocol as p
+    from tests.conftest import admin_call
+
+    instance = unique_instance()
+    d = DaemonProcess.start(None, instance=instance, runtime_dir=tmp_path, extra_args=["--workers", "1"])
+    files = [d.endpoint[len("ipc://"):], d.admin_endpoint[len("ipc://"):]]
+    plain = tmp_path / "not-a-socket.sock"
+    plain.write_text("x")
+    try:
+        refused = _daemon_cli("--purge", "--instance", instance, "--endpoint", d.endpoint,
+                              "--admin-endpoint", d.admin_endpoint)
+        assert refused.returncode == 1 and "already running" in refused.stderr
+        other = _daemon_cli("--purge", "--instance", unique_instance(), "--endpoint", d.endpoint,
+                            "--admin-endpoint", f"ipc://{plain}")
+        assert other.returncode == 0 and "nothing to purge" in other.stdout, other.stdout + other.stderr
+        assert all(os.path.exists(f) for f in files) and plain.read_text() == "x"
+        assert isinstance(admin_call(d, p.Status()), p.StatusReply)
+    finally:
+        d.stop()
+        purge(instance)
+
+
 def test_gateway_demo_fleet_stopped_after_its_daemon_was_killed_leaves_nothing_in_dev_shm(tmp_path):
     """`make gateway-demo`, its daemon SIGKILLed, then Ctrl-C (LocalFleet.stop). Was: the lock file
     `kvsched-gw-<random>.lock` stayed, one more per demo run."""

@@ -169,3 +169,66 @@ async def test_replies_sent_outside_a_wake_look_again_for_frames_their_sends_hid
         assert h.actor._on_data in scheduled  # noqa: SLF001
     finally:
         h.close()
+
+
+async def test_a_batch_larger_than_the_budget_is_finished_over_the_next_wakes_before_other_messages():
+    """1. a Batch of 5 frames (the fourth not a valid frame) then a lone Enqueue wait, budget 2 frames per
+    wake; 2. the reader wakes four times. Result: each wake handles at most 2 frames, in order: the
+    batch's frames first, then the lone Enqueue; the invalid frame's Error names its place in the
+    batch (3). Before: the first wake handled the whole batch, so one message could hold the loop for
+    as long as its frames took (a client batches up to max_frame_bytes: tens of thousands of Enqueues)."""
+    h = Harness("wake-batch", budget=2)
+    try:
+        raws = [h.enc.encode(p.Enqueue(f"r{i}", 64, HASHES)) for i in range(5)]
+        raws[3] = h.enc.encode(["enqueue", "r3"])  # MessagePack, but not a frame (fields missing)
+        h.dealer.send(p.encode_batch(raws))
+        h.send(p.Enqueue("r5", 64, HASHES))
+        await asyncio.sleep(0.05)  # inproc: both are there at once
+        seen = []
+        for _ in range(4):
+            h.actor._on_data()
+            seen.append([f"error@{f.batch_index}" if type(f) is p.Error else f.request_id for f in h.replies()])
+        assert seen == [["r0", "r1"], ["r2", "error@3"], ["r4", "r5"], []]
+    finally:
+        h.close()
+
+
+async def test_the_rest_of_a_batch_from_a_connection_closed_meanwhile_is_dropped():
+    """A Batch of 4 frames, budget 2: after the first wake the connection is closed (found dead).
+    Result: the next wake handles none of the batch's remaining frames."""
+    h = Harness("wake-batch-dead", budget=2)
+    try:
+        h.send(*[p.Enqueue(f"r{i}", 64, HASHES) for i in range(4)])
+        await asyncio.sleep(0.05)
+        h.actor._on_data()
+        assert [f.request_id for f in h.replies()] == ["r0", "r1"]
+        h.actor.conns.close(next(iter(h.actor.conns)))
+        h.actor._on_data()
+        assert h.replies() == [] and h.sched.owner_of("r2") is None
+        assert h.actor.dropped_dead_frames == 2
+    finally:
+        h.close()
+
+
+async def test_a_flooded_socket_keeps_one_wake_queued_however_often_its_reader_fires():
+    """1. 40 Enqueues wait, budget 2 frames per wake; 2. the socket's reader fires four times (the
+    ZMQ FD also signals after sends and internal commands), each wake using its budget and asking for
+    the next; 3. the loop turns twice. Result: each turn runs one queued wake (2 frames). Before: each
+    wake that used its budget queued one more copy, all copies ran in one turn and each queued its
+    successor, so a long flood made every loop turn (the admin socket's reader, every timer) wait for
+    more and more data wakes."""
+    h = Harness("wake-once", budget=2)
+    try:
+        for i in range(40):
+            h.send(p.Enqueue(f"r{i}", 64, HASHES))
+        await asyncio.sleep(0.05)
+        for _ in range(4):
+            h.actor._on_data()
+        assert len(h.replies()) == 8
+        per_turn = []
+        for _ in range(2):
+            await asyncio.sleep(0)  # one loop turn: the wakes queued before it run
+            per_turn.append(len(h.replies()))
+        assert per_turn == [2, 2]
+    finally:
+        h.close()

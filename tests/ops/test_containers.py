@@ -134,6 +134,7 @@ def test_pod_shares_ipc_shm_sockets_and_probes_the_health_endpoints(tmp_path):
     assert docs["Deployment"]["spec"]["replicas"] == 1
     assert docs["Deployment"]["spec"]["strategy"]["type"] == "Recreate"
     assert pod["shareProcessNamespace"] is True
+    assert pod["enableServiceLinks"] is False  # no KVSCHED_POOL_* service-link variables in the pod
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == dockerfile_uid()
     containers = {c["name"]: c for c in pod["containers"]}
     for name in ("daemon", "gateway"):
