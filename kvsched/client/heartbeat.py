@@ -91,11 +91,6 @@ class HeartbeatThread:
         acked = self.acked
         return acked[1] if acked is not None and acked[0] == conn_token else float("-inf")
 
-    @property
-    def alive(self) -> bool:
-        """The thread is running."""
-        return self._thread.is_alive()
-
     def stop(self) -> None:
         """End the thread and wait (at most `STOP_JOIN_S`) until it closed its socket; a no-op in a
         forked child (the thread, and its socket's owner, live in the parent only)."""
@@ -137,7 +132,7 @@ def _beat(ctx: zmq.Context[Any], endpoint: str, server_key: bytes | None, client
             state = state_ref()
             if state is None:
                 return
-            token, period_s, gap_s = state._target  # noqa: SLF001 - the thread is the object's own half
+            token, period_s, gap_s = state._target  # the thread is the object's own half
             if token:
                 seq += 1
                 try:

@@ -14,11 +14,15 @@ a flood of data frames never delays them past one wake. No policy here, and no s
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from .. import protocol as p
 from .connections import ConnectionTable
+
+if TYPE_CHECKING:  # the counter itself is made in metrics.py
+    from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,7 @@ class TokenHeartbeats:
             has (`kvsched_unknown_token_heartbeats_total`).
     """
 
-    def __init__(self, conns: ConnectionTable, unknown) -> None:  # noqa: ANN001 - a prometheus Counter
+    def __init__(self, conns: ConnectionTable, unknown: Counter) -> None:
         self.conns = conns
         self.unknown = unknown
         self._dec = msgspec.msgpack.Decoder(p.Heartbeat)

@@ -313,9 +313,7 @@ async def test_a_heartbeat_naming_no_open_connection_is_answered_and_changes_not
         assert await asyncio.to_thread(wait_until, lambda: _gone_lines(daemon, "gone-peer"), 30)
         connections = (await asyncio.to_thread(admin_call, daemon, p.Status())).connections
         with RawPeer(daemon.endpoint) as stray:
-            seq = 0
-            for token in (0x5EED_0000_0001, 2**63 - 1, stale) * 3:
-                seq += 1
+            for seq, token in enumerate((0x5EED_0000_0001, 2**63 - 1, stale) * 3, start=1):
                 stray.send(p.Heartbeat(seq, token))
                 err = await asyncio.to_thread(stray.recv, 10)
                 assert isinstance(err, p.Error) and err.code == p.ErrorCode.NOT_HELLO, err
