@@ -42,7 +42,8 @@ class LeaseError(KvschedError):
 
 class LeaseLost(LeaseError):
     """The daemon no longer holds this lease: it declared the router dead after `liveness_timeout_ms`
-    of silence (e.g. an event loop blocked that long), or it restarted without the lease. The
+    of silence (the router's process stopped, or a native call held the GIL that long: a blocked event
+    loop alone does not, docs/PROTOCOL.md "Liveness"), or it restarted without the lease. The
     message says which. Stop streaming for the request (the worker's booking is gone) and schedule
     it again if it must still run. `reason` holds the same text.
     """

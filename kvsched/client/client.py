@@ -1,5 +1,5 @@
-"""`SchedulerClient`: one DEALER connection per router process, shared by its coroutines
-(docs/DESIGN.md §1.2, §5).
+"""`SchedulerClient`: one data DEALER connection per router process, shared by its coroutines, plus
+one heartbeat DEALER driven by a thread of its own while the client is open (docs/DESIGN.md §1.2, §5.4).
 
 I/O follows the daemon's own pattern (see `link.py`): a plain ZeroMQ socket whose FD is registered
 with `loop.add_reader`; each waiting `schedule()` is a future keyed by request_id (`pending.py` keeps

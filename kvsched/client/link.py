@@ -1,12 +1,18 @@
-"""The client's connection to the daemon: one DEALER, Hello/Welcome, heartbeats, liveness, reconnect.
+"""The client's connection to the daemon: one data DEALER, Hello/Welcome, heartbeats, liveness, reconnect.
 
-`Link` owns the socket and nothing else. It tells its owner (the `SchedulerClient`) about every frame
-and about each `Welcome` (first connect or after a reconnect). It sends a `Heartbeat` whenever it has
-*sent* nothing or *received* nothing for `heartbeat_ms` (a router whose requests wait in the queue
-hears nothing for a long time, however much it sends), so a live daemon always answers within a
-heartbeat period. The daemon is presumed gone only when no frame at all (a `HeartbeatAck` included)
-arrived for `liveness_timeout_ms` (checked before any frame is sent, so a loop that blocked that
-long does not talk on a connection the daemon has reaped), when a send finds the connection closed
+`Link` owns the data socket and the heartbeat thread (`heartbeat.py`: a DEALER of its own, started at
+the first `Welcome` that names a `conn_token`), and nothing else. It tells its owner (the
+`SchedulerClient`) about every frame and about each `Welcome` (first connect or after a reconnect).
+The thread keeps the daemon crediting the data connection while this event loop is blocked. The link
+itself also sends a `Heartbeat` on the data connection whenever it has *sent* nothing or *received*
+nothing for `heartbeat_ms` (a router whose requests wait in the queue hears nothing for a long time,
+however much it sends), so a live daemon always answers within a heartbeat period (its ack also
+confirms the Releases sent before it, `receipts.py`). The daemon is presumed gone only when no frame
+at all (a `HeartbeatAck` included) arrived for `liveness_timeout_ms`. Before any frame is sent the
+link checks that the daemon cannot have reaped the connection meanwhile (neither its own frames nor
+the thread's heartbeats left a gap near the liveness timeout: a stopped process, or a native call
+that held the GIL that long), so it never talks on a connection the daemon has reaped; it is also
+presumed gone when a send finds the connection closed
 (ZeroMQ's own reconnect is off, so a dead daemon's pipe is gone at once), or when it answers
 `Error(3)` ("send Hello first"). The link then opens a fresh
 DEALER and says Hello again with exponential backoff (0.05 s doubling to `max_backoff_s`) until a
@@ -37,6 +43,7 @@ import zmq
 
 from .. import protocol as p
 from ..errors import FrameTooLarge
+from .heartbeat import HeartbeatThread
 from .outbox import Outbox
 from .receipts import Receipts
 
@@ -57,9 +64,9 @@ def _readable(sock: zmq.Socket[bytes]) -> bool:
     processes the socket's pending commands, so it re-arms the edge-triggered ZMQ FD."""
     return bool(_zmq_poll([(sock, _POLLIN)], 0))
 
-# Send silence after which the daemon may have reaped us (a share of its liveness timeout, so a frame
-# in flight when the loop resumes cannot reach it after the reap). Heartbeats keep a running loop
-# far below it (heartbeat_ms ≤ liveness / 2).
+# Silence after which the daemon may have reaped us (a share of its liveness timeout, so a frame in
+# flight when the loop resumes cannot reach it after the reap): neither this link nor its heartbeat
+# thread sent anything that long. Heartbeats keep both far below it (heartbeat_ms ≤ liveness / 2).
 REAP_SHARE = 0.8
 # How long a Hello that reached a daemon (the connection's handshake completed) waits for its Welcome
 # on that connection before the link gives up on it and opens a new one (s). A busy daemon (start-up,
@@ -98,6 +105,8 @@ class Link:
         welcome: the last Welcome.
         outbox: this loop turn's coalesced frames and the reconnect buffer (`Outbox`).
         receipts: the Releases sent that the daemon may not have read yet (`Receipts`).
+        heartbeats: the heartbeat thread (`HeartbeatThread`), from the first Welcome naming a
+            `conn_token` until `close()`; None before (and with a daemon that names none).
     """
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, client_name: str,
@@ -138,6 +147,7 @@ class Link:
         self._hello_at: float | None = None  # when the Hello went out on the current socket (None: not yet)
         self.closed = False
         self.reconnects = 0  # times the daemon was presumed gone (diagnostics, tests)
+        self.heartbeats: HeartbeatThread | None = None
 
     @property
     def max_frame_bytes(self) -> int:
@@ -222,6 +232,8 @@ class Link:
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
+        if self.heartbeats is not None:
+            self.heartbeats.stop()  # its socket is closed before the owner may terminate the context
         self._drop_socket(CLOSE_LINGER_MS if self.connected else 0)
 
     # ------------------------------------------------------------------ send / receive
@@ -261,7 +273,14 @@ class Link:
         self.outbox.flush()
 
     def _send_if_up(self, raw: bytes) -> bool:
-        return self.connected and self._raw_send(raw)
+        """The outbox's send: False (the frames are held, the link goes down) when not connected, or
+        when the daemon may have reaped the connection since the frames were queued (the loop, or
+        the whole process, stalled between `send` and this flush at the end of the turn)."""
+        if not self.connected or self.welcome is None:
+            return False
+        if self._unheard(time.monotonic(), self.welcome.liveness_timeout_ms / 1000):
+            return False
+        return self._raw_send(raw)
 
     def _raw_send(self, raw: bytes) -> bool:
         if self.sock is None:
@@ -319,6 +338,7 @@ class Link:
                 self.receipts.horizon_s = 2 * (frame.liveness_timeout_ms / 1000)
                 self.batching = self.version >= p.BATCH_MIN_VERSION
                 self.outbox.max_frame_bytes = frame.max_frame_bytes or p.DEFAULT_MAX_FRAME_BYTES
+                self._follow(frame)
                 self.on_welcome(frame, reconnected)
                 for raw in self.outbox.take_held():
                     if self.batching:
@@ -344,23 +364,53 @@ class Link:
                 self.on_frame(frame)
 
     # ------------------------------------------------------------------ liveness
+    def _follow(self, welcome: p.Welcome) -> None:
+        """Point the heartbeat thread at the connection `welcome` names (started on the first token;
+        a daemon that names none, an older one, gets the link's own heartbeats only)."""
+        if not welcome.conn_token:
+            if self.heartbeats is not None:
+                self.heartbeats.follow(0, 1.0, 1.0)
+            return
+        if self.heartbeats is None:
+            self.heartbeats = HeartbeatThread(self.ctx, self.endpoint, self, self.curve_server_key,
+                                              self.curve_client_keys)
+        self.heartbeats.follow(welcome.conn_token, welcome.heartbeat_ms / 1000,
+                               welcome.liveness_timeout_ms / 1000 * REAP_SHARE)
+
+    def _unheard(self, now: float, liveness_s: float) -> bool:
+        """The daemon may have heard nothing for this connection for `REAP_SHARE` of its liveness
+        timeout: we sent nothing that long, and the heartbeat thread did not cover the time since our
+        last frame without such a gap (it was stopped with the process, or starved of the GIL)."""
+        gap_s = liveness_s * REAP_SHARE
+        if now - self._last_send <= gap_s:
+            return False
+        beats, welcome = self.heartbeats, self.welcome
+        return beats is None or welcome is None or not beats.covered_since(welcome.conn_token, self._last_send, now, gap_s)
+
     def _silent_too_long(self, now: float) -> bool:
-        """The connection may be gone on the daemon's side: either we sent nothing for
-        `REAP_SHARE` of its liveness timeout (our loop was blocked: the daemon reaps a router it has
-        not heard from for that long, so the next frame on this connection would arrive before a
-        Hello — whatever we read afterwards, since an answer read late proves nothing about now), or
-        no frame came from the daemon for the liveness timeout (it is gone). For the second check it
-        reads what is already queued first, so a loop that was merely busy does not mistake unread
-        frames for silence."""
+        """The connection may be gone on the daemon's side: either the daemon heard nothing for it for
+        `REAP_SHARE` of its liveness timeout (`_unheard`: the daemon reaps a router it has not heard
+        from for that long, so the next frame on this connection would arrive before a Hello —
+        whatever we read afterwards, since an answer read late proves nothing about now), or no frame
+        came from the daemon for the liveness timeout (it is gone). For the second check it reads
+        what is already queued first, so a loop that was merely busy does not mistake unread frames
+        for silence."""
         if self.welcome is None:
             return False
         liveness_s = self.welcome.liveness_timeout_ms / 1000
-        if now - self._last_send > liveness_s * REAP_SHARE:
+        if self._unheard(now, liveness_s):
             return True
-        if now - self._last_recv <= liveness_s:
+        if now - self._heard(self.welcome) <= liveness_s:
             return False
         self._on_readable()
-        return self.connected and now - self._last_recv > liveness_s
+        return self.connected and now - self._heard(self.welcome) > liveness_s
+
+    def _heard(self, welcome: p.Welcome) -> float:
+        """Monotonic time (s) the daemon was last known alive and knowing this connection: the last frame
+        read, or the last heartbeat of the thread it answered (while this loop was blocked)."""
+        if self.heartbeats is None:
+            return self._last_recv
+        return max(self._last_recv, self.heartbeats.acked_at(welcome.conn_token))
 
     def link_down(self) -> None:
         """The daemon is presumed gone: reconnect with backoff. Releases it may not have read are
@@ -370,6 +420,8 @@ class Link:
         if self.connected:
             self.outbox.hold_first(self.receipts.unread())
             self.connected = False
+            if self.heartbeats is not None:
+                self.heartbeats.follow(0, 1.0, 1.0)  # credit nothing until the next Welcome names a connection
             self.reconnects += 1
             self.reconnecting_since = time.monotonic()
             self._next_hello = 0.0

@@ -31,7 +31,8 @@ def loss_reason(epoch_before: int | None, welcome: p.Welcome) -> str:
     if welcome.daemon_epoch == epoch_before:  # same daemon: it reaped this router as silent
         return (f"the daemon (same daemon_epoch, it did not restart) declared this router dead "
                 f"after {welcome.liveness_timeout_ms / 1000:.1f} s of silence "
-                f"(event loop blocked or link down longer than liveness_timeout_ms); lease lost")
+                f"(the process stopped, its heartbeats did not reach the daemon, or the link was down longer than "
+                f"liveness_timeout_ms); lease lost")
     return f"the daemon restarted (daemon_epoch {epoch_before} -> {welcome.daemon_epoch}) without it; lease lost"
 
 

@@ -1,15 +1,17 @@
 """A thin synchronous wrapper over `SchedulerClient` for threaded routers and scripts.
 
 The asyncio client runs on its own loop in a background thread; every call is handed over with
-`run_coroutine_threadsafe`. `SyncSchedulerClient.__init__`, `.schedule` and `.block_hashes` take
-exactly the arguments of `SchedulerClient`'s (spelled out, so type checkers see them; a test
-compares the signatures).
+`run_coroutine_threadsafe`. Closing the wrapper, or dropping it unclosed (once it is collected),
+closes the client (which ends its heartbeat thread) and stops that loop thread.
+`SyncSchedulerClient.__init__`, `.schedule` and `.block_hashes` take exactly the arguments of
+`SchedulerClient`'s (spelled out, so type checkers see them; a test compares the signatures).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar
@@ -23,6 +25,8 @@ from .client import DEFAULT_CONNECT_TIMEOUT_S, BlockHashes, SchedulerClient
 from .lease import Lease
 
 T = TypeVar("T")
+
+CLOSE_WAIT_S = 30.0  # longest `close()` waits for the client to close on its loop (s); it takes ~ms
 
 
 class SyncLease:
@@ -168,7 +172,7 @@ class SyncSchedulerClient:
         protocol_version: int = p.PROTOCOL_VERSION,
     ) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="kvsched-client", daemon=True)
+        self._thread = threading.Thread(target=_serve, args=(self._loop,), name="kvsched-client", daemon=True)
         self._thread.start()
         try:
             self._client = SchedulerClient(
@@ -189,6 +193,9 @@ class SyncSchedulerClient:
         except BaseException:
             self._stop_loop()
             raise
+        # Neither the loop thread nor the client refers to this wrapper: dropped unclosed, it is
+        # collected, and this closes the client and ends both threads.
+        self._closer = weakref.finalize(self, _shut_down, self._loop, self._thread, self._client)
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -259,17 +266,44 @@ class SyncSchedulerClient:
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
-        self._loop.close()
 
     def close(self) -> None:
-        """Abort open leases, fail waiting calls, close the socket and stop the loop thread."""
-        if self._loop.is_closed():
-            return
-        self._run(self._client.close())
-        self._stop_loop()
+        """Abort open leases, fail waiting calls, close the socket, end the heartbeat thread and stop
+        the loop thread (idempotent)."""
+        self._closer()
 
     def __enter__(self) -> SyncSchedulerClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The loop thread: run `loop` until stopped, then close it."""
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client: SchedulerClient) -> None:
+    """Close `client` on `loop`, then stop the loop (its thread closes it). Waits for both unless it
+    runs on the loop thread itself (a collection can happen there): the loop then stops after the close."""
+    if loop.is_closed() or not thread.is_alive():
+        return
+    if threading.current_thread() is thread:
+
+        async def close_then_stop() -> None:
+            try:
+                await client.close()
+            finally:
+                loop.stop()
+
+        loop.create_task(close_then_stop())
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(client.close(), loop).result(CLOSE_WAIT_S)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(CLOSE_WAIT_S)

@@ -170,8 +170,8 @@ class DaemonConfig(Section):
     max_workers: Annotated[int, Meta(ge=1, le=4096)] = 64  # worker rows in the ledger
     max_slots: Annotated[int, Meta(ge=1, le=1 << 22)] = 8192  # concurrent leases
     max_blocks_per_request: Annotated[int, Meta(ge=1, le=1 << 20)] = 1024  # hashes kept per lease
-    heartbeat_ms: Annotated[int, Meta(ge=10)] = 1000  # client heartbeat period when idle
-    liveness_timeout_ms: Annotated[int, Meta(ge=50)] = 5000  # silent connection = dead
+    heartbeat_ms: Annotated[int, Meta(ge=10)] = 1000  # client heartbeat period (its heartbeat thread; its loop when idle)
+    liveness_timeout_ms: Annotated[int, Meta(ge=50)] = 5000  # uncredited this long (no frame, no heartbeat) = dead
     frame_budget_per_wake: Annotated[int, Meta(ge=1)] = 512  # frames read per reader wake
     inflight_cap_per_connection: Annotated[int, Meta(ge=1)] = 4096  # outstanding Enqueues
     max_frame_bytes: Annotated[int, Meta(ge=1024)] = 1 << 20  # ZMQ_MAXMSGSIZE

@@ -26,6 +26,7 @@ from . import tick
 from .admin_socket import ADMIN_BUDGET, AdminSocket
 from .connections import Connection, ConnectionTable
 from .envelope import REQ_ON_DATA_SOCKET, is_req_envelope
+from .heartbeats import TokenHeartbeats
 from .metrics import Metrics
 from .replies import ReplyOutbox
 from .ratelimit import RateLimitedLog
@@ -94,6 +95,7 @@ class Actor:
         self.admin = AdminSocket(admin_sock, admin_handler, metrics, self.enc) if admin_sock is not None else None
         self.tr = Translator(scheduler, self.conns, self._send, self._error, self.tally, daemon_cfg,
                              self.worker_urls)
+        self.beats = TokenHeartbeats(self.conns, metrics.unknown_token_heartbeats)
         self.stopped = False
         self.started_us = now_us()
         self._timer: asyncio.TimerHandle | None = None
@@ -178,7 +180,7 @@ class Actor:
             return
         budget = self.cfg.frame_budget_per_wake
         t = now_us()
-        n = 0
+        n = beats = 0  # data frames, and heartbeat DEALERs' beats (outside the data budget, with their own)
         sends = self.outbox.sends
         folded = self._fold()  # local routers' dispatched / prefill_done / tokens, before this wake's frames
         more = True  # readable: checked above, then after each message (no zmq.Again raised per wake)
@@ -201,9 +203,13 @@ class Actor:
                                            "parts", envelope=False)
             else:
                 counted = self._handle_data(identity, payload, t)
-                # a Batch counts its inner frames, handled up to the budget now and the rest in the next wakes
-                n += self._resume_batch(budget - n, t) if self._carry is not None else counted or 1
-            more = n < budget and self._carry is None and readable(sock)
+                if self._carry is not None:  # a Batch: its inner frames up to the budget now, the rest next wakes
+                    n += self._resume_batch(budget - n, t)
+                elif counted == 0:
+                    beats += 1  # a heartbeat DEALER's beat: outside the data budget
+                else:
+                    n += counted or 1
+            more = n < budget and beats < budget and self._carry is None and readable(sock)
         tally = self.tally
         if n:
             tally.frames += n
@@ -220,7 +226,7 @@ class Actor:
         # Sends process the socket's commands and can swallow the FD's edge for a message that
         # arrived meanwhile: look again after sending. With nothing sent, the check that ended the
         # loop above still holds.
-        if n >= budget or self._carry is not None or (self.outbox.sends != sends and readable(sock)):
+        if n >= budget or beats >= budget or self._carry is not None or (self.outbox.sends != sends and readable(sock)):
             self._wake_soon(self._on_data)
 
     # ------------------------------------------------------------------ shared-memory words
@@ -273,8 +279,15 @@ class Actor:
         if handle is not None:
             handle.cancel()
 
-    def _handle_data(self, identity: bytes, payload: bytes, t: int) -> None:
+    def _handle_data(self, identity: bytes, payload: bytes, t: int) -> int | None:
+        """Handle one message; returns the frames of a Batch, 0 for a heartbeat DEALER's beat (not a
+        data frame), else None (one frame)."""
         conn = self.conns.get(identity)
+        if conn is None:
+            reply = self.beats.answer(payload, t)
+            if reply is not None:  # credits the data connection its token names; never a connection itself
+                self._send_raw(identity, reply)
+                return 0
         if conn is None and self.conns.died(identity):
             self.dropped_dead_frames += 1
             notice = self.conns.dead_notice(identity)  # the first frame only: a wrong pid may be listening
@@ -391,7 +404,7 @@ class Actor:
         self.conns.hello(conn, frame.protocol_version, frame.pid, frame.client_name, frame.host, frame.pid_ns)
         log.info("router connected owner=%d client=%s pid=%d host=%s pid_ns=%d pid_watch=%s", conn.owner,
                  frame.client_name, frame.pid, frame.host, frame.pid_ns, conn.pid != 0)
-        self._send(conn, self.welcome)
+        self._send(conn, msgspec.structs.replace(self.welcome, conn_token=conn.conn_token))
 
     def _deliver(self, outcomes: list, t: int) -> None:
         """Send Admitted/Rejected for scheduler outcomes (`Translator.deliver`)."""
@@ -444,6 +457,15 @@ class Actor:
         self._flush_replies()
         if not self.stopped and self.outbox.sends != sends:
             self._rearm(self.data_sock, self._on_data, more=False)
+
+    def _send_raw(self, identity: bytes, raw: bytes) -> None:
+        """Send an encoded frame to a routing id that is no connection (a heartbeat DEALER); dropped
+        when ZeroMQ cannot route or queue it (the peer is gone, or reads nothing)."""
+        try:
+            self.outbox.sends += 1
+            self.data_sock.send_multipart((identity, raw), _NOBLOCK)
+        except zmq.ZMQError:
+            pass
 
     def _refuse(self, identity: bytes, message: str, envelope: bool,
                 code: p.ErrorCode = p.ErrorCode.MALFORMED) -> None:

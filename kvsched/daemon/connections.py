@@ -1,8 +1,10 @@
 """Peers of the data socket: identity → connection, liveness (heartbeats and pid watch), ownership.
 
 Liveness, never wall-clock age of a lease, ends a router's leases (docs/PROTOCOL.md, "Liveness"): a
-connection is dead when nothing arrived from it for `liveness_timeout_ms`, or when the local process
-named in its `Hello.pid` no longer exists. The pid is watched only when the peer runs on this host
+connection is dead when nothing credited it for `liveness_timeout_ms` — no frame from it, and no
+heartbeat naming its `conn_token` from the client's heartbeat DEALER (`credit`) — or when the local
+process named in its `Hello.pid` no longer exists. The token is issued at Hello (`Welcome.conn_token`)
+and forgotten with the connection; a heartbeat DEALER is never a connection of its own. The pid is watched only when the peer runs on this host
 *and* in this PID namespace (`Hello.pid_ns` equals the inode of our `/proc/self/ns/pid`): a router in
 a container or sidecar sharing the host name has pids that mean nothing here (pid_namespaces(7)).
 The inode alone is not enough, every host's initial namespace has the same one, hence the host check.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 from dataclasses import dataclass, field
 
@@ -42,7 +45,7 @@ MAX_DEAD_IDS = 65_536  # routing ids of dead watched peers remembered (frames fr
 
 @dataclass(slots=True)
 class Connection:
-    """One router connection (one DEALER socket in one router process).
+    """One router connection (the data DEALER of one router process; its heartbeat DEALER is none).
 
     Attributes:
         identity: the ROUTER routing id of the peer (bytes).
@@ -55,6 +58,8 @@ class Connection:
         last_seen_us: monotonic time of the last frame received (µs), moved forward by the time the
             daemon itself could not read (`ConnectionTable.credit_stall`).
         inflight: Enqueues answered by neither Admitted nor Rejected yet.
+        conn_token: the token its `Welcome` named (non-zero from Hello on): heartbeats that carry it
+            credit this connection, from whichever socket they come.
     """
 
     identity: bytes
@@ -69,6 +74,7 @@ class Connection:
     inflight: int = 0
     alive: bool = True
     request_ids: set[str] = field(default_factory=set)
+    conn_token: int = 0
 
 
 class ConnectionTable:
@@ -79,6 +85,7 @@ class ConnectionTable:
         self.liveness_timeout_us = liveness_timeout_us
         self._by_identity: dict[bytes, Connection] = {}
         self._by_owner: dict[int, Connection] = {}
+        self._by_token: dict[int, Connection] = {}
         self._next_owner = DAEMON_OWNER + 1
         # Routing ids of peers whose watched process died: frames they left buffered are dropped
         # unread (a flood must not keep the daemon busy after its sender is gone). Bounded, FIFO.
@@ -109,6 +116,7 @@ class ConnectionTable:
         conn.alive = False
         self._by_identity.pop(conn.identity, None)
         self._by_owner.pop(conn.owner, None)
+        self._by_token.pop(conn.conn_token, None)
 
     def close_dead(self, conn: Connection) -> None:
         """Forget a peer found dead (`find_dead`); when its watched process is gone, its routing id is
@@ -172,6 +180,20 @@ class ConnectionTable:
         conn.hello_pid, conn.pid_ns = pid, pid_ns
         same_ns = pid_ns != 0 and pid_ns == _PID_NS and host == _HOSTNAME
         conn.pid = pid if (pid > 0 and same_ns) else 0
+        while not conn.conn_token:  # 63 random bits: no other peer can guess it, 0 means "none"
+            token = secrets.randbits(63)
+            if token not in self._by_token:
+                conn.conn_token = token
+                self._by_token[token] = conn
+
+    def credit(self, conn_token: int, now_us: int) -> Connection | None:
+        """A heartbeat naming `conn_token` arrived at `now_us` (µs): the connection it names counts as
+        heard from. Returns that connection, or None when no open connection has the token (closed,
+        reaped, from before a daemon restart, or made up): then nothing changes."""
+        conn = self._by_token.get(conn_token)
+        if conn is not None:
+            conn.last_seen_us = max(conn.last_seen_us, now_us)
+        return conn
 
     def credit_stall(self, stall_us: int, now_us: int) -> bool:
         """The daemon read nothing for `stall_us` µs (its periodic timer ran that late: the loop was

@@ -134,6 +134,10 @@ class Metrics:
         self.dead_connections = Counter(
             "kvsched_dead_connections", "Router connections declared dead (timeout or pid gone)", registry=r
         )
+        self.unknown_token_heartbeats = Counter(
+            "kvsched_unknown_token_heartbeats", "Heartbeats naming a conn_token no open connection has (ignored)",
+            registry=r,
+        )
         self.undeliverable = Counter(
             "kvsched_undeliverable_admissions", "Admitted frames that could not be delivered (released)",
             registry=r,

@@ -86,14 +86,23 @@ def bind_router(
     """Bind a ROUTER socket the daemon's actor will read with NOBLOCK.
 
     Sets `ROUTER_MANDATORY` (an unroutable reply raises EHOSTUNREACH, so the actor can release an
-    undeliverable `Admitted`), `MAXMSGSIZE` (oversized frames drop the peer), ZMTP heartbeats, and
+    undeliverable `Admitted`), `MAXMSGSIZE` (oversized frames drop the peer), TCP keepalive, and
     high water marks large enough that a burst never silently drops a reply.
+
+    No ZMTP heartbeats (`ZMQ_HEARTBEAT_IVL`): libzmq 4.3.x aborts the whole process with "Assertion
+    failed: !_io_error (stream_engine_base.cpp)" when a connection whose input is paused by a full
+    receive queue (one peer flooding past `RCVHWM` while the actor reads) times out its heartbeat and
+    is then resumed (zeromq/libzmq issues 3937 and 4767). Peers' liveness is the daemon's own rule
+    (docs/PROTOCOL.md "Liveness"); a TCP peer whose host vanished is noticed by the kernel's
+    keepalive probes instead, which close its pipe.
 
     Args:
         endpoint: `ipc://PATH` or `tcp://HOST:PORT`.
         mode: file mode applied to an ipc socket file (0o660 data, 0o600 admin).
         max_frame_bytes: ZMQ_MAXMSGSIZE, bytes.
         curve_secret_key: z85 secret key; required for a non-loopback TCP endpoint.
+        heartbeat_ms: the daemon's heartbeat period (ms); TCP keepalive probes start after 3 periods
+            of silence and repeat every period (whole seconds, at least 1), 3 unanswered close it.
     Raises:
         ConfigError: a non-loopback TCP endpoint without CURVE keys, or a bind failure.
     """
@@ -108,8 +117,10 @@ def bind_router(
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 100_000)
     sock.setsockopt(zmq.RCVHWM, 100_000)
-    sock.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_ms * 3)
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, max(1, 3 * heartbeat_ms // 1000))
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, heartbeat_ms // 1000))
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
     if curve_secret_key is not None:
         sock.curve_secretkey = curve_secret_key
         sock.curve_publickey = zmq.curve_public(curve_secret_key)
