@@ -200,7 +200,11 @@ class KvEventSubscriber:
     def _open_sub(self, st: SourceStream) -> None:
         sub = self.ctx.socket(zmq.SUB)
         self._options(sub)
-        sub.setsockopt(zmq.RCVHWM, 100_000)
+        # Unbounded receive queue: libzmq (4.3.x) aborts the whole process when a ZMTP heartbeat times out
+        # on a connection whose reading it paused because the queue was full (zeromq/libzmq#3937, #4767,
+        # open), e.g. while the loop is busy and the engines publish. Never paused, never that path; the
+        # queue holds what the engines published while the loop was busy (docs/KV_EVENTS.md).
+        sub.setsockopt(zmq.RCVHWM, 0)
         sub.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         sub.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
