@@ -272,8 +272,9 @@ def install_hash_check(cfg: Config, subscriber, scheduler, metrics):
         except (KeyError, IndexError, ValueError):
             return
         warn.warning(f"hash-{row}", "KV-event block hashes of worker=%d:%d differ from what routers send "
-                     "(block_hashes mode=vllm hash_seed=%r block_size=%d): event=%#x expected=%#x event_block_size=%d;"
-                     " requests will get no cached overlap from this engine's events. Check PYTHONHASHSEED, "
+                     "(block_hashes mode=vllm, kv_hash_seed=%r, block_size=%d): event=%#x expected=%#x event_block_size=%d;"
+                     " requests will get no cached overlap from this engine's events. Check the engine's "
+                     "PYTHONHASHSEED (it must equal [daemon] kv_hash_seed, the pool's one seed), "
                      "--prefix-caching-hash-algo sha256_cbor, --block-size and the vLLM version (docs/VLLM.md)",
                      key.worker_id, key.dp_rank, cfg.daemon.kv_hash_seed, cfg.daemon.block_size, m.event_hash,
                      m.expected_hash, m.block_size)
