@@ -139,7 +139,7 @@ class SchedulerClient:
         self.lost_leases: list[str] = []
         self.errors: list[p.Error] = []  # Error frames not tied to a waiting call (diagnostics)
         self._pid = os.getpid()  # the process this client belongs to (`foreign_process_error`)
-        self._abandon: weakref.finalize | None = None  # closes the link if this client is dropped open
+        self._abandon: weakref.finalize[..., SchedulerClient] | None = None  # closes the link if this client is dropped open
 
     @property
     def welcome(self) -> p.Welcome | None:

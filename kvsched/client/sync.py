@@ -22,7 +22,12 @@ import zmq
 
 from .. import protocol as p
 from . import hashing
-from .client import DEFAULT_CONNECT_TIMEOUT_S, BlockHashes, SchedulerClient, foreign_process_error
+from .client import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    BlockHashes,
+    SchedulerClient,
+    foreign_process_error,
+)
 from .lease import Lease
 
 T = TypeVar("T")

@@ -13,6 +13,7 @@ import select
 import signal
 import threading
 import weakref
+from collections.abc import Callable
 
 import pytest
 
@@ -54,7 +55,7 @@ async def test_clients_dropped_unclosed_in_a_running_loop_end_their_threads_and_
     assert await asyncio.to_thread(wait_until, conns_back, 15)
 
 
-def _child(pipe_w: int, use) -> None:  # noqa: ANN001 - a callable raising or returning
+def _child(pipe_w: int, use: Callable[[], object]) -> None:
     """In the forked child: call `use()`, write what happened to the pipe, leave without cleanup."""
     signal.alarm(10)  # a hang must not outlive the test: the parent sees no answer
     try:
@@ -66,7 +67,7 @@ def _child(pipe_w: int, use) -> None:  # noqa: ANN001 - a callable raising or re
     os._exit(0)
 
 
-def _fork_and_report(use) -> str:  # noqa: ANN001
+def _fork_and_report(use: Callable[[], object]) -> str:
     """Fork; the child runs `use` (see `_child`); returns its report ("" when it wrote none within 5 s)."""
     r, w = os.pipe()
     pid = os.fork()
