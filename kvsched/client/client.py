@@ -26,14 +26,14 @@ import logging
 import os
 import random
 import weakref
-from typing import Any, Iterable, Literal, Sequence, Union
+from typing import Any, Callable, Iterable, Literal, Sequence, Union
 
 import numpy as np
 import zmq
 
 from .. import protocol as p
 from ..endpoints import connect_problem, data_endpoint, missing_ipc_path
-from ..errors import DaemonUnavailable, ProtocolError, rejection_error
+from ..errors import DaemonUnavailable, KvschedError, ProtocolError, rejection_error
 from . import hashing
 from .checks import checked_enqueue, checked_utf8
 from .lease import DroppedLeases, Lease
@@ -47,6 +47,18 @@ log = logging.getLogger(__name__)
 # How long a new client waits for its daemon's first Welcome (s): a daemon compiling its kernels on a
 # cold cache (about a minute here) or starved of CPU answers late.
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
+
+def foreign_process_error(created_pid: int) -> KvschedError | None:
+    """The error for using a client in a process other than the one that created it (a forked child),
+    or None in that process. A child shares its parent's sockets but not the threads that serve them
+    (fork(2) copies only the calling thread), so such a call would hang or talk on the parent's
+    connection; a child creates its own client."""
+    if os.getpid() == created_pid:
+        return None
+    return KvschedError(f"this kvsched client was created in process {created_pid}, not in this one "
+                        f"({os.getpid()}): a forked child cannot use its parent's client; create a client "
+                        "per process (after fork)")
+
 
 # What `schedule(block_hashes=...)` accepts: little-endian u64 bytes, ints, or a numpy integer array.
 BlockHashes = Union[bytes, bytearray, memoryview, Sequence[int], "np.ndarray[Any, np.dtype[np.integer[Any]]]"]
@@ -126,6 +138,8 @@ class SchedulerClient:
         self._loss_reason = RESTART_LOSS
         self.lost_leases: list[str] = []
         self.errors: list[p.Error] = []  # Error frames not tied to a waiting call (diagnostics)
+        self._pid = os.getpid()  # the process this client belongs to (`foreign_process_error`)
+        self._abandon: weakref.finalize[..., SchedulerClient] | None = None  # closes the link if this client is dropped open
 
     @property
     def welcome(self) -> p.Welcome | None:
@@ -181,6 +195,9 @@ class SchedulerClient:
                 in the background.
             ProtocolError: the daemon refused our protocol version.
         """
+        wrong = foreign_process_error(self._pid)
+        if wrong is not None:
+            raise wrong
         self._loop = asyncio.get_running_loop()
         started = self._loop.time()
         missing = missing_ipc_path(self.endpoint)
@@ -194,10 +211,17 @@ class SchedulerClient:
                                         f"after {self.connect_timeout_s:.1f}s (is the daemon running, with the same "
                                         "XDG_RUNTIME_DIR / instance?)")
         self._welcome_fut = self._loop.create_future()
-        self._link = Link(self._ctx, self.endpoint, self.client_name, self._on_frame, self._on_welcome,
-                          curve_server_key=self.curve_server_key, curve_client_keys=self.curve_client_keys,
-                          protocol_version=self.protocol_version)
+        # The link (held by the loop through its reader and timer) reaches this client only weakly,
+        # so a client dropped without close() is collected, and `_abandon` then closes the link.
+        self._link = Link(self._ctx, self.endpoint, self.client_name, _weak_callback(self._on_frame),
+                          _weak_callback(self._on_welcome), curve_server_key=self.curve_server_key,
+                          curve_client_keys=self.curve_client_keys, protocol_version=self.protocol_version)
         self._link.open(self._loop)
+        if self._abandon is not None:
+            self._abandon.detach()
+        self._abandon = weakref.finalize(self, _close_abandoned, self._pid, self._loop, self._link,
+                                         self._ctx if self._own_ctx else None)
+        self._abandon.atexit = False  # at interpreter exit the process's end closes everything
         try:
             if missing is not None:  # bypass mode, no daemon bound the socket: do not wait for one
                 raise asyncio.TimeoutError
@@ -240,7 +264,12 @@ class SchedulerClient:
         """Abort every open lease, fail every waiting call, close the socket. Frames already sent
         (a last Release, these aborts) still reach a daemon that is connected, for up to
         `link.CLOSE_LINGER_MS` (2 s), so the daemon frees those leases at once; closing the client's
-        own ZeroMQ context waits for that."""
+        own ZeroMQ context waits for that. In a forked child it does nothing: the connection is the
+        parent's (`foreign_process_error`)."""
+        if os.getpid() != self._pid:
+            return
+        if self._abandon is not None:
+            self._abandon.detach()
         for lease in self._open_leases():
             lease.release("aborted")
         self._pending.fail_all()
@@ -285,11 +314,16 @@ class SchedulerClient:
             TypeError: an argument of the wrong type (checked before sending, see `checks.py`).
             ValueError: an argument out of its bounds, malformed block_hashes, or request_id already
                 waiting in this client.
+            KvschedError: called in a forked child of the process that created this client
+                (`foreign_process_error`): create a client per process.
             ProtocolError: the daemon answered this request with an `Error` (it could not decode it).
             FrameTooLarge (a ProtocolError and a ValueError): the request's `Enqueue` is larger than
                 the daemon's `max_frame_bytes` (nothing was sent), or no longer fits the limit of a
                 restarted daemon it had to be re-sent to.
         """
+        wrong = foreign_process_error(self._pid)
+        if wrong is not None:
+            raise wrong
         if self._link is None or self._loop is None:
             raise DaemonUnavailable(f"not connected to {self.endpoint}; call connect() first")
         frame = checked_enqueue(request_id, isl_tokens, block_hashes, policy_class, priority, strict_priority,
@@ -305,6 +339,9 @@ class SchedulerClient:
         return Lease(None, request_id, worker, -1, 0, 0, 0, 0, isl_tokens, degraded=True)
 
     async def _await_admission(self, request_id: str, isl_tokens: int, frame: p.Enqueue | p.Update) -> Lease:
+        wrong = foreign_process_error(self._pid)
+        if wrong is not None:
+            raise wrong
         if request_id in self._pending:
             raise ValueError(f"request {request_id!r} is already waiting in this client")
         if self._link is None or self._loop is None:
@@ -349,7 +386,7 @@ class SchedulerClient:
 
     def _arm_deadline_timer(self) -> None:
         if self._loop is not None:
-            self._deadline_timer = self._loop.call_later(0.25, self._check_deadline)
+            self._deadline_timer = self._loop.call_later(0.25, _weak_callback(self._check_deadline))
 
     def _check_deadline(self) -> None:
         if self._link is None:
@@ -361,6 +398,9 @@ class SchedulerClient:
 
     # ------------------------------------------------------------------ lease callbacks
     def _send(self, frame: p.Frame) -> None:
+        wrong = foreign_process_error(self._pid)
+        if wrong is not None:  # a lease's frame would go out on the parent's connection
+            raise wrong
         if self._link is None:
             raise DaemonUnavailable(f"connection to {self.endpoint} is closed")
         self._link.send(frame)
@@ -432,3 +472,40 @@ class SchedulerClient:
                 if not frame.request_id or not self._pending.fail(frame.request_id, error):
                     self.errors.append(frame)
                     del self.errors[:-100]
+
+
+def _weak_callback(method: Callable[..., None]) -> Callable[..., None]:
+    """`method` (bound to a client) as a callback that holds its object only weakly: once the object
+    is collected, calling it does nothing. The event loop keeps its readers' and timers' callbacks
+    (and the link they drive) alive; through this, it does not keep a dropped client alive. Costs one
+    weak dereference per call."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+    return call
+
+
+def _close_abandoned(pid: int, loop: asyncio.AbstractEventLoop, link: Link,
+                     ctx: zmq.Context[zmq.Socket[bytes]] | None) -> None:
+    """A client was collected without `close()` (its `weakref.finalize`): close its link — the
+    loop's reader and timer, the heartbeat thread, the sockets (docs/DESIGN.md §5.4) — and terminate
+    its own context `ctx` (None: the caller's). On the loop's thread it closes at once, else it hands
+    the close to the loop; in a forked child it does nothing (the sockets are the parent's)."""
+    if os.getpid() != pid or link.closed:
+        return
+    try:
+        here = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        here = False
+    if not here and not loop.is_closed():
+        try:
+            loop.call_soon_threadsafe(_close_abandoned, pid, loop, link, ctx)
+            return
+        except RuntimeError:  # the loop closed meanwhile: close from here
+            pass
+    link.close()
+    if ctx is not None and not ctx.closed:
+        ctx.term()

@@ -10,6 +10,7 @@ closes the client (which ends its heartbeat thread) and stops that loop thread.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 from collections.abc import Coroutine
@@ -21,7 +22,12 @@ import zmq
 
 from .. import protocol as p
 from . import hashing
-from .client import DEFAULT_CONNECT_TIMEOUT_S, BlockHashes, SchedulerClient
+from .client import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    BlockHashes,
+    SchedulerClient,
+    foreign_process_error,
+)
 from .lease import Lease
 
 T = TypeVar("T")
@@ -171,6 +177,7 @@ class SyncSchedulerClient:
         ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
         protocol_version: int = p.PROTOCOL_VERSION,
     ) -> None:
+        self._pid = os.getpid()  # the process whose loop thread serves this wrapper
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=_serve, args=(self._loop,), name="kvsched-client", daemon=True)
         self._thread.start()
@@ -198,6 +205,16 @@ class SyncSchedulerClient:
         self._closer = weakref.finalize(self, _shut_down, self._loop, self._thread, self._client)
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run `coro` on the loop thread and wait for its result.
+
+        Raises:
+            KvschedError: in a forked child (`foreign_process_error`): the loop thread lives in the
+                parent only, so the call would wait forever.
+        """
+        wrong = foreign_process_error(self._pid)
+        if wrong is not None:
+            coro.close()
+            raise wrong
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     @property
@@ -269,7 +286,10 @@ class SyncSchedulerClient:
 
     def close(self) -> None:
         """Abort open leases, fail waiting calls, close the socket, end the heartbeat thread and stop
-        the loop thread (idempotent)."""
+        the loop thread (idempotent). In a forked child it does nothing: the connection and the loop
+        thread are the parent's."""
+        if os.getpid() != self._pid:
+            return
         self._closer()
 
     def __enter__(self) -> SyncSchedulerClient:
