@@ -74,6 +74,38 @@ def transport_cut(max_frame_bytes: int) -> int:
     return 2 * max_frame_bytes + (64 << 10)
 
 
+PEER_QUEUE_BUDGET_BYTES = 64 << 20  # what one peer may make libzmq queue for the daemon to read
+MIN_HWM = 8  # messages: below this libzmq pauses and resumes a peer for every few messages
+# Messages: the send mark's floor. A version-1 peer gets one message per reply, up to a wake's
+# `frame_budget_per_wake` (512) and more in a burst, and a sending socket sees what libzmq's I/O thread
+# drained only when it processes its commands (throttled to about once a millisecond), so a smaller
+# mark would refuse (EAGAIN) replies to a peer that does read them.
+REPLY_BURST_MESSAGES = 1024
+
+
+def peer_hwm(max_message_bytes: int) -> int:
+    """The per-peer receive high-water mark (messages) of a daemon ROUTER: the most messages of
+    up to `max_message_bytes` that fit `PEER_QUEUE_BUDGET_BYTES` (64 MiB), at least `MIN_HWM` (8).
+
+    ZeroMQ counts its queues in messages (zmq_setsockopt(3), ZMQ_RCVHWM/ZMQ_SNDHWM, per peer), so the
+    byte bound is this count times the largest message: 31 messages of up to the data socket's
+    2 MiB + 64 KiB transport cut with the default `max_frame_bytes` (1 MiB). docs/DESIGN.md §5.3.
+    """
+    return max(MIN_HWM, PEER_QUEUE_BUDGET_BYTES // max(1, max_message_bytes))
+
+
+def peer_send_hwm(max_message_bytes: int) -> int:
+    """The per-peer send high-water mark (messages) of a daemon ROUTER: `peer_hwm`, at least
+    `REPLY_BURST_MESSAGES` (1024) so one wake's replies to a version-1 peer are never refused.
+
+    The replies queued for a peer grow only once that peer's own ZeroMQ stops reading them (its
+    process stopped, or its receive queue full: 100,000 messages for the reference client), and a
+    reply message holds what one wake owes the peer (tens of KiB for a wake of 512 frames; at most
+    `max_frame_bytes`). docs/DESIGN.md §5.3.
+    """
+    return max(REPLY_BURST_MESSAGES, peer_hwm(max_message_bytes))
+
+
 def bind_router(
     ctx: zmq.Context,
     endpoint: str,
@@ -87,7 +119,11 @@ def bind_router(
 
     Sets `ROUTER_MANDATORY` (an unroutable reply raises EHOSTUNREACH, so the actor can release an
     undeliverable `Admitted`), `MAXMSGSIZE` (oversized frames drop the peer), TCP keepalive, and
-    high water marks large enough that a burst never silently drops a reply.
+    per-peer high-water marks (`peer_hwm`, `peer_send_hwm`): the receive mark bounds in bytes what
+    one peer can make libzmq queue in the daemon; a peer that sends faster than the actor reads is
+    paused by libzmq and its own sends then meet its own SNDHWM (back-pressure, nothing lost). A peer
+    that stops reading its replies past the send mark gets the rest refused (EAGAIN: the outbox drops
+    them, and the actor releases each undelivered `Admitted`).
 
     No ZMTP heartbeats (`ZMQ_HEARTBEAT_IVL`): libzmq 4.3.x aborts the whole process with "Assertion
     failed: !_io_error (stream_engine_base.cpp)" when a connection whose input is paused by a full
@@ -99,7 +135,8 @@ def bind_router(
     Args:
         endpoint: `ipc://PATH` or `tcp://HOST:PORT`.
         mode: file mode applied to an ipc socket file (0o660 data, 0o600 admin).
-        max_frame_bytes: ZMQ_MAXMSGSIZE, bytes.
+        max_frame_bytes: ZMQ_MAXMSGSIZE, bytes; also the largest message the high-water marks are
+            sized for (`peer_hwm`).
         curve_secret_key: z85 secret key; required for a non-loopback TCP endpoint.
         heartbeat_ms: the daemon's heartbeat period (ms); TCP keepalive probes start after 3 periods
             of silence and repeat every period (whole seconds, at least 1), 3 unanswered close it.
@@ -115,8 +152,8 @@ def bind_router(
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 100_000)
-    sock.setsockopt(zmq.RCVHWM, 100_000)
+    sock.setsockopt(zmq.SNDHWM, peer_send_hwm(max_frame_bytes))
+    sock.setsockopt(zmq.RCVHWM, peer_hwm(max_frame_bytes))
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
     sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, max(1, 3 * heartbeat_ms // 1000))
     sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, heartbeat_ms // 1000))
