@@ -103,7 +103,7 @@ class FusedAdmission:
             return self._args
         ring, recent, a, ix, depth, elig = key
         adm = self.adm
-        arrays = (elig, adm.placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix._scratch,  # noqa: SLF001
+        arrays = (elig, adm.placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix.scratch,  # noqa: SLF001
                   depth, a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests,
                   a.w_max_batched_tokens, a.ref_keys, a.ref_counts, a.arena, a.s_state, a.s_generation, a.s_worker_row,
                   a.s_worker_generation, a.s_isl, a.s_cached, a.s_prefill, a.s_expected_osl, a.s_output_tokens,
