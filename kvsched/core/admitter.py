@@ -73,7 +73,7 @@ class Admitter:
         a = ledger.arrays
         self.fast = FusedAdmission(self)
         self.admit_fast = self.fast.admit
-        self._view = SelectionView(ledger._out_prefill, ledger._out_blocks, a.w_active_prefill,  # noqa: SLF001
+        self._view = SelectionView(ledger.out_prefill, ledger.out_blocks, a.w_active_prefill,
                                    a.w_active_blocks, a.w_total_kv_blocks, a.w_max_batched_tokens, 0,
                                    ledger.block_size, 0)
         self.use_selector(selector)
@@ -254,12 +254,12 @@ class Admitter:
         if terms is None:  # pinned, or a selector that does not compute terms on the way: before `admitted`
             terms = self.selector.terms(costs, self.elig, depth, view)
         self.selector.admitted(row, spec.isl_tokens - cached, now_us, spec.isl_tokens)
-        self.explain.add(spec.request_id, row, now_us, self.elig, depth, blocks, prefill, costs, self._fleet_ids(), terms)
+        self.explain.add(spec.request_id, row, now_us, self.elig, depth, blocks, prefill, costs, self.fleet_ids(), terms)
         self.decisions_total += 1
         return Admit(spec.request_id, spec.owner, ledger.key_of(row), live.slot, live.generation,
                      overlap_blocks, cached, max(0, now_us - entry.arrival_us), cls_name)
 
-    def _fleet_ids(self) -> tuple:
+    def fleet_ids(self) -> tuple:
         """(worker ids, dp ranks, present) copies for the explain ring, shared by every decision
         until the ledger's worker table changes (its `version`)."""
         v = self.ledger.version

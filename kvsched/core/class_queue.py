@@ -155,7 +155,7 @@ class PolicyClassQueue:
         caller re-snapshots `entry.cost` first). Limits are not re-applied. False if not in a lane."""
         worker = entry.placement
         lane = self.lanes.get(worker) if worker is not None else None
-        if lane is None or not _holds(lane, entry):
+        if lane is None or not lane.holds(entry):
             return False
         lane.discard_requests([entry])
         self._to_compact[id(lane)] = lane
@@ -169,13 +169,13 @@ class PolicyClassQueue:
         entry = self.deferred.get(request_id)
         if entry is not None:
             return entry
-        item = self.pending._live_index().get(request_id)  # noqa: SLF001 - same package
-        if item is not None:
-            return item[2]
+        entry = self.pending.get(request_id)
+        if entry is not None:
+            return entry
         for lane in self.lanes.values():
-            item = lane._live_index().get(request_id)  # noqa: SLF001
-            if item is not None:
-                return item[2]
+            entry = lane.get(request_id)
+            if entry is not None:
+                return entry
         return None
 
     def _container_add(self, entry: QueueEntry) -> None:
@@ -212,7 +212,7 @@ class PolicyClassQueue:
             lane = self.pending if worker is None else self.lanes.get(worker)
             if lane is None:
                 continue
-            got = lane.discard_requests([e for e in group if _holds(lane, e)])
+            got = lane.discard_requests([e for e in group if lane.holds(e)])
             if got:
                 self._to_compact[id(lane)] = lane
             removed.extend(got)
@@ -238,6 +238,8 @@ class PolicyClassQueue:
     def compact(self) -> int:
         """Compact every container that had removals since the last call (each at most once, and
         only when its dead items outnumber its live ones). Returns the compactions done."""
+        if not self._to_compact:  # most cleanup batches removed nothing from this class
+            return 0
         done = sum(c.compact() for c in self._to_compact.values())
         self._to_compact.clear()
         return done
@@ -305,7 +307,3 @@ class PolicyClassQueue:
             self.blocked_workers.add(worker)
         return None
 
-
-def _holds(lane: RequestQueue, entry: QueueEntry) -> bool:
-    item = lane._live_index().get(entry.request_id)  # noqa: SLF001 - same package
-    return item is not None and item[2] is entry

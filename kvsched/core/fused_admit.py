@@ -103,7 +103,7 @@ class FusedAdmission:
             return self._args
         ring, recent, a, ix, depth, elig = key
         adm = self.adm
-        arrays = (elig, adm.placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix.scratch,  # noqa: SLF001
+        arrays = (elig, adm.placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix.scratch,
                   depth, a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests,
                   a.w_max_batched_tokens, a.ref_keys, a.ref_counts, a.arena, a.s_state, a.s_generation, a.s_worker_row,
                   a.s_worker_generation, a.s_isl, a.s_cached, a.s_prefill, a.s_expected_osl, a.s_output_tokens,
@@ -111,7 +111,7 @@ class FusedAdmission:
                   a.s_owner_pid, recent, self.scratch, ring.elig, ring.depth, ring.blocks, ring.prefill, ring.terms,
                   self.out)
         ledger = adm.ledger
-        self._args = (ledger.block_size, ledger._stride, pack_admit_arrays(arrays))  # noqa: SLF001
+        self._args = (ledger.block_size, ledger.stride, pack_admit_arrays(arrays))
         self._key, self._arrays = key, arrays
         return self._args
 
@@ -136,10 +136,8 @@ class FusedAdmission:
         if slot is None:  # slot table full: the Python path rejects
             return None
         slot = slot[0]
-        allowed = spec.allowed_workers
-        if adm._placeable_key != (None, allowed, False, ledger.rows.version):  # noqa: SLF001 - `placeable_mask`'s memo
-            adm.placeable_mask(None, allowed)
-        own_depth = view.device is None or view._n_fed == 0  # noqa: SLF001 - `OverlapView.approx_only`
+        adm.placeable_mask(None, spec.allowed_workers)  # memoised: usually a hit
+        own_depth = view.approx_only()
         if not own_depth:
             view.depth(hashes, now_us)
         params = self.params.get(cq.index)  # `params_of`, its memo checked here
@@ -158,10 +156,10 @@ class FusedAdmission:
         recent_at = sel.recent_at_us
         expected = spec.expected_osl
         row = kernel(hashes, isl, now_us, slot, -1 if expected is None else expected, cq.index, now_us, spec.owner,
-                     min(now_us + view.ttl_us, INT64_MAX - 1), sel._decay(now_us), 1 if now_us > recent_at else 0,  # noqa: SLF001
+                     min(now_us + view.ttl_us, INT64_MAX - 1), sel.decay(now_us), 1 if now_us > recent_at else 0,
                      0 if own_depth else 1, ring.head, params, args[0], args[1], args[2])  # not `*args`: no tuple built
         if own_depth:
-            view._memo_of = None  # noqa: SLF001 - `OverlapView.drop_memo`: the kernel wrote depth_out
+            view.drop_memo()  # the kernel wrote depth_out
         if row < 0:
             ledger.give_back(slot)
             if row == UNDECIDED:
@@ -189,6 +187,6 @@ class FusedAdmission:
             approx_d = ob if own_depth else int(view.approx_depth[row])
             live.wrote = ((row, hashes, approx_d, -1) if view.speculative is None  # `record_speculative` with no index
                           else view.record_speculative(hashes, row, now_us, approx_d))
-        ring.commit(rid, row, now_us, adm._ids if adm._ids_key == ledger.rows.version else adm._fleet_ids())  # noqa: SLF001
+        ring.commit(rid, row, now_us, adm.fleet_ids())
         adm.decisions_total += 1
         return Admit(rid, spec.owner, ledger.rows.key_of(row), slot, gen, ob, cached, 0, cq.name)

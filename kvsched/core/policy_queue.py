@@ -86,11 +86,7 @@ class PolicyQueue:
 
     def compact(self) -> int:
         """End of a cleanup batch: compact the containers that had removals (at most once each)."""
-        done = 0
-        for cq in self.classes:
-            if cq._to_compact:  # noqa: SLF001 - same package; most batches removed nothing
-                done += cq.compact()
-        return done
+        return sum(cq.compact() for cq in self.classes)
 
     def remove(self, entry: QueueEntry) -> bool:
         """Remove one waiting (ready or deferred) entry; resets an emptied class's credit."""

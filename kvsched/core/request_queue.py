@@ -94,6 +94,16 @@ class RequestQueue(ABC):
     def __contains__(self, request: QueueEntry | str) -> bool:
         return _rid(request) in self._live_index()
 
+    def get(self, request_id: str) -> QueueEntry | None:
+        """The queued entry with this id, or None. O(1)."""
+        item = self._live_index().get(request_id)
+        return None if item is None else item[2]
+
+    def holds(self, entry: QueueEntry) -> bool:
+        """True when this very entry (not only its id) is queued here. O(1)."""
+        item = self._live_index().get(entry.request_id)
+        return item is not None and item[2] is entry
+
     @abstractmethod
     def _live_index(self) -> dict[str, list]: ...
 
