@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from ..config import ClassConfig
+from ..protocol import ClassRow
+from .admission import AdmissionPolicy, create_admission_policy
 from .ordering import QueueEntry
 from .request_queue import RequestQueue, create_request_queue
 from .types import WorkerKey
@@ -56,9 +58,9 @@ class PolicyClassQueue:
     """
 
     __slots__ = ("config", "index", "admission", "pending", "lanes", "blocked_workers", "deferred",
-                 "deficit", "n_waiting", "isl_waiting", "_heads", "_head_of", "_to_compact")
+                 "deficit", "n_waiting", "isl_waiting", "_heads", "_head_of", "_to_compact", "_unsettled")
 
-    def __init__(self, config: ClassConfig, index: int, admission: object = None) -> None:
+    def __init__(self, config: ClassConfig, index: int, admission: AdmissionPolicy | None = None) -> None:
         self.config = config
         self.index = index
         self.admission = admission
@@ -72,6 +74,7 @@ class PolicyClassQueue:
         self._heads: list[tuple] = []  # (key, seq, worker) lazy heap of unblocked lane heads
         self._head_of: dict[WorkerKey, int] = {}  # worker -> seq of its valid heap item
         self._to_compact: dict[int, RequestQueue] = {}  # containers with removals since compact()
+        self._unsettled: dict[WorkerKey, None] = {}  # lanes `discard` took from since `settle`
 
     # ---- sizes -------------------------------------------------------------------------------
     @property
@@ -94,6 +97,40 @@ class PolicyClassQueue:
     def iter_all(self) -> Iterator[QueueEntry]:
         yield from self.iter_ready()
         yield from self.deferred.values()
+
+    def class_row(self, now_us: int) -> ClassRow:
+        """This class for the admin socket: depth, deferred, waiting ISL tokens, oldest wait (s), DRR
+        deficit, blocked lanes. O(waiting requests)."""
+        oldest = min((e.arrival_us for e in self.iter_all()), default=now_us)
+        return ClassRow(name=self.name, ordering=self.config.ordering, quantum=self.config.quantum,
+                        depth=self.n_ready, deferred=len(self.deferred), isl_tokens=self.isl_waiting,
+                        oldest_wait_s=max(0, now_us - oldest) / 1e6, deficit=self.deficit,
+                        blocked_lanes=len(self.blocked_workers))
+
+    # ---- a profile reload --------------------------------------------------------------------
+    def reconfigured(self, config: ClassConfig, index: int) -> PolicyClassQueue:
+        """This class under a reloaded profile's `config`, at `index` (docs/DESIGN.md §4.16): its admission
+        policy is reconfigured when the type is kept, replaced (or removed) otherwise; a new ordering
+        re-keys every entry into a fresh queue (returned instead of this one); blocked lanes are checked
+        again. The caller has refused a change that would lose a tracking policy's state."""
+        if config.admission is None:
+            self.admission = None
+        elif self.admission is not None and self.config.admission.type == config.admission.type:
+            self.admission.reconfigure(config.admission)
+        else:
+            self.admission = create_admission_policy(config.admission)
+        cq = self
+        if config.ordering != self.config.ordering:
+            cq = PolicyClassQueue(config, index, self.admission)
+            for entry in list(self.iter_ready()):
+                cq.add(entry)
+            for entry in self.deferred.values():
+                cq.defer(entry)
+            cq.deficit = self.deficit
+        cq.index = index
+        cq.config = config
+        cq.unblock_all()
+        return cq
 
     # ---- limits ------------------------------------------------------------------------------
     def check_limits(self, isl_tokens: int, n_worker_ids: int,
@@ -155,9 +192,8 @@ class PolicyClassQueue:
         caller re-snapshots `entry.cost` first). Limits are not re-applied. False if not in a lane."""
         worker = entry.placement
         lane = self.lanes.get(worker) if worker is not None else None
-        if lane is None or not lane.holds(entry):
+        if lane is None or not lane.discard_entry(entry):
             return False
-        lane.discard_requests([entry])
         self._to_compact[id(lane)] = lane
         self._lane_changed(worker)
         entry.placement = None
@@ -198,30 +234,40 @@ class PolicyClassQueue:
         return bool(self.remove_many([entry]))
 
     def remove_many(self, entries: Iterable[QueueEntry]) -> list[QueueEntry]:
-        """Remove waiting entries (lazy deletion, O(1) each). Containers are compacted by the next
-        `compact()`, so a cleanup batch costs at most one compaction per container."""
-        removed: list[QueueEntry] = []
-        by_lane: dict[WorkerKey | None, list[QueueEntry]] = {}
-        for entry in entries:
-            if self.deferred.get(entry.request_id) is entry:
-                del self.deferred[entry.request_id]
-                removed.append(entry)
-            else:
-                by_lane.setdefault(entry.placement, []).append(entry)
-        for worker, group in by_lane.items():
-            lane = self.pending if worker is None else self.lanes.get(worker)
-            if lane is None:
-                continue
-            got = lane.discard_requests([e for e in group if lane.holds(e)])
-            if got:
-                self._to_compact[id(lane)] = lane
-            removed.extend(got)
-            if worker is not None and got:
-                self._lane_changed(worker)
-        for entry in removed:
-            self.n_waiting -= 1
-            self.isl_waiting -= entry.isl_tokens
+        """Remove waiting entries (lazy deletion, O(1) each; `discard` then `settle`). Containers are
+        compacted by the next `compact()`, so a cleanup batch costs at most one compaction per
+        container. Returns the removed entries, in the given order."""
+        removed = [entry for entry in entries if self.discard(entry)]
+        self.settle()
         return removed
+
+    def discard(self, entry: QueueEntry) -> bool:
+        """Take one waiting entry (ready or deferred) out, O(1), without re-indexing its lane's head:
+        call `settle` once after a batch, before the class is dispatched from again. False when the
+        entry is not here."""
+        rid = entry.request_id
+        deferred = self.deferred
+        if deferred.get(rid) is entry:
+            del deferred[rid]
+        else:
+            worker = entry.placement
+            lane = self.pending if worker is None else self.lanes.get(worker)
+            if lane is None or not lane.discard_entry(entry):
+                return False
+            self._to_compact[id(lane)] = lane
+            if worker is not None:
+                self._unsettled[worker] = None
+        self.n_waiting -= 1
+        self.isl_waiting -= entry.isl_tokens
+        return True
+
+    def settle(self) -> None:
+        """Re-index the head of every lane `discard` took entries from (an emptied lane goes), in the
+        order they first lost one."""
+        if self._unsettled:
+            for worker in self._unsettled:
+                self._lane_changed(worker)
+            self._unsettled.clear()
 
     def pop(self, entry: QueueEntry) -> None:
         """Remove `entry`, which must be the root of its container (as returned by

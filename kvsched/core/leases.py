@@ -17,14 +17,21 @@ Pure and synchronous like the rest of the core.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import msgspec
 
+from ..protocol import LeaseRow
 from .ordering import QueueEntry
 from .types import DAEMON_OWNER, Admit, RequestSpec
 
+if TYPE_CHECKING:
+    from .ledger import Ledger
+    from .policy_feed import PolicyFeed
+    from .waiting_share import WaitingShares
+
 READY, DEFERRED, LEASED, GONE = "ready", "deferred", "leased", "gone"
+_SLOT_STATES = {1: "admitted", 2: "dispatched", 3: "prefill_done"}  # slot state -> `LeaseRow.state`
 
 
 class Live(msgspec.Struct, eq=False):
@@ -92,7 +99,7 @@ class LeaseTable:
     `live` with owner o.
     """
 
-    def __init__(self, ledger, shares, feed, owner_alive: Callable[[int], bool],
+    def __init__(self, ledger: Ledger, shares: WaitingShares, feed: PolicyFeed, owner_alive: Callable[[int], bool],
                  same_process: Callable[[int, int], bool]) -> None:
         self.ledger, self.shares, self.feed = ledger, shares, feed
         self.owner_alive = owner_alive
@@ -125,10 +132,36 @@ class LeaseTable:
                 ids.discard(rid)
                 if not ids:
                     del self.by_owner[live.spec.owner]
-        if live.state == LEASED:
-            self.by_slot.pop(live.slot, None)
         if live.share_key is not None:
             self.shares.remove(live)
+        self._retire(live, abort)
+
+    def drop_owner(self, owner: int) -> tuple[list[Live], list[QueueEntry]]:
+        """Forget every live request of `owner` (its router is gone) as `drop(live, abort=True)` of each
+        would, in the same order, with the maps and waiting counts changed in bulk (a dead flooder's
+        whole queue: `WaitingShares.forget_owner`). Returns (its leases, the queue entries of its waiting
+        requests): the caller frees those bookings and removes those entries."""
+        ids = self.by_owner.pop(owner, None)
+        if not ids:
+            return [], []
+        live_map = self.live
+        lives = [live_map.pop(rid) for rid in ids]
+        self.feed.cleanup_ids.update(ids)  # reusable once this cleanup reaches the policies
+        self.shares.forget_owner(owner)
+        leased: list[Live] = []
+        waiting: list[QueueEntry] = []
+        for live in lives:
+            if live.state == LEASED:
+                leased.append(live)
+            else:
+                waiting.append(live.entry)
+            self._retire(live, True)
+        return leased, waiting
+
+    def _retire(self, live: Live, abort: bool) -> None:
+        """The rest of `drop`, once `live` is out of the id and owner maps and uncounted."""
+        if live.state == LEASED:
+            self.by_slot.pop(live.slot, None)
         live.state = GONE
         if abort and live.tracked:
             self.feed.aborted(live)
@@ -146,6 +179,53 @@ class LeaseTable:
     def waiting(self) -> bool:
         """True while some request waits (ready or deferred). O(1)."""
         return len(self.live) > len(self.by_slot)
+
+    def waiting_lives(self) -> Iterator[Live]:
+        """Every waiting (ready or deferred) request."""
+        return (live for live in self.live.values() if live.state in (READY, DEFERRED))
+
+    def note_dispatched(self, slots: Iterable[int]) -> bool:
+        """The routers stored `dispatched` for these slots (a word fold): each lease's tracked policy is
+        told Dispatched, at most once. True when some policy was told."""
+        told = False
+        by_slot, feed = self.by_slot, self.feed
+        for slot in slots:
+            live = by_slot.get(slot)
+            if live is not None and live.tracked and not live.told_dispatched:
+                feed.dispatched(live)
+                told = True
+        return told
+
+    # ---- classes (a profile reload) ----------------------------------------------------------
+    def leased_classes(self) -> set[int]:
+        """Class indexes that hold a lease."""
+        return {live.entry.class_idx for live in self.by_slot.values()}
+
+    def renumber_classes(self, remap: dict[int, int]) -> None:
+        """A profile reload renumbered the classes (old index -> new): the leases follow (a waiting
+        request's index is set by the queue that holds it, `PolicyQueue.reconfigured`)."""
+        for live in self.by_slot.values():
+            live.entry.class_idx = remap.get(live.entry.class_idx, live.entry.class_idx)
+
+    def lease_rows(self, class_names: list[str], now_us: int, worker_id: int | None = None,
+                   policy_class: str | None = None, limit: int = 1000) -> list[LeaseRow]:
+        """Up to `limit` live leases for the admin socket, optionally of one worker id / one class
+        (`class_names`: the profile's, by class index). O(leases)."""
+        out = []
+        ledger = self.ledger
+        for slot, live in self.by_slot.items():
+            info = ledger.slot_info(slot)
+            key = ledger.key_of(info.row)
+            name = class_names[live.entry.class_idx]
+            if (worker_id is not None and key.worker_id != worker_id) or (policy_class not in (None, name)):
+                continue
+            out.append(LeaseRow(request_id=live.spec.request_id, worker_id=key.worker_id, dp_rank=key.dp_rank,
+                                slot=slot, generation=info.generation, policy_class=name, isl_tokens=info.isl,
+                                cached_tokens=info.cached, output_tokens=info.output_tokens,
+                                age_s=max(0, now_us - info.admit_us) / 1e6, state=_SLOT_STATES.get(info.state, "free")))
+            if len(out) >= limit:
+                break
+        return out
 
     # ---- ownership ---------------------------------------------------------------------------
     def owner_of(self, request_id: str) -> int | None:
@@ -207,7 +287,7 @@ class LeaseTable:
                      live.spec.policy_class)
 
     # ---- orphans (restart) -------------------------------------------------------------------
-    def adopt_slot_table(self, class_names: list[str], default_class: int, seq, now_us: int,
+    def adopt_slot_table(self, class_names: list[str], default_class: int, seq: Iterator[int], now_us: int,
                          grace_us: int) -> OrphanCounts:
         """Adopt every booking of the ledger's slot table as an orphan lease (owner `DAEMON_OWNER`).
 

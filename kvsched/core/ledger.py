@@ -30,7 +30,7 @@ from functools import cached_property
 import numpy as np
 
 from ..config import OverloadConfig
-from ..protocol import MAX_REQUEST_ID_BYTES
+from ..protocol import MAX_REQUEST_ID_BYTES, WorkerRow
 from ..shm.admit_kernels import reserve_slot
 from ..shm.bind import entry_point
 from ..shm.booking_kernels import slot_dispatched, slot_output_tokens, slot_prefill_done
@@ -128,6 +128,10 @@ class Ledger:
 
     def rows_of_worker_id(self, worker_id: int) -> list[int]:
         return self.rows.rows_of_worker_id(worker_id)
+
+    def rows_of(self, worker_id: int, dp_rank: int | None) -> list[int]:
+        """Rows of a worker (every rank when dp_rank is None). Raises KeyError when unknown."""
+        return self.rows.rows_of(worker_id, dp_rank)
 
     def key_of(self, row: int) -> WorkerKey:
         """The worker in `row`. Raises KeyError for a row that holds none."""
@@ -375,6 +379,16 @@ class Ledger:
         return self.out_blocks, self.out_prefill, self.out_cost
 
     # -- introspection ------------------------------------------------------------------------
+    def worker_rows(self) -> list[WorkerRow]:
+        """One row per registered worker rank for the admin socket: capacity, current load, flags."""
+        a = self.arrays
+        return [WorkerRow(worker_id=int(a.w_worker_id[r]), dp_rank=int(a.w_dp_rank[r]),
+                          total_kv_blocks=int(a.w_total_kv_blocks[r]), max_num_batched_tokens=int(a.w_max_batched_tokens[r]),
+                          active_blocks=int(a.w_active_blocks[r]), active_prefill_tokens=int(a.w_active_prefill[r]),
+                          active_requests=int(a.w_active_requests[r]), drained=bool(a.w_flags[r] & FLAG_DRAINED),
+                          overloaded=bool(a.w_flags[r] & FLAG_OVERLOADED), stale=bool(a.w_flags[r] & FLAG_STALE))
+                for r in self.live_rows().tolist()]
+
     def slot_of(self, request_id: str) -> int | None:
         return self._slot_of.get(request_id)
 

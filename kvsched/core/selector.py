@@ -97,11 +97,18 @@ class WorkerSelector(ABC):
 
     name: str = ""
     # attributes holding what the selector learnt from past decisions (not configuration): a profile
-    # reload that rebuilds a selector of the same type carries them over (`kvsched.core.reload`)
+    # reload that rebuilds a selector of the same type carries them over (`carry_learnt`)
     learnt: tuple[str, ...] = ()
 
     def __init__(self, seed: int | None = None) -> None:
         self.rng = np.random.default_rng(seed)
+
+    def carry_learnt(self, old: WorkerSelector) -> None:
+        """Take over what `old` learnt (its `learnt` attributes) when it is of this very type: a profile
+        reload rebuilt the selector (docs/DESIGN.md §4.16); one of another type leaves this one as built."""
+        if type(old) is type(self):
+            for name in self.learnt:
+                setattr(self, name, getattr(old, name))
 
     @classmethod
     def from_config(cls, cfg: SelectorConfig) -> WorkerSelector:
