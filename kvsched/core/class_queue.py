@@ -245,18 +245,21 @@ class PolicyClassQueue:
         """Take one waiting entry (ready or deferred) out, O(1), without re-indexing its lane's head:
         call `settle` once after a batch, before the class is dispatched from again. False when the
         entry is not here."""
-        rid = entry.request_id
         deferred = self.deferred
-        if deferred.get(rid) is entry:
-            del deferred[rid]
+        if deferred and deferred.get(entry.request_id) is entry:
+            del deferred[entry.request_id]
         else:
             worker = entry.placement
-            lane = self.pending if worker is None else self.lanes.get(worker)
-            if lane is None or not lane.discard_entry(entry):
-                return False
-            self._to_compact[id(lane)] = lane
-            if worker is not None:
+            if worker is None:
+                lane = self.pending
+                if not lane.discard_entry(entry):
+                    return False
+            else:
+                lane = self.lanes.get(worker)
+                if lane is None or not lane.discard_entry(entry):
+                    return False
                 self._unsettled[worker] = None
+            self._to_compact[id(lane)] = lane
         self.n_waiting -= 1
         self.isl_waiting -= entry.isl_tokens
         return True

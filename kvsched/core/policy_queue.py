@@ -100,11 +100,13 @@ class PolicyQueue:
         classes = self.classes
         touched: dict[int, PolicyClassQueue] = {}
         removed: list[QueueEntry] = []
+        last = None
         for entry in entries:
             cq = classes[entry.class_idx]
             if cq.discard(entry):
                 removed.append(entry)
-                touched[entry.class_idx] = cq
+                if cq is not last:
+                    touched[cq.index] = last = cq
         for cq in touched.values():
             cq.settle()
             self._reset_if_empty(cq)

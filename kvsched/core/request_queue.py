@@ -100,17 +100,10 @@ class RequestQueue(ABC):
         item = self._live_index().get(request_id)
         return None if item is None else item[2]
 
+    @abstractmethod
     def discard_entry(self, entry: QueueEntry) -> bool:
         """As `discard_requests` of one entry, but only when this very entry (not only its id) is
         queued here. True when it was removed."""
-        index = self._live_index()
-        item = index.pop(entry.request_id, None)  # one lookup: a flood's cancel runs this per entry
-        if item is None:
-            return False
-        if item[2] is not entry:  # another entry with this id: it stays
-            index[entry.request_id] = item
-            return False
-        return True
 
     @abstractmethod
     def _live_index(self) -> dict[str, list]: ...
@@ -197,6 +190,16 @@ class HeapRequestQueue(RequestQueue):
         if removed:
             self._maybe_compact()
         return removed
+
+    def discard_entry(self, entry: QueueEntry) -> bool:
+        index = self._index
+        item = index.pop(entry.request_id, None)  # one lookup: a dead flooder's cancel runs this per entry
+        if item is None:
+            return False
+        if item[2] is not entry:  # another entry with this id: it stays
+            index[entry.request_id] = item
+            return False
+        return True
 
     def discard_requests(self, requests: Iterable[QueueEntry | str]) -> list[QueueEntry]:
         removed = []

@@ -105,35 +105,21 @@ class WaitingShares:
     def remove(self, live: Live) -> None:
         """Uncount a request that stops waiting (admitted, cancelled, timed out, dropped); no-op
         when it was not counted."""
-        if live.share_key is not None:
-            self.remove_many((live,))
-
-    def remove_many(self, lives: Iterable[Live]) -> None:
-        """`remove` of many requests at once: each count row is changed once (a dead router's whole
-        queue); the ones not counted are skipped."""
-        gone: dict[tuple[int, int], list[int]] = {}  # (owner, class index) -> [requests, ISL tokens]
-        for live in lives:
-            key = live.share_key
-            if key is None:
-                continue
-            live.share_key = None
-            acc = gone.get(key)
-            if acc is None:
-                gone[key] = [1, live.spec.isl_tokens]
-            else:
-                acc[0] += 1
-                acc[1] += live.spec.isl_tokens
-        for (owner, class_idx), (n, isl) in gone.items():
-            rows = self._counts.get(class_idx)
-            row = None if rows is None else rows.get(owner)
-            if row is None:
-                continue
-            row[0] -= n
-            row[1] -= isl
-            if row[0] <= 0:
-                del rows[owner]
-                if not rows:
-                    del self._counts[class_idx]
+        key = live.share_key
+        if key is None:
+            return
+        live.share_key = None
+        owner, class_idx = key
+        rows = self._counts.get(class_idx)
+        row = None if rows is None else rows.get(owner)
+        if row is None:
+            return
+        row[0] -= 1
+        row[1] -= live.spec.isl_tokens
+        if row[0] <= 0:
+            del rows[owner]
+            if not rows:
+                del self._counts[class_idx]
 
     def forget_owner(self, owner: int) -> None:
         """Uncount every waiting request of `owner` at once, O(classes): its router is gone and the
