@@ -259,7 +259,8 @@ class Intake:
         """The removed workers `gone` (already out of the ledger) leave waiting requests behind: the
         ones no registered worker can take are removed and answered `no_endpoints`, the ones placed on
         a removed worker go back to their class's shared heap, cost re-snapshot (module docstring).
-        O(waiting requests): removal is an operator act."""
+        The answers go class by class, each class's deferred requests first, then its ready ones in
+        queue order. O(waiting requests): removal is an operator act."""
         gone = list(gone)
         gone_set, names = set(gone), ", ".join(map(str, gone))
         adm, pq = self.admitter, self.admitter.pq
@@ -267,17 +268,18 @@ class Intake:
         out: list[Reject] = []
         for cq in pq.classes:
             stranded: list[QueueEntry] = []
+            deferred: list[QueueEntry] = []
             for entry in list(cq.iter_all()):
                 spec = entry.payload.spec
                 k = (spec.pinned, spec.allowed_workers)
                 if k not in left:
                     left[k] = adm.placeable_mask(spec.pinned, spec.allowed_workers, drained_count=True)
                 if left[k] == 0:
-                    stranded.append(entry)
+                    (deferred if cq.deferred.get(entry.request_id) is entry else stranded).append(entry)
                 elif entry.placement in gone_set:  # placed there by the admission policy
                     entry.cost = adm.snapshot_cost(spec, spec.pinned, now_us)
                     cq.unplace(entry)
-            removed = pq.remove_many(stranded)
+            removed = pq.remove_many(deferred + stranded)
             lives = [entry.payload for entry in removed]
             for live in lives:
                 self.leases.drop(live, abort=True)
