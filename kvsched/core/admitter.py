@@ -22,9 +22,11 @@ caller takes the Python path.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ..config import ClassConfig
+from ..config import ClassConfig, SelectorConfig
 from ..shm.layout import FLAG_DRAINED
 from ..shm.overlap import OverlapIndex
 from ..shm.select_kernels import count_busy
@@ -35,6 +37,14 @@ from .kv_cost import KvSelector
 from .leases import LEASED, READY, Live
 from .selector import SelectionView
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
+
+if TYPE_CHECKING:
+    from .leases import LeaseTable
+    from .ledger import Ledger
+    from .ordering import QueueEntry
+    from .overlap_view import OverlapView
+    from .policy_queue import PolicyQueue
+    from .selector import WorkerSelector
 
 EXPLAIN_RING = 1024  # admissions kept for `kvsched explain`
 
@@ -57,7 +67,8 @@ class Admitter:
         admit_fast: `FusedAdmission.admit` of this admitter (`fast`): the immediate path in one kernel call.
     """
 
-    def __init__(self, ledger, view, selector, leases, pq, selector_cfg) -> None:
+    def __init__(self, ledger: Ledger, view: OverlapView, selector: WorkerSelector, leases: LeaseTable,
+                 pq: PolicyQueue, selector_cfg: SelectorConfig) -> None:
         self.ledger, self.view, self.selector, self.leases, self.pq = ledger, view, selector, leases, pq
         self._selector_cfg = selector_cfg
         w = ledger.arrays.max_workers
@@ -78,7 +89,7 @@ class Admitter:
                                    ledger.block_size, 0)
         self.use_selector(selector)
 
-    def use_selector(self, selector) -> None:  # noqa: ANN001 - a WorkerSelector
+    def use_selector(self, selector: WorkerSelector) -> None:
         """Decide with `selector` from now on (start; a profile reload that rebuilt it): the fused path
         is on for a kernel-decidable `KvSelector` over an `OverlapIndex`; kernel parameters are re-packed."""
         self.selector = selector
@@ -89,12 +100,12 @@ class Admitter:
         self.fast.reset()
 
     @property
-    def selector_cfg(self):  # noqa: ANN201 - the [selector] table
+    def selector_cfg(self) -> SelectorConfig:
         """The `[selector]` table (a profile reload assigns it; the kernel parameters follow)."""
         return self._selector_cfg
 
     @selector_cfg.setter
-    def selector_cfg(self, cfg) -> None:  # noqa: ANN001
+    def selector_cfg(self, cfg: SelectorConfig) -> None:
         self._selector_cfg = cfg
         self.fast.reset()
 
@@ -132,7 +143,7 @@ class Admitter:
         ap = a.w_active_prefill[row]
         return not ((thr is not None and ap > thr) or (frac is not None and ap > frac * a.w_max_batched_tokens[row]))
 
-    def shared_ready(self, class_idx: int, entry) -> bool:  # noqa: ANN001 - a QueueEntry
+    def shared_ready(self, class_idx: int, entry: QueueEntry) -> bool:
         """May the shared root run now: some allowed worker eligible and the class not busy?"""
         spec: RequestSpec = entry.payload.spec
         n = self.ledger.eligible_mask(None, spec.allowed_workers, self.elig)
@@ -217,7 +228,7 @@ class Admitter:
             return None
         return self._reserve(live, row, hashes, blocks, prefill, costs, now_us, view, terms)
 
-    def _project(self, hashes: np.ndarray, isl_tokens: int, now_us: int):
+    def _project(self, hashes: np.ndarray, isl_tokens: int, now_us: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         depth = self.view.depth(hashes, now_us) if len(hashes) else self.view.zero()
         sel = self.selector_cfg
         return self.ledger.project(hashes, isl_tokens, depth, self.elig, sel.prefill_load_scale, sel.overlap_credit)
@@ -268,7 +279,8 @@ class Admitter:
             self._ids_key, self._ids = v, (a.w_worker_id.copy(), a.w_dp_rank.copy(), a.w_present.copy())
         return self._ids
 
-    def reject(self, spec: RequestSpec, reason: str, detail: str, cls_name: str, **figures) -> Reject:
+    def reject(self, spec: RequestSpec, reason: str, detail: str, cls_name: str,
+               **figures: int | str | bool | None) -> Reject:
         """A `Reject` record for `spec` (counted in `decisions_total`)."""
         self.decisions_total += 1
         return Reject(spec.request_id, spec.owner, reason, detail, cls_name, **figures)

@@ -18,6 +18,8 @@ C-contiguous uint64 vector, the only layout that entry point reads correctly.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable, Iterator
+
 import numpy as np
 
 from ..shm.admit_kernels import (OUT_CACHED, OUT_EVICTED, OUT_GENERATION, OUT_LEN, OUT_OVERLAP, OUT_SNAPSHOT, P,
@@ -29,12 +31,16 @@ from .leases import LEASED, Live
 from .ordering import QueueEntry
 from .types import Admit, RequestSpec
 
+if TYPE_CHECKING:
+    from .admitter import Admitter
+    from .class_queue import PolicyClassQueue
+
 _U64 = np.dtype(np.uint64)  # the block hashes' dtype (an `is` test first: ~0.3 µs less than `!=`)
 _ONE_WORD = (_U64.itemsize,)  # the strides of a C-contiguous uint64 vector (1-D)
 _ENTRY: list = []  # admit_kv_packed's compiled entry point, resolved once per process (`_admit_entry`)
 
 
-def _admit_entry():  # noqa: ANN202 - a numba compiled function
+def _admit_entry() -> Callable[..., int]:
     """`admit_kv_packed`'s entry point for the daemon's argument types (read-only uint64 hashes as decoded
     from a frame, int64 scalars, the float64 params and the int64 table): the overload
     `shm.admit_kernels.warm_admit_kernels` compiles. A writable vector is read alike (numba's
@@ -57,7 +63,7 @@ class FusedAdmission:
         scratch: float64[4, W], the kernel's work space; out: int64[OUT_LEN], what it reports back.
     """
 
-    def __init__(self, adm) -> None:  # noqa: ANN001 - an Admitter
+    def __init__(self, adm: Admitter) -> None:
         self.adm = adm
         w = adm.ledger.arrays.max_workers
         self.params: dict[int, tuple] = {}
@@ -77,7 +83,7 @@ class FusedAdmission:
         of the original arrays) and the kernel's entry point; the copy builds its own on first use."""
         return {**self.__dict__, "_key": None, "_arrays": (), "_args": (), "_kernel": None}
 
-    def params_of(self, cq) -> np.ndarray:  # noqa: ANN001 - a PolicyClassQueue
+    def params_of(self, cq: PolicyClassQueue) -> np.ndarray:
         """`admit_kv`'s params for class `cq` (packed again when its config or the `[selector]` table changes)."""
         got = self.params.get(cq.index)
         if got is None or got[0] is not cq.config:
@@ -115,7 +121,7 @@ class FusedAdmission:
         self._key, self._arrays = key, arrays
         return self._args
 
-    def admit(self, spec: RequestSpec, cq, seq, now_us: int) -> Admit | None:  # noqa: ANN001
+    def admit(self, spec: RequestSpec, cq: PolicyClassQueue, seq: Iterator[int], now_us: int) -> Admit | None:
         """Admit `spec` at once with one `admit_kv` kernel call, or None: nothing changed, the caller
         decides by the Python path (module docstring).
 

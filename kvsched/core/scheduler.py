@@ -28,7 +28,7 @@ Source: Dynamo kv-router scheduling (queue hierarchy, lifecycle, guardrails); vL
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..config import ClassConfig, Config
 from ..protocol import ClassRow, ExplainReply, LeaseRow, WorkerRow
@@ -38,7 +38,6 @@ from .admitter import Admitter
 from .class_queue import PolicyClassQueue
 from .intake import Intake
 from .leases import DEFERRED, LEASED, READY, LeaseTable, Live, OrphanCounts
-from .ledger import Ledger
 from .ordering import QueueEntry
 from .overlap_view import OverlapView
 from .policy_feed import PolicyFeed
@@ -47,6 +46,9 @@ from .reload import selector_keys_needing_rebuild
 from .selector import WorkerSelector, create_selector
 from .types import Admit, Reject, RequestSpec, WorkerKey
 from .waiting_share import WaitingShares
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
 
 Outcomes = list[Admit | Reject]
 BYPASS = Bypass()  # the decision of a class without an admission policy (one shared record)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -68,13 +69,16 @@ class TermTable:
     def __len__(self) -> int:
         return len(self.names)
 
-    def keys(self):  # noqa: ANN201
+    def keys(self) -> Iterator[str]:
+        """The term names, in order."""
         return iter(self.names)
 
-    def values(self):  # noqa: ANN201
+    def values(self) -> Iterator[np.ndarray]:
+        """The terms' float64[W] rows, in order."""
         return iter(self.rows)
 
-    def items(self):  # noqa: ANN201
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        """(name, float64[W] row) pairs, in order."""
         return zip(self.names, self.rows)
 
 
