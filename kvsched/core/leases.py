@@ -168,6 +168,14 @@ class LeaseTable:
         live.wrote = None
         live.entry.payload = None  # breaks the live <-> entry cycle: both are freed by refcount, no GC pass
 
+    def unlease(self, live: Live) -> None:
+        """A lease given back (`requeue`): the request waits again, ready, counted among its owner's
+        waiting requests; what its admission wrote to the overlap indexes is forgotten (the caller
+        withdrew it)."""
+        self.by_slot.pop(live.slot, None)
+        live.state, live.slot, live.generation, live.wrote = READY, -1, 0, None
+        self.shares.add(live)
+
     def lease(self, request_id: str, slot: int, generation: int) -> Live:
         """The leased request (request_id, slot, generation). Raises KeyError when there is none."""
         live = self.by_slot.get(slot)

@@ -249,11 +249,8 @@ class Scheduler:
     def _requeue(self, live: Live, row: int, now_us: int) -> Outcomes:
         if live.wrote is not None:
             self.view.withdraw(live.wrote)
-            live.wrote = None
         self.ledger.release(live.slot, live.generation)
-        self.lease_table.by_slot.pop(live.slot, None)
-        live.state, live.slot, live.generation = READY, -1, 0
-        self.shares.add(live)
+        self.lease_table.unlease(live)
         self.pq.requeue(live.entry)
         self.intake.arm_timeout(live, now_us, None)
         self._capacity_changed(row)
