@@ -34,7 +34,7 @@ from .admission import FleetView
 from .explain_ring import ExplainRing
 from .fused_admit import FusedAdmission
 from .kv_cost import KvSelector
-from .leases import LEASED, READY, Live
+from .leases import READY, Live
 from .selector import SelectionView
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
 
@@ -255,10 +255,7 @@ class Admitter:
         if got is None:
             self.leases.drop(live, abort=True)
             return self.reject(spec, "overloaded", "slot table full", cls_name)
-        if live.share_key is not None:
-            self.leases.shares.remove(live)
-        live.state, (live.slot, live.generation) = LEASED, got
-        self.leases.by_slot[live.slot] = live
+        self.leases.leased(live, *got)
         if len(hashes):
             live.wrote = self.view.record(hashes, row, now_us)
         self.selector.note_admitted(row, overlap_blocks, len(hashes))

@@ -183,9 +183,7 @@ class FusedAdmission:
                            cq.index)
         live = Live(spec, entry, LEASED, slot, gen)
         entry.payload = live
-        leases = adm.leases
-        leases.register(live)
-        leases.by_slot[slot] = live
+        adm.leases.register(live)  # a lease already: indexed by slot too
         if len(hashes):
             approx = view.approx
             approx.version += 1

@@ -112,7 +112,10 @@ class LeaseTable:
 
     # ---- membership --------------------------------------------------------------------------
     def register(self, live: Live) -> None:
+        """Make `live` known (by id, by owner, and by slot when it is born a lease)."""
         self.live[live.spec.request_id] = live
+        if live.state == LEASED:
+            self.by_slot[live.slot] = live
         ids = self.by_owner.get(live.spec.owner)
         if ids is None:
             self.by_owner[live.spec.owner] = {live.spec.request_id}
@@ -167,6 +170,14 @@ class LeaseTable:
             self.feed.aborted(live)
         live.wrote = None
         live.entry.payload = None  # breaks the live <-> entry cycle: both are freed by refcount, no GC pass
+
+    def leased(self, live: Live, slot: int, generation: int) -> None:
+        """A registered waiting request was admitted: it holds the lease (slot, generation) now and is
+        no longer counted among its owner's waiting requests."""
+        if live.share_key is not None:
+            self.shares.remove(live)
+        live.state, live.slot, live.generation = LEASED, slot, generation
+        self.by_slot[slot] = live
 
     def unlease(self, live: Live) -> None:
         """A lease given back (`requeue`): the request waits again, ready, counted among its owner's
@@ -315,7 +326,6 @@ class LeaseTable:
             live = Live(spec, entry, state=LEASED, slot=slot, generation=info.generation)
             entry.payload = live
             self.register(live)
-            self.by_slot[slot] = live
             count += 1
         self.orphans = OrphanCounts(count, 0, now_us + grace_us if count else None)
         return self.orphans
