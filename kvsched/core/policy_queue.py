@@ -87,7 +87,10 @@ class PolicyQueue:
 
     def compact(self) -> int:
         """End of a cleanup batch: compact the containers that had removals (at most once each)."""
-        return sum(cq.compact() for cq in self.classes)
+        done = 0
+        for cq in self.classes:  # a loop, not sum(generator): this runs once per cleanup pass
+            done += cq.compact()
+        return done
 
     def remove(self, entry: QueueEntry) -> bool:
         """Remove one waiting (ready or deferred) entry; resets an emptied class's credit."""
