@@ -89,6 +89,11 @@ class OrphanCounts:
 class LeaseTable:
     """request_id -> Live; slot -> Live (leased); owner -> request ids.
 
+    `by_owner[o]` is a dict of ids (values None), not a set: it keeps the order the requests became
+    `o`'s, so an owner's requests are walked in that order — deterministic, and, for a dead router's
+    whole queue, in the order they were allocated, which makes the walk several times faster than a
+    set's hash order over the same objects (`bench/bench_cancel_owner.py`).
+
     Args:
         ledger: the `Ledger` (slot table reads for adoption).
         shares: the `WaitingShares` (waiting requests are counted per owner).
@@ -106,7 +111,7 @@ class LeaseTable:
         self.same_process = same_process
         self.live: dict[str, Live] = {}
         self.by_slot: dict[int, Live] = {}
-        self.by_owner: dict[int, set[str]] = {}
+        self.by_owner: dict[int, dict[str, None]] = {}  # owner -> its request ids, in arrival order
         self.orphans: OrphanCounts | None = None
         self._orphan_report: OrphanCounts | None = None
 
@@ -118,9 +123,9 @@ class LeaseTable:
             self.by_slot[live.slot] = live
         ids = self.by_owner.get(live.spec.owner)
         if ids is None:
-            self.by_owner[live.spec.owner] = {live.spec.request_id}
+            self.by_owner[live.spec.owner] = {live.spec.request_id: None}
         else:
-            ids.add(live.spec.request_id)
+            ids[live.spec.request_id] = None
 
     def drop(self, live: Live, abort: bool) -> None:
         """Forget a live request (its queue entry / lease must already be gone). Its id waits for the
@@ -132,7 +137,7 @@ class LeaseTable:
             self.feed.cleanup_ids.add(rid)  # reusable once this cleanup reaches the policies
             ids = self.by_owner.get(live.spec.owner)
             if ids is not None:
-                ids.discard(rid)
+                ids.pop(rid, None)
                 if not ids:
                     del self.by_owner[live.spec.owner]
         if live.share_key is not None:
@@ -270,7 +275,7 @@ class LeaseTable:
         rid = live.spec.request_id
         ids = self.by_owner.get(old)
         if ids is not None:
-            ids.discard(rid)
+            ids.pop(rid, None)
             if not ids:
                 del self.by_owner[old]
         counted = live.share_key is not None
@@ -278,7 +283,7 @@ class LeaseTable:
         live.spec.owner = owner
         if counted:
             self.shares.add(live)
-        self.by_owner.setdefault(owner, set()).add(rid)
+        self.by_owner.setdefault(owner, {})[rid] = None
 
     def adopt_lease(self, request_id: str, slot: int, generation: int, owner: int) -> bool:
         """Give the lease (request_id, slot, generation) to `owner` (a reconnected client).

@@ -217,3 +217,20 @@ def test_cancel_owner_resets_the_credit_of_a_class_it_empties():
     _old_cancel_owner(ref, 1, 11)
     assert bulk.queues(11)[0].deficit == ref.queues(11)[0].deficit == 0
     assert bulk.queues(11) == ref.queues(11)
+
+
+def test_cancel_owner_ends_a_routers_requests_in_the_order_they_came():
+    """The owner's requests are released in arrival order, leases and waiting ones alike, so the policies
+    hear `Aborted` in that order and the freed slots are reused in the same order in every process (a set of
+    ids would walk them in string-hash order, which changes with PYTHONHASHSEED)."""
+    s, policy = _twin(3)
+    policy.decide = lambda request_id, spec, fleet, now_us: Ready(None)  # every request tracked, none deferred
+    came = []
+    for i in range(40):
+        rid = f"x{i * 7919 % 1000}"  # ids whose string order and hash order are not their arrival order
+        s.enqueue(make_request(rid, isl_tokens=60, owner=2, policy_class="a"), 10 + i)
+        came.append(rid)
+    assert 0 < s.active_leases - 2 < 40 and s.waiting  # some leased (beside the holder's two), some waiting
+    s.cancel_owner(2, 100)
+    s.drain_cleanup(100)
+    assert [rid for kind, rid in policy.log if kind == "Aborted"] == came
