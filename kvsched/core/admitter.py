@@ -22,9 +22,11 @@ caller takes the Python path.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ..config import ClassConfig
+from ..config import ClassConfig, SelectorConfig
 from ..shm.layout import FLAG_DRAINED
 from ..shm.overlap import OverlapIndex
 from ..shm.select_kernels import count_busy
@@ -32,9 +34,17 @@ from .admission import FleetView
 from .explain_ring import ExplainRing
 from .fused_admit import FusedAdmission
 from .kv_cost import KvSelector
-from .leases import LEASED, READY, Live
+from .leases import READY, Live
 from .selector import SelectionView
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
+
+if TYPE_CHECKING:
+    from .leases import LeaseTable
+    from .ledger import Ledger
+    from .ordering import QueueEntry
+    from .overlap_view import OverlapView
+    from .policy_queue import PolicyQueue
+    from .selector import WorkerSelector
 
 EXPLAIN_RING = 1024  # admissions kept for `kvsched explain`
 
@@ -57,7 +67,8 @@ class Admitter:
         admit_fast: `FusedAdmission.admit` of this admitter (`fast`): the immediate path in one kernel call.
     """
 
-    def __init__(self, ledger, view, selector, leases, pq, selector_cfg) -> None:
+    def __init__(self, ledger: Ledger, view: OverlapView, selector: WorkerSelector, leases: LeaseTable,
+                 pq: PolicyQueue, selector_cfg: SelectorConfig) -> None:
         self.ledger, self.view, self.selector, self.leases, self.pq = ledger, view, selector, leases, pq
         self._selector_cfg = selector_cfg
         w = ledger.arrays.max_workers
@@ -73,12 +84,12 @@ class Admitter:
         a = ledger.arrays
         self.fast = FusedAdmission(self)
         self.admit_fast = self.fast.admit
-        self._view = SelectionView(ledger._out_prefill, ledger._out_blocks, a.w_active_prefill,  # noqa: SLF001
+        self._view = SelectionView(ledger.out_prefill, ledger.out_blocks, a.w_active_prefill,
                                    a.w_active_blocks, a.w_total_kv_blocks, a.w_max_batched_tokens, 0,
                                    ledger.block_size, 0)
         self.use_selector(selector)
 
-    def use_selector(self, selector) -> None:  # noqa: ANN001 - a WorkerSelector
+    def use_selector(self, selector: WorkerSelector) -> None:
         """Decide with `selector` from now on (start; a profile reload that rebuilt it): the fused path
         is on for a kernel-decidable `KvSelector` over an `OverlapIndex`; kernel parameters are re-packed."""
         self.selector = selector
@@ -89,12 +100,12 @@ class Admitter:
         self.fast.reset()
 
     @property
-    def selector_cfg(self):  # noqa: ANN201 - the [selector] table
+    def selector_cfg(self) -> SelectorConfig:
         """The `[selector]` table (a profile reload assigns it; the kernel parameters follow)."""
         return self._selector_cfg
 
     @selector_cfg.setter
-    def selector_cfg(self, cfg) -> None:  # noqa: ANN001
+    def selector_cfg(self, cfg: SelectorConfig) -> None:
         self._selector_cfg = cfg
         self.fast.reset()
 
@@ -132,7 +143,7 @@ class Admitter:
         ap = a.w_active_prefill[row]
         return not ((thr is not None and ap > thr) or (frac is not None and ap > frac * a.w_max_batched_tokens[row]))
 
-    def shared_ready(self, class_idx: int, entry) -> bool:  # noqa: ANN001 - a QueueEntry
+    def shared_ready(self, class_idx: int, entry: QueueEntry) -> bool:
         """May the shared root run now: some allowed worker eligible and the class not busy?"""
         spec: RequestSpec = entry.payload.spec
         n = self.ledger.eligible_mask(None, spec.allowed_workers, self.elig)
@@ -217,7 +228,7 @@ class Admitter:
             return None
         return self._reserve(live, row, hashes, blocks, prefill, costs, now_us, view, terms)
 
-    def _project(self, hashes: np.ndarray, isl_tokens: int, now_us: int):
+    def _project(self, hashes: np.ndarray, isl_tokens: int, now_us: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         depth = self.view.depth(hashes, now_us) if len(hashes) else self.view.zero()
         sel = self.selector_cfg
         return self.ledger.project(hashes, isl_tokens, depth, self.elig, sel.prefill_load_scale, sel.overlap_credit)
@@ -244,22 +255,19 @@ class Admitter:
         if got is None:
             self.leases.drop(live, abort=True)
             return self.reject(spec, "overloaded", "slot table full", cls_name)
-        if live.share_key is not None:
-            self.leases.shares.remove(live)
-        live.state, (live.slot, live.generation) = LEASED, got
-        self.leases.by_slot[live.slot] = live
+        self.leases.leased(live, *got)
         if len(hashes):
             live.wrote = self.view.record(hashes, row, now_us)
         self.selector.note_admitted(row, overlap_blocks, len(hashes))
         if terms is None:  # pinned, or a selector that does not compute terms on the way: before `admitted`
             terms = self.selector.terms(costs, self.elig, depth, view)
         self.selector.admitted(row, spec.isl_tokens - cached, now_us, spec.isl_tokens)
-        self.explain.add(spec.request_id, row, now_us, self.elig, depth, blocks, prefill, costs, self._fleet_ids(), terms)
+        self.explain.add(spec.request_id, row, now_us, self.elig, depth, blocks, prefill, costs, self.fleet_ids(), terms)
         self.decisions_total += 1
         return Admit(spec.request_id, spec.owner, ledger.key_of(row), live.slot, live.generation,
                      overlap_blocks, cached, max(0, now_us - entry.arrival_us), cls_name)
 
-    def _fleet_ids(self) -> tuple:
+    def fleet_ids(self) -> tuple:
         """(worker ids, dp ranks, present) copies for the explain ring, shared by every decision
         until the ledger's worker table changes (its `version`)."""
         v = self.ledger.version
@@ -268,7 +276,8 @@ class Admitter:
             self._ids_key, self._ids = v, (a.w_worker_id.copy(), a.w_dp_rank.copy(), a.w_present.copy())
         return self._ids
 
-    def reject(self, spec: RequestSpec, reason: str, detail: str, cls_name: str, **figures) -> Reject:
+    def reject(self, spec: RequestSpec, reason: str, detail: str, cls_name: str,
+               **figures: int | str | bool | None) -> Reject:
         """A `Reject` record for `spec` (counted in `decisions_total`)."""
         self.decisions_total += 1
         return Reject(spec.request_id, spec.owner, reason, detail, cls_name, **figures)

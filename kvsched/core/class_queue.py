@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from ..config import ClassConfig
+from ..protocol import ClassRow
+from .admission import AdmissionPolicy, create_admission_policy
 from .ordering import QueueEntry
 from .request_queue import RequestQueue, create_request_queue
 from .types import WorkerKey
@@ -56,9 +58,9 @@ class PolicyClassQueue:
     """
 
     __slots__ = ("config", "index", "admission", "pending", "lanes", "blocked_workers", "deferred",
-                 "deficit", "n_waiting", "isl_waiting", "_heads", "_head_of", "_to_compact")
+                 "deficit", "n_waiting", "isl_waiting", "_heads", "_head_of", "_to_compact", "_unsettled")
 
-    def __init__(self, config: ClassConfig, index: int, admission: object = None) -> None:
+    def __init__(self, config: ClassConfig, index: int, admission: AdmissionPolicy | None = None) -> None:
         self.config = config
         self.index = index
         self.admission = admission
@@ -72,6 +74,7 @@ class PolicyClassQueue:
         self._heads: list[tuple] = []  # (key, seq, worker) lazy heap of unblocked lane heads
         self._head_of: dict[WorkerKey, int] = {}  # worker -> seq of its valid heap item
         self._to_compact: dict[int, RequestQueue] = {}  # containers with removals since compact()
+        self._unsettled: dict[WorkerKey, None] = {}  # lanes `discard` took from since `settle`
 
     # ---- sizes -------------------------------------------------------------------------------
     @property
@@ -94,6 +97,40 @@ class PolicyClassQueue:
     def iter_all(self) -> Iterator[QueueEntry]:
         yield from self.iter_ready()
         yield from self.deferred.values()
+
+    def class_row(self, now_us: int) -> ClassRow:
+        """This class for the admin socket: depth, deferred, waiting ISL tokens, oldest wait (s), DRR
+        deficit, blocked lanes. O(waiting requests)."""
+        oldest = min((e.arrival_us for e in self.iter_all()), default=now_us)
+        return ClassRow(name=self.name, ordering=self.config.ordering, quantum=self.config.quantum,
+                        depth=self.n_ready, deferred=len(self.deferred), isl_tokens=self.isl_waiting,
+                        oldest_wait_s=max(0, now_us - oldest) / 1e6, deficit=self.deficit,
+                        blocked_lanes=len(self.blocked_workers))
+
+    # ---- a profile reload --------------------------------------------------------------------
+    def reconfigured(self, config: ClassConfig, index: int) -> PolicyClassQueue:
+        """This class under a reloaded profile's `config`, at `index` (docs/DESIGN.md §4.16): its admission
+        policy is reconfigured when the type is kept, replaced (or removed) otherwise; a new ordering
+        re-keys every entry into a fresh queue (returned instead of this one); blocked lanes are checked
+        again. The caller has refused a change that would lose a tracking policy's state."""
+        if config.admission is None:
+            self.admission = None
+        elif self.admission is not None and self.config.admission.type == config.admission.type:
+            self.admission.reconfigure(config.admission)
+        else:
+            self.admission = create_admission_policy(config.admission)
+        cq = self
+        if config.ordering != self.config.ordering:
+            cq = PolicyClassQueue(config, index, self.admission)
+            for entry in list(self.iter_ready()):
+                cq.add(entry)
+            for entry in self.deferred.values():
+                cq.defer(entry)
+            cq.deficit = self.deficit
+        cq.index = index
+        cq.config = config
+        cq.unblock_all()
+        return cq
 
     # ---- limits ------------------------------------------------------------------------------
     def check_limits(self, isl_tokens: int, n_worker_ids: int,
@@ -155,9 +192,8 @@ class PolicyClassQueue:
         caller re-snapshots `entry.cost` first). Limits are not re-applied. False if not in a lane."""
         worker = entry.placement
         lane = self.lanes.get(worker) if worker is not None else None
-        if lane is None or not _holds(lane, entry):
+        if lane is None or not lane.discard_entry(entry):
             return False
-        lane.discard_requests([entry])
         self._to_compact[id(lane)] = lane
         self._lane_changed(worker)
         entry.placement = None
@@ -169,13 +205,13 @@ class PolicyClassQueue:
         entry = self.deferred.get(request_id)
         if entry is not None:
             return entry
-        item = self.pending._live_index().get(request_id)  # noqa: SLF001 - same package
-        if item is not None:
-            return item[2]
+        entry = self.pending.get(request_id)
+        if entry is not None:
+            return entry
         for lane in self.lanes.values():
-            item = lane._live_index().get(request_id)  # noqa: SLF001
-            if item is not None:
-                return item[2]
+            entry = lane.get(request_id)
+            if entry is not None:
+                return entry
         return None
 
     def _container_add(self, entry: QueueEntry) -> None:
@@ -198,30 +234,43 @@ class PolicyClassQueue:
         return bool(self.remove_many([entry]))
 
     def remove_many(self, entries: Iterable[QueueEntry]) -> list[QueueEntry]:
-        """Remove waiting entries (lazy deletion, O(1) each). Containers are compacted by the next
-        `compact()`, so a cleanup batch costs at most one compaction per container."""
-        removed: list[QueueEntry] = []
-        by_lane: dict[WorkerKey | None, list[QueueEntry]] = {}
-        for entry in entries:
-            if self.deferred.get(entry.request_id) is entry:
-                del self.deferred[entry.request_id]
-                removed.append(entry)
-            else:
-                by_lane.setdefault(entry.placement, []).append(entry)
-        for worker, group in by_lane.items():
-            lane = self.pending if worker is None else self.lanes.get(worker)
-            if lane is None:
-                continue
-            got = lane.discard_requests([e for e in group if _holds(lane, e)])
-            if got:
-                self._to_compact[id(lane)] = lane
-            removed.extend(got)
-            if worker is not None and got:
-                self._lane_changed(worker)
-        for entry in removed:
-            self.n_waiting -= 1
-            self.isl_waiting -= entry.isl_tokens
+        """Remove waiting entries (lazy deletion, O(1) each; `discard` then `settle`). Containers are
+        compacted by the next `compact()`, so a cleanup batch costs at most one compaction per
+        container. Returns the removed entries, in the given order."""
+        removed = [entry for entry in entries if self.discard(entry)]
+        self.settle()
         return removed
+
+    def discard(self, entry: QueueEntry) -> bool:
+        """Take one waiting entry (ready or deferred) out, O(1), without re-indexing its lane's head:
+        call `settle` once after a batch, before the class is dispatched from again. False when the
+        entry is not here."""
+        deferred = self.deferred
+        if deferred and deferred.get(entry.request_id) is entry:
+            del deferred[entry.request_id]
+        else:
+            worker = entry.placement
+            if worker is None:
+                lane = self.pending
+                if not lane.discard_entry(entry):
+                    return False
+            else:
+                lane = self.lanes.get(worker)
+                if lane is None or not lane.discard_entry(entry):
+                    return False
+                self._unsettled[worker] = None
+            self._to_compact[id(lane)] = lane
+        self.n_waiting -= 1
+        self.isl_waiting -= entry.isl_tokens
+        return True
+
+    def settle(self) -> None:
+        """Re-index the head of every lane `discard` took entries from (an emptied lane goes), in the
+        order they first lost one."""
+        if self._unsettled:
+            for worker in self._unsettled:
+                self._lane_changed(worker)
+            self._unsettled.clear()
 
     def pop(self, entry: QueueEntry) -> None:
         """Remove `entry`, which must be the root of its container (as returned by
@@ -238,6 +287,8 @@ class PolicyClassQueue:
     def compact(self) -> int:
         """Compact every container that had removals since the last call (each at most once, and
         only when its dead items outnumber its live ones). Returns the compactions done."""
+        if not self._to_compact:  # most cleanup batches removed nothing from this class
+            return 0
         done = sum(c.compact() for c in self._to_compact.values())
         self._to_compact.clear()
         return done
@@ -305,7 +356,3 @@ class PolicyClassQueue:
             self.blocked_workers.add(worker)
         return None
 
-
-def _holds(lane: RequestQueue, entry: QueueEntry) -> bool:
-    item = lane._live_index().get(entry.request_id)  # noqa: SLF001 - same package
-    return item is not None and item[2] is entry

@@ -5,13 +5,16 @@ projected blocks and prefill and its `kv` terms straight into the ring's row `he
 (`Admitter._reserve`) copies the same figures in with one numpy assignment each. Per decision the
 ring keeps one small tuple (request id, chosen row, time, the worker-table copies, and the costs or
 the terms when they are not the `kv` selector's). Records are decoded only when asked
-(`__getitem__`, `find`), i.e. by `introspect.explain`.
+(`__getitem__`, `find`, `explain`), i.e. by `kvsched explain`.
 """
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
+from ..protocol import ExplainReply, ExplainRow
 from ..shm.select_kernels import KV_TERMS
 from .selector import TermTable
 
@@ -49,7 +52,8 @@ class ExplainRing:
             self._n += 1
 
     def add(self, request_id: str, row: int, now_us: int, elig: np.ndarray, depth: np.ndarray, blocks: np.ndarray,
-            prefill: np.ndarray, costs: np.ndarray | None, ids: tuple, terms) -> None:  # noqa: ANN001
+            prefill: np.ndarray, costs: np.ndarray | None, ids: tuple,
+            terms: dict[str, np.ndarray] | TermTable | None) -> None:
         """Record an admission of the Python path: its arrays are copied in; `costs` (float64[W]) are
         copied only without terms; terms are kept as given unless they are a `TermTable` of `KV_TERMS`
         (then copied into the ring's terms array)."""
@@ -90,13 +94,15 @@ class ExplainRing:
             raise IndexError("explain ring record lost")
         return self._decode(i)
 
-    def __iter__(self):  # noqa: ANN204 - oldest first, as a deque iterates
+    def __iter__(self) -> Iterator[tuple]:
+        """Decoded records, oldest first (as a deque iterates)."""
         for k in range(self._n, 0, -1):
             i = (self.head - k) % self.capacity
             if self._meta[i] is not None:
                 yield self._decode(i)
 
-    def __reversed__(self):  # noqa: ANN204 - newest first
+    def __reversed__(self) -> Iterator[tuple]:
+        """Decoded records, newest first."""
         for k in range(1, self._n + 1):
             i = (self.head - k) % self.capacity
             if self._meta[i] is not None:
@@ -110,3 +116,22 @@ class ExplainRing:
             if meta is not None and meta[0] == request_id:
                 return self._decode(i)
         return None
+
+    def explain(self, request_id: str, decided_by: str = "") -> ExplainReply | None:
+        """Per-worker rows of the most recent admission of `request_id` still held, or None;
+        `decided_by` = the selector type that chose. Rows carry the selector's cost terms only when it
+        picked the lowest cost (`WorkerSelector.terms`); without terms, `cost` is the projection's,
+        for reference."""
+        rec = self.find(request_id)
+        if rec is None:
+            return None
+        _, row, now_us, elig, depth, blocks, prefill, costs, wid, rank, present, terms = rec
+        total = sum(terms.values()) if terms else costs  # costs are kept only without terms
+        rows = [ExplainRow(worker_id=int(wid[r]), dp_rank=int(rank[r]), eligible=bool(elig[r]),
+                           overlap_blocks=int(depth[r]), potential_blocks=int(blocks[r]),
+                           potential_prefill_tokens=int(prefill[r]),
+                           cost=float(total[r]) if elig[r] and np.isfinite(total[r]) else -1.0,
+                           terms={k: float(v[r]) for k, v in terms.items()} if elig[r] else {})
+                for r in np.flatnonzero(present).tolist()]
+        return ExplainReply(request_id=request_id, chosen_worker_id=int(wid[row]), chosen_dp_rank=int(rank[row]),
+                            decided_at_s=now_us / 1e6, rows=rows, decided_by=decided_by)

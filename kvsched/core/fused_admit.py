@@ -18,6 +18,8 @@ C-contiguous uint64 vector, the only layout that entry point reads correctly.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable, Iterator
+
 import numpy as np
 
 from ..shm.admit_kernels import (OUT_CACHED, OUT_EVICTED, OUT_GENERATION, OUT_LEN, OUT_OVERLAP, OUT_SNAPSHOT, P,
@@ -29,12 +31,16 @@ from .leases import LEASED, Live
 from .ordering import QueueEntry
 from .types import Admit, RequestSpec
 
+if TYPE_CHECKING:
+    from .admitter import Admitter
+    from .class_queue import PolicyClassQueue
+
 _U64 = np.dtype(np.uint64)  # the block hashes' dtype (an `is` test first: ~0.3 µs less than `!=`)
 _ONE_WORD = (_U64.itemsize,)  # the strides of a C-contiguous uint64 vector (1-D)
 _ENTRY: list = []  # admit_kv_packed's compiled entry point, resolved once per process (`_admit_entry`)
 
 
-def _admit_entry():  # noqa: ANN202 - a numba compiled function
+def _admit_entry() -> Callable[..., int]:
     """`admit_kv_packed`'s entry point for the daemon's argument types (read-only uint64 hashes as decoded
     from a frame, int64 scalars, the float64 params and the int64 table): the overload
     `shm.admit_kernels.warm_admit_kernels` compiles. A writable vector is read alike (numba's
@@ -57,7 +63,7 @@ class FusedAdmission:
         scratch: float64[4, W], the kernel's work space; out: int64[OUT_LEN], what it reports back.
     """
 
-    def __init__(self, adm) -> None:  # noqa: ANN001 - an Admitter
+    def __init__(self, adm: Admitter) -> None:
         self.adm = adm
         w = adm.ledger.arrays.max_workers
         self.params: dict[int, tuple] = {}
@@ -77,7 +83,7 @@ class FusedAdmission:
         of the original arrays) and the kernel's entry point; the copy builds its own on first use."""
         return {**self.__dict__, "_key": None, "_arrays": (), "_args": (), "_kernel": None}
 
-    def params_of(self, cq) -> np.ndarray:  # noqa: ANN001 - a PolicyClassQueue
+    def params_of(self, cq: PolicyClassQueue) -> np.ndarray:
         """`admit_kv`'s params for class `cq` (packed again when its config or the `[selector]` table changes)."""
         got = self.params.get(cq.index)
         if got is None or got[0] is not cq.config:
@@ -103,7 +109,7 @@ class FusedAdmission:
             return self._args
         ring, recent, a, ix, depth, elig = key
         adm = self.adm
-        arrays = (elig, adm.placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix._scratch,  # noqa: SLF001
+        arrays = (elig, adm.placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix.scratch,
                   depth, a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests,
                   a.w_max_batched_tokens, a.ref_keys, a.ref_counts, a.arena, a.s_state, a.s_generation, a.s_worker_row,
                   a.s_worker_generation, a.s_isl, a.s_cached, a.s_prefill, a.s_expected_osl, a.s_output_tokens,
@@ -111,11 +117,11 @@ class FusedAdmission:
                   a.s_owner_pid, recent, self.scratch, ring.elig, ring.depth, ring.blocks, ring.prefill, ring.terms,
                   self.out)
         ledger = adm.ledger
-        self._args = (ledger.block_size, ledger._stride, pack_admit_arrays(arrays))  # noqa: SLF001
+        self._args = (ledger.block_size, ledger.stride, pack_admit_arrays(arrays))
         self._key, self._arrays = key, arrays
         return self._args
 
-    def admit(self, spec: RequestSpec, cq, seq, now_us: int) -> Admit | None:  # noqa: ANN001
+    def admit(self, spec: RequestSpec, cq: PolicyClassQueue, seq: Iterator[int], now_us: int) -> Admit | None:
         """Admit `spec` at once with one `admit_kv` kernel call, or None: nothing changed, the caller
         decides by the Python path (module docstring).
 
@@ -136,10 +142,8 @@ class FusedAdmission:
         if slot is None:  # slot table full: the Python path rejects
             return None
         slot = slot[0]
-        allowed = spec.allowed_workers
-        if adm._placeable_key != (None, allowed, False, ledger.rows.version):  # noqa: SLF001 - `placeable_mask`'s memo
-            adm.placeable_mask(None, allowed)
-        own_depth = view.device is None or view._n_fed == 0  # noqa: SLF001 - `OverlapView.approx_only`
+        adm.placeable_mask(None, spec.allowed_workers)  # memoised: usually a hit
+        own_depth = view.approx_only()
         if not own_depth:
             view.depth(hashes, now_us)
         params = self.params.get(cq.index)  # `params_of`, its memo checked here
@@ -158,10 +162,10 @@ class FusedAdmission:
         recent_at = sel.recent_at_us
         expected = spec.expected_osl
         row = kernel(hashes, isl, now_us, slot, -1 if expected is None else expected, cq.index, now_us, spec.owner,
-                     min(now_us + view.ttl_us, INT64_MAX - 1), sel._decay(now_us), 1 if now_us > recent_at else 0,  # noqa: SLF001
+                     min(now_us + view.ttl_us, INT64_MAX - 1), sel.decay(now_us), 1 if now_us > recent_at else 0,
                      0 if own_depth else 1, ring.head, params, args[0], args[1], args[2])  # not `*args`: no tuple built
         if own_depth:
-            view._memo_of = None  # noqa: SLF001 - `OverlapView.drop_memo`: the kernel wrote depth_out
+            view.drop_memo()  # the kernel wrote depth_out
         if row < 0:
             ledger.give_back(slot)
             if row == UNDECIDED:
@@ -179,9 +183,7 @@ class FusedAdmission:
                            cq.index)
         live = Live(spec, entry, LEASED, slot, gen)
         entry.payload = live
-        leases = adm.leases
-        leases.register(live)
-        leases.by_slot[slot] = live
+        adm.leases.register(live)  # a lease already: indexed by slot too
         if len(hashes):
             approx = view.approx
             approx.version += 1
@@ -189,6 +191,6 @@ class FusedAdmission:
             approx_d = ob if own_depth else int(view.approx_depth[row])
             live.wrote = ((row, hashes, approx_d, -1) if view.speculative is None  # `record_speculative` with no index
                           else view.record_speculative(hashes, row, now_us, approx_d))
-        ring.commit(rid, row, now_us, adm._ids if adm._ids_key == ledger.rows.version else adm._fleet_ids())  # noqa: SLF001
+        ring.commit(rid, row, now_us, adm.fleet_ids())
         adm.decisions_total += 1
         return Admit(rid, spec.owner, ledger.rows.key_of(row), slot, gen, ob, cached, 0, cq.name)

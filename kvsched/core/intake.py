@@ -1,5 +1,6 @@
 """Intake: what happens to a request before it runs — validation, admission-policy placements,
-why it must wait, putting it in its class's queue under the limits, and its queue-wait deadline.
+why it must wait, putting it in its class's queue under the limits, its queue-wait deadline, the
+admission policies' answers (`MakeReady`), and the waiting requests a worker's removal strands.
 
 The user-facing rules are in docs/PROTOCOL.md "Scheduling contracts":
 * Validation order: `invalid` (len(block_hashes) > ceil(isl / B) or isl < 1) → `pinned_not_allowed`
@@ -12,17 +13,34 @@ The user-facing rules are in docs/PROTOCOL.md "Scheduling contracts":
   `invalid_placements` and reported once through `take_notices()`.
 * Timeouts: deadline = min(deadline_us, enqueue + class queue_timeout_s), for ready and deferred
   requests; a requeued request's wait restarts at the requeue (class timeout only).
+* Policies are told their buffered events once per cleanup, oldest first (`tell_policies`), and
+  `Reconcile` on every tick (`reconcile`); their `MakeReady` answers move requests (`make_ready`).
+* Worker removal (`strand`): every waiting request (ready or deferred) that no remaining registered
+  worker can take — pinned to a removed worker, or allowed only on removed workers — is answered
+  `no_endpoints` (drained workers still count); one an admission policy had placed on a removed worker
+  goes back to its class's shared heap.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
+from .admission import MakeReady, Reconcile
 from .leases import DEFERRED, READY, Live
 from .types import Reject, RequestSpec, WorkerKey
+
+if TYPE_CHECKING:
+    from .admitter import Admitter
+    from .class_queue import PolicyClassQueue
+    from .leases import LeaseTable
+    from .ledger import Ledger
+    from .ordering import QueueEntry
+    from .policy_feed import PolicyFeed
+    from .waiting_share import WaitingShares
 
 MAX_NOTICES = 64  # operator notices kept until `take_notices()` (older ones are dropped, still counted)
 
@@ -38,7 +56,8 @@ class Intake:
         seq: the enqueue_seq counter (FCFS order of equal keys).
     """
 
-    def __init__(self, ledger, admitter, leases, feed, shares) -> None:
+    def __init__(self, ledger: Ledger, admitter: Admitter, leases: LeaseTable, feed: PolicyFeed,
+                 shares: WaitingShares) -> None:
         self.ledger, self.admitter, self.leases, self.feed, self.shares = ledger, admitter, leases, feed, shares
         self.invalid_placements = 0
         self._notices: list[str] = []
@@ -102,7 +121,7 @@ class Intake:
         return notes
 
     # ---- waiting -----------------------------------------------------------------------------
-    def wait_reason(self, cq, n_elig: int, placed: bool) -> str | None:  # noqa: ANN001 - a PolicyClassQueue
+    def wait_reason(self, cq: PolicyClassQueue, n_elig: int, placed: bool) -> str | None:
         """Why a new request of `cq` must wait (None: it may run now); `admitter.elig` holds its rows."""
         ahead = cq.n_ready
         if n_elig == 0:
@@ -118,7 +137,7 @@ class Intake:
             return f"backlog: {_requests(ahead)} ahead in class {cq.name!r} (a new arrival never jumps its class)"
         return None
 
-    def hold(self, live: Live, cq, now_us: int, why: str, defer: bool) -> Reject | bool:  # noqa: ANN001
+    def hold(self, live: Live, cq: PolicyClassQueue, now_us: int, why: str, defer: bool) -> Reject | bool:
         """Put a request in its class's queue (or deferred map) after do_not_queue and limits.
         `why` says why it waits (the detail of a do_not_queue rejection). Returns the Reject, or
         whether a dispatch pass is due now (the class already had a ready backlog)."""
@@ -178,6 +197,94 @@ class Intake:
             self.leases.drop(live, abort=True)
             waited = (now_us - live.entry.arrival_us) / 1e6
             out.append(self.admitter.reject(live.spec, "timeout", f"waited {waited:.3f} s", cq.name))
+        return out
+
+    def shut_down(self) -> None:
+        """From now on every enqueue is answered `shutting_down` (`validate`)."""
+        self.shutting_down = True
+
+    # ---- the admission policies' answers -----------------------------------------------------
+    def tell_policies(self, now_us: int) -> bool:
+        """Tell each class's admission policy its buffered events (oldest first) and apply the
+        `MakeReady` answers; the cleaned-up ids become reusable. Returns True when a request moved
+        (a dispatch pass is due)."""
+        feed, moved = self.feed, False
+        while feed.events:
+            events = feed.take()
+            fleet = self.admitter.fleet()
+            classes = self.admitter.pq.classes
+            for c, event in events:
+                policy = classes[c].admission if c < len(classes) else None
+                if policy is not None:
+                    moved |= self.make_ready(c, policy.notify(event, fleet, now_us), now_us)
+        feed.cleaned()
+        return moved
+
+    def reconcile(self, now_us: int) -> bool:
+        """Send `Reconcile` to every class's admission policy and apply its answers (a tick). True when
+        a request moved."""
+        moved, fleet = False, None
+        for cq in self.admitter.pq.classes:
+            if cq.admission is not None:
+                fleet = fleet or self.admitter.fleet()
+                moved |= self.make_ready(cq.index, cq.admission.notify(Reconcile(), fleet, now_us), now_us)
+        return moved
+
+    def make_ready(self, c: int, answers: list[MakeReady], now_us: int) -> bool:
+        """Apply class `c`'s policy's `MakeReady` answers: a deferred request becomes ready (in its own
+        place or an exact, valid placement); a ready one moves to a worker lane at most once; unknown
+        or duplicate ids are ignored. Returns True when a request moved."""
+        moved = False
+        cq = self.admitter.pq.classes[c]
+        for mr in answers:
+            live = self.leases.live.get(mr.request_id)
+            if live is None or live.entry.class_idx != c or live.state not in (READY, DEFERRED):
+                continue
+            placement = mr.placement
+            if placement is not None and not self.placement_ok(live.spec, placement, cq.name):
+                placement = None  # invalid: a deferred request is released to its own place
+            if placement is not None:
+                if live.state == READY and live.entry.placement is not None:
+                    continue  # already in a worker lane: ignored
+                live.entry.cost = self.admitter.snapshot_cost(live.spec, placement, now_us)  # before re-keying
+            elif live.state == READY:
+                continue  # already ready: duplicate answer, ignored
+            if cq.make_ready(mr.request_id, placement) is not None:
+                live.state = READY
+                moved = True
+        return moved
+
+    # ---- worker removal ----------------------------------------------------------------------
+    def strand(self, gone: Iterable[WorkerKey], now_us: int) -> list[Reject]:
+        """The removed workers `gone` (already out of the ledger) leave waiting requests behind: the
+        ones no registered worker can take are removed and answered `no_endpoints`, the ones placed on
+        a removed worker go back to their class's shared heap, cost re-snapshot (module docstring).
+        The answers go class by class, each class's deferred requests first, then its ready ones in
+        queue order. O(waiting requests): removal is an operator act."""
+        gone = list(gone)
+        gone_set, names = set(gone), ", ".join(map(str, gone))
+        adm, pq = self.admitter, self.admitter.pq
+        left: dict[tuple, int] = {}  # (pin, allowed) -> registered placeable workers
+        out: list[Reject] = []
+        for cq in pq.classes:
+            stranded: list[QueueEntry] = []
+            deferred: list[QueueEntry] = []
+            for entry in list(cq.iter_all()):
+                spec = entry.payload.spec
+                k = (spec.pinned, spec.allowed_workers)
+                if k not in left:
+                    left[k] = adm.placeable_mask(spec.pinned, spec.allowed_workers, drained_count=True)
+                if left[k] == 0:
+                    (deferred if cq.deferred.get(entry.request_id) is entry else stranded).append(entry)
+                elif entry.placement in gone_set:  # placed there by the admission policy
+                    entry.cost = adm.snapshot_cost(spec, spec.pinned, now_us)
+                    cq.unplace(entry)
+            removed = pq.remove_many(deferred + stranded)
+            lives = [entry.payload for entry in removed]
+            for live in lives:
+                self.leases.drop(live, abort=True)
+            out += [adm.reject(live.spec, "no_endpoints", f"worker {names} removed; no registered worker can take it",
+                               cq.name) for live in lives]
         return out
 
 

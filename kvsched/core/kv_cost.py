@@ -134,7 +134,9 @@ class KvSelector(CostSelector):
                    home_min_prefill_tokens=cfg.home_min_prefill_tokens)
 
     # ---- terms (pure) ----------------------------------------------------------------------------
-    def _decay(self, now_us: int) -> float:
+    def decay(self, now_us: int) -> float:
+        """The factor that brings `recent` (decayed to `recent_at_us`) to `now_us` µs: 2^(-age / half-life),
+        1.0 for no age, 0.0 with a zero half-life. The fused admission kernel is given it."""
         dt = now_us - self.recent_at_us  # max(0, dt) written out: this runs once per admission
         hl = self.recent_half_life_us
         return exp2(-(dt if dt > 0 else 0) / hl) if hl > 0 else 0.0
@@ -185,7 +187,7 @@ class KvSelector(CostSelector):
         m = min(n, self.recent.size)
         rt = None
         if m:
-            decay = self._decay(view.now_us)
+            decay = self.decay(view.now_us)
             rt = np.zeros(n)
             sel = rows[rows < m]
             rt[sel] = self.recent[sel] * decay
@@ -274,7 +276,7 @@ class KvSelector(CostSelector):
         if self._total.shape[0] != n:
             self._total, self._scratch = np.zeros(n), np.zeros((2, n))
         recent = self.recent
-        decay = self._decay(view.now_us) if recent.size and n else 1.0
+        decay = self.decay(view.now_us) if recent.size and n else 1.0
         all_terms, total, pick = np.zeros((5, n)), self._total, self._pick_out
         i = kv_cost_terms(view.prefill_tokens, view.blocks, view.active_prefill, view.max_batched_tokens, eligible,
                           overlap_blocks, recent, decay, active_requests, int(view.isl_tokens),
@@ -343,7 +345,7 @@ class KvSelector(CostSelector):
         if self.recent.size <= row:
             self.recent = np.concatenate([self.recent, np.zeros(row + 1 - self.recent.size)])
         if now_us > self.recent_at_us:
-            self.recent *= self._decay(now_us)
+            self.recent *= self.decay(now_us)
             self.recent_at_us = now_us
         self.recent[row] += max(0, uncached_tokens)
 

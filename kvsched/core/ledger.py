@@ -30,7 +30,7 @@ from functools import cached_property
 import numpy as np
 
 from ..config import OverloadConfig
-from ..protocol import MAX_REQUEST_ID_BYTES
+from ..protocol import MAX_REQUEST_ID_BYTES, WorkerRow
 from ..shm.admit_kernels import reserve_slot
 from ..shm.bind import entry_point
 from ..shm.booking_kernels import slot_dispatched, slot_output_tokens, slot_prefill_done
@@ -55,6 +55,10 @@ class Ledger:
         state: uint64[max_slots] state words (dispatched / prefill_done stored by local routers,
             `kvsched.shm.words`), or None; folded with the progress words by `fold_progress`.
     Maps: request_id -> slot here; WorkerKey -> row in `rows` (`worker_rows.WorkerRows`).
+    Attributes:
+        block_size: tokens per block; stride: hashes kept per booking (the arena's max_blocks_per_request).
+        out_blocks / out_prefill / out_cost: int64[W] / int64[W] / float64[W], what `project` writes and
+            returns (one set, reused by every call: a `SelectionView` made over them sees each projection).
     """
 
     def __init__(self, arrays: LedgerArrays, progress: np.ndarray | None = None, overload: OverloadConfig | None = None, state: np.ndarray | None = None) -> None:
@@ -65,11 +69,11 @@ class Ledger:
         self._high = 0  # slots [0, _high) have been booked at least once (fold range)
         self._max_slots = s
         self.block_size = arrays.block_size
-        self._stride = arrays.max_blocks_per_request
+        self.stride = arrays.max_blocks_per_request
         w = arrays.max_workers
-        self._out_blocks = np.zeros(w, np.int64)
-        self._out_prefill = np.zeros(w, np.int64)
-        self._out_cost = np.zeros(w, np.float64)
+        self.out_blocks = np.zeros(w, np.int64)
+        self.out_prefill = np.zeros(w, np.int64)
+        self.out_cost = np.zeros(w, np.float64)
         self.rows = WorkerRows(arrays, overload if overload is not None else OverloadConfig())
         self.words = WordFold(arrays, self.rows, progress, state)
         self._adopt()
@@ -124,6 +128,10 @@ class Ledger:
 
     def rows_of_worker_id(self, worker_id: int) -> list[int]:
         return self.rows.rows_of_worker_id(worker_id)
+
+    def rows_of(self, worker_id: int, dp_rank: int | None) -> list[int]:
+        """Rows of a worker (every rank when dp_rank is None). Raises KeyError when unknown."""
+        return self.rows.rows_of(worker_id, dp_rank)
 
     def key_of(self, row: int) -> WorkerKey:
         """The worker in `row`. Raises KeyError for a row that holds none."""
@@ -206,7 +214,7 @@ class Ledger:
         a = self.arrays
         gen = reserve_slot(slot, row, int(isl_tokens), np.asarray(hashes, dtype=np.uint64), int(cached_tokens),
                            -1 if expected_osl is None else int(expected_osl), int(class_idx), int(enqueue_us),
-                           int(now_us), int(owner_pid), self.block_size, self._stride, a.w_generation,
+                           int(now_us), int(owner_pid), self.block_size, self.stride, a.w_generation,
                            a.w_active_blocks, a.w_active_prefill, a.w_active_requests, a.ref_keys, a.ref_counts, a.arena,
                            a.s_state, a.s_generation, a.s_worker_row, a.s_worker_generation, a.s_isl, a.s_cached,
                            a.s_prefill, a.s_expected_osl, a.s_output_tokens, a.s_extra_blocks, a.s_class,
@@ -367,10 +375,20 @@ class Ledger:
         hold -1 / -1 / +inf. overlap_blocks: int32[W]; eligible: uint8[W].
         """
         a = self.arrays
-        project_and_cost(a.w_active_blocks, a.w_active_prefill, eligible, a.ref_keys, a.ref_counts, np.asarray(hashes, dtype=np.uint64), int(isl_tokens), self.block_size, overlap_blocks, float(prefill_load_scale), float(overlap_credit), self._out_blocks, self._out_prefill, self._out_cost)
-        return self._out_blocks, self._out_prefill, self._out_cost
+        project_and_cost(a.w_active_blocks, a.w_active_prefill, eligible, a.ref_keys, a.ref_counts, np.asarray(hashes, dtype=np.uint64), int(isl_tokens), self.block_size, overlap_blocks, float(prefill_load_scale), float(overlap_credit), self.out_blocks, self.out_prefill, self.out_cost)
+        return self.out_blocks, self.out_prefill, self.out_cost
 
     # -- introspection ------------------------------------------------------------------------
+    def worker_rows(self) -> list[WorkerRow]:
+        """One row per registered worker rank for the admin socket: capacity, current load, flags."""
+        a = self.arrays
+        return [WorkerRow(worker_id=int(a.w_worker_id[r]), dp_rank=int(a.w_dp_rank[r]),
+                          total_kv_blocks=int(a.w_total_kv_blocks[r]), max_num_batched_tokens=int(a.w_max_batched_tokens[r]),
+                          active_blocks=int(a.w_active_blocks[r]), active_prefill_tokens=int(a.w_active_prefill[r]),
+                          active_requests=int(a.w_active_requests[r]), drained=bool(a.w_flags[r] & FLAG_DRAINED),
+                          overloaded=bool(a.w_flags[r] & FLAG_OVERLOADED), stale=bool(a.w_flags[r] & FLAG_STALE))
+                for r in self.live_rows().tolist()]
+
     def slot_of(self, request_id: str) -> int | None:
         return self._slot_of.get(request_id)
 

@@ -188,7 +188,7 @@ class OverlapView:
         if got is None or not all(x is y for x, y in zip(got[0], (ap, dev, off, sp, flags, out))):
             arrays = (ap.keys, ap.used, ap.perm, ap.ttlm, ap.ttl_exp, dev.keys, dev.used, dev.perm, dev.ttlm, dev.ttl_exp,
                       off.keys, off.used, off.perm, off.ttlm, off.ttl_exp, sp.keys, sp.used, sp.perm, sp.ttlm, sp.ttl_exp,
-                      ap._scratch, self.approx_depth, self._dev_depth, self._off_depth, self._spec_depth,  # noqa: SLF001
+                      ap.scratch, self.approx_depth, self._dev_depth, self._off_depth, self._spec_depth,
                       self.event_fed, flags, self._spec_raw, out)
             # the arrays stay referenced beside their table (its addresses: `shm.argtable`)
             got = self._credited = ((ap, dev, off, sp, flags, out), arrays, pack_credited_arrays(arrays))

@@ -22,9 +22,10 @@ docs/DESIGN.md §4.7 DRR across classes.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..config import ClassConfig
+from .admission import create_admission_policy
 from .class_queue import LimitExceeded, PolicyClassQueue
 from .ordering import QueueEntry
 from .types import WorkerKey
@@ -87,17 +88,72 @@ class PolicyQueue:
     def compact(self) -> int:
         """End of a cleanup batch: compact the containers that had removals (at most once each)."""
         done = 0
-        for cq in self.classes:
-            if cq._to_compact:  # noqa: SLF001 - same package; most batches removed nothing
-                done += cq.compact()
+        for cq in self.classes:  # a loop, not sum(generator): this runs once per cleanup pass
+            done += cq.compact()
         return done
 
     def remove(self, entry: QueueEntry) -> bool:
         """Remove one waiting (ready or deferred) entry; resets an emptied class's credit."""
-        cq = self.classes[entry.class_idx]
-        ok = cq.remove(entry)
-        self._reset_if_empty(cq)
-        return ok
+        return bool(self.remove_many((entry,)))
+
+    def remove_many(self, entries: Iterable[QueueEntry]) -> list[QueueEntry]:
+        """Remove waiting (ready or deferred) entries of any classes (lazy deletion, O(1) each: the
+        containers are compacted by the next `compact`); each class touched whose ready entries are
+        all gone has its credit reset. Returns the removed entries, in the given order."""
+        classes = self.classes
+        touched: dict[int, PolicyClassQueue] = {}
+        removed: list[QueueEntry] = []
+        last = None
+        for entry in entries:
+            cq = classes[entry.class_idx]
+            if cq.discard(entry):
+                removed.append(entry)
+                if cq is not last:
+                    touched[cq.index] = last = cq
+        for cq in touched.values():
+            cq.settle()
+            self._reset_if_empty(cq)
+        return removed
+
+    # ---- a profile reload --------------------------------------------------------------------
+    def check_profile(self, classes: list[ClassConfig], leased: set[int]) -> None:
+        """Refuse a profile these queues cannot take (docs/DESIGN.md §4.16): a class holding requests
+        (waiting here, or a lease: `leased` class indexes) missing from `classes`, or an admission
+        policy that tracks requests replaced by one of another type.
+
+        Raises:
+            ValueError: naming the class (nothing changed).
+        """
+        new_names = {c.name for c in classes}
+        old = {cq.name: cq for cq in self.classes}
+        for name, cq in old.items():
+            if name not in new_names and (cq.n_waiting or cq.index in leased):
+                raise ValueError(f"reload refused: class {name!r} holds requests and is not in the new profile")
+        for c in classes:
+            cq = old.get(c.name)
+            if cq is None or cq.admission is None:
+                continue
+            same = c.admission is not None and c.admission.type == cq.config.admission.type
+            if not same and cq.admission.tracked():
+                raise ValueError(f"reload refused: class {c.name!r} admission policy tracks requests")
+
+    def reconfigured(self, classes: list[ClassConfig]) -> tuple[PolicyQueue, dict[int, int]]:
+        """The queues of a new profile (`check_profile` passed): a class kept by name keeps its requests
+        and its policy's state (`PolicyClassQueue.reconfigured`), a new one starts empty, a dropped one
+        goes. Returns (the new `PolicyQueue`, old class index -> new for every class kept); the DRR ring
+        starts over."""
+        old = {cq.name: cq for cq in self.classes}
+        remap: dict[int, int] = {}
+        queues = []
+        for i, c in enumerate(classes):
+            cq = old.get(c.name)
+            if cq is None:
+                cq = PolicyClassQueue(c, i, create_admission_policy(c.admission))
+            else:
+                remap[cq.index] = i
+                cq = cq.reconfigured(c, i)
+            queues.append(cq)
+        return PolicyQueue(queues), remap
 
     # ---- sizes -------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -15,8 +15,9 @@ Differences from vLLM's `request_queue.py` (docs/DESIGN.md §4.5), on purpose:
 * `remove_request` of an absent request raises `ValueError` (as `deque.remove` / `list.remove` do).
 
 Extensions used by the scheduler's class queues (not in vLLM): `discard_requests(rs)` removes
-without compacting; `compact()` compacts once when dead items outnumber live ones, so a cleanup batch
-costs at most one compaction per container. (The scheduler requeues with `add_request` on an entry
+without compacting (`discard_entry` likewise, only the very entry given); `get(id)` finds one;
+`compact()` compacts once when dead items outnumber live ones, so a cleanup batch costs at most one
+compaction per container. (The scheduler requeues with `add_request` on an entry
 flagged `requeued`, whose FCFS key keeps a burst of requeues in their original order; vLLM's repeated
 `prepend_request` would reverse it.)
 
@@ -93,6 +94,16 @@ class RequestQueue(ABC):
 
     def __contains__(self, request: QueueEntry | str) -> bool:
         return _rid(request) in self._live_index()
+
+    def get(self, request_id: str) -> QueueEntry | None:
+        """The queued entry with this id, or None. O(1)."""
+        item = self._live_index().get(request_id)
+        return None if item is None else item[2]
+
+    @abstractmethod
+    def discard_entry(self, entry: QueueEntry) -> bool:
+        """As `discard_requests` of one entry, but only when this very entry (not only its id) is
+        queued here. True when it was removed."""
 
     @abstractmethod
     def _live_index(self) -> dict[str, list]: ...
@@ -179,6 +190,16 @@ class HeapRequestQueue(RequestQueue):
         if removed:
             self._maybe_compact()
         return removed
+
+    def discard_entry(self, entry: QueueEntry) -> bool:
+        index = self._index
+        item = index.pop(entry.request_id, None)  # one lookup: a dead flooder's cancel runs this per entry
+        if item is None:
+            return False
+        if item[2] is not entry:  # another entry with this id: it stays
+            index[entry.request_id] = item
+            return False
+        return True
 
     def discard_requests(self, requests: Iterable[QueueEntry | str]) -> list[QueueEntry]:
         removed = []

@@ -2,15 +2,20 @@
 `SchedulerQueueActor` state). Pure and synchronous; time comes in as `now_us` (µs). Every mutator
 returns a list of `Admit` / `Reject` records for the caller to deliver.
 
-The work is done by parts with one job each (docs/ARCHITECTURE.md "The core"):
+The work is done by parts with one job each, each the only writer of its own state
+(docs/ARCHITECTURE.md "The core"):
 * `OverlapView` (overlap_view.py): the overlap indexes, the memo and the credit rule;
 * `Admitter` (admitter.py): readiness, cost snapshots, project → select → reserve, the dispatch pass;
 * `LeaseTable` (leases.py): live requests by id / slot / owner, ownership, adoption, orphans;
-* `Intake` (intake.py): validation, placements, why a request waits, limits, deadlines;
+* `Intake` (intake.py): validation, placements, why a request waits, limits, deadlines, the
+  admission policies' answers, the waiting requests a removed worker strands;
 * `PolicyFeed` (policy_feed.py): admission-policy events buffered until `drain_cleanup`;
-* `reload.py`, `introspect.py`, `workers.py`, `periodic.py`, `revoke.py`: a profile reload, the admin
-  views, worker removal, the timed work (word folds, deadlines, orphans, reconcile) and requests ended
-  by someone other than their holder (router death, admin cancel, shutdown), as plain functions.
+* `PolicyQueue` / `PolicyClassQueue` (policy_queue.py, class_queue.py): the class queues and DRR;
+* `WaitingShares` (waiting_share.py): each connection's share of the class limits.
+The facade keeps the dirty flag and the class names, and coordinates the parts, through their public
+methods, where one act spans several: a lifecycle (`enqueue`, `update`, `release`), requests ended by
+someone other than their holder (`cancel_owner`, `cancel`, `shutdown`), a worker's removal, the timed
+work (`fold_words`, `tick`), a profile reload (`reload`). Admin views: each part describes itself.
 
 Lifecycle rules kept here: `release()` frees the booking / removes the queued entry at once (lazy
 deletion) and buffers the policy events and the id; `drain_cleanup()` tells the policies (the id
@@ -23,11 +28,11 @@ Source: Dynamo kv-router scheduling (queue hierarchy, lifecycle, guardrails); vL
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..config import ClassConfig, Config
+from ..protocol import ClassRow, ExplainReply, LeaseRow, WorkerRow
 from ..shm.overlap import OverlapIndex
-from . import introspect, periodic, revoke, workers
 from .admission import Bypass, Defer, Ready, create_admission_policy
 from .admitter import Admitter
 from .class_queue import PolicyClassQueue
@@ -35,12 +40,15 @@ from .intake import Intake
 from .leases import DEFERRED, LEASED, READY, LeaseTable, Live, OrphanCounts
 from .ordering import QueueEntry
 from .overlap_view import OverlapView
-from .policy_feed import PolicyFeed, tell_policies
+from .policy_feed import PolicyFeed
 from .policy_queue import PolicyQueue
-from .reload import reload_profile
-from .selector import WorkerSelector
+from .reload import selector_keys_needing_rebuild
+from .selector import WorkerSelector, create_selector
 from .types import Admit, Reject, RequestSpec, WorkerKey
 from .waiting_share import WaitingShares
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
 
 Outcomes = list[Admit | Reject]
 BYPASS = Bypass()  # the decision of a class without an admission policy (one shared record)
@@ -60,7 +68,7 @@ class Scheduler:
         event_device / event_offload / speculative / speculative_ttl_s: see `OverlapView`.
     """
 
-    def __init__(self, config: Config, ledger, overlap: OverlapIndex, selector: WorkerSelector,
+    def __init__(self, config: Config, ledger: Ledger, overlap: OverlapIndex, selector: WorkerSelector,
                  owner_alive: Callable[[int], bool] = lambda owner: True, *,
                  same_process: Callable[[int, int], bool] = lambda a, b: False,
                  event_device: OverlapIndex | None = None, event_offload: OverlapIndex | None = None,
@@ -111,11 +119,30 @@ class Scheduler:
 
     def rows_of(self, worker_id: int, dp_rank: int | None) -> list[int]:
         """Ledger rows of a worker (every rank when dp_rank is None). Raises KeyError when unknown."""
-        return workers.rows_of(self.ledger, worker_id, dp_rank)
+        return self.ledger.rows_of(worker_id, dp_rank)
 
     def remove_worker(self, worker_id: int, dp_rank: int | None, now_us: int) -> Outcomes:
-        """Remove a worker (`workers.remove_worker`). Raises KeyError for an unknown worker."""
-        out = workers.remove_worker(self, worker_id, dp_rank, now_us)
+        """Remove a worker (every rank when dp_rank is None). The user-facing rule (docs/PROTOCOL.md
+        "Scheduling contracts", worker removal): its bookings are released (policies told Aborted) and the
+        holder of each is sent a revocation notice (`Reject(reason="no_endpoints", revoked=True)`, detail
+        naming the worker: the client marks the lease lost); the waiting requests no remaining worker can
+        take are answered `no_endpoints` (`Intake.strand`). Returns the notices, then the rejections.
+        O(waiting requests + its leases): removal is an operator act.
+        Raises KeyError for an unknown worker (nothing changed)."""
+        ledger, table = self.ledger, self.lease_table
+        gone: list[WorkerKey] = []
+        out: Outcomes = []
+        for row in ledger.rows_of(worker_id, dp_rank):
+            key = ledger.key_of(row)
+            gone.append(key)
+            for slot in ledger.remove_worker_row(row):
+                live = table.by_slot.get(slot)
+                if live is not None:
+                    table.drop(live, abort=True)
+                    out.append(_lease_lost(live, key, self.pq.classes[live.entry.class_idx].name))
+            self.view.forget_row(row)
+        out += self.intake.strand(gone, now_us)
+        self.pq.compact()
         self._dirty = True
         return out
 
@@ -222,11 +249,8 @@ class Scheduler:
     def _requeue(self, live: Live, row: int, now_us: int) -> Outcomes:
         if live.wrote is not None:
             self.view.withdraw(live.wrote)
-            live.wrote = None
         self.ledger.release(live.slot, live.generation)
-        self.lease_table.by_slot.pop(live.slot, None)
-        live.state, live.slot, live.generation = READY, -1, 0
-        self.shares.add(live)
+        self.lease_table.unlease(live)
         self.pq.requeue(live.entry)
         self.intake.arm_timeout(live, now_us, None)
         self._capacity_changed(row)
@@ -249,23 +273,63 @@ class Scheduler:
             slot, generation = live.slot, live.generation  # Release(request_id) with the defaults
         if live.state != LEASED or live.slot != slot or live.generation != generation:
             return
-        ledger = self.ledger
-        row = ledger.release_booking(slot, generation)  # one kernel call: refcounts, aggregates, slot
-        if row < 0:  # the booking was already gone (cannot happen while the lease is live)
-            row = int(ledger.arrays.s_worker_row[slot])
-        self._capacity_changed(row)
+        self._free_booking(live)
         self.lease_table.drop(live, outcome != "completed")
         if outcome == "completed" and live.tracked:
             self.feed.completed(live, context_tokens)
 
+    def _free_booking(self, live: Live) -> None:
+        """Free a live lease's booking (one kernel call: refcounts, aggregates, slot) and note the
+        capacity change; the caller drops the request."""
+        row = self.ledger.release_booking(live.slot, live.generation)
+        if row < 0:  # the booking was already gone (cannot happen while the lease is live)
+            row = int(self.ledger.arrays.s_worker_row[live.slot])
+        self._capacity_changed(row)
+
+    # ---- requests ended by someone other than their holder (docs/PROTOCOL.md "Scheduling contracts")
     def cancel_owner(self, owner: int, now_us: int) -> None:
-        """Router death: every lease and waiting request of `owner` is aborted (`revoke.cancel_owner`)."""
-        revoke.cancel_owner(self, owner, now_us)
+        """Router death: every lease of `owner` is released "aborted" and every waiting request of it
+        cancelled, with the outcome of one `release` each (policies told Aborted at `drain_cleanup`, in
+        the same order); the waiting ones leave their queues and counts in one pass, so a dead flooder's
+        whole queue costs O(its requests) once instead of a release each."""
+        leased, waiting = self.lease_table.drop_owner(owner)
+        if waiting:
+            self.pq.remove_many(waiting)
+            self._dirty = True
+        for live in leased:
+            self._free_booking(live)
 
     def cancel(self, request_id: str, now_us: int) -> list[Reject] | None:
-        """Admin cancel: remove a waiting request or abort a lease; None when unknown (`revoke.cancel`).
-        Returns one `Reject("cancelled")` for the owner (`revoked=True` when it held a lease)."""
-        return revoke.cancel(self, request_id, now_us)
+        """Admin cancel of `request_id`: remove it while it waits, or abort its lease; None when unknown.
+        Returns one `Reject("cancelled")` for the owner: for a waiting request the answer to its Enqueue,
+        for a lease a revocation notice (`revoked=True`) telling the holder to stop."""
+        live = self.lease_table.live.get(request_id)
+        if live is None:
+            return None
+        cls_name = self.pq.classes[live.entry.class_idx].name
+        leased = live.state == LEASED
+        if leased:
+            self.release(request_id, live.slot, live.generation, "aborted", 0, now_us)
+        else:
+            self.release(request_id, -1, 0, "cancelled", 0, now_us)
+        detail = "lease revoked by an operator" if leased else "cancelled by an operator"
+        return [self.admitter.reject(live.spec, "cancelled", detail, cls_name, revoked=leased)]
+
+    def shutdown(self, now_us: int) -> list[Reject]:
+        """Every waiting or deferred request → one `Reject("shutting_down")`, class by class; every later
+        enqueue is answered the same way (`Intake.shut_down`). Policies are told, containers compacted."""
+        self.intake.shut_down()
+        pq = self.pq
+        entries = [entry for cq in pq.classes for entry in cq.iter_all()]
+        pq.remove_many(entries)
+        lives = [entry.payload for entry in entries]
+        for live in lives:
+            self.lease_table.drop(live, abort=True)
+        out = [self.admitter.reject(live.spec, "shutting_down", "scheduler is shutting down",
+                                    pq.classes[live.entry.class_idx].name) for live in lives]
+        self._tell_policies(now_us)
+        pq.compact()
+        return out
 
     # ---- ownership (LeaseTable) --------------------------------------------------------------
     def owner_of(self, request_id: str) -> int | None:
@@ -314,7 +378,7 @@ class Scheduler:
         if feed.events:
             self._tell_policies(now_us)
         elif feed.cleanup_ids:  # nothing to tell: the released ids are reusable now
-            feed.cleanup_ids.clear()
+            feed.cleaned()
         out = []
         if self._dirty:
             if self._any_ready():
@@ -331,19 +395,39 @@ class Scheduler:
         return False
 
     def _tell_policies(self, now_us: int) -> None:
-        if tell_policies(self, now_us):
+        if self.intake.tell_policies(now_us):
             self._dirty = True
 
     def fold_words(self) -> bool:
-        """Fold the routers' shared-memory words (`periodic.fold_words`). Returns True when something
-        changed (then call `drain_cleanup`)."""
-        return periodic.fold_words(self)
+        """Fold the routers' shared-memory words (one kernel call, `Ledger.fold`). Same effect as the
+        `Update(dispatched | prefill_done | progress)` frames: a slot whose `dispatched` flag appeared
+        tells its admission policy `Dispatched` (at most once per lease); freed capacity re-checks the
+        blocked lanes of the workers it changed and marks a dispatch pass due. The daemon's actor calls
+        it on every wake and while requests wait; `tick` calls it first.
+        Returns:
+            bool: True when something changed (then call `drain_cleanup`).
+        """
+        rows, dispatched = self.ledger.fold()
+        if not rows and not dispatched:
+            return False
+        for row in rows:  # only the workers whose capacity changed
+            self._capacity_changed(row)
+        told = self.lease_table.note_dispatched(dispatched)
+        return bool(rows) or told
 
     def tick(self, now_us: int) -> Outcomes:
-        """Fold progress, time out waiting requests, release unclaimed orphans, reconcile policies
-        (`periodic.expire`), then tell the policies and dispatch if needed."""
-        out, changed = periodic.expire(self, now_us)
-        if changed:
+        """The timed work, in this order: fold the routers' words (`fold_words`), reject the waiting
+        requests past their queue deadline (`Intake.expire`), release the orphan leases whose grace
+        ended unclaimed (outcome `aborted`), send `Reconcile` to every class's admission policy
+        (`Intake.reconcile`); then tell the policies, run a dispatch pass if one is due, compact.
+        The daemon calls it every `progress_fold_ms`; the virtual-time driver likewise."""
+        self.fold_words()
+        out: Outcomes = list(self.intake.expire(now_us))
+        orphans = self.lease_table.expired_orphans(now_us)
+        for live in orphans:
+            if live.state == LEASED:
+                self.release(live.spec.request_id, live.slot, live.generation, "aborted", 0, now_us)
+        if self.intake.reconcile(now_us) or out or orphans:
             self._dirty = True
         self._tell_policies(now_us)
         if self._dirty:
@@ -351,14 +435,36 @@ class Scheduler:
         self.pq.compact()
         return out
 
-    def shutdown(self, now_us: int) -> list[Reject]:
-        """Every waiting / deferred request → Reject "shutting_down"; later enqueues too (`revoke.shutdown`)."""
-        return revoke.shutdown(self, now_us)
-
     def reload(self, config: Config) -> list[str]:
-        """Apply a new scheduling profile (`reload.reload_profile`). Returns the changed `[selector]` keys
-        for which the selector was rebuilt. Raises ValueError (old profile kept)."""
-        rebuilt = reload_profile(self, config)
+        """Apply a new scheduling profile (docs/DESIGN.md §4.16; `kvsched.core.reload` says which keys a
+        reload applies): the class queues are rebuilt (`PolicyQueue.reconfigured`: requests, policies'
+        state and DRR credit kept per class name), deadlines re-armed from each request's arrival, the
+        waiting counts recounted; a changed `[selector]` key the selector holds rebuilds it, keeping what
+        one of the same type learnt (`WorkerSelector.carry_learnt`).
+        Returns:
+            the changed `[selector]` keys for which the selector was rebuilt ([] = kept).
+        Raises:
+            ValueError (old profile kept): a class holding requests would be removed or renamed, an
+                admission policy that tracks requests would be replaced by another type
+                (`PolicyQueue.check_profile`), or the new selector cannot be built.
+        """
+        self.pq.check_profile(config.classes, self.lease_table.leased_classes())
+        rebuilt = selector_keys_needing_rebuild(self.selector_config, config.selector)
+        selector = create_selector(config.selector) if rebuilt else None  # may raise: nothing changed yet
+        pq, remap = self.pq.reconfigured(config.classes)
+        self.lease_table.renumber_classes(remap)
+        self.feed.remap(remap)
+        self.admitter.pq = pq
+        self.config = config
+        self.admitter.selector_cfg = config.selector
+        self.set_classes(config)
+        self.view.configure(config.selector)
+        self.intake.rearm_all()
+        self.shares.rebuild(self.lease_table.waiting_lives())
+        if selector is not None:
+            selector.carry_learnt(self.selector)
+            self.selector, self.selector_config = selector, config.selector
+            self.admitter.use_selector(selector)
         self._dirty = True
         return rebuilt
 
@@ -377,18 +483,34 @@ class Scheduler:
                 break
         self._dirty = True
 
-    # ---- introspection (introspect.py) -------------------------------------------------------
-    def queues(self, now_us: int):  # noqa: ANN201 - list[ClassRow]
-        return introspect.queue_rows(self, now_us)
+    # ---- admin views (each part describes itself; O(classes + workers + leases), never per decision)
+    def queues(self, now_us: int) -> list[ClassRow]:
+        """One row per class (`PolicyClassQueue.class_row`)."""
+        return [cq.class_row(now_us) for cq in self.pq.classes]
 
-    def workers(self):  # noqa: ANN201 - list[WorkerRow]
-        return introspect.worker_rows(self.ledger)
+    def workers(self) -> list[WorkerRow]:
+        """One row per registered worker rank (`Ledger.worker_rows`)."""
+        return self.ledger.worker_rows()
 
-    def leases(self, now_us: int, worker_id: int | None = None, policy_class: str | None = None, limit: int = 1000):  # noqa: ANN201
-        return introspect.lease_rows(self, now_us, worker_id, policy_class, limit)
+    def leases(self, now_us: int, worker_id: int | None = None, policy_class: str | None = None,
+               limit: int = 1000) -> list[LeaseRow]:
+        """Up to `limit` live leases, optionally of one worker id / one class (`LeaseTable.lease_rows`)."""
+        return self.lease_table.lease_rows([cq.name for cq in self.pq.classes], now_us, worker_id, policy_class,
+                                           limit)
 
-    def explain(self, request_id: str):  # noqa: ANN201 - ExplainReply | None
-        return introspect.explain(self.admitter.explain, request_id, self.selector.name)
+    def explain(self, request_id: str) -> ExplainReply | None:
+        """The per-worker figures of the most recent admission of `request_id` among the last ~1024
+        (`ExplainRing.explain`), or None."""
+        return self.admitter.explain.explain(request_id, self.selector.name)
+
+
+def _lease_lost(live: Live, key: WorkerKey, cls_name: str) -> Reject:
+    """The revocation notice sent to the holder of a lease on removed worker `key` (not a decision:
+    `decisions_total` is not bumped). The client reads a revocation whose reason is not `cancelled` as
+    a lost lease (docs/PROTOCOL.md "Scheduling contracts")."""
+    return Reject(live.spec.request_id, live.spec.owner, "no_endpoints",
+                  f"lease lost: worker {key.worker_id}:{key.dp_rank} was removed by an operator",
+                  cls_name, revoked=True)
 
 
 def _queueing(cls: ClassConfig) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -68,13 +69,16 @@ class TermTable:
     def __len__(self) -> int:
         return len(self.names)
 
-    def keys(self):  # noqa: ANN201
+    def keys(self) -> Iterator[str]:
+        """The term names, in order."""
         return iter(self.names)
 
-    def values(self):  # noqa: ANN201
+    def values(self) -> Iterator[np.ndarray]:
+        """The terms' float64[W] rows, in order."""
         return iter(self.rows)
 
-    def items(self):  # noqa: ANN201
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        """(name, float64[W] row) pairs, in order."""
         return zip(self.names, self.rows)
 
 
@@ -97,11 +101,18 @@ class WorkerSelector(ABC):
 
     name: str = ""
     # attributes holding what the selector learnt from past decisions (not configuration): a profile
-    # reload that rebuilds a selector of the same type carries them over (`kvsched.core.reload`)
+    # reload that rebuilds a selector of the same type carries them over (`carry_learnt`)
     learnt: tuple[str, ...] = ()
 
     def __init__(self, seed: int | None = None) -> None:
         self.rng = np.random.default_rng(seed)
+
+    def carry_learnt(self, old: WorkerSelector) -> None:
+        """Take over what `old` learnt (its `learnt` attributes) when it is of this very type: a profile
+        reload rebuilt the selector (docs/DESIGN.md §4.16); one of another type leaves this one as built."""
+        if type(old) is type(self):
+            for name in self.learnt:
+                setattr(self, name, getattr(old, name))
 
     @classmethod
     def from_config(cls, cfg: SelectorConfig) -> WorkerSelector:

@@ -25,10 +25,14 @@ was counted under, so a profile reload that renumbers classes can never make a c
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Iterable
 
 from ..config import ClassConfig
 from .class_queue import LimitExceeded
 from .types import DAEMON_OWNER
+
+if TYPE_CHECKING:
+    from .leases import Live
 
 KINDS = ("requests", "isl_tokens")  # the limit kinds, in the order they are checked (index into a count row)
 
@@ -88,7 +92,7 @@ class WaitingShares:
         """Does a connection other than `owner` (the daemon is none) have requests waiting?"""
         return len(rows) > (owner in rows) + (DAEMON_OWNER in rows)
 
-    def add(self, live) -> None:  # noqa: ANN001 - a dispatch.Live
+    def add(self, live: Live) -> None:
         """Count a request that starts waiting (idempotent)."""
         if live.share_key is not None:
             return
@@ -98,7 +102,7 @@ class WaitingShares:
         row[1] += live.spec.isl_tokens
         live.share_key = (owner, class_idx)
 
-    def remove(self, live) -> None:  # noqa: ANN001
+    def remove(self, live: Live) -> None:
         """Uncount a request that stops waiting (admitted, cancelled, timed out, dropped); no-op
         when it was not counted."""
         key = live.share_key
@@ -117,7 +121,16 @@ class WaitingShares:
             if not rows:
                 del self._counts[class_idx]
 
-    def rebuild(self, waiting) -> None:  # noqa: ANN001 - iterable of waiting Live
+    def forget_owner(self, owner: int) -> None:
+        """Uncount every waiting request of `owner` at once, O(classes): its router is gone and the
+        caller drops all of them (their `share_key`s go with them)."""
+        for class_idx in [c for c, rows in self._counts.items() if owner in rows]:
+            rows = self._counts[class_idx]
+            del rows[owner]
+            if not rows:
+                del self._counts[class_idx]
+
+    def rebuild(self, waiting: Iterable[Live]) -> None:
         """Recount from scratch (after a profile reload renumbered the classes)."""
         self._counts.clear()
         for live in waiting:

@@ -106,6 +106,17 @@ class WorkerRows:
     def rows_of_worker_id(self, worker_id: int) -> list[int]:
         return sorted(r for k, r in self._row_of.items() if k.worker_id == worker_id)
 
+    def rows_of(self, worker_id: int, dp_rank: int | None) -> list[int]:
+        """Rows of a worker: every rank when `dp_rank` is None, ascending. Raises KeyError when unknown."""
+        if dp_rank is None:
+            rows = self.rows_of_worker_id(worker_id)
+        else:
+            row = self._row_of.get(WorkerKey(worker_id, dp_rank))
+            rows = [] if row is None else [row]
+        if not rows:
+            raise KeyError(f"unknown worker {worker_id}:{'*' if dp_rank is None else dp_rank}")
+        return rows
+
     def key_of(self, row: int) -> WorkerKey:
         """The worker in `row`. Raises KeyError for a row that holds none."""
         key = self._key_of[row] if 0 <= row < len(self._key_of) else None

@@ -314,7 +314,7 @@ def warm_admit_kernels() -> None:
     ix = ixs[0]
     params = np.zeros(len(ADMIT_PARAMS))
     params[P["busy_threshold"]] = params[P["busy_threshold_frac"]] = -1.0
-    args = (ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix._scratch, np.zeros(w, np.int32),  # noqa: SLF001
+    args = (ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix.scratch, np.zeros(w, np.int32),
             *ledger[:4], a.w_max_batched_tokens, *ledger[4:], np.zeros(w), np.zeros((4, w)),
             np.zeros((1, w), np.uint8), np.zeros((1, w), np.int32), np.zeros((1, w), np.int64),
             np.zeros((1, w), np.int64), np.zeros((1, 5, w)), np.zeros(OUT_LEN, np.int64))
@@ -327,6 +327,6 @@ def warm_admit_kernels() -> None:
     reserve_slot(1, 0, 8, hashes, 0, -1, 0, 1, 1, 0, 4, 4, *ledger)
     idx = [x for i in ixs for x in (i.keys, i.used, i.perm, i.ttlm, i.ttl_exp)]
     depths = [np.zeros(w, np.int32) for _ in range(6)]
-    credited = (*idx, ixs[0]._scratch, *depths[:4], np.ones(w, np.uint8), np.zeros(w, np.uint8), *depths[4:])  # noqa: SLF001
+    credited = (*idx, ixs[0].scratch, *depths[:4], np.ones(w, np.uint8), np.zeros(w, np.uint8), *depths[4:])
     credited_depth(hashes, 1, 1, 0.5, 4, *credited)
     credited_depth_packed(hashes, 1, 1, 0.5, 4, pack_credited_arrays(credited))

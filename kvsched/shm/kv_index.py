@@ -24,14 +24,12 @@ worker table (`reconcile_rows`): a row whose worker changed is cleared. See docs
 from __future__ import annotations
 
 import logging
-import os
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import numpy as np
 
 from ..errors import ShmLayoutError
-from .segments import _create, _untrack, kv_index_name, unlink_segment
+from .segments import SegmentHandle, _create, _untrack, kv_index_name, unlink_segment
 from .overlap import OverlapIndex
 from .space import reserve_pages
 
@@ -83,7 +81,7 @@ class KvIndexSegment:
         `device` / `offload`: OverlapIndex over the segment's tables (their inserts write the segment).
     """
 
-    def __init__(self, shm: SharedMemory, max_workers: int, capacity: int) -> None:
+    def __init__(self, shm: SegmentHandle, max_workers: int, capacity: int) -> None:
         self.name = shm.name
         self.max_workers = max_workers
         self.capacity = capacity
@@ -104,14 +102,7 @@ class KvIndexSegment:
         """Drop the views and unmap (the segment itself stays)."""
         for attr in ("header", "device", "offload") + tuple(n for n, _, _ in _ROW_FIELDS):
             setattr(self, attr, None)
-        try:
-            self._shm.close()
-        except BufferError:  # views still alive elsewhere (the scheduler's): unmapped when they go
-            shm = self._shm
-            shm._mmap = None  # type: ignore[attr-defined]  # so SharedMemory.__del__ does not retry
-            if getattr(shm, "_fd", -1) >= 0:
-                os.close(shm._fd)  # type: ignore[attr-defined]
-                shm._fd = -1  # type: ignore[attr-defined]
+        self._shm.close()  # views still alive elsewhere (the scheduler's) keep the mapping until they go
 
     def store_meta(self, row: int, record: bytes) -> None:
         """Keep `record` (at most META_BYTES bytes) for `row`. The length is written last, so a daemon
@@ -166,7 +157,7 @@ def attach_kv_index(instance: str, max_workers: int, capacity: int) -> KvIndexSe
     """
     name = kv_index_name(instance)
     try:
-        shm = SharedMemory(name=name)
+        shm = SegmentHandle(name=name)
     except ValueError:  # "cannot mmap an empty file": a creation killed before its size was set
         raise ShmLayoutError(f"{name}: empty (an earlier start was killed while creating it)") from None
     _untrack(shm)
@@ -180,7 +171,7 @@ def attach_kv_index(instance: str, max_workers: int, capacity: int) -> KvIndexSe
         del h
         if bad:
             raise ShmLayoutError(f"{name}: header words {bad} differ from the expected {want}")
-        reserve_pages(shm._fd, shm.size, name)  # type: ignore[attr-defined]
+        reserve_pages(shm.fd, shm.size, name)
         return KvIndexSegment(shm, max_workers, capacity)
     except BaseException:
         shm.close()

@@ -213,6 +213,10 @@ class OverlapIndex:
     Args:
         max_workers: worker rows (bits per entry).
         capacity: entries (power of two); memory = capacity * (17 + 16 * words) bytes.
+    Attributes:
+        keys / used / perm / ttlm / ttl_exp: the table (see `over`); evictions, version: counters.
+        scratch: uint64[words], `overlap_depth`'s work space; kernels that compute a depth over this
+            index (the fused admission, the credited depth) are handed it.
     Invariant: every stored entry has at least one holder bit set, or was inserted and has only
     expired TTL holders (reclaimed by the next insert that lands on it, or by eviction).
     """
@@ -232,7 +236,7 @@ class OverlapIndex:
         self.ttl_exp = np.zeros(capacity, np.int64)
         self.evictions = 0  # entries evicted by insert (fixed memory budget)
         self.version = 0  # bumped by every insert / remove / clear_row (lets callers memoise depth)
-        self._scratch = np.zeros(self.words, np.uint64)
+        self.scratch = np.zeros(self.words, np.uint64)
 
     @classmethod
     def over(cls, max_workers: int, keys: np.ndarray, used: np.ndarray, perm: np.ndarray, ttlm: np.ndarray,
@@ -260,7 +264,7 @@ class OverlapIndex:
         idx.keys, idx.used, idx.perm, idx.ttlm, idx.ttl_exp = keys, used, perm, ttlm, ttl_exp
         idx.evictions = 0
         idx.version = 0
-        idx._scratch = np.zeros(words, np.uint64)
+        idx.scratch = np.zeros(words, np.uint64)
         return idx
 
     @property
@@ -303,7 +307,7 @@ class OverlapIndex:
 
     def depth(self, hashes: np.ndarray, now_us: int, out: np.ndarray) -> None:
         """Write into `out` (int32[max_workers]) the prefix depth in blocks of `hashes` on every row."""
-        overlap_depth(self.keys, self.used, self.perm, self.ttlm, self.ttl_exp, np.asarray(hashes, dtype=np.uint64), int(now_us), self._scratch, out)
+        overlap_depth(self.keys, self.used, self.perm, self.ttlm, self.ttl_exp, np.asarray(hashes, dtype=np.uint64), int(now_us), self.scratch, out)
 
     def __len__(self) -> int:
         """Entries held (including ones whose TTL holders have expired but are not yet reclaimed)."""

@@ -101,17 +101,7 @@ class Segments:
             self.kv_index.close()
             self.kv_index = None
         for handle in self._handles:
-            try:
-                handle.close()
-            except BufferError:
-                # numpy views still export the mapping: drop our reference (the mapping is unmapped
-                # when the last view goes) so SharedMemory.__del__ does not retry and warn at exit.
-                if getattr(handle, "_mmap", None) is not None:
-                    handle._mmap = None
-                fd = getattr(handle, "_fd", -1)
-                if isinstance(fd, int) and fd >= 0:
-                    os.close(fd)
-                    handle._fd = -1
+            handle.close()  # `SegmentHandle.close` / `_FileMap.close`: never raises BufferError
         self._handles = []
 
     def unlink(self) -> None:
@@ -119,37 +109,66 @@ class Segments:
         unlink_segments(self.instance)
 
 
+class SegmentHandle(SharedMemory):
+    """The daemon's mapping of one named segment: a `SharedMemory` whose file descriptor it uses (mode,
+    group, page reservation) and whose `close` leaves a mapping that numpy views still export to them.
+
+    Build it as `SharedMemory` (`SegmentHandle(name=..., create=..., size=...)`); `_untrack` it at once.
+    """
+
+    @property
+    def fd(self) -> int:
+        """The segment's file descriptor (-1 once closed)."""
+        return self._fd
+
+    def close(self) -> None:
+        """Unmap and close the descriptor. When numpy views still export the mapping (BufferError), the
+        mapping is left to them (unmapped when the last view goes) and only the descriptor is closed, so
+        `SharedMemory.__del__` does not retry and warn at exit."""
+        try:
+            super().close()
+        except BufferError:
+            self._mmap = None
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def _tracked_name(shm: SharedMemory) -> str:
+    """The name `SharedMemory` gives the resource tracker: the POSIX name, with its leading slash."""
+    return "/" + shm.name
+
+
 def _untrack(shm: SharedMemory) -> None:
     """Stop the resource tracker from unlinking `shm` when this process exits (docs/DESIGN.md §3.3)."""
-    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    resource_tracker.unregister(_tracked_name(shm), "shared_memory")
 
 
 def _unlink(shm: SharedMemory) -> None:
     """Unlink `shm`. `SharedMemory.unlink` unregisters from the tracker, so register first to keep
     the tracker's register/unregister pairs balanced (it warns on an unknown name)."""
-    resource_tracker.register(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    resource_tracker.register(_tracked_name(shm), "shared_memory")
     shm.unlink()
 
 
-def _set_mode(shm: SharedMemory, mode: int, group: int | str | None) -> None:
-    fd = shm._fd  # type: ignore[attr-defined]
+def _set_mode(shm: SegmentHandle, mode: int, group: int | str | None) -> None:
     if group is not None:
         gid = grp.getgrnam(group).gr_gid if isinstance(group, str) else int(group)
-        os.fchown(fd, -1, gid)
-    os.fchmod(fd, mode)
+        os.fchown(shm.fd, -1, gid)
+    os.fchmod(shm.fd, mode)
 
 
-def _create(name: str, size: int, mode: int, group: int | str | None) -> SharedMemory:
+def _create(name: str, size: int, mode: int, group: int | str | None) -> SegmentHandle:
     """Create segment `name` of `size` bytes, untracked, with its mode/group and every page reserved.
 
     Raises:
         FileExistsError: it exists. ShmSpaceError: /dev/shm has no room (the segment is removed).
     """
-    shm = SharedMemory(name=name, create=True, size=size)
+    shm = SegmentHandle(name=name, create=True, size=size)
     _untrack(shm)
     try:
         _set_mode(shm, mode, group)
-        reserve_pages(shm._fd, size, name)  # type: ignore[attr-defined]
+        reserve_pages(shm.fd, size, name)
     except BaseException:
         shm.close()
         _unlink(shm)
@@ -222,7 +241,11 @@ class _FileMap:
             os.close(fd)
 
     def close(self) -> None:
-        self.mm.close()
+        """Unmap; a mapping numpy views still export stays until they go (BufferError swallowed)."""
+        try:
+            self.mm.close()
+        except BufferError:
+            pass
 
 
 def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writable_ledger: bool = False) -> Segments:
@@ -238,11 +261,11 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
     handles: list[Any] = []
     try:
         if writable_ledger or not os.path.isdir("/dev/shm"):
-            ledger_shm = SharedMemory(name=ledger_name(instance))
+            ledger_shm = SegmentHandle(name=ledger_name(instance))
             _untrack(ledger_shm)
             handles.append(ledger_shm)
             if writable_ledger:  # the daemon: a segment from an older start may still be sparse
-                reserve_pages(ledger_shm._fd, ledger_shm.size, ledger_name(instance))  # type: ignore[attr-defined]
+                reserve_pages(ledger_shm.fd, ledger_shm.size, ledger_name(instance))
             buf: Any = ledger_shm.buf
         else:
             ro = _FileMap(ledger_name(instance))
@@ -250,11 +273,11 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
             buf = ro.mm
         arrays = LedgerArrays.from_header(buf, expect, what=ledger_name(instance))
         if writable_ledger or not os.path.isdir("/dev/shm"):
-            progress_shm = SharedMemory(name=progress_name(instance))
+            progress_shm = SegmentHandle(name=progress_name(instance))
             _untrack(progress_shm)
             handles.append(progress_shm)
             if writable_ledger:
-                reserve_pages(progress_shm._fd, progress_shm.size, progress_name(instance))  # type: ignore[attr-defined]
+                reserve_pages(progress_shm.fd, progress_shm.size, progress_name(instance))
             size, words_buf = progress_shm.size, progress_shm.buf
         else:  # a router: its slot's words are written through a plain shared mapping
             rw = _FileMap(progress_name(instance), writable=True)

@@ -160,6 +160,38 @@ def test_remove_worker_rejects_its_lane_and_releases_bookings():
     assert s.active_leases == 0 and s.ledger.arrays.w_active_requests.sum() == 0
 
 
+def test_remove_worker_answers_each_class_deferred_first_then_its_queue_in_order():
+    """The stranded requests' answers go class by class: the ones an admission policy holds first, then the
+    ready ones in queue order (the shared heap, then each worker's lane), after the revocation notices."""
+    from kvsched.core.admission import AdmissionPolicy, Defer, Ready
+
+    class DeferEvens(AdmissionPolicy):
+        name = "defer_evens"
+
+        def decide(self, request_id, spec, fleet, now_us):
+            return Defer() if int(request_id[1:]) % 2 == 0 else Ready(None)
+
+        def notify(self, event, fleet, now_us):
+            return []
+
+        def reconfigure(self, cfg):
+            pass
+
+        def tracked(self):
+            return 0
+
+    s = _sched(workers=((7, 0), (7, 1), (9, 0)))
+    s.pq.classes[0].admission = DeferEvens()
+    for rid, rank in (("h1", 0), ("h3", 1)):  # both ranks of worker 7 busy: what follows waits
+        _one(s.enqueue(make_request(rid, isl_tokens=600, pinned=WorkerKey(7, rank)), 0))
+    for i, pin in enumerate([None, None, WorkerKey(7, 0), WorkerKey(7, 1), WorkerKey(7, 0), None], start=2):
+        assert s.enqueue(make_request(f"r{i}", pinned=pin, allowed_workers=frozenset({7})), i) == []
+    got = s.remove_worker(7, None, 10)
+    assert [(r.request_id, r.revoked) for r in got] == [("h1", True), ("h3", True), ("r2", False), ("r4", False),
+                                                        ("r6", False), ("r3", False), ("r7", False), ("r5", False)]
+    assert s.waiting is False
+
+
 def test_owner_gone_skips_admission_when_owner_dead():
     dead = {5}
     s = make_scheduler(make_config([make_class("default", **BUSY_500)]), owner_alive=lambda o: o not in dead)

@@ -119,7 +119,7 @@ def test_admit_kv_equals_its_twins(seed, depth_given, decay_recent, lead_release
                 np.zeros((3, W), np.int64), np.zeros((3, 5, W))]
         r = fn(h, isl, now, SLOTS - 2, 40, 1, now - 5, 3, now + 10**6, 0.75, int(decay_recent), 1 if depth_given else 0,
                1, params, BS, STRIDE, elig, placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp,
-               ix._scratch, depth, a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests,
+               ix.scratch, depth, a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests,
                a.w_max_batched_tokens, a.ref_keys, a.ref_counts, a.arena, *_ledger_args(a)[7:], recent,
                np.zeros((4, W)), *ring, out)
         results.append((r, a, ix, recent, depth, out, ring))
@@ -169,7 +169,7 @@ def test_credited_depth_equals_its_twins(seed, has_offload, credit):
     for fn in (credited_depth, packed, numpy_twin.credited_depth, python_twin.credited_depth):
         arrays = [np.zeros(W, np.int32) for _ in range(6)]
         idx_args = [x for ix in ixs for x in (ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp)]
-        fn(h, now, int(has_offload), credit, 4, *idx_args, ixs[0]._scratch, *arrays[:4], fed, flags, *arrays[4:])
+        fn(h, now, int(has_offload), credit, 4, *idx_args, ixs[0].scratch, *arrays[:4], fed, flags, *arrays[4:])
         outs.append(arrays)
     for got in outs[1:]:
         for k, (g, w) in enumerate(zip(got, outs[0])):

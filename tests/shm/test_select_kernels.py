@@ -94,7 +94,7 @@ def test_kv_cost_terms_agree_with_twins_and_the_selector(seed, n, recent_short, 
     view = SelectionView(prefill, blocks, ap, blocks, blocks, mb, isl, 16, now)
     want = sel.terms(None, elig, overlap, view, active)
     if outs[0][0] != -2:
-        dec = sel._decay(now)  # noqa: SLF001 - the same decay factor for both
+        dec = sel.decay(now)  # the same decay factor for both
         terms, total, pick = np.zeros((5, n)), np.zeros(n), np.zeros(2, np.int64)
         kv_cost_terms(*head, dec, *tail, np.zeros((2, n)), terms, total, pick)
         for k, name in enumerate(KV_TERMS):
