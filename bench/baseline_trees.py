@@ -14,16 +14,20 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def add_tree_args(ap: argparse.ArgumentParser) -> None:
     """`--alternate`, `--baseline` and the hidden `--child` flag."""
-    ap.add_argument("--alternate", type=int, default=3,
-                    help="With --baseline: this tree and the baseline run alternately this many times each.")
+    ap.add_argument(
+        "--alternate",
+        type=int,
+        default=3,
+        help="With --baseline: this tree and the baseline run alternately this many times each.",
+    )
     ap.add_argument("--baseline", help="Also measure the kvsched/ package of this git revision (exported).")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
 
@@ -31,8 +35,9 @@ def add_tree_args(ap: argparse.ArgumentParser) -> None:
 def export_revision(rev: str, prefix: str) -> tuple[str, str]:
     """Export `rev`'s kvsched/ into a new temporary directory: ("@<short rev>", that directory)."""
     tmp = tempfile.mkdtemp(prefix=prefix)
-    short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.strip()
+    short = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     arch = subprocess.run(["git", "archive", rev, "kvsched"], cwd=ROOT, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", tmp], input=arch.stdout, check=True)
     return f"@{short}", tmp
@@ -45,13 +50,15 @@ def run_child(script: str, pythonpath: str | None, args: list[str]) -> dict:
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
         env["NUMBA_CACHE_DIR"] = str(Path(pythonpath) / ".numba-cache")
-    out = subprocess.run([sys.executable, script, "--child", *args], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, script, "--child", *args], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def alternate_trees(script: str, args: list[str], baseline: str | None, rounds: int,
-                    prefix: str) -> Iterator[tuple[str, dict]]:
+def alternate_trees(
+    script: str, args: list[str], baseline: str | None, rounds: int, prefix: str
+) -> Iterator[tuple[str, dict]]:
     """(tree name, child result) for this tree and, with `baseline`, that revision, alternately,
     `rounds` times each (once without a baseline). Each child reports the `kvsched` directory it
     imported (`result["kvsched"]`), checked against the tree asked for."""

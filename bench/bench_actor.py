@@ -79,6 +79,7 @@ def measure(windows: list[int], rounds: int, repeats: int) -> dict:
                 finally:
                     core_ns[0] += clock() - t0
                     core_ns[1] += 1
+
             return timed
 
         for name in CORE_METHODS:  # time inside the core, per call
@@ -99,9 +100,17 @@ def measure(windows: list[int], rounds: int, repeats: int) -> dict:
         dealer.setsockopt(zmq.SNDHWM, 100_000)
         dealer.setsockopt(zmq.RCVHWM, 100_000)
         dealer.connect(ep)
-        welcome = p.Welcome(daemon_epoch=1, protocol_min=p.PROTOCOL_MIN, protocol_max=p.PROTOCOL_MAX,
-                            block_size=d.block_size, shm_ledger="", shm_progress="", heartbeat_ms=d.heartbeat_ms,
-                            liveness_timeout_ms=d.liveness_timeout_ms, max_frame_bytes=d.max_frame_bytes)
+        welcome = p.Welcome(
+            daemon_epoch=1,
+            protocol_min=p.PROTOCOL_MIN,
+            protocol_max=p.PROTOCOL_MAX,
+            block_size=d.block_size,
+            shm_ledger="",
+            shm_progress="",
+            heartbeat_ms=d.heartbeat_ms,
+            liveness_timeout_ms=d.liveness_timeout_ms,
+            max_frame_bytes=d.max_frame_bytes,
+        )
         actor = Actor(loop, sched, router, welcome, d, Metrics(), conns=conns)
         enc, dec, inner_dec = p.make_encoder(), p.make_daemon_decoder(), p.make_replied_daemon_decoder()
 
@@ -122,6 +131,7 @@ def measure(windows: list[int], rounds: int, repeats: int) -> dict:
         assert type(replies()[0]) is p.Welcome
         hashes = [request_hashes(i) for i in range(4096)]
         rows = []
+
         def tick(k: int) -> float:
             """The `k`th periodic tick (`Actor._on_tick`), its next timer cancelled: thread CPU ns. The
             ticks come faster than every 10 ms here, so the once-per-100 ms and once-per-second work
@@ -150,8 +160,9 @@ def measure(windows: list[int], rounds: int, repeats: int) -> dict:
                     tick_core_ns += core_ns[0] - before[0]
                     core_ns[:] = before  # the tick's fold and cleanup are not the lifecycles' core
                     ticks += 1
-                batch = [enc.encode(p.Enqueue(f"q{r}-{i}", ISL, hashes[(r * window + i) % 4096]))
-                         for i in range(window)]
+                batch = [
+                    enc.encode(p.Enqueue(f"q{r}-{i}", ISL, hashes[(r * window + i) % 4096])) for i in range(window)
+                ]
                 dealer.send(batch[0] if window == 1 else p.encode_batch(batch))
                 actor_ns += wake()
                 admitted = replies()
@@ -164,10 +175,16 @@ def measure(windows: list[int], rounds: int, repeats: int) -> dict:
                     await asyncio.sleep(0)  # run what the wakes queued (call_soon), as the loop would
             actor_ns -= core_ns[1] * overhead_ns
             if rep:
-                rows.append({"lifecycles": n, "actor_us_per_lc": actor_ns / n / 1000,
-                             "core_us_per_lc": core_ns[0] / n / 1000, "core_calls_per_lc": core_ns[1] / n,
-                             "tick_us": tick_ns / ticks / 1000,
-                             "tick_rest_us": (tick_ns - tick_core_ns) / ticks / 1000})
+                rows.append(
+                    {
+                        "lifecycles": n,
+                        "actor_us_per_lc": actor_ns / n / 1000,
+                        "core_us_per_lc": core_ns[0] / n / 1000,
+                        "core_calls_per_lc": core_ns[1] / n,
+                        "tick_us": tick_ns / ticks / 1000,
+                        "tick_rest_us": (tick_ns - tick_core_ns) / ticks / 1000,
+                    }
+                )
         actor.stop_reading = lambda: None  # never started: nothing to remove
         dealer.close(0)
         router.close(0)
@@ -178,6 +195,7 @@ def measure(windows: list[int], rounds: int, repeats: int) -> dict:
         return [await one(w) for w in windows]
 
     import kvsched
+
     return {"kvsched": str(Path(kvsched.__file__).parent), "results": uvloop.run(main())}
 
 
@@ -194,34 +212,64 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(measure(windows, args.rounds, args.repeats)))
         return
     samples: dict[tuple[str, int], list[dict]] = {}
-    child_args = ["--windows", ",".join(map(str, windows)), "--rounds", str(args.rounds), "--repeats", str(args.repeats)]
+    child_args = [
+        "--windows",
+        ",".join(map(str, windows)),
+        "--rounds",
+        str(args.rounds),
+        "--repeats",
+        str(args.repeats),
+    ]
     for name, got in alternate_trees(__file__, child_args, args.baseline, args.alternate, "kvsched-bench-actor-"):
         for res in got["results"]:
             samples.setdefault((name, res["window"]), []).extend(res["rows"])
 
-    print(f"{'tree':12} {'window':>6} | {'actor µs/lc':>11} {'core µs/lc':>10} {'rest µs/lc':>10} {'rest share':>10}"
-          f" | {'tick µs':>7} {'tick rest':>9}")
+    print(
+        f"{'tree':12} {'window':>6} | {'actor µs/lc':>11} {'core µs/lc':>10} {'rest µs/lc':>10} {'rest share':>10}"
+        f" | {'tick µs':>7} {'tick rest':>9}"
+    )
     table = []
     for (name, w), rows in samples.items():
         a = median([r["actor_us_per_lc"] for r in rows])
         c = median([r["core_us_per_lc"] for r in rows])
         rest = median([r["actor_us_per_lc"] - r["core_us_per_lc"] for r in rows])
         tk, tk_rest = median([r["tick_us"] for r in rows]), median([r["tick_rest_us"] for r in rows])
-        table.append({"tree": name, "window": w, "actor_us_per_lc": round(a, 2), "core_us_per_lc": round(c, 2),
-                      "rest_us_per_lc": round(rest, 2), "tick_us": round(tk, 2), "tick_rest_us": round(tk_rest, 2),
-                      "samples": len(rows)})
+        table.append(
+            {
+                "tree": name,
+                "window": w,
+                "actor_us_per_lc": round(a, 2),
+                "core_us_per_lc": round(c, 2),
+                "rest_us_per_lc": round(rest, 2),
+                "tick_us": round(tk, 2),
+                "tick_rest_us": round(tk_rest, 2),
+                "samples": len(rows),
+            }
+        )
         print(f"{name:12} {w:>6} | {a:>11.1f} {c:>10.1f} {rest:>10.1f} {rest / a:>10.0%} | {tk:>7.1f} {tk_rest:>9.1f}")
     if args.baseline:
         for w in windows:
             new = next(t for t in table if t["tree"] == "this tree" and t["window"] == w)
             old = next(t for t in table if t["tree"] != "this tree" and t["window"] == w)
-            print(f"window {w}: rest {new['rest_us_per_lc']:.1f} vs {old['rest_us_per_lc']:.1f} µs/lc "
-                  f"(x{new['rest_us_per_lc'] / old['rest_us_per_lc']:.2f}), actor {new['actor_us_per_lc']:.1f} vs "
-                  f"{old['actor_us_per_lc']:.1f} (x{new['actor_us_per_lc'] / old['actor_us_per_lc']:.2f}), tick "
-                  f"{new['tick_us']:.1f} vs {old['tick_us']:.1f} µs (x{new['tick_us'] / old['tick_us']:.2f})")
+            print(
+                f"window {w}: rest {new['rest_us_per_lc']:.1f} vs {old['rest_us_per_lc']:.1f} µs/lc "
+                f"(x{new['rest_us_per_lc'] / old['rest_us_per_lc']:.2f}), actor {new['actor_us_per_lc']:.1f} vs "
+                f"{old['actor_us_per_lc']:.1f} (x{new['actor_us_per_lc'] / old['actor_us_per_lc']:.2f}), tick "
+                f"{new['tick_us']:.1f} vs {old['tick_us']:.1f} µs (x{new['tick_us'] / old['tick_us']:.2f})"
+            )
     if args.out:
-        Path(args.out).write_text(json.dumps({"windows": windows, "rounds": args.rounds, "repeats": args.repeats,
-                                              "loadavg_1m": os.getloadavg()[0], "table": table}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "windows": windows,
+                    "rounds": args.rounds,
+                    "repeats": args.repeats,
+                    "loadavg_1m": os.getloadavg()[0],
+                    "table": table,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

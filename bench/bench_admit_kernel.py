@@ -38,7 +38,7 @@ from kvsched.shm.overlap import overlap_depth, overlap_insert  # noqa: E402
 
 
 @njit(cache=True, nogil=True)
-def noop1(a):  # noqa: ANN001, ANN201
+def noop1(a):
     return a.shape[0]
 
 
@@ -60,8 +60,18 @@ def main() -> None:
     depth = np.zeros(w, np.int32)
     scratch = np.zeros(ix.words, np.uint64)
     blocks, prefill, cost = np.zeros(w, np.int64), np.zeros(w, np.int64), np.zeros(w)
-    times: dict[str, list[int]] = {k: [] for k in ("admit_kv", "dispatch", "noop1", "overlap_depth", "overlap_insert",
-                                                   "project_and_cost", "ref_add+ref_remove")}
+    times: dict[str, list[int]] = {
+        k: []
+        for k in (
+            "admit_kv",
+            "dispatch",
+            "noop1",
+            "overlap_depth",
+            "overlap_insert",
+            "project_and_cost",
+            "ref_add+ref_remove",
+        )
+    }
     name = "admit_kv_packed"
     real = fused_mod._admit_entry()  # noqa: SLF001 - the compiled entry point the admitter calls
     busy = np.zeros(len(ak.ADMIT_PARAMS))
@@ -70,7 +80,7 @@ def main() -> None:
     busy[ak.P["busy_worker_ratio"]] = 0.0
     pc = time.perf_counter_ns
 
-    def timed(h, isl, now, slot, osl, cls, enq, owner, expiry, *rest):  # noqa: ANN001, ANN202
+    def timed(h, isl, now, slot, osl, cls, enq, owner, expiry, *rest):
         t0 = pc()
         row = real(h, isl, now, slot, osl, cls, enq, owner, expiry, *rest)
         times["admit_kv"].append(pc() - t0)
@@ -85,8 +95,22 @@ def main() -> None:
         overlap_depth(s["keys"], s["used"], s["perm"], s["ttlm"], s["ttl_exp"], h, now, scratch, depth)
         times["overlap_depth"].append(pc() - t0)
         t0 = pc()
-        project_and_cost(a.w_active_blocks, a.w_active_prefill, adm.elig, ref_keys, ref_counts, h, isl, 16, depth,
-                         1.0, 1.0, blocks, prefill, cost)
+        project_and_cost(
+            a.w_active_blocks,
+            a.w_active_prefill,
+            adm.elig,
+            ref_keys,
+            ref_counts,
+            h,
+            isl,
+            16,
+            depth,
+            1.0,
+            1.0,
+            blocks,
+            prefill,
+            cost,
+        )
         times["project_and_cost"].append(pc() - t0)
         if row >= 0:
             t0 = pc()
@@ -104,8 +128,10 @@ def main() -> None:
         bc.run_lifecycles(sched, hashes, args.n, 8, 2000, clock)
     finally:
         fused._kernel = real  # noqa: SLF001
-    print(f"{name} and its pieces, bench_core state (8 workers, 64 hashes, approx, window 8), {args.n} calls; "
-          f"wall ns per call (perf_counter_ns around the call)")
+    print(
+        f"{name} and its pieces, bench_core state (8 workers, 64 hashes, approx, window 8), {args.n} calls; "
+        f"wall ns per call (perf_counter_ns around the call)"
+    )
     print(f"{'piece':<22} {'median':>8} {'mean':>8} {'p90':>8}")
     for k, v in times.items():
         x = np.array(v, np.float64)

@@ -25,15 +25,18 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.core.types import RequestSpec, WorkerKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import calibrate  # noqa: E402 - the machine-speed probe the core bench prints
+from bench_core import calibrate
 
 FLOODER, OTHER, HOLDER = 5, 7, 99
 
 
 def build(n: int, every: int) -> Scheduler:
     """A scheduler whose one worker is busy and `n` flooder requests (plus the other router's) wait."""
-    config = Config(classes=[ClassConfig(name="default", prefill_busy_threshold=100)], selector=SelectorConfig(seed=0),
-                    daemon=DaemonConfig(max_workers=2, max_slots=64))
+    config = Config(
+        classes=[ClassConfig(name="default", prefill_busy_threshold=100)],
+        selector=SelectorConfig(seed=0),
+        daemon=DaemonConfig(max_workers=2, max_slots=64),
+    )
     s = create_scheduler(config, add_workers=False)
     s.add_worker(WorkerKey(1, 0), 1000, 100_000)
     s.enqueue(RequestSpec("hold", 500, owner=HOLDER, pinned=WorkerKey(1, 0)), 1)
@@ -83,19 +86,35 @@ def main() -> None:
     calib, load = calibrate(), os.getloadavg()[0]
     runs = [(measure(n, args.every, True), measure(n, args.every, False)) for _ in range(args.rounds)]
     best = {k: min((r[i] for r in runs), key=lambda x: x["cancel_s"]) for i, k in enumerate(("bulk", "one_by_one"))}
-    print(f"cancel_owner of {n:,} waiting requests ({n // args.every:,} of another router's stay), best of "
-          f"{args.rounds}:")
+    print(
+        f"cancel_owner of {n:,} waiting requests ({n // args.every:,} of another router's stay), best of {args.rounds}:"
+    )
     print(f"{'path':<14}{'cancel':>10}{'(CPU)':>9}{'per request':>14}{'drain_cleanup':>16}")
     for name, r in best.items():
-        print(f"{name:<14}{r['cancel_s']:>9.3f}s{r['cancel_cpu_s']:>8.3f}s{r['us_per_request']:>11.2f} µs"
-              f"{r['drain_s']:>15.3f}s")
+        print(
+            f"{name:<14}{r['cancel_s']:>9.3f}s{r['cancel_cpu_s']:>8.3f}s{r['us_per_request']:>11.2f} µs"
+            f"{r['drain_s']:>15.3f}s"
+        )
     print(f"bulk is {best['one_by_one']['cancel_s'] / best['bulk']['cancel_s']:.1f}x faster")
-    print(f"machine speed: a 1e6-iteration Python `s += i` loop takes {calib:.0f} ms of CPU here (~30-40 ms on an "
-          f"unloaded current x86 core); 1-min load average at start {load:.2f}")
+    print(
+        f"machine speed: a 1e6-iteration Python `s += i` loop takes {calib:.0f} ms of CPU here (~30-40 ms on an "
+        f"unloaded current x86 core); 1-min load average at start {load:.2f}"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"n": n, "every": args.every, "calibration_ms": calib, "load_avg_1m": load,
-                               "rounds": [{"bulk": b, "one_by_one": o} for b, o in runs], "best": best}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "n": n,
+                "every": args.every,
+                "calibration_ms": calib,
+                "load_avg_1m": load,
+                "rounds": [{"bulk": b, "one_by_one": o} for b, o in runs],
+                "best": best,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -52,11 +52,14 @@ def make_config(overlap_events: bool = False):
     """The daemon's default profile with 8 workers (as `bench_transport.py` configures them)."""
     from kvsched.config import config_from_dict
 
-    raw = {"daemon": {"block_size": BLOCK, "max_workers": WORKERS, "max_slots": 16384,
-                      "max_blocks_per_request": N_HASHES},
-           "selector": {"seed": 0},
-           "workers": [{"worker_id": w, "total_kv_blocks": 1_000_000, "max_num_batched_tokens": 100_000_000}
-                       for w in range(WORKERS)]}
+    raw = {
+        "daemon": {"block_size": BLOCK, "max_workers": WORKERS, "max_slots": 16384, "max_blocks_per_request": N_HASHES},
+        "selector": {"seed": 0},
+        "workers": [
+            {"worker_id": w, "total_kv_blocks": 1_000_000, "max_num_batched_tokens": 100_000_000}
+            for w in range(WORKERS)
+        ],
+    }
     return config_from_dict(raw)
 
 
@@ -122,9 +125,15 @@ def measure(overlap_mode: str, window: int, n: int, repeats: int, warm: int = 20
         wall.append((time.perf_counter_ns() - w0) / n / 1000)
         start += n
     assert sched.active_leases == 0
-    return {"overlap_mode": overlap_mode, "window": window, "lifecycles": n, "repeats": repeats,
-            "cpu_us_per_lifecycle": round(min(cpu), 2), "cpu_us_median": round(sorted(cpu)[len(cpu) // 2], 2),
-            "wall_us_per_lifecycle": round(min(wall), 2)}
+    return {
+        "overlap_mode": overlap_mode,
+        "window": window,
+        "lifecycles": n,
+        "repeats": repeats,
+        "cpu_us_per_lifecycle": round(min(cpu), 2),
+        "cpu_us_median": round(sorted(cpu)[len(cpu) // 2], 2),
+        "wall_us_per_lifecycle": round(min(wall), 2),
+    }
 
 
 def profile(overlap_mode: str, window: int, n: int, top: int = 25, warm: int = 2000) -> str:
@@ -167,10 +176,12 @@ def run_all(n: int, repeats: int, warm: int = 2000) -> list[dict]:
 
 def export_revision(rev: str, into: str) -> str:
     """Export the `kvsched/` package of git revision `rev` into directory `into`; returns its short hash."""
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True,
-                            text=True).stdout.strip()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kvsched"], check=True,
-                             capture_output=True).stdout
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "kvsched"], check=True, capture_output=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return commit
@@ -180,9 +191,14 @@ def run_baseline(src: str, n: int, repeats: int, warm: int = 2000) -> list[dict]
     """This script's figures for the `kvsched/` package exported into `src` (a subprocess; the
     exported tree's numba cache lives beside it, so only the first round of a run compiles)."""
     env = dict(os.environ, PYTHONPATH=src, KVSCHED_BENCH_CORE_SRC=src, NUMBA_CACHE_DIR=str(Path(src) / ".numba-cache"))
-    out = subprocess.run([sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats),
-                          "--warm", str(warm)],
-                         check=True, capture_output=True, text=True, env=env, cwd=src)
+    out = subprocess.run(
+        [sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats), "--warm", str(warm)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=src,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -190,12 +206,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", metavar="REV", help="also measure the kvsched package of this git revision")
     ap.add_argument("--profile", action="store_true", help="print the top functions of a cProfile run")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 1,000 lifecycles x 2 repeats x 1 round after 500 warm-up (figures not comparable)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 1,000 lifecycles x 2 repeats x 1 round after 500 warm-up (figures not comparable)",
+    )
     ap.add_argument("--n", type=int, default=None, help="lifecycles per repeat (default 10,000; --quick 1,000)")
     ap.add_argument("--repeats", type=int, default=None, help="repeats per round, best kept (default 5; --quick 2)")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="alternating baseline / this-tree rounds, best kept (default 2; --quick 1)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="alternating baseline / this-tree rounds, best kept (default 2; --quick 1)",
+    )
     ap.add_argument("--warm", type=int, default=None, help="warm-up lifecycles per cell (default 2,000; --quick 500)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output (default out/bench/[quick/]core.json)")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
@@ -218,24 +241,46 @@ def main() -> None:
             got = run_all(n, repeats, warm)
             rows = got if rows is None else [_best(a, b) for a, b in zip(rows, got)]
     calib = calibrate()
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    print(f"in-process core, {WORKERS} workers, {N_HASHES} hashes/request, kv selector; CPU µs per lifecycle "
-          f"(best of {rounds} x {repeats} x {n}); goal <= {GOAL_US:g} µs")
-    print(f"machine speed: a 1e6-iteration Python `s += i` loop takes {calib:.0f} ms of CPU here (~30-40 ms on an "
-          f"unloaded current x86 core); figures scale with it")
-    print(f"{'overlap':<8} {'window':>6} | {'this tree':>10} {'wall':>8}" + (f" | {base_rev:>10} {'ratio':>6}" if base else ""))
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        f"in-process core, {WORKERS} workers, {N_HASHES} hashes/request, kv selector; CPU µs per lifecycle "
+        f"(best of {rounds} x {repeats} x {n}); goal <= {GOAL_US:g} µs"
+    )
+    print(
+        f"machine speed: a 1e6-iteration Python `s += i` loop takes {calib:.0f} ms of CPU here (~30-40 ms on an "
+        f"unloaded current x86 core); figures scale with it"
+    )
+    print(
+        f"{'overlap':<8} {'window':>6} | {'this tree':>10} {'wall':>8}"
+        + (f" | {base_rev:>10} {'ratio':>6}" if base else "")
+    )
     for i, r in enumerate(rows):
         line = f"{r['overlap_mode']:<8} {r['window']:>6} | {r['cpu_us_per_lifecycle']:>10.2f} {r['wall_us_per_lifecycle']:>8.2f}"
         if base:
             b = base[i]
-            line += f" | {b['cpu_us_per_lifecycle']:>10.2f} {b['cpu_us_per_lifecycle'] / r['cpu_us_per_lifecycle']:>5.2f}x"
+            line += (
+                f" | {b['cpu_us_per_lifecycle']:>10.2f} {b['cpu_us_per_lifecycle'] / r['cpu_us_per_lifecycle']:>5.2f}x"
+            )
         print(line)
-    result = {"workers": WORKERS, "hashes": N_HASHES, "selector": "kv", "goal_us": GOAL_US, "revision": head,
-              "mode": "quick" if args.quick else "full", "lifecycles": n, "repeats": repeats, "rounds": rounds,
-              "loadavg_1m": round(os.getloadavg()[0], 2), "python_loop_ms_per_1e6": round(calib, 1),
-              "rows": rows, "baseline_revision": base_rev, "baseline_rows": base,
-              "meets_goal": rows[0]["cpu_us_per_lifecycle"] <= GOAL_US}
+    result = {
+        "workers": WORKERS,
+        "hashes": N_HASHES,
+        "selector": "kv",
+        "goal_us": GOAL_US,
+        "revision": head,
+        "mode": "quick" if args.quick else "full",
+        "lifecycles": n,
+        "repeats": repeats,
+        "rounds": rounds,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "python_loop_ms_per_1e6": round(calib, 1),
+        "rows": rows,
+        "baseline_revision": base_rev,
+        "baseline_rows": base,
+        "meets_goal": rows[0]["cpu_us_per_lifecycle"] <= GOAL_US,
+    }
     if args.profile:
         text = profile("approx", 8, n, warm=warm)
         print(text)

@@ -30,9 +30,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(1, str(HERE))
 
-import numpy as np  # noqa: E402
-
 import bench_core as bc  # noqa: E402  (puts this tree first on sys.path unless KVSCHED_BENCH_CORE_SRC is set)
+import numpy as np  # noqa: E402
 
 CALLS = ("spec", "enqueue", "update_dispatched", "update_prefill_done", "release", "drain_cleanup")
 FOLDS = ("fold_drain_dispatched", "fold_drain_prefill_done", "fold_idle")
@@ -81,8 +80,9 @@ def local(sched, state, hashes, n: int, window: int, start: int, clock: list[int
     tt, held, t = time.thread_time_ns, [], clock[0]
     for i in range(start, start + n):
         t += 50
-        a = sched.enqueue(RequestSpec(request_id=f"r{i}", isl_tokens=bc.ISL,
-                                      block_hashes=hashes[i % bc.N_SEQUENCES], owner=1), t)[0]
+        a = sched.enqueue(
+            RequestSpec(request_id=f"r{i}", isl_tokens=bc.ISL, block_hashes=hashes[i % bc.N_SEQUENCES], owner=1), t
+        )[0]
         write_state(state, a.slot, a.generation, STATE_DISPATCHED)
         t0 = tt()
         sched.fold_words()
@@ -123,7 +123,10 @@ def frames(tr, conn, sent, blobs, n: int, window: int, start: int, clock: list[i
         tr.handle(conn, enq, t)
         t1 = tt()
         a = sent[-1]
-        u1, u2 = p.Update(a.request_id, a.slot, a.generation, "dispatched"), p.Update(a.request_id, a.slot, a.generation, "prefill_done")
+        u1, u2 = (
+            p.Update(a.request_id, a.slot, a.generation, "dispatched"),
+            p.Update(a.request_id, a.slot, a.generation, "prefill_done"),
+        )
         t2 = tt()
         tr.handle(conn, u1, t)
         t3 = tt()
@@ -157,8 +160,15 @@ def _translator(sched):
     from kvsched.daemon.translate import Translator, WakeTally
 
     conns, sent = ConnectionTable(10**12), []
-    tr = Translator(sched, conns, lambda c, f, a=None: sent.append(f) or True, lambda *a, **k: None,
-                    WakeTally(Metrics()), DaemonConfig(), {})
+    tr = Translator(
+        sched,
+        conns,
+        lambda c, f, a=None: sent.append(f) or True,
+        lambda *a, **k: None,
+        WakeTally(Metrics()),
+        DaemonConfig(),
+        {},
+    )
     return tr, conns.open(b"router", 0), sent
 
 
@@ -201,8 +211,14 @@ def _baseline(src: str, n: int, repeats: int) -> dict:
     """The figures of the `kvsched/` package exported into `src` (`bench_core.export_revision`), in a
     subprocess; its numba cache lives beside it, so only the first round of a run compiles."""
     env = dict(os.environ, PYTHONPATH=src, KVSCHED_BENCH_CORE_SRC=src, NUMBA_CACHE_DIR=str(Path(src) / ".nb"))
-    out = subprocess.run([sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats)],
-                         check=True, capture_output=True, text=True, env=env, cwd=src)
+    out = subprocess.run(
+        [sys.executable, __file__, "--inner", "--n", str(n), "--repeats", str(repeats)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=src,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -224,8 +240,9 @@ def main() -> None:
         if args.baseline:
             bc.export_revision(args.baseline, src)
         for _ in range(args.rounds):
-            results += ([(args.baseline, _baseline(src, args.n, args.repeats))] if args.baseline else []) + \
-                       [("this tree", measure(args.n, args.repeats))]
+            results += ([(args.baseline, _baseline(src, args.n, args.repeats))] if args.baseline else []) + [
+                ("this tree", measure(args.n, args.repeats))
+            ]
     print(f"{'call':<24}" + "".join(f"{label[:10]:>11}" for label, _ in results))
     for k in names:
         print(f"{k:<24}" + "".join(f"{r[k]:>11.2f}" for _, r in results))

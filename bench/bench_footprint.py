@@ -56,9 +56,17 @@ def sample(pid: int) -> dict | None:
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    fields = {line.split(":")[0]: line.split()[1] for line in status.splitlines() if line.startswith(("VmRSS", "VmHWM", "RssShmem"))}
-    return {"rss_kib": int(fields.get("VmRSS", 0)), "rss_shmem_kib": int(fields.get("RssShmem", 0)),
-            "hwm_kib": int(fields.get("VmHWM", 0)), "cpu_s": (int(stat[11]) + int(stat[12])) / TICKS}
+    fields = {
+        line.split(":")[0]: line.split()[1]
+        for line in status.splitlines()
+        if line.startswith(("VmRSS", "VmHWM", "RssShmem"))
+    }
+    return {
+        "rss_kib": int(fields.get("VmRSS", 0)),
+        "rss_shmem_kib": int(fields.get("RssShmem", 0)),
+        "hwm_kib": int(fields.get("VmHWM", 0)),
+        "cpu_s": (int(stat[11]) + int(stat[12])) / TICKS,
+    }
 
 
 def main() -> None:
@@ -71,8 +79,19 @@ def main() -> None:
     args = ap.parse_args()
     kvsched = Path(sys.executable).with_name("kvsched")
     replay_out = Path(args.out).with_suffix("")
-    cmd = [str(kvsched), "replay", args.trace, "--routers", str(args.routers), "--workers", str(args.workers),
-           "--speedup", str(args.speedup), "--out", str(replay_out)]
+    cmd = [
+        str(kvsched),
+        "replay",
+        args.trace,
+        "--routers",
+        str(args.routers),
+        "--workers",
+        str(args.workers),
+        "--speedup",
+        str(args.speedup),
+        "--out",
+        str(replay_out),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     daemon, samples = None, []
     while proc.poll() is None:
@@ -93,7 +112,8 @@ def main() -> None:
         per_s.append((b["cpu_s"] - a["cpu_s"]) / max(1e-9, b["t"] - a["t"]))
     result = {
         "command": " ".join(cmd[1:]),
-        "samples": len(samples), "wall_s": round(wall, 2),
+        "samples": len(samples),
+        "wall_s": round(wall, 2),
         "rss_peak_mib": round(max(s["hwm_kib"] for s in samples) / 1024, 1),
         "rss_last_mib": round(samples[-1]["rss_kib"] / 1024, 1),
         "rss_shmem_peak_mib": round(max(s["rss_shmem_kib"] for s in samples) / 1024, 1),

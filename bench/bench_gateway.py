@@ -62,8 +62,12 @@ def prompt(i: int) -> str:
 
 async def one(session, url: str, i: int) -> tuple[float, float, bool, dict[str, float]]:
     """One streamed chat: (TTFT s, whole request s, complete?, the gateway's Server-Timing in ms)."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": prompt(i)}], "max_tokens": MAX_TOKENS,
-            "stream": True}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": prompt(i)}],
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+    }
     t0 = time.perf_counter()
     ttft = None
     ok = False
@@ -93,6 +97,7 @@ async def run_mode(urls: list[str], n: int, concurrency: int, start: int, acc: d
     timings: dict[str, list[float]] = {}
     next_i = start
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
         async def worker() -> None:
             nonlocal next_i, fails
             while next_i < start + n:
@@ -106,6 +111,7 @@ async def run_mode(urls: list[str], n: int, concurrency: int, start: int, acc: d
                         timings.setdefault(k, []).append(v)
                 else:
                     fails += 1
+
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t0
@@ -117,11 +123,24 @@ async def run_mode(urls: list[str], n: int, concurrency: int, start: int, acc: d
         acc["total"] += totals
         acc["failed"] += fails
         acc["elapsed"] += elapsed
-        ttfts, totals, fails, elapsed, n = acc["ttft"], acc["total"], acc["failed"], acc["elapsed"], len(acc["total"]) + acc["failed"]
+        ttfts, totals, fails, elapsed, n = (
+            acc["ttft"],
+            acc["total"],
+            acc["failed"],
+            acc["elapsed"],
+            len(acc["total"]) + acc["failed"],
+        )
     ms = lambda a, q: float(np.percentile(np.asarray(a) * 1e3, q)) if a else float("nan")  # noqa: E731
-    out = {"requests": n, "failed": fails, "elapsed_s": elapsed, "requests_per_s": len(totals) / elapsed,
-           "ttft_p50_ms": ms(ttfts, 50), "ttft_p99_ms": ms(ttfts, 99),
-           "total_p50_ms": ms(totals, 50), "total_p99_ms": ms(totals, 99)}
+    out = {
+        "requests": n,
+        "failed": fails,
+        "elapsed_s": elapsed,
+        "requests_per_s": len(totals) / elapsed,
+        "ttft_p50_ms": ms(ttfts, 50),
+        "ttft_p99_ms": ms(ttfts, 99),
+        "total_p50_ms": ms(totals, 50),
+        "total_p99_ms": ms(totals, 99),
+    }
     for k, v in timings.items():  # the gateway's own split (Server-Timing, ms)
         out[f"gw_{k}_p50_ms"] = float(np.percentile(v, 50))
         out[f"gw_{k}_p99_ms"] = float(np.percentile(v, 99))
@@ -170,13 +189,26 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=0, help="requests per mode (default 3000, quick 600)")
     ap.add_argument("--concurrency", type=int, default=50, help="streams in flight (default 50)")
     ap.add_argument("--speedup", type=float, default=1000.0, help="sim engines' speedup (default 1000)")
-    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=f"output tokens per request, one "
-                    f"streamed chunk each (default {MAX_TOKENS})")
-    ap.add_argument("--workers", type=int, default=0, metavar="N", help="also run `kvsched-gateway --workers N` "
-                    "(N processes on one listening socket) as another interleaved mode")
-    ap.add_argument("--compare-ref", metavar="REF", help="also run a gateway from git REF's kvsched package "
-                    "(same daemon, so REF must speak this protocol), interleaved with the others: before/after "
-                    "of a gateway change in one run")
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=MAX_TOKENS,
+        help=f"output tokens per request, one streamed chunk each (default {MAX_TOKENS})",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run `kvsched-gateway --workers N` (N processes on one listening socket) as another interleaved mode",
+    )
+    ap.add_argument(
+        "--compare-ref",
+        metavar="REF",
+        help="also run a gateway from git REF's kvsched package "
+        "(same daemon, so REF must speak this protocol), interleaved with the others: before/after "
+        "of a gateway change in one run",
+    )
     args = ap.parse_args()
     n = args.requests or (600 if args.quick else 3000)
     MAX_TOKENS = args.max_tokens
@@ -216,32 +248,60 @@ def main() -> None:
         finally:
             fleet.stop()
     direct = res["direct"]
-    added = {m: {k: r[f"{k}_ms"] - direct[f"{k}_ms"] for k in ("ttft_p50", "ttft_p99", "total_p50", "total_p99")}
-             for m, r in res.items() if m != "direct"}
-    result = {"meta": {"requests_per_mode": n, "concurrency": args.concurrency, "max_tokens": MAX_TOKENS,
-                       "prompt_tokens": PROMPT_WORDS + 3, "engines": 2, "speedup": args.speedup,
-                       "cpus": os.cpu_count(), "load_avg_1m_start": load_start, "load_avg_1m": os.getloadavg()[0],
-                       "python": platform.python_version(), "compare_ref": args.compare_ref,
-                       "workers": args.workers},
-              **res, "rounds": ROUNDS, "added_ms": added["gateway"], "added_ms_by_mode": added,
-              "goal": {"added_p50_ms": 2.0, "added_p99_ms": 5.0}}
+    added = {
+        m: {k: r[f"{k}_ms"] - direct[f"{k}_ms"] for k in ("ttft_p50", "ttft_p99", "total_p50", "total_p99")}
+        for m, r in res.items()
+        if m != "direct"
+    }
+    result = {
+        "meta": {
+            "requests_per_mode": n,
+            "concurrency": args.concurrency,
+            "max_tokens": MAX_TOKENS,
+            "prompt_tokens": PROMPT_WORDS + 3,
+            "engines": 2,
+            "speedup": args.speedup,
+            "cpus": os.cpu_count(),
+            "load_avg_1m_start": load_start,
+            "load_avg_1m": os.getloadavg()[0],
+            "python": platform.python_version(),
+            "compare_ref": args.compare_ref,
+            "workers": args.workers,
+        },
+        **res,
+        "rounds": ROUNDS,
+        "added_ms": added["gateway"],
+        "added_ms_by_mode": added,
+        "goal": {"added_p50_ms": 2.0, "added_p99_ms": 5.0},
+    }
     (out_dir / "gateway.json").write_text(json.dumps(result, indent=1))
     w = max(len(m) for m in res) + 2
-    print(f"{'mode':<{w}}{'req/s':>8}{'ttft p50':>10}{'ttft p99':>10}{'total p50':>11}{'total p99':>11}"
-          f"{'CPU/req':>10}  (ms; CPU µs)")
+    print(
+        f"{'mode':<{w}}{'req/s':>8}{'ttft p50':>10}{'ttft p99':>10}{'total p50':>11}{'total p99':>11}"
+        f"{'CPU/req':>10}  (ms; CPU µs)"
+    )
     for m, r in res.items():
         c = r.get("gateway_cpu_us_per_request")
-        print(f"{m:<{w}}{r['requests_per_s']:>8.0f}{r['ttft_p50_ms']:>10.2f}{r['ttft_p99_ms']:>10.2f}"
-              f"{r['total_p50_ms']:>11.2f}{r['total_p99_ms']:>11.2f}{'' if c is None else f'{c:.0f}':>10}"
-              f"   failed={r['failed']}")
+        print(
+            f"{m:<{w}}{r['requests_per_s']:>8.0f}{r['ttft_p50_ms']:>10.2f}{r['ttft_p99_ms']:>10.2f}"
+            f"{r['total_p50_ms']:>11.2f}{r['total_p99_ms']:>11.2f}{'' if c is None else f'{c:.0f}':>10}"
+            f"   failed={r['failed']}"
+        )
     for m, r in res.items():
         if "gw_schedule_p50_ms" in r:
-            print(f"{m}: inside the gateway (Server-Timing, ms p50 / p99): " + ", ".join(
-                f"{k} {r[f'gw_{k}_p50_ms']:.2f} / {r[f'gw_{k}_p99_ms']:.2f}" for k in ("prep", "schedule", "queue", "engine")
-                if f"gw_{k}_p50_ms" in r))
+            print(
+                f"{m}: inside the gateway (Server-Timing, ms p50 / p99): "
+                + ", ".join(
+                    f"{k} {r[f'gw_{k}_p50_ms']:.2f} / {r[f'gw_{k}_p99_ms']:.2f}"
+                    for k in ("prep", "schedule", "queue", "engine")
+                    if f"gw_{k}_p50_ms" in r
+                )
+            )
     for m, a in added.items():
-        print(f"added by {m} + daemon: ttft p50 {a['ttft_p50']:+.2f} ms, p99 {a['ttft_p99']:+.2f} ms; "
-              f"total p50 {a['total_p50']:+.2f} ms, p99 {a['total_p99']:+.2f} ms")
+        print(
+            f"added by {m} + daemon: ttft p50 {a['ttft_p50']:+.2f} ms, p99 {a['ttft_p99']:+.2f} ms; "
+            f"total p50 {a['total_p50']:+.2f} ms, p99 {a['total_p99']:+.2f} ms"
+        )
     print(f"load avg (1 min) {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end")
     print(f"-> {out_dir / 'gateway.json'}")
 

@@ -51,7 +51,12 @@ def populate(n_workers: int, n_active: int, rng: np.random.Generator) -> tuple[L
     for i in range(n_active):
         g = int(rng.integers(N_PREFIXES))
         suffix = int(rng.integers(8, 48))
-        h = np.concatenate([np.arange(g * 1000, g * 1000 + PREFIX_BLOCKS, dtype=np.uint64), np.arange(next_hash, next_hash + suffix, dtype=np.uint64)])
+        h = np.concatenate(
+            [
+                np.arange(g * 1000, g * 1000 + PREFIX_BLOCKS, dtype=np.uint64),
+                np.arange(next_hash, next_hash + suffix, dtype=np.uint64),
+            ]
+        )
         next_hash += suffix
         row = int(rng.integers(n_workers))
         isl = len(h) * BLOCK
@@ -83,24 +88,62 @@ def bench_case(n_workers: int, n_active: int, quick: bool) -> dict:
     ledger, index = populate(n_workers, n_active, rng)
     populate_s = time.perf_counter() - t0
     a = ledger.arrays
-    q = np.concatenate([np.arange(3000, 3000 + PREFIX_BLOCKS, dtype=np.uint64), np.arange(5 * 10**9, 5 * 10**9 + QUERY_HASHES - PREFIX_BLOCKS, dtype=np.uint64)])
+    q = np.concatenate(
+        [
+            np.arange(3000, 3000 + PREFIX_BLOCKS, dtype=np.uint64),
+            np.arange(5 * 10**9, 5 * 10**9 + QUERY_HASHES - PREFIX_BLOCKS, dtype=np.uint64),
+        ]
+    )
     isl = QUERY_HASHES * BLOCK
     eligible = np.ones(n_workers, np.uint8)
     overlap = np.zeros(n_workers, np.int32)
-    outs = {name: (np.zeros(n_workers, np.int64), np.zeros(n_workers, np.int64), np.zeros(n_workers, np.float64)) for name in ("numba", "numpy", "python")}
-    impls = {"numba": kernels.project_and_cost, "numpy": numpy_twin.project_and_cost, "python": python_twin.project_and_cost}
+    outs = {
+        name: (np.zeros(n_workers, np.int64), np.zeros(n_workers, np.int64), np.zeros(n_workers, np.float64))
+        for name in ("numba", "numpy", "python")
+    }
+    impls = {
+        "numba": kernels.project_and_cost,
+        "numpy": numpy_twin.project_and_cost,
+        "python": python_twin.project_and_cost,
+    }
     scratch = np.zeros(index.words, np.uint64)
     depth_impls = {"numba": overlap_depth, "numpy": numpy_twin.overlap_depth, "python": python_twin.overlap_depth}
     depth_out = {name: np.zeros(n_workers, np.int32) for name in depth_impls}
     reps = {"numba": 2000, "numpy": 50, "python": max(1, 2000 // n_workers)}
     if quick:
         reps = {k: max(1, v // 10) for k, v in reps.items()}
-    res: dict = {"workers": n_workers, "active": n_active, "populate_s": round(populate_s, 2), "ref_capacity": a.ref_capacity}
+    res: dict = {
+        "workers": n_workers,
+        "active": n_active,
+        "populate_s": round(populate_s, 2),
+        "ref_capacity": a.ref_capacity,
+    }
     for name, fn in impls.items():
         ob, op, oc = outs[name]
-        res[f"project_{name}_us"] = per_call_us(lambda: fn(a.w_active_blocks, a.w_active_prefill, eligible, a.ref_keys, a.ref_counts, q, isl, BLOCK, overlap, 1.0, 1.0, ob, op, oc), reps[name])
+        res[f"project_{name}_us"] = per_call_us(
+            lambda: fn(
+                a.w_active_blocks,
+                a.w_active_prefill,
+                eligible,
+                a.ref_keys,
+                a.ref_counts,
+                q,
+                isl,
+                BLOCK,
+                overlap,
+                1.0,
+                1.0,
+                ob,
+                op,
+                oc,
+            ),
+            reps[name],
+        )
     for name, fn in depth_impls.items():
-        res[f"depth_{name}_us"] = per_call_us(lambda: fn(index.keys, index.used, index.perm, index.ttlm, index.ttl_exp, q, 1, scratch, depth_out[name]), reps[name])
+        res[f"depth_{name}_us"] = per_call_us(
+            lambda: fn(index.keys, index.used, index.perm, index.ttlm, index.ttl_exp, q, 1, scratch, depth_out[name]),
+            reps[name],
+        )
     for name in ("numpy", "python"):  # same answers, same run
         assert np.array_equal(outs[name][0], outs["numba"][0]) and np.array_equal(depth_out[name], depth_out["numba"])
     res["ledger_project_us"] = per_call_us(lambda: ledger.project(q, isl, overlap, eligible, 1.0, 1.0), reps["numba"])
@@ -115,7 +158,11 @@ def compile_times() -> dict:
     """Seconds for import + warm_kernels() with an empty cache dir, then with that cache warm."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
-        run = lambda: float(subprocess.run([sys.executable, "-c", _COMPILE_CHILD], env=env, capture_output=True, text=True, check=True).stdout)  # noqa: E731
+        run = lambda: float(
+            subprocess.run(
+                [sys.executable, "-c", _COMPILE_CHILD], env=env, capture_output=True, text=True, check=True
+            ).stdout
+        )
         cold = run()
         cached = run()
     return {"cold_compile_s": round(cold, 2), "cached_load_s": round(cached, 2)}
@@ -149,7 +196,13 @@ def main() -> None:
     print(f"numba import + warm_kernels(): cold compile {comp['cold_compile_s']} s, cached {comp['cached_load_s']} s")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"block_size": BLOCK, "query_hashes": QUERY_HASHES, "stride": STRIDE, "python": sys.version.split()[0], "numpy": np.__version__}
+    meta = {
+        "block_size": BLOCK,
+        "query_hashes": QUERY_HASHES,
+        "stride": STRIDE,
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+    }
     out.write_text(json.dumps({"meta": meta, "cases": rows, "compile": comp}, indent=1))
     print(f"wrote {out}")
 

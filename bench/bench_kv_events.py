@@ -70,8 +70,11 @@ def _router(endpoint: str, stop: threading.Event, lat: list[tuple[float, float]]
 def _window(lat: list[tuple[float, float]], t0: float, t1: float) -> dict:
     a = np.array([us for t, us in lat if t0 <= t < t1] or [0.0])
     n = sum(1 for t, _ in lat if t0 <= t < t1)
-    return {"decisions_per_s": round(n / max(t1 - t0, 1e-9), 1), "p50_us": round(float(np.percentile(a, 50)), 1),
-            "p99_us": round(float(np.percentile(a, 99)), 1)}
+    return {
+        "decisions_per_s": round(n / max(t1 - t0, 1e-9), 1),
+        "p50_us": round(float(np.percentile(a, 50)), 1),
+        "p99_us": round(float(np.percentile(a, 99)), 1),
+    }
 
 
 def bench_ingest(n_batches: int) -> dict:
@@ -125,7 +128,10 @@ worker_id = 1
             pub.block_stored(range(h0, h0 + BLOCKS_PER_BATCH), h0 - 1)
             pub.flush()
             if b % WINDOW == WINDOW - 1:  # closed loop: at most ~2 windows outstanding (no HWM drops)
-                while _metric(port, "kvsched_kv_events_applied") + _metric(port, "kvsched_kv_events_replayed") < b - WINDOW:
+                while (
+                    _metric(port, "kvsched_kv_events_applied") + _metric(port, "kvsched_kv_events_replayed")
+                    < b - WINDOW
+                ):
                     pub.service_replay()
                     time.sleep(0.02)  # each poll is a /metrics scrape, which costs the daemon CPU
         sent_s = time.perf_counter() - t_start
@@ -141,10 +147,15 @@ worker_id = 1
         applied = _metric(port, "kvsched_kv_events_applied") + _metric(port, "kvsched_kv_events_replayed") - 1
         idle = _window(lat, t_idle, t_start)
         busy = _window(lat, t_start, t_end)
-        busy["extra"] = {"batches": n_batches, "applied": int(applied), "send_s": round(sent_s, 3),
-                         "ingest_s": round(done_s, 3), "replayed": int(_metric(port, "kvsched_kv_events_replayed")),
-                         "events_per_s": round(applied / done_s, 0),
-                         "blocks_per_s": round(applied * BLOCKS_PER_BATCH / done_s, 0)}
+        busy["extra"] = {
+            "batches": n_batches,
+            "applied": int(applied),
+            "send_s": round(sent_s, 3),
+            "ingest_s": round(done_s, 3),
+            "replayed": int(_metric(port, "kvsched_kv_events_replayed")),
+            "events_per_s": round(applied / done_s, 0),
+            "blocks_per_s": round(applied * BLOCKS_PER_BATCH / done_s, 0),
+        }
         return {"idle_router": idle, "during_ingest": busy}
     finally:
         daemon.stop(timeout_s=10)
@@ -199,8 +210,15 @@ def bench_kernel(workers_list, depths) -> list[dict]:
             assert out.tolist() == _dict_depth(py, qlist, w)
             k_us = _timeit(lambda: idx.depth(query, 1, out))
             p_us = _timeit(lambda: _dict_depth(py, qlist, w))
-            rows.append({"workers": w, "depth_blocks": depth, "kernel_us": round(k_us, 2), "dict_us": round(p_us, 2),
-                         "speedup": round(p_us / k_us, 1)})
+            rows.append(
+                {
+                    "workers": w,
+                    "depth_blocks": depth,
+                    "kernel_us": round(k_us, 2),
+                    "dict_us": round(p_us, 2),
+                    "speedup": round(p_us / k_us, 1),
+                }
+            )
     return rows
 
 
@@ -221,28 +239,39 @@ def bench_hits(trace_path: str, workers: int, limit: int | None) -> list[dict]:
         cached = sum(r.cached_tokens for r in done)
         predicted = sum(r.predicted_cached_tokens for r in done)
         ttft = np.array([r.ttft_us for r in done], dtype=float) / 1e3
-        rows.append({"mode": mode, "requests": len(run.results), "completed": len(done),
-                     "hit_ratio": round(cached / prompt, 4) if prompt else 0.0,
-                     "predicted_hit_ratio": round(predicted / prompt, 4) if prompt else 0.0,
-                     "ttft_p50_ms": round(float(np.percentile(ttft, 50)), 1) if len(ttft) else None,
-                     "ttft_p99_ms": round(float(np.percentile(ttft, 99)), 1) if len(ttft) else None,
-                     "evicted_blocks": sum(e.stats.evicted_blocks for e in run.engines.values()),
-                     "wall_s": round(time.perf_counter() - t, 1)})
+        rows.append(
+            {
+                "mode": mode,
+                "requests": len(run.results),
+                "completed": len(done),
+                "hit_ratio": round(cached / prompt, 4) if prompt else 0.0,
+                "predicted_hit_ratio": round(predicted / prompt, 4) if prompt else 0.0,
+                "ttft_p50_ms": round(float(np.percentile(ttft, 50)), 1) if len(ttft) else None,
+                "ttft_p99_ms": round(float(np.percentile(ttft, 99)), 1) if len(ttft) else None,
+                "evicted_blocks": sum(e.stats.evicted_blocks for e in run.engines.values()),
+                "wall_s": round(time.perf_counter() - t, 1),
+            }
+        )
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Fewer batches, smaller grid, trace slice.")
-    parser.add_argument("--trace", default=None, help="Conversation trace (default: bench/data/"
-                        "conversation_trace.jsonl; --quick: the package's bundled slice).")
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="Conversation trace (default: bench/data/conversation_trace.jsonl; --quick: the package's bundled slice).",
+    )
     parser.add_argument("--workers", type=int, default=8, help="Simulated engines for the cache-hit run.")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "kv_events.json"))
     args = parser.parse_args()
     trace = args.trace
     if trace is None:
         full = ROOT / "bench" / "data" / "conversation_trace.jsonl"
-        trace = str(full) if full.exists() and not args.quick else str(ROOT / "kvsched" / "data" / "mooncake_slice.jsonl")
+        trace = (
+            str(full) if full.exists() and not args.quick else str(ROOT / "kvsched" / "data" / "mooncake_slice.jsonl")
+        )
 
     from kvsched.shm.kernels import warm_kernels
 
@@ -251,8 +280,10 @@ def main() -> None:
     i, b = ingest["idle_router"], ingest["during_ingest"]
     e = b["extra"]
     print(f"1. KV-event ingest (batches of {BLOCKS_PER_BATCH} blocks) while scheduling")
-    print(f"   {e['applied']}/{e['batches']} events in {e['ingest_s']} s (publisher sent in {e['send_s']} s, "
-          f"{e['replayed']} recovered by replay): {e['events_per_s']:.0f} events/s = {e['blocks_per_s']:.0f} blocks/s")
+    print(
+        f"   {e['applied']}/{e['batches']} events in {e['ingest_s']} s (publisher sent in {e['send_s']} s, "
+        f"{e['replayed']} recovered by replay): {e['events_per_s']:.0f} events/s = {e['blocks_per_s']:.0f} blocks/s"
+    )
     print(f"   {'router':<18}{'decisions/s':>12}{'p50 µs':>10}{'p99 µs':>10}")
     print(f"   {'idle publisher':<18}{i['decisions_per_s']:>12}{i['p50_us']:>10}{i['p99_us']:>10}")
     print(f"   {'during ingest':<18}{b['decisions_per_s']:>12}{b['p50_us']:>10}{b['p99_us']:>10}")
@@ -265,15 +296,24 @@ def main() -> None:
 
     hits = bench_hits(trace, args.workers, 1500 if args.quick else None)
     print(f"\n3. Cache hits, {Path(trace).name}, {args.workers} workers, virtual driver, kv selector")
-    print(f"   {'index':<8}{'completed':>10}{'hit ratio':>11}{'predicted':>11}{'TTFT p50 ms':>13}{'p99 ms':>10}{'evicted':>10}")
+    print(
+        f"   {'index':<8}{'completed':>10}{'hit ratio':>11}{'predicted':>11}{'TTFT p50 ms':>13}{'p99 ms':>10}{'evicted':>10}"
+    )
     for r in hits:
-        print(f"   {r['mode']:<8}{r['completed']:>10}{r['hit_ratio']:>11}{r['predicted_hit_ratio']:>11}"
-              f"{r['ttft_p50_ms']:>13}{r['ttft_p99_ms']:>10}{r['evicted_blocks']:>10}")
+        print(
+            f"   {r['mode']:<8}{r['completed']:>10}{r['hit_ratio']:>11}{r['predicted_hit_ratio']:>11}"
+            f"{r['ttft_p50_ms']:>13}{r['ttft_p99_ms']:>10}{r['evicted_blocks']:>10}"
+        )
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "trace": trace, "workers": args.workers,
-            "quick": args.quick}
+    meta = {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "trace": trace,
+        "workers": args.workers,
+        "quick": args.quick,
+    }
     out.write_text(json.dumps({"meta": meta, "ingest": ingest, "overlap_kernel": grid, "cache_hits": hits}, indent=1))
     print(f"wrote {out}")
 

@@ -43,8 +43,14 @@ def measure(rounds: int, repeats: int) -> dict:
         link.open(loop)
         identity, _hello = router.recv_multipart()
         enc = p.make_encoder()
-        router.send_multipart([identity, enc.encode(p.Welcome(1, p.PROTOCOL_MIN, p.PROTOCOL_MAX, 16, "", "", 1000,
-                                                              5000, p.DEFAULT_MAX_FRAME_BYTES))])
+        router.send_multipart(
+            [
+                identity,
+                enc.encode(
+                    p.Welcome(1, p.PROTOCOL_MIN, p.PROTOCOL_MAX, 16, "", "", 1000, 5000, p.DEFAULT_MAX_FRAME_BYTES)
+                ),
+            ]
+        )
         for _ in range(200):
             await asyncio.sleep(0.005)
             if link.connected:

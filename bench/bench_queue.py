@@ -51,8 +51,15 @@ class Gen:
     def entry(self) -> QueueEntry:
         self.seq += 1
         lane = WorkerKey(self.rng.randrange(self.lanes), 0) if self.lanes else None
-        return QueueEntry(f"r{self.seq}", enqueue_seq=self.seq, arrival_us=self.seq, cost=self.rng.randint(1, 2048),
-                          isl_tokens=512, placement=lane, class_idx=self.rng.randrange(self.classes))
+        return QueueEntry(
+            f"r{self.seq}",
+            enqueue_seq=self.seq,
+            arrival_us=self.seq,
+            cost=self.rng.randint(1, 2048),
+            isl_tokens=512,
+            placement=lane,
+            class_idx=self.rng.randrange(self.classes),
+        )
 
 
 def _policy_queue(n: int, lanes: int = 0, classes: int = 1) -> tuple[PolicyQueue, Gen]:
@@ -143,7 +150,9 @@ def main() -> None:
     scale = 0.1 if args.quick else 1.0
     ops = max(1000, int(30_000 * scale))
     res = {
-        "depth": [bench_depth(n, ops, max(50, int(min(ops, 3_000_000 // n) * scale))) for n in (1_000, 10_000, 100_000)],
+        "depth": [
+            bench_depth(n, ops, max(50, int(min(ops, 3_000_000 // n) * scale))) for n in (1_000, 10_000, 100_000)
+        ],
         "lanes": [bench_lanes(k, ops) for k in (1, 16, 256, 1024)],
         "classes": [bench_classes(k, ops) for k in (1, 4, 16)],
         "cancel": bench_cancel(100_000, max(1000, int(20_000 * scale)), max(50, int(300 * scale))),
@@ -157,8 +166,10 @@ def main() -> None:
     for row in res["classes"]:
         print(f"{'enqueue+pop, ' + str(row['classes']) + ' classes':<28}{row['policy_queue_ops_s']:>12,.0f} /s")
     c = res["cancel"]
-    print(f"{'cancel @100,000':<28}{c['policy_queue_us_per_cancel']:>11.2f} µs{c['naive_us_per_cancel']:>11.1f} µs"
-          f"{c['naive_us_per_cancel'] / c['policy_queue_us_per_cancel']:>8.0f}x")
+    print(
+        f"{'cancel @100,000':<28}{c['policy_queue_us_per_cancel']:>11.2f} µs{c['naive_us_per_cancel']:>11.1f} µs"
+        f"{c['naive_us_per_cancel'] / c['policy_queue_us_per_cancel']:>8.0f}x"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))

@@ -89,8 +89,11 @@ class Fleet:
             self._n += 1
             rid = f"direct-{self._n}"
             waiting.add(rid)
-            await self.sock.send(self._enc.encode(SimSubmit(rid, worker, 0, len(hashes) * block_size, 2,
-                                                            np.array(hashes, "<u8").tobytes())))
+            await self.sock.send(
+                self._enc.encode(
+                    SimSubmit(rid, worker, 0, len(hashes) * block_size, 2, np.array(hashes, "<u8").tobytes())
+                )
+            )
         while waiting:
             if not await self.sock.poll(30_000):
                 raise RuntimeError(f"fleet answered nothing for 30 s; {len(waiting)} requests left")
@@ -114,8 +117,9 @@ async def decide(client: SchedulerClient, rid: str, prefix: list[int], unique: i
     return lease.worker.worker_id, lease.overlap_blocks
 
 
-async def all_routed_to_holders(endpoint: str, prefixes: dict[int, list[int]], holders: dict[int, int],
-                                block_size: int, timeout_s: float = 30.0) -> bool:
+async def all_routed_to_holders(
+    endpoint: str, prefixes: dict[int, list[int]], holders: dict[int, int], block_size: int, timeout_s: float = 30.0
+) -> bool:
     """Poll until every prefix is routed to its holder with full overlap (the daemon applied the events)."""
     rng = random.Random(1)
     ids = itertools.count()
@@ -124,7 +128,9 @@ async def all_routed_to_holders(endpoint: str, prefixes: dict[int, list[int]], h
         while time.monotonic() < deadline:
             ok = True
             for i, prefix in prefixes.items():
-                worker, overlap = await decide(client, f"probe-{time.monotonic_ns()}-{next(ids)}", prefix, rng.getrandbits(63), block_size)
+                worker, overlap = await decide(
+                    client, f"probe-{time.monotonic_ns()}-{next(ids)}", prefix, rng.getrandbits(63), block_size
+                )
                 if worker != holders[i] or overlap < len(prefix):
                     ok = False
                     break
@@ -134,13 +140,22 @@ async def all_routed_to_holders(endpoint: str, prefixes: dict[int, list[int]], h
     return False
 
 
-async def measure(endpoint: str, prefixes: dict[int, list[int]], holders: dict[int, int], block_size: int,
-                  ready_at: float, window_s: float, concurrency: int, seed: int) -> dict:
+async def measure(
+    endpoint: str,
+    prefixes: dict[int, list[int]],
+    holders: dict[int, int],
+    block_size: int,
+    ready_at: float,
+    window_s: float,
+    concurrency: int,
+    seed: int,
+) -> dict:
     """Requests for known prefixes from READY to READY + window_s; blind / off-holder counts."""
     rng = random.Random(seed)
     keys = list(prefixes)
     out = {"decisions": 0, "blind": 0, "off_holder": 0, "blind_keys": set(), "first_decision_after_ready_s": None}
     async with SchedulerClient(endpoint, client_name="measure") as client:
+
         async def worker(k: int) -> None:
             n = 0
             while time.monotonic() - ready_at < window_s:
@@ -154,6 +169,7 @@ async def measure(endpoint: str, prefixes: dict[int, list[int]], holders: dict[i
                 if overlap == 0:
                     out["blind_keys"].add(i)
                 out["off_holder"] += chosen != holders[i]
+
         await asyncio.gather(*(worker(k) for k in range(concurrency)))
     return out
 
@@ -206,18 +222,25 @@ async def one_run(rundir: Path, fleet: Fleet, daemon: DaemonProcess, mode: str, 
     ready_at = time.monotonic()
     res = await measure(daemon.endpoint, {**warm, **down}, holders, bs, ready_at, args.window_s, args.concurrency, run)
     blind_keys = res.pop("blind_keys")
-    res["blind_prefixes"] = {"cached_before_crash": sum(1 for i in blind_keys if i in warm),
-                             "cached_while_down": sum(1 for i in blind_keys if i in down)}
+    res["blind_prefixes"] = {
+        "cached_before_crash": sum(1 for i in blind_keys if i in warm),
+        "cached_while_down": sum(1 for i in blind_keys if i in down),
+    }
     res.update(log_phases(daemon.log_path))
-    res.update(mode=mode, run=run, ready_s=round(ready_at - t0, 3),
-               blind_pct=round(100.0 * res["blind"] / max(1, res["decisions"]), 3),
-               off_holder_pct=round(100.0 * res["off_holder"] / max(1, res["decisions"]), 3))
+    res.update(
+        mode=mode,
+        run=run,
+        ready_s=round(ready_at - t0, 3),
+        blind_pct=round(100.0 * res["blind"] / max(1, res["decisions"]), 3),
+        off_holder_pct=round(100.0 * res["off_holder"] / max(1, res["decisions"]), 3),
+    )
     return res
 
 
 async def main_async(args) -> dict:
-    spec = FleetSpec(workers=args.workers, block_size=16, kv_blocks=args.kv_blocks, max_blocks_per_request=64,
-                     max_slots=1024)
+    spec = FleetSpec(
+        workers=args.workers, block_size=16, kv_blocks=args.kv_blocks, max_blocks_per_request=64, max_slots=1024
+    )
     runs = []
     with tempfile.TemporaryDirectory(prefix="kvsched-restart-") as tmp:
         rundir = Path(args.rundir or tmp)
@@ -232,9 +255,11 @@ async def main_async(args) -> dict:
                 for mode in ("kept", "cold"):
                     res = await one_run(rundir, fleet, daemon, mode, len(runs), args)
                     runs.append(res)
-                    print(f"{mode:5s} run {res['run']}: ready {res['ready_s']:.2f} s, decisions {res['decisions']}, "
-                          f"blind {res['blind']} ({res['blind_pct']:.2f} %), off holder {res['off_holder_pct']:.2f} %",
-                          flush=True)
+                    print(
+                        f"{mode:5s} run {res['run']}: ready {res['ready_s']:.2f} s, decisions {res['decisions']}, "
+                        f"blind {res['blind']} ({res['blind_pct']:.2f} %), off holder {res['off_holder_pct']:.2f} %",
+                        flush=True,
+                    )
         finally:
             daemon.stop()
             fleet.close()
@@ -245,15 +270,26 @@ async def main_async(args) -> dict:
     for mode in ("kept", "cold"):
         rs = [r for r in runs if r["mode"] == mode]
         dec = sum(r["decisions"] for r in rs)
-        summary[mode] = {"runs": len(rs), "decisions": dec,
-                         "blind_pct": round(100.0 * sum(r["blind"] for r in rs) / max(1, dec), 3),
-                         "off_holder_pct": round(100.0 * sum(r["off_holder"] for r in rs) / max(1, dec), 3),
-                         "ready_s_max": max(r["ready_s"] for r in rs), "ready_s_mean": round(sum(r["ready_s"] for r in rs) / len(rs), 3),
-                         "kernel_warm_s_mean": round(sum(r.get("kernel_warm_s", 0) for r in rs) / len(rs), 3),
-                         "subscribe_to_ready_s_max": max(r.get("subscribe_to_ready_s", 0) for r in rs)}
-    return {"params": vars(args), "runs": runs, "summary": summary,
-            "goal": {"blind_pct_below": 1.0, "ready_s_below": 5.0,
-                     "met": summary["kept"]["blind_pct"] < 1.0 and summary["kept"]["ready_s_max"] < 5.0}}
+        summary[mode] = {
+            "runs": len(rs),
+            "decisions": dec,
+            "blind_pct": round(100.0 * sum(r["blind"] for r in rs) / max(1, dec), 3),
+            "off_holder_pct": round(100.0 * sum(r["off_holder"] for r in rs) / max(1, dec), 3),
+            "ready_s_max": max(r["ready_s"] for r in rs),
+            "ready_s_mean": round(sum(r["ready_s"] for r in rs) / len(rs), 3),
+            "kernel_warm_s_mean": round(sum(r.get("kernel_warm_s", 0) for r in rs) / len(rs), 3),
+            "subscribe_to_ready_s_max": max(r.get("subscribe_to_ready_s", 0) for r in rs),
+        }
+    return {
+        "params": vars(args),
+        "runs": runs,
+        "summary": summary,
+        "goal": {
+            "blind_pct_below": 1.0,
+            "ready_s_below": 5.0,
+            "met": summary["kept"]["blind_pct"] < 1.0 and summary["kept"]["ready_s_max"] < 5.0,
+        },
+    }
 
 
 def main() -> None:
@@ -274,10 +310,14 @@ def main() -> None:
         args.runs, args.prefixes, args.down_prefixes = 2, 80, 20
     result = asyncio.run(main_async(args))
     for mode, s in result["summary"].items():
-        print(f"{mode:5s}: {s['decisions']} decisions in {s['runs']} runs, blind {s['blind_pct']:.2f} %, "
-              f"off holder {s['off_holder_pct']:.2f} %, READY max {s['ready_s_max']:.2f} s "
-              f"(kernel warm-up mean {s['kernel_warm_s_mean']:.2f} s, subscribe -> READY max {s['subscribe_to_ready_s_max']:.3f} s)")
-    print(f"goal (< 1 % blind in the first {args.window_s:g} s, READY < 5 s): {'met' if result['goal']['met'] else 'MISSED'}")
+        print(
+            f"{mode:5s}: {s['decisions']} decisions in {s['runs']} runs, blind {s['blind_pct']:.2f} %, "
+            f"off holder {s['off_holder_pct']:.2f} %, READY max {s['ready_s_max']:.2f} s "
+            f"(kernel warm-up mean {s['kernel_warm_s_mean']:.2f} s, subscribe -> READY max {s['subscribe_to_ready_s_max']:.3f} s)"
+        )
+    print(
+        f"goal (< 1 % blind in the first {args.window_s:g} s, READY < 5 s): {'met' if result['goal']['met'] else 'MISSED'}"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
 

@@ -71,8 +71,17 @@ OTHER_WORKERS = (4, 16)  # synthetic and azure workloads: one level each (OTHER_
 # The Azure conv trace (5.5 req/s, 1.2k-token prompts) barely loads 4 simulated H100s at its own rate;
 # replayed 6x faster per 4 workers it queues. The synthetic workload is generated at its own rate (level 1).
 OTHER_LEVEL = {"synthetic": 1.0, "azure": 6.0}
-METRICS = ("prefix_hit_ratio", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "queue_wait_ms_p99", "not_completed_share",
-           "imbalance_max_over_mean", "overlap_given_up_share", "throughput_req_s")
+METRICS = (
+    "prefix_hit_ratio",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_mean",
+    "queue_wait_ms_p99",
+    "not_completed_share",
+    "imbalance_max_over_mean",
+    "overlap_given_up_share",
+    "throughput_req_s",
+)
 
 
 def load_workload(name: str, seed: int, quick: bool):
@@ -100,8 +109,14 @@ def figures(results, trace, workers: int, blocks_per_worker: int, wall_s: float)
     isl_done = sum(r.isl for r in done) or 1
     isl_all = int(trace.isl.sum()) or 1
     ttft = np.array([r.ttft_us / 1000.0 for r in done if r.ttft_us >= 0]) if done else np.zeros(1)
-    itl = [(r.e2e_us - r.ttft_us) / 1000.0 / (r.output_tokens - 1) for r in done if r.output_tokens > 1 and r.ttft_us >= 0]
-    wait = np.array([max(0, r.queue_wait_us) / 1000.0 for r in results if r.queue_wait_us >= 0]) if results else np.zeros(1)
+    itl = [
+        (r.e2e_us - r.ttft_us) / 1000.0 / (r.output_tokens - 1) for r in done if r.output_tokens > 1 and r.ttft_us >= 0
+    ]
+    wait = (
+        np.array([max(0, r.queue_wait_us) / 1000.0 for r in results if r.queue_wait_us >= 0])
+        if results
+        else np.zeros(1)
+    )
     ends = [r.arrival_us + r.e2e_us for r in done]
     sim_s = (max(ends) - min(r.arrival_us for r in results)) / 1e6 if ends else 0.0
     per_worker = np.zeros(workers)
@@ -149,13 +164,26 @@ def one_virtual(job: tuple) -> dict:
     if overrides:
         cfg = msgspec.structs.replace(cfg, selector=msgspec.structs.replace(cfg.selector, **overrides))
     run = run_virtual(trace, spec, config=cfg, load_scale=load_scale, seed=seed, overlap_mode=overlap_mode)
-    return {"workload": workload, "workers": workers, "level": level, "seed": seed, "load_scale": load_scale,
-            "policy": label, "selector": selector, "overlap_mode": overlap_mode, "selector_overrides": overrides,
-            **figures(run.results, trace, workers, spec.blocks_per_engine, time.perf_counter() - t0)}
+    return {
+        "workload": workload,
+        "workers": workers,
+        "level": level,
+        "seed": seed,
+        "load_scale": load_scale,
+        "policy": label,
+        "selector": selector,
+        "overlap_mode": overlap_mode,
+        "selector_overrides": overrides,
+        **figures(run.results, trace, workers, spec.blocks_per_engine, time.perf_counter() - t0),
+    }
 
 
-WALL_POLICIES = (("kv", "kv", "daemon"), ("dynamo", "kv", "dynamo"), ("dynamo_cost", "dynamo_cost", "daemon"),
-                 ("cache_aware", "cache_aware", "daemon"))  # (label, daemon selector, who routes)
+WALL_POLICIES = (
+    ("kv", "kv", "daemon"),
+    ("dynamo", "kv", "dynamo"),
+    ("dynamo_cost", "dynamo_cost", "daemon"),
+    ("cache_aware", "cache_aware", "daemon"),
+)  # (label, daemon selector, who routes)
 # Simulated seconds per wall second. At 10x on 2 loaded cores Dynamo's HTTP service fell behind at 16
 # workers (p50 admission 19 s wall, half the requests timed out); at 2x it keeps up (docs/BENCHMARKS.md §5).
 WALL_SPEEDUP = 2.0
@@ -177,10 +205,13 @@ def wall_figures(results, trace, workers: int, blocks: int, wall_s: float, speed
     done = [r for r in results if r.outcome == COMPLETED and r.ttft_us >= 0]
     adm = np.array([max(0.0, r.admission_latency_us - max(0, r.queued_us)) for r in done]) if done else np.zeros(1)
     adj = np.array([max(0.0, r.ttft_us - a * speedup) / 1000.0 for r, a in zip(done, adm)]) if done else np.zeros(1)
-    f.update(queued_ms_p99=round(float(np.percentile([max(0, r.queued_us) for r in done] or [0], 99)) / 1000, 1),
-             admission_ms_p50=round(float(np.percentile(adm, 50)) / 1000, 2),
-             admission_ms_p99=round(float(np.percentile(adm, 99)) / 1000, 2),
-             ttft_adj_ms_p50=round(float(np.percentile(adj, 50)), 1), ttft_adj_ms_p99=round(float(np.percentile(adj, 99)), 1))
+    f.update(
+        queued_ms_p99=round(float(np.percentile([max(0, r.queued_us) for r in done] or [0], 99)) / 1000, 1),
+        admission_ms_p50=round(float(np.percentile(adm, 50)) / 1000, 2),
+        admission_ms_p99=round(float(np.percentile(adm, 99)) / 1000, 2),
+        ttft_adj_ms_p50=round(float(np.percentile(adj, 50)), 1),
+        ttft_adj_ms_p99=round(float(np.percentile(adj, 99)), 1),
+    )
     return f
 
 
@@ -203,16 +234,33 @@ def overlap_agreement(path: Path) -> dict | None:
         md, my = max(d.values(), default=0), max(y.values(), default=0)
         deepest_equal += {k for k in keys if d.get(k, 0) == md} == {k for k in keys if y.get(k, 0) == my} and md == my
     n = len(rows) or 1
-    return {"samples": len(rows), "pair_agreement": round(equal / max(1, pairs), 4),
-            "request_agreement": round(req_equal / n, 4), "deepest_agreement": round(deepest_equal / n, 4),
-            "daemon_higher_share": round(daemon_more / max(1, pairs), 4),
-            "nonzero_samples": sum(1 for s in rows if max(s["dynamo"].values(), default=0) > 0)}
+    return {
+        "samples": len(rows),
+        "pair_agreement": round(equal / max(1, pairs), 4),
+        "request_agreement": round(req_equal / n, 4),
+        "deepest_agreement": round(deepest_equal / n, 4),
+        "daemon_higher_share": round(daemon_more / max(1, pairs), 4),
+        "nonzero_samples": sum(1 for s in rows if max(s["dynamo"].values(), default=0) > 0),
+    }
 
 
 WALL_REPEATED = ("kv", "dynamo")  # run `repeats` times each, alternating which goes first; the others once
-WALL_METRICS = ("prefix_hit_ratio", "overlap_given_up_share", "ttft_adj_ms_p50", "ttft_adj_ms_p99", "ttft_ms_p50",
-                "ttft_ms_p99", "admission_ms_p50", "admission_ms_p99", "queued_ms_p99", "tpot_ms_mean",
-                "not_completed", "not_completed_share", "imbalance_max_over_mean", "wall_s")
+WALL_METRICS = (
+    "prefix_hit_ratio",
+    "overlap_given_up_share",
+    "ttft_adj_ms_p50",
+    "ttft_adj_ms_p99",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "admission_ms_p50",
+    "admission_ms_p99",
+    "queued_ms_p99",
+    "tpot_ms_mean",
+    "not_completed",
+    "not_completed_share",
+    "imbalance_max_over_mean",
+    "wall_s",
+)
 
 
 def combine_wall(fs: list[dict]) -> dict:
@@ -231,8 +279,14 @@ def combine_wall(fs: list[dict]) -> dict:
     return out
 
 
-def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup: float = WALL_SPEEDUP,
-                    policies: tuple[str, ...] | None = None, repeats: int = 1) -> dict:
+def wall_crosscheck(
+    workers: int,
+    quick: bool,
+    limit: int | None = None,
+    speedup: float = WALL_SPEEDUP,
+    policies: tuple[str, ...] | None = None,
+    repeats: int = 1,
+) -> dict:
     """Wall-clock replays (real daemon, simulated fleet process, router processes) of the same slice of
     the conversation trace routed by kv, NVIDIA Dynamo's selection service (`dynamo`, when installed),
     dynamo_cost and cache_aware; kv's overlap checked against Dynamo's first; plus kv in virtual time.
@@ -254,8 +308,11 @@ def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup
     reason = dynamo_unavailable_reason()
     if reason is not None:
         print(f"dynamo baseline skipped ({workers} workers): {reason}", flush=True)
-    chosen = [p for p in WALL_POLICIES
-              if not (p[2] == "dynamo" and reason is not None) and not (policies and p[0] not in policies)]
+    chosen = [
+        p
+        for p in WALL_POLICIES
+        if not (p[2] == "dynamo" and reason is not None) and not (policies and p[0] not in policies)
+    ]
     each: dict[str, list[dict]] = {}
     for rep in range(max(1, repeats)):
         order = chosen if rep % 2 == 0 else sorted(chosen, key=lambda p: p[0] != "dynamo")
@@ -264,40 +321,82 @@ def wall_crosscheck(workers: int, quick: bool, limit: int | None = None, speedup
                 continue
             out = ROOT / "out" / "bench" / (f"routing-wall-{workers}-{label}" + (f"-r{rep}" if rep else ""))
             sample = OVERLAP_SAMPLE_EVERY if label == "kv" and reason is None and rep == 0 else 0
-            opts = ReplayOptions(trace=trace_path, routers=routers, workers=workers, speedup=speedup,
-                                 load_scale=workers / 4, limit=limit, out=out, selector=selector, seed=0,
-                                 router_via=via, overlap_sample_every=sample)
+            opts = ReplayOptions(
+                trace=trace_path,
+                routers=routers,
+                workers=workers,
+                speedup=speedup,
+                load_scale=workers / 4,
+                limit=limit,
+                out=out,
+                selector=selector,
+                seed=0,
+                router_via=via,
+                overlap_sample_every=sample,
+            )
             t0 = time.perf_counter()
             summary = run_replay(opts)
-            f = wall_figures(read_results(out / "results.jsonl"), trace, workers, per, time.perf_counter() - t0, speedup)
-            f.update(ledger_zero=summary.ledger_zero, rejected=summary.rejected, aborted=summary.aborted, notes=opts.notes)
+            f = wall_figures(
+                read_results(out / "results.jsonl"), trace, workers, per, time.perf_counter() - t0, speedup
+            )
+            f.update(
+                ledger_zero=summary.ledger_zero, rejected=summary.rejected, aborted=summary.aborted, notes=opts.notes
+            )
             if sample:
                 f["overlap_check"] = overlap_agreement(out / "overlap_samples.jsonl")
             each.setdefault(label, []).append(f)
-            print(f"wall W={workers} {label} run {rep + 1}: hit {f['prefix_hit_ratio']:.3f} gave up "
-                  f"{f['overlap_given_up_share']:.3f} TTFT-adm p50 {f['ttft_adj_ms_p50']:,.0f} p99 "
-                  f"{f['ttft_adj_ms_p99']:,.0f} ms, admission p50 {f['admission_ms_p50']:.1f} ms, not completed "
-                  f"{f['not_completed']} ({f['wall_s']:.0f} s)", flush=True)
+            print(
+                f"wall W={workers} {label} run {rep + 1}: hit {f['prefix_hit_ratio']:.3f} gave up "
+                f"{f['overlap_given_up_share']:.3f} TTFT-adm p50 {f['ttft_adj_ms_p50']:,.0f} p99 "
+                f"{f['ttft_adj_ms_p99']:,.0f} ms, admission p50 {f['admission_ms_p50']:.1f} ms, not completed "
+                f"{f['not_completed']} ({f['wall_s']:.0f} s)",
+                flush=True,
+            )
             if sample:
                 print(f"  overlap daemon vs dynamo: {f['overlap_check']}", flush=True)
     runs = {label: combine_wall(fs) for label, fs in each.items()}
-    vopts = ReplayOptions(trace=trace_path, workers=workers, virtual=True, load_scale=workers / 4, limit=limit,
-                          out=ROOT / "out" / "bench" / f"routing-virtual-{workers}", selector="kv", seed=0)
+    vopts = ReplayOptions(
+        trace=trace_path,
+        workers=workers,
+        virtual=True,
+        load_scale=workers / 4,
+        limit=limit,
+        out=ROOT / "out" / "bench" / f"routing-virtual-{workers}",
+        selector="kv",
+        seed=0,
+    )
     vs = run_replay(vopts)
     virt = figures(read_results(vopts.out / "results.jsonl"), trace, workers, per, vs.wall_time_s)
     ratios = {}
     if "dynamo" in runs:
         d = runs["dynamo"]
         for label, f in runs.items():
-            ratios[label] = {m: (round(f[m] / d[m], 3) if d[m] else None)
-                             for m in ("prefix_hit_ratio", "ttft_adj_ms_p50", "ttft_adj_ms_p99")}
+            ratios[label] = {
+                m: (round(f[m] / d[m], 3) if d[m] else None)
+                for m in ("prefix_hit_ratio", "ttft_adj_ms_p50", "ttft_adj_ms_p99")
+            }
             ratios[label]["overlap_given_up_share"] = f["overlap_given_up_share"]
-    rows = [{"workload": "wall", "workers": workers, "level": workers / 4, "policy": label, **f} for label, f in runs.items()]
+    rows = [
+        {"workload": "wall", "workers": workers, "level": workers / 4, "policy": label, **f}
+        for label, f in runs.items()
+    ]
     ver = verdicts(rows, ttft=("ttft_adj_ms_p50", "ttft_adj_ms_p99"))
-    return {"workers": workers, "routers": routers, "speedup": speedup, "load_scale": workers / 4, "limit": limit,
-            "requests": len(trace), "repeats": max(1, repeats), "runs": runs, "wall": runs.get("kv"), "virtual": virt,
-            "ratios_vs_dynamo": ratios, "verdict": ver[0] if ver else None, "dynamo_skipped": reason,
-            "loadavg": os.getloadavg()}
+    return {
+        "workers": workers,
+        "routers": routers,
+        "speedup": speedup,
+        "load_scale": workers / 4,
+        "limit": limit,
+        "requests": len(trace),
+        "repeats": max(1, repeats),
+        "runs": runs,
+        "wall": runs.get("kv"),
+        "virtual": virt,
+        "ratios_vs_dynamo": ratios,
+        "verdict": ver[0] if ver else None,
+        "dynamo_skipped": reason,
+        "loadavg": os.getloadavg(),
+    }
 
 
 def aggregate(runs: list[dict]) -> list[dict]:
@@ -337,8 +436,11 @@ def verdicts(rows: list[dict], ttft: tuple[str, str] = ("ttft_ms_p50", "ttft_ms_
             continue
         checks, missed = {}, []
         best_hit = max(others, key=lambda r: r["prefix_hit_ratio"])
-        hspread = max(kv["prefix_hit_ratio_max"] - kv["prefix_hit_ratio_min"],
-                      best_hit["prefix_hit_ratio_max"] - best_hit["prefix_hit_ratio_min"], TIE_REL * best_hit["prefix_hit_ratio"])
+        hspread = max(
+            kv["prefix_hit_ratio_max"] - kv["prefix_hit_ratio_min"],
+            best_hit["prefix_hit_ratio_max"] - best_hit["prefix_hit_ratio_min"],
+            TIE_REL * best_hit["prefix_hit_ratio"],
+        )
         checks["hit"] = kv["prefix_hit_ratio"] >= best_hit["prefix_hit_ratio"] - hspread
         for m in ttft:
             best = min(others, key=lambda r: r[m])
@@ -347,7 +449,9 @@ def verdicts(rows: list[dict], ttft: tuple[str, str] = ("ttft_ms_p50", "ttft_ms_
             if not checks[m]:
                 missed.append(f"{m} {kv[m]:,.0f} vs {best['policy']} {best[m]:,.0f}")
         if not checks["hit"]:
-            missed.insert(0, f"hit {kv['prefix_hit_ratio']:.3f} vs {best_hit['policy']} {best_hit['prefix_hit_ratio']:.3f}")
+            missed.insert(
+                0, f"hit {kv['prefix_hit_ratio']:.3f} vs {best_hit['policy']} {best_hit['prefix_hit_ratio']:.3f}"
+            )
         tp = [r["tpot_ms_mean"] for r in others if r["tpot_ms_mean"] is not None]
         checks["tpot"] = kv["tpot_ms_mean"] is None or not tp or kv["tpot_ms_mean"] <= 1.1 * min(tp)
         if not checks["tpot"]:
@@ -355,22 +459,34 @@ def verdicts(rows: list[dict], ttft: tuple[str, str] = ("ttft_ms_p50", "ttft_ms_
         checks["not_completed"] = kv["not_completed_share"] <= min(r["not_completed_share"] for r in others) + 0.005
         if not checks["not_completed"]:
             missed.append(f"not completed {kv['not_completed_share']:.3f}")
-        out.append({"workload": cell[0], "workers": cell[1], "level": cell[2], "checks": checks,
-                    "verdict": "met" if all(checks.values()) else "missed", "missed": missed})
+        out.append(
+            {
+                "workload": cell[0],
+                "workers": cell[1],
+                "level": cell[2],
+                "checks": checks,
+                "verdict": "met" if all(checks.values()) else "missed",
+                "missed": missed,
+            }
+        )
     return out
 
 
 def print_table(rows: list[dict]) -> None:
-    hdr = (f"{'workload':<12} {'W':>3} {'level':>5} {'policy':<21} {'hit':>6} {'lru':>6} {'inf':>6} {'p50':>8} "
-           f"{'p99':>8} {'tpot':>6} {'wait99':>8} {'lost':>5} {'imbal':>5} {'gaveup':>6}")
+    hdr = (
+        f"{'workload':<12} {'W':>3} {'level':>5} {'policy':<21} {'hit':>6} {'lru':>6} {'inf':>6} {'p50':>8} "
+        f"{'p99':>8} {'tpot':>6} {'wait99':>8} {'lost':>5} {'imbal':>5} {'gaveup':>6}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['workload']:<12} {r['workers']:>3} {r['level']:>5} {r['policy']:<21} {r['prefix_hit_ratio']:>6.3f} "
-              f"{r['fleet_lru_hit_ratio']:>6.3f} {r['infinite_cache_hit_ratio']:>6.3f} {r['ttft_ms_p50']:>8,.0f} "
-              f"{r['ttft_ms_p99']:>8,.0f} {r['tpot_ms_mean'] or 0:>6.1f} {r['queue_wait_ms_p99']:>8,.0f} "
-              f"{r['not_completed_share']:>5.3f} {r['imbalance_max_over_mean'] or 0:>5.2f} {r['overlap_given_up_share']:>6.3f}",
-              flush=True)
+        print(
+            f"{r['workload']:<12} {r['workers']:>3} {r['level']:>5} {r['policy']:<21} {r['prefix_hit_ratio']:>6.3f} "
+            f"{r['fleet_lru_hit_ratio']:>6.3f} {r['infinite_cache_hit_ratio']:>6.3f} {r['ttft_ms_p50']:>8,.0f} "
+            f"{r['ttft_ms_p99']:>8,.0f} {r['tpot_ms_mean'] or 0:>6.1f} {r['queue_wait_ms_p99']:>8,.0f} "
+            f"{r['not_completed_share']:>5.3f} {r['imbalance_max_over_mean'] or 0:>5.2f} {r['overlap_given_up_share']:>6.3f}",
+            flush=True,
+        )
 
 
 def load_runs(path: Path) -> list[dict]:
@@ -392,19 +508,34 @@ def merge_outputs(paths: list[Path], out: Path) -> None:
     runs = list(merged.values())
     order = [p[0] for p in POLICIES]
     workloads = [w for w in ("conversation", "synthetic", "azure") if any(r["workload"] == w for r in runs)]
-    rows = sorted(aggregate(runs), key=lambda r: (workloads.index(r["workload"]), r["workers"], r["level"],
-                                                   order.index(r["policy"]) if r["policy"] in order else len(order)))
+    rows = sorted(
+        aggregate(runs),
+        key=lambda r: (
+            workloads.index(r["workload"]),
+            r["workers"],
+            r["level"],
+            order.index(r["policy"]) if r["policy"] in order else len(order),
+        ),
+    )
     print_table(rows)
     ver = verdicts(rows)
     for v in ver:
         print(f"verdict {v['workload']} W={v['workers']} level={v['level']}: {v['verdict']} {'; '.join(v['missed'])}")
     seeds = sorted({r["seed"] for r in runs})
-    meta = {"merged_from": [str(p) for p in paths], "seeds": seeds, "workloads": workloads, "quick": False,
-            "load_scale_rule": "level * workers / 4", "virtual_runs": len(runs),
-            "virtual_runs_s": round(sum(r.get("wall_s", 0.0) for r in runs), 1), "loadavg": os.getloadavg()}
+    meta = {
+        "merged_from": [str(p) for p in paths],
+        "seeds": seeds,
+        "workloads": workloads,
+        "quick": False,
+        "load_scale_rule": "level * workers / 4",
+        "virtual_runs": len(runs),
+        "virtual_runs_s": round(sum(r.get("wall_s", 0.0) for r in runs), 1),
+        "loadavg": os.getloadavg(),
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs, "verdicts": ver, "wall_crosscheck": None},
-                              indent=1))
+    out.write_text(
+        json.dumps({"meta": meta, "rows": rows, "runs": runs, "verdicts": ver, "wall_crosscheck": None}, indent=1)
+    )
     print(f"wrote {out}")
 
 
@@ -420,19 +551,35 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="Virtual runs in parallel (processes).")
     ap.add_argument("--no-wall", action="store_true", help="Skip the wall-clock cross-check against `dynamo`.")
     ap.add_argument("--wall-workers", default="4,16", help="Fleet sizes of the wall-clock cross-check.")
-    ap.add_argument("--wall-limit", type=int, default=None, help="Requests per wall-clock run (default per fleet size).")
+    ap.add_argument(
+        "--wall-limit", type=int, default=None, help="Requests per wall-clock run (default per fleet size)."
+    )
     ap.add_argument("--wall-speedup", type=float, default=WALL_SPEEDUP, help="Wall-clock replay speedup.")
     ap.add_argument("--wall-policies", default=None, help="Subset of kv,dynamo,dynamo_cost,cache_aware (default all).")
     ap.add_argument("--wall-only", action="store_true", help="Only the wall-clock cross-check (no virtual grid).")
-    ap.add_argument("--wall-repeats", type=int, default=None,
-                    help="Runs of kv and of dynamo per fleet size in the wall-clock cross-check (default 3, 1 with "
-                         "--quick); dynamo_cost and cache_aware run once.")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="Override a [selector] key for every policy run (repeatable; e.g. --set interference_weight=1).")
-    ap.add_argument("--merge", nargs="+", default=None, metavar="FILE",
-                    help="Run nothing: aggregate the runs of earlier outputs (routing.json or .partial.jsonl files; a "
-                         "later file's run of the same workload/workers/level/seed/policy replaces an earlier one) "
-                         "into the tables, verdicts and --out.")
+    ap.add_argument(
+        "--wall-repeats",
+        type=int,
+        default=None,
+        help="Runs of kv and of dynamo per fleet size in the wall-clock cross-check (default 3, 1 with "
+        "--quick); dynamo_cost and cache_aware run once.",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a [selector] key for every policy run (repeatable; e.g. --set interference_weight=1).",
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="Run nothing: aggregate the runs of earlier outputs (routing.json or .partial.jsonl files; a "
+        "later file's run of the same workload/workers/level/seed/policy replaces an earlier one) "
+        "into the tables, verdicts and --out.",
+    )
     ap.add_argument("--out", default=str(ROOT / "out" / "bench" / "routing.json"))
     args = ap.parse_args()
     if args.merge:
@@ -449,8 +596,13 @@ def main() -> None:
     if args.wall_only:
         workloads = []
     if "conversation" in workloads:
-        jobs += [("conversation", args.quick, w, lv, s, *p) for w in map(int, args.workers.split(","))
-                 for lv in map(float, args.levels.split(",")) for s in seeds for p in policies]
+        jobs += [
+            ("conversation", args.quick, w, lv, s, *p)
+            for w in map(int, args.workers.split(","))
+            for lv in map(float, args.levels.split(","))
+            for s in seeds
+            for p in policies
+        ]
     for wl in ("synthetic", "azure"):
         if wl in workloads:
             jobs += [(wl, args.quick, w, OTHER_LEVEL[wl], 0, *p) for w in OTHER_WORKERS for p in policies]
@@ -466,21 +618,32 @@ def main() -> None:
         repeats = args.wall_repeats or (1 if args.quick else 3)
         sizes = (4,) if args.quick else tuple(map(int, args.wall_workers.split(",")))
         wall_policies = tuple(args.wall_policies.split(",")) if args.wall_policies else None
-        wall = [wall_crosscheck(w, args.quick, args.wall_limit, args.wall_speedup, wall_policies, repeats) for w in sizes]
+        wall = [
+            wall_crosscheck(w, args.quick, args.wall_limit, args.wall_speedup, wall_policies, repeats) for w in sizes
+        ]
         for c in wall:
             w, v = c["wall"], c["virtual"]
-            print(f"cross-check (kv, {c['workers']} workers, {c['requests']} requests, {c['speedup']:g}x): "
-                  f"hit {w['prefix_hit_ratio']:.3f} wall vs {v['prefix_hit_ratio']:.3f} virtual; "
-                  f"TTFT p50 {w['ttft_ms_p50']:,.0f} vs {v['ttft_ms_p50']:,.0f} ms; "
-                  f"p99 {w['ttft_ms_p99']:,.0f} vs {v['ttft_ms_p99']:,.0f} ms", flush=True)
+            print(
+                f"cross-check (kv, {c['workers']} workers, {c['requests']} requests, {c['speedup']:g}x): "
+                f"hit {w['prefix_hit_ratio']:.3f} wall vs {v['prefix_hit_ratio']:.3f} virtual; "
+                f"TTFT p50 {w['ttft_ms_p50']:,.0f} vs {v['ttft_ms_p50']:,.0f} ms; "
+                f"p99 {w['ttft_ms_p99']:,.0f} vs {v['ttft_ms_p99']:,.0f} ms",
+                flush=True,
+            )
             if c["verdict"]:
                 v = c["verdict"]
-                print(f"  verdict W={c['workers']} (kv vs {', '.join(l for l in c['runs'] if l != 'kv')}, "
-                      f"{c['repeats']} runs of kv and dynamo): {v['verdict']} {'; '.join(v['missed'])}", flush=True)
+                print(
+                    f"  verdict W={c['workers']} (kv vs {', '.join(l for l in c['runs'] if l != 'kv')}, "
+                    f"{c['repeats']} runs of kv and dynamo): {v['verdict']} {'; '.join(v['missed'])}",
+                    flush=True,
+                )
             for label, rt in c["ratios_vs_dynamo"].items():
-                print(f"  W={c['workers']} {label} / dynamo: hit x{rt['prefix_hit_ratio']}, TTFT-adm p50 "
-                      f"x{rt['ttft_adj_ms_p50']}, p99 x{rt['ttft_adj_ms_p99']}; overlap given up "
-                      f"{rt['overlap_given_up_share']:.3f}", flush=True)
+                print(
+                    f"  W={c['workers']} {label} / dynamo: hit x{rt['prefix_hit_ratio']}, TTFT-adm p50 "
+                    f"x{rt['ttft_adj_ms_p50']}, p99 x{rt['ttft_adj_ms_p99']}; overlap given up "
+                    f"{rt['overlap_given_up_share']:.3f}",
+                    flush=True,
+                )
         wall_out = out.with_name(out.stem + "_wall.json")
         wall_out.write_text(json.dumps({"loadavg": os.getloadavg(), "crosscheck": wall}, indent=1))
         print(f"wrote {wall_out}")
@@ -494,25 +657,47 @@ def main() -> None:
             runs.append(run)
             fh.write(json.dumps(run) + "\n")
             fh.flush()
-            print(f"[{len(runs)}/{len(jobs)}] {run['workload']} W={run['workers']} level={run['level']} "
-                  f"seed={run['seed']} {run['policy']}: hit {run['prefix_hit_ratio']:.3f} p50 {run['ttft_ms_p50']:,.0f} "
-                  f"p99 {run['ttft_ms_p99']:,.0f} ({run['wall_s']:.0f} s)", flush=True)
+            print(
+                f"[{len(runs)}/{len(jobs)}] {run['workload']} W={run['workers']} level={run['level']} "
+                f"seed={run['seed']} {run['policy']}: hit {run['prefix_hit_ratio']:.3f} p50 {run['ttft_ms_p50']:,.0f} "
+                f"p99 {run['ttft_ms_p99']:,.0f} ({run['wall_s']:.0f} s)",
+                flush=True,
+            )
     virtual_s = time.perf_counter() - t0
-    rows = sorted(aggregate(runs), key=lambda r: (workloads.index(r["workload"]), r["workers"], r["level"],
-                                                   [p[0] for p in policies].index(r["policy"])))
+    rows = sorted(
+        aggregate(runs),
+        key=lambda r: (
+            workloads.index(r["workload"]),
+            r["workers"],
+            r["level"],
+            [p[0] for p in policies].index(r["policy"]),
+        ),
+    )
     print_table(rows)
     print(f"{len(runs)} virtual runs in {virtual_s:.0f} s")
     if args.quick:
-        print("--quick: the bundled 1,500-request slice and one seed; these verdicts are a smoke test, not "
-              "comparable with the published grid (the full trace, 3 seeds: docs/BENCHMARKS.md section 5)")
+        print(
+            "--quick: the bundled 1,500-request slice and one seed; these verdicts are a smoke test, not "
+            "comparable with the published grid (the full trace, 3 seeds: docs/BENCHMARKS.md section 5)"
+        )
     ver = verdicts(rows)
     for v in ver:
         print(f"verdict {v['workload']} W={v['workers']} level={v['level']}: {v['verdict']} {'; '.join(v['missed'])}")
-    meta = {"levels": args.levels, "workers": args.workers, "seeds": list(seeds), "quick": args.quick,
-            "workloads": workloads, "load_scale_rule": "level * workers / 4", "virtual_runs": len(runs),
-            "virtual_runs_s": round(virtual_s, 1), "jobs": args.jobs, "loadavg": os.getloadavg()}
-    out.write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs, "verdicts": ver, "wall_crosscheck": wall},
-                              indent=1))
+    meta = {
+        "levels": args.levels,
+        "workers": args.workers,
+        "seeds": list(seeds),
+        "quick": args.quick,
+        "workloads": workloads,
+        "load_scale_rule": "level * workers / 4",
+        "virtual_runs": len(runs),
+        "virtual_runs_s": round(virtual_s, 1),
+        "jobs": args.jobs,
+        "loadavg": os.getloadavg(),
+    }
+    out.write_text(
+        json.dumps({"meta": meta, "rows": rows, "runs": runs, "verdicts": ver, "wall_crosscheck": wall}, indent=1)
+    )
     print(f"wrote {out}")
 
 

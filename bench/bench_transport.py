@@ -39,16 +39,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from transport_backends import (BLOCK, N_HASHES, WORKERS, echo_server, make_backend,  # noqa: E402
-                                request_hashes, start_dynamo, start_redis)
+from transport_backends import (
+    BLOCK,
+    N_HASHES,
+    WORKERS,
+    echo_server,
+    make_backend,
+    request_hashes,
+    start_dynamo,
+    start_redis,
+)
 
 ISL = BLOCK * N_HASHES
 N_SEQUENCES = 4096  # distinct requests cycled through by each router
 FRAMES_PER_LIFECYCLE = 3  # Enqueue + Release in, Admitted out (dispatched / prefill_done: shared-memory stores)
 CDF_POINTS = 200
 BACKENDS = ("echo", "daemon", "redis", "dynamo")
-GOALS = {"over_dynamo": 3.0, "over_redis_window1": 1.5, "over_redis_window8": 2.5, "p99_over_echo": 1.3,
-         "cpu_over_echo": 2.0}
+GOALS = {
+    "over_dynamo": 3.0,
+    "over_redis_window1": 1.5,
+    "over_redis_window8": 2.5,
+    "p99_over_echo": 1.3,
+    "cpu_over_echo": 2.0,
+}
 DAEMON_TOML = f"""
 [daemon]
 block_size = {BLOCK}
@@ -59,12 +72,15 @@ liveness_timeout_ms = 5000
 
 [selector]
 seed = 0
-""" + "".join(f"""
+""" + "".join(
+    f"""
 [[workers]]
 worker_id = {w}
 total_kv_blocks = 1000000
 max_num_batched_tokens = 100000000
-""" for w in range(WORKERS))
+"""
+    for w in range(WORKERS)
+)
 
 
 # ---------------------------------------------------------------------------- router side
@@ -178,8 +194,9 @@ class Routers:
         for pipe in self.pipes:
             assert pipe.recv() == "tokens"
 
-    def run(self, backend: str, endpoint: str, window: int, server_pid: int, warm_s: float, measure_s: float,
-            tag: str) -> dict:
+    def run(
+        self, backend: str, endpoint: str, window: int, server_pid: int, warm_s: float, measure_s: float, tag: str
+    ) -> dict:
         """One cell: every router runs `window` lifecycles in flight against `backend`; the row of figures."""
         import numpy as np
 
@@ -212,13 +229,20 @@ class Routers:
         errors = sum(o["errors"] for o in outs)
         exc = [o["exception"] for o in outs if "exception" in o]
         lc_s = count / measure_s
-        row = {"backend": backend, "routers": len(self.pipes), "window": window, "lifecycles": count,
-               "lifecycles_per_s": round(lc_s, 1),
-               "select_us_p50": round(float(np.percentile(lats, 50)), 1) if lats.size else None,
-               "select_us_p99": round(float(np.percentile(lats, 99)), 1) if lats.size else None,
-               "server_cpu_us_per_lifecycle": round((cpu1 - cpu0) / count * 1e6, 1) if count else None,
-               "router_cpu_us_per_lifecycle": round((rcpu1 - rcpu0) / count * 1e6, 1) if count else None,
-               "server_cpu_share": round((cpu1 - cpu0) / measure_s, 3), "errors": errors, "loadavg_1m": load0}
+        row = {
+            "backend": backend,
+            "routers": len(self.pipes),
+            "window": window,
+            "lifecycles": count,
+            "lifecycles_per_s": round(lc_s, 1),
+            "select_us_p50": round(float(np.percentile(lats, 50)), 1) if lats.size else None,
+            "select_us_p99": round(float(np.percentile(lats, 99)), 1) if lats.size else None,
+            "server_cpu_us_per_lifecycle": round((cpu1 - cpu0) / count * 1e6, 1) if count else None,
+            "router_cpu_us_per_lifecycle": round((rcpu1 - rcpu0) / count * 1e6, 1) if count else None,
+            "server_cpu_share": round((cpu1 - cpu0) / measure_s, 3),
+            "errors": errors,
+            "loadavg_1m": load0,
+        }
         if exc:
             row["exception"] = exc[0]
         if lats.size:
@@ -244,8 +268,9 @@ def start_to_ready(tmp: Path, cache_dir: str | None) -> float:
         env["NUMBA_CACHE_DIR"] = cache_dir
     instance = f"bench-ready-{os.getpid()}-{int(time.monotonic() * 1000) % 100000}"
     t0 = time.perf_counter()
-    d = DaemonProcess.start(tmp / "daemon.toml", instance=instance, runtime_dir=tmp / "ready", env=env,
-                            ready_timeout_s=120)
+    d = DaemonProcess.start(
+        tmp / "daemon.toml", instance=instance, runtime_dir=tmp / "ready", env=env, ready_timeout_s=120
+    )
     dt = time.perf_counter() - t0
     d.stop()
     unlink_segments(instance)
@@ -267,8 +292,9 @@ def baseline_env(src: Path) -> dict[str, str]:
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=str(src), PYTHONSAFEPATH="1", NUMBA_CACHE_DIR=str(src / ".numba-cache"))
-    got = subprocess.run([sys.executable, "-c", "import kvsched; print(kvsched.__file__)"], env=env,
-                         capture_output=True, text=True).stdout.strip()
+    got = subprocess.run(
+        [sys.executable, "-c", "import kvsched; print(kvsched.__file__)"], env=env, capture_output=True, text=True
+    ).stdout.strip()
     if not got or not Path(got).resolve().is_relative_to(Path(src).resolve()):
         raise RuntimeError(f"the baseline tree {src} is not what a child imports (it imports {got or 'nothing'})")
     return env
@@ -284,16 +310,20 @@ def start_baseline_daemon(rev: str, tmp: Path):
 
     from kvsched.daemon.process import DaemonProcess
 
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
     src = tmp / f"base-{commit}"
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kvsched"], check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "kvsched"], check=True, capture_output=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(src, filter="data")
     env = baseline_env(src)
     instance = f"bench-transport-base-{os.getpid()}"
-    d = DaemonProcess.start(tmp / "daemon.toml", instance=instance, runtime_dir=tmp / "base", env=env,
-                            ready_timeout_s=120)
+    d = DaemonProcess.start(
+        tmp / "daemon.toml", instance=instance, runtime_dir=tmp / "base", env=env, ready_timeout_s=120
+    )
     return d, instance, commit
 
 
@@ -319,23 +349,41 @@ def verdicts(rows: list[dict]) -> list[dict]:
         d = by[("daemon", n, w)]
         e, rd, dy = by.get(("echo", n, w)), by.get(("redis", n, w)), by.get(("dynamo", n, w))
         lc = d["lifecycles_per_s"]
-        v = {"routers": n, "window": w, "daemon_lifecycles_per_s": lc,
-             "over_echo": _ratio(lc, e and e["lifecycles_per_s"]),
-             "over_redis": _ratio(lc, rd and rd["lifecycles_per_s"]),
-             "over_dynamo": _ratio(lc, dy and dy["lifecycles_per_s"]),
-             "p99_over_echo": _ratio(d["select_us_p99"], e and e["select_us_p99"]),
-             "cpu_over_echo": _ratio(d["server_cpu_us_per_lifecycle"], e and e["server_cpu_us_per_lifecycle"]),
-             "daemon_p99_us": d["select_us_p99"], "echo_p99_us": e and e["select_us_p99"],
-             "redis_p99_us": rd and rd["select_us_p99"], "dynamo_p99_us": dy and dy["select_us_p99"],
-             "daemon_cpu_us": d["server_cpu_us_per_lifecycle"], "echo_cpu_us": e and e["server_cpu_us_per_lifecycle"]}
-        raw = {k: _ratio(*pair, digits=None) for k, pair in (
-            ("over_dynamo", (lc, dy and dy["lifecycles_per_s"])), ("over_redis", (lc, rd and rd["lifecycles_per_s"])),
-            ("p99_over_echo", (d["select_us_p99"], e and e["select_us_p99"])),
-            ("cpu_over_echo", (d["server_cpu_us_per_lifecycle"], e and e["server_cpu_us_per_lifecycle"])))}
-        b = next((r for r in rows if r["backend"].startswith("daemon@") and (r["routers"], r["window"]) == (n, w)), None)
+        v = {
+            "routers": n,
+            "window": w,
+            "daemon_lifecycles_per_s": lc,
+            "over_echo": _ratio(lc, e and e["lifecycles_per_s"]),
+            "over_redis": _ratio(lc, rd and rd["lifecycles_per_s"]),
+            "over_dynamo": _ratio(lc, dy and dy["lifecycles_per_s"]),
+            "p99_over_echo": _ratio(d["select_us_p99"], e and e["select_us_p99"]),
+            "cpu_over_echo": _ratio(d["server_cpu_us_per_lifecycle"], e and e["server_cpu_us_per_lifecycle"]),
+            "daemon_p99_us": d["select_us_p99"],
+            "echo_p99_us": e and e["select_us_p99"],
+            "redis_p99_us": rd and rd["select_us_p99"],
+            "dynamo_p99_us": dy and dy["select_us_p99"],
+            "daemon_cpu_us": d["server_cpu_us_per_lifecycle"],
+            "echo_cpu_us": e and e["server_cpu_us_per_lifecycle"],
+        }
+        raw = {
+            k: _ratio(*pair, digits=None)
+            for k, pair in (
+                ("over_dynamo", (lc, dy and dy["lifecycles_per_s"])),
+                ("over_redis", (lc, rd and rd["lifecycles_per_s"])),
+                ("p99_over_echo", (d["select_us_p99"], e and e["select_us_p99"])),
+                ("cpu_over_echo", (d["server_cpu_us_per_lifecycle"], e and e["server_cpu_us_per_lifecycle"])),
+            )
+        }
+        b = next(
+            (r for r in rows if r["backend"].startswith("daemon@") and (r["routers"], r["window"]) == (n, w)), None
+        )
         if b is not None:  # --baseline: the same cell on the daemon of another revision
-            v.update(baseline=b["backend"], baseline_lifecycles_per_s=b["lifecycles_per_s"],
-                     baseline_cpu_us=b["server_cpu_us_per_lifecycle"], baseline_p99_us=b["select_us_p99"])
+            v.update(
+                baseline=b["backend"],
+                baseline_lifecycles_per_s=b["lifecycles_per_s"],
+                baseline_cpu_us=b["server_cpu_us_per_lifecycle"],
+                baseline_p99_us=b["select_us_p99"],
+            )
         redis_goal = GOALS["over_redis_window8"] if w >= 8 else GOALS["over_redis_window1"]
         v["redis_goal"] = redis_goal
         v["dynamo_3x"] = None if raw["over_dynamo"] is None else raw["over_dynamo"] >= GOALS["over_dynamo"]
@@ -346,8 +394,12 @@ def verdicts(rows: list[dict]) -> list[dict]:
     return out
 
 
-VERDICT_KEYS = (("dynamo_3x", "≥ 3× Dynamo lifecycles/s"), ("redis", "≥ 2.5× Redis at window ≥ 8, ≥ 1.5× at window 1"),
-                ("p99_1_3x_echo", "admission p99 ≤ 1.3× echo"), ("cpu_2x_echo", "server CPU / lifecycle ≤ 2× echo"))
+VERDICT_KEYS = (
+    ("dynamo_3x", "≥ 3× Dynamo lifecycles/s"),
+    ("redis", "≥ 2.5× Redis at window ≥ 8, ≥ 1.5× at window 1"),
+    ("p99_1_3x_echo", "admission p99 ≤ 1.3× echo"),
+    ("cpu_2x_echo", "server CPU / lifecycle ≤ 2× echo"),
+)
 
 
 def goal_summary(ver: list[dict]) -> list[dict]:
@@ -355,8 +407,15 @@ def goal_summary(ver: list[dict]) -> list[dict]:
     out = []
     for key, label in VERDICT_KEYS:
         got = [v[key] for v in ver if v[key] is not None]
-        out.append({"goal": key, "label": label, "met": sum(got), "cells": len(got),
-                    "verdict": "not measured" if not got else ("met" if all(got) else "missed")})
+        out.append(
+            {
+                "goal": key,
+                "label": label,
+                "met": sum(got),
+                "cells": len(got),
+                "verdict": "not measured" if not got else ("met" if all(got) else "missed"),
+            }
+        )
     return out
 
 
@@ -365,32 +424,42 @@ def _fmt(v, spec: str = ",.0f") -> str:
 
 
 def print_rows(rows: list[dict]) -> None:
-    hdr = (f"{'backend':<8} {'routers':>7} {'window':>6} | {'lifecycles/s':>12} | "
-           f"{'select p50 µs':>13} {'p99 µs':>9} | {'server CPU µs/lc':>16} {'router CPU':>10} {'load':>5}")
+    hdr = (
+        f"{'backend':<8} {'routers':>7} {'window':>6} | {'lifecycles/s':>12} | "
+        f"{'select p50 µs':>13} {'p99 µs':>9} | {'server CPU µs/lc':>16} {'router CPU':>10} {'load':>5}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['backend']:<8} {r['routers']:>7} {r['window']:>6} | {r['lifecycles_per_s']:>12,.0f} | "
-              f"{_fmt(r['select_us_p50']):>13} {_fmt(r['select_us_p99']):>9} | "
-              f"{_fmt(r['server_cpu_us_per_lifecycle'], ',.1f'):>16} {_fmt(r.get('router_cpu_us_per_lifecycle'), ',.1f'):>10} "
-              f"{r['loadavg_1m']:>5.2f}"
-              + (f"  errors={r['errors']} ({r.get('exception', '')})" if r["errors"] else ""), flush=True)
+        print(
+            f"{r['backend']:<8} {r['routers']:>7} {r['window']:>6} | {r['lifecycles_per_s']:>12,.0f} | "
+            f"{_fmt(r['select_us_p50']):>13} {_fmt(r['select_us_p99']):>9} | "
+            f"{_fmt(r['server_cpu_us_per_lifecycle'], ',.1f'):>16} {_fmt(r.get('router_cpu_us_per_lifecycle'), ',.1f'):>10} "
+            f"{r['loadavg_1m']:>5.2f}" + (f"  errors={r['errors']} ({r.get('exception', '')})" if r["errors"] else ""),
+            flush=True,
+        )
 
 
 def print_verdicts(ver: list[dict]) -> None:
     yn = lambda b: "-" if b is None else ("met" if b else "MISS")  # noqa: E731
-    print(f"{'routers':>7} {'window':>6} | {'/echo':>6} {'/redis':>7} {'/dynamo':>8} | {'p99/echo':>8} "
-          f"{'cpu/echo':>8} | dynamo≥3x  redis     p99≤1.3x  cpu≤2x")
+    print(
+        f"{'routers':>7} {'window':>6} | {'/echo':>6} {'/redis':>7} {'/dynamo':>8} | {'p99/echo':>8} "
+        f"{'cpu/echo':>8} | dynamo≥3x  redis     p99≤1.3x  cpu≤2x"
+    )
     for v in ver:
-        print(f"{v['routers']:>7} {v['window']:>6} | {_fmt(v['over_echo'], '.2f'):>6} {_fmt(v['over_redis'], '.2f'):>7} "
-              f"{_fmt(v['over_dynamo'], '.2f'):>8} | {_fmt(v['p99_over_echo'], '.2f'):>8} "
-              f"{_fmt(v['cpu_over_echo'], '.2f'):>8} | {yn(v['dynamo_3x']):<10} {yn(v['redis']):<9} "
-              f"{yn(v['p99_1_3x_echo']):<9} {yn(v['cpu_2x_echo'])}")
+        print(
+            f"{v['routers']:>7} {v['window']:>6} | {_fmt(v['over_echo'], '.2f'):>6} {_fmt(v['over_redis'], '.2f'):>7} "
+            f"{_fmt(v['over_dynamo'], '.2f'):>8} | {_fmt(v['p99_over_echo'], '.2f'):>8} "
+            f"{_fmt(v['cpu_over_echo'], '.2f'):>8} | {yn(v['dynamo_3x']):<10} {yn(v['redis']):<9} "
+            f"{yn(v['p99_1_3x_echo']):<9} {yn(v['cpu_2x_echo'])}"
+        )
     for v in ver:
         if "baseline" in v:
-            print(f"  {v['routers']}x{v['window']}: daemon vs {v['baseline']}: lifecycles/s {v['daemon_lifecycles_per_s']:,.0f} "
-                  f"vs {v['baseline_lifecycles_per_s']:,.0f}, CPU µs/lc {_fmt(v['daemon_cpu_us'], '.1f')} vs "
-                  f"{_fmt(v['baseline_cpu_us'], '.1f')}, p99 µs {_fmt(v['daemon_p99_us'])} vs {_fmt(v['baseline_p99_us'])}")
+            print(
+                f"  {v['routers']}x{v['window']}: daemon vs {v['baseline']}: lifecycles/s {v['daemon_lifecycles_per_s']:,.0f} "
+                f"vs {v['baseline_lifecycles_per_s']:,.0f}, CPU µs/lc {_fmt(v['daemon_cpu_us'], '.1f')} vs "
+                f"{_fmt(v['baseline_cpu_us'], '.1f')}, p99 µs {_fmt(v['daemon_p99_us'])} vs {_fmt(v['baseline_p99_us'])}"
+            )
     for g in goal_summary(ver):
         print(f"  {g['label']}: {g['met']} of {g['cells']} cells -> {g['verdict']}")
 
@@ -398,17 +467,27 @@ def print_verdicts(ver: list[dict]) -> None:
 # ---------------------------------------------------------------------------- main
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="Router counts 1,8 × windows 1,8, 1 s cells, short in-process runs.")
+    ap.add_argument(
+        "--quick", action="store_true", help="Router counts 1,8 × windows 1,8, 1 s cells, short in-process runs."
+    )
     ap.add_argument("--routers", default=None, help="Comma-separated router counts (default 1,4,8,16; quick 1,8).")
-    ap.add_argument("--windows", default=None, help="Comma-separated in-flight windows per router (default 1,8,32; quick 1,8).")
+    ap.add_argument(
+        "--windows", default=None, help="Comma-separated in-flight windows per router (default 1,8,32; quick 1,8)."
+    )
     ap.add_argument("--measure-s", type=float, default=None, help="Measured seconds per cell (default 3; quick 1).")
     ap.add_argument("--backends", default=",".join(BACKENDS), help=f"Comma-separated subset of {','.join(BACKENDS)}.")
     ap.add_argument("--no-redis", action="store_true", help="Skip the Redis rows.")
     ap.add_argument("--no-dynamo", action="store_true", help="Skip the Dynamo rows.")
     ap.add_argument("--no-inprocess", action="store_true", help="Skip the in-process core cost and long-prompt cell.")
-    ap.add_argument("--baseline", metavar="REV", default=None,
-                    help="Also run a daemon from the kvsched/ package of this git revision (backend daemon@REV).")
-    ap.add_argument("--dynamo-threads", type=int, default=os.cpu_count() or 1, help="select_service --threads (default: nproc).")
+    ap.add_argument(
+        "--baseline",
+        metavar="REV",
+        default=None,
+        help="Also run a daemon from the kvsched/ package of this git revision (backend daemon@REV).",
+    )
+    ap.add_argument(
+        "--dynamo-threads", type=int, default=os.cpu_count() or 1, help="select_service --threads (default: nproc)."
+    )
     ap.add_argument("--out", default=str(ROOT / "out" / "bench" / "transport.json"))
     return ap.parse_args(argv)
 
@@ -418,13 +497,19 @@ def inprocess(quick: bool) -> dict:
     from transport_core import core_cost, long_prompt_cell
 
     core = core_cost(n=2000 if quick else 10_000, repeats=3 if quick else 5)
-    print(f"in-process core ({core['source']}): {core['cpu_us_per_lifecycle']:.1f} µs CPU per lifecycle "
-          f"(8 workers, 64 hashes, kv selector; goal ≤ {core['goal_us']:g} µs -> "
-          f"{'met' if core['cpu_us_per_lifecycle'] <= core['goal_us'] else 'MISS'})", flush=True)
+    print(
+        f"in-process core ({core['source']}): {core['cpu_us_per_lifecycle']:.1f} µs CPU per lifecycle "
+        f"(8 workers, 64 hashes, kv selector; goal ≤ {core['goal_us']:g} µs -> "
+        f"{'met' if core['cpu_us_per_lifecycle'] <= core['goal_us'] else 'MISS'})",
+        flush=True,
+    )
     long = long_prompt_cell(n=60 if quick else 400)
-    print(f"long prompts ({long['prompt_tokens']:,} tokens = {long['blocks']:,} blocks, {long['workers']} workers, "
-          f"in process): {long['decisions_per_s']:,.0f} decisions/s, decision p50 {long['decision_us_p50']:,.0f} µs, "
-          f"p99 {long['decision_us_p99']:,.0f} µs (no target)", flush=True)
+    print(
+        f"long prompts ({long['prompt_tokens']:,} tokens = {long['blocks']:,} blocks, {long['workers']} workers, "
+        f"in process): {long['decisions_per_s']:,.0f} decisions/s, decision p50 {long['decision_us_p50']:,.0f} µs, "
+        f"p99 {long['decision_us_p99']:,.0f} µs (no target)",
+        flush=True,
+    )
     return {"core": core, "long_prompt": long}
 
 
@@ -479,8 +564,10 @@ def main(argv=None) -> None:
     base = None
     if args.baseline:
         base, base_instance, base_commit = start_baseline_daemon(args.baseline, tmp)
-        backends.insert(backends.index(next(b for b in backends if b[0] == "daemon")) + 1,
-                        (f"daemon@{base_commit}", base.endpoint, base.pid))
+        backends.insert(
+            backends.index(next(b for b in backends if b[0] == "daemon")) + 1,
+            (f"daemon@{base_commit}", base.endpoint, base.pid),
+        )
         notes.append(f"daemon@{base_commit}: the daemon of revision {args.baseline} ({base_commit}), same run")
     rows: list[dict] = []
     try:
@@ -518,18 +605,34 @@ def main(argv=None) -> None:
     import numpy as np
     import zmq
 
-    meta = {"workers": WORKERS, "isl_tokens": ISL, "block_size": BLOCK, "hashes_per_request": N_HASHES,
-            "frames_per_lifecycle": FRAMES_PER_LIFECYCLE, "measure_s": measure_s, "warm_s": warm_s,
-            "quick": args.quick, "redis": versions["redis"], "dynamo": versions["dynamo"], "notes": notes,
-            "daemon_start_to_ready_cold_s": ready_cold and round(ready_cold, 2),
-            "daemon_start_to_ready_warm_s": round(ready_warm, 2), "goals": GOALS,
-            "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "msgspec": msgspec.__version__,
-            "numpy": np.__version__, "python": sys.version.split()[0], "nproc": os.cpu_count(),
-            "wall_s": round(time.perf_counter() - t0, 1)}
+    meta = {
+        "workers": WORKERS,
+        "isl_tokens": ISL,
+        "block_size": BLOCK,
+        "hashes_per_request": N_HASHES,
+        "frames_per_lifecycle": FRAMES_PER_LIFECYCLE,
+        "measure_s": measure_s,
+        "warm_s": warm_s,
+        "quick": args.quick,
+        "redis": versions["redis"],
+        "dynamo": versions["dynamo"],
+        "notes": notes,
+        "daemon_start_to_ready_cold_s": ready_cold and round(ready_cold, 2),
+        "daemon_start_to_ready_warm_s": round(ready_warm, 2),
+        "goals": GOALS,
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "msgspec": msgspec.__version__,
+        "numpy": np.__version__,
+        "python": sys.version.split()[0],
+        "nproc": os.cpu_count(),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows, "verdicts": ver, "goal_summary": goal_summary(ver),
-                               **extra}, indent=1))
+    out.write_text(
+        json.dumps({"meta": meta, "rows": rows, "verdicts": ver, "goal_summary": goal_summary(ver), **extra}, indent=1)
+    )
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {out}")
 

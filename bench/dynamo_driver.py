@@ -32,8 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvsched.sim.dynamo import (DynamoError, DynamoRoute, DynamoService, _free_port,  # noqa: E402,F401
-                                dynamo_unavailable_reason, register_fleet)
+from kvsched.sim.dynamo import (
+    DynamoService,
+    _free_port,
+    )
 
 
 def request_token_ids(block_hashes, block_size: int) -> list[int]:

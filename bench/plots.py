@@ -14,7 +14,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parents[1]
 COLORS = {"echo": "tab:gray", "daemon": "tab:blue", "redis": "tab:red", "dynamo": "tab:green", "ray": "tab:purple"}
@@ -39,7 +39,9 @@ def latency_cdfs(transport: dict, out: Path) -> Path:
             if r["routers"] == n and r["window"] == w:
                 xs = r["cdf_us"]
                 ys = [i / (len(xs) - 1) for i in range(len(xs))]
-                ax.plot(xs, ys, label=f"{r['backend']} (p50 {r['select_us_p50']:,.0f} µs)", color=COLORS.get(r["backend"]))
+                ax.plot(
+                    xs, ys, label=f"{r['backend']} (p50 {r['select_us_p50']:,.0f} µs)", color=COLORS.get(r["backend"])
+                )
         ax.set_xscale("log")
         ax.set_xlabel("select / admission latency (µs, router side)")
         ax.set_ylabel("fraction of requests")
@@ -61,10 +63,18 @@ def throughput_vs_routers(transport: dict, out: Path) -> Path:
     windows = sorted({r["window"] for r in rows})
     for backend in ("echo", "daemon", "redis", "dynamo"):
         for i, w in enumerate(windows):
-            pts = sorted((r["routers"], r["lifecycles_per_s"]) for r in rows if r["backend"] == backend and r["window"] == w)
+            pts = sorted(
+                (r["routers"], r["lifecycles_per_s"]) for r in rows if r["backend"] == backend and r["window"] == w
+            )
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[i % len(styles)], marker="o",
-                        color=COLORS.get(backend), label=f"{backend}, window {w}")
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    styles[i % len(styles)],
+                    marker="o",
+                    color=COLORS.get(backend),
+                    label=f"{backend}, window {w}",
+                )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("router processes")
@@ -115,9 +125,17 @@ def ttft_p99_vs_load(routing: dict, out: Path) -> Path:
     fig, axes = plt.subplots(1, len(workers), figsize=(12, 4.5), squeeze=False)
     for ax, w in zip(axes[0], workers):
         for p in policies:
-            pts = sorted((r["level"], r["ttft_ms_p99"] / 1000.0) for r in rows if r["workers"] == w and r["policy"] == p)
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
-                    linewidth=2.5 if p == "kv" else 1.2, color="tab:blue" if p == "kv" else None)
+            pts = sorted(
+                (r["level"], r["ttft_ms_p99"] / 1000.0) for r in rows if r["workers"] == w and r["policy"] == p
+            )
+            ax.plot(
+                [x for x, _ in pts],
+                [y for _, y in pts],
+                marker="o",
+                label=p,
+                linewidth=2.5 if p == "kv" else 1.2,
+                color="tab:blue" if p == "kv" else None,
+            )
         ax.set_yscale("log")
         ax.set_xlabel("load level (arrival-rate multiplier per 4 workers)")
         ax.set_ylabel("TTFT p99 (simulated s)")
@@ -138,9 +156,17 @@ def kernel_times(kernels: dict, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for impl, color in (("numba", "tab:blue"), ("numpy", "tab:orange"), ("python", "tab:red")):
         for i, n in enumerate(actives):
-            pts = sorted((c["workers"], c[f"project_{impl}_us"] + c[f"depth_{impl}_us"]) for c in cases if c["active"] == n)
-            ax.plot([x for x, _ in pts], [y for _, y in pts], ["-", "--", ":"][i % 3], marker="o", color=color,
-                    label=f"{impl}, {n:,} active")
+            pts = sorted(
+                (c["workers"], c[f"project_{impl}_us"] + c[f"depth_{impl}_us"]) for c in cases if c["active"] == n
+            )
+            ax.plot(
+                [x for x, _ in pts],
+                [y for _, y in pts],
+                ["-", "--", ":"][i % 3],
+                marker="o",
+                color=color,
+                label=f"{impl}, {n:,} active",
+            )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("workers")

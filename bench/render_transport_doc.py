@@ -16,10 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run_all import DOC, md_alternatives, md_ratios, md_transport, targets  # noqa: E402
+from run_all import DOC, md_alternatives, md_ratios, md_transport, targets
 
-TRANSPORT_TARGET_MARKS = ("echo", "Redis", "Dynamo", "Ray", "in-process core", "admission p", "frames/s",
-                          "select p99")
+TRANSPORT_TARGET_MARKS = ("echo", "Redis", "Dynamo", "Ray", "in-process core", "admission p", "frames/s", "select p99")
 
 
 def main(path: str) -> None:
@@ -41,4 +40,8 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).resolve().parents[1] / "out" / "bench" / "transport.json"))
+    main(
+        sys.argv[1]
+        if len(sys.argv) > 1
+        else str(Path(__file__).resolve().parents[1] / "out" / "bench" / "transport.json")
+    )

@@ -71,8 +71,9 @@ def router(endpoint: str, tag: str, quota: int, counter) -> None:
                             except asyncio.CancelledError:
                                 pass
                         else:
-                            lease = await client.schedule(rid, isl_tokens=rng.randint(16, 4000),
-                                                          block_hashes=[rng.randrange(64), i])
+                            lease = await client.schedule(
+                                rid, isl_tokens=rng.randint(16, 4000), block_hashes=[rng.randrange(64), i]
+                            )
                             if fate < 0.10:
                                 lease = await lease.requeue()
                             lease.dispatched()
@@ -135,8 +136,11 @@ def main() -> None:
                 next_kill = time.monotonic() + args.kill_every_s
             time.sleep(0.2)
             done = counter.value
-            print(f"\r{done:,}/{args.lifecycles:,} lifecycles  {done / (time.monotonic() - t0):,.0f}/s  kills={kills}",
-                  end="", flush=True)
+            print(
+                f"\r{done:,}/{args.lifecycles:,} lifecycles  {done / (time.monotonic() - t0):,.0f}/s  kills={kills}",
+                end="",
+                flush=True,
+            )
         wall = time.monotonic() - t0
         time.sleep(2.5)  # liveness timeout (1 s) + reaper period
         with AdminClient(daemon.admin_endpoint) as admin:
@@ -150,10 +154,17 @@ def main() -> None:
         unlink_segments(instance)
     residue = sum(w.active_blocks + w.active_prefill_tokens + w.active_requests for w in workers)
     result = {
-        "lifecycles_started": started, "lifecycles_counted": counter.value, "router_kills": kills,
-        "wall_s": round(wall, 1), "lifecycles_per_s": round(counter.value / wall, 1),
-        "decisions_total": status.decisions_total, "rss_start_kib": rss_start, "rss_end_kib": rss_end,
-        "leaked_slots": status.active_leases, "queued_left": status.queued, "ledger_residue": residue,
+        "lifecycles_started": started,
+        "lifecycles_counted": counter.value,
+        "router_kills": kills,
+        "wall_s": round(wall, 1),
+        "lifecycles_per_s": round(counter.value / wall, 1),
+        "decisions_total": status.decisions_total,
+        "rss_start_kib": rss_start,
+        "rss_end_kib": rss_end,
+        "leaked_slots": status.active_leases,
+        "queued_left": status.queued,
+        "ledger_residue": residue,
     }
     print()
     print(json.dumps(result, indent=2))

@@ -120,7 +120,9 @@ def echo_server(endpoint: str, ready_path: str) -> None:
                 for f in frames:
                     if isinstance(f, p.Enqueue):
                         slot[0] = (slot[0] + 1) & 0xFFFF
-                        replies.setdefault(identity, []).append(enc.encode(p.Admitted(f.request_id, slot[0] % WORKERS, 0, slot[0], 1, 0, 0, 0)))
+                        replies.setdefault(identity, []).append(
+                            enc.encode(p.Admitted(f.request_id, slot[0] % WORKERS, 0, slot[0], 1, 0, 0, 0))
+                        )
             for identity, raws in replies.items():
                 sock.send_multipart((identity, raws[0] if len(raws) == 1 else p.encode_replies(raws)), zmq.NOBLOCK)
             if n == FRAME_BUDGET or sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
@@ -322,10 +324,31 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen | None, str, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sock = str(tmp / "redis.sock")
-    proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--unixsocket", sock,
-                             "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--daemonize", "no",
-                             "--dir", str(tmp), "--logfile", str(tmp / "redis.log")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--unixsocket",
+            sock,
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(tmp),
+            "--logfile",
+            str(tmp / "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 10
     while not os.path.exists(sock):
         if time.monotonic() > deadline or proc.poll() is not None:
@@ -351,7 +374,7 @@ def start_dynamo(threads: int) -> tuple[object | None, str, str]:
         svc.start()
         for w in range(WORKERS):
             svc.add_worker(w, BLOCK, f"tcp://127.0.0.1:{_free_port()}")
-    except Exception as exc:  # noqa: BLE001 - any start failure is reported and the rows skipped
+    except Exception as exc:
         svc.stop()
         return None, "", f"dynamo.select_service failed to start ({exc}); Dynamo rows skipped"
     from importlib.metadata import version

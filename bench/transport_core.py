@@ -24,12 +24,20 @@ LONG_WORKERS = 64
 def _config(workers: int, blocks_per_request: int, max_slots: int):
     from kvsched.config import config_from_dict
 
-    return config_from_dict({
-        "daemon": {"block_size": 16, "max_workers": workers, "max_slots": max_slots,
-                   "max_blocks_per_request": blocks_per_request},
-        "selector": {"seed": 0},
-        "workers": [{"worker_id": w, "total_kv_blocks": 1 << 40, "max_num_batched_tokens": 1 << 30}
-                    for w in range(workers)]})
+    return config_from_dict(
+        {
+            "daemon": {
+                "block_size": 16,
+                "max_workers": workers,
+                "max_slots": max_slots,
+                "max_blocks_per_request": blocks_per_request,
+            },
+            "selector": {"seed": 0},
+            "workers": [
+                {"worker_id": w, "total_kv_blocks": 1 << 40, "max_num_batched_tokens": 1 << 30} for w in range(workers)
+            ],
+        }
+    )
 
 
 def _prompts(n: int, blocks: int, prefix_blocks: int, n_prefixes: int) -> list[np.ndarray]:
@@ -53,8 +61,17 @@ def _state_words(sched):
     return ledger.state
 
 
-def _lifecycles(sched, state, prompts, isl: int, n: int, window: int, start: int, clock: list[int],
-                lat_us: list[float] | None = None) -> None:
+def _lifecycles(
+    sched,
+    state,
+    prompts,
+    isl: int,
+    n: int,
+    window: int,
+    start: int,
+    clock: list[int],
+    lat_us: list[float] | None = None,
+) -> None:
     """`n` lifecycles with `window` leases held; appends each decision's wall µs to `lat_us`."""
     from kvsched.core.types import Admit, RequestSpec
     from kvsched.shm.words import STATE_PREFILL_DONE, pack_state
@@ -92,8 +109,14 @@ def core_cost(n: int = 10_000, repeats: int = 5) -> dict:
         bench_core = None
     if bench_core is not None and hasattr(bench_core, "measure"):
         r = bench_core.measure("approx", 8, n, repeats)
-        return {"cpu_us_per_lifecycle": r["cpu_us_per_lifecycle"], "wall_us_per_lifecycle": r["wall_us_per_lifecycle"],
-                "source": "bench_core", "goal_us": CORE_GOAL_US, "lifecycles": n, "repeats": repeats}
+        return {
+            "cpu_us_per_lifecycle": r["cpu_us_per_lifecycle"],
+            "wall_us_per_lifecycle": r["wall_us_per_lifecycle"],
+            "source": "bench_core",
+            "goal_us": CORE_GOAL_US,
+            "lifecycles": n,
+            "repeats": repeats,
+        }
     from kvsched.sim.virtual import make_inprocess_scheduler
 
     sched = make_inprocess_scheduler(_config(8, 64, 16384))
@@ -108,8 +131,14 @@ def core_cost(n: int = 10_000, repeats: int = 5) -> dict:
         cpu.append((time.thread_time_ns() - c0) / n / 1000)
         wall.append((time.perf_counter_ns() - w0) / n / 1000)
         start += n
-    return {"cpu_us_per_lifecycle": round(min(cpu), 2), "wall_us_per_lifecycle": round(min(wall), 2),
-            "source": "inline", "goal_us": CORE_GOAL_US, "lifecycles": n, "repeats": repeats}
+    return {
+        "cpu_us_per_lifecycle": round(min(cpu), 2),
+        "wall_us_per_lifecycle": round(min(wall), 2),
+        "source": "inline",
+        "goal_us": CORE_GOAL_US,
+        "lifecycles": n,
+        "repeats": repeats,
+    }
 
 
 def long_prompt_cell(n: int = 400, window: int = 16) -> dict:
@@ -127,7 +156,13 @@ def long_prompt_cell(n: int = 400, window: int = 16) -> dict:
     _lifecycles(sched, state, prompts, LONG_TOKENS, n, window, 64, clock, lat)
     wall_s = (time.perf_counter_ns() - w0) / 1e9
     arr = np.asarray(lat)
-    return {"prompt_tokens": LONG_TOKENS, "blocks": LONG_BLOCKS, "workers": LONG_WORKERS, "window": window,
-            "decisions": n, "decisions_per_s": round(n / wall_s, 1),
-            "decision_us_p50": round(float(np.percentile(arr, 50)), 1),
-            "decision_us_p99": round(float(np.percentile(arr, 99)), 1)}
+    return {
+        "prompt_tokens": LONG_TOKENS,
+        "blocks": LONG_BLOCKS,
+        "workers": LONG_WORKERS,
+        "window": window,
+        "decisions": n,
+        "decisions_per_s": round(n / wall_s, 1),
+        "decision_us_p50": round(float(np.percentile(arr, 50)), 1),
+        "decision_us_p99": round(float(np.percentile(arr, 99)), 1),
+    }

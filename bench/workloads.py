@@ -22,10 +22,21 @@ def _from_rows(arrival_us, isl, osl, hash_lists, block_size: int, source: str) -
     lens = np.array([len(hash_lists[i]) for i in order], dtype=np.int64)
     offsets = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
-    flat = np.concatenate([np.asarray(hash_lists[i], dtype=np.uint64) for i in order]) if len(order) else np.zeros(0, np.uint64)
+    flat = (
+        np.concatenate([np.asarray(hash_lists[i], dtype=np.uint64) for i in order])
+        if len(order)
+        else np.zeros(0, np.uint64)
+    )
     t = np.asarray(arrival_us, dtype=np.int64)[order]
-    return Trace(t - (t[0] if t.size else 0), np.asarray(isl, dtype=np.int64)[order],
-                 np.asarray(osl, dtype=np.int64)[order], offsets, flat, block_size, source)
+    return Trace(
+        t - (t[0] if t.size else 0),
+        np.asarray(isl, dtype=np.int64)[order],
+        np.asarray(osl, dtype=np.int64)[order],
+        offsets,
+        flat,
+        block_size,
+        source,
+    )
 
 
 def subsample_conversations(trace: Trace, seed: int, keep: float = 0.9, shared_share: float = 0.01) -> Trace:
@@ -48,9 +59,14 @@ def subsample_conversations(trace: Trace, seed: int, keep: float = 0.9, shared_s
             groups[key] = rng.random() < keep
         keep_row[i] = groups[key]
     rows = np.flatnonzero(keep_row)
-    return _from_rows(trace.arrival_us[rows], trace.isl[rows], trace.osl[rows],
-                      [trace.hashes_of(int(i)) for i in rows], trace.block_size,
-                      f"{trace.source} ({keep:.0%} of conversations, seed {seed})")
+    return _from_rows(
+        trace.arrival_us[rows],
+        trace.isl[rows],
+        trace.osl[rows],
+        [trace.hashes_of(int(i)) for i in rows],
+        trace.block_size,
+        f"{trace.source} ({keep:.0%} of conversations, seed {seed})",
+    )
 
 
 @dataclass(frozen=True)
@@ -100,7 +116,7 @@ def synthetic_trace(p: SyntheticParams = SyntheticParams(), seed: int = 0) -> Tr
     """
     rng = np.random.default_rng(seed)
     ranks = np.arange(1, p.system_prompts + 1, dtype=np.float64)
-    pop = ranks ** -p.zipf_s
+    pop = ranks**-p.zipf_s
     pop /= pop.sum()
     arrivals, isl, osl, hashes = [], [], [], []
     t = 0.0
@@ -131,14 +147,15 @@ def synthetic_trace(p: SyntheticParams = SyntheticParams(), seed: int = 0) -> Tr
     return _from_rows(arrivals, isl, osl, hashes, bs, f"synthetic(seed={seed})")
 
 
-def azure_with_prefixes(trace: Trace, seed: int = 0, system_prompts: int = 8, zipf_s: float = 1.2,
-                        system_prompt_tokens: int = 1024) -> Trace:
+def azure_with_prefixes(
+    trace: Trace, seed: int = 0, system_prompts: int = 8, zipf_s: float = 1.2, system_prompt_tokens: int = 1024
+) -> Trace:
     """The Azure trace's arrivals and lengths with synthesised hashes: each request draws a shared
     system prompt (Zipf popularity) covering min(isl, `system_prompt_tokens`) tokens; the rest of its
     context is its own. Only the load shape is real; the prefix structure is this assumption."""
     rng = np.random.default_rng(seed)
     ranks = np.arange(1, system_prompts + 1, dtype=np.float64)
-    pop = ranks ** -zipf_s
+    pop = ranks**-zipf_s
     pop /= pop.sum()
     bs = trace.block_size
     sp_blocks = system_prompt_tokens // bs

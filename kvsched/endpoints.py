@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 SYSTEM_RUNTIME_DIR = Path("/run/kvsched")
 
@@ -65,8 +65,9 @@ def admin_endpoint(instance: str = "default", configured: str = "", env: Mapping
     return _discover("KVSCHED_ADMIN_ENDPOINT", configured, f"{instance}-admin.sock", env)
 
 
-def daemon_endpoints(instance: str, configured: str, configured_admin: str,
-                     env: Mapping[str, str] | None = None) -> tuple[tuple[str, str], tuple[str, str]]:
+def daemon_endpoints(
+    instance: str, configured: str, configured_admin: str, env: Mapping[str, str] | None = None
+) -> tuple[tuple[str, str], tuple[str, str]]:
     """The endpoints a daemon binds, each with where it came from: ((data, source), (admin, source)).
 
     A non-empty configured endpoint wins (source "config"); else `KVSCHED_ENDPOINT` /
@@ -75,8 +76,10 @@ def daemon_endpoints(instance: str, configured: str, configured_admin: str,
     """
     env = os.environ if env is None else env
     out = []
-    for variable, value, socket_name in (("KVSCHED_ENDPOINT", configured, f"{instance}.sock"),
-                                         ("KVSCHED_ADMIN_ENDPOINT", configured_admin, f"{instance}-admin.sock")):
+    for variable, value, socket_name in (
+        ("KVSCHED_ENDPOINT", configured, f"{instance}.sock"),
+        ("KVSCHED_ADMIN_ENDPOINT", configured_admin, f"{instance}-admin.sock"),
+    ):
         if value:
             out.append((value, "config"))
         elif env.get(variable):
@@ -120,7 +123,7 @@ def connect_problem(endpoint: str) -> str | None:
     an ephemeral port) is only meaningful when binding, so `tcp://*:5555` is refused here."""
     problem = endpoint_problem(endpoint)
     if problem is None and endpoint.startswith("tcp://"):
-        host, _, port = endpoint[len("tcp://"):].rpartition(":")
+        host, _, port = endpoint[len("tcp://") :].rpartition(":")
         if host == "*" or port == "*":
             return "'*' only binds; connect to the daemon's HOST:PORT"
     return problem
@@ -146,7 +149,7 @@ def missing_ipc_path(endpoint: str) -> str | None:
     """
     if not endpoint.startswith("ipc://"):
         return None
-    path = endpoint[len("ipc://"):]
+    path = endpoint[len("ipc://") :]
     if path.startswith("@") or os.path.exists(path):
         return None
     return path

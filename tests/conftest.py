@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba-cache"))
 
 
-def pytest_sessionstart(session) -> None:  # noqa: ANN001 - pytest.Session
+def pytest_sessionstart(session) -> None:
     """Compile every kernel into the shared NUMBA_CACHE_DIR once, before any test: on a fresh clone
     the first daemon a test starts would otherwise compile them inside its ready timeout (~50 s on a
     2-core machine with a cold cache); with the cache filled it loads them in a few seconds."""
@@ -40,7 +40,7 @@ def _warm_core_decisions() -> None:
         s = make_scheduler()
         s.enqueue(make_request("warm-plain", isl_tokens=10), 1)
         s.enqueue(make_request("warm-hashed", isl_tokens=64, block_hashes=[1, 2, 3]), 1)
-    except Exception:  # noqa: BLE001 - see the docstring
+    except Exception:
         pass
 
 
@@ -225,8 +225,9 @@ class RawPeer:
             return self.unread.pop(0) if self.unread else None
         return frame
 
-    def hello(self, client_name: str = "raw", pid: int = 0, host: str = "elsewhere",
-              version: int | None = None) -> None:
+    def hello(
+        self, client_name: str = "raw", pid: int = 0, host: str = "elsewhere", version: int | None = None
+    ) -> None:
         self.send(self.p.Hello(self.p.PROTOCOL_VERSION if version is None else version, client_name, pid, host))
         assert isinstance(self.recv(), self.p.Welcome)
 
@@ -234,7 +235,7 @@ class RawPeer:
         self.sock.close(0)
         self.ctx.term()
 
-    def __enter__(self) -> "RawPeer":
+    def __enter__(self) -> RawPeer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -57,8 +57,12 @@ def test_config_that_is_not_utf8_is_a_config_error_and_check_config_exits_2(tmp_
     bad.write_bytes(b"[daemon]\nblock_size = 16 # \xb5s\n")
     with pytest.raises(ConfigError, match=r"latin1\.toml.*not UTF-8"):
         load_config(bad, env={})
-    proc = subprocess.run([sys.executable, "-m", "kvsched.daemon.app", "--check-config", str(bad)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvsched.daemon.app", "--check-config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
@@ -80,7 +84,9 @@ def test_env_overrides_file_and_flags_override_env(tmp_path):
         load_config(f, env={"KVSCHED_DAEMON_NOPE": "1"})
 
 
-@pytest.mark.parametrize("name", ["KVSCHED_DEAMON_MAX_SLOTS", "KVSCHED_SELECTR_TYPE", "KVSCHED_WORKERS_TOTAL_KV_BLOCKS"])
+@pytest.mark.parametrize(
+    "name", ["KVSCHED_DEAMON_MAX_SLOTS", "KVSCHED_SELECTR_TYPE", "KVSCHED_WORKERS_TOTAL_KV_BLOCKS"]
+)
 def test_env_variable_naming_no_settable_section_is_ignored_and_reported(name):
     """A typo in the section (`KVSCHED_DEAMON_MAX_SLOTS=5`) no longer stops the daemon (an unknown
     variable must not: Kubernetes injects KVSCHED_<SERVICE>_* names); the daemon warns about it."""
@@ -91,13 +97,19 @@ def test_env_variable_naming_no_settable_section_is_ignored_and_reported(name):
 
 
 SERVICE_LINKS = {  # what a Service named kvsched-pool with ports 7000 (named data) and 9464 puts into a pod
-    "KVSCHED_POOL_SERVICE_HOST": "10.0.0.1", "KVSCHED_POOL_SERVICE_PORT": "7000",
-    "KVSCHED_POOL_SERVICE_PORT_DATA": "7000", "KVSCHED_POOL_PORT": "tcp://10.0.0.1:7000",
-    "KVSCHED_POOL_PORT_7000_TCP": "tcp://10.0.0.1:7000", "KVSCHED_POOL_PORT_7000_TCP_PROTO": "tcp",
-    "KVSCHED_POOL_PORT_7000_TCP_PORT": "7000", "KVSCHED_POOL_PORT_7000_TCP_ADDR": "10.0.0.1",
-    "KVSCHED_POOL_PORT_9464_UDP_ADDR": "10.0.0.1", "KVSCHED_POOL_PORT_9464_SCTP": "sctp://10.0.0.1:9464",
+    "KVSCHED_POOL_SERVICE_HOST": "10.0.0.1",
+    "KVSCHED_POOL_SERVICE_PORT": "7000",
+    "KVSCHED_POOL_SERVICE_PORT_DATA": "7000",
+    "KVSCHED_POOL_PORT": "tcp://10.0.0.1:7000",
+    "KVSCHED_POOL_PORT_7000_TCP": "tcp://10.0.0.1:7000",
+    "KVSCHED_POOL_PORT_7000_TCP_PROTO": "tcp",
+    "KVSCHED_POOL_PORT_7000_TCP_PORT": "7000",
+    "KVSCHED_POOL_PORT_7000_TCP_ADDR": "10.0.0.1",
+    "KVSCHED_POOL_PORT_9464_UDP_ADDR": "10.0.0.1",
+    "KVSCHED_POOL_PORT_9464_SCTP": "sctp://10.0.0.1:9464",
     # a Service named kvsched-daemon: a settable section, but a service link, not a key of it
-    "KVSCHED_DAEMON_SERVICE_HOST": "10.0.0.2", "KVSCHED_DAEMON_PORT": "tcp://10.0.0.2:7000",
+    "KVSCHED_DAEMON_SERVICE_HOST": "10.0.0.2",
+    "KVSCHED_DAEMON_PORT": "tcp://10.0.0.2:7000",
 }
 
 
@@ -149,12 +161,19 @@ def test_the_daemon_binds_its_configured_endpoints_before_the_discovery_variable
     KVSCHED_ADMIN_ENDPOINT moved a second instance onto the first one's socket)."""
     from kvsched.endpoints import daemon_endpoints
 
-    env = {"KVSCHED_ENDPOINT": "ipc:///env/d.sock", "KVSCHED_ADMIN_ENDPOINT": "ipc:///env/a.sock",
-           "XDG_RUNTIME_DIR": "/run/user/7"}
+    env = {
+        "KVSCHED_ENDPOINT": "ipc:///env/d.sock",
+        "KVSCHED_ADMIN_ENDPOINT": "ipc:///env/a.sock",
+        "XDG_RUNTIME_DIR": "/run/user/7",
+    }
     assert daemon_endpoints("p", "ipc:///cfg/d.sock", "ipc:///cfg/a.sock", env) == (
-        ("ipc:///cfg/d.sock", "config"), ("ipc:///cfg/a.sock", "config"))
+        ("ipc:///cfg/d.sock", "config"),
+        ("ipc:///cfg/a.sock", "config"),
+    )
     assert daemon_endpoints("p", "", "ipc:///cfg/a.sock", env) == (
-        ("ipc:///env/d.sock", "KVSCHED_ENDPOINT"), ("ipc:///cfg/a.sock", "config"))
+        ("ipc:///env/d.sock", "KVSCHED_ENDPOINT"),
+        ("ipc:///cfg/a.sock", "config"),
+    )
     assert daemon_endpoints("p", "", "", {"XDG_RUNTIME_DIR": "/run/user/7"})[1][1] == "discovery"
 
 
@@ -171,8 +190,9 @@ def test_check_config_ignores_a_discovery_variable_the_configured_endpoint_overr
     assert problems and "tcp://nohost" in problems[0]
 
 
-@pytest.mark.parametrize("key, value", [("total_kv_blocks", 2**62), ("total_kv_blocks", 2**40 + 1),
-                                        ("max_num_batched_tokens", 2**31)])
+@pytest.mark.parametrize(
+    "key, value", [("total_kv_blocks", 2**62), ("total_kv_blocks", 2**40 + 1), ("max_num_batched_tokens", 2**31)]
+)
 def test_worker_capacity_over_its_bound_is_a_config_error_naming_the_key(tmp_path, key, value):
     """Was: `total_kv_blocks = 4611686018427387904` passed `--check-config` (and a start)."""
     path = tmp_path / "big.toml"
@@ -189,11 +209,14 @@ def test_duplicate_worker_id_is_named(tmp_path):
         load_config(path, env={})
 
 
-@pytest.mark.parametrize("text, bad", [
-    ("default_clas = 'a'\n", "default_clas"),
-    ("[[clases]]\nname = 'a'\n", "clases"),
-    ("[daemon]\nmax_slots = 5\n", "daemon"),
-])
+@pytest.mark.parametrize(
+    "text, bad",
+    [
+        ("default_clas = 'a'\n", "default_clas"),
+        ("[[clases]]\nname = 'a'\n", "clases"),
+        ("[daemon]\nmax_slots = 5\n", "daemon"),
+    ],
+)
 def test_an_unknown_key_in_an_included_file_is_an_error_naming_file_and_key(tmp_path, text, bad):
     """Found from outside: the loader copied only default_class / classes from the included file, so
     a typo there (or a [daemon] table) passed --check-config and the built-in profile was used."""

@@ -36,12 +36,15 @@ def test_every_accepted_seed_creates_the_selector(tmp_path, selector, seed):
     assert create_selector(cfg.selector).name == selector
 
 
-@pytest.mark.parametrize("text, path", [
-    ("[[classes]]\nname = 'default'\nprefill_busy_threshold = {v}\n", "prefill_busy_threshold"),
-    ("[overload]\noverload_prefill_tokens = {v}\n", "overload_prefill_tokens"),
-    ("[selector]\nhome_min_prefill_tokens = {v}\n", "home_min_prefill_tokens"),
-    ("[[classes]]\nname = 'default'\nquantum = {v}\n", "quantum"),
-])
+@pytest.mark.parametrize(
+    "text, path",
+    [
+        ("[[classes]]\nname = 'default'\nprefill_busy_threshold = {v}\n", "prefill_busy_threshold"),
+        ("[overload]\noverload_prefill_tokens = {v}\n", "overload_prefill_tokens"),
+        ("[selector]\nhome_min_prefill_tokens = {v}\n", "home_min_prefill_tokens"),
+        ("[[classes]]\nname = 'default'\nquantum = {v}\n", "quantum"),
+    ],
+)
 def test_token_counts_past_float64_exact_range_are_config_errors(tmp_path, text, path):
     """These are compared with int64 ledger arrays and packed into float64 kernel parameters."""
     _load(tmp_path, text.format(v=2**53))
@@ -50,19 +53,24 @@ def test_token_counts_past_float64_exact_range_are_config_errors(tmp_path, text,
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
-@pytest.mark.parametrize("text, path", [
-    ("[selector]\nprefill_weight = {v}\n", "selector.prefill_weight"),
-    ("[selector]\ntemperature = {v}\n", "selector.temperature"),
-    ("[selector]\nlead_cap_blocks = {v}\n", "selector.lead_cap_blocks"),
-    ("[selector]\nhome_weight = {v}\n", "selector.home_weight"),
-    ("[selector]\nprefill_load_scale = {v}\n", "selector.prefill_load_scale"),
-    ("[daemon]\nshutdown_timeout_s = {v}\n", "shutdown_timeout_s"),
-    ("[overload]\noverload_active_blocks_frac = {v}\n", "overload.overload_active_blocks_frac"),
-    ("[[classes]]\nname = 'default'\nqueue_timeout_s = {v}\n", r"classes\[0\]\.queue_timeout_s"),
-    ("[[classes]]\nname = 'default'\nprefill_busy_threshold_frac = {v}\n",
-     r"classes\[0\]\.prefill_busy_threshold_frac"),
-    ("[[workers]]\nworker_id = 0\nkv_events_stale_after_s = {v}\n", r"workers\[0\]\.kv_events_stale_after_s"),
-])
+@pytest.mark.parametrize(
+    "text, path",
+    [
+        ("[selector]\nprefill_weight = {v}\n", "selector.prefill_weight"),
+        ("[selector]\ntemperature = {v}\n", "selector.temperature"),
+        ("[selector]\nlead_cap_blocks = {v}\n", "selector.lead_cap_blocks"),
+        ("[selector]\nhome_weight = {v}\n", "selector.home_weight"),
+        ("[selector]\nprefill_load_scale = {v}\n", "selector.prefill_load_scale"),
+        ("[daemon]\nshutdown_timeout_s = {v}\n", "shutdown_timeout_s"),
+        ("[overload]\noverload_active_blocks_frac = {v}\n", "overload.overload_active_blocks_frac"),
+        ("[[classes]]\nname = 'default'\nqueue_timeout_s = {v}\n", r"classes\[0\]\.queue_timeout_s"),
+        (
+            "[[classes]]\nname = 'default'\nprefill_busy_threshold_frac = {v}\n",
+            r"classes\[0\]\.prefill_busy_threshold_frac",
+        ),
+        ("[[workers]]\nworker_id = 0\nkv_events_stale_after_s = {v}\n", r"workers\[0\]\.kv_events_stale_after_s"),
+    ],
+)
 def test_non_finite_floats_are_config_errors_naming_the_key_path(tmp_path, text, path, value):
     with pytest.raises(ConfigError, match=path):
         _load(tmp_path, text.format(v=value))
@@ -74,8 +82,11 @@ def test_an_infinite_env_override_is_rejected_too():
 
 
 def test_finite_config_with_every_float_key_set_still_loads(tmp_path):
-    cfg = _load(tmp_path, "[selector]\nprefill_weight = 1e6\ntemperature = 0.5\nhome_weight = 0.0\n"
-                          "[[classes]]\nname = 'default'\nqueue_timeout_s = 1e9\n")
+    cfg = _load(
+        tmp_path,
+        "[selector]\nprefill_weight = 1e6\ntemperature = 0.5\nhome_weight = 0.0\n"
+        "[[classes]]\nname = 'default'\nqueue_timeout_s = 1e9\n",
+    )
     assert cfg.selector.prefill_weight == 1e6 and non_finite_keys(cfg) == []
 
 
@@ -106,6 +117,10 @@ def test_check_config_exits_2_on_a_negative_seed(tmp_path):
     """The systemd ExecStartPre check: rc 2 and the key, not rc 0 then a ValueError at start."""
     path = tmp_path / "seed.toml"
     path.write_text("[selector]\nseed = -1\n")
-    proc = subprocess.run([sys.executable, "-m", "kvsched.daemon.app", "--check-config", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvsched.daemon.app", "--check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "selector.seed" in proc.stderr, proc.stderr

@@ -234,7 +234,7 @@ def bad_section_citations(text: str, design_headings: list[str], docs: dict[str,
     for m in NAMED_CITE.finditer(text):
         names = {re.sub(r"^\d+(?:\.\d+)*\s+", "", h).lower() for h in docs.get(m.group(1), [])}
         if m.group(2).lower() not in names:
-            bad.append(f"docs/{m.group(1)} \"{m.group(2)}\"")
+            bad.append(f'docs/{m.group(1)} "{m.group(2)}"')
     return bad
 
 

@@ -16,8 +16,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from kvsched.config import (AdmissionConfig, ClassConfig, Config, DaemonConfig, OverloadConfig, SelectorConfig,
-                            WorkerConfig)
+from kvsched.config import (
+    AdmissionConfig,
+    ClassConfig,
+    Config,
+    DaemonConfig,
+    OverloadConfig,
+    SelectorConfig,
+    WorkerConfig,
+)
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "kvsched.toml"
 
@@ -80,8 +87,9 @@ def test_every_key_of_the_table_is_listed_and_nothing_else(table):
     assert table in LISTED, f"examples/kvsched.toml has no [{table}] table"
     listed = set(LISTED[table])
     assert not expected - listed, f"[{table}] keys missing from examples/kvsched.toml: {sorted(expected - listed)}"
-    assert not listed - expected, f"[{table}] keys in examples/kvsched.toml the config does not have: " \
-                                  f"{sorted(listed - expected)}"
+    assert not listed - expected, (
+        f"[{table}] keys in examples/kvsched.toml the config does not have: {sorted(listed - expected)}"
+    )
 
 
 @pytest.mark.parametrize("table", sorted(TABLES))
@@ -123,8 +131,8 @@ def test_keys_where_a_written_class_differs_from_the_built_in_one_are_called_out
     writes (prefill_busy_threshold_frac: unset, i.e. a class that never queues) must be said in the
     comment above the table, or users copy a class and lose its queueing without a word."""
     text = EXAMPLE.read_text()
-    before = text[:text.index("\n[[classes]]\n")]
-    comment = before[before.rstrip().rfind("\n\n") + 1:]  # the comment block right above the table
+    before = text[: text.index("\n[[classes]]\n")]
+    comment = before[before.rstrip().rfind("\n\n") + 1 :]  # the comment block right above the table
     built_in, written = Config().classes[0], ClassConfig(name=Config().classes[0].name)
     differ = [f for f in ClassConfig.__struct_fields__ if getattr(built_in, f) != getattr(written, f)]
     assert differ, "the built-in class equals a written one: drop this test and the comment"

@@ -76,20 +76,38 @@ def test_a_daemon_without_kvsched_bench_refuses_a_baseline_naming_that_distribut
     `--check-config` and a start both exit 2 naming kvsched-bench, while kvsched's own `kv` is still
     accepted in that same environment (the product needs nothing from the bench distribution)."""
     python, env = _python_without_bench(tmp_path)
-    probe = subprocess.run([*python, "-c", "import importlib.util as u; print(u.find_spec('kvsched_bench'))"],
-                           capture_output=True, text=True, env=env, timeout=60)
+    probe = subprocess.run(
+        [*python, "-c", "import importlib.util as u; print(u.find_spec('kvsched_bench'))"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert probe.stdout.strip() == "None", probe.stdout + probe.stderr
     good = tmp_path / "kv.toml"
     good.write_text("[selector]\ntype = 'kv'\n")
-    ok = subprocess.run([*python, "-m", "kvsched.daemon.app", "--check-config", str(good)],
-                        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    ok = subprocess.run(
+        [*python, "-m", "kvsched.daemon.app", "--check-config", str(good)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert ok.returncode == 0, ok.stderr
     bad = tmp_path / "lmetric.toml"
     bad.write_text("[selector]\ntype = 'lmetric'\n")
     for args in (["--check-config", str(bad)], ["--config", str(bad), "--instance", "no-bench"]):
-        out = subprocess.run([*python, "-m", "kvsched.daemon.app", *args], capture_output=True, text=True, env=env,
-                             timeout=120, cwd=tmp_path)
+        out = subprocess.run(
+            [*python, "-m", "kvsched.daemon.app", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            cwd=tmp_path,
+        )
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert "selector.type: 'lmetric' is a routing baseline of the kvsched-bench distribution" in out.stderr, (
-            out.stderr)
+            out.stderr
+        )
         assert "installed selectors: kv, least_loaded, power_of_two, random, round_robin" in out.stderr, out.stderr

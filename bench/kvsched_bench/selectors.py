@@ -32,9 +32,10 @@ class DynamoCostSelector(CostSelector):
 
     name = "dynamo_cost"
 
-    def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
-              view: SelectionView) -> dict[str, np.ndarray]:
-        """"prefill" (scale x clamped prefill blocks) and "active_blocks" (projected), summing to `costs`."""
+    def terms(
+        self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray, view: SelectionView
+    ) -> dict[str, np.ndarray]:
+        """ "prefill" (scale x clamped prefill blocks) and "active_blocks" (projected), summing to `costs`."""
         active = np.where(eligible != 0, view.blocks, 0).astype(np.float64)
         return {"prefill": costs - active, "active_blocks": active}
 
@@ -56,17 +57,25 @@ class CacheAwareSelector(WorkerSelector):
     name = "cache_aware"
     learnt = ("cache_blocks",)
 
-    def __init__(self, seed: int | None = None, cache_threshold: float = 0.3, balance_abs: int = 64,
-                 balance_rel: float = 1.5) -> None:
+    def __init__(
+        self, seed: int | None = None, cache_threshold: float = 0.3, balance_abs: int = 64, balance_rel: float = 1.5
+    ) -> None:
         super().__init__(seed)
         self.cache_threshold = cache_threshold
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel
         self.cache_blocks = np.zeros(0, np.int64)  # row -> approximate blocks cached (grows on demand)
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -109,9 +118,16 @@ class LMetricSelector(WorkerSelector):
 
     name = "lmetric"
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -128,8 +144,13 @@ class LMetricSelector(WorkerSelector):
         return self._pick(rows[new == new.min()])
 
 
-def llmd_scores(eligible: np.ndarray, active_requests: np.ndarray, overlap_blocks: np.ndarray | None,
-                request_blocks: int, view: SelectionView | None) -> np.ndarray:
+def llmd_scores(
+    eligible: np.ndarray,
+    active_requests: np.ndarray,
+    overlap_blocks: np.ndarray | None,
+    request_blocks: int,
+    view: SelectionView | None,
+) -> np.ndarray:
     """float64[W] llm-d weighted score (higher wins) at eligible rows, -inf elsewhere.
 
     prefix = overlap / request blocks; queue = (max - q) / (max - min) over eligible rows (1 when all
@@ -156,9 +177,16 @@ class LlmdSelector(WorkerSelector):
 
     name = "llmd"
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -173,9 +201,16 @@ class LlmdStickySelector(LlmdSelector):
 
     name = "llmd_sticky"
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
         if overlap_blocks is not None and view is not None:
             rows = np.flatnonzero(eligible)
             if rows.size:
@@ -188,5 +223,6 @@ class LlmdStickySelector(LlmdSelector):
                         mask = np.zeros_like(eligible)
                         mask[keep] = 1
                         eligible = mask
-        return super().select(costs, eligible, active_requests, overlap_blocks=overlap_blocks,
-                              request_blocks=request_blocks, view=view)
+        return super().select(
+            costs, eligible, active_requests, overlap_blocks=overlap_blocks, request_blocks=request_blocks, view=view
+        )

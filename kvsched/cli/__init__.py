@@ -19,8 +19,12 @@ from .common import EXIT_DAEMON_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, op
 
 __all__ = ["EXIT_DAEMON_ERROR", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "app", "main"]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  help="Inspect and operate a kvsched daemon; replay request traces through one.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Inspect and operate a kvsched daemon; replay request traces through one.",
+)
 
 
 def _print_version(value: bool) -> None:
@@ -33,21 +37,28 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _common(
-    admin_endpoint: Annotated[Optional[str], typer.Option(
-        "--admin-endpoint", envvar="KVSCHED_ADMIN_ENDPOINT",
-        help="Admin socket (default: discovery from --instance; `kvsched replay` prints its daemon's).")] = None,
+    admin_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--admin-endpoint",
+            envvar="KVSCHED_ADMIN_ENDPOINT",
+            help="Admin socket (default: discovery from --instance; `kvsched replay` prints its daemon's).",
+        ),
+    ] = None,
     instance: Annotated[str, typer.Option(help="Daemon instance name used for discovery.")] = "default",
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.001, help="Seconds to wait for the daemon.")] = 5.0,
-    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """Inspect and operate a kvsched daemon; replay request traces through one."""
     bad = instance_problem(instance)
     if bad is not None:
         raise typer.BadParameter(bad, param_hint="--instance")
     if admin_endpoint is not None and not admin_endpoint.strip():
-        raise typer.BadParameter("empty; leave it out to discover the admin socket from --instance",
-                                 param_hint="--admin-endpoint")
+        raise typer.BadParameter(
+            "empty; leave it out to discover the admin socket from --instance", param_hint="--admin-endpoint"
+        )
     opts.update(admin_endpoint=admin_endpoint, instance=instance, timeout_s=timeout_s)
 
 

@@ -7,7 +7,8 @@ the scheduling core; the admin client is imported when a command first talks to 
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Callable
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import msgspec
 import typer

@@ -22,8 +22,7 @@ DIR_MODE = 0o700  # a directory this command creates holds a secret key
 
 def _cert_text(name: str, public: bytes, secret: bytes | None) -> str:
     kind = "secret key: give it to no one" if secret is not None else "public key: safe to share"
-    lines = [f"# kvsched CURVE {kind} ({name})", "", "metadata", "curve",
-             f'    public-key = "{public.decode()}"']
+    lines = [f"# kvsched CURVE {kind} ({name})", "", "metadata", "curve", f'    public-key = "{public.decode()}"']
     if secret is not None:
         lines.append(f'    secret-key = "{secret.decode()}"')
     return "\n".join(lines) + "\n"
@@ -42,8 +41,12 @@ def _write(path: Path, text: str, mode: int, force: bool) -> None:
 
 
 def keys(
-    directory: Annotated[Path, typer.Argument(help="Where to write NAME.key and NAME.key_secret "
-                                                   "(created with mode 0700 if missing).", file_okay=False)],
+    directory: Annotated[
+        Path,
+        typer.Argument(
+            help="Where to write NAME.key and NAME.key_secret (created with mode 0700 if missing).", file_okay=False
+        ),
+    ],
     name: Annotated[str, typer.Option(help="File name stem, e.g. 'server' or the router's host name.")] = "server",
     force: Annotated[bool, typer.Option("--force", help="Replace existing files of that name.")] = False,
 ) -> None:
@@ -72,11 +75,15 @@ def keys(
         _write(secret_path, _cert_text(name, public, secret), SECRET_MODE, force)
         _write(public_path, _cert_text(name, public, None), PUBLIC_MODE, force)
     except OSError as exc:  # unwritable / nonexistent parent (/proc), a file in the way, disk full
-        typer.echo(f"kvsched keys: cannot write keys to {directory}: {exc.strerror or exc}"
-                   f"{f' ({exc.filename})' if exc.filename else ''}", err=True)
+        typer.echo(
+            f"kvsched keys: cannot write keys to {directory}: {exc.strerror or exc}"
+            f"{f' ({exc.filename})' if exc.filename else ''}",
+            err=True,
+        )
         raise typer.Exit(EXIT_USAGE) from None
-    typer.echo(f"public key {public_path} (mode 0644)\nsecret key {secret_path} (mode 0600)\n"
-               f"public key: {public.decode()}")
+    typer.echo(
+        f"public key {public_path} (mode 0644)\nsecret key {secret_path} (mode 0600)\npublic key: {public.decode()}"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -26,29 +26,61 @@ def undrain(worker: WorkerArg) -> None:
 def add_worker(
     worker: Annotated[str, typer.Argument(help="WORKER or WORKER:RANK (rank 0 by default).")],
     total_kv_blocks: Annotated[int, typer.Option(min=1, max=p.MAX_KV_BLOCKS, help="KV blocks of this rank.")] = 8192,
-    max_num_batched_tokens: Annotated[int, typer.Option(
-        min=1, max=p.MAX_BATCHED_TOKENS, help="Per-step token budget of this rank.")] = 8192,
-    kv_events_endpoint: Annotated[Optional[str], typer.Option(
-        help="The rank's vLLM KV-event PUB endpoint (its own port: not offset again by the rank); "
-             "the daemon subscribes and marks the rank stale until events flow.")] = None,
-    kv_replay_endpoint: Annotated[Optional[str], typer.Option(
-        help="The rank's KV-event replay endpoint (missed batches after a gap); needs --kv-events-endpoint.")] = None,
-    kv_events_topic: Annotated[str, typer.Option(help="SUB topic filter (\"\" = all).")] = "",
-    kv_events_stale_after_s: Annotated[Optional[float], typer.Option(
-        min=0.001, help="Publisher disconnected or a seq gap unfilled this many seconds -> rank marked stale; silence never "
-             "counts (default: the daemon's, 30 s).")] = None,
-    url: Annotated[str, typer.Option(
-        help="Base URL of the engine's OpenAI server, sent to routers in Admitted.url (kvsched-gateway forwards there).")] = "",
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(min=1, max=p.MAX_BATCHED_TOKENS, help="Per-step token budget of this rank.")
+    ] = 8192,
+    kv_events_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="The rank's vLLM KV-event PUB endpoint (its own port: not offset again by the rank); "
+            "the daemon subscribes and marks the rank stale until events flow."
+        ),
+    ] = None,
+    kv_replay_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="The rank's KV-event replay endpoint (missed batches after a gap); needs --kv-events-endpoint."
+        ),
+    ] = None,
+    kv_events_topic: Annotated[str, typer.Option(help='SUB topic filter ("" = all).')] = "",
+    kv_events_stale_after_s: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="Publisher disconnected or a seq gap unfilled this many seconds -> rank marked stale; silence never "
+            "counts (default: the daemon's, 30 s).",
+        ),
+    ] = None,
+    url: Annotated[
+        str,
+        typer.Option(
+            help="Base URL of the engine's OpenAI server, sent to routers in Admitted.url (kvsched-gateway forwards there)."
+        ),
+    ] = "",
 ) -> None:
     """Register a worker rank at runtime, optionally with its KV-event endpoints (as in `[[workers]]`)."""
     wid, rank = parse_worker(worker)
     if kv_events_endpoint is None and (kv_replay_endpoint or kv_events_topic or kv_events_stale_after_s):
-        raise typer.BadParameter("needs --kv-events-endpoint", param_hint="--kv-replay-endpoint / --kv-events-topic / "
-                                                                          "--kv-events-stale-after-s")
-    render(call(p.AddWorker(worker_id=wid, dp_rank=rank or 0, total_kv_blocks=total_kv_blocks,
-                            max_num_batched_tokens=max_num_batched_tokens, kv_events_endpoint=kv_events_endpoint,
-                            kv_replay_endpoint=kv_replay_endpoint, kv_events_topic=kv_events_topic,
-                            kv_events_stale_after_s=kv_events_stale_after_s, url=url)), False)
+        raise typer.BadParameter(
+            "needs --kv-events-endpoint",
+            param_hint="--kv-replay-endpoint / --kv-events-topic / --kv-events-stale-after-s",
+        )
+    render(
+        call(
+            p.AddWorker(
+                worker_id=wid,
+                dp_rank=rank or 0,
+                total_kv_blocks=total_kv_blocks,
+                max_num_batched_tokens=max_num_batched_tokens,
+                kv_events_endpoint=kv_events_endpoint,
+                kv_replay_endpoint=kv_replay_endpoint,
+                kv_events_topic=kv_events_topic,
+                kv_events_stale_after_s=kv_events_stale_after_s,
+                url=url,
+            )
+        ),
+        False,
+    )
 
 
 def remove_worker(worker: WorkerArg) -> None:
@@ -57,14 +89,21 @@ def remove_worker(worker: WorkerArg) -> None:
     render(call(p.RemoveWorker(worker_id=wid, dp_rank=rank)), False)
 
 
-def cancel(request_id: Annotated[str, typer.Argument(help="The request to cancel.", callback=check_request_id)]) -> None:
+def cancel(
+    request_id: Annotated[str, typer.Argument(help="The request to cancel.", callback=check_request_id)],
+) -> None:
     """Cancel a queued request (it never dispatches) or abort an active lease (its router stops the request)."""
     render(call(p.Cancel(request_id=request_id)), False)
 
 
-def reload(path: Annotated[Optional[Path], typer.Argument(
-        help="Profile file, relative to this shell's directory (default: the daemon's --config).",
-        dir_okay=False)] = None) -> None:
+def reload(
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Profile file, relative to this shell's directory (default: the daemon's --config).", dir_okay=False
+        ),
+    ] = None,
+) -> None:
     """Re-read the scheduling profile; an invalid file is refused and the old profile kept.
 
     PATH is resolved here, against the caller's working directory, before it is sent: the daemon

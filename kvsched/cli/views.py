@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -27,10 +27,20 @@ def _table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
 
 def status_table(r: p.StatusReply) -> Table:
     """Two-column table of a `StatusReply`."""
-    rows = [["instance", r.instance], ["epoch", r.daemon_epoch], ["uptime_s", round(r.uptime_s, 1)],
-            ["endpoint", r.endpoint], ["block_size", r.block_size], ["workers", r.workers],
-            ["connections", r.connections], ["active leases", r.active_leases], ["queued", r.queued],
-            ["deferred", r.deferred], ["decisions", r.decisions_total], ["decisions/s", round(r.decisions_per_s, 1)]]
+    rows = [
+        ["instance", r.instance],
+        ["epoch", r.daemon_epoch],
+        ["uptime_s", round(r.uptime_s, 1)],
+        ["endpoint", r.endpoint],
+        ["block_size", r.block_size],
+        ["workers", r.workers],
+        ["connections", r.connections],
+        ["active leases", r.active_leases],
+        ["queued", r.queued],
+        ["deferred", r.deferred],
+        ["decisions", r.decisions_total],
+        ["decisions/s", round(r.decisions_per_s, 1)],
+    ]
     t = Table(title="kvsched status", show_header=False)
     t.add_column("field")
     t.add_column("value")
@@ -41,27 +51,88 @@ def status_table(r: p.StatusReply) -> Table:
 
 def queues_table(r: p.QueuesReply) -> Table:
     """One row per policy class."""
-    return _table("queues", ["class", "ordering", "quantum", "depth", "deferred", "isl_tokens", "oldest_wait_s",
-                             "deficit", "blocked_lanes"],
-                  [[c.name, c.ordering, c.quantum, c.depth, c.deferred, c.isl_tokens, c.oldest_wait_s, c.deficit,
-                    c.blocked_lanes] for c in r.classes])
+    return _table(
+        "queues",
+        [
+            "class",
+            "ordering",
+            "quantum",
+            "depth",
+            "deferred",
+            "isl_tokens",
+            "oldest_wait_s",
+            "deficit",
+            "blocked_lanes",
+        ],
+        [
+            [
+                c.name,
+                c.ordering,
+                c.quantum,
+                c.depth,
+                c.deferred,
+                c.isl_tokens,
+                c.oldest_wait_s,
+                c.deficit,
+                c.blocked_lanes,
+            ]
+            for c in r.classes
+        ],
+    )
 
 
 def workers_table(r: p.WorkersReply) -> Table:
     """One row per worker rank."""
-    return _table("workers", ["worker", "active_blocks", "capacity", "prefill_tokens", "requests", "drained",
-                              "overloaded", "stale", "hashes"],
-                  [[f"{w.worker_id}:{w.dp_rank}", w.active_blocks, w.total_kv_blocks, w.active_prefill_tokens,
-                    w.active_requests, w.drained, w.overloaded, w.stale,
-                    "MISMATCH" if w.hash_mismatch else "ok"] for w in r.workers])
+    return _table(
+        "workers",
+        [
+            "worker",
+            "active_blocks",
+            "capacity",
+            "prefill_tokens",
+            "requests",
+            "drained",
+            "overloaded",
+            "stale",
+            "hashes",
+        ],
+        [
+            [
+                f"{w.worker_id}:{w.dp_rank}",
+                w.active_blocks,
+                w.total_kv_blocks,
+                w.active_prefill_tokens,
+                w.active_requests,
+                w.drained,
+                w.overloaded,
+                w.stale,
+                "MISMATCH" if w.hash_mismatch else "ok",
+            ]
+            for w in r.workers
+        ],
+    )
 
 
 def leases_table(r: p.LeasesReply) -> Table:
     """One row per lease; the title says how many of the matching leases are shown."""
-    return _table(f"leases ({len(r.leases)} of {r.total})",
-                  ["request_id", "worker", "class", "slot", "isl_tokens", "cached_tokens", "output_tokens", "age_s", "state"],
-                  [[x.request_id, f"{x.worker_id}:{x.dp_rank}", x.policy_class, x.slot, x.isl_tokens,
-                    x.cached_tokens, x.output_tokens, x.age_s, x.state] for x in r.leases])
+    return _table(
+        f"leases ({len(r.leases)} of {r.total})",
+        ["request_id", "worker", "class", "slot", "isl_tokens", "cached_tokens", "output_tokens", "age_s", "state"],
+        [
+            [
+                x.request_id,
+                f"{x.worker_id}:{x.dp_rank}",
+                x.policy_class,
+                x.slot,
+                x.isl_tokens,
+                x.cached_tokens,
+                x.output_tokens,
+                x.age_s,
+                x.state,
+            ]
+            for x in r.leases
+        ],
+    )
 
 
 def explain_table(r: p.ExplainReply) -> Table:
@@ -74,11 +145,22 @@ def explain_table(r: p.ExplainReply) -> Table:
     by = f" by selector {r.decided_by}" if r.decided_by else ""
     cost = "cost" if names else f"dynamo_cost (not used by {r.decided_by or 'the selector'})"
     names = [k for k in names if k != "cost"]  # a selector's one term "cost" is the total column itself
-    return _table(f"decision for {r.request_id}: chose {r.chosen_worker_id}:{r.chosen_dp_rank}{by}",
-                  ["worker", "eligible", "overlap_blocks", "potential_blocks", "potential_prefill", *names, cost],
-                  [[f"{x.worker_id}:{x.dp_rank}", x.eligible, x.overlap_blocks, x.potential_blocks,
-                    x.potential_prefill_tokens, *[round(x.terms[k], 2) if k in x.terms else "" for k in names],
-                    round(x.cost, 2)] for x in r.rows])
+    return _table(
+        f"decision for {r.request_id}: chose {r.chosen_worker_id}:{r.chosen_dp_rank}{by}",
+        ["worker", "eligible", "overlap_blocks", "potential_blocks", "potential_prefill", *names, cost],
+        [
+            [
+                f"{x.worker_id}:{x.dp_rank}",
+                x.eligible,
+                x.overlap_blocks,
+                x.potential_blocks,
+                x.potential_prefill_tokens,
+                *[round(x.terms[k], 2) if k in x.terms else "" for k in names],
+                round(x.cost, 2),
+            ]
+            for x in r.rows
+        ],
+    )
 
 
 def status(json_out: JsonOpt = False) -> None:
@@ -87,7 +169,7 @@ def status(json_out: JsonOpt = False) -> None:
 
 
 def queues(
-    policy_class: Annotated[Optional[str], typer.Argument(help="Only this class.")] = None,
+    policy_class: Annotated[str | None, typer.Argument(help="Only this class.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Show each class's depth, deferred count, ISL tokens, oldest wait, DRR deficit and blocked lanes."""
@@ -100,8 +182,10 @@ def workers(json_out: JsonOpt = False) -> None:
 
 
 def leases(
-    worker: Annotated[Optional[int], typer.Option("--worker", min=0, max=0xFFFF_FFFF, help="Only leases on this worker id.")] = None,
-    policy_class: Annotated[Optional[str], typer.Option("--class", help="Only this class.")] = None,
+    worker: Annotated[
+        int | None, typer.Option("--worker", min=0, max=0xFFFF_FFFF, help="Only leases on this worker id.")
+    ] = None,
+    policy_class: Annotated[str | None, typer.Option("--class", help="Only this class.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many rows.")] = 100,
     json_out: JsonOpt = False,
 ) -> None:
@@ -109,7 +193,10 @@ def leases(
     render(call(p.Leases(worker_id=worker, policy_class=policy_class, limit=limit)), json_out, leases_table)
 
 
-def explain(request_id: Annotated[str, typer.Argument(help="A recently decided request.", callback=check_request_id)], json_out: JsonOpt = False) -> None:
+def explain(
+    request_id: Annotated[str, typer.Argument(help="A recently decided request.", callback=check_request_id)],
+    json_out: JsonOpt = False,
+) -> None:
     """Show the per-worker overlap, projected load and cost behind a recent decision."""
     render(call(p.Explain(request_id=request_id)), json_out, explain_table)
 
@@ -117,8 +204,9 @@ def explain(request_id: Annotated[str, typer.Argument(help="A recently decided r
 def top(
     interval_s: Annotated[float, typer.Option("--interval-s", min=0.0, help="Refresh period (s).")] = 1.0,
     iterations: Annotated[int, typer.Option(min=0, help="Stop after N refreshes (0 = until Ctrl-C).")] = 0,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per refresh, one per line: "
-                                                              "{status, queues, workers}.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON object per refresh, one per line: {status, queues, workers}.")
+    ] = False,
 ) -> None:
     """Live view of status, queues and workers, refreshed every --interval-s (when the output is not
     a terminal, one full frame is printed per refresh)."""

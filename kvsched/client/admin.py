@@ -24,8 +24,9 @@ class AdminClient:
         self.endpoint = endpoint or admin_endpoint(instance)
         problem = connect_problem(self.endpoint)
         if problem is not None:  # else pyzmq raises a bare ZMQError ("Invalid argument")
-            raise ValueError(f"bad kvsched admin endpoint {self.endpoint!r}: {problem}; "
-                             "use ipc://PATH or tcp://HOST:PORT")
+            raise ValueError(
+                f"bad kvsched admin endpoint {self.endpoint!r}: {problem}; use ipc://PATH or tcp://HOST:PORT"
+            )
         self.timeout_s = timeout_s
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -44,8 +45,10 @@ class AdminClient:
         """
         missing = missing_ipc_path(self.endpoint)
         if missing is not None:
-            raise DaemonUnavailable(f"no kvsched daemon at {self.endpoint}: socket file {missing} does not exist "
-                                    "(daemon not running, or another --instance / runtime directory)")
+            raise DaemonUnavailable(
+                f"no kvsched daemon at {self.endpoint}: socket file {missing} does not exist "
+                "(daemon not running, or another --instance / runtime directory)"
+            )
         self._sock.send(self._enc.encode(request))
         if not self._sock.poll(int(self.timeout_s * 1000), zmq.POLLIN):
             self.close()
@@ -61,7 +64,7 @@ class AdminClient:
             self._sock.close(0)
             self._ctx.term()
 
-    def __enter__(self) -> "AdminClient":
+    def __enter__(self) -> AdminClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,7 +8,8 @@ instead. The bounds are the ones of `protocol.Enqueue` (docs/PROTOCOL.md, "Enque
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .client import BlockHashes
@@ -54,8 +55,9 @@ def checked_utf8(name: str, value: str) -> str:
         try:
             value.encode()
         except UnicodeEncodeError as exc:
-            raise ValueError(f"{name} is not valid Unicode text: a lone surrogate at index {exc.start} "
-                             "cannot be encoded as UTF-8") from None
+            raise ValueError(
+                f"{name} is not valid Unicode text: a lone surrogate at index {exc.start} cannot be encoded as UTF-8"
+            ) from None
     return value
 
 
@@ -78,10 +80,22 @@ def _str(name: str, value: Any, max_len: int, *, min_len: int = 0, utf8_bytes: b
     return value
 
 
-def checked_enqueue(request_id: Any, isl_tokens: Any, block_hashes: "BlockHashes | None", policy_class: Any,
-                    priority: Any, strict_priority: Any, session_id: Any, expected_osl: Any, pinned: Any,
-                    allowed_workers: Iterable[int] | None, do_not_queue: Any, deadline_ms: Any,
-                    lora_name: Any, excluded_workers: Iterable[int] | None = None) -> p.Enqueue:
+def checked_enqueue(
+    request_id: Any,
+    isl_tokens: Any,
+    block_hashes: BlockHashes | None,
+    policy_class: Any,
+    priority: Any,
+    strict_priority: Any,
+    session_id: Any,
+    expected_osl: Any,
+    pinned: Any,
+    allowed_workers: Iterable[int] | None,
+    do_not_queue: Any,
+    deadline_ms: Any,
+    lora_name: Any,
+    excluded_workers: Iterable[int] | None = None,
+) -> p.Enqueue:
     """Build an `Enqueue` after checking every argument against the wire bounds.
 
     Args: as `SchedulerClient.schedule` (request_id: str of 1..128 UTF-8 bytes; isl_tokens: int in
@@ -135,5 +149,19 @@ def checked_enqueue(request_id: Any, isl_tokens: Any, block_hashes: "BlockHashes
         if len(excluded) > _MAX_ALLOWED:
             raise ValueError(f"excluded_workers has {len(excluded)} ids; at most {_MAX_ALLOWED}")
         excluded = excluded or None  # none excluded: the field stays off the wire
-    return p.Enqueue(request_id, isl_tokens, raw, policy_class, priority, strict_priority, session_id,
-                     expected_osl, pinned, allowed_workers, do_not_queue, deadline_ms, lora_name, excluded)
+    return p.Enqueue(
+        request_id,
+        isl_tokens,
+        raw,
+        policy_class,
+        priority,
+        strict_priority,
+        session_id,
+        expected_osl,
+        pinned,
+        allowed_workers,
+        do_not_queue,
+        deadline_ms,
+        lora_name,
+        excluded,
+    )

@@ -26,7 +26,8 @@ import logging
 import os
 import random
 import weakref
-from typing import Any, Callable, Iterable, Literal, Sequence, Union
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, Union
 
 import numpy as np
 import zmq
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 # cold cache (about a minute here) or starved of CPU answers late.
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
+
 def foreign_process_error(created_pid: int) -> KvschedError | None:
     """The error for using a client in a process other than the one that created it (a forked child),
     or None in that process. A child shares its parent's sockets but not the threads that serve them
@@ -55,9 +57,11 @@ def foreign_process_error(created_pid: int) -> KvschedError | None:
     connection; a child creates its own client."""
     if os.getpid() == created_pid:
         return None
-    return KvschedError(f"this kvsched client was created in process {created_pid}, not in this one "
-                        f"({os.getpid()}): a forked child cannot use its parent's client; create a client "
-                        "per process (after fork)")
+    return KvschedError(
+        f"this kvsched client was created in process {created_pid}, not in this one "
+        f"({os.getpid()}): a forked child cannot use its parent's client; create a client "
+        "per process (after fork)"
+    )
 
 
 # What `schedule(block_hashes=...)` accepts: little-endian u64 bytes, ints, or a numpy integer array.
@@ -97,21 +101,28 @@ class SchedulerClient:
                 ...  # send to lease.worker, stream, lease.add_output_tokens(n)
     """
 
-    def __init__(self, endpoint: str | None = None, *, instance: str = "default", client_name: str = "",
-                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, reconnect_deadline_s: float = 30.0,
-                 on_unavailable: Literal["fail", "bypass"] = "fail",
-                 bypass_workers: Iterable[tuple[int, int]] = (), attach_progress: bool = True,
-                 curve_server_key: str | bytes | None = None,
-                 curve_client_keys: tuple[bytes, bytes] | None = None,
-                 ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 protocol_version: int = p.PROTOCOL_VERSION) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        instance: str = "default",
+        client_name: str = "",
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        reconnect_deadline_s: float = 30.0,
+        on_unavailable: Literal["fail", "bypass"] = "fail",
+        bypass_workers: Iterable[tuple[int, int]] = (),
+        attach_progress: bool = True,
+        curve_server_key: str | bytes | None = None,
+        curve_client_keys: tuple[bytes, bytes] | None = None,
+        ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+        protocol_version: int = p.PROTOCOL_VERSION,
+    ) -> None:
         if on_unavailable not in ("fail", "bypass"):
             raise ValueError("on_unavailable must be 'fail' or 'bypass'")
         self.endpoint = endpoint or data_endpoint(instance)
         problem = connect_problem(self.endpoint)
         if problem is not None:  # else pyzmq raises a bare ZMQError at connect() time
-            raise ValueError(f"bad kvsched endpoint {self.endpoint!r}: {problem}; "
-                             "use ipc://PATH or tcp://HOST:PORT")
+            raise ValueError(f"bad kvsched endpoint {self.endpoint!r}: {problem}; use ipc://PATH or tcp://HOST:PORT")
         self.client_name = checked_utf8("client_name", client_name or f"router-{os.getpid()}")  # sent in Hello
         self.connect_timeout_s = connect_timeout_s
         self.reconnect_deadline_s = reconnect_deadline_s
@@ -139,7 +150,9 @@ class SchedulerClient:
         self.lost_leases: list[str] = []
         self.errors: list[p.Error] = []  # Error frames not tied to a waiting call (diagnostics)
         self._pid = os.getpid()  # the process this client belongs to (`foreign_process_error`)
-        self._abandon: weakref.finalize[..., SchedulerClient] | None = None  # closes the link if this client is dropped open
+        self._abandon: weakref.finalize[..., SchedulerClient] | None = (
+            None  # closes the link if this client is dropped open
+        )
 
     @property
     def welcome(self) -> p.Welcome | None:
@@ -149,9 +162,14 @@ class SchedulerClient:
     def connected(self) -> bool:
         return self._link is not None and self._link.connected
 
-    def block_hashes(self, token_ids: Sequence[int] | np.ndarray, *, mode: Literal["vllm", "xxhash"] = "vllm",
-                     extra_keys: Sequence[Any] | None = None,
-                     cache: hashing.BlockHashCache | None = None) -> np.ndarray:
+    def block_hashes(
+        self,
+        token_ids: Sequence[int] | np.ndarray,
+        *,
+        mode: Literal["vllm", "xxhash"] = "vllm",
+        extra_keys: Sequence[Any] | None = None,
+        cache: hashing.BlockHashCache | None = None,
+    ) -> np.ndarray:
         """Block hashes of a prompt as this pool hashes them: `hashing.block_hashes` with the daemon's
         `block_size` and `kv_hash_seed` (from its last `Welcome`, so a daemon restarted with other
         values is followed), ready for `schedule(block_hashes=...)`.
@@ -178,13 +196,16 @@ class SchedulerClient:
         """
         welcome = self.welcome
         if welcome is None:
-            raise DaemonUnavailable(f"no Welcome from the daemon at {self.endpoint} yet: block size and hash "
-                                    "seed come from it (call connect() first)")
-        return hashing.block_hashes(token_ids, welcome.block_size, mode=mode, hash_seed=welcome.hash_seed,
-                                    extra_keys=extra_keys, cache=cache)
+            raise DaemonUnavailable(
+                f"no Welcome from the daemon at {self.endpoint} yet: block size and hash "
+                "seed come from it (call connect() first)"
+            )
+        return hashing.block_hashes(
+            token_ids, welcome.block_size, mode=mode, hash_seed=welcome.hash_seed, extra_keys=extra_keys, cache=cache
+        )
 
     # ------------------------------------------------------------------ connection
-    async def connect(self) -> "SchedulerClient":
+    async def connect(self) -> SchedulerClient:
         """Open the DEALER, say Hello, wait for Welcome.
 
         Raises:
@@ -207,27 +228,37 @@ class SchedulerClient:
                 missing = missing_ipc_path(self.endpoint)
             if missing is not None:
                 await self.close()
-                raise DaemonUnavailable(f"no kvsched daemon at {self.endpoint}: socket file {missing} does not exist "
-                                        f"after {self.connect_timeout_s:.1f}s (is the daemon running, with the same "
-                                        "XDG_RUNTIME_DIR / instance?)")
+                raise DaemonUnavailable(
+                    f"no kvsched daemon at {self.endpoint}: socket file {missing} does not exist "
+                    f"after {self.connect_timeout_s:.1f}s (is the daemon running, with the same "
+                    "XDG_RUNTIME_DIR / instance?)"
+                )
         self._welcome_fut = self._loop.create_future()
         # The link (held by the loop through its reader and timer) reaches this client only weakly,
         # so a client dropped without close() is collected, and `_abandon` then closes the link.
-        self._link = Link(self._ctx, self.endpoint, self.client_name, _weak_callback(self._on_frame),
-                          _weak_callback(self._on_welcome), curve_server_key=self.curve_server_key,
-                          curve_client_keys=self.curve_client_keys, protocol_version=self.protocol_version)
+        self._link = Link(
+            self._ctx,
+            self.endpoint,
+            self.client_name,
+            _weak_callback(self._on_frame),
+            _weak_callback(self._on_welcome),
+            curve_server_key=self.curve_server_key,
+            curve_client_keys=self.curve_client_keys,
+            protocol_version=self.protocol_version,
+        )
         self._link.open(self._loop)
         if self._abandon is not None:
             self._abandon.detach()
-        self._abandon = weakref.finalize(self, _close_abandoned, self._pid, self._loop, self._link,
-                                         self._ctx if self._own_ctx else None)
+        self._abandon = weakref.finalize(
+            self, _close_abandoned, self._pid, self._loop, self._link, self._ctx if self._own_ctx else None
+        )
         self._abandon.atexit = False  # at interpreter exit the process's end closes everything
         try:
             if missing is not None:  # bypass mode, no daemon bound the socket: do not wait for one
-                raise asyncio.TimeoutError
+                raise TimeoutError
             left = max(0.5, self.connect_timeout_s - (self._loop.time() - started))
             await asyncio.wait_for(asyncio.shield(self._welcome_fut), left)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if self.on_unavailable == "bypass":
                 log.warning("no daemon at %s; bypass mode until it answers", self.endpoint)
             else:
@@ -282,19 +313,31 @@ class SchedulerClient:
         if self._own_ctx and not self._ctx.closed:
             self._ctx.term()
 
-    async def __aenter__(self) -> "SchedulerClient":
+    async def __aenter__(self) -> SchedulerClient:
         return await self.connect()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     # ------------------------------------------------------------------ scheduling
-    async def schedule(self, request_id: str, isl_tokens: int, block_hashes: BlockHashes | None = None, *, policy_class: str = "",
-                       priority: int = 0, strict_priority: int = 0, session_id: str | None = None,
-                       expected_osl: int | None = None, pinned: tuple[int, int] | None = None,
-                       allowed_workers: Iterable[int] | None = None, do_not_queue: bool = False,
-                       deadline_ms: int | None = None, lora_name: str | None = None,
-                       excluded_workers: Iterable[int] | None = None) -> Lease:
+    async def schedule(
+        self,
+        request_id: str,
+        isl_tokens: int,
+        block_hashes: BlockHashes | None = None,
+        *,
+        policy_class: str = "",
+        priority: int = 0,
+        strict_priority: int = 0,
+        session_id: str | None = None,
+        expected_osl: int | None = None,
+        pinned: tuple[int, int] | None = None,
+        allowed_workers: Iterable[int] | None = None,
+        do_not_queue: bool = False,
+        deadline_ms: int | None = None,
+        lora_name: str | None = None,
+        excluded_workers: Iterable[int] | None = None,
+    ) -> Lease:
         """Ask whether `request_id` may run now and where; wait until it is admitted or rejected.
 
         Args:
@@ -326,10 +369,27 @@ class SchedulerClient:
             raise wrong
         if self._link is None or self._loop is None:
             raise DaemonUnavailable(f"not connected to {self.endpoint}; call connect() first")
-        frame = checked_enqueue(request_id, isl_tokens, block_hashes, policy_class, priority, strict_priority,
-                                session_id, expected_osl, pinned, allowed_workers, do_not_queue, deadline_ms,
-                                lora_name, excluded_workers)
-        if not self._link.connected and self.on_unavailable == "bypass" and outage_expired(self._link, self.reconnect_deadline_s):
+        frame = checked_enqueue(
+            request_id,
+            isl_tokens,
+            block_hashes,
+            policy_class,
+            priority,
+            strict_priority,
+            session_id,
+            expected_osl,
+            pinned,
+            allowed_workers,
+            do_not_queue,
+            deadline_ms,
+            lora_name,
+            excluded_workers,
+        )
+        if (
+            not self._link.connected
+            and self.on_unavailable == "bypass"
+            and outage_expired(self._link, self.reconnect_deadline_s)
+        ):
             return self._degraded_lease(request_id, isl_tokens, pinned)
         return await self._await_admission(request_id, isl_tokens, frame)
 
@@ -370,11 +430,28 @@ class SchedulerClient:
             return self._degraded_lease(request_id, isl_tokens, frame.pinned if isinstance(frame, p.Enqueue) else None)
         if isinstance(reply, p.Rejected):
             origins.pop(request_id, None)
-            raise rejection_error(reply.request_id, reply.reason, reply.detail, reply.policy_class,
-                                  reply.limit_kind, reply.current, reply.limit)
-        lease = Lease(self, reply.request_id, p.WorkerKey(reply.worker_id, reply.dp_rank), reply.slot,
-                      reply.generation, reply.cached_tokens, reply.overlap_blocks, reply.queued_us, isl_tokens,
-                      url=reply.url, dp_size=reply.dp_size)
+            raise rejection_error(
+                reply.request_id,
+                reply.reason,
+                reply.detail,
+                reply.policy_class,
+                reply.limit_kind,
+                reply.current,
+                reply.limit,
+            )
+        lease = Lease(
+            self,
+            reply.request_id,
+            p.WorkerKey(reply.worker_id, reply.dp_rank),
+            reply.slot,
+            reply.generation,
+            reply.cached_tokens,
+            reply.overlap_blocks,
+            reply.queued_us,
+            isl_tokens,
+            url=reply.url,
+            dp_size=reply.dp_size,
+        )
         self._leases[request_id] = weakref.ref(lease)
         if isinstance(frame, p.Enqueue):
             origins[request_id] = frame
@@ -485,11 +562,13 @@ def _weak_callback(method: Callable[..., None]) -> Callable[..., None]:
         bound = ref()
         if bound is not None:
             bound(*args)
+
     return call
 
 
-def _close_abandoned(pid: int, loop: asyncio.AbstractEventLoop, link: Link,
-                     ctx: zmq.Context[zmq.Socket[bytes]] | None) -> None:
+def _close_abandoned(
+    pid: int, loop: asyncio.AbstractEventLoop, link: Link, ctx: zmq.Context[zmq.Socket[bytes]] | None
+) -> None:
     """A client was collected without `close()` (its `weakref.finalize`): close its link — the
     loop's reader and timer, the heartbeat thread, the sockets (docs/DESIGN.md §5.4) — and terminate
     its own context `ctx` (None: the caller's). On the loop's thread it closes at once, else it hands

@@ -46,7 +46,8 @@ import math
 import operator
 import struct
 from array import array
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 import xxhash
@@ -160,10 +161,17 @@ def _vllm(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequen
     for i in range(n):
         if fast:
             e = extra[i]
-            msg = join((head[0], parent, head[1], join(enc[i * block_size:(i + 1) * block_size]),
-                        b"\xf6" if e is None else canonical_cbor(e)))
+            msg = join(
+                (
+                    head[0],
+                    parent,
+                    head[1],
+                    join(enc[i * block_size : (i + 1) * block_size]),
+                    b"\xf6" if e is None else canonical_cbor(e),
+                )
+            )
         else:
-            block = tuple(map(operator.index, token_ids[i * block_size:(i + 1) * block_size]))  # floats refused
+            block = tuple(map(operator.index, token_ids[i * block_size : (i + 1) * block_size]))  # floats refused
             msg = canonical_cbor((parent, block, extra[i]))
         parent = sha256(msg).digest()
         out.append(from_bytes(parent, "big") & U64_MASK)
@@ -185,7 +193,7 @@ class BlockHashCache:
         hits / misses: blocks found / computed so far.
     """
 
-    __slots__ = ("capacity", "_memo", "hits", "misses")
+    __slots__ = ("_memo", "capacity", "hits", "misses")
 
     def __init__(self, capacity: int = 65_536) -> None:
         if capacity < 1:
@@ -215,8 +223,9 @@ def _u32_bytes(token_ids: Any, count: int) -> bytes | None:
         return None
 
 
-def _vllm_cached(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequence[Any],
-                 cache: BlockHashCache) -> np.ndarray:
+def _vllm_cached(
+    token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequence[Any], cache: BlockHashCache
+) -> np.ndarray:
     data = _u32_bytes(token_ids, n * block_size)
     if data is None or not _U32_NATIVE:  # what the general path handles (or rejects)
         return _vllm(token_ids, block_size, n, hash_seed, extra)
@@ -228,7 +237,7 @@ def _vllm_cached(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra:
     out = [0] * n
     for i in range(n):
         e = extra[i]
-        key = parent + data[i * step:(i + 1) * step] if e is None else None
+        key = parent + data[i * step : (i + 1) * step] if e is None else None
         hit = memo.get(key) if key is not None else None
         if hit is not None:
             parent, out[i] = hit
@@ -237,7 +246,7 @@ def _vllm_cached(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra:
         if tokens is None:  # Python ints, whatever the caller's integer type
             tokens = array("I")
             tokens.frombytes(data)
-        enc = join([get(t) or _cbor_uint(t) for t in tokens[i * block_size:(i + 1) * block_size]])
+        enc = join([get(t) or _cbor_uint(t) for t in tokens[i * block_size : (i + 1) * block_size]])
         parent = sha256(join((head[0], parent, head[1], enc, b"\xf6" if e is None else canonical_cbor(e)))).digest()
         out[i] = from_bytes(parent, "big") & U64_MASK
         if key is not None:
@@ -268,7 +277,7 @@ def _xxhash(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequ
     out = np.empty(n, dtype=np.uint64)
     h = 0
     for i in range(n):
-        msg = h.to_bytes(8, "little") + data[i * step:(i + 1) * step]
+        msg = h.to_bytes(8, "little") + data[i * step : (i + 1) * step]
         if extra[i] is not None:
             msg += canonical_cbor(extra[i])
         h = xxhash.xxh64_intdigest(msg, seed)
@@ -276,9 +285,14 @@ def _xxhash(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequ
     return out
 
 
-def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int,
-                 mode: Literal["xxhash", "vllm"] = "xxhash", hash_seed: str | int | None = None,
-                 extra_keys: Sequence[Any] | None = None, cache: BlockHashCache | None = None) -> np.ndarray:
+def block_hashes(
+    token_ids: Sequence[int] | np.ndarray,
+    block_size: int,
+    mode: Literal["xxhash", "vllm"] = "xxhash",
+    hash_seed: str | int | None = None,
+    extra_keys: Sequence[Any] | None = None,
+    cache: BlockHashCache | None = None,
+) -> np.ndarray:
     """Chained hashes of the complete blocks of `token_ids` (module docstring for both modes).
 
     Args:
@@ -323,9 +337,15 @@ def _version(v: str) -> tuple[int, int]:
     return major, minor
 
 
-def vllm_extra_keys(vllm_version: str, n_blocks: int, *, lora_name: str | None = None,
-                    lora_int_id: int | None = None, lora_path: str | None = None,
-                    cache_salt: str | None = None) -> list[tuple[Any, ...] | None] | None:
+def vllm_extra_keys(
+    vllm_version: str,
+    n_blocks: int,
+    *,
+    lora_name: str | None = None,
+    lora_int_id: int | None = None,
+    lora_path: str | None = None,
+    cache_salt: str | None = None,
+) -> list[tuple[Any, ...] | None] | None:
     """The per-block `extra_keys` a given vLLM release hashes for LoRA and `cache_salt` requests.
 
     Args:

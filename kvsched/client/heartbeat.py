@@ -57,9 +57,14 @@ class HeartbeatThread:
             latest one; or None. Written by the thread only.
     """
 
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str, owner: object,
-                 curve_server_key: bytes | None = None,
-                 curve_client_keys: tuple[bytes, bytes] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        endpoint: str,
+        owner: object,
+        curve_server_key: bytes | None = None,
+        curve_client_keys: tuple[bytes, bytes] | None = None,
+    ) -> None:
         self.run: tuple[int, float, float] | None = None
         self.acked: tuple[int, float] | None = None
         self._target: tuple[int, float, float] = (0, 1.0, 1.0)  # (conn_token, period_s, gap_s)
@@ -67,9 +72,20 @@ class HeartbeatThread:
         self._wake = threading.Event()  # set by `follow` and `stop`: the thread looks at once
         self._pid = os.getpid()
         self._thread = threading.Thread(
-            target=_beat, name=THREAD_NAME, daemon=True,
-            args=(ctx, endpoint, curve_server_key, curve_client_keys, weakref.ref(self), weakref.ref(owner),
-                  self._stopped, self._wake))
+            target=_beat,
+            name=THREAD_NAME,
+            daemon=True,
+            args=(
+                ctx,
+                endpoint,
+                curve_server_key,
+                curve_client_keys,
+                weakref.ref(self),
+                weakref.ref(owner),
+                self._stopped,
+                self._wake,
+            ),
+        )
         self._on_owner_gone = weakref.finalize(owner, _signal, self._stopped, self._wake)
         self._thread.start()
 
@@ -108,9 +124,16 @@ def _signal(stopped: threading.Event, wake: threading.Event) -> None:
     wake.set()
 
 
-def _beat(ctx: zmq.Context[Any], endpoint: str, server_key: bytes | None, client_keys: tuple[bytes, bytes] | None,
-          state_ref: weakref.ref[HeartbeatThread], owner_ref: weakref.ref[object], stopped: threading.Event,
-          wake: threading.Event) -> None:
+def _beat(
+    ctx: zmq.Context[Any],
+    endpoint: str,
+    server_key: bytes | None,
+    client_keys: tuple[bytes, bytes] | None,
+    state_ref: weakref.ref[HeartbeatThread],
+    owner_ref: weakref.ref[object],
+    stopped: threading.Event,
+    wake: threading.Event,
+) -> None:
     """The thread: heartbeat while the owner lives and `stopped` is not set; close the socket at the
     end. Holds the `HeartbeatThread` and the owner only weakly (never across a wait)."""
     sock = ctx.socket(zmq.DEALER)
@@ -157,8 +180,12 @@ def _beat(ctx: zmq.Context[Any], endpoint: str, server_key: bytes | None, client
         sock.close(0)
 
 
-def _read_answer(sock: zmq.Socket[Any], dec: msgspec.msgpack.Decoder[Any], unanswered: dict[int, tuple[int, float]],
-                 state: HeartbeatThread) -> None:
+def _read_answer(
+    sock: zmq.Socket[Any],
+    dec: msgspec.msgpack.Decoder[Any],
+    unanswered: dict[int, tuple[int, float]],
+    state: HeartbeatThread,
+) -> None:
     """Read one answer: a `heartbeat_ack` records when its beat was sent (`HeartbeatThread.acked`); an
     `error` (a token the daemon no longer knows: the link finds that out on its own) is dropped."""
     try:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Literal
 
 from .. import protocol as p
 from ..errors import LeaseError, LeaseLost, LeaseRevoked
@@ -45,7 +46,7 @@ class DroppedLeases:
 
     __slots__ = ("_client", "_queue", "_wake_pending", "wakes")
 
-    def __init__(self, client: "SchedulerClient") -> None:
+    def __init__(self, client: SchedulerClient) -> None:
         self._client = client
         self._queue: deque[tuple[str, int, int]] = deque()
         self._wake_pending = False
@@ -105,13 +106,43 @@ class Lease:
         dp_size: ranks of the worker (> 1: tell a vLLM engine the rank, `X-data-parallel-rank`).
     """
 
-    __slots__ = ("request_id", "worker", "slot", "generation", "cached_tokens", "overlap_blocks", "queued_us",
-                 "isl_tokens", "degraded", "output_tokens", "outcome", "url", "dp_size", "lost_reason", "_client", "_dispatched",
-                 "_loss_logged", "_on_dropped", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_client",
+        "_dispatched",
+        "_loss_logged",
+        "_on_dropped",
+        "cached_tokens",
+        "degraded",
+        "dp_size",
+        "generation",
+        "isl_tokens",
+        "lost_reason",
+        "outcome",
+        "output_tokens",
+        "overlap_blocks",
+        "queued_us",
+        "request_id",
+        "slot",
+        "url",
+        "worker",
+    )
 
-    def __init__(self, client: "SchedulerClient | None", request_id: str, worker: p.WorkerKey, slot: int,
-                 generation: int, cached_tokens: int, overlap_blocks: int, queued_us: int, isl_tokens: int,
-                 degraded: bool = False, url: str = "", dp_size: int = 1) -> None:
+    def __init__(
+        self,
+        client: SchedulerClient | None,
+        request_id: str,
+        worker: p.WorkerKey,
+        slot: int,
+        generation: int,
+        cached_tokens: int,
+        overlap_blocks: int,
+        queued_us: int,
+        isl_tokens: int,
+        degraded: bool = False,
+        url: str = "",
+        dp_size: int = 1,
+    ) -> None:
         self._client = client
         self.url = url
         self.dp_size = dp_size
@@ -132,14 +163,16 @@ class Lease:
         self._on_dropped: Callable[[Lease], None] | None = None
 
     def __repr__(self) -> str:
-        return (f"Lease({self.request_id!r}, worker={self.worker}, slot={self.slot}, gen={self.generation}, "
-                f"cached_tokens={self.cached_tokens}, outcome={self.outcome})")
+        return (
+            f"Lease({self.request_id!r}, worker={self.worker}, slot={self.slot}, gen={self.generation}, "
+            f"cached_tokens={self.cached_tokens}, outcome={self.outcome})"
+        )
 
     @property
     def closed(self) -> bool:
         return self.outcome is not None
 
-    def on_dropped(self, callback: "Callable[[Lease], None] | None") -> None:
+    def on_dropped(self, callback: Callable[[Lease], None] | None) -> None:
         """Call `callback(lease)` once, on the client's loop, when the daemon drops this open lease
         (`outcome` becomes "lost" or "revoked"); at once if it already has. A caller streaming from
         an engine uses it to stop at once (e.g. close the engine request on a revoke) instead of at
@@ -201,15 +234,18 @@ class Lease:
             return
         n = checked_int("n", n, 0, MAX_TOKENS)  # checked before counting: a refused count must not reach the release
         if self.isl_tokens + self.output_tokens + n > MAX_TOKENS:
-            raise ValueError(f"{self.output_tokens + n} output tokens after {self.isl_tokens} prompt tokens pass "
-                             f"the {MAX_TOKENS:,}-token bound of a request's context")
+            raise ValueError(
+                f"{self.output_tokens + n} output tokens after {self.isl_tokens} prompt tokens pass "
+                f"the {MAX_TOKENS:,}-token bound of a request's context"
+            )
         self.output_tokens += n
         if self.degraded or self._client is None:
             return
         self._client._report_progress(self)
 
-    def release(self, outcome: Literal["completed", "aborted"] = "completed",
-                context_tokens: int | None = None) -> None:
+    def release(
+        self, outcome: Literal["completed", "aborted"] = "completed", context_tokens: int | None = None
+    ) -> None:
         """Close the lease (idempotent for the same outcome).
 
         Args:
@@ -232,8 +268,12 @@ class Lease:
             if self.outcome in _DROPPED:
                 if self.outcome == "lost" and not self._loss_logged:
                     self._loss_logged = True
-                    log.warning("release(%s) of lost lease request_id=%s ignored: %s", outcome,
-                                self.request_id, self.lost_reason)
+                    log.warning(
+                        "release(%s) of lost lease request_id=%s ignored: %s",
+                        outcome,
+                        self.request_id,
+                        self.lost_reason,
+                    )
                 return
             if self.outcome != outcome:
                 raise LeaseError(f"lease {self.request_id!r} already {self.outcome}, cannot be {outcome}")
@@ -246,7 +286,7 @@ class Lease:
         self.outcome = outcome  # after the send: a Release that could not be sent leaves the lease open
         self._client._forget_lease(self)
 
-    async def requeue(self) -> "Lease":
+    async def requeue(self) -> Lease:
         """Dispatch failed or the engine preempted the request: give the booking back and wait for a
         new admission (same request, original queue position). Returns the new lease.
 
@@ -263,19 +303,21 @@ class Lease:
         self._client._forget_lease(self)
         return await self._client._requeue(self)
 
-    async def __aenter__(self) -> "Lease":
+    async def __aenter__(self) -> Lease:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.outcome is None:
             self.release("completed" if exc_type is None else "aborted")
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.outcome is None:
             self.release("completed" if exc_type is None else "aborted")
 

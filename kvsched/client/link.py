@@ -36,7 +36,8 @@ import logging
 import os
 import socket
 import time
-from typing import Callable, cast
+from collections.abc import Callable
+from typing import cast
 
 import msgspec
 import zmq
@@ -63,6 +64,7 @@ def _readable(sock: zmq.Socket[bytes]) -> bool:
     message) and `getsockopt(EVENTS)` builds an option enum in pyzmq 27. Like those two, it
     processes the socket's pending commands, so it re-arms the edge-triggered ZMQ FD."""
     return bool(_zmq_poll([(sock, _POLLIN)], 0))
+
 
 # Silence after which the daemon may have reaped us (a share of its liveness timeout, so a frame in
 # flight when the loop resumes cannot reach it after the reap): neither this link nor its heartbeat
@@ -109,11 +111,18 @@ class Link:
             `conn_token` until `close()`; None before (and with a daemon that names none).
     """
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, client_name: str,
-                 on_frame: Callable[[p.DaemonFrame], None], on_welcome: Callable[[p.Welcome, bool], None],
-                 max_backoff_s: float = 2.0, curve_server_key: bytes | None = None,
-                 curve_client_keys: tuple[bytes, bytes] | None = None,
-                 protocol_version: int = p.PROTOCOL_VERSION) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        endpoint: str,
+        client_name: str,
+        on_frame: Callable[[p.DaemonFrame], None],
+        on_welcome: Callable[[p.Welcome, bool], None],
+        max_backoff_s: float = 2.0,
+        curve_server_key: bytes | None = None,
+        curve_client_keys: tuple[bytes, bytes] | None = None,
+        protocol_version: int = p.PROTOCOL_VERSION,
+    ) -> None:
         self.ctx, self.endpoint, self.client_name = ctx, endpoint, client_name
         self.on_frame, self.on_welcome = on_frame, on_welcome
         self.max_backoff_s = max_backoff_s
@@ -223,8 +232,17 @@ class Link:
             self.sock = None
 
     def _hello(self) -> bool:
-        return self._raw_send(self.enc.encode(p.Hello(self.version, self.client_name[:p.MAX_NAME_CHARS], os.getpid(),
-                                               socket.gethostname()[:p.MAX_NAME_CHARS], _pid_ns())))
+        return self._raw_send(
+            self.enc.encode(
+                p.Hello(
+                    self.version,
+                    self.client_name[: p.MAX_NAME_CHARS],
+                    os.getpid(),
+                    socket.gethostname()[: p.MAX_NAME_CHARS],
+                    _pid_ns(),
+                )
+            )
+        )
 
     def close(self) -> None:
         """Send this turn's frames and close; queued frames still go out for up to `CLOSE_LINGER_MS`."""
@@ -247,9 +265,11 @@ class Link:
         raw = self.enc.encode(frame)
         outbox = self.outbox
         if len(raw) > outbox.max_frame_bytes:  # the daemon's transport would drop the connection for it
-            raise FrameTooLarge(f"{type(frame).__name__} frame for request {getattr(frame, 'request_id', '')!r} "
-                                f"is {len(raw):,} bytes; the daemon accepts at most {outbox.max_frame_bytes:,} "
-                                f"(max_frame_bytes): fewer block_hashes or a larger [daemon] max_frame_bytes")
+            raise FrameTooLarge(
+                f"{type(frame).__name__} frame for request {getattr(frame, 'request_id', '')!r} "
+                f"is {len(raw):,} bytes; the daemon accepts at most {outbox.max_frame_bytes:,} "
+                f"(max_frame_bytes): fewer block_hashes or a larger [daemon] max_frame_bytes"
+            )
         if self.connected and self._silent_too_long(time.monotonic()):
             self.link_down()  # e.g. our loop was blocked: the daemon reaped this connection
         if self.connected:
@@ -345,10 +365,15 @@ class Link:
                         self.outbox.queue(raw, True)
                     else:
                         self._raw_send(raw)
-            case p.Error() if (frame.code == p.ErrorCode.VERSION and not self.connected
-                               and self.version > p.PROTOCOL_MIN):
-                log.info("daemon refused protocol %d (%s); saying Hello with version %d", self.version,
-                         frame.message, p.PROTOCOL_MIN)
+            case p.Error() if (
+                frame.code == p.ErrorCode.VERSION and not self.connected and self.version > p.PROTOCOL_MIN
+            ):
+                log.info(
+                    "daemon refused protocol %d (%s); saying Hello with version %d",
+                    self.version,
+                    frame.message,
+                    p.PROTOCOL_MIN,
+                )
                 self.version = p.PROTOCOL_MIN
                 self._try_hello()
             case p.HeartbeatAck():
@@ -372,10 +397,12 @@ class Link:
                 self.heartbeats.follow(0, 1.0, 1.0)
             return
         if self.heartbeats is None:
-            self.heartbeats = HeartbeatThread(self.ctx, self.endpoint, self, self.curve_server_key,
-                                              self.curve_client_keys)
-        self.heartbeats.follow(welcome.conn_token, welcome.heartbeat_ms / 1000,
-                               welcome.liveness_timeout_ms / 1000 * REAP_SHARE)
+            self.heartbeats = HeartbeatThread(
+                self.ctx, self.endpoint, self, self.curve_server_key, self.curve_client_keys
+            )
+        self.heartbeats.follow(
+            welcome.conn_token, welcome.heartbeat_ms / 1000, welcome.liveness_timeout_ms / 1000 * REAP_SHARE
+        )
 
     def _unheard(self, now: float, liveness_s: float) -> bool:
         """The daemon may have heard nothing for this connection for `REAP_SHARE` of its liveness
@@ -385,7 +412,9 @@ class Link:
         if now - self._last_send <= gap_s:
             return False
         beats, welcome = self.heartbeats, self.welcome
-        return beats is None or welcome is None or not beats.covered_since(welcome.conn_token, self._last_send, now, gap_s)
+        return (
+            beats is None or welcome is None or not beats.covered_since(welcome.conn_token, self._last_send, now, gap_s)
+        )
 
     def _silent_too_long(self, now: float) -> bool:
         """The connection may be gone on the daemon's side: either the daemon heard nothing for it for
@@ -432,8 +461,12 @@ class Link:
         now = time.monotonic()
         if self.connected and self.welcome is not None:
             if self._silent_too_long(now):  # checked before a heartbeat could go out on a reaped connection
-                log.warning("link quiet (sent %.1fs ago, received %.1fs ago) endpoint=%s; reconnecting",
-                            now - self._last_send, now - self._last_recv, self.endpoint)
+                log.warning(
+                    "link quiet (sent %.1fs ago, received %.1fs ago) endpoint=%s; reconnecting",
+                    now - self._last_send,
+                    now - self._last_recv,
+                    self.endpoint,
+                )
                 self.link_down()
         if self.connected and self.welcome is not None:
             hb_s = self.welcome.heartbeat_ms / 1000
@@ -459,5 +492,7 @@ class Link:
             if self.welcome is not None:
                 ceiling = min(ceiling, self.welcome.liveness_timeout_ms / 1000 / 4)
             self._backoff_s = min(self._backoff_s * 2, ceiling)
-        period = 0.05 if not self.connected or self.welcome is None else min(0.25, (self.welcome.heartbeat_ms / 1000) / 2)
+        period = (
+            0.05 if not self.connected or self.welcome is None else min(0.25, (self.welcome.heartbeat_ms / 1000) / 2)
+        )
         self._timer = self._running_loop().call_later(period, self._on_timer)

@@ -16,7 +16,7 @@ callbacks and decides when a frame is queued, held or flushed.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 
@@ -39,10 +39,11 @@ class Outbox:
         held: the reconnect buffer, oldest first.
     """
 
-    __slots__ = ("_send", "_down", "_call_soon", "_turn", "_queued", "held", "max_frame_bytes")
+    __slots__ = ("_call_soon", "_down", "_queued", "_send", "_turn", "held", "max_frame_bytes")
 
-    def __init__(self, send: Callable[[bytes], bool], down: Callable[[], None],
-                 call_soon: Callable[[Callable[[], None]], object]) -> None:
+    def __init__(
+        self, send: Callable[[bytes], bool], down: Callable[[], None], call_soon: Callable[[Callable[[], None]], object]
+    ) -> None:
         self._send, self._down, self._call_soon = send, down, call_soon
         self._turn: list[tuple[bytes, bool]] = []  # (frame, bufferable) sent this loop turn, not yet flushed
         self._queued = False

@@ -13,7 +13,8 @@ client sends what it returns.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Union
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple, Union
 
 from .. import protocol as p
 from ..errors import DaemonUnavailable, ShuttingDown
@@ -44,7 +45,7 @@ class PendingCalls:
             adds it at admission and drops it when the lease ends).
     """
 
-    __slots__ = ("_waiting", "_parked", "origins")
+    __slots__ = ("_parked", "_waiting", "origins")
 
     def __init__(self) -> None:
         self._waiting: dict[str, Waiting] = {}
@@ -60,8 +61,9 @@ class PendingCalls:
     def __iter__(self) -> Iterator[str]:
         return iter(self._waiting)
 
-    def open(self, request_id: str, future: asyncio.Future[Answer], frame: p.Enqueue | p.Update,
-             isl_tokens: int) -> None:
+    def open(
+        self, request_id: str, future: asyncio.Future[Answer], frame: p.Enqueue | p.Update, isl_tokens: int
+    ) -> None:
         """Start waiting for `request_id`.
 
         Raises:
@@ -145,8 +147,9 @@ class PendingCalls:
         return p.Reattach(list(leases), pending, requeues)
 
 
-def split_reattach(frame: p.Reattach, limit: int,
-                   encode: Callable[[object], bytes]) -> tuple[list[p.Reattach], list[tuple[str, int]]]:
+def split_reattach(
+    frame: p.Reattach, limit: int, encode: Callable[[object], bytes]
+) -> tuple[list[p.Reattach], list[tuple[str, int]]]:
     """Cut `frame` into `Reattach` frames of at most `limit` encoded bytes and `p.MAX_LIST` entries per
     list, in order.
 

@@ -29,10 +29,12 @@ def loss_reason(epoch_before: int | None, welcome: p.Welcome) -> str:
     same `daemon_epoch` as before means it reaped this router as silent, another one that it
     restarted. Shown by `LeaseLost` for each lease its `Reattached` lists as lost."""
     if welcome.daemon_epoch == epoch_before:  # same daemon: it reaped this router as silent
-        return (f"the daemon (same daemon_epoch, it did not restart) declared this router dead "
-                f"after {welcome.liveness_timeout_ms / 1000:.1f} s of silence "
-                f"(the process stopped, its heartbeats did not reach the daemon, or the link was down longer than "
-                f"liveness_timeout_ms); lease lost")
+        return (
+            f"the daemon (same daemon_epoch, it did not restart) declared this router dead "
+            f"after {welcome.liveness_timeout_ms / 1000:.1f} s of silence "
+            f"(the process stopped, its heartbeats did not reach the daemon, or the link was down longer than "
+            f"liveness_timeout_ms); lease lost"
+        )
     return f"the daemon restarted (daemon_epoch {epoch_before} -> {welcome.daemon_epoch}) without it; lease lost"
 
 
@@ -45,17 +47,26 @@ def send_reattach(link: Link | None, pending: PendingCalls, leases: list[p.Lease
         busy = {ref.request_id for ref in leases} | set(pending)  # a reused id: never claim its old lease
         leases += [ref for ref in link.buffered_releases() if ref.request_id not in busy]
     frame = pending.reattach(leases)
-    log.info("reconnected epoch=%d reattaching leases=%d pending=%d requeues=%d", welcome.daemon_epoch,
-             len(frame.leases), len(frame.pending), len(frame.requeues))
+    log.info(
+        "reconnected epoch=%d reattaching leases=%d pending=%d requeues=%d",
+        welcome.daemon_epoch,
+        len(frame.leases),
+        len(frame.pending),
+        len(frame.requeues),
+    )
     if link is None:
         return
     limit = link.max_frame_bytes - p.BATCH_OVERHEAD_BYTES
     frames, too_large = split_reattach(frame, limit, link.enc.encode)
     for rid, size in too_large:  # fits no frame this daemon accepts: fail the call, keep the others
         pending.origins.pop(rid, None)
-        pending.fail(rid, FrameTooLarge(
-            f"request {rid!r} takes {size:,} bytes to re-send; the restarted daemon accepts at most "
-            f"{link.max_frame_bytes:,} (max_frame_bytes)"))
+        pending.fail(
+            rid,
+            FrameTooLarge(
+                f"request {rid!r} takes {size:,} bytes to re-send; the restarted daemon accepts at most "
+                f"{link.max_frame_bytes:,} (max_frame_bytes)"
+            ),
+        )
     if len(frames) > 1:
         log.info("reattach split into frames=%d (max_frame_bytes=%d)", len(frames), link.max_frame_bytes)
     for f in frames:

@@ -27,7 +27,7 @@ class Receipts:
             timeout (a daemon that kept answering that long read it); 10 s before any Welcome.
     """
 
-    __slots__ = ("_unconfirmed", "_seq", "_enqueue_seq", "_heartbeat", "horizon_s")
+    __slots__ = ("_enqueue_seq", "_heartbeat", "_seq", "_unconfirmed", "horizon_s")
 
     def __init__(self) -> None:
         # (send seq, monotonic s, encoded Release), oldest first

@@ -13,9 +13,9 @@ import asyncio
 import os
 import threading
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import zmq
@@ -132,8 +132,9 @@ class SyncLease:
         fn = None if callback is None else (lambda _lease: callback(self))
         self._client._call(self.lease.on_dropped, fn)
 
-    def release(self, outcome: Literal["completed", "aborted"] = "completed",
-                context_tokens: int | None = None) -> None:
+    def release(
+        self, outcome: Literal["completed", "aborted"] = "completed", context_tokens: int | None = None
+    ) -> None:
         """`Lease.release`."""
         self._client._call(self.lease.release, outcome, context_tokens)
 
@@ -144,8 +145,9 @@ class SyncLease:
     def __enter__(self) -> SyncLease:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.lease.outcome is None:
             self.release("completed" if exc_type is None else "aborted")
 
@@ -227,9 +229,14 @@ class SyncSchedulerClient:
         """The daemon's last `Welcome` (block size, epoch, limits), or None before the first."""
         return self._client.welcome
 
-    def block_hashes(self, token_ids: Sequence[int] | np.ndarray, *, mode: Literal["vllm", "xxhash"] = "vllm",
-                     extra_keys: Sequence[Any] | None = None,
-                     cache: hashing.BlockHashCache | None = None) -> np.ndarray:
+    def block_hashes(
+        self,
+        token_ids: Sequence[int] | np.ndarray,
+        *,
+        mode: Literal["vllm", "xxhash"] = "vllm",
+        extra_keys: Sequence[Any] | None = None,
+        cache: hashing.BlockHashCache | None = None,
+    ) -> np.ndarray:
         """`SchedulerClient.block_hashes` (the daemon's block size and `kv_hash_seed`): same arguments
         and errors. Runs in the calling thread: it only reads the last `Welcome` (an immutable frame),
         so hashing never queues behind the client's loop thread."""
@@ -254,22 +261,24 @@ class SyncSchedulerClient:
         excluded_workers: Iterable[int] | None = None,
     ) -> SyncLease:
         """Blocking `SchedulerClient.schedule`: same arguments and errors; returns a `SyncLease`."""
-        lease = self._run(self._client.schedule(
-            request_id,
-            isl_tokens,
-            block_hashes,
-            policy_class=policy_class,
-            priority=priority,
-            strict_priority=strict_priority,
-            session_id=session_id,
-            expected_osl=expected_osl,
-            pinned=pinned,
-            allowed_workers=allowed_workers,
-            do_not_queue=do_not_queue,
-            deadline_ms=deadline_ms,
-            lora_name=lora_name,
-            excluded_workers=excluded_workers,
-        ))
+        lease = self._run(
+            self._client.schedule(
+                request_id,
+                isl_tokens,
+                block_hashes,
+                policy_class=policy_class,
+                priority=priority,
+                strict_priority=strict_priority,
+                session_id=session_id,
+                expected_osl=expected_osl,
+                pinned=pinned,
+                allowed_workers=allowed_workers,
+                do_not_queue=do_not_queue,
+                deadline_ms=deadline_ms,
+                lora_name=lora_name,
+                excluded_workers=excluded_workers,
+            )
+        )
         return SyncLease(self, lease)
 
     def _call(self, fn: Callable[..., T], *args: object) -> T:

@@ -3,8 +3,9 @@ the endpoints the daemon would really bind (discovery and `KVSCHED_*ENDPOINT` in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from ..endpoints import daemon_endpoints, endpoint_problem, is_loopback_endpoint
 
@@ -33,12 +34,11 @@ def url_problem(url: str) -> str | None:
 def curve_problem(endpoint: str, curve_secret_key_file: str | None) -> str | None:
     """The CURVE rule: a TCP endpoint not bound to loopback requires `daemon.curve_secret_key_file`."""
     if endpoint.startswith("tcp://") and not is_loopback_endpoint(endpoint) and not curve_secret_key_file:
-        return (f"{endpoint} is a TCP endpoint off loopback: it requires daemon.curve_secret_key_file "
-                "(CURVE keys)")
+        return f"{endpoint} is a TCP endpoint off loopback: it requires daemon.curve_secret_key_file (CURVE keys)"
     return None
 
 
-def check_endpoints(cfg: "Config", env: Mapping[str, str] | None = None) -> list[str]:
+def check_endpoints(cfg: Config, env: Mapping[str, str] | None = None) -> list[str]:
     """Problems of the endpoints the daemon would really use (discovery and `KVSCHED_*ENDPOINT`
     included): syntax (ipc path length too, `endpoint_problem`), the CURVE rule, and addresses a start
     could not bind (data = admin, an endpoint on the metrics host:port). [] = fine. Used by
@@ -51,13 +51,15 @@ def check_endpoints(cfg: "Config", env: Mapping[str, str] | None = None) -> list
         problem = endpoint_problem(ep) or curve_problem(ep, d.curve_secret_key_file)
         if problem:
             problems.append(f"{what} {ep!r}: {problem}")
-        host, _, port = ep[len("tcp://"):].rpartition(":") if ep.startswith("tcp://") else ("", "", "")
-        if d.metrics_port and port == str(d.metrics_port) and (host == d.metrics_host or host in wild
-                                                                or d.metrics_host in wild):
+        host, _, port = ep[len("tcp://") :].rpartition(":") if ep.startswith("tcp://") else ("", "", "")
+        if (
+            d.metrics_port
+            and port == str(d.metrics_port)
+            and (host == d.metrics_host or host in wild or d.metrics_host in wild)
+        ):
             problems.append(f"the {what} and daemon.metrics_host/metrics_port both use {host}:{port}")
     if data == admin:
         problems.append(f"the data and admin endpoints are the same ({data!r}): each needs its own socket")
     if d.curve_secret_key_file and not Path(d.curve_secret_key_file).is_file():
         problems.append(f"daemon.curve_secret_key_file {d.curve_secret_key_file}: no such file")
     return problems
-

@@ -9,28 +9,35 @@ import os
 import re
 import stat
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import msgspec
 
 from ..errors import ConfigError
 from .sections import Config, DaemonConfig, OverloadConfig, SelectorConfig
 
-
 _ENV_PREFIX = "KVSCHED_"
 _ENV_SECTIONS = {"daemon": DaemonConfig, "selector": SelectorConfig, "overload": OverloadConfig}
 
 # The KVSCHED_ variables that are not config overrides (docs/DESIGN.md §1.3): the loader leaves them
 # alone. Only the user-facing ones are named in its errors and warnings.
-USER_ENV = frozenset({
-    "KVSCHED_ENDPOINT", "KVSCHED_ADMIN_ENDPOINT",  # discovery of routers and the CLI (kvsched.endpoints)
-    "KVSCHED_TOKENIZER_DIR", "KVSCHED_TAG",  # docker-compose.yml: the tokenizer mount, the image tag
-})
-INTERNAL_ENV = frozenset({
-    "KVSCHED_DEBUG_STALL_S",  # debug aid: SIGUSR2 blocks the daemon's loop this long (s)
-    "KVSCHED_BENCH_CORE_SRC", "KVSCHED_REGEN_GOLDEN",  # bench/ and tests/
-})
+USER_ENV = frozenset(
+    {
+        "KVSCHED_ENDPOINT",
+        "KVSCHED_ADMIN_ENDPOINT",  # discovery of routers and the CLI (kvsched.endpoints)
+        "KVSCHED_TOKENIZER_DIR",
+        "KVSCHED_TAG",  # docker-compose.yml: the tokenizer mount, the image tag
+    }
+)
+INTERNAL_ENV = frozenset(
+    {
+        "KVSCHED_DEBUG_STALL_S",  # debug aid: SIGUSR2 blocks the daemon's loop this long (s)
+        "KVSCHED_BENCH_CORE_SRC",
+        "KVSCHED_REGEN_GOLDEN",  # bench/ and tests/
+    }
+)
 NON_CONFIG_ENV = USER_ENV | INTERNAL_ENV
 
 # The names Kubernetes gives the service links it puts into every pod of a namespace, for each
@@ -39,7 +46,8 @@ NON_CONFIG_ENV = USER_ENV | INTERNAL_ENV
 # https://kubernetes.io/docs/concepts/services-networking/service/). A Service named kvsched-pool
 # makes KVSCHED_POOL_SERVICE_HOST and the rest.
 SERVICE_LINK = re.compile(
-    r"_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)$")
+    r"_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)$"
+)
 
 EnvKind = Literal["override", "non_config", "service_link", "unknown_key", "unknown"]
 
@@ -54,9 +62,9 @@ def env_kind(name: str) -> EnvKind:
     * `unknown_key`: a settable section with a key it does not have (`KVSCHED_DAEMON_MAX_SLOTZ`): an error;
     * `unknown`: anything else (`KVSCHED_DEAMON_MAX_SLOTS`): ignored with a warning.
     """
-    rest = name[len(_ENV_PREFIX):].lower()
+    rest = name[len(_ENV_PREFIX) :].lower()
     section = next((s for s in _ENV_SECTIONS if rest.startswith(s + "_")), None)
-    if section is not None and rest[len(section) + 1:] in _ENV_SECTIONS[section].__struct_fields__:
+    if section is not None and rest[len(section) + 1 :] in _ENV_SECTIONS[section].__struct_fields__:
         return "override"
     if name in NON_CONFIG_ENV:
         return "non_config"
@@ -67,17 +75,20 @@ def env_kind(name: str) -> EnvKind:
 
 def env_hint() -> str:
     """What kvsched reads from KVSCHED_ variables, for errors and warnings (user-facing ones only)."""
-    return (f"KVSCHED_<SECTION>_<KEY> sets a key of a config section, SECTION one of "
-            f"{', '.join(s.upper() for s in _ENV_SECTIONS)}; other KVSCHED_ variables kvsched reads: "
-            f"{', '.join(sorted(USER_ENV))}")
+    return (
+        f"KVSCHED_<SECTION>_<KEY> sets a key of a config section, SECTION one of "
+        f"{', '.join(s.upper() for s in _ENV_SECTIONS)}; other KVSCHED_ variables kvsched reads: "
+        f"{', '.join(sorted(USER_ENV))}"
+    )
 
 
 def config_env_names(env: Mapping[str, str]) -> list[str]:
     """The `KVSCHED_` variables of `env` the loader reads as config overrides or refuses (`env_kind`
     `override` or `unknown_key`). Sorted. A process that writes its daemon's whole config
     (`kvsched replay`) drops these."""
-    return sorted(name for name in env if name.startswith(_ENV_PREFIX)
-                  and env_kind(name) in ("override", "unknown_key"))
+    return sorted(
+        name for name in env if name.startswith(_ENV_PREFIX) and env_kind(name) in ("override", "unknown_key")
+    )
 
 
 def ignored_env(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
@@ -85,8 +96,10 @@ def ignored_env(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     sorted (`env_kind`). The daemon logs the first at debug level and warns once about each of the
     second; a stray variable never stops it (Kubernetes puts service links into every pod)."""
     kinds = {name: env_kind(name) for name in env if name.startswith(_ENV_PREFIX)}
-    return (sorted(n for n, k in kinds.items() if k == "service_link"),
-            sorted(n for n, k in kinds.items() if k == "unknown"))
+    return (
+        sorted(n for n, k in kinds.items() if k == "service_link"),
+        sorted(n for n, k in kinds.items() if k == "unknown"),
+    )
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -104,9 +117,9 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         kind = env_kind(name)
         if kind not in ("override", "unknown_key"):
             continue
-        rest = name[len(_ENV_PREFIX):].lower()
+        rest = name[len(_ENV_PREFIX) :].lower()
         section = next(s for s in _ENV_SECTIONS if rest.startswith(s + "_"))
-        key = rest[len(section) + 1:]
+        key = rest[len(section) + 1 :]
         if kind == "unknown_key":
             raise ConfigError(f"environment {name}: unknown key {section}.{key} ({env_hint()})")
         out.setdefault(section, {})[key] = _parse_scalar(value)
@@ -183,13 +196,15 @@ def _read_include(path: Path, parent: Path) -> dict[str, Any]:
     if "include" in raw:
         raise ConfigError(
             f"{path}: include = {raw['include']!r}: a file included by {parent} cannot include another "
-            f"(one level only); move its default_class / [[classes]] into {path} or {parent}")
+            f"(one level only); move its default_class / [[classes]] into {path} or {parent}"
+        )
     unknown = [key for key in raw if key not in INCLUDABLE_KEYS]
     if unknown:
         raise ConfigError(
             f"{path} (included by {parent}): unknown key{'s' if len(unknown) > 1 else ''} "
             f"{', '.join(unknown)}: an included file may hold only default_class and [[classes]] "
-            f"(the other sections belong in {parent})")
+            f"(the other sections belong in {parent})"
+        )
     return raw
 
 
@@ -241,8 +256,11 @@ def load_config_keys(
                 where += f" ({' and '.join(supplied)} from {inc_path})"
     env_over = _env_overrides(os.environ if env is None else env)
     if env_over:
-        where += " + KVSCHED_* environment (" + ", ".join(
-            f"KVSCHED_{sec.upper()}_{key.upper()}" for sec, keys in env_over.items() for key in keys) + ")"
+        where += (
+            " + KVSCHED_* environment ("
+            + ", ".join(f"KVSCHED_{sec.upper()}_{key.upper()}" for sec, keys in env_over.items() for key in keys)
+            + ")"
+        )
     raw = _deep_merge(raw, env_over, where)
     if overrides:
         raw = _deep_merge(raw, overrides, where)
@@ -274,8 +292,9 @@ def config_from_dict(raw: Mapping[str, Any], where: str = "config") -> Config:
         raise ConfigError(f"{where}: {exc}") from exc
     bad = non_finite_keys(cfg)
     if bad:
-        raise ConfigError(f"{where}: " + "; ".join(f"{path} = {value!r}: expected a finite number"
-                                                    for path, value in bad))
+        raise ConfigError(
+            f"{where}: " + "; ".join(f"{path} = {value!r}: expected a finite number" for path, value in bad)
+        )
     return cfg
 
 

@@ -15,7 +15,6 @@ from ..protocol import MAX_NAME_CHARS, BatchedTokens, KvBlocks
 from .checks import curve_problem, url_problem
 from .selectors import selector_problem
 
-
 # An RNG seed: numpy.random.default_rng accepts any non-negative integer; kvsched takes 0..2**63-1 (TOML integers
 # are 64-bit signed, and msgspec bounds must fit in int64).
 Seed = Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
@@ -39,8 +38,10 @@ class AdmissionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
 
     def __post_init__(self) -> None:
         if self.type == "kv_pressure" and self.low_water_frac > self.high_water_frac:
-            raise ValueError(f"admission low_water_frac ({self.low_water_frac}) must not exceed "
-                             f"high_water_frac ({self.high_water_frac})")
+            raise ValueError(
+                f"admission low_water_frac ({self.low_water_frac}) must not exceed "
+                f"high_water_frac ({self.high_water_frac})"
+            )
 
 
 class ClassConfig(Section):
@@ -165,12 +166,16 @@ class DaemonConfig(Section):
     endpoint: str = ""  # data socket; "" = discovery (docs/DESIGN.md §1.2); set, it wins over KVSCHED_ENDPOINT
     admin_endpoint: str = ""  # admin socket; "" = discovery; set, it wins over KVSCHED_ADMIN_ENDPOINT
     curve_secret_key_file: str | None = None  # z85 server secret key; required for a non-loopback TCP endpoint
-    curve_authorized_keys_dir: str | None = None  # client public keys allowed (pyzmq certs); None = any client holding the server key
+    curve_authorized_keys_dir: str | None = (
+        None  # client public keys allowed (pyzmq certs); None = any client holding the server key
+    )
     block_size: Annotated[int, Meta(ge=1, le=1 << 20)] = 16  # tokens per KV block
     max_workers: Annotated[int, Meta(ge=1, le=4096)] = 64  # worker rows in the ledger
     max_slots: Annotated[int, Meta(ge=1, le=1 << 22)] = 8192  # concurrent leases
     max_blocks_per_request: Annotated[int, Meta(ge=1, le=1 << 20)] = 1024  # hashes kept per lease
-    heartbeat_ms: Annotated[int, Meta(ge=10)] = 1000  # client heartbeat period (its heartbeat thread; its loop when idle)
+    heartbeat_ms: Annotated[int, Meta(ge=10)] = (
+        1000  # client heartbeat period (its heartbeat thread; its loop when idle)
+    )
     liveness_timeout_ms: Annotated[int, Meta(ge=50)] = 5000  # uncredited this long (no frame, no heartbeat) = dead
     frame_budget_per_wake: Annotated[int, Meta(ge=1)] = 512  # frames read per reader wake
     inflight_cap_per_connection: Annotated[int, Meta(ge=1)] = 4096  # outstanding Enqueues
@@ -234,4 +239,6 @@ class Config(Section):
             raise ValueError(f"duplicate worker_id in [[workers]]: {', '.join(map(str, dup))}")
         ranks = sum(w.dp_size for w in self.workers)
         if ranks > self.daemon.max_workers:
-            raise ValueError(f"[[workers]] declare {ranks} ranks, more than daemon.max_workers={self.daemon.max_workers}")
+            raise ValueError(
+                f"[[workers]] declare {ranks} ranks, more than daemon.max_workers={self.daemon.max_workers}"
+            )

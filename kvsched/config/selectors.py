@@ -49,13 +49,17 @@ def selector_problem(name: str) -> str | None:
         return None
     listed = ", ".join(installed) or "none"
     if name in BENCH_SELECTORS:
-        return (f"{name!r} is a routing baseline of the {BENCH_DISTRIBUTION} distribution, which is not installed "
-                f"here (`make bench`, or `pip install -e bench/` in a kvsched checkout; docs/ROUTING.md); "
-                f"installed selectors: {listed}")
+        return (
+            f"{name!r} is a routing baseline of the {BENCH_DISTRIBUTION} distribution, which is not installed "
+            f"here (`make bench`, or `pip install -e bench/` in a kvsched checkout; docs/ROUTING.md); "
+            f"installed selectors: {listed}"
+        )
     hint = ""
     if "kv" not in installed:  # kvsched's own registrations are missing: metadata of an older install
-        hint = ("; kvsched's own selectors are not registered either: its installed metadata predates the "
-                f"{SELECTOR_GROUP!r} entry points (reinstall it, e.g. `pip install -e .`)")
+        hint = (
+            "; kvsched's own selectors are not registered either: its installed metadata predates the "
+            f"{SELECTOR_GROUP!r} entry points (reinstall it, e.g. `pip install -e .`)"
+        )
     return f"unknown selector {name!r}; installed selectors ({SELECTOR_GROUP} entry points): {listed}{hint}"
 
 

@@ -67,8 +67,15 @@ class Admitter:
         admit_fast: `FusedAdmission.admit` of this admitter (`fast`): the immediate path in one kernel call.
     """
 
-    def __init__(self, ledger: Ledger, view: OverlapView, selector: WorkerSelector, leases: LeaseTable,
-                 pq: PolicyQueue, selector_cfg: SelectorConfig) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        view: OverlapView,
+        selector: WorkerSelector,
+        leases: LeaseTable,
+        pq: PolicyQueue,
+        selector_cfg: SelectorConfig,
+    ) -> None:
         self.ledger, self.view, self.selector, self.leases, self.pq = ledger, view, selector, leases, pq
         self._selector_cfg = selector_cfg
         w = ledger.arrays.max_workers
@@ -84,17 +91,26 @@ class Admitter:
         a = ledger.arrays
         self.fast = FusedAdmission(self)
         self.admit_fast = self.fast.admit
-        self._view = SelectionView(ledger.out_prefill, ledger.out_blocks, a.w_active_prefill,
-                                   a.w_active_blocks, a.w_total_kv_blocks, a.w_max_batched_tokens, 0,
-                                   ledger.block_size, 0)
+        self._view = SelectionView(
+            ledger.out_prefill,
+            ledger.out_blocks,
+            a.w_active_prefill,
+            a.w_active_blocks,
+            a.w_total_kv_blocks,
+            a.w_max_batched_tokens,
+            0,
+            ledger.block_size,
+            0,
+        )
         self.use_selector(selector)
 
     def use_selector(self, selector: WorkerSelector) -> None:
         """Decide with `selector` from now on (start; a profile reload that rebuilt it): the fused path
         is on for a kernel-decidable `KvSelector` over an `OverlapIndex`; kernel parameters are re-packed."""
         self.selector = selector
-        self.fused = (type(selector) is KvSelector and selector.decides_by_kernel()
-                      and isinstance(self.view.approx, OverlapIndex))
+        self.fused = (
+            type(selector) is KvSelector and selector.decides_by_kernel() and isinstance(self.view.approx, OverlapIndex)
+        )
         if self.fused:
             selector.reserve_rows(self.ledger.arrays.max_workers)
         self.fast.reset()
@@ -128,8 +144,13 @@ class Admitter:
         if (thr is None and frac is None) or n_elig == 0:
             return False
         a = self.ledger.arrays
-        n_busy = count_busy(a.w_active_prefill, a.w_max_batched_tokens, elig, -1 if thr is None else int(thr),
-                            -1.0 if frac is None else float(frac))
+        n_busy = count_busy(
+            a.w_active_prefill,
+            a.w_max_batched_tokens,
+            elig,
+            -1 if thr is None else int(thr),
+            -1.0 if frac is None else float(frac),
+        )
         return n_busy >= cls.busy_worker_ratio * n_elig - 1e-9
 
     def lane_ready(self, class_idx: int, worker: WorkerKey) -> bool:
@@ -149,8 +170,9 @@ class Admitter:
         n = self.ledger.eligible_mask(None, spec.allowed_workers, self.elig)
         return n > 0 and not self.class_busy(self.pq.classes[class_idx].config, self.elig, n)
 
-    def placeable_mask(self, pinned: WorkerKey | None, allowed: frozenset[int] | None,
-                       drained_count: bool = False) -> int:
+    def placeable_mask(
+        self, pinned: WorkerKey | None, allowed: frozenset[int] | None, drained_count: bool = False
+    ) -> int:
         """Write bool[max_workers] `self.placeable`: rows placeable for a request with this pin and
         allowed set (registered, not drained, within pin / allowed; overload ignored). With
         `drained_count`, drained rows count too (worker removal: drain is temporary). Returns how
@@ -205,8 +227,9 @@ class Admitter:
     def fleet(self) -> FleetView:
         a = self.ledger.arrays
         present = a.w_present != 0
-        return FleetView(int(a.w_active_blocks[present].sum()), int(a.w_total_kv_blocks[present].sum()),
-                         self.ledger.block_size)
+        return FleetView(
+            int(a.w_active_blocks[present].sum()), int(a.w_total_kv_blocks[present].sum()), self.ledger.block_size
+        )
 
     # ---- admit_one ---------------------------------------------------------------------------
     def admit_one(self, live: Live, now_us: int) -> Admit | Reject | None:
@@ -233,25 +256,51 @@ class Admitter:
         sel = self.selector_cfg
         return self.ledger.project(hashes, isl_tokens, depth, self.elig, sel.prefill_load_scale, sel.overlap_credit)
 
-    def _select(self, pin: WorkerKey | None, costs: np.ndarray, request_blocks: int,
-                view: SelectionView) -> tuple[int, dict | None]:
+    def _select(
+        self, pin: WorkerKey | None, costs: np.ndarray, request_blocks: int, view: SelectionView
+    ) -> tuple[int, dict | None]:
         """(row or -1, the selector's cost terms if it computed them on the way)."""
         if pin is not None:
             row = self.ledger.row_of(pin)
             return (-1 if row is None else row), None
-        return self.selector.select_explained(costs, self.elig, self.ledger.arrays.w_active_requests,
-                                              overlap_blocks=self.view.depth_out, request_blocks=request_blocks,
-                                              view=view)
+        return self.selector.select_explained(
+            costs,
+            self.elig,
+            self.ledger.arrays.w_active_requests,
+            overlap_blocks=self.view.depth_out,
+            request_blocks=request_blocks,
+            view=view,
+        )
 
-    def _reserve(self, live: Live, row: int, hashes: np.ndarray, blocks: np.ndarray, prefill: np.ndarray,
-                 costs: np.ndarray, now_us: int, view: SelectionView, terms: dict | None) -> Admit | Reject:
+    def _reserve(
+        self,
+        live: Live,
+        row: int,
+        hashes: np.ndarray,
+        blocks: np.ndarray,
+        prefill: np.ndarray,
+        costs: np.ndarray,
+        now_us: int,
+        view: SelectionView,
+        terms: dict | None,
+    ) -> Admit | Reject:
         spec, entry, depth = live.spec, live.entry, self.view.depth_out
         ledger = self.ledger
         overlap_blocks = int(depth[row])
         cached = min(spec.isl_tokens, overlap_blocks * ledger.block_size)
         cls_name = self.pq.classes[entry.class_idx].name
-        got = ledger.reserve(spec.request_id, row, spec.isl_tokens, hashes, cached, spec.expected_osl,
-                             entry.class_idx, entry.arrival_us, now_us, spec.owner)
+        got = ledger.reserve(
+            spec.request_id,
+            row,
+            spec.isl_tokens,
+            hashes,
+            cached,
+            spec.expected_osl,
+            entry.class_idx,
+            entry.arrival_us,
+            now_us,
+            spec.owner,
+        )
         if got is None:
             self.leases.drop(live, abort=True)
             return self.reject(spec, "overloaded", "slot table full", cls_name)
@@ -262,10 +311,21 @@ class Admitter:
         if terms is None:  # pinned, or a selector that does not compute terms on the way: before `admitted`
             terms = self.selector.terms(costs, self.elig, depth, view)
         self.selector.admitted(row, spec.isl_tokens - cached, now_us, spec.isl_tokens)
-        self.explain.add(spec.request_id, row, now_us, self.elig, depth, blocks, prefill, costs, self.fleet_ids(), terms)
+        self.explain.add(
+            spec.request_id, row, now_us, self.elig, depth, blocks, prefill, costs, self.fleet_ids(), terms
+        )
         self.decisions_total += 1
-        return Admit(spec.request_id, spec.owner, ledger.key_of(row), live.slot, live.generation,
-                     overlap_blocks, cached, max(0, now_us - entry.arrival_us), cls_name)
+        return Admit(
+            spec.request_id,
+            spec.owner,
+            ledger.key_of(row),
+            live.slot,
+            live.generation,
+            overlap_blocks,
+            cached,
+            max(0, now_us - entry.arrival_us),
+            cls_name,
+        )
 
     def fleet_ids(self) -> tuple:
         """(worker ids, dp ranks, present) copies for the explain ring, shared by every decision
@@ -276,8 +336,9 @@ class Admitter:
             self._ids_key, self._ids = v, (a.w_worker_id.copy(), a.w_dp_rank.copy(), a.w_present.copy())
         return self._ids
 
-    def reject(self, spec: RequestSpec, reason: str, detail: str, cls_name: str,
-               **figures: int | str | bool | None) -> Reject:
+    def reject(
+        self, spec: RequestSpec, reason: str, detail: str, cls_name: str, **figures: int | str | bool | None
+    ) -> Reject:
         """A `Reject` record for `spec` (counted in `decisions_total`)."""
         self.decisions_total += 1
         return Reject(spec.request_id, spec.owner, reason, detail, cls_name, **figures)

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 from ..config import ClassConfig
 from ..protocol import ClassRow
@@ -57,8 +57,22 @@ class PolicyClassQueue:
     `isl_waiting` count ready + deferred entries; `deficit` >= 0 (DRR credit, uncached tokens).
     """
 
-    __slots__ = ("config", "index", "admission", "pending", "lanes", "blocked_workers", "deferred",
-                 "deficit", "n_waiting", "isl_waiting", "_heads", "_head_of", "_to_compact", "_unsettled")
+    __slots__ = (
+        "_head_of",
+        "_heads",
+        "_to_compact",
+        "_unsettled",
+        "admission",
+        "blocked_workers",
+        "config",
+        "deferred",
+        "deficit",
+        "index",
+        "isl_waiting",
+        "lanes",
+        "n_waiting",
+        "pending",
+    )
 
     def __init__(self, config: ClassConfig, index: int, admission: AdmissionPolicy | None = None) -> None:
         self.config = config
@@ -102,10 +116,17 @@ class PolicyClassQueue:
         """This class for the admin socket: depth, deferred, waiting ISL tokens, oldest wait (s), DRR
         deficit, blocked lanes. O(waiting requests)."""
         oldest = min((e.arrival_us for e in self.iter_all()), default=now_us)
-        return ClassRow(name=self.name, ordering=self.config.ordering, quantum=self.config.quantum,
-                        depth=self.n_ready, deferred=len(self.deferred), isl_tokens=self.isl_waiting,
-                        oldest_wait_s=max(0, now_us - oldest) / 1e6, deficit=self.deficit,
-                        blocked_lanes=len(self.blocked_workers))
+        return ClassRow(
+            name=self.name,
+            ordering=self.config.ordering,
+            quantum=self.config.quantum,
+            depth=self.n_ready,
+            deferred=len(self.deferred),
+            isl_tokens=self.isl_waiting,
+            oldest_wait_s=max(0, now_us - oldest) / 1e6,
+            deficit=self.deficit,
+            blocked_lanes=len(self.blocked_workers),
+        )
 
     # ---- a profile reload --------------------------------------------------------------------
     def reconfigured(self, config: ClassConfig, index: int) -> PolicyClassQueue:
@@ -133,8 +154,7 @@ class PolicyClassQueue:
         return cq
 
     # ---- limits ------------------------------------------------------------------------------
-    def check_limits(self, isl_tokens: int, n_worker_ids: int,
-                     room: tuple[int, int] = (0, 0)) -> LimitExceeded | None:
+    def check_limits(self, isl_tokens: int, n_worker_ids: int, room: tuple[int, int] = (0, 0)) -> LimitExceeded | None:
         """Limits are checked BEFORE adding: the request that crosses a limit is accepted, the
         next one refused. Limits scale with the number of registered worker ids (docs/DESIGN.md §4.10).
         `room` (requests, ISL tokens) is how far past each limit this request may still be accepted
@@ -355,4 +375,3 @@ class PolicyClassQueue:
             del self._head_of[worker]
             self.blocked_workers.add(worker)
         return None
-

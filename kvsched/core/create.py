@@ -6,7 +6,7 @@ Pure: it allocates private arrays when no ledger is given, never a segment or a 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..config import Config
 from ..shm.overlap import OverlapIndex
@@ -15,12 +15,20 @@ from .scheduler import Scheduler
 from .types import WorkerKey
 
 
-def create_scheduler(config: Config, *, ledger=None, overlap=None, event_device: OverlapIndex | None = None,  # noqa: ANN001
-                     event_offload: OverlapIndex | None = None, events: bool = False,
-                     owner_alive: Callable[[int], bool] | None = None,
-                     same_process: Callable[[int, int], bool] | None = None,
-                     selector=None, add_workers: bool = True,  # noqa: ANN001
-                     speculative_ttl_s: float | None = None) -> Scheduler:
+def create_scheduler(
+    config: Config,
+    *,
+    ledger=None,
+    overlap=None,
+    event_device: OverlapIndex | None = None,
+    event_offload: OverlapIndex | None = None,
+    events: bool = False,
+    owner_alive: Callable[[int], bool] | None = None,
+    same_process: Callable[[int, int], bool] | None = None,
+    selector=None,
+    add_workers: bool = True,
+    speculative_ttl_s: float | None = None,
+) -> Scheduler:
     """A Scheduler for `config`.
 
     Args:
@@ -59,9 +67,16 @@ def create_scheduler(config: Config, *, ledger=None, overlap=None, event_device:
         kwargs["owner_alive"] = owner_alive
     if same_process is not None:
         kwargs["same_process"] = same_process
-    sched = Scheduler(config, ledger, overlap, selector if selector is not None else create_selector(config.selector),
-                      event_device=event_device, event_offload=event_offload, speculative_ttl_s=speculative_ttl_s,
-                      **kwargs)
+    sched = Scheduler(
+        config,
+        ledger,
+        overlap,
+        selector if selector is not None else create_selector(config.selector),
+        event_device=event_device,
+        event_offload=event_offload,
+        speculative_ttl_s=speculative_ttl_s,
+        **kwargs,
+    )
     if add_workers:
         add_config_workers(sched, config)
     return sched

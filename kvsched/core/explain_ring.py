@@ -10,7 +10,7 @@ the terms when they are not the `kv` selector's). Records are decoded only when 
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -51,9 +51,19 @@ class ExplainRing:
         if self._n < self.capacity:
             self._n += 1
 
-    def add(self, request_id: str, row: int, now_us: int, elig: np.ndarray, depth: np.ndarray, blocks: np.ndarray,
-            prefill: np.ndarray, costs: np.ndarray | None, ids: tuple,
-            terms: dict[str, np.ndarray] | TermTable | None) -> None:
+    def add(
+        self,
+        request_id: str,
+        row: int,
+        now_us: int,
+        elig: np.ndarray,
+        depth: np.ndarray,
+        blocks: np.ndarray,
+        prefill: np.ndarray,
+        costs: np.ndarray | None,
+        ids: tuple,
+        terms: dict[str, np.ndarray] | TermTable | None,
+    ) -> None:
         """Record an admission of the Python path: its arrays are copied in; `costs` (float64[W]) are
         copied only without terms; terms are kept as given unless they are a `TermTable` of `KV_TERMS`
         (then copied into the ring's terms array)."""
@@ -82,8 +92,18 @@ class ExplainRing:
         request_id, row, now_us, ids, costs, terms = self._meta[i]
         if terms is None and costs is None:
             terms = TermTable(KV_TERMS, self.terms[i])
-        return (request_id, row, now_us, self.elig[i], self.depth[i], self.blocks[i], self.prefill[i], costs,
-                *ids, terms)
+        return (
+            request_id,
+            row,
+            now_us,
+            self.elig[i],
+            self.depth[i],
+            self.blocks[i],
+            self.prefill[i],
+            costs,
+            *ids,
+            terms,
+        )
 
     def __getitem__(self, k: int) -> tuple:
         """The k-th newest record for k < 0 (-1 = newest); IndexError past the records held."""
@@ -127,11 +147,24 @@ class ExplainRing:
             return None
         _, row, now_us, elig, depth, blocks, prefill, costs, wid, rank, present, terms = rec
         total = sum(terms.values()) if terms else costs  # costs are kept only without terms
-        rows = [ExplainRow(worker_id=int(wid[r]), dp_rank=int(rank[r]), eligible=bool(elig[r]),
-                           overlap_blocks=int(depth[r]), potential_blocks=int(blocks[r]),
-                           potential_prefill_tokens=int(prefill[r]),
-                           cost=float(total[r]) if elig[r] and np.isfinite(total[r]) else -1.0,
-                           terms={k: float(v[r]) for k, v in terms.items()} if elig[r] else {})
-                for r in np.flatnonzero(present).tolist()]
-        return ExplainReply(request_id=request_id, chosen_worker_id=int(wid[row]), chosen_dp_rank=int(rank[row]),
-                            decided_at_s=now_us / 1e6, rows=rows, decided_by=decided_by)
+        rows = [
+            ExplainRow(
+                worker_id=int(wid[r]),
+                dp_rank=int(rank[r]),
+                eligible=bool(elig[r]),
+                overlap_blocks=int(depth[r]),
+                potential_blocks=int(blocks[r]),
+                potential_prefill_tokens=int(prefill[r]),
+                cost=float(total[r]) if elig[r] and np.isfinite(total[r]) else -1.0,
+                terms={k: float(v[r]) for k, v in terms.items()} if elig[r] else {},
+            )
+            for r in np.flatnonzero(present).tolist()
+        ]
+        return ExplainReply(
+            request_id=request_id,
+            chosen_worker_id=int(wid[row]),
+            chosen_dp_rank=int(rank[row]),
+            decided_at_s=now_us / 1e6,
+            rows=rows,
+            decided_by=decided_by,
+        )

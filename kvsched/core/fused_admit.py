@@ -18,12 +18,22 @@ C-contiguous uint64 vector, the only layout that entry point reads correctly.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..shm.admit_kernels import (OUT_CACHED, OUT_EVICTED, OUT_GENERATION, OUT_LEN, OUT_OVERLAP, OUT_SNAPSHOT, P,
-                                 UNDECIDED, pack_kv_params)
+from ..shm.admit_kernels import (
+    OUT_CACHED,
+    OUT_EVICTED,
+    OUT_GENERATION,
+    OUT_LEN,
+    OUT_OVERLAP,
+    OUT_SNAPSHOT,
+    UNDECIDED,
+    P,
+    pack_kv_params,
+)
 from ..shm.admit_packed import admit_kv_packed, pack_admit_arrays
 from ..shm.bind import entry_point
 from ..shm.overlap import INT64_MAX
@@ -47,8 +57,12 @@ def _admit_entry() -> Callable[..., int]:
     unboxing checks the item size only, and the kernel never writes the hashes)."""
     if not _ENTRY:
         hashes = np.frombuffer(bytes(8), dtype=np.uint64)
-        _ENTRY.append(entry_point(admit_kv_packed, (hashes, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0, 0, 0, np.zeros(1), 0, 0,
-                                                    np.zeros(4, np.int64))))
+        _ENTRY.append(
+            entry_point(
+                admit_kv_packed,
+                (hashes, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0, 0, 0, np.zeros(1), 0, 0, np.zeros(4, np.int64)),
+            )
+        )
     return _ENTRY[0]
 
 
@@ -109,13 +123,49 @@ class FusedAdmission:
             return self._args
         ring, recent, a, ix, depth, elig = key
         adm = self.adm
-        arrays = (elig, adm.placeable, ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix.scratch,
-                  depth, a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests,
-                  a.w_max_batched_tokens, a.ref_keys, a.ref_counts, a.arena, a.s_state, a.s_generation, a.s_worker_row,
-                  a.s_worker_generation, a.s_isl, a.s_cached, a.s_prefill, a.s_expected_osl, a.s_output_tokens,
-                  a.s_extra_blocks, a.s_class, a.s_enqueue_us, a.s_admit_us, a.s_arena_off, a.s_arena_len,
-                  a.s_owner_pid, recent, self.scratch, ring.elig, ring.depth, ring.blocks, ring.prefill, ring.terms,
-                  self.out)
+        arrays = (
+            elig,
+            adm.placeable,
+            ix.keys,
+            ix.used,
+            ix.perm,
+            ix.ttlm,
+            ix.ttl_exp,
+            ix.scratch,
+            depth,
+            a.w_generation,
+            a.w_active_blocks,
+            a.w_active_prefill,
+            a.w_active_requests,
+            a.w_max_batched_tokens,
+            a.ref_keys,
+            a.ref_counts,
+            a.arena,
+            a.s_state,
+            a.s_generation,
+            a.s_worker_row,
+            a.s_worker_generation,
+            a.s_isl,
+            a.s_cached,
+            a.s_prefill,
+            a.s_expected_osl,
+            a.s_output_tokens,
+            a.s_extra_blocks,
+            a.s_class,
+            a.s_enqueue_us,
+            a.s_admit_us,
+            a.s_arena_off,
+            a.s_arena_len,
+            a.s_owner_pid,
+            recent,
+            self.scratch,
+            ring.elig,
+            ring.depth,
+            ring.blocks,
+            ring.prefill,
+            ring.terms,
+            self.out,
+        )
         ledger = adm.ledger
         self._args = (ledger.block_size, ledger.stride, pack_admit_arrays(arrays))
         self._key, self._arrays = key, arrays
@@ -149,8 +199,15 @@ class FusedAdmission:
         params = self.params.get(cq.index)  # `params_of`, its memo checked here
         params = params[1] if params is not None and params[0] is cq.config else self.params_of(cq)
         k = self._key  # `kernel_arrays`, its memo checked here
-        if (k is not None and k[0] is ring and k[1] is sel.recent and k[2] is ledger.arrays and k[3] is view.approx
-                and k[4] is view.depth_out and k[5] is adm.elig):
+        if (
+            k is not None
+            and k[0] is ring
+            and k[1] is sel.recent
+            and k[2] is ledger.arrays
+            and k[3] is view.approx
+            and k[4] is view.depth_out
+            and k[5] is adm.elig
+        ):
             args = self._args
         else:
             args = self.kernel_arrays()
@@ -161,9 +218,25 @@ class FusedAdmission:
             kernel = admit_kv_packed
         recent_at = sel.recent_at_us
         expected = spec.expected_osl
-        row = kernel(hashes, isl, now_us, slot, -1 if expected is None else expected, cq.index, now_us, spec.owner,
-                     min(now_us + view.ttl_us, INT64_MAX - 1), sel.decay(now_us), 1 if now_us > recent_at else 0,
-                     0 if own_depth else 1, ring.head, params, args[0], args[1], args[2])  # not `*args`: no tuple built
+        row = kernel(
+            hashes,
+            isl,
+            now_us,
+            slot,
+            -1 if expected is None else expected,
+            cq.index,
+            now_us,
+            spec.owner,
+            min(now_us + view.ttl_us, INT64_MAX - 1),
+            sel.decay(now_us),
+            1 if now_us > recent_at else 0,
+            0 if own_depth else 1,
+            ring.head,
+            params,
+            args[0],
+            args[1],
+            args[2],
+        )  # not `*args`: no tuple built
         if own_depth:
             view.drop_memo()  # the kernel wrote depth_out
         if row < 0:
@@ -179,8 +252,9 @@ class FusedAdmission:
             sel.recent_at_us = now_us
         if sel.home_weight > 0.0 and cached > 0 and cached >= sel.home_min_cached_share * isl:
             sel.note_home(row, isl, isl - cached, now_us)  # what `admitted` counts (its condition, checked first)
-        entry = QueueEntry(rid, next(seq), now_us, spec.priority, spec.strict_priority, out[OUT_SNAPSHOT], isl, None,
-                           cq.index)
+        entry = QueueEntry(
+            rid, next(seq), now_us, spec.priority, spec.strict_priority, out[OUT_SNAPSHOT], isl, None, cq.index
+        )
         live = Live(spec, entry, LEASED, slot, gen)
         entry.payload = live
         adm.leases.register(live)  # a lease already: indexed by slot too
@@ -189,8 +263,11 @@ class FusedAdmission:
             approx.version += 1
             approx.evictions += out[OUT_EVICTED]
             approx_d = ob if own_depth else int(view.approx_depth[row])
-            live.wrote = ((row, hashes, approx_d, -1) if view.speculative is None  # `record_speculative` with no index
-                          else view.record_speculative(hashes, row, now_us, approx_d))
+            live.wrote = (
+                (row, hashes, approx_d, -1)
+                if view.speculative is None  # `record_speculative` with no index
+                else view.record_speculative(hashes, row, now_us, approx_d)
+            )
         ring.commit(rid, row, now_us, adm.fleet_ids())
         adm.decisions_total += 1
         return Admit(rid, spec.owner, ledger.rows.key_of(row), slot, gen, ob, cached, 0, cq.name)

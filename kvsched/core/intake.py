@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -56,8 +57,9 @@ class Intake:
         seq: the enqueue_seq counter (FCFS order of equal keys).
     """
 
-    def __init__(self, ledger: Ledger, admitter: Admitter, leases: LeaseTable, feed: PolicyFeed,
-                 shares: WaitingShares) -> None:
+    def __init__(
+        self, ledger: Ledger, admitter: Admitter, leases: LeaseTable, feed: PolicyFeed, shares: WaitingShares
+    ) -> None:
         self.ledger, self.admitter, self.leases, self.feed, self.shares = ledger, admitter, leases, feed, shares
         self.invalid_placements = 0
         self._notices: list[str] = []
@@ -84,15 +86,24 @@ class Intake:
         bs = self.ledger.block_size
         reject = self.admitter.reject
         if spec.isl_tokens < 1 or len(spec.block_hashes) > -(-spec.isl_tokens // bs):
-            return reject(spec, "invalid", f"{len(spec.block_hashes)} block hashes for {spec.isl_tokens} "
-                          f"tokens (block size {bs})", cls_name)
-        if spec.pinned is not None and spec.allowed_workers is not None and spec.pinned.worker_id not in spec.allowed_workers:
+            return reject(
+                spec,
+                "invalid",
+                f"{len(spec.block_hashes)} block hashes for {spec.isl_tokens} tokens (block size {bs})",
+                cls_name,
+            )
+        if (
+            spec.pinned is not None
+            and spec.allowed_workers is not None
+            and spec.pinned.worker_id not in spec.allowed_workers
+        ):
             return reject(spec, "pinned_not_allowed", f"pinned worker {spec.pinned} not in allowed_workers", cls_name)
         if spec.request_id in self.leases.live:
             return reject(spec, "duplicate_request", "request id is live", cls_name)
         if spec.request_id in self.feed.cleanup_ids:
-            return reject(spec, "duplicate_request", "the earlier request with this id is still being cleaned up",
-                          cls_name)
+            return reject(
+                spec, "duplicate_request", "the earlier request with this id is still being cleaned up", cls_name
+            )
         if self.shutting_down:
             return reject(spec, "shutting_down", "scheduler is shutting down", cls_name)
         return None
@@ -100,8 +111,11 @@ class Intake:
     def placement_ok(self, spec: RequestSpec, worker: WorkerKey, cls_name: str) -> bool:
         """Is an admission-policy placement valid (registered, within pin and allowed set)? An invalid
         one is counted and noted for the operator's log; the caller ignores it."""
-        if (self.ledger.row_of(worker) is not None and (spec.pinned is None or spec.pinned == worker)
-                and (spec.allowed_workers is None or worker.worker_id in spec.allowed_workers)):
+        if (
+            self.ledger.row_of(worker) is not None
+            and (spec.pinned is None or spec.pinned == worker)
+            and (spec.allowed_workers is None or worker.worker_id in spec.allowed_workers)
+        ):
             return True
         self.invalid_placements += 1
         if spec.pinned is not None and spec.pinned != worker:
@@ -111,8 +125,10 @@ class Intake:
         else:
             why = f"the request is allowed only on workers {sorted(spec.allowed_workers)}"
         if len(self._notices) < MAX_NOTICES:
-            self._notices.append(f"ignored admission placement of request {spec.request_id!r} (class {cls_name!r}) "
-                                 f"on worker {worker}: {why}")
+            self._notices.append(
+                f"ignored admission placement of request {spec.request_id!r} (class {cls_name!r}) "
+                f"on worker {worker}: {why}"
+            )
         return False
 
     def take_notices(self) -> list[str]:
@@ -131,8 +147,10 @@ class Intake:
         if adm.class_busy(cq.config, adm.elig, n_elig):
             busy = adm.busy_rows(cq.config)
             n_busy = int(np.count_nonzero(busy & (adm.elig != 0)))
-            return (f"class {cq.name!r} is busy ({n_busy} of {n_elig} eligible workers above its prefill "
-                    f"threshold); {_requests(ahead)} ahead")
+            return (
+                f"class {cq.name!r} is busy ({n_busy} of {n_elig} eligible workers above its prefill "
+                f"threshold); {_requests(ahead)} ahead"
+            )
         if ahead:
             return f"backlog: {_requests(ahead)} ahead in class {cq.name!r} (a new arrival never jumps its class)"
         return None
@@ -150,16 +168,30 @@ class Intake:
         mine = self.shares.check(spec.owner, cq.index, cq.config, n_ids)
         if mine is not None:  # this connection holds its share while other connections wait
             self.feed.rejected(live)
-            return reject(spec, "overloaded", f"this connection holds its max_waiting_share of class "
-                          f"{cq.name!r} {mine.limit_kind} limit while other connections wait", cq.name,
-                          limit_kind=mine.limit_kind, current=mine.current, limit=mine.limit)
+            return reject(
+                spec,
+                "overloaded",
+                f"this connection holds its max_waiting_share of class "
+                f"{cq.name!r} {mine.limit_kind} limit while other connections wait",
+                cq.name,
+                limit_kind=mine.limit_kind,
+                current=mine.current,
+                limit=mine.limit,
+            )
         pq = self.admitter.pq
         room = self.shares.room(spec.owner, cq.index, cq.config, n_ids)
         over = (pq.defer if defer else pq.enqueue)(cq.index, live.entry, n_ids, room)
         if over is not None:
             self.feed.rejected(live)
-            return reject(spec, "queue_full", f"class {cq.name!r} {over.limit_kind} limit", cq.name,
-                          limit_kind=over.limit_kind, current=over.current, limit=over.limit)
+            return reject(
+                spec,
+                "queue_full",
+                f"class {cq.name!r} {over.limit_kind} limit",
+                cq.name,
+                limit_kind=over.limit_kind,
+                current=over.current,
+                limit=over.limit,
+            )
         live.state = DEFERRED if defer else READY
         self.shares.add(live)
         self.leases.register(live)
@@ -283,8 +315,12 @@ class Intake:
             lives = [entry.payload for entry in removed]
             for live in lives:
                 self.leases.drop(live, abort=True)
-            out += [adm.reject(live.spec, "no_endpoints", f"worker {names} removed; no registered worker can take it",
-                               cq.name) for live in lives]
+            out += [
+                adm.reject(
+                    live.spec, "no_endpoints", f"worker {names} removed; no registered worker can take it", cq.name
+                )
+                for live in lives
+            ]
         return out
 
 

@@ -72,16 +72,33 @@ class KvSelector(CostSelector):
     name = "kv"
     learnt = ("recent", "recent_at_us", "home", "home_at_us")  # decayed recent work and home counts
 
-    def __init__(self, temperature: float = 0.0, seed: int | None = None, *, prefill_weight: float = 16.0,
-                 active_blocks_weight: float = 0.1, lead_bonus: float = 400.0, lead_cap_blocks: float = 64.0,
-                 lead_release_steps: float = 16.0, lead_release_recent_ratio: float = 2.0,
-                 lead_max_wait_steps: float = 10.0, lead_max_wait_per_lead: float = 3.0, recent_weight: float = 1.0,
-                 recent_half_life_s: float = 30.0, interference_weight: float = 1.0,
-                 interference_cap_prompts: float = 0.1, lead_release_requests_ratio: float = 2.0,
-                 lead_max_extra_ttft_s: float = 0.0, prefill_seconds_ref_us: float = 0.0,
-                 prefill_us_per_token: float = 30.0, prefill_attn_us_per_token_ktoken: float = 1.33,
-                 home_weight: float = 0.08, home_half_life_s: float = 30.0, home_min_cached_share: float = 0.5,
-                 home_min_prefill_tokens: int = 16384) -> None:
+    def __init__(
+        self,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        prefill_weight: float = 16.0,
+        active_blocks_weight: float = 0.1,
+        lead_bonus: float = 400.0,
+        lead_cap_blocks: float = 64.0,
+        lead_release_steps: float = 16.0,
+        lead_release_recent_ratio: float = 2.0,
+        lead_max_wait_steps: float = 10.0,
+        lead_max_wait_per_lead: float = 3.0,
+        recent_weight: float = 1.0,
+        recent_half_life_s: float = 30.0,
+        interference_weight: float = 1.0,
+        interference_cap_prompts: float = 0.1,
+        lead_release_requests_ratio: float = 2.0,
+        lead_max_extra_ttft_s: float = 0.0,
+        prefill_seconds_ref_us: float = 0.0,
+        prefill_us_per_token: float = 30.0,
+        prefill_attn_us_per_token_ktoken: float = 1.33,
+        home_weight: float = 0.08,
+        home_half_life_s: float = 30.0,
+        home_min_cached_share: float = 0.5,
+        home_min_prefill_tokens: int = 16384,
+    ) -> None:
         super().__init__(temperature, seed)
         self.prefill_weight = float(prefill_weight)
         self.active_blocks_weight = float(active_blocks_weight)
@@ -99,8 +116,11 @@ class KvSelector(CostSelector):
         self.lead_max_extra_ttft_s = float(lead_max_extra_ttft_s)
         self.prefill_seconds_ref_us = float(prefill_seconds_ref_us)
         # the predicted-seconds model (module prefill_time), only when a key that reads it is on
-        self.ttft_model = (PrefillTimeModel(prefill_us_per_token, prefill_attn_us_per_token_ktoken)
-                           if self.lead_max_extra_ttft_s > 0.0 or self.prefill_seconds_ref_us > 0.0 else None)
+        self.ttft_model = (
+            PrefillTimeModel(prefill_us_per_token, prefill_attn_us_per_token_ktoken)
+            if self.lead_max_extra_ttft_s > 0.0 or self.prefill_seconds_ref_us > 0.0
+            else None
+        )
         self._last_isl = 0  # the last decision's prompt tokens (its `admitted` follows)
         self.home_weight = float(home_weight)
         self.home_half_life_us = float(home_half_life_s) * 1e6
@@ -115,23 +135,33 @@ class KvSelector(CostSelector):
         self._pick_out = np.zeros(2, np.int64)
 
     @classmethod
-    def from_config(cls, cfg: SelectorConfig) -> "KvSelector":
+    def from_config(cls, cfg: SelectorConfig) -> KvSelector:
         """The selector with the `[selector]` table's `kv` keys (docs/ROUTING.md)."""
-        return cls(cfg.temperature, cfg.seed, prefill_weight=cfg.prefill_weight,
-                   active_blocks_weight=cfg.active_blocks_weight, lead_bonus=cfg.lead_bonus,
-                   lead_cap_blocks=cfg.lead_cap_blocks, lead_release_steps=cfg.lead_release_steps,
-                   lead_release_recent_ratio=cfg.lead_release_recent_ratio,
-                   lead_max_wait_steps=cfg.lead_max_wait_steps, lead_max_wait_per_lead=cfg.lead_max_wait_per_lead,
-                   recent_weight=cfg.recent_weight, recent_half_life_s=cfg.recent_half_life_s,
-                   interference_weight=cfg.interference_weight,
-                   interference_cap_prompts=cfg.interference_cap_prompts,
-                   lead_release_requests_ratio=cfg.lead_release_requests_ratio,
-                   lead_max_extra_ttft_s=cfg.lead_max_extra_ttft_s, prefill_seconds_ref_us=cfg.prefill_seconds_ref_us,
-                   prefill_us_per_token=cfg.prefill_us_per_token,
-                   prefill_attn_us_per_token_ktoken=cfg.prefill_attn_us_per_token_ktoken,
-                   home_weight=cfg.home_weight, home_half_life_s=cfg.home_half_life_s,
-                   home_min_cached_share=cfg.home_min_cached_share,
-                   home_min_prefill_tokens=cfg.home_min_prefill_tokens)
+        return cls(
+            cfg.temperature,
+            cfg.seed,
+            prefill_weight=cfg.prefill_weight,
+            active_blocks_weight=cfg.active_blocks_weight,
+            lead_bonus=cfg.lead_bonus,
+            lead_cap_blocks=cfg.lead_cap_blocks,
+            lead_release_steps=cfg.lead_release_steps,
+            lead_release_recent_ratio=cfg.lead_release_recent_ratio,
+            lead_max_wait_steps=cfg.lead_max_wait_steps,
+            lead_max_wait_per_lead=cfg.lead_max_wait_per_lead,
+            recent_weight=cfg.recent_weight,
+            recent_half_life_s=cfg.recent_half_life_s,
+            interference_weight=cfg.interference_weight,
+            interference_cap_prompts=cfg.interference_cap_prompts,
+            lead_release_requests_ratio=cfg.lead_release_requests_ratio,
+            lead_max_extra_ttft_s=cfg.lead_max_extra_ttft_s,
+            prefill_seconds_ref_us=cfg.prefill_seconds_ref_us,
+            prefill_us_per_token=cfg.prefill_us_per_token,
+            prefill_attn_us_per_token_ktoken=cfg.prefill_attn_us_per_token_ktoken,
+            home_weight=cfg.home_weight,
+            home_half_life_s=cfg.home_half_life_s,
+            home_min_cached_share=cfg.home_min_cached_share,
+            home_min_prefill_tokens=cfg.home_min_prefill_tokens,
+        )
 
     # ---- terms (pure) ----------------------------------------------------------------------------
     def decay(self, now_us: int) -> float:
@@ -141,8 +171,14 @@ class KvSelector(CostSelector):
         hl = self.recent_half_life_us
         return exp2(-(dt if dt > 0 else 0) / hl) if hl > 0 else 0.0
 
-    def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
-              view: SelectionView, active_requests: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def terms(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        overlap_blocks: np.ndarray,
+        view: SelectionView,
+        active_requests: np.ndarray | None = None,
+    ) -> dict[str, np.ndarray]:
         """float64[W] per term (module docstring); ineligible rows: +inf in "prefill", 0 elsewhere. Pure.
 
         `active_requests` (int64[W], live bookings per row) feeds "interference"; None (the dispatcher's
@@ -160,8 +196,13 @@ class KvSelector(CostSelector):
         home = np.zeros(n) if self.home_weight > 0.0 else None
 
         def out() -> dict[str, np.ndarray]:
-            t = {"prefill": prefill, "active_blocks": active, "lead": lead, "recent": recent,
-                 "interference": interference}
+            t = {
+                "prefill": prefill,
+                "active_blocks": active,
+                "lead": lead,
+                "recent": recent,
+                "interference": interference,
+            }
             if home is not None:
                 t["home"] = home
             return t
@@ -204,16 +245,21 @@ class KvSelector(CostSelector):
                     gap = float(first - max(0, second))
                     bonus = self.lead_bonus * min(gap, self.lead_cap_blocks)
                     others = rows[rows != top]
-                    if self.lead_max_extra_ttft_s > 0.0 and others.size and (
-                            ttft[top] <= ttft[others].min() + self.lead_max_extra_ttft_s * 1e6):
+                    if (
+                        self.lead_max_extra_ttft_s > 0.0
+                        and others.size
+                        and (ttft[top] <= ttft[others].min() + self.lead_max_extra_ttft_s * 1e6)
+                    ):
                         base = prefill + active + recent + interference  # the lead row wins by `bonus`
                         if home is not None:
                             base = base + home
                         lead[top] = -(max(0.0, base[top] - base[others].min()) + bonus)
                         return out()
                     if self.lead_max_wait_steps > 0.0:  # at most this much extra queued prefill for affinity
-                        wait_blocks = max(self.lead_max_wait_steps * float(view.max_batched_tokens[top]) * inv_bs,
-                                          self.lead_max_wait_per_lead * gap)
+                        wait_blocks = max(
+                            self.lead_max_wait_steps * float(view.max_batched_tokens[top]) * inv_bs,
+                            self.lead_max_wait_per_lead * gap,
+                        )
                         bonus = min(bonus, self.prefill_weight * wait_blocks)
                     lead[top] = -bonus
         return out()
@@ -236,8 +282,14 @@ class KvSelector(CostSelector):
         scale = self.home_weight * self.prefill_weight / float(view.block_size) / mean
         return np.where(own >= self.home_min_prefill_tokens, own * (h - h.min()) * scale, 0.0)
 
-    def _saturated(self, row: int, recent_tokens: np.ndarray | None, rows: np.ndarray, view: SelectionView,
-                   active_requests: np.ndarray | None = None) -> bool:
+    def _saturated(
+        self,
+        row: int,
+        recent_tokens: np.ndarray | None,
+        rows: np.ndarray,
+        view: SelectionView,
+        active_requests: np.ndarray | None = None,
+    ) -> bool:
         """The lead bonus is released on `row`: queued prefill > lead_release_steps x its step budget, or
         (with more than one eligible row) its active requests > lead_release_requests_ratio x the other
         eligible rows' mean (at least 1; key > 0 and `active_requests` given), or its recent work >
@@ -254,9 +306,16 @@ class KvSelector(CostSelector):
             return mine > self.lead_release_recent_ratio * mean_others
         return False
 
-    def select_explained(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-                         overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-                         view: SelectionView | None = None) -> tuple[int, TermTable | None]:
+    def select_explained(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> tuple[int, TermTable | None]:
         """The row of least total cost and the decision's terms (a `TermTable` of `KV_TERMS`).
 
         One `kv_cost_terms` kernel call computes the terms (extra-wait cap, requests release rule and
@@ -278,13 +337,35 @@ class KvSelector(CostSelector):
         recent = self.recent
         decay = self.decay(view.now_us) if recent.size and n else 1.0
         all_terms, total, pick = np.zeros((5, n)), self._total, self._pick_out
-        i = kv_cost_terms(view.prefill_tokens, view.blocks, view.active_prefill, view.max_batched_tokens, eligible,
-                          overlap_blocks, recent, decay, active_requests, int(view.isl_tokens),
-                          1.0 / float(view.block_size), self.prefill_weight, self.active_blocks_weight,
-                          self.recent_weight, self.lead_bonus, self.lead_cap_blocks, self.lead_release_steps,
-                          self.lead_release_recent_ratio, self.lead_release_requests_ratio, self.lead_max_wait_steps,
-                          self.lead_max_wait_per_lead, self.interference_weight, self.interference_cap_prompts,
-                          self._scratch, all_terms, total, pick)
+        i = kv_cost_terms(
+            view.prefill_tokens,
+            view.blocks,
+            view.active_prefill,
+            view.max_batched_tokens,
+            eligible,
+            overlap_blocks,
+            recent,
+            decay,
+            active_requests,
+            int(view.isl_tokens),
+            1.0 / float(view.block_size),
+            self.prefill_weight,
+            self.active_blocks_weight,
+            self.recent_weight,
+            self.lead_bonus,
+            self.lead_cap_blocks,
+            self.lead_release_steps,
+            self.lead_release_recent_ratio,
+            self.lead_release_requests_ratio,
+            self.lead_max_wait_steps,
+            self.lead_max_wait_per_lead,
+            self.interference_weight,
+            self.interference_cap_prompts,
+            self._scratch,
+            all_terms,
+            total,
+            pick,
+        )
         if i == -2:  # more eligible rows than the kernel sums in numpy's order: the array path decides
             return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
         table = TermTable(KV_TERMS, all_terms)
@@ -292,8 +373,14 @@ class KvSelector(CostSelector):
             return i, table  # the unique finite minimum on an eligible row: what `select` returns
         return super().select(total, eligible, active_requests), table
 
-    def _array_select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray,
-                      overlap_blocks: np.ndarray | None, view: SelectionView) -> tuple[int, dict[str, np.ndarray]]:
+    def _array_select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        overlap_blocks: np.ndarray | None,
+        view: SelectionView,
+    ) -> tuple[int, dict[str, np.ndarray]]:
         """`select_explained` by the array code: `terms`, their total, `CostSelector.select`."""
         t = self.terms(costs, eligible, overlap_blocks, view, active_requests)
         total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"]
@@ -301,11 +388,19 @@ class KvSelector(CostSelector):
             total = total + t["home"]
         return super().select(total, eligible, active_requests), t
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
-        return self.select_explained(costs, eligible, active_requests, overlap_blocks=overlap_blocks,
-                                     request_blocks=request_blocks, view=view)[0]
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
+        return self.select_explained(
+            costs, eligible, active_requests, overlap_blocks=overlap_blocks, request_blocks=request_blocks, view=view
+        )[0]
 
     # ---- learning (after admission) -------------------------------------------------------------
     def decides_by_kernel(self) -> bool:

@@ -16,8 +16,9 @@ Pure and synchronous like the rest of the core.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -104,8 +105,14 @@ class LeaseTable:
     `live` with owner o.
     """
 
-    def __init__(self, ledger: Ledger, shares: WaitingShares, feed: PolicyFeed, owner_alive: Callable[[int], bool],
-                 same_process: Callable[[int, int], bool]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        shares: WaitingShares,
+        feed: PolicyFeed,
+        owner_alive: Callable[[int], bool],
+        same_process: Callable[[int, int], bool],
+    ) -> None:
         self.ledger, self.shares, self.feed = ledger, shares, feed
         self.owner_alive = owner_alive
         self.same_process = same_process
@@ -231,8 +238,14 @@ class LeaseTable:
         for live in self.by_slot.values():
             live.entry.class_idx = remap.get(live.entry.class_idx, live.entry.class_idx)
 
-    def lease_rows(self, class_names: list[str], now_us: int, worker_id: int | None = None,
-                   policy_class: str | None = None, limit: int = 1000) -> list[LeaseRow]:
+    def lease_rows(
+        self,
+        class_names: list[str],
+        now_us: int,
+        worker_id: int | None = None,
+        policy_class: str | None = None,
+        limit: int = 1000,
+    ) -> list[LeaseRow]:
         """Up to `limit` live leases for the admin socket, optionally of one worker id / one class
         (`class_names`: the profile's, by class index). O(leases)."""
         out = []
@@ -243,10 +256,21 @@ class LeaseTable:
             name = class_names[live.entry.class_idx]
             if (worker_id is not None and key.worker_id != worker_id) or (policy_class not in (None, name)):
                 continue
-            out.append(LeaseRow(request_id=live.spec.request_id, worker_id=key.worker_id, dp_rank=key.dp_rank,
-                                slot=slot, generation=info.generation, policy_class=name, isl_tokens=info.isl,
-                                cached_tokens=info.cached, output_tokens=info.output_tokens,
-                                age_s=max(0, now_us - info.admit_us) / 1e6, state=_SLOT_STATES.get(info.state, "free")))
+            out.append(
+                LeaseRow(
+                    request_id=live.spec.request_id,
+                    worker_id=key.worker_id,
+                    dp_rank=key.dp_rank,
+                    slot=slot,
+                    generation=info.generation,
+                    policy_class=name,
+                    isl_tokens=info.isl,
+                    cached_tokens=info.cached,
+                    output_tokens=info.output_tokens,
+                    age_s=max(0, now_us - info.admit_us) / 1e6,
+                    state=_SLOT_STATES.get(info.state, "free"),
+                )
+            )
             if len(out) >= limit:
                 break
         return out
@@ -306,13 +330,22 @@ class LeaseTable:
             return True
         ledger = self.ledger
         info = ledger.slot_info(live.slot)
-        return Admit(request_id, owner, ledger.key_of(info.row), live.slot, live.generation,
-                     info.cached // ledger.block_size, info.cached, max(0, info.admit_us - info.enqueue_us),
-                     live.spec.policy_class)
+        return Admit(
+            request_id,
+            owner,
+            ledger.key_of(info.row),
+            live.slot,
+            live.generation,
+            info.cached // ledger.block_size,
+            info.cached,
+            max(0, info.admit_us - info.enqueue_us),
+            live.spec.policy_class,
+        )
 
     # ---- orphans (restart) -------------------------------------------------------------------
-    def adopt_slot_table(self, class_names: list[str], default_class: int, seq: Iterator[int], now_us: int,
-                         grace_us: int) -> OrphanCounts:
+    def adopt_slot_table(
+        self, class_names: list[str], default_class: int, seq: Iterator[int], now_us: int, grace_us: int
+    ) -> OrphanCounts:
         """Adopt every booking of the ledger's slot table as an orphan lease (owner `DAEMON_OWNER`).
 
         Args:
@@ -324,10 +357,20 @@ class LeaseTable:
         for slot in self.ledger.live_slots():
             info = self.ledger.slot_info(slot)
             c = info.class_idx if 0 <= info.class_idx < len(class_names) else default_class
-            spec = RequestSpec(request_id=info.request_id, isl_tokens=max(1, info.isl),
-                               policy_class=class_names[c], owner=DAEMON_OWNER)
-            entry = QueueEntry(info.request_id, next(seq), info.enqueue_us, 0, 0,
-                               max(1, info.isl - info.cached), max(1, info.isl), None, c)
+            spec = RequestSpec(
+                request_id=info.request_id, isl_tokens=max(1, info.isl), policy_class=class_names[c], owner=DAEMON_OWNER
+            )
+            entry = QueueEntry(
+                info.request_id,
+                next(seq),
+                info.enqueue_us,
+                0,
+                0,
+                max(1, info.isl - info.cached),
+                max(1, info.isl),
+                None,
+                c,
+            )
             live = Live(spec, entry, state=LEASED, slot=slot, generation=info.generation)
             entry.payload = live
             self.register(live)

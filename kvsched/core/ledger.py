@@ -36,7 +36,13 @@ from ..shm.bind import entry_point
 from ..shm.booking_kernels import slot_dispatched, slot_output_tokens, slot_prefill_done
 from ..shm.booking_packed import pack_release_arrays, release_booking_packed
 from ..shm.kernels import project_and_cost
-from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
+from ..shm.layout import (
+    FLAG_DRAINED,
+    FLAG_OVERLOADED,
+    FLAG_STALE,
+    SLOT_FREE,
+    LedgerArrays,
+)
 from .slot_table import SlotInfo, read_slot, rebuild_aggregates
 from .types import WorkerKey
 from .word_fold import WordFold
@@ -61,7 +67,13 @@ class Ledger:
             returns (one set, reused by every call: a `SelectionView` made over them sees each projection).
     """
 
-    def __init__(self, arrays: LedgerArrays, progress: np.ndarray | None = None, overload: OverloadConfig | None = None, state: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        arrays: LedgerArrays,
+        progress: np.ndarray | None = None,
+        overload: OverloadConfig | None = None,
+        state: np.ndarray | None = None,
+    ) -> None:
         self.arrays = arrays
         self.progress = progress
         self.state = state
@@ -194,7 +206,19 @@ class Ledger:
         return self.rows.elig_cache
 
     # -- bookings -----------------------------------------------------------------------------
-    def reserve(self, request_id: str, row: int, isl_tokens: int, hashes: np.ndarray, cached_tokens: int, expected_osl: int | None, class_idx: int, enqueue_us: int, now_us: int, owner_pid: int = 0) -> tuple[int, int] | None:
+    def reserve(
+        self,
+        request_id: str,
+        row: int,
+        isl_tokens: int,
+        hashes: np.ndarray,
+        cached_tokens: int,
+        expected_osl: int | None,
+        class_idx: int,
+        enqueue_us: int,
+        now_us: int,
+        owner_pid: int = 0,
+    ) -> tuple[int, int] | None:
         """Book `request_id` on `row`; returns (slot, generation), or None when no slot is free.
 
         Args:
@@ -212,13 +236,43 @@ class Ledger:
             return None
         slot, rid = got
         a = self.arrays
-        gen = reserve_slot(slot, row, int(isl_tokens), np.asarray(hashes, dtype=np.uint64), int(cached_tokens),
-                           -1 if expected_osl is None else int(expected_osl), int(class_idx), int(enqueue_us),
-                           int(now_us), int(owner_pid), self.block_size, self.stride, a.w_generation,
-                           a.w_active_blocks, a.w_active_prefill, a.w_active_requests, a.ref_keys, a.ref_counts, a.arena,
-                           a.s_state, a.s_generation, a.s_worker_row, a.s_worker_generation, a.s_isl, a.s_cached,
-                           a.s_prefill, a.s_expected_osl, a.s_output_tokens, a.s_extra_blocks, a.s_class,
-                           a.s_enqueue_us, a.s_admit_us, a.s_arena_off, a.s_arena_len, a.s_owner_pid)
+        gen = reserve_slot(
+            slot,
+            row,
+            int(isl_tokens),
+            np.asarray(hashes, dtype=np.uint64),
+            int(cached_tokens),
+            -1 if expected_osl is None else int(expected_osl),
+            int(class_idx),
+            int(enqueue_us),
+            int(now_us),
+            int(owner_pid),
+            self.block_size,
+            self.stride,
+            a.w_generation,
+            a.w_active_blocks,
+            a.w_active_prefill,
+            a.w_active_requests,
+            a.ref_keys,
+            a.ref_counts,
+            a.arena,
+            a.s_state,
+            a.s_generation,
+            a.s_worker_row,
+            a.s_worker_generation,
+            a.s_isl,
+            a.s_cached,
+            a.s_prefill,
+            a.s_expected_osl,
+            a.s_output_tokens,
+            a.s_extra_blocks,
+            a.s_class,
+            a.s_enqueue_us,
+            a.s_admit_us,
+            a.s_arena_off,
+            a.s_arena_len,
+            a.s_owner_pid,
+        )
         self.booked(slot, request_id, row)
         return slot, gen
 
@@ -363,31 +417,73 @@ class Ledger:
     @cached_property
     def _k_output_tokens(self) -> tuple:
         a = self.arrays
-        args = (a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks,
-                a.w_active_blocks, a.w_active_prefill, self.block_size)
+        args = (
+            a.s_state,
+            a.s_generation,
+            a.s_worker_row,
+            a.s_isl,
+            a.s_prefill,
+            a.s_output_tokens,
+            a.s_extra_blocks,
+            a.w_active_blocks,
+            a.w_active_prefill,
+            self.block_size,
+        )
         return entry_point(slot_output_tokens, (0, 0, 0, *args)), args
 
     # -- decisions ----------------------------------------------------------------------------
-    def project(self, hashes: np.ndarray, isl_tokens: int, overlap_blocks: np.ndarray, eligible: np.ndarray, prefill_load_scale: float, overlap_credit: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def project(
+        self,
+        hashes: np.ndarray,
+        isl_tokens: int,
+        overlap_blocks: np.ndarray,
+        eligible: np.ndarray,
+        prefill_load_scale: float,
+        overlap_credit: float,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Projected blocks int64[W], prefill tokens int64[W] and cost float64[W] (one kernel call).
 
         The returned arrays are reused by the next call: copy them to keep them. Ineligible rows
         hold -1 / -1 / +inf. overlap_blocks: int32[W]; eligible: uint8[W].
         """
         a = self.arrays
-        project_and_cost(a.w_active_blocks, a.w_active_prefill, eligible, a.ref_keys, a.ref_counts, np.asarray(hashes, dtype=np.uint64), int(isl_tokens), self.block_size, overlap_blocks, float(prefill_load_scale), float(overlap_credit), self.out_blocks, self.out_prefill, self.out_cost)
+        project_and_cost(
+            a.w_active_blocks,
+            a.w_active_prefill,
+            eligible,
+            a.ref_keys,
+            a.ref_counts,
+            np.asarray(hashes, dtype=np.uint64),
+            int(isl_tokens),
+            self.block_size,
+            overlap_blocks,
+            float(prefill_load_scale),
+            float(overlap_credit),
+            self.out_blocks,
+            self.out_prefill,
+            self.out_cost,
+        )
         return self.out_blocks, self.out_prefill, self.out_cost
 
     # -- introspection ------------------------------------------------------------------------
     def worker_rows(self) -> list[WorkerRow]:
         """One row per registered worker rank for the admin socket: capacity, current load, flags."""
         a = self.arrays
-        return [WorkerRow(worker_id=int(a.w_worker_id[r]), dp_rank=int(a.w_dp_rank[r]),
-                          total_kv_blocks=int(a.w_total_kv_blocks[r]), max_num_batched_tokens=int(a.w_max_batched_tokens[r]),
-                          active_blocks=int(a.w_active_blocks[r]), active_prefill_tokens=int(a.w_active_prefill[r]),
-                          active_requests=int(a.w_active_requests[r]), drained=bool(a.w_flags[r] & FLAG_DRAINED),
-                          overloaded=bool(a.w_flags[r] & FLAG_OVERLOADED), stale=bool(a.w_flags[r] & FLAG_STALE))
-                for r in self.live_rows().tolist()]
+        return [
+            WorkerRow(
+                worker_id=int(a.w_worker_id[r]),
+                dp_rank=int(a.w_dp_rank[r]),
+                total_kv_blocks=int(a.w_total_kv_blocks[r]),
+                max_num_batched_tokens=int(a.w_max_batched_tokens[r]),
+                active_blocks=int(a.w_active_blocks[r]),
+                active_prefill_tokens=int(a.w_active_prefill[r]),
+                active_requests=int(a.w_active_requests[r]),
+                drained=bool(a.w_flags[r] & FLAG_DRAINED),
+                overloaded=bool(a.w_flags[r] & FLAG_OVERLOADED),
+                stale=bool(a.w_flags[r] & FLAG_STALE),
+            )
+            for r in self.live_rows().tolist()
+        ]
 
     def slot_of(self, request_id: str) -> int | None:
         return self._slot_of.get(request_id)

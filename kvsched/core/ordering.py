@@ -20,7 +20,7 @@ token snapshot); vLLM `request_queue.py` (`Request.__lt__`: priority, then arriv
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 

@@ -31,13 +31,13 @@ KV events when the engines publish them).
 
 from __future__ import annotations
 
-import numpy as np
-
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..config import SelectorConfig
-from ..shm.layout import FLAG_STALE
 from ..shm.admit_packed import credited_depth_packed, pack_credited_arrays
+from ..shm.layout import FLAG_STALE
 from ..shm.select_kernels import credit_rows
 
 if TYPE_CHECKING:
@@ -55,8 +55,14 @@ def overlap_capacity(max_workers: int) -> int:
     return 1 << (want - 1).bit_length()
 
 
-def credited_overlap(device_depth: np.ndarray, offload_depth: np.ndarray | None, approx_depth: np.ndarray,
-                     stale: np.ndarray, offload_credit: float, out: np.ndarray) -> np.ndarray:
+def credited_overlap(
+    device_depth: np.ndarray,
+    offload_depth: np.ndarray | None,
+    approx_depth: np.ndarray,
+    stale: np.ndarray,
+    offload_credit: float,
+    out: np.ndarray,
+) -> np.ndarray:
     """Overlap blocks to credit per worker row, combining the event-fed and approximate indexes.
 
     Non-stale rows: base = max(device, approx) (approx holds the short-TTL speculative entries written
@@ -98,9 +104,17 @@ class OverlapView:
     the same values without a second lookup (memo on identity, time and every index's version).
     """
 
-    def __init__(self, ledger, approx: OverlapIndex, *, device: OverlapIndex | None = None,
-                 offload: OverlapIndex | None = None, speculative: OverlapIndex | None = None,
-                 selector: SelectorConfig, speculative_ttl_s: float | None = None) -> None:
+    def __init__(
+        self,
+        ledger,
+        approx: OverlapIndex,
+        *,
+        device: OverlapIndex | None = None,
+        offload: OverlapIndex | None = None,
+        speculative: OverlapIndex | None = None,
+        selector: SelectorConfig,
+        speculative_ttl_s: float | None = None,
+    ) -> None:
         w = ledger.arrays.max_workers
         self.ledger = ledger
         self.approx, self.device, self.offload = approx, device, offload
@@ -124,8 +138,9 @@ class OverlapView:
         self._versioned = [ix for ix in (approx, device, offload, speculative) if hasattr(ix, "version")]
         from ..shm.overlap import OverlapIndex
 
-        self._fused_depth = all(isinstance(ix, OverlapIndex) for ix in (approx, device, offload, speculative)
-                                if ix is not None)  # `credited_depth` reads every index's arrays
+        self._fused_depth = all(
+            isinstance(ix, OverlapIndex) for ix in (approx, device, offload, speculative) if ix is not None
+        )  # `credited_depth` reads every index's arrays
         self.configure(selector)
 
     def configure(self, selector: SelectorConfig) -> None:
@@ -186,14 +201,47 @@ class OverlapView:
         flags = self.ledger.arrays.w_flags
         got = self._credited
         if got is None or not all(x is y for x, y in zip(got[0], (ap, dev, off, sp, flags, out))):
-            arrays = (ap.keys, ap.used, ap.perm, ap.ttlm, ap.ttl_exp, dev.keys, dev.used, dev.perm, dev.ttlm, dev.ttl_exp,
-                      off.keys, off.used, off.perm, off.ttlm, off.ttl_exp, sp.keys, sp.used, sp.perm, sp.ttlm, sp.ttl_exp,
-                      ap.scratch, self.approx_depth, self._dev_depth, self._off_depth, self._spec_depth,
-                      self.event_fed, flags, self._spec_raw, out)
+            arrays = (
+                ap.keys,
+                ap.used,
+                ap.perm,
+                ap.ttlm,
+                ap.ttl_exp,
+                dev.keys,
+                dev.used,
+                dev.perm,
+                dev.ttlm,
+                dev.ttl_exp,
+                off.keys,
+                off.used,
+                off.perm,
+                off.ttlm,
+                off.ttl_exp,
+                sp.keys,
+                sp.used,
+                sp.perm,
+                sp.ttlm,
+                sp.ttl_exp,
+                ap.scratch,
+                self.approx_depth,
+                self._dev_depth,
+                self._off_depth,
+                self._spec_depth,
+                self.event_fed,
+                flags,
+                self._spec_raw,
+                out,
+            )
             # the arrays stay referenced beside their table (its addresses: `shm.argtable`)
             got = self._credited = ((ap, dev, off, sp, flags, out), arrays, pack_credited_arrays(arrays))
-        credited_depth_packed(np.asarray(hashes, dtype=np.uint64), int(now_us), 0 if self.offload is None else 1,
-                              float(self.offload_credit), FLAG_STALE, got[2])
+        credited_depth_packed(
+            np.asarray(hashes, dtype=np.uint64),
+            int(now_us),
+            0 if self.offload is None else 1,
+            float(self.offload_credit),
+            FLAG_STALE,
+            got[2],
+        )
         return out
 
     def _depth_by_index(self, hashes: np.ndarray, now_us: int, out: np.ndarray) -> np.ndarray:
@@ -204,9 +252,19 @@ class OverlapView:
             self.offload.depth(hashes, now_us, self._off_depth)
             off = self._off_depth
         self.speculative.depth(hashes, now_us, self._spec_depth)
-        credit_rows(self.approx_depth, self._dev_depth, self._off_depth, self._spec_depth, self.event_fed,
-                    self.ledger.arrays.w_flags, FLAG_STALE, float(self.offload_credit), off is not None,
-                    self._spec_raw, out)
+        credit_rows(
+            self.approx_depth,
+            self._dev_depth,
+            self._off_depth,
+            self._spec_depth,
+            self.event_fed,
+            self.ledger.arrays.w_flags,
+            FLAG_STALE,
+            float(self.offload_credit),
+            off is not None,
+            self._spec_raw,
+            out,
+        )
         return out
 
     def zero(self) -> np.ndarray:

@@ -25,7 +25,7 @@ class PolicyFeed:
             of them is `duplicate_request` until then).
     """
 
-    __slots__ = ("events", "cleanup_ids")
+    __slots__ = ("cleanup_ids", "events")
 
     def __init__(self) -> None:
         self.events: list[tuple[int, Event]] = []
@@ -66,4 +66,3 @@ class PolicyFeed:
     def remap(self, remap: dict[int, int]) -> None:
         """Class indexes renumbered by a profile reload; events of removed classes are dropped."""
         self.events = [(remap[c], e) for c, e in self.events if c in remap]
-

@@ -22,7 +22,7 @@ docs/DESIGN.md §4.7 DRR across classes.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ..config import ClassConfig
 from .admission import create_admission_policy
@@ -41,7 +41,7 @@ class PolicyQueue:
     index of the last winner.
     """
 
-    __slots__ = ("classes", "cursor", "carry")
+    __slots__ = ("carry", "classes", "cursor")
 
     def __init__(self, classes: list[ClassConfig] | list[PolicyClassQueue]) -> None:
         self.classes: list[PolicyClassQueue] = [
@@ -55,8 +55,9 @@ class PolicyQueue:
         self.carry: int | None = None
 
     # ---- adding ------------------------------------------------------------------------------
-    def enqueue(self, class_idx: int, entry: QueueEntry, n_worker_ids: int,
-                room: tuple[int, int] = (0, 0)) -> LimitExceeded | None:
+    def enqueue(
+        self, class_idx: int, entry: QueueEntry, n_worker_ids: int, room: tuple[int, int] = (0, 0)
+    ) -> LimitExceeded | None:
         """Limit-check then add a ready entry (`room`: see `PolicyClassQueue.check_limits`). Returns the
         exceeded limit (nothing added) or None."""
         cq = self.classes[class_idx]
@@ -65,8 +66,9 @@ class PolicyQueue:
             cq.add(entry)
         return over
 
-    def defer(self, class_idx: int, entry: QueueEntry, n_worker_ids: int,
-              room: tuple[int, int] = (0, 0)) -> LimitExceeded | None:
+    def defer(
+        self, class_idx: int, entry: QueueEntry, n_worker_ids: int, room: tuple[int, int] = (0, 0)
+    ) -> LimitExceeded | None:
         """Limit-check then hold for the class's admission policy."""
         cq = self.classes[class_idx]
         over = cq.check_limits(entry.isl_tokens, n_worker_ids, room)
@@ -210,8 +212,9 @@ class PolicyQueue:
                 return self._take(classes[i], cand)
         raise AssertionError("DRR: whole-round grant left nothing affordable")
 
-    def _candidate(self, cq: PolicyClassQueue, worker_ready: ClassWorkerReady,
-                   shared_ready: ClassSharedReady) -> QueueEntry | None:
+    def _candidate(
+        self, cq: PolicyClassQueue, worker_ready: ClassWorkerReady, shared_ready: ClassSharedReady
+    ) -> QueueEntry | None:
         if not cq.has_ready():
             cq.deficit = 0
             return None

@@ -18,21 +18,22 @@ Pure functions over two configs.
 
 from __future__ import annotations
 
-from typing import Collection
+from collections.abc import Collection
 
 from ..config import Config, SelectorConfig
 
-
 # `[selector]` keys a reload applies (read per decision by the admitter and the overlap view)
-RELOADABLE_SELECTOR_KEYS = frozenset({"prefill_load_scale", "overlap_credit", "approx_ttl_s",
-                                      "offload_overlap_credit"})
+RELOADABLE_SELECTOR_KEYS = frozenset({"prefill_load_scale", "overlap_credit", "approx_ttl_s", "offload_overlap_credit"})
 
 
 def selector_keys_needing_rebuild(old: SelectorConfig, new: SelectorConfig) -> list[str]:
     """`selector.<key>` for every key whose value differs between `old` and `new` and that the built
     selector holds (not in `RELOADABLE_SELECTOR_KEYS`), in declaration order."""
-    return [f"selector.{k}" for k in SelectorConfig.__struct_fields__
-            if k not in RELOADABLE_SELECTOR_KEYS and getattr(old, k) != getattr(new, k)]
+    return [
+        f"selector.{k}"
+        for k in SelectorConfig.__struct_fields__
+        if k not in RELOADABLE_SELECTOR_KEYS and getattr(old, k) != getattr(new, k)
+    ]
 
 
 # Config sections a reload does not apply: they shape the daemon's segments, sockets and fleet at start
@@ -50,19 +51,28 @@ def restart_only_changes(running: Config, new: Config, given: Collection[str] | 
             named: a profile-only file (only `default_class` / `[[classes]]`) names nothing, and a daemon
             whose workers came from `--workers N` is not told its workers were "removed".
     """
+
     def compared(key: str) -> bool:
         return given is None or key in given
 
-    out = [f"{section}.{k}" for section in RESTART_ONLY_SECTIONS
-           for k in type(getattr(running, section)).__struct_fields__
-           if compared(f"{section}.{k}") and getattr(getattr(running, section), k) != getattr(getattr(new, section), k)]
+    out = [
+        f"{section}.{k}"
+        for section in RESTART_ONLY_SECTIONS
+        for k in type(getattr(running, section)).__struct_fields__
+        if compared(f"{section}.{k}") and getattr(getattr(running, section), k) != getattr(getattr(new, section), k)
+    ]
     if not compared("workers"):
         return out
     old_w, new_w = {w.worker_id: w for w in running.workers}, {w.worker_id: w for w in new.workers}
-    parts = [f"{what} {', '.join(map(str, ids))}" for what, ids in (
-        ("added", sorted(new_w.keys() - old_w.keys())), ("removed", sorted(old_w.keys() - new_w.keys())),
-        ("changed", sorted(i for i in old_w.keys() & new_w.keys() if old_w[i] != new_w[i]))) if ids]
+    parts = [
+        f"{what} {', '.join(map(str, ids))}"
+        for what, ids in (
+            ("added", sorted(new_w.keys() - old_w.keys())),
+            ("removed", sorted(old_w.keys() - new_w.keys())),
+            ("changed", sorted(i for i in old_w.keys() & new_w.keys() if old_w[i] != new_w[i])),
+        )
+        if ids
+    ]
     if parts:
         out.append(f"workers ({'; '.join(parts)})")
     return out
-

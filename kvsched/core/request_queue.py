@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from abc import ABC, abstractmethod
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from .ordering import BAND_PREPENDED, Key, QueueEntry, fcfs_key, priority_key, wspt_key
 
@@ -116,7 +116,7 @@ def _rid(request: QueueEntry | str) -> str:
 class HeapRequestQueue(RequestQueue):
     """A RequestQueue ordered by `key_fn` (a function of `kvsched.core.ordering`)."""
 
-    __slots__ = ("_key_fn", "_heap", "_index", "_head_prepend")
+    __slots__ = ("_head_prepend", "_heap", "_index", "_key_fn")
     _head_prepend: bool  # True: prepend puts at the head (FCFS); False: by key
 
     def __init__(self, key_fn: Callable[[QueueEntry], Key], head_prepend: bool) -> None:

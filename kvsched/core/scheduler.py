@@ -28,7 +28,8 @@ Source: Dynamo kv-router scheduling (queue hierarchy, lifecycle, guardrails); vL
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..config import ClassConfig, Config
 from ..protocol import ClassRow, ExplainReply, LeaseRow, WorkerRow
@@ -68,20 +69,37 @@ class Scheduler:
         event_device / event_offload / speculative / speculative_ttl_s: see `OverlapView`.
     """
 
-    def __init__(self, config: Config, ledger: Ledger, overlap: OverlapIndex, selector: WorkerSelector,
-                 owner_alive: Callable[[int], bool] = lambda owner: True, *,
-                 same_process: Callable[[int, int], bool] = lambda a, b: False,
-                 event_device: OverlapIndex | None = None, event_offload: OverlapIndex | None = None,
-                 speculative: OverlapIndex | None = None, speculative_ttl_s: float | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        ledger: Ledger,
+        overlap: OverlapIndex,
+        selector: WorkerSelector,
+        owner_alive: Callable[[int], bool] = lambda owner: True,
+        *,
+        same_process: Callable[[int, int], bool] = lambda a, b: False,
+        event_device: OverlapIndex | None = None,
+        event_offload: OverlapIndex | None = None,
+        speculative: OverlapIndex | None = None,
+        speculative_ttl_s: float | None = None,
+    ) -> None:
         self.config, self.ledger, self.selector = config, ledger, selector
         self.selector_config = config.selector  # what `selector` was built from (`reload` may rebuild it)
-        self.view = OverlapView(ledger, overlap, device=event_device, offload=event_offload, speculative=speculative,
-                                selector=config.selector, speculative_ttl_s=speculative_ttl_s)
+        self.view = OverlapView(
+            ledger,
+            overlap,
+            device=event_device,
+            offload=event_offload,
+            speculative=speculative,
+            selector=config.selector,
+            speculative_ttl_s=speculative_ttl_s,
+        )
         self.feed = PolicyFeed()
         self.shares = WaitingShares(config.daemon.max_waiting_share)
         self.lease_table = LeaseTable(ledger, self.shares, self.feed, owner_alive, same_process)
-        pq = PolicyQueue([PolicyClassQueue(c, i, create_admission_policy(c.admission))
-                          for i, c in enumerate(config.classes)])
+        pq = PolicyQueue(
+            [PolicyClassQueue(c, i, create_admission_policy(c.admission)) for i, c in enumerate(config.classes)]
+        )
         self.admitter = Admitter(ledger, self.view, selector, self.lease_table, pq, config.selector)
         self.intake = Intake(ledger, self.admitter, self.lease_table, self.feed, self.shares)
         self.set_classes(config)
@@ -99,8 +117,9 @@ class Scheduler:
     event_offload = property(lambda self: self.view.offload, doc="The KV-event-fed offload index, or None.")
     speculative = property(lambda self: self.view.speculative, doc="The speculative index, or None.")
     decisions_total = property(lambda self: self.admitter.decisions_total, doc="Admits + Rejects produced.")
-    invalid_placements = property(lambda self: self.intake.invalid_placements,
-                                  doc="Admission-policy placements ignored as invalid.")
+    invalid_placements = property(
+        lambda self: self.intake.invalid_placements, doc="Admission-policy placements ignored as invalid."
+    )
     queued = property(lambda self: len(self.admitter.pq), doc="Ready requests waiting (deferred excluded).")
     deferred = property(lambda self: self.admitter.pq.n_deferred, doc="Requests held by admission policies.")
     active_leases = property(lambda self: len(self.lease_table.by_slot), doc="Leases held.")
@@ -177,13 +196,27 @@ class Scheduler:
         if n_elig == 0:
             n_place = adm.placeable_mask(spec.pinned, spec.allowed_workers)
             if n_place == 0:
-                return [adm.reject(spec, "no_endpoints", "no registered, undrained worker the request may use", cq.name)]
+                return [
+                    adm.reject(spec, "no_endpoints", "no registered, undrained worker the request may use", cq.name)
+                ]
             if spec.do_not_queue or not _queueing(cq.config):
-                return [adm.reject(spec, "all_overloaded", f"all {n_place} workers the request may use are overloaded",
-                                   cq.name)]
+                return [
+                    adm.reject(
+                        spec, "all_overloaded", f"all {n_place} workers the request may use are overloaded", cq.name
+                    )
+                ]
         cost = adm.snapshot_cost(spec, spec.pinned, now_us)
-        entry = QueueEntry(spec.request_id, next(intake.seq), now_us, spec.priority, spec.strict_priority, cost,
-                           spec.isl_tokens, spec.pinned, c)
+        entry = QueueEntry(
+            spec.request_id,
+            next(intake.seq),
+            now_us,
+            spec.priority,
+            spec.strict_priority,
+            cost,
+            spec.isl_tokens,
+            spec.pinned,
+            c,
+        )
         live = Live(spec, entry)
         entry.payload = live
         decision = cq.admission.decide(spec.request_id, spec, adm.fleet(), now_us) if cq.admission else BYPASS
@@ -219,8 +252,9 @@ class Scheduler:
         return self.intake.take_notices()
 
     # ---- leases ------------------------------------------------------------------------------
-    def update(self, request_id: str, slot: int, generation: int, kind: str, output_tokens: int | None,
-               now_us: int) -> Outcomes:
+    def update(
+        self, request_id: str, slot: int, generation: int, kind: str, output_tokens: int | None, now_us: int
+    ) -> Outcomes:
         """Router progress on a lease. Raises KeyError for an unknown lease, ValueError for a bad kind.
         `requeue` releases the booking, re-enters the class (original enqueue_seq) and runs a
         dispatch pass whose records are returned."""
@@ -256,8 +290,9 @@ class Scheduler:
         self._capacity_changed(row)
         return self._dispatch(now_us)
 
-    def release(self, request_id: str, slot: int, generation: int, outcome: str, context_tokens: int,
-                now_us: int) -> None:
+    def release(
+        self, request_id: str, slot: int, generation: int, outcome: str, context_tokens: int, now_us: int
+    ) -> None:
         """End of a request (idempotent; stale keys ignored). Policies are told at drain_cleanup."""
         live = self.lease_table.live.get(request_id)
         if live is None:
@@ -325,8 +360,12 @@ class Scheduler:
         lives = [entry.payload for entry in entries]
         for live in lives:
             self.lease_table.drop(live, abort=True)
-        out = [self.admitter.reject(live.spec, "shutting_down", "scheduler is shutting down",
-                                    pq.classes[live.entry.class_idx].name) for live in lives]
+        out = [
+            self.admitter.reject(
+                live.spec, "shutting_down", "scheduler is shutting down", pq.classes[live.entry.class_idx].name
+            )
+            for live in lives
+        ]
         self._tell_policies(now_us)
         pq.compact()
         return out
@@ -359,8 +398,9 @@ class Scheduler:
         ledger.fold_progress(every_slot=True)
         ledger.take_dispatched()  # no policy tracks an orphan
         ledger.rebuild_aggregates()
-        return self.lease_table.adopt_slot_table([cq.name for cq in self.pq.classes], self._default,
-                                                 self.intake.seq, now_us, grace_us)
+        return self.lease_table.adopt_slot_table(
+            [cq.name for cq in self.pq.classes], self._default, self.intake.seq, now_us, grace_us
+        )
 
     def credit_stall(self, stall_us: int) -> None:
         """The actor's loop stalled `stall_us` µs: not part of the orphans' grace (`LeaseTable.credit_stall`)."""
@@ -492,11 +532,11 @@ class Scheduler:
         """One row per registered worker rank (`Ledger.worker_rows`)."""
         return self.ledger.worker_rows()
 
-    def leases(self, now_us: int, worker_id: int | None = None, policy_class: str | None = None,
-               limit: int = 1000) -> list[LeaseRow]:
+    def leases(
+        self, now_us: int, worker_id: int | None = None, policy_class: str | None = None, limit: int = 1000
+    ) -> list[LeaseRow]:
         """Up to `limit` live leases, optionally of one worker id / one class (`LeaseTable.lease_rows`)."""
-        return self.lease_table.lease_rows([cq.name for cq in self.pq.classes], now_us, worker_id, policy_class,
-                                           limit)
+        return self.lease_table.lease_rows([cq.name for cq in self.pq.classes], now_us, worker_id, policy_class, limit)
 
     def explain(self, request_id: str) -> ExplainReply | None:
         """The per-worker figures of the most recent admission of `request_id` among the last ~1024
@@ -508,9 +548,14 @@ def _lease_lost(live: Live, key: WorkerKey, cls_name: str) -> Reject:
     """The revocation notice sent to the holder of a lease on removed worker `key` (not a decision:
     `decisions_total` is not bumped). The client reads a revocation whose reason is not `cancelled` as
     a lost lease (docs/PROTOCOL.md "Scheduling contracts")."""
-    return Reject(live.spec.request_id, live.spec.owner, "no_endpoints",
-                  f"lease lost: worker {key.worker_id}:{key.dp_rank} was removed by an operator",
-                  cls_name, revoked=True)
+    return Reject(
+        live.spec.request_id,
+        live.spec.owner,
+        "no_endpoints",
+        f"lease lost: worker {key.worker_id}:{key.dp_rank} was removed by an operator",
+        cls_name,
+        revoked=True,
+    )
 
 
 def _queueing(cls: ClassConfig) -> bool:

@@ -16,8 +16,8 @@ docs/ROUTING.md documents each.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
@@ -121,25 +121,41 @@ class WorkerSelector(ABC):
         return cls(seed=cfg.seed)
 
     @abstractmethod
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
         """See the class docstring."""
 
-    def select_explained(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-                         overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-                         view: SelectionView | None = None) -> tuple[int, dict[str, np.ndarray] | None]:
+    def select_explained(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> tuple[int, dict[str, np.ndarray] | None]:
         """`select` plus the decision's cost terms (`terms`), or None when they are not computed on the
         way (the dispatcher then asks `terms` itself). Pure, like `select`."""
-        return self.select(costs, eligible, active_requests, overlap_blocks=overlap_blocks,
-                           request_blocks=request_blocks, view=view), None
+        return self.select(
+            costs, eligible, active_requests, overlap_blocks=overlap_blocks, request_blocks=request_blocks, view=view
+        ), None
 
     def admitted(self, row: int, uncached_tokens: int, now_us: int, isl_tokens: int | None = None) -> None:
         """Learn from an admission that succeeded on `row` (`uncached_tokens` = isl - cached; `isl_tokens`
         the request's prompt tokens when known). Default: nothing."""
 
-    def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
-              view: SelectionView) -> dict[str, np.ndarray]:
+    def terms(
+        self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray, view: SelectionView
+    ) -> dict[str, np.ndarray]:
         """Named float64[W] cost terms of a decision, for `kvsched explain`: a selector that picks the
         lowest cost returns the terms that cost sums; one that decides by other figures returns none,
         and `explain` then shows the projection's cost (Dynamo's, `costs`) as a reference it did not use.
@@ -174,14 +190,22 @@ class CostSelector(WorkerSelector):
         """`cls(cfg.temperature, cfg.seed)`."""
         return cls(cfg.temperature, cfg.seed)
 
-    def terms(self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray,
-              view: SelectionView) -> dict[str, np.ndarray]:
+    def terms(
+        self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray, view: SelectionView
+    ) -> dict[str, np.ndarray]:
         """The one term "cost" (`costs` as given): what `select` picks the lowest of. Pure."""
         return {"cost": costs.astype(np.float64, copy=True)}
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
         if self.temperature <= 0.0:  # fast path: ineligible rows cost +inf (project_and_cost)
             i = int(costs.argmin())
             lo = costs[i]
@@ -222,9 +246,16 @@ class RoundRobinSelector(WorkerSelector):
         super().__init__(seed)
         self.cursor = 0
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -239,9 +270,16 @@ class RandomSelector(WorkerSelector):
 
     name = "random"
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
         rows = np.flatnonzero(eligible)
         return -1 if rows.size == 0 else self._pick(rows)
 
@@ -251,9 +289,16 @@ class LeastLoadedSelector(WorkerSelector):
 
     name = "least_loaded"
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return -1
@@ -266,9 +311,16 @@ class PowerOfTwoSelector(WorkerSelector):
 
     name = "power_of_two"
 
-    def select(self, costs: np.ndarray, eligible: np.ndarray, active_requests: np.ndarray, *,
-               overlap_blocks: np.ndarray | None = None, request_blocks: int = 0,
-               view: SelectionView | None = None) -> int:
+    def select(
+        self,
+        costs: np.ndarray,
+        eligible: np.ndarray,
+        active_requests: np.ndarray,
+        *,
+        overlap_blocks: np.ndarray | None = None,
+        request_blocks: int = 0,
+        view: SelectionView | None = None,
+    ) -> int:
         rows = np.flatnonzero(eligible)
         if rows.size <= 1:
             return int(rows[0]) if rows.size else -1

@@ -38,10 +38,19 @@ def read_slot(a: LedgerArrays, slot: int) -> SlotInfo:
     """The booking in `slot` of `a` as plain Python ints (a free slot reads as its last booking's
     values with state 0). Raises IndexError for a slot outside [0, max_slots)."""
     return SlotInfo(
-        request_id=a.s_request_id[slot].decode(), generation=int(a.s_generation[slot]), row=int(a.s_worker_row[slot]),
-        state=int(a.s_state[slot]), isl=int(a.s_isl[slot]), cached=int(a.s_cached[slot]), prefill=int(a.s_prefill[slot]),
-        output_tokens=int(a.s_output_tokens[slot]), expected_osl=int(a.s_expected_osl[slot]), class_idx=int(a.s_class[slot]),
-        admit_us=int(a.s_admit_us[slot]), enqueue_us=int(a.s_enqueue_us[slot]), owner_pid=int(a.s_owner_pid[slot]),
+        request_id=a.s_request_id[slot].decode(),
+        generation=int(a.s_generation[slot]),
+        row=int(a.s_worker_row[slot]),
+        state=int(a.s_state[slot]),
+        isl=int(a.s_isl[slot]),
+        cached=int(a.s_cached[slot]),
+        prefill=int(a.s_prefill[slot]),
+        output_tokens=int(a.s_output_tokens[slot]),
+        expected_osl=int(a.s_expected_osl[slot]),
+        class_idx=int(a.s_class[slot]),
+        admit_us=int(a.s_admit_us[slot]),
+        enqueue_us=int(a.s_enqueue_us[slot]),
+        owner_pid=int(a.s_owner_pid[slot]),
     )
 
 
@@ -59,6 +68,8 @@ def rebuild_aggregates(a: LedgerArrays) -> None:
             a.s_state[slot] = SLOT_FREE
             continue
         off, nh = int(a.s_arena_off[slot]), int(a.s_arena_len[slot])
-        a.w_active_blocks[row] += ref_add(a.ref_keys[row], a.ref_counts[row], a.arena[off:off + nh]) + a.s_extra_blocks[slot]
+        a.w_active_blocks[row] += (
+            ref_add(a.ref_keys[row], a.ref_counts[row], a.arena[off : off + nh]) + a.s_extra_blocks[slot]
+        )
         a.w_active_prefill[row] += a.s_prefill[slot]
         a.w_active_requests[row] += 1

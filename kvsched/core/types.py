@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from ..protocol import WorkerKey  # noqa: F401  (defined on the ground floor; re-exported for the core)
-
+from ..protocol import WorkerKey
 
 EMPTY_HASHES = np.zeros(0, dtype=np.uint64)
 
@@ -83,7 +82,7 @@ class CostSnapshot:
     cost: int
 
     @staticmethod
-    def of(isl_tokens: int, cached_tokens: int) -> "CostSnapshot":
+    def of(isl_tokens: int, cached_tokens: int) -> CostSnapshot:
         cached = max(0, min(cached_tokens, isl_tokens))
         uncached = isl_tokens - cached
         return CostSnapshot(isl_tokens, cached, uncached, max(1, uncached))

@@ -25,7 +25,8 @@ was counted under, so a profile reload that renumbers classes can never make a c
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..config import ClassConfig
 from .class_queue import LimitExceeded
@@ -50,8 +51,10 @@ class WaitingShares:
     def share_sizes(self, cfg: ClassConfig, n_worker_ids: int) -> tuple[int | None, int | None]:
         """One connection's share of each limit of the class (requests, ISL tokens); None where the
         class has no such limit or `max_waiting_share` is 1.0 (the class limit alone applies)."""
-        return (self._share_of(cfg.request_queue_limit_per_worker, n_worker_ids),
-                self._share_of(cfg.isl_token_queue_limit_per_worker, n_worker_ids))
+        return (
+            self._share_of(cfg.request_queue_limit_per_worker, n_worker_ids),
+            self._share_of(cfg.isl_token_queue_limit_per_worker, n_worker_ids),
+        )
 
     def _share_of(self, per_worker: int | None, n_worker_ids: int) -> int | None:
         if per_worker is None or self.share >= 1.0:
@@ -82,8 +85,11 @@ class WaitingShares:
         held = rows.get(owner, (0, 0))
         out = [0, 0]
         for i, cap in enumerate(self.share_sizes(cfg, n_worker_ids)):
-            if cap is not None and held[i] < cap and any(
-                    row[i] > cap for o, row in rows.items() if o != owner and o != DAEMON_OWNER):
+            if (
+                cap is not None
+                and held[i] < cap
+                and any(row[i] > cap for o, row in rows.items() if o != owner and o != DAEMON_OWNER)
+            ):
                 out[i] = cap
         return out[0], out[1]
 

@@ -33,7 +33,7 @@ class WordFold:
         state: uint64[max_slots] state words, or None (progress words only).
     """
 
-    def __init__(self, arrays: LedgerArrays, rows, progress: np.ndarray | None, state: np.ndarray | None) -> None:  # noqa: ANN001
+    def __init__(self, arrays: LedgerArrays, rows, progress: np.ndarray | None, state: np.ndarray | None) -> None:
         self.arrays, self.rows, self.progress, self.state = arrays, rows, progress, state
         s, w = arrays.max_slots, arrays.max_workers
         self._seen_state = np.zeros(s, np.uint64)  # state word last folded per slot
@@ -46,9 +46,24 @@ class WordFold:
         self._fold = self._test = None
         if progress is not None and state is not None:
             a = arrays
-            args = (progress, state, self._seen_state, a.s_state, a.s_generation, a.s_worker_row, a.s_isl,
-                    a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill,
-                    arrays.block_size, self._dispatched, self._counts, self._rows)
+            args = (
+                progress,
+                state,
+                self._seen_state,
+                a.s_state,
+                a.s_generation,
+                a.s_worker_row,
+                a.s_isl,
+                a.s_prefill,
+                a.s_output_tokens,
+                a.s_extra_blocks,
+                a.w_active_blocks,
+                a.w_active_prefill,
+                arrays.block_size,
+                self._dispatched,
+                self._counts,
+                self._rows,
+            )
             self._fold_args = args
             self._test_args = (progress, state, self._seen_progress, self._seen_state)
 
@@ -80,9 +95,19 @@ class WordFold:
                 self._bind()
             changed = self._fold(n_slots, *self._fold_call)
         else:
-            changed = fold_progress(self.progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill,
-                                    a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill,
-                                    a.block_size)
+            changed = fold_progress(
+                self.progress,
+                a.s_state,
+                a.s_generation,
+                a.s_worker_row,
+                a.s_isl,
+                a.s_prefill,
+                a.s_output_tokens,
+                a.s_extra_blocks,
+                a.w_active_blocks,
+                a.w_active_prefill,
+                a.block_size,
+            )
         if changed and self.rows.overload_rules:
             self.rows.update_overload_all()
         return int(changed)
@@ -118,12 +143,14 @@ class WordFold:
         if self.state is not None:
             if not self.fold_progress(n_slots):
                 return []
-            return self._rows[:int(self._counts[2])].tolist()
+            return self._rows[: int(self._counts[2])].tolist()
         np.copyto(self._prev_blocks, a.w_active_blocks)
         np.copyto(self._prev_prefill, a.w_active_prefill)
         if not self.fold_progress(n_slots):
             return []
-        return np.flatnonzero((self._prev_blocks != a.w_active_blocks) | (self._prev_prefill != a.w_active_prefill)).tolist()
+        return np.flatnonzero(
+            (self._prev_blocks != a.w_active_blocks) | (self._prev_prefill != a.w_active_prefill)
+        ).tolist()
 
     def take_dispatched(self) -> list[int]:
         """Slots whose `dispatched` flag the last fold saw appear (once per generation)."""

@@ -158,7 +158,9 @@ class WorkerRows:
     @overload.setter
     def overload(self, overload: OverloadConfig) -> None:
         self._overload = overload
-        self.overload_rules = overload.overload_active_blocks_frac is not None or overload.overload_prefill_tokens is not None
+        self.overload_rules = (
+            overload.overload_active_blocks_frac is not None or overload.overload_prefill_tokens is not None
+        )
 
     def overload_enabled(self) -> bool:
         """True when an overload threshold is set (only then do load changes re-check the flag);
@@ -213,4 +215,3 @@ class WorkerRows:
     def elig_cache(self) -> np.ndarray:
         """uint8[max_workers], the result of the last `eligible_mask` call (overwritten by every call)."""
         return self._elig_cache
-

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 import zmq
@@ -28,8 +28,8 @@ from .connections import Connection, ConnectionTable
 from .envelope import REQ_ON_DATA_SOCKET, is_req_envelope
 from .heartbeats import TokenHeartbeats
 from .metrics import Metrics
-from .replies import ReplyOutbox
 from .ratelimit import RateLimitedLog
+from .replies import ReplyOutbox
 from .translate import Translator, WakeTally, now_us
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ def readable(sock: zmq.Socket) -> bool:
     costs about as much again as the check itself (both process the socket's pending commands,
     so either one re-arms the edge-triggered ZMQ FD)."""
     return bool(_zmq_poll([(sock, _POLLIN)], 0))
+
+
 _RCVMORE = int(zmq.RCVMORE)
 _ENQUEUE, _RELEASE, _BATCH = p.Enqueue, p.Release, p.Batch
 _BATCH_MIN_VERSION = p.BATCH_MIN_VERSION
@@ -69,10 +71,19 @@ class Actor:
             with (None = a new one; the scheduler then assumes every owner alive).
     """
 
-    def __init__(self, loop, scheduler, data_sock: zmq.Socket, welcome: p.Welcome, daemon_cfg,
-                 metrics: Metrics, admin_handler: Callable | None = None,
-                 admin_sock: zmq.Socket | None = None, worker_urls: dict[int, str] | None = None,
-                 conns: ConnectionTable | None = None) -> None:
+    def __init__(
+        self,
+        loop,
+        scheduler,
+        data_sock: zmq.Socket,
+        welcome: p.Welcome,
+        daemon_cfg,
+        metrics: Metrics,
+        admin_handler: Callable | None = None,
+        admin_sock: zmq.Socket | None = None,
+        worker_urls: dict[int, str] | None = None,
+        conns: ConnectionTable | None = None,
+    ) -> None:
         self.loop = loop
         self.worker_urls = worker_urls if worker_urls is not None else {}
         self.scheduler = scheduler
@@ -89,12 +100,12 @@ class Actor:
         self._batch_index: int | None = None  # position in the Batch being handled, for Error frames
         self._carry: tuple[Connection, list, int] | None = None  # a Batch begun, not finished: (peer, frames, next)
         self.max_frame_bytes = daemon_cfg.max_frame_bytes  # bigger messages are answered error{oversized}
-        self.outbox = ReplyOutbox(data_sock, daemon_cfg.max_frame_bytes, self.warn, loop.call_soon,
-                                  self._flush_outside_wake)  # version-2 peers: the replies of one wake
+        self.outbox = ReplyOutbox(
+            data_sock, daemon_cfg.max_frame_bytes, self.warn, loop.call_soon, self._flush_outside_wake
+        )  # version-2 peers: the replies of one wake
         self.tally = WakeTally(metrics)
         self.admin = AdminSocket(admin_sock, admin_handler, metrics, self.enc) if admin_sock is not None else None
-        self.tr = Translator(scheduler, self.conns, self._send, self._error, self.tally, daemon_cfg,
-                             self.worker_urls)
+        self.tr = Translator(scheduler, self.conns, self._send, self._error, self.tally, daemon_cfg, self.worker_urls)
         self.beats = TokenHeartbeats(self.conns, metrics.unknown_token_heartbeats)
         self.stopped = False
         self.started_us = now_us()
@@ -199,8 +210,11 @@ class Actor:
                 if is_req_envelope(payload, rest):  # a REQ socket: tell it (it waits for an answer)
                     self._refuse(identity, REQ_ON_DATA_SOCKET, envelope=True)
                 else:
-                    self._refuse(identity, f"a data-socket message is one frame; this one had {1 + len(rest)} "
-                                           "parts", envelope=False)
+                    self._refuse(
+                        identity,
+                        f"a data-socket message is one frame; this one had {1 + len(rest)} parts",
+                        envelope=False,
+                    )
             else:
                 counted = self._handle_data(identity, payload, t)
                 if self._carry is not None:  # a Batch: its inner frames up to the budget now, the rest next wakes
@@ -299,22 +313,33 @@ class Actor:
             self.metrics.connections.set(len(self.conns))
         conn.last_seen_us = t
         if len(payload) > self.max_frame_bytes:  # read only up to the transport's cut (sockets.transport_cut)
-            self._error(conn, p.ErrorCode.OVERSIZED,
-                        f"message of {len(payload):,} bytes exceeds max_frame_bytes {self.max_frame_bytes:,}: "
-                        "split it into several messages, or send fewer block hashes", p.peek_request_id(payload))
+            self._error(
+                conn,
+                p.ErrorCode.OVERSIZED,
+                f"message of {len(payload):,} bytes exceeds max_frame_bytes {self.max_frame_bytes:,}: "
+                "split it into several messages, or send fewer block hashes",
+                p.peek_request_id(payload),
+            )
             return
         try:
             frame = self.dec.decode(payload)
-        except Exception as exc:  # noqa: BLE001 - ValidationError, DecodeError, RecursionError, ...: all answered
-            frames = (p.batch_frames(payload, p.MAX_LIST)  # only what the walk is for: nesting msgspec gave up on
-                      if type(exc) is RecursionError and conn.protocol_version >= _BATCH_MIN_VERSION else None)
+        except Exception as exc:
+            frames = (
+                p.batch_frames(payload, p.MAX_LIST)  # only what the walk is for: nesting msgspec gave up on
+                if type(exc) is RecursionError and conn.protocol_version >= _BATCH_MIN_VERSION
+                else None
+            )
             if frames is None:
                 self._undecodable(conn, payload, exc)
                 return
             frame = p.Batch(frames)  # one frame nested too deep fails alone, the others are handled
         if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
-            self._error(conn, p.ErrorCode.NOT_HELLO, self.conns.not_hello_reason(conn.identity),
-                        getattr(frame, "request_id", None))
+            self._error(
+                conn,
+                p.ErrorCode.NOT_HELLO,
+                self.conns.not_hello_reason(conn.identity),
+                getattr(frame, "request_id", None),
+            )
             return
         if type(frame) is _BATCH:
             return self._on_batch(conn, frame, t)
@@ -330,8 +355,14 @@ class Actor:
             self._on_hello(conn, frame)
         elif tp is p.Reattach:
             kept = self.tr.on_reattach(conn, frame, t)
-            log.info("reattach owner=%d kept=%d lost=%d pending=%d requeues=%d", conn.owner, len(kept),
-                     len(frame.leases) - len(kept), len(frame.pending), len(frame.requeues))
+            log.info(
+                "reattach owner=%d kept=%d lost=%d pending=%d requeues=%d",
+                conn.owner,
+                len(kept),
+                len(frame.leases) - len(kept),
+                len(frame.pending),
+                len(frame.requeues),
+            )
         else:
             self.tr.handle(conn, frame, t)
 
@@ -342,18 +373,23 @@ class Actor:
         if p.peek_admin_tag(payload):
             self._error(conn, p.ErrorCode.ADMIN_ON_DATA_SOCKET, "admin frames are accepted on the admin socket only")
             return
-        detail = (f"undecodable frame: {str(exc)[:300]} (a frame is a MessagePack array [tag, fields...], "
-                  "docs/PROTOCOL.md)") if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)) else \
-            f"undecodable frame ({type(exc).__name__}: nested too deep or too large)"
+        detail = (
+            (f"undecodable frame: {str(exc)[:300]} (a frame is a MessagePack array [tag, fields...], docs/PROTOCOL.md)")
+            if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError))
+            else f"undecodable frame ({type(exc).__name__}: nested too deep or too large)"
+        )
         self._error(conn, p.ErrorCode.MALFORMED, detail, p.peek_request_id(payload))
 
     def _on_batch(self, conn: Connection, batch: p.Batch, t: int) -> int:
         """Begin a Batch: its frames are handled in order by `_resume_batch`, as if they had arrived
         one by one. Returns 1 for a batch refused or empty (one frame's worth), else 0 (not counted yet)."""
         if conn.protocol_version < p.BATCH_MIN_VERSION:
-            self._error(conn, p.ErrorCode.MALFORMED,
-                        f"batch frames need protocol version {p.BATCH_MIN_VERSION}; this connection said "
-                        f"Hello with version {conn.protocol_version}")
+            self._error(
+                conn,
+                p.ErrorCode.MALFORMED,
+                f"batch frames need protocol version {p.BATCH_MIN_VERSION}; this connection said "
+                f"Hello with version {conn.protocol_version}",
+            )
             return 1
         self.tally.batches += 1
         if not batch.frames:
@@ -387,7 +423,7 @@ class Actor:
                 i += 1  # past this frame even if handling it raises: a frame is never handled twice
                 try:
                     frame = decode(raw)
-                except Exception as exc:  # noqa: BLE001 - as for a whole message: every failure answered
+                except Exception as exc:
                     self._undecodable(conn, raw, exc)  # its Error carries batch_index
                     continue
                 handle(conn, frame, t)
@@ -398,12 +434,22 @@ class Actor:
 
     def _on_hello(self, conn: Connection, frame: p.Hello) -> None:
         if not (p.PROTOCOL_MIN <= frame.protocol_version <= p.PROTOCOL_MAX):
-            self._error(conn, p.ErrorCode.VERSION,
-                        f"protocol {frame.protocol_version} not in [{p.PROTOCOL_MIN}, {p.PROTOCOL_MAX}]")
+            self._error(
+                conn,
+                p.ErrorCode.VERSION,
+                f"protocol {frame.protocol_version} not in [{p.PROTOCOL_MIN}, {p.PROTOCOL_MAX}]",
+            )
             return
         self.conns.hello(conn, frame.protocol_version, frame.pid, frame.client_name, frame.host, frame.pid_ns)
-        log.info("router connected owner=%d client=%s pid=%d host=%s pid_ns=%d pid_watch=%s", conn.owner,
-                 frame.client_name, frame.pid, frame.host, frame.pid_ns, conn.pid != 0)
+        log.info(
+            "router connected owner=%d client=%s pid=%d host=%s pid_ns=%d pid_watch=%s",
+            conn.owner,
+            frame.client_name,
+            frame.pid,
+            frame.host,
+            frame.pid_ns,
+            conn.pid != 0,
+        )
         self._send(conn, msgspec.structs.replace(self.welcome, conn_token=conn.conn_token))
 
     def _deliver(self, outcomes: list, t: int) -> None:
@@ -412,8 +458,9 @@ class Actor:
 
     def _error(self, conn: Connection, code: p.ErrorCode, message: str, request_id: str | None = None) -> None:
         self.metrics.malformed.labels(code=code.name.lower()).inc()
-        self.warn.warning(f"bad-frame-{code.name}", "frame rejected owner=%d code=%s detail=%s",
-                          conn.owner, code.name, message[:200])
+        self.warn.warning(
+            f"bad-frame-{code.name}", "frame rejected owner=%d code=%s detail=%s", conn.owner, code.name, message[:200]
+        )
         self._send(conn, p.Error(int(code), message, request_id, self._batch_index))
 
     def _send(self, conn: Connection, frame, admit: Admit | None = None) -> bool:
@@ -467,8 +514,7 @@ class Actor:
         except zmq.ZMQError:
             pass
 
-    def _refuse(self, identity: bytes, message: str, envelope: bool,
-                code: p.ErrorCode = p.ErrorCode.MALFORMED) -> None:
+    def _refuse(self, identity: bytes, message: str, envelope: bool, code: p.ErrorCode = p.ErrorCode.MALFORMED) -> None:
         """Answer a message from a peer without a connection entry with `error{code}` (in a REQ's
         envelope when `envelope`): bad input gets an answer, never silence."""
         try:

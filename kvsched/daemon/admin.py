@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import msgspec
 import zmq
@@ -85,9 +85,10 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
             if req.worker_id is None and req.policy_class is None:
                 rows, total = s.leases(now_us, limit=req.limit), s.active_leases
             else:  # total counts the leases that match the filter (bounded by max_slots)
-                matching = s.leases(now_us, worker_id=req.worker_id, policy_class=req.policy_class,
-                                    limit=max(1, s.active_leases))
-                rows, total = matching[:req.limit], len(matching)
+                matching = s.leases(
+                    now_us, worker_id=req.worker_id, policy_class=req.policy_class, limit=max(1, s.active_leases)
+                )
+                rows, total = matching[: req.limit], len(matching)
             return p.LeasesReply(leases=rows, total=total), []
         case p.Drain() | p.Undrain():
             drained = isinstance(req, p.Drain)
@@ -107,8 +108,11 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
             if problem:  # checked before anything is registered: a corrected retry is not "already registered"
                 return _err(p.ErrorCode.INVALID, problem), []
             row = s.ledger.row_of(key)
-            if row is not None and _same_capacities(s, row, req) and \
-                    runtime_workers.kept_matches(ctx.kv_index, s.ledger.arrays.w_generation, row, req):
+            if (
+                row is not None
+                and _same_capacities(s, row, req)
+                and runtime_workers.kept_matches(ctx.kv_index, s.ledger.arrays.w_generation, row, req)
+            ):
                 return p.OkReply(message=f"{key} already registered with these settings"), []
             restoring = _restored_bare(ctx, req, row)
             if not restoring:
@@ -127,8 +131,9 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
                 ctx.worker_urls[req.worker_id] = req.url
             runtime_workers.remember(ctx.kv_index, s.ledger.arrays.w_generation, s.ledger.row_of(key), req)
             done = "restored url / KV events of" if restoring else "added"
-            log.info("worker %s worker=%d:%d kv_events=%s", done, req.worker_id, req.dp_rank,
-                     req.kv_events_endpoint or "-")
+            log.info(
+                "worker %s worker=%d:%d kv_events=%s", done, req.worker_id, req.dp_rank, req.kv_events_endpoint or "-"
+            )
             return p.OkReply(message=f"{done} {req.worker_id}:{req.dp_rank}"), s.drain_cleanup(now_us)
         case p.RemoveWorker():
             try:
@@ -191,10 +196,12 @@ def _restored_bare(ctx: AdminContext, req: p.AddWorker, row: int | None) -> bool
     return req.worker_id not in ctx.worker_urls and not has_stream
 
 
-def _same_capacities(s, row: int, req: p.AddWorker) -> bool:  # noqa: ANN001 - a Scheduler
+def _same_capacities(s, row: int, req: p.AddWorker) -> bool:
     a = s.ledger.arrays
-    return (int(a.w_total_kv_blocks[row]), int(a.w_max_batched_tokens[row])) == (req.total_kv_blocks,
-                                                                                 req.max_num_batched_tokens)
+    return (int(a.w_total_kv_blocks[row]), int(a.w_max_batched_tokens[row])) == (
+        req.total_kv_blocks,
+        req.max_num_batched_tokens,
+    )
 
 
 def _add_worker_problem(req: p.AddWorker) -> str | None:
@@ -213,8 +220,15 @@ def _add_kv_source(ctx: AdminContext, req: p.AddWorker, row: int) -> None:
     from .kv_sources import KvEventSource
 
     ctx.kv_events.remove_source(row)  # a row reused after RemoveWorker starts from a clean stream
-    ctx.kv_events.add_source(KvEventSource(row, req.kv_events_endpoint, req.kv_replay_endpoint or None,
-                                           req.kv_events_topic, req.kv_events_stale_after_s))
+    ctx.kv_events.add_source(
+        KvEventSource(
+            row,
+            req.kv_events_endpoint,
+            req.kv_replay_endpoint or None,
+            req.kv_events_topic,
+            req.kv_events_stale_after_s,
+        )
+    )
     ctx.scheduler.set_event_fed(row, True)
 
 
@@ -227,10 +241,18 @@ def _status(ctx: AdminContext) -> p.StatusReply:
     if now - t0 > 10:
         ctx.decisions_window[:] = [now, total]
     return p.StatusReply(
-        instance=ctx.instance, daemon_epoch=ctx.daemon_epoch, uptime_s=now - ctx.started_s,
-        workers=len(s.workers()), active_leases=s.active_leases, queued=s.queued, deferred=s.deferred,
-        decisions_total=total, decisions_per_s=rate, connections=ctx.connections(),
-        endpoint=ctx.endpoint, block_size=ctx.block_size,
+        instance=ctx.instance,
+        daemon_epoch=ctx.daemon_epoch,
+        uptime_s=now - ctx.started_s,
+        workers=len(s.workers()),
+        active_leases=s.active_leases,
+        queued=s.queued,
+        deferred=s.deferred,
+        decisions_total=total,
+        decisions_per_s=rate,
+        connections=ctx.connections(),
+        endpoint=ctx.endpoint,
+        block_size=ctx.block_size,
     )
 
 
@@ -253,12 +275,15 @@ def _reload(req: p.Reload, ctx: AdminContext):
     pending = restart_only_changes(ctx.running, cfg, given) if ctx.running is not None else []
     if pending:
         log.warning("reload: not applied, need a restart: %s", ", ".join(pending))
-        message += (f"; not applied (need a restart; workers also via add-worker / remove-worker): "
-                    f"{', '.join(pending)}")
+        message += f"; not applied (need a restart; workers also via add-worker / remove-worker): {', '.join(pending)}"
     if rebuilt:
         keys = ", ".join(rebuilt)
-        log.warning("reload: selector rebuilt as %s for changed keys %s (docs/DESIGN.md reload: learnt state is "
-                    "kept only when the type is unchanged)", cfg.selector.type, keys)
+        log.warning(
+            "reload: selector rebuilt as %s for changed keys %s (docs/DESIGN.md reload: learnt state is "
+            "kept only when the type is unchanged)",
+            cfg.selector.type,
+            keys,
+        )
         message += f"; selector rebuilt ({cfg.selector.type}) for changed {keys}"
     return p.OkReply(message=message)
 

@@ -11,7 +11,7 @@ logged traceback, and the actor keeps running. No policy here: `admin.py` holds 
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 import zmq
@@ -37,8 +37,9 @@ class AdminSocket:
         enc: the msgspec msgpack encoder the replies are encoded with.
     """
 
-    def __init__(self, sock: zmq.Socket, handler: Callable | None, metrics: Metrics,
-                 enc: msgspec.msgpack.Encoder) -> None:
+    def __init__(
+        self, sock: zmq.Socket, handler: Callable | None, metrics: Metrics, enc: msgspec.msgpack.Encoder
+    ) -> None:
         self.sock = sock
         self.handler = handler
         self.metrics = metrics

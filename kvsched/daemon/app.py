@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 import zmq
@@ -44,7 +44,8 @@ class Daemon:
         self.overrides = overrides
         d = config.daemon
         (self.endpoint, data_src), (self.admin_endpoint, admin_src) = daemon_endpoints(
-            d.instance, d.endpoint, d.admin_endpoint)
+            d.instance, d.endpoint, d.admin_endpoint
+        )
         flags = (overrides or {}).get("daemon", {})
         self.endpoint_sources = (_source(data_src, "endpoint", flags), _source(admin_src, "admin_endpoint", flags))
         self.should_exit = False
@@ -72,17 +73,31 @@ class Daemon:
         """Create/attach segments, build the scheduler, warm kernels, bind sockets, start the actor
         and the KV-event subscriber, then READY=1."""
         from ..shm.kernels import warm_kernels
+        from ..shm.segments import ledger_name, progress_name
         from .actor import Actor
         from .admin import AdminContext, handle
-        from .health import Health, HttpServer, available_workers
         from .connections import ConnectionTable
+        from .health import Health, HttpServer, available_workers
         from .metrics import Metrics
         from .notify import Notifier
-        from .sockets import ADMIN_SOCKET_MODE, DATA_SOCKET_MODE, bind_router, load_curve_secret, transport_cut, start_curve_auth
-        from ..shm.segments import ledger_name, progress_name
-        from .wiring import (KV_CATCH_UP_WAIT_S, build_kv_subscriber, build_scheduler, install_hash_check,
-                             kv_metrics_tick, open_segments, restore_runtime_workers,
-                             warm_decision_path)
+        from .sockets import (
+            ADMIN_SOCKET_MODE,
+            DATA_SOCKET_MODE,
+            bind_router,
+            load_curve_secret,
+            start_curve_auth,
+            transport_cut,
+        )
+        from .wiring import (
+            KV_CATCH_UP_WAIT_S,
+            build_kv_subscriber,
+            build_scheduler,
+            install_hash_check,
+            kv_metrics_tick,
+            open_segments,
+            restore_runtime_workers,
+            warm_decision_path,
+        )
 
         cfg = self.config
         d = cfg.daemon
@@ -107,34 +122,71 @@ class Daemon:
         self.ctx = zmq.Context()
         curve = load_curve_secret(d.curve_secret_key_file)
         self.auth = start_curve_auth(self.ctx, curve, d.curve_authorized_keys_dir)
-        log.info("endpoints data=%s data_from=%s admin=%s admin_from=%s", self.endpoint, self.endpoint_sources[0],
-                 self.admin_endpoint, self.endpoint_sources[1])
-        self.data_sock = bind_router(self.ctx, self.endpoint, mode=DATA_SOCKET_MODE,
-                                     max_frame_bytes=transport_cut(d.max_frame_bytes), curve_secret_key=curve,
-                                     heartbeat_ms=d.heartbeat_ms)
-        self.admin_sock = bind_router(self.ctx, self.admin_endpoint, mode=ADMIN_SOCKET_MODE,
-                                      max_frame_bytes=d.max_frame_bytes, curve_secret_key=curve,
-                                      heartbeat_ms=d.heartbeat_ms)
+        log.info(
+            "endpoints data=%s data_from=%s admin=%s admin_from=%s",
+            self.endpoint,
+            self.endpoint_sources[0],
+            self.admin_endpoint,
+            self.endpoint_sources[1],
+        )
+        self.data_sock = bind_router(
+            self.ctx,
+            self.endpoint,
+            mode=DATA_SOCKET_MODE,
+            max_frame_bytes=transport_cut(d.max_frame_bytes),
+            curve_secret_key=curve,
+            heartbeat_ms=d.heartbeat_ms,
+        )
+        self.admin_sock = bind_router(
+            self.ctx,
+            self.admin_endpoint,
+            mode=ADMIN_SOCKET_MODE,
+            max_frame_bytes=d.max_frame_bytes,
+            curve_secret_key=curve,
+            heartbeat_ms=d.heartbeat_ms,
+        )
         epoch = int(self.segments.ledger.epoch)
         welcome = p.Welcome(
-            daemon_epoch=epoch, protocol_min=p.PROTOCOL_MIN, protocol_max=p.PROTOCOL_MAX,
-            block_size=d.block_size, shm_ledger=ledger_name(d.instance), shm_progress=progress_name(d.instance),
-            heartbeat_ms=d.heartbeat_ms, liveness_timeout_ms=d.liveness_timeout_ms,
+            daemon_epoch=epoch,
+            protocol_min=p.PROTOCOL_MIN,
+            protocol_max=p.PROTOCOL_MAX,
+            block_size=d.block_size,
+            shm_ledger=ledger_name(d.instance),
+            shm_progress=progress_name(d.instance),
+            heartbeat_ms=d.heartbeat_ms,
+            liveness_timeout_ms=d.liveness_timeout_ms,
             max_frame_bytes=d.max_frame_bytes,
             hash_seed=d.kv_hash_seed,  # the one seed routers hash with (SchedulerClient.block_hashes)
         )
         self.metrics.bind(self.scheduler)
         runtime = restore_runtime_workers(cfg, self.scheduler, self.segments.kv_index, restarted)
         self.admin_ctx = AdminContext(
-            scheduler=self.scheduler, instance=d.instance, endpoint=self.endpoint, block_size=d.block_size,
-            daemon_epoch=epoch, config_path=self.config_path, config_overrides=self.overrides,
-            worker_urls={**{r.worker_id: r.url for r in runtime.values() if r.url},
-                         **{w.worker_id: w.url for w in cfg.workers if w.url}},
-            kv_index=self.segments.kv_index, running=cfg,
+            scheduler=self.scheduler,
+            instance=d.instance,
+            endpoint=self.endpoint,
+            block_size=d.block_size,
+            daemon_epoch=epoch,
+            config_path=self.config_path,
+            config_overrides=self.overrides,
+            worker_urls={
+                **{r.worker_id: r.url for r in runtime.values() if r.url},
+                **{w.worker_id: w.url for w in cfg.workers if w.url},
+            },
+            kv_index=self.segments.kv_index,
+            running=cfg,
         )
-        self.actor = Actor(loop, self.scheduler, self.data_sock, welcome, d, self.metrics,
-                           admin_handler=lambda req, t: handle(req, self.admin_ctx, t), admin_sock=self.admin_sock,
-                           worker_urls=self.admin_ctx.worker_urls, conns=self.conns)
+        self.actor = Actor(
+            loop,
+            self.scheduler,
+            self.data_sock,
+            welcome,
+            d,
+            self.metrics,
+            admin_handler=lambda req, t: handle(req, self.admin_ctx, t),
+            admin_sock=self.admin_sock,
+            worker_urls=self.admin_ctx.worker_urls,
+            conns=self.conns,
+        )
         self.admin_ctx.connections = lambda: len(self.actor.conns)
         self.actor.on_tick.append(self.notifier.watchdog_tick)
         arrays = self.scheduler.ledger.arrays
@@ -142,8 +194,9 @@ class Daemon:
         self.actor.on_tick.append(self.health.stamp)  # liveness: every tick
         self.actor.on_second.append(self.health.tick)  # + available workers (readiness), once a second
         self.actor.start()
-        self.kv_events = build_kv_subscriber(cfg, self.scheduler, loop, self.ctx, self.segments.kv_index,
-                                             self.segments.kv_index_restored, runtime)
+        self.kv_events = build_kv_subscriber(
+            cfg, self.scheduler, loop, self.ctx, self.segments.kv_index, self.segments.kv_index_restored, runtime
+        )
         self.admin_ctx.kv_events = self.kv_events
         self.admin_ctx.hash_check = install_hash_check(cfg, self.kv_events, self.scheduler, self.metrics)
         self.actor.on_second.append(kv_metrics_tick(self.kv_events, self.metrics))  # counters: not per 10 ms tick
@@ -152,8 +205,9 @@ class Daemon:
         status = f"serving {self.endpoint} epoch={epoch} workers={len(self.scheduler.workers())}"
         self.notifier.ready(status)
         self.health.mark_ready()
-        log.info("ready endpoint=%s admin=%s epoch=%d restarted=%s", self.endpoint, self.admin_endpoint,
-                 epoch, restarted)
+        log.info(
+            "ready endpoint=%s admin=%s epoch=%d restarted=%s", self.endpoint, self.admin_endpoint, epoch, restarted
+        )
         # A line on stdout that wrappers (DaemonProcess, scripts) can wait for.
         print(f"KVSCHED_READY {self.endpoint} {self.admin_endpoint}", flush=True)
 
@@ -188,8 +242,10 @@ class Daemon:
         while self.scheduler.active_leases > 0 and time.monotonic() < deadline and not self.force_exit:
             await asyncio.sleep(0.02)
         if self.scheduler.active_leases:
-            log.warning("shutdown timeout with live leases live_leases=%d (kept for the next start)",
-                        self.scheduler.active_leases)
+            log.warning(
+                "shutdown timeout with live leases live_leases=%d (kept for the next start)",
+                self.scheduler.active_leases,
+            )
 
     async def stop(self) -> None:
         """STOPPING=1, stop accepting, answer waiting requests `shutting_down`, close every socket
@@ -200,7 +256,7 @@ class Daemon:
         def step(what: str, fn, *args) -> None:
             try:
                 fn(*args)
-            except Exception:  # noqa: BLE001 - log and go on with the rest of the cleanup
+            except Exception:
                 log.exception("stop step failed step=%s", what)
 
         if self.notifier is not None:
@@ -258,17 +314,43 @@ def _print_version(value: bool) -> None:
 
 @app.command()
 def daemon_main(
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file (see examples/kvsched.toml).")] = None,
-    instance: Annotated[Optional[str], typer.Option(help="Instance name (sockets, segments); default from config or 'default'.")] = None,
-    workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="Shortcut: register N workers (ids 0..N-1, dp_rank 0) with default capacities; an error when the config lists [[workers]].")] = None,
-    endpoint: Annotated[Optional[str], typer.Option(help="Data socket endpoint (overrides discovery).")] = None,
-    admin_endpoint_opt: Annotated[Optional[str], typer.Option("--admin-endpoint", help="Admin socket endpoint.")] = None,
-    check_config: Annotated[Optional[Path], typer.Option("--check-config", help="Validate FILE as a start with the other flags (e.g. --workers) would, and exit (0 ok, 2 invalid).")] = None,
-    purge: Annotated[bool, typer.Option("--purge", help="Remove a stopped instance's shared-memory segments, lock file and leftover ipc socket files, and exit.")] = False,
-    log_level: Annotated[Optional[str], typer.Option(help="debug | info | warning | error")] = None,
-    log_format: Annotated[Optional[str], typer.Option(help="text | json")] = None,
-    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
-                                          help="Print the version and exit.")] = False,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="TOML config file (see examples/kvsched.toml).")
+    ] = None,
+    instance: Annotated[
+        str | None, typer.Option(help="Instance name (sockets, segments); default from config or 'default'.")
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="Shortcut: register N workers (ids 0..N-1, dp_rank 0) with default capacities; an error when the config lists [[workers]].",
+        ),
+    ] = None,
+    endpoint: Annotated[str | None, typer.Option(help="Data socket endpoint (overrides discovery).")] = None,
+    admin_endpoint_opt: Annotated[
+        str | None, typer.Option("--admin-endpoint", help="Admin socket endpoint.")
+    ] = None,
+    check_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--check-config",
+            help="Validate FILE as a start with the other flags (e.g. --workers) would, and exit (0 ok, 2 invalid).",
+        ),
+    ] = None,
+    purge: Annotated[
+        bool,
+        typer.Option(
+            "--purge",
+            help="Remove a stopped instance's shared-memory segments, lock file and leftover ipc socket files, and exit.",
+        ),
+    ] = False,
+    log_level: Annotated[str | None, typer.Option(help="debug | info | warning | error")] = None,
+    log_format: Annotated[str | None, typer.Option(help="text | json")] = None,
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """Run the kvsched scheduling daemon (one per worker pool).
 
@@ -277,8 +359,13 @@ def daemon_main(
     Under systemd (Type=notify) it sends READY=1 once sockets are bound and kernels warm.
     """
     overrides: dict = {"daemon": {}}
-    for key, value in (("instance", instance), ("endpoint", endpoint), ("admin_endpoint", admin_endpoint_opt),
-                       ("log_level", log_level), ("log_format", log_format)):
+    for key, value in (
+        ("instance", instance),
+        ("endpoint", endpoint),
+        ("admin_endpoint", admin_endpoint_opt),
+        ("log_level", log_level),
+        ("log_format", log_format),
+    ):
         if value is not None:
             overrides["daemon"][key] = value
     if check_config is not None:  # the same checks as a start with these flags (--workers included)
@@ -291,15 +378,18 @@ def daemon_main(
             typer.echo(f"warning: {_ignored_env_line(name)}", err=True)
         from .health import metrics_host_problem
 
-        problems = check_endpoints(cfg) + [m for m in [metrics_host_problem(cfg.daemon.metrics_host,
-                                                                           cfg.daemon.metrics_port)] if m]
+        problems = check_endpoints(cfg) + [
+            m for m in [metrics_host_problem(cfg.daemon.metrics_host, cfg.daemon.metrics_port)] if m
+        ]
         if problems:
             typer.echo(f"invalid: {check_config}: " + "; ".join(problems), err=True)
             raise typer.Exit(2)
         from .wiring import segment_bytes
 
-        typer.echo(f"ok: {check_config}: {len(cfg.classes)} classes, {len(cfg.workers)} workers, "
-                   f"shared memory {segment_bytes(cfg) / 2**20:.1f} MiB")
+        typer.echo(
+            f"ok: {check_config}: {len(cfg.classes)} classes, {len(cfg.workers)} workers, "
+            f"shared memory {segment_bytes(cfg) / 2**20:.1f} MiB"
+        )
         raise typer.Exit(0)
     try:
         cfg = _load(config, overrides, workers)
@@ -322,7 +412,7 @@ def daemon_main(
         log.error("daemon failed: %s", exc)
         typer.echo(f"kvsched-daemon: {exc}", err=True)
         raise typer.Exit(1)
-    except Exception as exc:  # noqa: BLE001 - any other cause: logged with its traceback, exit 1
+    except Exception as exc:
         log.error("daemon failed: %s: %s", type(exc).__name__, exc, exc_info=True)
         typer.echo(f"kvsched-daemon: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1)
@@ -359,8 +449,9 @@ def _load(config: Path | None, overrides: dict, workers: int | None) -> Config:
     `--workers N` (ranks 0..N-1) unless the file lists [[workers]] (then a ConfigError)."""
     cfg = load_config(config, overrides=overrides)
     if workers is not None and cfg.workers:
-        raise ConfigError(f"--workers {workers} conflicts with the {len(cfg.workers)} [[workers]] of {config}: "
-                          "give one or the other")
+        raise ConfigError(
+            f"--workers {workers} conflicts with the {len(cfg.workers)} [[workers]] of {config}: give one or the other"
+        )
     if workers is not None:
         cfg = load_config(config, overrides={**overrides, "workers": [{"worker_id": i} for i in range(workers)]})
     return cfg

@@ -136,9 +136,11 @@ class ConnectionTable:
         silence, that it was declared dead and what was released (forgotten once it is told)."""
         if not self._silent_ids.pop(identity, False):
             return "send Hello first"
-        return (f"send Hello first: this connection was declared dead after more than "
-                f"{self.liveness_timeout_us // 1000} ms without a frame (liveness_timeout_ms) and its leases "
-                "and waiting requests were released; open a new connection, Hello and Reattach")
+        return (
+            f"send Hello first: this connection was declared dead after more than "
+            f"{self.liveness_timeout_us // 1000} ms without a frame (liveness_timeout_ms) and its leases "
+            "and waiting requests were released; open a new connection, Hello and Reattach"
+        )
 
     def dead_notice(self, identity: bytes) -> str | None:
         """The error text owed the first frame that arrives from a peer `close_dead` found dead (its
@@ -147,9 +149,11 @@ class ConnectionTable:
         if pid is None:
             return None
         self._dead_ids[identity] = None
-        return (f"send Hello first: this connection was closed because the process its Hello named (pid {pid} on "
-                "this host) is not running; its leases and waiting requests were released and its frames are "
-                "dropped from now on. Open a new connection whose Hello names this process's pid (or 0)")
+        return (
+            f"send Hello first: this connection was closed because the process its Hello named (pid {pid} on "
+            "this host) is not running; its leases and waiting requests were released and its frames are "
+            "dropped from now on. Open a new connection whose Hello names this process's pid (or 0)"
+        )
 
     def died(self, identity: bytes) -> bool:
         """True when `identity` is a remembered peer whose process died (`close_dead`)."""
@@ -168,8 +172,14 @@ class ConnectionTable:
         of one process — same announced pid (non-zero), host and PID namespace? A reconnecting
         client's new connection may then claim what its earlier connection held."""
         ca, cb = self._by_owner.get(a), self._by_owner.get(b)
-        return (ca is not None and cb is not None and ca.hello_pid != 0 and ca.hello_pid == cb.hello_pid
-                and ca.host == cb.host and ca.pid_ns == cb.pid_ns)
+        return (
+            ca is not None
+            and cb is not None
+            and ca.hello_pid != 0
+            and ca.hello_pid == cb.hello_pid
+            and ca.host == cb.host
+            and ca.pid_ns == cb.pid_ns
+        )
 
     def hello(self, conn: Connection, version: int, pid: int, client_name: str, host: str, pid_ns: int = 0) -> None:
         """Record a Hello; the pid is watched only for peers on this host and in this PID namespace
@@ -217,9 +227,7 @@ class ConnectionTable:
         """Connections silent past the liveness timeout or whose local process is gone."""
         dead = []
         for conn in self._by_identity.values():
-            if now_us - conn.last_seen_us > self.liveness_timeout_us:
-                dead.append(conn)
-            elif conn.pid and not pid_exists(conn.pid):
+            if now_us - conn.last_seen_us > self.liveness_timeout_us or (conn.pid and not pid_exists(conn.pid)):
                 dead.append(conn)
         return dead
 

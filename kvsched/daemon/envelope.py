@@ -9,10 +9,13 @@ queued requests) that a REQ cannot receive, and tells a REQ so.
 
 from __future__ import annotations
 
-ADMIN_SHAPE_ERROR = ("an admin request is one ZeroMQ frame (DEALER) or an empty delimiter then one frame (REQ); "
-                     "got {n} frames")
-REQ_ON_DATA_SOCKET = ("the data socket needs a ZeroMQ DEALER socket (one frame per message); a REQ socket cannot "
-                      "receive the daemon's unsolicited frames (docs/PROTOCOL.md \"Transport\")")
+ADMIN_SHAPE_ERROR = (
+    "an admin request is one ZeroMQ frame (DEALER) or an empty delimiter then one frame (REQ); got {n} frames"
+)
+REQ_ON_DATA_SOCKET = (
+    "the data socket needs a ZeroMQ DEALER socket (one frame per message); a REQ socket cannot "
+    'receive the daemon\'s unsolicited frames (docs/PROTOCOL.md "Transport")'
+)
 
 
 def split_request(parts: list[bytes]) -> tuple[list[bytes], bytes | None]:
@@ -21,7 +24,7 @@ def split_request(parts: list[bytes]) -> tuple[list[bytes], bytes | None]:
     envelope then still reaches the sender, with its delimiter when it sent one)."""
     if len(parts) == 2 or (len(parts) == 3 and parts[1] == b""):
         return parts[:-1], parts[-1]
-    return parts[:2 if parts[1:2] == [b""] else 1], None
+    return parts[: 2 if parts[1:2] == [b""] else 1], None
 
 
 def is_req_envelope(payload: bytes, rest: list[bytes]) -> bool:

@@ -22,10 +22,10 @@ import json
 import socket
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-from socketserver import ThreadingMixIn
 
 import numpy as np
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -109,9 +109,10 @@ class Health:
 
 def _json(start_response, ok: bool, body: dict) -> list[bytes]:
     data = (json.dumps(body) + "\n").encode()
-    start_response("200 OK" if ok else "503 Service Unavailable",
-                   [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
-                    ("Cache-Control", "no-store")])
+    start_response(
+        "200 OK" if ok else "503 Service Unavailable",
+        [("Content-Type", "application/json"), ("Content-Length", str(len(data))), ("Cache-Control", "no-store")],
+    )
     return [data]
 
 
@@ -168,8 +169,10 @@ def metrics_host_problem(host: str, port: int) -> str | None:
         socket.getaddrinfo(host, port, _Server.address_family, socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
-        return (f"daemon.metrics_host {host!r}: cannot resolve it as an IPv4 address to listen on "
-                f"(metrics_port {port}): {reason}")
+        return (
+            f"daemon.metrics_host {host!r}: cannot resolve it as an IPv4 address to listen on "
+            f"(metrics_port {port}): {reason}"
+        )
     return None
 
 

@@ -64,8 +64,11 @@ class TokenHeartbeats:
             return self._enc.encode(p.HeartbeatAck(beat.seq))
         self.unknown.inc()
         log.debug("heartbeat for an unknown conn_token seq=%d", beat.seq)
-        return self._enc.encode(p.Error(
-            int(p.ErrorCode.NOT_HELLO),
-            f"heartbeat conn_token {beat.conn_token} names no open connection (closed, declared dead, or from "
-            "before a daemon restart): nothing was credited; heartbeat with the conn_token of the Welcome your "
-            "data connection got last"))
+        return self._enc.encode(
+            p.Error(
+                int(p.ErrorCode.NOT_HELLO),
+                f"heartbeat conn_token {beat.conn_token} names no open connection (closed, declared dead, or from "
+                "before a daemon restart): nothing was credited; heartbeat with the conn_token of the Welcome your "
+                "data connection got last",
+            )
+        )

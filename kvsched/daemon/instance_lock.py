@@ -42,8 +42,7 @@ class InstanceLock:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
                 os.close(fd)
                 raise ConfigError(
-                    f"instance {instance!r} is already running (pid {holder}); stop it first or use "
-                    f"another --instance"
+                    f"instance {instance!r} is already running (pid {holder}); stop it first or use another --instance"
                 ) from None
             if _same_file(fd, self.path):
                 break

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -44,8 +44,12 @@ from ..kvevents.apply import KvEventApplier
 from ..kvevents.format import seq_from_bytes, seq_to_bytes
 from ..kvevents.staleness import StreamHealth
 from ..shm.overlap import OverlapIndex
-from .kv_sources import KvEventSource, SourceStream, replay_backoff_s
-from .kv_sources import sources_for_worker  # noqa: F401 - re-exported (the tests and older callers import it here)
+from .kv_sources import (
+    KvEventSource,
+    SourceStream,
+    replay_backoff_s,
+    sources_for_worker,  # noqa: F401 - re-exported (the tests and older callers import it here)
+)
 from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -83,12 +87,24 @@ class KvEventSubscriber:
         restored: row -> last applied seq of rows whose entries survived a restart (`start()`'s default).
     """
 
-    def __init__(self, loop, ctx: zmq.Context, sources: Iterable[KvEventSource], device: OverlapIndex,
-                 offload: OverlapIndex | None = None, *, mark_stale: Callable[[int, bool], None] | None = None,
-                 stale_after_s: float = 30.0, replay_timeout_s: float = 2.0, replay_retries: int = 3,
-                 frame_budget: int = 256, max_frame_bytes: int = 64 << 20,
-                 clock: Callable[[], float] = time.monotonic, store=None,
-                 restored: dict[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        loop,
+        ctx: zmq.Context,
+        sources: Iterable[KvEventSource],
+        device: OverlapIndex,
+        offload: OverlapIndex | None = None,
+        *,
+        mark_stale: Callable[[int, bool], None] | None = None,
+        stale_after_s: float = 30.0,
+        replay_timeout_s: float = 2.0,
+        replay_retries: int = 3,
+        frame_budget: int = 256,
+        max_frame_bytes: int = 64 << 20,
+        clock: Callable[[], float] = time.monotonic,
+        store=None,
+        restored: dict[int, int] | None = None,
+    ) -> None:
         self.loop = loop
         self.ctx = ctx
         self.streams = [SourceStream(s) for s in sources]
@@ -124,7 +140,9 @@ class KvEventSubscriber:
         caught = 0
         for st in self.streams:
             self._open_sub(st)
-            start_seq = self.applier.restore(st.src.row, restored[st.src.row]) if restored and st.src.row in restored else None
+            start_seq = (
+                self.applier.restore(st.src.row, restored[st.src.row]) if restored and st.src.row in restored else None
+            )
             st.stale = False  # not connected yet: stale only if that lasts
             if self.mark_stale is not None:
                 self.mark_stale(st.src.row, st.stale)
@@ -282,8 +300,9 @@ class KvEventSubscriber:
 
     def _malformed(self, st: SourceStream, what: str, parts: int) -> None:
         self.malformed_frames += 1
-        self.warn.warning(f"kv-malformed-{st.src.row}", "kv event frame malformed row=%d socket=%s parts=%d",
-                          st.src.row, what, parts)
+        self.warn.warning(
+            f"kv-malformed-{st.src.row}", "kv event frame malformed row=%d socket=%s parts=%d", st.src.row, what, parts
+        )
 
     # ------------------------------------------------------------------ replay
     def _request_replay(self, st: SourceStream, start: int) -> None:
@@ -294,8 +313,9 @@ class KvEventSubscriber:
         try:
             dealer.send_multipart((b"", seq_to_bytes(start)), zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # EAGAIN (HWM) etc.: treat as a timed-out attempt
-            self.warn.warning(f"kv-replay-send-{st.src.row}", "kv replay request failed row=%d errno=%s",
-                              st.src.row, exc.errno)
+            self.warn.warning(
+                f"kv-replay-send-{st.src.row}", "kv replay request failed row=%d errno=%s", st.src.row, exc.errno
+            )
         st.replay_deadline_s = self.clock() + self.replay_timeout_s
         st.retry_at_s = None
         log.debug("kv replay requested row=%d from=%d", st.src.row, start)
@@ -334,8 +354,11 @@ class KvEventSubscriber:
             restarts = self.applier.counters.restarts
             nxt = self.applier.on_replay_end(row)
             if self.applier.counters.restarts != restarts:
-                log.warning("kv events restart row=%d: the publisher no longer holds the last applied seq;"
-                            " worker index cleared", row)
+                log.warning(
+                    "kv events restart row=%d: the publisher no longer holds the last applied seq;"
+                    " worker index cleared",
+                    row,
+                )
             if nxt is not None:
                 self._request_replay(st, nxt)
             return
@@ -410,8 +433,13 @@ class KvEventSubscriber:
         retry = st.replay_attempts <= self.replay_retries
         nxt = self.applier.replay_failed(st.src.row, retry)
         self._refresh(st)
-        self.warn.warning(f"kv-replay-timeout-{st.src.row}", "kv replay timed out row=%d attempt=%d retry=%s",
-                          st.src.row, st.replay_attempts, nxt is not None)
+        self.warn.warning(
+            f"kv-replay-timeout-{st.src.row}",
+            "kv replay timed out row=%d attempt=%d retry=%s",
+            st.src.row,
+            st.replay_attempts,
+            nxt is not None,
+        )
         if nxt is None:
             st.replay_attempts = 0
             return

@@ -44,17 +44,33 @@ def sources_for_worker(worker_cfg, rows_by_rank: dict[int, int]) -> list[KvEvent
     out = []
     for rank, row in sorted(rows_by_rank.items()):
         replay = worker_cfg.kv_replay_endpoint
-        out.append(KvEventSource(row, offset_endpoint(worker_cfg.kv_events_endpoint, rank),
-                                 offset_endpoint(replay, rank) if replay else None, worker_cfg.kv_events_topic,
-                                 worker_cfg.kv_events_stale_after_s))
+        out.append(
+            KvEventSource(
+                row,
+                offset_endpoint(worker_cfg.kv_events_endpoint, rank),
+                offset_endpoint(replay, rank) if replay else None,
+                worker_cfg.kv_events_topic,
+                worker_cfg.kv_events_stale_after_s,
+            )
+        )
     return out
 
 
 class SourceStream:
     """Sockets and timers of one source (owned and driven by `kv_events.KvEventSubscriber`)."""
 
-    __slots__ = ("src", "sub", "mon", "dealer", "health", "stale", "replay_deadline_s",
-                 "replay_attempts", "retry_at_s", "retry_from")
+    __slots__ = (
+        "dealer",
+        "health",
+        "mon",
+        "replay_attempts",
+        "replay_deadline_s",
+        "retry_at_s",
+        "retry_from",
+        "src",
+        "stale",
+        "sub",
+    )
 
     def __init__(self, src: KvEventSource) -> None:
         self.src = src

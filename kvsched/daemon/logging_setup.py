@@ -14,8 +14,12 @@ class JsonFormatter(logging.Formatter):
     _enc = msgspec.json.Encoder()
 
     def format(self, record: logging.LogRecord) -> str:
-        doc = {"ts": round(record.created, 6), "level": record.levelname.lower(), "logger": record.name,
-               "msg": record.getMessage()}
+        doc = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return self._enc.encode(doc).decode()

@@ -29,8 +29,15 @@ class DaemonProcess:
         pid: process id. log_path: its stderr log.
     """
 
-    def __init__(self, proc: subprocess.Popen, endpoint: str, admin_endpoint: str, log_path: Path,
-                 argv: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        endpoint: str,
+        admin_endpoint: str,
+        log_path: Path,
+        argv: list[str],
+        env: dict[str, str],
+    ) -> None:
         self.proc = proc
         self.endpoint = endpoint
         self.admin_endpoint = admin_endpoint
@@ -59,7 +66,7 @@ class DaemonProcess:
         ready_timeout_s: float = 60.0,
         log_path: Path | None = None,
         on_wait: Callable[[float], None] | None = None,
-    ) -> "DaemonProcess":
+    ) -> DaemonProcess:
         """Start a daemon with private ipc endpoints in `runtime_dir` and wait until it is ready.
 
         `log_path`: its stderr (appended; default `<runtime_dir>/<instance>.log`). `on_wait`: called
@@ -73,8 +80,18 @@ class DaemonProcess:
         runtime_dir.mkdir(parents=True, exist_ok=True)
         endpoint = f"ipc://{runtime_dir}/{instance}.sock"
         admin = f"ipc://{runtime_dir}/{instance}-admin.sock"
-        argv = [sys.executable, "-m", "kvsched.daemon.app", "--instance", instance,
-                "--endpoint", endpoint, "--admin-endpoint", admin, *extra_args]
+        argv = [
+            sys.executable,
+            "-m",
+            "kvsched.daemon.app",
+            "--instance",
+            instance,
+            "--endpoint",
+            endpoint,
+            "--admin-endpoint",
+            admin,
+            *extra_args,
+        ]
         if config_path is not None:
             argv += ["--config", str(config_path)]
         child_env = dict(os.environ if env is None else env)
@@ -93,8 +110,9 @@ class DaemonProcess:
     def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
         log_fh = open(log_path, "ab")
         try:
-            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_fh, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
+            return subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=log_fh, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
         finally:
             log_fh.close()
 
@@ -134,8 +152,9 @@ class DaemonProcess:
             if code is None:
                 return
             self.kill()
-            raise DaemonUnavailable(f"daemon exited with code {code} right after it was ready; log "
-                                    f"{self.log_path}:\n{self.log_tail()}")
+            raise DaemonUnavailable(
+                f"daemon exited with code {code} right after it was ready; log {self.log_path}:\n{self.log_tail()}"
+            )
         if not t.is_alive():  # its stdout closed: it is exiting; let it finish so its code is known
             try:
                 self.proc.wait(5)
@@ -178,7 +197,7 @@ class DaemonProcess:
         if self.proc.stdout is not None and not self.proc.stdout.closed:
             self.proc.stdout.close()
 
-    def __enter__(self) -> "DaemonProcess":
+    def __enter__(self) -> DaemonProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

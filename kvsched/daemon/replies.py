@@ -9,8 +9,7 @@ a booking). I/O only; no policy.
 
 from __future__ import annotations
 
-import logging
-from typing import Callable
+from collections.abc import Callable
 
 import zmq
 
@@ -40,8 +39,14 @@ class ReplyOutbox:
             end of the wake, so no safety-net callback is scheduled for them.
     """
 
-    def __init__(self, sock: zmq.Socket, max_frame_bytes: int, warn: RateLimitedLog,
-                 schedule: Callable[[Callable[[], None]], object], on_flush_due: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        max_frame_bytes: int,
+        warn: RateLimitedLog,
+        schedule: Callable[[Callable[[], None]], object],
+        on_flush_due: Callable[[], None],
+    ) -> None:
         self.sock = sock
         self.limit = max(1, max_frame_bytes - p.BATCH_OVERHEAD_BYTES)
         self.warn = warn

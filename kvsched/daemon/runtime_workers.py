@@ -39,11 +39,19 @@ _dec = msgspec.msgpack.Decoder(RuntimeWorker)
 
 def _record(req: p.AddWorker, generation: int) -> RuntimeWorker:
     """The record kept for `req` on a row whose ledger generation is `generation`."""
-    return RuntimeWorker(req.worker_id, req.dp_rank, generation, req.url, req.kv_events_endpoint,
-                         req.kv_replay_endpoint, req.kv_events_topic, req.kv_events_stale_after_s)
+    return RuntimeWorker(
+        req.worker_id,
+        req.dp_rank,
+        generation,
+        req.url,
+        req.kv_events_endpoint,
+        req.kv_replay_endpoint,
+        req.kv_events_topic,
+        req.kv_events_stale_after_s,
+    )
 
 
-def remember(seg, w_generation, row: int, req: p.AddWorker) -> None:  # noqa: ANN001 - KvIndexSegment, u32 array
+def remember(seg, w_generation, row: int, req: p.AddWorker) -> None:
     """Keep `req`'s URL and KV-event endpoints for ledger row `row` (no-op without a segment). A
     record too long for the row is logged and not kept (the repeated `add-worker` still restores it)."""
     if seg is None:
@@ -55,13 +63,13 @@ def remember(seg, w_generation, row: int, req: p.AddWorker) -> None:  # noqa: AN
         log.warning("runtime worker %d:%d not kept for restarts: %s", req.worker_id, req.dp_rank, exc)
 
 
-def forget(seg, row: int) -> None:  # noqa: ANN001 - KvIndexSegment or None
+def forget(seg, row: int) -> None:
     """Drop row `row`'s record (its worker was removed)."""
     if seg is not None:
         seg.clear_meta(row)
 
 
-def restored(seg, ledger_arrays, config_worker_ids: set[int]) -> dict[int, RuntimeWorker]:  # noqa: ANN001
+def restored(seg, ledger_arrays, config_worker_ids: set[int]) -> dict[int, RuntimeWorker]:
     """Row -> record of every registered row whose record matches its current identity and whose
     worker id the config does not declare. Unreadable or mismatched records are cleared.
 
@@ -79,9 +87,12 @@ def restored(seg, ledger_arrays, config_worker_ids: set[int]) -> dict[int, Runti
             rec = _dec.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError):
             rec = None
-        same = rec is not None and bool(a.w_present[row]) and (
-            int(a.w_worker_id[row]), int(a.w_dp_rank[row]), int(a.w_generation[row])) == (
-            rec.worker_id, rec.dp_rank, rec.generation)
+        same = (
+            rec is not None
+            and bool(a.w_present[row])
+            and (int(a.w_worker_id[row]), int(a.w_dp_rank[row]), int(a.w_generation[row]))
+            == (rec.worker_id, rec.dp_rank, rec.generation)
+        )
         if not same or rec.worker_id in config_worker_ids:
             seg.clear_meta(row)
             continue
@@ -89,7 +100,7 @@ def restored(seg, ledger_arrays, config_worker_ids: set[int]) -> dict[int, Runti
     return out
 
 
-def kept_matches(seg, w_generation, row: int, req: p.AddWorker) -> bool:  # noqa: ANN001
+def kept_matches(seg, w_generation, row: int, req: p.AddWorker) -> bool:
     """True when row `row` holds a record equal to what `req` would write (a repeated `add-worker`)."""
     raw = None if seg is None else seg.load_meta(row)
     if raw is None:

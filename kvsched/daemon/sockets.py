@@ -59,7 +59,7 @@ def remove_stale_ipc(endpoint: str) -> Path | None:
 def ipc_path(endpoint: str) -> Path | None:
     """The filesystem path of an `ipc://` endpoint, else None."""
     if endpoint.startswith("ipc://"):
-        return Path(endpoint[len("ipc://"):])
+        return Path(endpoint[len("ipc://") :])
     return None
 
 
@@ -231,5 +231,7 @@ def start_curve_auth(ctx: zmq.Context, secret_key: bytes | None, authorized_keys
         auth.configure_curve(domain="*", location=authorized_keys_dir)
     else:
         auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
-    log.info("CURVE authentication on authorized_keys_dir=%s", authorized_keys_dir or "<any client with the server key>")
+    log.info(
+        "CURVE authentication on authorized_keys_dir=%s", authorized_keys_dir or "<any client with the server key>"
+    )
     return auth

@@ -17,7 +17,7 @@ LIVENESS_EVERY_US = 100_000  # dead-router check and the metric tally's flush (�
 GAUGES_EVERY_US = 1_000_000  # gauges + `on_second` callbacks (µs)
 
 
-def observe_lag(actor, t: int) -> None:  # noqa: ANN001 - an Actor
+def observe_lag(actor, t: int) -> None:
     """Record the loop's lag behind the tick's schedule at `t` (µs, one clock reading shared with the
     reaper: a stall after it shows in the next lag). A lag long enough to read nothing is credited
     to the routers' liveness and to a restart's re-attach grace (not the routers' silence)."""
@@ -28,11 +28,10 @@ def observe_lag(actor, t: int) -> None:  # noqa: ANN001 - an Actor
     actor._last_tick_s = now_s  # noqa: SLF001
     if actor.conns.credit_stall(int(lag_s * 1_000_000), t):  # read nothing that long: nobody's silence
         actor.scheduler.credit_stall(int(lag_s * 1_000_000))  # nor part of a restart's re-attach grace
-        actor.warn.warning("loop-stall", "actor loop stalled seconds=%.2f; not counted as the routers' silence",
-                           lag_s)
+        actor.warn.warning("loop-stall", "actor loop stalled seconds=%.2f; not counted as the routers' silence", lag_s)
 
 
-def periodic_work(actor, t: int) -> None:  # noqa: ANN001 - an Actor
+def periodic_work(actor, t: int) -> None:
     """One tick's work at `t` (µs): fold the routers' words, `Scheduler.tick`, the orphan report
     and placement notices, dead routers every `LIVENESS_EVERY_US`, gauges and `on_second` every
     `GAUGES_EVERY_US`, one `drain_cleanup`, deliver every outcome, `on_tick`. The metric tally is
@@ -43,8 +42,11 @@ def periodic_work(actor, t: int) -> None:  # noqa: ANN001 - an Actor
     outcomes = sched.tick(t)
     orphans = sched.take_orphan_report()
     if orphans is not None and orphans.released:
-        log.warning("released leases nobody re-attached after the restart count=%d claimed=%d",
-                    orphans.released, orphans.claimed)
+        log.warning(
+            "released leases nobody re-attached after the restart count=%d claimed=%d",
+            orphans.released,
+            orphans.claimed,
+        )
     for note in sched.take_notices():
         actor.warn.warning("invalid-placement", "%s (ignored so far: %d)", note, sched.invalid_placements)
     flush = t >= actor._next_liveness_us  # noqa: SLF001
@@ -66,15 +68,20 @@ def periodic_work(actor, t: int) -> None:  # noqa: ANN001 - an Actor
         cb()
 
 
-def reap_dead(actor, t: int) -> None:  # noqa: ANN001 - an Actor
+def reap_dead(actor, t: int) -> None:
     """Close every connection silent past the liveness timeout (or whose process died) at `t` (µs)
     and abort what its router owned (`Scheduler.cancel_owner`); refresh the connections gauge."""
     for conn in actor.conns.find_dead(t):
         owned = actor.scheduler.owned_count(conn.owner)
         # A router that closed cleanly owns nothing (there is no goodbye frame): not a warning.
         (log.warning if owned else log.info)(
-            "router gone owner=%d client=%s pid=%d silent_ms=%d aborted_requests=%d", conn.owner,
-            conn.client_name, conn.hello_pid, (t - conn.last_seen_us) // 1000, owned)
+            "router gone owner=%d client=%s pid=%d silent_ms=%d aborted_requests=%d",
+            conn.owner,
+            conn.client_name,
+            conn.hello_pid,
+            (t - conn.last_seen_us) // 1000,
+            owned,
+        )
         actor.metrics.dead_connections.inc()
         actor.conns.close_dead(conn)
         actor.scheduler.cancel_owner(conn.owner, t)

@@ -15,7 +15,7 @@ or when `FLUSH_SAMPLES` samples are pending, never once per frame.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -50,9 +50,23 @@ class WakeTally:
         cleanup_sizes: releases applied per cleanup pass (one sample per wake that had releases).
     """
 
-    __slots__ = ("metrics", "admissions", "rejections", "updates", "queue_wait_s", "admission_s", "lease_s",
-                 "lease_class", "undeliverable", "frames", "batches", "word_folds", "cleanup_sizes", "samples",
-                 "loop_lag_s")
+    __slots__ = (
+        "admission_s",
+        "admissions",
+        "batches",
+        "cleanup_sizes",
+        "frames",
+        "lease_class",
+        "lease_s",
+        "loop_lag_s",
+        "metrics",
+        "queue_wait_s",
+        "rejections",
+        "samples",
+        "undeliverable",
+        "updates",
+        "word_folds",
+    )
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -134,8 +148,16 @@ class Translator:
         releases_this_wake: Release frames since the actor last read it (cleanup batch size).
     """
 
-    def __init__(self, scheduler, conns, send: Callable, error: Callable, tally: WakeTally, daemon_cfg,
-                 worker_urls: dict[int, str]) -> None:
+    def __init__(
+        self,
+        scheduler,
+        conns,
+        send: Callable,
+        error: Callable,
+        tally: WakeTally,
+        daemon_cfg,
+        worker_urls: dict[int, str],
+    ) -> None:
         self.scheduler, self.conns, self.send, self.error, self.tally = scheduler, conns, send, error, tally
         self.cfg = daemon_cfg
         self.worker_urls = worker_urls
@@ -209,8 +231,9 @@ class Translator:
         owner = self.scheduler.owner_of(request_id)
         if owner is None or owner == conn.owner:
             return True
-        self.error(conn, p.ErrorCode.UNKNOWN_REQUEST, f"request {request_id!r} belongs to another connection",
-                   request_id)
+        self.error(
+            conn, p.ErrorCode.UNKNOWN_REQUEST, f"request {request_id!r} belongs to another connection", request_id
+        )
         return False
 
     # ------------------------------------------------------------------ Update
@@ -228,8 +251,12 @@ class Translator:
         try:
             outcomes = self.scheduler.update(f.request_id, f.slot, f.generation, f.kind, f.output_tokens, t)
         except KeyError:
-            self.error(conn, p.ErrorCode.UNKNOWN_REQUEST,
-                       f"no lease ({f.request_id}, slot={f.slot}, generation={f.generation})", f.request_id)
+            self.error(
+                conn,
+                p.ErrorCode.UNKNOWN_REQUEST,
+                f"no lease ({f.request_id}, slot={f.slot}, generation={f.generation})",
+                f.request_id,
+            )
             return
         updates[f.kind] = updates.get(f.kind, 0) + 1
         if f.kind == "requeue":
@@ -245,15 +272,19 @@ class Translator:
         kept, lost = [], []
         for ref in f.leases:
             if s.may_take_over(ref.request_id, conn.owner) and s.adopt_lease(
-                    ref.request_id, ref.slot, ref.generation, conn.owner, t):
+                ref.request_id, ref.slot, ref.generation, conn.owner, t
+            ):
                 kept.append(ref.request_id)
             else:
                 lost.append(ref.request_id)
         self.send(conn, p.Reattached(kept=kept, lost=lost))
         for rq in f.requeues:  # requeues in flight: before pending, in list order
             ref, enq = rq.lease, rq.enqueue
-            if ref.request_id == enq.request_id and s.may_take_over(ref.request_id, conn.owner) and \
-                    s.adopt_lease(ref.request_id, ref.slot, ref.generation, conn.owner, t):
+            if (
+                ref.request_id == enq.request_id
+                and s.may_take_over(ref.request_id, conn.owner)
+                and s.adopt_lease(ref.request_id, ref.slot, ref.generation, conn.owner, t)
+            ):
                 self.on_update(conn, p.Update(ref.request_id, ref.slot, ref.generation, "requeue"), t)
             else:  # the requeue was applied (same daemon) or the lease is gone (restarted daemon)
                 self.reattach_pending(conn, enq, t)
@@ -304,9 +335,18 @@ class Translator:
     def admitted_frame(self, o: Admit) -> p.Admitted:
         """The `Admitted` frame of an admission (worker URL and rank count added)."""
         w = o.worker
-        return p.Admitted(o.request_id, w.worker_id, w.dp_rank, o.slot, o.generation, o.overlap_blocks,
-                          o.cached_tokens, o.queued_us, self.worker_urls.get(w.worker_id, ""),
-                          self.scheduler.ledger.ranks_of(w.worker_id) or 1)
+        return p.Admitted(
+            o.request_id,
+            w.worker_id,
+            w.dp_rank,
+            o.slot,
+            o.generation,
+            o.overlap_blocks,
+            o.cached_tokens,
+            o.queued_us,
+            self.worker_urls.get(w.worker_id, ""),
+            self.scheduler.ledger.ranks_of(w.worker_id) or 1,
+        )
 
     def send_reject(self, conn: Connection, request_id: str, reason: str, detail: str, policy_class: str) -> None:
         rejections = self.tally.rejections
@@ -321,14 +361,20 @@ def spec_from_enqueue(f: p.Enqueue, owner: int, t: int) -> RequestSpec:
     """The core's `RequestSpec` of an `Enqueue` frame from connection `owner`, received at `t` (µs).
     `block_hashes` is a read-only uint64 view of the frame's bytes (no copy)."""
     return RequestSpec(
-        request_id=f.request_id, isl_tokens=f.isl_tokens,
-        block_hashes=np.frombuffer(f.block_hashes, _HASH_DTYPE), policy_class=f.policy_class,
-        priority=f.priority, strict_priority=f.strict_priority, session_id=f.session_id,
-        expected_osl=f.expected_osl, pinned=WorkerKey(*f.pinned) if f.pinned else None,
+        request_id=f.request_id,
+        isl_tokens=f.isl_tokens,
+        block_hashes=np.frombuffer(f.block_hashes, _HASH_DTYPE),
+        policy_class=f.policy_class,
+        priority=f.priority,
+        strict_priority=f.strict_priority,
+        session_id=f.session_id,
+        expected_osl=f.expected_osl,
+        pinned=WorkerKey(*f.pinned) if f.pinned else None,
         allowed_workers=frozenset(f.allowed_workers) if f.allowed_workers is not None else None,
         do_not_queue=f.do_not_queue,
         deadline_us=t + f.deadline_ms * 1000 if f.deadline_ms is not None else None,
-        lora_name=f.lora_name, owner=owner,
+        lora_name=f.lora_name,
+        owner=owner,
         excluded_workers=frozenset(f.excluded_workers) if f.excluded_workers else None,
     )
 

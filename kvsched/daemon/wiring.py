@@ -46,7 +46,9 @@ def segment_sizes(cfg: Config) -> dict[str, int]:
     caps = segment_capacities(cfg)
     inst = cfg.daemon.instance
     return {
-        ledger_name(inst): LedgerArrays.nbytes(caps["max_workers"], caps["max_slots"], caps["max_blocks_per_request"], caps["ref_capacity"]),
+        ledger_name(inst): LedgerArrays.nbytes(
+            caps["max_workers"], caps["max_slots"], caps["max_blocks_per_request"], caps["ref_capacity"]
+        ),
         progress_name(inst): progress_nbytes(caps["max_slots"]),
         kv_index_name(inst): kv_index_nbytes(cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers)),
     }
@@ -99,13 +101,15 @@ def open_segments(cfg: Config):
             raise ShmLayoutError(
                 f"{exc}\n  the shared-memory segments left by an earlier run of instance {cfg.daemon.instance} do "
                 "not fit this config: start it with the values they were made with, or run `kvsched-daemon "
-                f"--instance {cfg.daemon.instance} --purge` first (that drops the leases they hold)") from None
+                f"--instance {cfg.daemon.instance} --purge` first (that drops the leases they hold)"
+            ) from None
         segs.ledger.epoch = epoch
         log.info("re-attached existing segments instance=%s epoch=%d", cfg.daemon.instance, epoch)
         restarted = True
     try:
         segs.kv_index, segs.kv_index_restored = open_kv_index(
-            cfg.daemon.instance, cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers), restore=restarted)
+            cfg.daemon.instance, cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers), restore=restarted
+        )
     except BaseException:
         segs.close()
         if not restarted:
@@ -121,8 +125,12 @@ def _replace_uninitialised(instance: str) -> None:
     from ..shm.segments import ledger_name, ledger_uninitialised, unlink_segments
 
     if ledger_uninitialised(instance):
-        log.warning("replacing segment %s: its header was never written (an earlier start was killed while "
-                    "creating the segments), so it holds no lease instance=%s", ledger_name(instance), instance)
+        log.warning(
+            "replacing segment %s: its header was never written (an earlier start was killed while "
+            "creating the segments), so it holds no lease instance=%s",
+            ledger_name(instance),
+            instance,
+        )
         unlink_segments(instance)
 
 
@@ -141,15 +149,20 @@ def _replace_old_layout(instance: str) -> None:
     if found is None or found.version in (0, LAYOUT_VERSION) or found.version > LAYOUT_VERSION:
         return  # none, not ours, current, or newer: attach_segments reports what does not match
     if found.live_leases == 0:
-        log.warning("replacing segments of layout version %d (no live lease) instance=%s version=%d",
-                    found.version, instance, LAYOUT_VERSION)
+        log.warning(
+            "replacing segments of layout version %d (no live lease) instance=%s version=%d",
+            found.version,
+            instance,
+            LAYOUT_VERSION,
+        )
         unlink_segments(instance)
         return
     leases = "an unreadable slot table" if found.live_leases < 0 else f"{found.live_leases} live leases"
     raise ShmLayoutError(
         f"shared-memory segments of instance {instance!r} have layout version {found.version} with {leases}; "
         f"this daemon uses layout version {LAYOUT_VERSION}. Stop the routers that hold them, then run "
-        f"`kvsched-daemon --purge --instance {instance}` and start again")
+        f"`kvsched-daemon --purge --instance {instance}` and start again"
+    )
 
 
 def build_scheduler(cfg: Config, segments, restarted: bool, conns=None):
@@ -175,14 +188,24 @@ def build_scheduler(cfg: Config, segments, restarted: bool, conns=None):
     for index in (overlap, device, offload):
         index.prefault()
     log.info("overlap indexes ready entries=%d bytes=%d", cap, 3 * overlap.nbytes)
-    scheduler = create_scheduler(cfg, ledger=ledger, overlap=overlap, event_device=device, event_offload=offload,
-                                 owner_alive=None if conns is None else conns.owner_alive,
-                                 same_process=None if conns is None else conns.same_process, add_workers=False)
+    scheduler = create_scheduler(
+        cfg,
+        ledger=ledger,
+        overlap=overlap,
+        event_device=device,
+        event_offload=offload,
+        owner_alive=None if conns is None else conns.owner_alive,
+        same_process=None if conns is None else conns.same_process,
+        add_workers=False,
+    )
     scheduler.speculative.prefault()
     if restarted:
         orphans = scheduler.restore_after_restart(time.monotonic_ns() // 1000, cfg.daemon.liveness_timeout_ms * 1000)
-        log.info("re-adopted leases from the slot table count=%d grace_ms=%d", orphans.adopted,
-                 cfg.daemon.liveness_timeout_ms)
+        log.info(
+            "re-adopted leases from the slot table count=%d grace_ms=%d",
+            orphans.adopted,
+            cfg.daemon.liveness_timeout_ms,
+        )
     add_config_workers(scheduler, cfg)
     a = segments.ledger
     cleared = reconcile_rows(segments.kv_index, a.w_present, a.w_worker_id, a.w_dp_rank, a.w_generation)
@@ -216,13 +239,16 @@ def restore_runtime_workers(cfg: Config, scheduler, kv_index, restarted: bool) -
         return {}
     out = restored(kv_index, scheduler.ledger.arrays, {w.worker_id for w in cfg.workers})
     if out:
-        log.info("runtime workers restored with their url / KV events workers=%s",
-                 ",".join(f"{r.worker_id}:{r.dp_rank}" for r in out.values()))
+        log.info(
+            "runtime workers restored with their url / KV events workers=%s",
+            ",".join(f"{r.worker_id}:{r.dp_rank}" for r in out.values()),
+        )
     return out
 
 
-def build_kv_subscriber(cfg: Config, scheduler, loop, ctx, kv_index=None, restored_index: bool = False,
-                        runtime: dict | None = None):
+def build_kv_subscriber(
+    cfg: Config, scheduler, loop, ctx, kv_index=None, restored_index: bool = False, runtime: dict | None = None
+):
     """The `KvEventSubscriber` feeding the scheduler's event indexes from every configured source
     and from the restored runtime workers (`runtime`: row -> `RuntimeWorker`).
 
@@ -237,15 +263,30 @@ def build_kv_subscriber(cfg: Config, scheduler, loop, ctx, kv_index=None, restor
     sources = kv_event_sources(cfg, scheduler)
     for row, rec in sorted((runtime or {}).items()):
         if rec.kv_events_endpoint:
-            sources.append(KvEventSource(row, rec.kv_events_endpoint, rec.kv_replay_endpoint or None,
-                                         rec.kv_events_topic, rec.kv_events_stale_after_s))
+            sources.append(
+                KvEventSource(
+                    row,
+                    rec.kv_events_endpoint,
+                    rec.kv_replay_endpoint or None,
+                    rec.kv_events_topic,
+                    rec.kv_events_stale_after_s,
+                )
+            )
             scheduler.set_event_fed(row, True)
     restored = {}
     if kv_index is not None and restored_index:
         restored = {s.row: int(kv_index.last_seq[s.row]) for s in sources if int(kv_index.last_seq[s.row]) >= 0}
-    return KvEventSubscriber(loop, ctx, sources, scheduler.event_device,
-                             scheduler.event_offload, mark_stale=scheduler.ledger.set_stale,
-                             frame_budget=KV_EVENT_FRAME_BUDGET, store=kv_index, restored=restored)
+    return KvEventSubscriber(
+        loop,
+        ctx,
+        sources,
+        scheduler.event_device,
+        scheduler.event_offload,
+        mark_stale=scheduler.ledger.set_stale,
+        frame_budget=KV_EVENT_FRAME_BUDGET,
+        store=kv_index,
+        restored=restored,
+    )
 
 
 def install_hash_check(cfg: Config, subscriber, scheduler, metrics):
@@ -271,13 +312,21 @@ def install_hash_check(cfg: Config, subscriber, scheduler, metrics):
             key = scheduler.ledger.key_of(row)
         except (KeyError, IndexError, ValueError):
             return
-        warn.warning(f"hash-{row}", "KV-event block hashes of worker=%d:%d differ from what routers send "
-                     "(block_hashes mode=vllm, kv_hash_seed=%r, block_size=%d): event=%#x expected=%#x event_block_size=%d;"
-                     " requests will get no cached overlap from this engine's events. Check the engine's "
-                     "PYTHONHASHSEED (it must equal [daemon] kv_hash_seed, the pool's one seed), "
-                     "--prefix-caching-hash-algo sha256_cbor, --block-size and the vLLM version (docs/VLLM.md)",
-                     key.worker_id, key.dp_rank, cfg.daemon.kv_hash_seed, cfg.daemon.block_size, m.event_hash,
-                     m.expected_hash, m.block_size)
+        warn.warning(
+            f"hash-{row}",
+            "KV-event block hashes of worker=%d:%d differ from what routers send "
+            "(block_hashes mode=vllm, kv_hash_seed=%r, block_size=%d): event=%#x expected=%#x event_block_size=%d;"
+            " requests will get no cached overlap from this engine's events. Check the engine's "
+            "PYTHONHASHSEED (it must equal [daemon] kv_hash_seed, the pool's one seed), "
+            "--prefix-caching-hash-algo sha256_cbor, --block-size and the vLLM version (docs/VLLM.md)",
+            key.worker_id,
+            key.dp_rank,
+            cfg.daemon.kv_hash_seed,
+            cfg.daemon.block_size,
+            m.event_hash,
+            m.expected_hash,
+            m.block_size,
+        )
 
     subscriber.applier.on_batch = on_batch
     return check
@@ -290,7 +339,7 @@ KV_STREAM = ("gaps", "restarts", "replay_lost")
 KV_SKIP_WARN_EVERY_S = 60.0  # one WARNING line at most this often while events cannot be read
 
 
-def kv_metrics_tick(subscriber, metrics):  # noqa: ANN001
+def kv_metrics_tick(subscriber, metrics):
     """An `Actor.on_second` callback: add the subscriber's deltas to the counters (`applied`,
     `replayed`, `kvsched_kv_events_skipped{reason}`, `kvsched_kv_event_streams{kind}`), set the
     stale-workers gauge, and log one WARNING (at most every `KV_SKIP_WARN_EVERY_S`) while events
@@ -321,8 +370,11 @@ def kv_metrics_tick(subscriber, metrics):  # noqa: ANN001
         now = time.monotonic()
         if skipped and now - warned_at[0] >= KV_SKIP_WARN_EVERY_S:
             warned_at[0] = now
-            log.warning("kv events could not be read (%s; kvsched_kv_events_skipped_total): check the engines' "
-                        "publisher format against docs/KV_EVENTS.md", ", ".join(f"{k}={v}" for k, v in skipped.items()))
+            log.warning(
+                "kv events could not be read (%s; kvsched_kv_events_skipped_total): check the engines' "
+                "publisher format against docs/KV_EVENTS.md",
+                ", ".join(f"{k}={v}" for k, v in skipped.items()),
+            )
 
     return tick
 
@@ -342,11 +394,18 @@ def warm_decision_path(cfg: Config) -> None:
     from ..shm.overlap import OverlapIndex
 
     bs = cfg.daemon.block_size
-    arrays = LedgerArrays.private(max_workers=2, max_slots=4, max_blocks_per_request=8, ref_capacity=1024, block_size=bs)
+    arrays = LedgerArrays.private(
+        max_workers=2, max_slots=4, max_blocks_per_request=8, ref_capacity=1024, block_size=bs
+    )
     ledger = Ledger(arrays, np.zeros(4, np.uint64), cfg.overload, state=np.zeros(4, np.uint64))
     warm_cfg = msgspec.structs.replace(cfg, workers=[])
-    sched = create_scheduler(warm_cfg, ledger=ledger, overlap=OverlapIndex(2, 1024), event_device=OverlapIndex(2, 1024),
-                             event_offload=OverlapIndex(2, 1024))
+    sched = create_scheduler(
+        warm_cfg,
+        ledger=ledger,
+        overlap=OverlapIndex(2, 1024),
+        event_device=OverlapIndex(2, 1024),
+        event_offload=OverlapIndex(2, 1024),
+    )
     sched.add_worker(WorkerKey(0, 0), 1000, 1000)
     for fed in (False, True):
         sched.set_event_fed(0, fed)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import os
 import signal
 import sys
 import time
-import itertools
 from collections import Counter
 
 import aiohttp
@@ -31,14 +31,29 @@ from .config import MAX_WORKERS, GatewayConfig, GatewaySection, ModelSection, lo
 from .forward import ClientGone, Marks, serve
 from .health import EngineHealth
 from .hints import scheduling_hints
-from .listen import (LISTEN_BACKLOG, PortInUse, check_listen_address, host_arg, host_port, listen_socket,
-                     port_arg, port_error)
+from .listen import (
+    LISTEN_BACKLOG,
+    PortInUse,
+    check_listen_address,
+    host_arg,
+    host_port,
+    listen_socket,
+    port_arg,
+    port_error,
+)
 from .tokenizer import ModelTokenizer, TemplateError
 from .workers import WorkerLink, default_workers, supervise
 
 log = logging.getLogger("kvsched.gateway")
 # Counters /health reports (0 until they happen), besides http_<status> and rejected_<reason> (docs/GATEWAY.md).
-STATS = ("completed", "engine_retries", "engine_errors_mid_stream", "leases_lost_mid_stream", "leases_revoked", "client_gone")
+STATS = (
+    "completed",
+    "engine_retries",
+    "engine_errors_mid_stream",
+    "leases_lost_mid_stream",
+    "leases_revoked",
+    "client_gone",
+)
 
 
 def hash_seed_mismatch(override: str | None, daemon_seed: str | None, endpoint: str) -> str | None:
@@ -58,9 +73,11 @@ def hash_seed_mismatch(override: str | None, daemon_seed: str | None, endpoint: 
     if override is None or vllm_none_hash(override) == vllm_none_hash(daemon_seed):
         return None
     theirs = repr(daemon_seed) if daemon_seed is not None else f"unset, vLLM's default {DEFAULT_VLLM_SEED!r}"
-    return (f"block hash seed mismatch: the gateway's hash_seed = {override!r} but the daemon at {endpoint} has "
-            f"kv_hash_seed = {theirs}; the daemon's is the pool's one seed (what its engines' PYTHONHASHSEED must "
-            "be): remove hash_seed from the gateway's config or make it equal (docs/VLLM.md)")
+    return (
+        f"block hash seed mismatch: the gateway's hash_seed = {override!r} but the daemon at {endpoint} has "
+        f"kv_hash_seed = {theirs}; the daemon's is the pool's one seed (what its engines' PYTHONHASHSEED must "
+        "be): remove hash_seed from the gateway's config or make it equal (docs/VLLM.md)"
+    )
 
 
 def _tokenizer(m: ModelSection) -> ModelTokenizer:
@@ -104,14 +121,19 @@ class Gateway:
         """Connect to the daemon (raises DaemonUnavailable) and open the engine session."""
         g = self.cfg.gateway
         self.client = await self._connect_when_daemon_up(g)
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                                             auto_decompress=False)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), auto_decompress=False
+        )
         self.health = EngineHealth(self.session, g.health_interval_s, g.health_timeout_s, g.health_path)
         self.health.start()
         self.hash_seed_problem()  # logged now rather than at the first request
-        log.info("gateway ready daemon=%s block_size=%d hash_seed=%r models=%s", self.client.endpoint,
-                 self.block_size, self.client.welcome.hash_seed if self.client.welcome else None,
-                 ",".join(self.tokenizers))
+        log.info(
+            "gateway ready daemon=%s block_size=%d hash_seed=%r models=%s",
+            self.client.endpoint,
+            self.block_size,
+            self.client.welcome.hash_seed if self.client.welcome else None,
+            ",".join(self.tokenizers),
+        )
 
     async def _connect_when_daemon_up(self, g: GatewaySection) -> SchedulerClient:
         """Connect, waiting up to `connect_timeout_s` (s) for the daemon to bind its socket and answer.
@@ -121,9 +143,12 @@ class Gateway:
         ConfigError for a malformed endpoint (e.g. from KVSCHED_ENDPOINT).
         """
         try:
-            client = SchedulerClient(g.daemon_endpoint or None, instance=g.instance,
-                                     client_name=g.client_name or f"gateway-{os.getpid()}",
-                                     connect_timeout_s=g.connect_timeout_s)
+            client = SchedulerClient(
+                g.daemon_endpoint or None,
+                instance=g.instance,
+                client_name=g.client_name or f"gateway-{os.getpid()}",
+                connect_timeout_s=g.connect_timeout_s,
+            )
         except ValueError as exc:  # the endpoint's syntax (the file's is checked when it is loaded)
             raise ConfigError(str(exc)) from None
         if missing_ipc_path(client.endpoint) is not None:  # the client waits for it (SchedulerClient.connect)
@@ -188,8 +213,9 @@ class Gateway:
         return await self._handle(request, "chat", "/v1/chat/completions")
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [{"id": name, "object": "model", "created": self.created, "owned_by": "kvsched"}
-                for name in self.tokenizers]
+        data = [
+            {"id": name, "object": "model", "created": self.created, "owned_by": "kvsched"} for name in self.tokenizers
+        ]
         return web.json_response({"object": "list", "data": data})
 
     async def health_endpoint(self, request: web.Request) -> web.Response:
@@ -197,9 +223,15 @@ class Gateway:
         process's `stats` (request counts since it started: `STATS`, http_<status>, rejected_<reason>)."""
         up = self.client is not None and self.client.connected
         failing = sorted(self.health.failing) if self.health else []
-        return web.json_response({"status": "ok" if up else "daemon_unavailable", "failing_workers": failing,
-                                  "pid": os.getpid(), "stats": {**dict.fromkeys(STATS, 0), **self.stats}},
-                                 status=200 if up else 503)
+        return web.json_response(
+            {
+                "status": "ok" if up else "daemon_unavailable",
+                "failing_workers": failing,
+                "pid": os.getpid(),
+                "stats": {**dict.fromkeys(STATS, 0), **self.stats},
+            },
+            status=200 if up else 503,
+        )
 
     async def _handle(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
         marks = Marks()
@@ -223,19 +255,26 @@ class Gateway:
     async def _parse(self, request: web.Request, kind: str) -> oa.Prompt:
         g = self.cfg.gateway
         if request.content_length is not None and request.content_length > g.max_body_bytes:
-            raise oa.HttpError(413, f"request body of {request.content_length} bytes exceeds the limit of "
-                               f"{g.max_body_bytes} bytes", code="body_too_large")
+            raise oa.HttpError(
+                413,
+                f"request body of {request.content_length} bytes exceeds the limit of {g.max_body_bytes} bytes",
+                code="body_too_large",
+            )
         try:
             if request.content.is_eof():  # the whole body came with the headers: no timer
                 raw = await request.read()
             else:  # a client that never sends the rest must not hold the connection forever
                 raw = await asyncio.wait_for(request.read(), g.body_read_timeout_s)
-        except asyncio.TimeoutError:
-            raise oa.HttpError(408, f"request body not received within {g.body_read_timeout_s:g} s "
-                               "(body_read_timeout_s)", code="body_timeout") from None
+        except TimeoutError:
+            raise oa.HttpError(
+                408,
+                f"request body not received within {g.body_read_timeout_s:g} s (body_read_timeout_s)",
+                code="body_timeout",
+            ) from None
         except web.HTTPRequestEntityTooLarge:
-            raise oa.HttpError(413, f"request body exceeds the limit of {g.max_body_bytes} bytes",
-                               code="body_too_large") from None
+            raise oa.HttpError(
+                413, f"request body exceeds the limit of {g.max_body_bytes} bytes", code="body_too_large"
+            ) from None
         try:
             body = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
@@ -245,8 +284,13 @@ class Gateway:
         p = oa.parse_body(kind, body)
         tok = self.tokenizers.get(p.model)
         if tok is None:
-            raise oa.HttpError(404, f"model {p.model!r} does not exist; served models: {sorted(self.tokenizers)}",
-                               "not_found_error", "model_not_found", param="model")
+            raise oa.HttpError(
+                404,
+                f"model {p.model!r} does not exist; served models: {sorted(self.tokenizers)}",
+                "not_found_error",
+                "model_not_found",
+                param="model",
+            )
         try:
             if kind == "chat":
                 p.text = tok.render_chat(oa.chat_messages(p.body))
@@ -258,43 +302,63 @@ class Gateway:
         if not p.token_ids:
             raise oa.HttpError(400, "the prompt has no tokens", code="empty_prompt")
         if len(p.token_ids) > g.max_prompt_tokens:
-            raise oa.HttpError(400, f"prompt of {len(p.token_ids)} tokens exceeds the limit of "
-                               f"{g.max_prompt_tokens} tokens", code="prompt_too_long")
+            raise oa.HttpError(
+                400,
+                f"prompt of {len(p.token_ids)} tokens exceeds the limit of {g.max_prompt_tokens} tokens",
+                code="prompt_too_long",
+            )
         limit = self.max_model_len[p.model]
         room = limit - len(p.token_ids)  # output tokens the context window leaves
         if p.max_tokens is None:
             if room < 1:
-                raise oa.HttpError(400, f"this model's maximum context length is {limit} tokens; the prompt has "
-                                   f"{len(p.token_ids)} tokens, leaving no room for output. Shorten the prompt.",
-                                   code="context_length_exceeded", param="messages" if kind == "chat" else "prompt")
+                raise oa.HttpError(
+                    400,
+                    f"this model's maximum context length is {limit} tokens; the prompt has "
+                    f"{len(p.token_ids)} tokens, leaving no room for output. Shorten the prompt.",
+                    code="context_length_exceeded",
+                    param="messages" if kind == "chat" else "prompt",
+                )
             p.max_tokens = min(g.default_max_tokens, room)
             p.body = {**p.body, "max_tokens": p.max_tokens}
         elif p.max_tokens > room:
-            raise oa.HttpError(400, f"this model's maximum context length is {limit} tokens; you requested "
-                               f"{len(p.token_ids) + p.max_tokens} tokens ({len(p.token_ids)} in the prompt, "
-                               f"{p.max_tokens} in max_tokens). Reduce the prompt or max_tokens.",
-                               code="context_length_exceeded", param="max_tokens")
+            raise oa.HttpError(
+                400,
+                f"this model's maximum context length is {limit} tokens; you requested "
+                f"{len(p.token_ids) + p.max_tokens} tokens ({len(p.token_ids)} in the prompt, "
+                f"{p.max_tokens} in max_tokens). Reduce the prompt or max_tokens.",
+                code="context_length_exceeded",
+                param="max_tokens",
+            )
         return p
 
 
 def make_app(gw: Gateway) -> web.Application:
     """The aiohttp application (body size checked by the handlers, so oversize answers an OpenAI-style 413;
     unknown routes and methods an OpenAI-style 404 / 405, from a catch-all resource added last)."""
-    routes = {"/v1/completions": ("POST", gw.completions), "/v1/chat/completions": ("POST", gw.chat),
-              "/v1/models": ("GET", gw.models), "/health": ("GET", gw.health_endpoint)}
+    routes = {
+        "/v1/completions": ("POST", gw.completions),
+        "/v1/chat/completions": ("POST", gw.chat),
+        "/v1/models": ("GET", gw.models),
+        "/health": ("GET", gw.health_endpoint),
+    }
 
     async def no_route(request: web.Request) -> web.Response:
         allowed = routes.get(request.path, (None,))[0]
         if allowed is not None:
-            err = oa.HttpError(405, f"{request.method} is not allowed on {request.path}; use {allowed}",
-                               code="method_not_allowed")
+            err = oa.HttpError(
+                405, f"{request.method} is not allowed on {request.path}; use {allowed}", code="method_not_allowed"
+            )
             return web.json_response(err.body(), status=405, headers={"Allow": allowed})
         err = oa.HttpError(404, f"no route {request.path}; the gateway serves {', '.join(routes)}", code="not_found")
         return web.json_response(err.body(), status=404)
 
     app = web.Application(client_max_size=gw.cfg.gateway.max_body_bytes)
-    app.add_routes([(web.post if method == "POST" else web.get)(path, handler)  # web.get: HEAD too
-                    for path, (method, handler) in routes.items()])
+    app.add_routes(
+        [
+            (web.post if method == "POST" else web.get)(path, handler)  # web.get: HEAD too
+            for path, (method, handler) in routes.items()
+        ]
+    )
     app.router.add_route("*", "/{tail:.*}", no_route)
     return app
 
@@ -318,8 +382,11 @@ async def run(cfg: GatewayConfig, ready_file: str | None = None, link: WorkerLin
         await runner.setup()
         try:
             # SockSite listens again: without backlog= its 128 would replace the supervisor's 1024.
-            site = (web.SockSite(runner, sock, backlog=LISTEN_BACKLOG) if sock
-                    else web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG))
+            site = (
+                web.SockSite(runner, sock, backlog=LISTEN_BACKLOG)
+                if sock
+                else web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
+            )
             await site.start()
         except OSError as exc:  # taken while the gateway waited for its daemon
             raise port_error(host, port, exc) from None
@@ -330,8 +397,9 @@ async def run(cfg: GatewayConfig, ready_file: str | None = None, link: WorkerLin
         await gw.stop()
 
 
-async def _serve_until_signal(runner: web.AppRunner, cfg: GatewayConfig, ready_file: str | None,
-                              link: WorkerLink | None) -> None:
+async def _serve_until_signal(
+    runner: web.AppRunner, cfg: GatewayConfig, ready_file: str | None, link: WorkerLink | None
+) -> None:
     port = runner.addresses[0][1] if runner.addresses else cfg.gateway.port
     log.info("listening on http://%s", host_port(cfg.gateway.host, port))
     if link:
@@ -348,17 +416,26 @@ async def _serve_until_signal(runner: web.AppRunner, cfg: GatewayConfig, ready_f
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point of `kvsched-gateway`."""
-    ap = argparse.ArgumentParser(prog="kvsched-gateway", description="OpenAI-compatible gateway in front of "
-                                 "engines scheduled by a kvsched daemon (docs/GATEWAY.md).")
+    ap = argparse.ArgumentParser(
+        prog="kvsched-gateway",
+        description="OpenAI-compatible gateway in front of engines scheduled by a kvsched daemon (docs/GATEWAY.md).",
+    )
     ap.add_argument("--config", required=True, help="gateway TOML: [gateway] and [[models]] (docs/GATEWAY.md)")
-    ap.add_argument("--host", type=host_arg, help="listen address; an IPv6 one bare or in brackets (overrides "
-                    "[gateway] host)")
+    ap.add_argument(
+        "--host", type=host_arg, help="listen address; an IPv6 one bare or in brackets (overrides [gateway] host)"
+    )
     ap.add_argument("--port", type=port_arg, help="listen port 0-65535, 0 = any free port (overrides [gateway] port)")
-    ap.add_argument("--workers", type=int_range_arg(0, MAX_WORKERS), metavar="N", help="gateway processes "
-                    "sharing one listening socket, each with its own daemon connection; 0 = one per CPU, at "
-                    f"most {MAX_WORKERS} (overrides [gateway] workers; default 1)")
-    ap.add_argument("--ready-file", type=ready_file_arg, help="write the bound port here once serving (for scripts "
-                    "and tests)")
+    ap.add_argument(
+        "--workers",
+        type=int_range_arg(0, MAX_WORKERS),
+        metavar="N",
+        help="gateway processes "
+        "sharing one listening socket, each with its own daemon connection; 0 = one per CPU, at "
+        f"most {MAX_WORKERS} (overrides [gateway] workers; default 1)",
+    )
+    ap.add_argument(
+        "--ready-file", type=ready_file_arg, help="write the bound port here once serving (for scripts and tests)"
+    )
     ap.add_argument("--log-level", type=log_level_arg, default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     ap.add_argument("--worker-of", type=WorkerLink.parse, help=argparse.SUPPRESS)  # set by --workers on its workers
     args = ap.parse_args(argv)
@@ -379,8 +456,11 @@ def main(argv: list[str] | None = None) -> None:
                 sock = listen_socket(cfg.gateway.host, cfg.gateway.port)
             except (OSError, OverflowError) as exc:
                 raise port_error(cfg.gateway.host, cfg.gateway.port, exc) from None
-            sys.exit(supervise(args.config, sock, workers, args.ready_file, args.log_level,
-                               cfg.gateway.connect_timeout_s + 60.0))
+            sys.exit(
+                supervise(
+                    args.config, sock, workers, args.ready_file, args.log_level, cfg.gateway.connect_timeout_s + 60.0
+                )
+            )
         try:
             import uvloop
 

@@ -7,7 +7,6 @@ Each raises `argparse.ArgumentTypeError`, so a bad value ends in argparse's usag
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from pathlib import Path
 
@@ -25,15 +24,18 @@ def log_level_arg(text: str) -> str:
 def int_range_arg(low: int, high: int | None = None):
     """An argparse type: an integer in [low, high] (`high` None: no upper bound), e.g. `--workers`,
     bounded as the config's key."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}" if high is None
-                                             else f"must be in [{low}, {high}], got {value}")
+            raise argparse.ArgumentTypeError(
+                f"must be >= {low}, got {value}" if high is None else f"must be in [{low}, {high}], got {value}"
+            )
         return value
+
     return parse
 
 

@@ -28,7 +28,6 @@ from ..endpoints import connect_problem
 from ..errors import ConfigError
 from ..protocol import MAX_TOKENS
 
-
 MAX_WORKERS = 256  # `workers` and `--workers`: gateway processes of one group
 
 
@@ -109,8 +108,10 @@ def load_gateway_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"{path}: {exc}") from None
     problem = connect_problem(cfg.gateway.daemon_endpoint) if cfg.gateway.daemon_endpoint else None
     if problem is not None:
-        raise ConfigError(f"{path}: gateway.daemon_endpoint = {cfg.gateway.daemon_endpoint!r}: {problem}; "
-                          "use ipc://PATH or tcp://HOST:PORT")
+        raise ConfigError(
+            f"{path}: gateway.daemon_endpoint = {cfg.gateway.daemon_endpoint!r}: {problem}; "
+            "use ipc://PATH or tcp://HOST:PORT"
+        )
     if not cfg.models:
         raise ConfigError(f"{path}: no [[models]] table: the gateway needs at least one model")
     names = [m.name for m in cfg.models]

@@ -17,7 +17,7 @@ def admin_endpoint_for_any_shell(endpoint: str) -> str:
     """`endpoint` with a relative ipc path made absolute: the demo binds under its (relative)
     `--workdir`, but the line it prints is pasted into another shell, often in another directory."""
     if endpoint.startswith("ipc://") and not endpoint.startswith("ipc:///"):
-        return "ipc://" + os.path.abspath(endpoint[len("ipc://"):])
+        return "ipc://" + os.path.abspath(endpoint[len("ipc://") :])
     return endpoint
 
 
@@ -35,10 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_listen_address(GatewaySection().host, args.port)
     except PortInUse:
-        sys.exit(f"gateway-demo: port {args.port} is already in use by another process. Choose another port:\n"
-                 f"  make gateway-demo GATEWAY_DEMO_PORT=18080\n"
-                 f"  .venv/bin/python -m kvsched.gateway.demo --port 18080\n"
-                 f"(and that port in the curl commands)")
+        sys.exit(
+            f"gateway-demo: port {args.port} is already in use by another process. Choose another port:\n"
+            f"  make gateway-demo GATEWAY_DEMO_PORT=18080\n"
+            f"  .venv/bin/python -m kvsched.gateway.demo --port 18080\n"
+            f"(and that port in the curl commands)"
+        )
     stop = False
 
     def on_signal(*_: object) -> None:
@@ -62,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     url = fleet.gateway_urls[0]
     admin = admin_endpoint_for_any_shell(fleet.daemon.admin_endpoint)
     prompt = " ".join(f"w{i}" for i in range(64))  # 64 tokens: 4 blocks of 16 to cache
-    print(f"""
+    print(
+        f"""
 gateway: {url}   engines: {", ".join(e.url for e in fleet.engines)}
 admin:   KVSCHED_ADMIN_ENDPOINT={admin} .venv/bin/kvsched workers
 
@@ -73,7 +76,9 @@ curl -sN {url}/v1/completions -H 'Content-Type: application/json' \\
   -d '{{"model": "tiny", "max_tokens": 8, "stream": true, "prompt": "w1 w2 w3 w4"}}'
 
 Send the chat request twice: the second answer's usage shows prompt_tokens_details.cached_tokens.
-Ctrl-C stops everything.""", flush=True)
+Ctrl-C stops everything.""",
+        flush=True,
+    )
     try:
         while not stop:
             time.sleep(0.2)

@@ -50,7 +50,7 @@ class Marks:
     (connect, request, the engine's own wait). Durations in ms; engine retries are inside
     `schedule` + `engine`."""
 
-    __slots__ = ("start", "prepared", "admitted", "engine", "queued_us")
+    __slots__ = ("admitted", "engine", "prepared", "queued_us", "start")
 
     def __init__(self) -> None:
         self.start = _now()
@@ -58,10 +58,12 @@ class Marks:
         self.queued_us = 0
 
     def header(self) -> str:
-        return (f"prep;dur={(self.prepared - self.start) * 1e3:.3f}, "
-                f"schedule;dur={(self.admitted - self.prepared) * 1e3:.3f}, "
-                f"queue;dur={self.queued_us / 1e3:.3f}, "
-                f"engine;dur={(self.engine - self.admitted) * 1e3:.3f}")
+        return (
+            f"prep;dur={(self.prepared - self.start) * 1e3:.3f}, "
+            f"schedule;dur={(self.admitted - self.prepared) * 1e3:.3f}, "
+            f"queue;dur={self.queued_us / 1e3:.3f}, "
+            f"engine;dur={(self.engine - self.admitted) * 1e3:.3f}"
+        )
 
 
 class EngineFailed(Exception):
@@ -79,8 +81,9 @@ async def _write(out: web.StreamResponse, data: bytes) -> None:
         raise ClientGone(str(exc)) from None
 
 
-async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints: dict,
-                hashes, request_id: str, marks: Marks) -> web.StreamResponse:
+async def serve(
+    gw: Gateway, request: web.Request, p: Prompt, path: str, hints: dict, hashes, request_id: str, marks: Marks
+) -> web.StreamResponse:
     """Schedule and forward `p`; returns the response sent (or raises HttpError before any byte)."""
     isl = len(p.token_ids)
     last: EngineFailed | None = None
@@ -110,34 +113,50 @@ async def serve(gw: "Gateway", request: web.Request, p: Prompt, path: str, hints
     raise HttpError(502, f"engine failed before the first token, twice: {last}", "engine_error", "engine_failure")
 
 
-async def _forward(gw: "Gateway", request: web.Request, p: Prompt, path: str, lease: Lease,
-                   request_id: str, marks: Marks) -> web.StreamResponse:
+async def _forward(
+    gw: Gateway, request: web.Request, p: Prompt, path: str, lease: Lease, request_id: str, marks: Marks
+) -> web.StreamResponse:
     if not lease.url:
         lease.release("aborted")
-        raise HttpError(503, f"worker {lease.worker.worker_id} has no url in the daemon's config "
-                        "([[workers]] url, or kvsched add-worker --url)", "service_unavailable", "no_worker_url")
+        raise HttpError(
+            503,
+            f"worker {lease.worker.worker_id} has no url in the daemon's config "
+            "([[workers]] url, or kvsched add-worker --url)",
+            "service_unavailable",
+            "no_worker_url",
+        )
     headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
     if lease.dp_size > 1:
         headers["X-data-parallel-rank"] = str(lease.worker.dp_rank)
     silence = Silence(asyncio.get_running_loop(), gw.cfg.gateway.engine_read_timeout_s)
-    lease.on_dropped(lambda dropped: silence.abort(LeaseRevoked(dropped.request_id, dropped.lost_reason))
-                     if dropped.outcome == "revoked" else None)
+    lease.on_dropped(
+        lambda dropped: (
+            silence.abort(LeaseRevoked(dropped.request_id, dropped.lost_reason))
+            if dropped.outcome == "revoked"
+            else None
+        )
+    )
     waiting = gw.health.waiting.setdefault(lease.worker.worker_id, set())
     waiting.add(silence)  # until the response headers: a failed health check of this worker stops it
     try:
         try:
-            resp = await gw.session.post(lease.url.rstrip("/") + path, data=_json_encode(engine_body(p)),
-                                         headers=headers, timeout=gw.engine_timeout)
+            resp = await gw.session.post(
+                lease.url.rstrip("/") + path,
+                data=_json_encode(engine_body(p)),
+                headers=headers,
+                timeout=gw.engine_timeout,
+            )
         except asyncio.CancelledError:
             if silence.aborted is not None and silence.task is not None and silence.task.uncancel() == 0:
                 if isinstance(silence.aborted, LeaseRevoked):
                     raise silence.aborted from None
                 if isinstance(silence.aborted, EngineUnhealthy):
                     raise EngineFailed(str(silence.aborted)) from None
-                raise EngineFailed(f"no response headers from the engine within {silence.timeout_s:g} s "
-                                   "(engine_read_timeout_s)") from None
+                raise EngineFailed(
+                    f"no response headers from the engine within {silence.timeout_s:g} s (engine_read_timeout_s)"
+                ) from None
             raise  # the client went away (or both at once)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
         finally:
             waiting.discard(silence)
@@ -185,7 +204,7 @@ class Silence:
         loop: the running loop (the current task is the one cancelled). timeout_s: longest silence (s).
     """
 
-    __slots__ = ("loop", "timeout_s", "last", "handle", "resp", "task", "aborted")
+    __slots__ = ("aborted", "handle", "last", "loop", "resp", "task", "timeout_s")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
         self.loop = loop
@@ -211,8 +230,11 @@ class Silence:
             self.handle = self.loop.call_at(self.last + self.timeout_s, self._fire)
             return
         self.handle = None
-        self.abort(aiohttp.ServerTimeoutError(
-            f"engine sent nothing for {idle:.1f} s (engine_read_timeout_s = {self.timeout_s:g})"))
+        self.abort(
+            aiohttp.ServerTimeoutError(
+                f"engine sent nothing for {idle:.1f} s (engine_read_timeout_s = {self.timeout_s:g})"
+            )
+        )
 
     def abort(self, exc: BaseException) -> None:
         """Stop the engine request now (once): before its response headers, cancel the waiting task
@@ -247,11 +269,11 @@ def _sse_data(buf: bytearray, piece: bytes) -> list[bytes]:
         if cut < 0:
             return []
         block = bytes(buf[:cut])
-        del buf[:cut + 1]
+        del buf[: cut + 1]
     return [ln[5:].strip() for ln in block.split(b"\n") if ln.startswith(b"data:")]
 
 
-def _report(lease: Lease, call, *args: int) -> None:  # noqa: ANN001 - a bound Lease method
+def _report(lease: Lease, call, *args: int) -> None:
     """One progress report (`dispatched`, `prefill_done`, `add_output_tokens`) on `lease`. A lost
     lease (LeaseLost: the daemon released its booking, e.g. `kvsched remove-worker`; the client has
     logged it) is not reported on any more; the caller keeps relaying the engine's stream.
@@ -268,8 +290,15 @@ def _report(lease: Lease, call, *args: int) -> None:  # noqa: ANN001 - a bound L
         pass
 
 
-async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
-                  resp: aiohttp.ClientResponse, silence: Silence, marks: Marks) -> web.StreamResponse:
+async def _stream(
+    gw: Gateway,
+    request: web.Request,
+    p: Prompt,
+    lease: Lease,
+    resp: aiohttp.ClientResponse,
+    silence: Silence,
+    marks: Marks,
+) -> web.StreamResponse:
     """Relay the engine's SSE stream. Reads whatever has arrived (`iter_any`), passes each chunk
     through `Relay` and writes what it relays in one write per read; the output tokens of a read are
     reported to the lease once, so a burst of chunks costs one syscall and one progress update, not
@@ -316,26 +345,35 @@ async def _stream(gw: "Gateway", request: web.Request, p: Prompt, lease: Lease,
         if out is None:
             raise _revoked_error(exc) from None
         err = _revoked_error(exc)
-        await _write(out, b"data: " + _json_encode({"error": {"message": err.message, "type": err.err_type,
-                                                             "code": 503}}) + b"\n\n")
+        await _write(
+            out,
+            b"data: " + _json_encode({"error": {"message": err.message, "type": err.err_type, "code": 503}}) + b"\n\n",
+        )
         await out.write_eof()
         return out
-    except (aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError, EngineStreamError) as exc:
+    except (TimeoutError, aiohttp.ClientError, msgspec.DecodeError, EngineStreamError) as exc:
         if first:
             raise EngineFailed(f"{type(exc).__name__}: {exc}") from None
         lease.release("aborted")
         gw.stats["engine_errors_mid_stream"] += 1
         if out is None:
             raise HttpError(502, f"engine failed mid-stream: {exc}", "engine_error", "engine_failure") from None
-        await _write(out, b"data: " + _json_encode({"error": {"message": f"engine failed mid-stream: {exc}",
-                                                             "type": "engine_error", "code": 502}}) + b"\n\n")
+        await _write(
+            out,
+            b"data: "
+            + _json_encode(
+                {"error": {"message": f"engine failed mid-stream: {exc}", "type": "engine_error", "code": 502}}
+            )
+            + b"\n\n",
+        )
         await out.write_eof()
         return out
     lease.release("completed")
     gw.stats["completed"] += 1
     if collector is not None:
-        return web.json_response(collector.response(), dumps=lambda o: _json_encode(o).decode(),
-                                 headers={"Server-Timing": marks.header()})
+        return web.json_response(
+            collector.response(), dumps=lambda o: _json_encode(o).decode(), headers={"Server-Timing": marks.header()}
+        )
     if out is None:
         out = web.StreamResponse(headers={**SSE_HEADERS, "Server-Timing": marks.header()})
         await out.prepare(request)

@@ -30,8 +30,9 @@ class EngineHealth:
         path: health path appended to each worker URL.
     """
 
-    def __init__(self, session: aiohttp.ClientSession, interval_s: float = 2.0, timeout_s: float = 1.0,
-                 path: str = "/health") -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, interval_s: float = 2.0, timeout_s: float = 1.0, path: str = "/health"
+    ) -> None:
         self.session = session
         self.interval_s = interval_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -76,14 +77,13 @@ class EngineHealth:
                 log.warning("engine health check failed worker=%d url=%s", wid, url)
             if not ok:
                 for silence in list(self.waiting.get(wid, ())):
-                    silence.abort(EngineUnhealthy(f"worker {wid} failed its health check ({url}) before it "
-                                                  "answered"))
+                    silence.abort(EngineUnhealthy(f"worker {wid} failed its health check ({url}) before it answered"))
 
     async def _check(self, url: str) -> bool:
         try:
             async with self.session.get(url.rstrip("/") + self.path, timeout=self.timeout) as resp:
                 return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
     async def _run(self) -> None:

@@ -23,8 +23,9 @@ def _text_header(request: web.Request, name: str) -> str | None:
         try:
             checked_utf8(name, v)
         except ValueError:
-            raise oa.HttpError(400, f"header {name} is not valid UTF-8 text", code="invalid_header",
-                               param=name) from None
+            raise oa.HttpError(
+                400, f"header {name} is not valid UTF-8 text", code="invalid_header", param=name
+            ) from None
     return v
 
 
@@ -58,20 +59,29 @@ def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
     session = _text_header(request, oa.H_SESSION)
     if session is None and isinstance(p.body.get("user"), str):  # JSON text: valid UTF-8 (msgspec checks)
         session = p.body["user"]
-    hints = {"policy_class": _text_header(request, oa.H_CLASS) or "", "priority": prio,
-             "strict_priority": _int_header(request, oa.H_STRICT) or 0,
-             "session_id": session[:MAX_NAME_CHARS] if session else None, "expected_osl": p.max_tokens,
-             "deadline_ms": _int_header(request, oa.H_DEADLINE),
-             "do_not_queue": h.get(oa.H_DO_NOT_QUEUE, "").lower() in ("1", "true", "yes")}
+    hints = {
+        "policy_class": _text_header(request, oa.H_CLASS) or "",
+        "priority": prio,
+        "strict_priority": _int_header(request, oa.H_STRICT) or 0,
+        "session_id": session[:MAX_NAME_CHARS] if session else None,
+        "expected_osl": p.max_tokens,
+        "deadline_ms": _int_header(request, oa.H_DEADLINE),
+        "do_not_queue": h.get(oa.H_DO_NOT_QUEUE, "").lower() in ("1", "true", "yes"),
+    }
     if len(hints["policy_class"]) > MAX_NAME_CHARS:
         raise oa.HttpError(400, f"header {oa.H_CLASS} longer than {MAX_NAME_CHARS} characters", code="invalid_header")
     if not -(2**31) <= prio < 2**31:  # named where it came from: the body's field or the header
-        raise (oa.HttpError(400, "'priority' is out of the 32-bit range", code="invalid_request", param="priority")
-               if prio_from_body else oa.HttpError(400, f"header {oa.H_PRIORITY} is out of the 32-bit range",
-                                                   code="invalid_header", param=oa.H_PRIORITY))
+        raise (
+            oa.HttpError(400, "'priority' is out of the 32-bit range", code="invalid_request", param="priority")
+            if prio_from_body
+            else oa.HttpError(
+                400, f"header {oa.H_PRIORITY} is out of the 32-bit range", code="invalid_header", param=oa.H_PRIORITY
+            )
+        )
     if not -(2**31) <= hints["strict_priority"] < 2**31:
-        raise oa.HttpError(400, f"header {oa.H_STRICT} is out of the 32-bit range", code="invalid_header",
-                           param=oa.H_STRICT)
+        raise oa.HttpError(
+            400, f"header {oa.H_STRICT} is out of the 32-bit range", code="invalid_header", param=oa.H_STRICT
+        )
     if hints["deadline_ms"] is not None and not (0 <= hints["deadline_ms"] <= 86_400_000):
         raise oa.HttpError(400, f"header {oa.H_DEADLINE} must be in [0, 86400000]", code="invalid_header")
     return hints

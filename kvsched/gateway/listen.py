@@ -36,8 +36,9 @@ def host_arg(text: str) -> str:
     """`--host`: an address or name; an IPv6 literal may come in brackets as in URLs ("[::1]" -> "::1").
     An empty value is refused (argparse then says so and exits 2) rather than silently ignored."""
     if not text:
-        raise argparse.ArgumentTypeError("empty; give an address or name, e.g. 127.0.0.1, or 0.0.0.0 / :: for "
-                                         "every interface")
+        raise argparse.ArgumentTypeError(
+            "empty; give an address or name, e.g. 127.0.0.1, or 0.0.0.0 / :: for every interface"
+        )
     if text.startswith("[") or text.endswith("]"):
         inner = text[1:-1] if text.startswith("[") and text.endswith("]") else ""
         try:
@@ -90,10 +91,14 @@ def port_error(host: str, port: int, exc: Exception) -> Exception:
     """The exception to raise for a failed bind of `host:port`: PortInUse for EADDRINUSE, else ConfigError."""
     if not isinstance(exc, OSError) or (exc.errno != errno.EADDRINUSE and "address already in use" not in str(exc)):
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return ConfigError(f"[gateway] host / port (or --host / --port): cannot listen on {host_port(host, port)}: "
-                           f"{why}")
-    return PortInUse(errno.EADDRINUSE, f"cannot listen on {host_port(host, port)}: the port is already in use by "
-                     "another process; choose another with --port N (or [gateway] port), or stop that process")
+        return ConfigError(
+            f"[gateway] host / port (or --host / --port): cannot listen on {host_port(host, port)}: {why}"
+        )
+    return PortInUse(
+        errno.EADDRINUSE,
+        f"cannot listen on {host_port(host, port)}: the port is already in use by "
+        "another process; choose another with --port N (or [gateway] port), or stop that process",
+    )
 
 
 def listen_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:

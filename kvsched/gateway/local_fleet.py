@@ -8,7 +8,6 @@ tiny word-level one written by `write_tiny_tokenizer` (nothing is downloaded).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -18,8 +17,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 SPECIAL = ["[UNK]", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 VOCAB_WORDS = 2000  # words w0 .. w1999
 
@@ -106,10 +107,22 @@ class LocalFleet:
     instance: str = ""
 
     @classmethod
-    def start(cls, workdir: str | Path, n_engines: int = 2, n_gateways: int = 1, *, block_size: int = 16,
-              total_kv_blocks: int = 2000, speedup: float = 20.0, selector: str = "kv",
-              kv_events: bool = True, daemon_extra: str = "", gateway_extra: str = "",
-              gateway_port: int = 0, engine_args: tuple[str, ...] = ()) -> "LocalFleet":
+    def start(
+        cls,
+        workdir: str | Path,
+        n_engines: int = 2,
+        n_gateways: int = 1,
+        *,
+        block_size: int = 16,
+        total_kv_blocks: int = 2000,
+        speedup: float = 20.0,
+        selector: str = "kv",
+        kv_events: bool = True,
+        daemon_extra: str = "",
+        gateway_extra: str = "",
+        gateway_port: int = 0,
+        engine_args: tuple[str, ...] = (),
+    ) -> LocalFleet:
         """Start engines, daemon and gateways at once; register each engine (URL, KV-event endpoints)
         with `add_worker` once it listens. Engines bind HTTP port 0 (no race for it); an engine that
         loses its KV-event ports to another process is restarted on new ones."""
@@ -133,8 +146,10 @@ class LocalFleet:
             for g in range(n_gateways):
                 fleet._spawn_gateway(g, tok_dir, endpoint, gateway_extra, gateway_port if g == 0 else 0)
             cfg = fleet.workdir / "daemon.toml"
-            cfg.write_text(f"[daemon]\nblock_size = {block_size}\nliveness_timeout_ms = 3000\n"
-                           f"heartbeat_ms = 500\n\n[selector]\ntype = \"{selector}\"\n{daemon_extra}\n")
+            cfg.write_text(
+                f"[daemon]\nblock_size = {block_size}\nliveness_timeout_ms = 3000\n"
+                f'heartbeat_ms = 500\n\n[selector]\ntype = "{selector}"\n{daemon_extra}\n'
+            )
             fleet.daemon = DaemonProcess.start(cfg, instance=fleet.instance, runtime_dir=run_dir)
             for e in fleet.engines:
                 fleet._engine_ready(e, spawn)
@@ -163,22 +178,53 @@ class LocalFleet:
         from .. import protocol as p
         from ..client import AdminClient
 
-        req = p.AddWorker(worker_id=e.worker_id, total_kv_blocks=total_kv_blocks, max_num_batched_tokens=8192,
-                          url=e.url,
-                          kv_events_endpoint=f"tcp://127.0.0.1:{e.kv_port}" if kv_events else None,
-                          kv_replay_endpoint=f"tcp://127.0.0.1:{e.replay_port}" if kv_events else None)
+        req = p.AddWorker(
+            worker_id=e.worker_id,
+            total_kv_blocks=total_kv_blocks,
+            max_num_batched_tokens=8192,
+            url=e.url,
+            kv_events_endpoint=f"tcp://127.0.0.1:{e.kv_port}" if kv_events else None,
+            kv_replay_endpoint=f"tcp://127.0.0.1:{e.replay_port}" if kv_events else None,
+        )
         with AdminClient(self.daemon.admin_endpoint) as admin:
             reply = admin.call(req)
         if not isinstance(reply, p.OkReply):
             raise RuntimeError(f"add_worker {e.worker_id} failed: {reply}")
 
-    def _spawn_engine(self, e: Engine, tok_dir: Path, block_size: int, total_kv_blocks: int, speedup: float,
-                      kv_events: bool, engine_args: tuple[str, ...]) -> None:
-        argv = [sys.executable, "-m", "kvsched.sim.http_engine", "--worker-id", str(e.worker_id),
-                "--port", str(e.port), "--tokenizer", str(tok_dir), "--model", self.model,
-                "--block-size", str(block_size), "--total-kv-blocks", str(total_kv_blocks),
-                "--speedup", str(speedup), "--ready-file", str(self.workdir / f"engine-{e.worker_id}.port"),
-                "--log-level", "WARNING", *engine_args]
+    def _spawn_engine(
+        self,
+        e: Engine,
+        tok_dir: Path,
+        block_size: int,
+        total_kv_blocks: int,
+        speedup: float,
+        kv_events: bool,
+        engine_args: tuple[str, ...],
+    ) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "kvsched.sim.http_engine",
+            "--worker-id",
+            str(e.worker_id),
+            "--port",
+            str(e.port),
+            "--tokenizer",
+            str(tok_dir),
+            "--model",
+            self.model,
+            "--block-size",
+            str(block_size),
+            "--total-kv-blocks",
+            str(total_kv_blocks),
+            "--speedup",
+            str(speedup),
+            "--ready-file",
+            str(self.workdir / f"engine-{e.worker_id}.port"),
+            "--log-level",
+            "WARNING",
+            *engine_args,
+        ]
         if kv_events:
             argv += ["--kv-events-port", str(e.kv_port), "--kv-replay-port", str(e.replay_port)]
         (self.workdir / f"engine-{e.worker_id}.port").unlink(missing_ok=True)
@@ -204,20 +250,37 @@ class LocalFleet:
         self.gateway_urls.append(f"http://127.0.0.1:{port}")
         return self.gateway_urls[-1]
 
-    def _spawn_gateway(self, g: int, tok_dir: Path, endpoint: str, extra: str, port: int,
-                       source_dir: str | Path | None = None) -> None:
+    def _spawn_gateway(
+        self, g: int, tok_dir: Path, endpoint: str, extra: str, port: int, source_dir: str | Path | None = None
+    ) -> None:
         cfg = self.workdir / f"gateway-{g}.toml"
-        cfg.write_text(f"[gateway]\nport = {port}\ndaemon_endpoint = \"{endpoint}\"\nconnect_timeout_s = 90\n"
-                       f"health_interval_s = 0.5\n{extra}\n\n[[models]]\nname = \"{self.model}\"\n"
-                       f"tokenizer_dir = \"{tok_dir}\"\n")
+        cfg.write_text(
+            f'[gateway]\nport = {port}\ndaemon_endpoint = "{endpoint}"\nconnect_timeout_s = 90\n'
+            f'health_interval_s = 0.5\n{extra}\n\n[[models]]\nname = "{self.model}"\n'
+            f'tokenizer_dir = "{tok_dir}"\n'
+        )
         ready = self.workdir / f"gateway-{g}.port"
         ready.unlink(missing_ok=True)
         log = open(self.workdir / f"gateway-{g}.log", "ab")
         # `python -m` puts the working directory first on sys.path: run from `source_dir` so its
         # kvsched shadows the installed one.
-        proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway", "--config", str(cfg),
-                                 "--ready-file", str(ready), "--log-level", "WARNING"],
-                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=source_dir)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kvsched.gateway",
+                "--config",
+                str(cfg),
+                "--ready-file",
+                str(ready),
+                "--log-level",
+                "WARNING",
+            ],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            cwd=source_dir,
+        )
         log.close()
         self.gateways.append(proc)
 
@@ -251,7 +314,7 @@ class LocalFleet:
                 print(f"kvsched: {exc}; its shared memory is left in /dev/shm", file=sys.stderr)
             self.daemon = None
 
-    def __enter__(self) -> "LocalFleet":
+    def __enter__(self) -> LocalFleet:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -18,9 +18,16 @@ MAX_OUTPUT_TOKENS = MAX_TOKENS  # the daemon's wire bound on expected_osl (proto
 
 # Rejection reason -> HTTP status (OpenAI clients retry 429 and 503 with backoff).
 REJECT_STATUS: dict[str, int] = {
-    "queue_full": 429, "overloaded": 429, "all_overloaded": 429, "do_not_queue": 429, "timeout": 429,
-    "no_endpoints": 503, "shutting_down": 503, "cancelled": 503,
-    "invalid": 400, "pinned_not_allowed": 400,
+    "queue_full": 429,
+    "overloaded": 429,
+    "all_overloaded": 429,
+    "do_not_queue": 429,
+    "timeout": 429,
+    "no_endpoints": 503,
+    "shutting_down": 503,
+    "cancelled": 503,
+    "invalid": 400,
+    "pinned_not_allowed": 400,
     "duplicate_request": 409,
 }
 _NO_RETRY_AFTER = frozenset({"cancelled", "invalid", "pinned_not_allowed", "duplicate_request"})
@@ -37,8 +44,15 @@ H_DO_NOT_QUEUE = "X-Kvsched-Do-Not-Queue"
 class HttpError(Exception):
     """An answer other than 200: status, OpenAI error type, message, optional Retry-After (s)."""
 
-    def __init__(self, status: int, message: str, err_type: str = "invalid_request_error",
-                 code: str | None = None, retry_after_s: int | None = None, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        err_type: str = "invalid_request_error",
+        code: str | None = None,
+        retry_after_s: int | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -59,10 +73,16 @@ def error_for_rejection(exc: RequestRejected) -> HttpError:
     """The daemon refused the request: map its reason through `REJECT_STATUS`."""
     status = REJECT_STATUS.get(exc.reason, 503)
     retry = None if exc.reason in _NO_RETRY_AFTER or status not in (429, 503) else RETRY_AFTER_S
-    err_type = {429: "rate_limit_error", 400: "invalid_request_error", 409: "conflict_error"}.get(status,
-                                                                                                   "service_unavailable")
-    return HttpError(status, f"scheduler rejected the request: {exc.reason}"
-                     + (f" ({exc.detail})" if getattr(exc, "detail", "") else ""), err_type, exc.reason, retry)
+    err_type = {429: "rate_limit_error", 400: "invalid_request_error", 409: "conflict_error"}.get(
+        status, "service_unavailable"
+    )
+    return HttpError(
+        status,
+        f"scheduler rejected the request: {exc.reason}" + (f" ({exc.detail})" if getattr(exc, "detail", "") else ""),
+        err_type,
+        exc.reason,
+        retry,
+    )
 
 
 def error_for_unavailable(exc: DaemonUnavailable) -> HttpError:
@@ -150,10 +170,18 @@ def parse_body(kind: str, body: Any) -> Prompt:
         raise _bad("'priority' must be an integer", "priority")
     for key in ("n", "best_of"):  # one lease books one sequence's KV blocks
         if body.get(key, 1) not in (1, None) or isinstance(body.get(key), bool):
-            raise _bad(f"'{key}' must be 1: the gateway schedules one sequence per request "
-                       "(send n requests instead)", key)
-    p = Prompt(kind, model, body, stream=stream, include_usage=bool(opts.get("include_usage")),
-               continuous_usage=bool(opts.get("continuous_usage_stats")), max_tokens=max_tokens)
+            raise _bad(
+                f"'{key}' must be 1: the gateway schedules one sequence per request (send n requests instead)", key
+            )
+    p = Prompt(
+        kind,
+        model,
+        body,
+        stream=stream,
+        include_usage=bool(opts.get("include_usage")),
+        continuous_usage=bool(opts.get("continuous_usage_stats")),
+        max_tokens=max_tokens,
+    )
     if kind == "chat":
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
@@ -162,8 +190,9 @@ def parse_body(kind: str, body: Any) -> Prompt:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise _bad(f"messages[{i}] must be an object with a string 'role'", "messages")
             if m["role"] not in CHAT_ROLES:
-                raise _bad(f"messages[{i}].role {m['role'][:64]!r} is not one of {', '.join(sorted(CHAT_ROLES))}",
-                           "messages")
+                raise _bad(
+                    f"messages[{i}].role {m['role'][:64]!r} is not one of {', '.join(sorted(CHAT_ROLES))}", "messages"
+                )
             c = m.get("content")
             if c is not None and not isinstance(c, (str, list)):
                 raise _bad(f"messages[{i}].content must be a string or a list of parts", "messages")
@@ -188,8 +217,15 @@ def parse_body(kind: str, body: Any) -> Prompt:
     return p
 
 
-_JSON_TYPES = {str: "a string", int: "a number", float: "a number", bool: "a boolean", list: "an array",
-               dict: "an object", type(None): "null"}
+_JSON_TYPES = {
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    list: "an array",
+    dict: "an object",
+    type(None): "null",
+}
 
 
 def _check_parts(i: int, parts: list) -> None:
@@ -201,12 +237,18 @@ def _check_parts(i: int, parts: list) -> None:
     """
     for j, part in enumerate(parts):
         if not isinstance(part, dict):
-            raise _bad(f"messages[{i}].content[{j}] must be a content part object such as "
-                       f'{{"type": "text", "text": "..."}}, got {_JSON_TYPES.get(type(part), "a value")}', "messages")
+            raise _bad(
+                f"messages[{i}].content[{j}] must be a content part object such as "
+                f'{{"type": "text", "text": "..."}}, got {_JSON_TYPES.get(type(part), "a value")}',
+                "messages",
+            )
         key = TEXT_PARTS.get(part.get("type"))
         if key is not None and not isinstance(part.get(key), str):
-            raise _bad(f"messages[{i}].content[{j}].{key} must be a string, got "
-                       f"{_JSON_TYPES.get(type(part.get(key)), 'a value')}", "messages")
+            raise _bad(
+                f"messages[{i}].content[{j}].{key} must be a string, got "
+                f"{_JSON_TYPES.get(type(part.get(key)), 'a value')}",
+                "messages",
+            )
 
 
 TEXT_PART_SEPARATOR = "\n"  # vLLM joins a message's text parts with a newline (chat_utils, "string" content format)
@@ -222,8 +264,9 @@ def chat_messages(body: dict) -> list[dict]:
     for m in body["messages"]:
         c = m.get("content")
         if isinstance(c, list):
-            c = TEXT_PART_SEPARATOR.join(_part_text(part) for part in c
-                                         if isinstance(part, dict) and part.get("type") in TEXT_PARTS)
+            c = TEXT_PART_SEPARATOR.join(
+                _part_text(part) for part in c if isinstance(part, dict) and part.get("type") in TEXT_PARTS
+            )
         out.append({**m, "content": c if c is not None else ""})
     return out
 
@@ -278,16 +321,35 @@ class Collector:
         first = self.first or {}
         idx = sorted(set(self.parts) | set(self.finish) | set(self.roles)) or [0]
         if self.kind == "chat":
-            choices = [{"index": i, "message": {"role": self.roles.get(i, "assistant"),
-                                                "content": "".join(self.parts.get(i, []))},
-                        "finish_reason": self.finish.get(i), "logprobs": None} for i in idx]
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": self.roles.get(i, "assistant"), "content": "".join(self.parts.get(i, []))},
+                    "finish_reason": self.finish.get(i),
+                    "logprobs": None,
+                }
+                for i in idx
+            ]
             obj = "chat.completion"
         else:
-            choices = [{"index": i, "text": "".join(self.parts.get(i, [])), "finish_reason": self.finish.get(i),
-                        "logprobs": None} for i in idx]
+            choices = [
+                {
+                    "index": i,
+                    "text": "".join(self.parts.get(i, [])),
+                    "finish_reason": self.finish.get(i),
+                    "logprobs": None,
+                }
+                for i in idx
+            ]
             obj = "text_completion"
-        return {"id": first.get("id", ""), "object": obj, "created": first.get("created", 0),
-                "model": first.get("model", ""), "choices": choices, "usage": self.usage}
+        return {
+            "id": first.get("id", ""),
+            "object": obj,
+            "created": first.get("created", 0),
+            "model": first.get("model", ""),
+            "choices": choices,
+            "usage": self.usage,
+        }
 
 
 def chunk_tokens(chunk: dict, kind: str) -> int:

@@ -66,7 +66,7 @@ class Relay:
         chunks: JSON objects seen (payloads that are not objects are dropped, not counted).
     """
 
-    __slots__ = ("kind", "include_usage", "continuous_usage", "output_tokens", "chunks")
+    __slots__ = ("chunks", "continuous_usage", "include_usage", "kind", "output_tokens")
 
     def __init__(self, kind: str, include_usage: bool, continuous_usage: bool) -> None:
         self.kind = kind
@@ -112,10 +112,10 @@ class Relay:
             start = data.find(b'"usage":')
             end = start + 8 + len(raw)
             if data.startswith(raw, start + 8):
-                if data[start - 1:start] == b",":
-                    return data[:start - 1] + data[end:]
-                if data[end:end + 1] == b",":
-                    return data[:start] + data[end + 1:]
+                if data[start - 1 : start] == b",":
+                    return data[: start - 1] + data[end:]
+                if data[end : end + 1] == b",":
+                    return data[:start] + data[end + 1 :]
         return self._general(data, counted=True)  # usage not written compactly: re-encode
 
     def _count(self, choices: list[_Choice] | None) -> int:

@@ -89,8 +89,12 @@ class ModelTokenizer:
         if self.template is None:
             raise TemplateError("this model has no chat template; use /v1/completions")
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)
+            return self.template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
         except TemplateError:
             raise
         except Exception as exc:

@@ -56,7 +56,7 @@ class WorkerLink:
     ready_fd: int
 
     @classmethod
-    def parse(cls, text: str) -> "WorkerLink":
+    def parse(cls, text: str) -> WorkerLink:
         """argparse type of `--worker-of`; raises ValueError for anything but three integers."""
         pid, listen_fd, ready_fd = (int(x) for x in text.split(":"))
         return cls(pid, listen_fd, ready_fd)
@@ -89,6 +89,7 @@ def _die_with_parent(parent_pid: int) -> None:
     if os.getppid() != parent_pid:  # it died before prctl: no signal will come
         raise SystemExit(f"kvsched-gateway worker: supervisor pid {parent_pid} is gone; exiting")
     if not armed:
+
         def watch() -> None:
             while os.getppid() == parent_pid:
                 time.sleep(PARENT_POLL_S)
@@ -98,12 +99,26 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _worker_argv(config: str, host: str, port: int, link: WorkerLink, log_level: str) -> list[str]:
-    return [sys.executable, "-m", "kvsched.gateway", "--config", config, "--host", host, "--port", str(port),
-            "--worker-of", link.arg(), "--log-level", log_level]
+    return [
+        sys.executable,
+        "-m",
+        "kvsched.gateway",
+        "--config",
+        config,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--worker-of",
+        link.arg(),
+        "--log-level",
+        log_level,
+    ]
 
 
-def supervise(config: str, sock: socket.socket, workers: int, ready_file: str | None, log_level: str,
-              start_timeout_s: float) -> int:
+def supervise(
+    config: str, sock: socket.socket, workers: int, ready_file: str | None, log_level: str, start_timeout_s: float
+) -> int:
     """Run `workers` gateway processes on the listening socket `sock` until SIGTERM / SIGINT.
 
     Args:
@@ -133,8 +148,9 @@ def supervise(config: str, sock: socket.socket, workers: int, ready_file: str | 
     link = WorkerLink(os.getpid(), sock.fileno(), ready_w)
     try:
         for _ in range(workers):
-            procs.append(subprocess.Popen(_worker_argv(config, host, port, link, log_level),
-                                          pass_fds=(sock.fileno(), ready_w)))
+            procs.append(
+                subprocess.Popen(_worker_argv(config, host, port, link, log_level), pass_fds=(sock.fileno(), ready_w))
+            )
         os.close(ready_w)
         ready_w = -1
         deadline = time.monotonic() + start_timeout_s
@@ -142,8 +158,9 @@ def supervise(config: str, sock: socket.socket, workers: int, ready_file: str | 
         while stop["sig"] is None:
             for proc in procs:
                 if proc.poll() is not None and stop["sig"] is None:  # not a Ctrl-C the worker saw too
-                    log.error("gateway worker pid=%d exited with status %d; stopping the group", proc.pid,
-                              proc.returncode)
+                    log.error(
+                        "gateway worker pid=%d exited with status %d; stopping the group", proc.pid, proc.returncode
+                    )
                     rc = proc.returncode
                     return 128 - rc if rc < 0 else (rc or 1)
             if not announced:
@@ -153,8 +170,12 @@ def supervise(config: str, sock: socket.socket, workers: int, ready_file: str | 
                     pass
                 if lines.count(b"\n") >= workers:
                     announced = True
-                    log.info("listening on http://%s with %d worker processes pids=%s", host_port(host, port),
-                             workers, ",".join(str(p.pid) for p in procs))
+                    log.info(
+                        "listening on http://%s with %d worker processes pids=%s",
+                        host_port(host, port),
+                        workers,
+                        ",".join(str(p.pid) for p in procs),
+                    )
                     if ready_file:
                         Path(ready_file).write_text(str(port))
                 elif time.monotonic() > deadline:

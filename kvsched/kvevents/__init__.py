@@ -5,12 +5,30 @@ tests and the simulated fleet is `kvsched.sim.kv_publisher`."""
 
 from .apply import KvEventApplier, KvEventCounters, LiveResult
 from .format import (
-    END_SEQ, Cleared, DecodedBatch, KvEventFormatError, Removed, Stored, block_key, decode_batch,
-    normalize_hash, offset_endpoint,
+    END_SEQ,
+    Cleared,
+    DecodedBatch,
+    KvEventFormatError,
+    Removed,
+    Stored,
+    block_key,
+    decode_batch,
+    normalize_hash,
+    offset_endpoint,
 )
 
 __all__ = [
-    "END_SEQ", "Cleared", "DecodedBatch", "KvEventApplier", "KvEventCounters", "KvEventFormatError",
-    "LiveResult", "Removed", "Stored", "block_key", "decode_batch",
-    "normalize_hash", "offset_endpoint",
+    "END_SEQ",
+    "Cleared",
+    "DecodedBatch",
+    "KvEventApplier",
+    "KvEventCounters",
+    "KvEventFormatError",
+    "LiveResult",
+    "Removed",
+    "Stored",
+    "block_key",
+    "decode_batch",
+    "normalize_hash",
+    "offset_endpoint",
 ]

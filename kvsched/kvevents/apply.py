@@ -128,7 +128,7 @@ class RowStream:
         for i, (lo, hi) in enumerate(self.missing):
             if lo <= seq < hi:
                 parts = [r for r in ([lo, seq], [seq + 1, hi]) if r[0] < r[1]]
-                self.missing[i:i + 1] = parts
+                self.missing[i : i + 1] = parts
                 return True
             if seq < lo:
                 break
@@ -148,8 +148,15 @@ class KvEventApplier:
             e.g. `kvsched.shm.kv_index.KvIndexSegment`.
     """
 
-    def __init__(self, device: OverlapIndex, offload: OverlapIndex | None = None, *,
-                 replay_on_first: bool = True, max_tombstones: int = 1 << 20, store=None) -> None:
+    def __init__(
+        self,
+        device: OverlapIndex,
+        offload: OverlapIndex | None = None,
+        *,
+        replay_on_first: bool = True,
+        max_tombstones: int = 1 << 20,
+        store=None,
+    ) -> None:
         self.device = device
         self.offload = offload
         self.replay_on_first = replay_on_first
@@ -433,4 +440,3 @@ class KvEventApplier:
         if self.store is not None:
             self.store.last_seq[row] = -1
             self.store.present[row] = 0
-

@@ -44,8 +44,17 @@ GROUP_MIX = GOLDEN  # 2**64 / golden ratio
 MEDIUM_GPU = "GPU"
 
 STORED_FIELDS = (
-    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
-    "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
 )
 REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 CLEARED_FIELDS: tuple[str, ...] = ()
@@ -217,8 +226,9 @@ def _decode(tag: str | None, f: dict[str, Any]) -> tuple[Event | None, str]:
             ), "ok"
         if tag == "BlockRemoved":
             group = _opt_int(f.get("group_idx"), "group_idx") or 0
-            return Removed(keys=_keys(f.get("block_hashes"), group),
-                           medium=_opt_str(f.get("medium"), "medium"), group_idx=group), "ok"
+            return Removed(
+                keys=_keys(f.get("block_hashes"), group), medium=_opt_str(f.get("medium"), "medium"), group_idx=group
+            ), "ok"
         if tag == "AllBlocksCleared":
             return Cleared(), "ok"
     except (TypeError, ValueError, OverflowError):

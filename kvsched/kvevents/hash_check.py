@@ -58,8 +58,13 @@ class HashCheck:
         found in this batch, if any."""
         found = None
         for ev in batch.events:
-            if not (isinstance(ev, Stored) and ev.parent_key is None and ev.group_idx == 0
-                    and ev.token_ids and ev.block_size):
+            if not (
+                isinstance(ev, Stored)
+                and ev.parent_key is None
+                and ev.group_idx == 0
+                and ev.token_ids
+                and ev.block_size
+            ):
                 continue
             if now_us < self._next_us.get(row, 0):
                 return found
@@ -67,8 +72,9 @@ class HashCheck:
             if self.block_size is not None and ev.block_size != self.block_size:
                 self.checked += 1
                 self.mismatches += 1
-                found = self.bad_rows[row] = Mismatch(row, int(ev.keys[0]) if len(ev.keys) else 0, -1,
-                                                      ev.block_size, now_us)
+                found = self.bad_rows[row] = Mismatch(
+                    row, int(ev.keys[0]) if len(ev.keys) else 0, -1, ev.block_size, now_us
+                )
                 continue
             got = self.check_event(ev)
             if got is None:
@@ -91,8 +97,9 @@ class HashCheck:
             return None
         extra = ev.extra_keys[:n] if ev.extra_keys is not None and len(ev.extra_keys) >= n else None
         try:
-            mine = block_hashes(np.asarray(ev.token_ids[:n * bs]), bs, mode="vllm", hash_seed=self.hash_seed,
-                                extra_keys=extra)
+            mine = block_hashes(
+                np.asarray(ev.token_ids[: n * bs]), bs, mode="vllm", hash_seed=self.hash_seed, extra_keys=extra
+            )
         except (TypeError, ValueError, OverflowError):
             return None
         theirs = ev.keys[:n]

@@ -34,7 +34,7 @@ class StreamHealth:
     gap_since_s: float | None = None  # some seq unfilled since (s); None = nothing unfilled
 
     @classmethod
-    def subscribed(cls, stale_after_s: float, now_s: float) -> "StreamHealth":
+    def subscribed(cls, stale_after_s: float, now_s: float) -> StreamHealth:
         """A row whose SUB socket was just connected: no handshake yet, nothing unfilled.
 
         Raises:
@@ -64,5 +64,6 @@ class StreamHealth:
 
     def stale(self, now_s: float) -> bool:
         """True once the row has been disconnected, or had a gap unfilled, for `stale_after_s`."""
-        return any(since is not None and now_s - since >= self.stale_after_s
-                   for since in (self.down_since_s, self.gap_since_s))
+        return any(
+            since is not None and now_s - since >= self.stale_after_s for since in (self.down_since_s, self.gap_since_s)
+        )

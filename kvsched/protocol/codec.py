@@ -14,8 +14,20 @@ from msgspec import Meta
 
 from .admin_frames import AdminReply, AdminRequest
 from .batching import Batch, Replies
-from .frames import (Admitted, Enqueue, Error, Heartbeat, HeartbeatAck, Hello, Reattach, Reattached, Rejected, Release,
-                     Update, Welcome)
+from .frames import (
+    Admitted,
+    Enqueue,
+    Error,
+    Heartbeat,
+    HeartbeatAck,
+    Hello,
+    Reattach,
+    Reattached,
+    Rejected,
+    Release,
+    Update,
+    Welcome,
+)
 from .limits import RequestId
 from .walk import array_elements
 
@@ -89,7 +101,7 @@ def peek_admin_tag(raw: bytes) -> bool:
     answers `ADMIN_ON_DATA_SOCKET` rather than a generic decode error). Never raises."""
     try:
         return _TAG_PEEK.decode(raw).t in _ADMIN_TAGS
-    except Exception:  # noqa: BLE001 - any failure means "not an admin frame"
+    except Exception:
         return False
 
 
@@ -101,7 +113,7 @@ def peek_request_id(raw: bytes) -> str | None:
         peek = _ID_PEEK.decode(raw)
     except RecursionError:  # a later element nested past msgspec's depth limit: walk to the first two
         return _walked_request_id(raw)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     return peek.request_id if peek.t in _ID_TAGS else None
 
@@ -115,11 +127,11 @@ def _walked_request_id(raw: bytes) -> str | None:
     try:
         head = array_elements(raw, first=2, budget=[2])  # tag and id: one value each
         return _RID.decode(head[1]) if len(head) == 2 and _TAG.decode(head[0]) in _ID_TAGS else None
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
-def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several shapes on purpose
+def hashes_to_bytes(block_hashes) -> bytes:
     """Encode block hashes as little-endian u64 bytes (the wire form).
 
     Args:
@@ -142,15 +154,19 @@ def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several sh
         return raw
     if isinstance(block_hashes, np.ndarray):
         if block_hashes.dtype.kind not in "iu":
-            raise TypeError(f"block_hashes must be an integer array, not {block_hashes.dtype} (a float or bool "
-                            f"array would be truncated into other hashes)")
+            raise TypeError(
+                f"block_hashes must be an integer array, not {block_hashes.dtype} (a float or bool "
+                f"array would be truncated into other hashes)"
+            )
         if block_hashes.ndim != 1:
             raise ValueError(f"block_hashes must be a 1-D array, not shape {block_hashes.shape}")
         # a signed array is taken mod 2**64, as KV events' i64 hashes are (docs/KV_EVENTS.md)
         return np.ascontiguousarray(block_hashes).astype("<u8", copy=False).tobytes()
     if not hasattr(block_hashes, "__iter__"):
-        raise TypeError(f"block_hashes must be bytes, a sequence of ints or a numpy integer array, "
-                        f"not {type(block_hashes).__name__}")
+        raise TypeError(
+            f"block_hashes must be bytes, a sequence of ints or a numpy integer array, "
+            f"not {type(block_hashes).__name__}"
+        )
     try:
         return np.fromiter(map(operator.index, block_hashes), dtype="<u8").tobytes()  # ints, numpy ints
     except OverflowError as exc:
@@ -161,7 +177,7 @@ def hashes_to_bytes(block_hashes) -> bytes:  # noqa: ANN001 - accepts several sh
         raise TypeError(f"block_hashes elements must be integers, {what}") from None
 
 
-def hashes_from_bytes(raw: bytes):  # noqa: ANN201
+def hashes_from_bytes(raw: bytes):
     """Decode wire block hashes: returns uint64[n] (a read-only view on `raw`)."""
     import numpy as np
 

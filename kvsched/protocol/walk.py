@@ -16,11 +16,38 @@ import msgspec
 _STR = msgspec.msgpack.Decoder(str)
 
 # Fixed sizes: first byte -> bytes of the whole value (scalars, fixext).
-_FIXED = {0xC0: 1, 0xC2: 1, 0xC3: 1, 0xCA: 5, 0xCB: 9, 0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9, 0xD0: 2, 0xD1: 3,
-          0xD2: 5, 0xD3: 9, 0xD4: 3, 0xD5: 4, 0xD6: 6, 0xD7: 10, 0xD8: 18}
+_FIXED = {
+    0xC0: 1,
+    0xC2: 1,
+    0xC3: 1,
+    0xCA: 5,
+    0xCB: 9,
+    0xCC: 2,
+    0xCD: 3,
+    0xCE: 5,
+    0xCF: 9,
+    0xD0: 2,
+    0xD1: 3,
+    0xD2: 5,
+    0xD3: 9,
+    0xD4: 3,
+    0xD5: 4,
+    0xD6: 6,
+    0xD7: 10,
+    0xD8: 18,
+}
 # Length-prefixed payloads: first byte -> (length bytes, extra bytes after the length: ext's type).
-_SIZED = {0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0), 0xD9: (1, 0), 0xDA: (2, 0), 0xDB: (4, 0),
-          0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1)}
+_SIZED = {
+    0xC4: (1, 0),
+    0xC5: (2, 0),
+    0xC6: (4, 0),
+    0xD9: (1, 0),
+    0xDA: (2, 0),
+    0xDB: (4, 0),
+    0xC7: (1, 1),
+    0xC8: (2, 1),
+    0xC9: (4, 1),
+}
 # Containers: first byte -> (count bytes, values per count: 1 array, 2 map).
 _CONTAINERS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
 
@@ -63,10 +90,10 @@ def skip(raw: bytes | memoryview, pos: int, budget: list[int] | None = None) -> 
             pos += _FIXED[c]
         elif c in _SIZED:
             width, extra = _SIZED[c]
-            pos += 1 + width + extra + int.from_bytes(raw[pos + 1:pos + 1 + width], "big")
+            pos += 1 + width + extra + int.from_bytes(raw[pos + 1 : pos + 1 + width], "big")
         elif c in _CONTAINERS:
             width, per = _CONTAINERS[c]
-            pending += per * int.from_bytes(raw[pos + 1:pos + 1 + width], "big")
+            pending += per * int.from_bytes(raw[pos + 1 : pos + 1 + width], "big")
             pos += 1 + width
         else:
             raise ValueError("reserved MessagePack byte 0xc1")
@@ -77,8 +104,9 @@ def skip(raw: bytes | memoryview, pos: int, budget: list[int] | None = None) -> 
     return pos
 
 
-def array_elements(raw: bytes | memoryview, first: int | None = None,
-                   budget: list[int] | None = None) -> list[memoryview]:
+def array_elements(
+    raw: bytes | memoryview, first: int | None = None, budget: list[int] | None = None
+) -> list[memoryview]:
     """The encoded elements of the MessagePack array `raw` (at most the `first` ones), as views;
     `budget` as for `skip`.
 
@@ -91,7 +119,7 @@ def array_elements(raw: bytes | memoryview, first: int | None = None,
         count, pos = c & 0x0F, 1
     elif c in (0xDC, 0xDD):
         width = 2 if c == 0xDC else 4
-        count, pos = int.from_bytes(view[1:1 + width], "big"), 1 + width
+        count, pos = int.from_bytes(view[1 : 1 + width], "big"), 1 + width
     else:
         raise ValueError("not a MessagePack array")
     out = []

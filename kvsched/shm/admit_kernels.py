@@ -40,10 +40,26 @@ from .select_kernels import count_busy, credit_rows, kv_cost_terms
 _U32_MAX = 0xFFFF_FFFF
 
 # `admit_kv`'s float parameters, in the order of its `params` array (`pack_kv_params` fills it).
-ADMIT_PARAMS = ("prefill_load_scale", "overlap_credit", "inv_bs", "prefill_weight", "active_blocks_weight",
-                "recent_weight", "lead_bonus", "lead_cap_blocks", "lead_release_steps", "lead_release_recent_ratio",
-                "lead_release_requests_ratio", "lead_max_wait_steps", "lead_max_wait_per_lead", "interference_weight",
-                "interference_cap_prompts", "busy_threshold", "busy_threshold_frac", "busy_worker_ratio")
+ADMIT_PARAMS = (
+    "prefill_load_scale",
+    "overlap_credit",
+    "inv_bs",
+    "prefill_weight",
+    "active_blocks_weight",
+    "recent_weight",
+    "lead_bonus",
+    "lead_cap_blocks",
+    "lead_release_steps",
+    "lead_release_recent_ratio",
+    "lead_release_requests_ratio",
+    "lead_max_wait_steps",
+    "lead_max_wait_per_lead",
+    "interference_weight",
+    "interference_cap_prompts",
+    "busy_threshold",
+    "busy_threshold_frac",
+    "busy_worker_ratio",
+)
 P = {name: i for i, name in enumerate(ADMIT_PARAMS)}
 
 # `admit_kv`'s int64 `out` array: what the caller reads back.
@@ -68,11 +84,43 @@ def _make_reserve_slot(digest: str):
     """Build `reserve_slot` with `digest` as a closure variable (module docstring)."""
 
     @njit(cache=True, nogil=True)
-    def reserve_slot(slot, row, isl_tokens, hashes, cached_tokens, expected_osl, class_idx, enqueue_us, now_us, owner_pid,
-                     block_size, stride, w_generation, w_active_blocks, w_active_prefill, w_active_requests, ref_keys,
-                     ref_counts, arena, s_state, s_generation, s_worker_row, s_worker_generation, s_isl, s_cached, s_prefill,
-                     s_expected_osl, s_output_tokens, s_extra_blocks, s_class, s_enqueue_us, s_admit_us, s_arena_off,
-                     s_arena_len, s_owner_pid):
+    def reserve_slot(
+        slot,
+        row,
+        isl_tokens,
+        hashes,
+        cached_tokens,
+        expected_osl,
+        class_idx,
+        enqueue_us,
+        now_us,
+        owner_pid,
+        block_size,
+        stride,
+        w_generation,
+        w_active_blocks,
+        w_active_prefill,
+        w_active_requests,
+        ref_keys,
+        ref_counts,
+        arena,
+        s_state,
+        s_generation,
+        s_worker_row,
+        s_worker_generation,
+        s_isl,
+        s_cached,
+        s_prefill,
+        s_expected_osl,
+        s_output_tokens,
+        s_extra_blocks,
+        s_class,
+        s_enqueue_us,
+        s_admit_us,
+        s_arena_off,
+        s_arena_len,
+        s_owner_pid,
+    ):
         """Book one request in free `slot` on worker `row`: the array half of `Ledger.reserve`.
 
         Stores the first min(len(hashes), stride, ceil(isl/B)) hashes in the slot's arena range, adds
@@ -100,7 +148,7 @@ def _make_reserve_slot(digest: str):
         off = slot * stride
         for k in range(nh):
             arena[off + k] = hashes[k]
-        became = ref_add(ref_keys[row], ref_counts[row], arena[off:off + nh])
+        became = ref_add(ref_keys[row], ref_counts[row], arena[off : off + nh])
         cached = max(0, min(cached_tokens, isl_tokens))
         extra = request_blocks - nh
         s_worker_row[slot] = row
@@ -131,10 +179,42 @@ def _make_credited_depth(digest: str):
     """Build `credited_depth` with `digest` as a closure variable (module docstring)."""
 
     @njit(cache=True, nogil=True)
-    def credited_depth(hashes, now_us, has_offload, offload_credit, stale_flag, a_keys, a_used, a_perm, a_ttlm, a_ttl_exp,
-                       d_keys, d_used, d_perm, d_ttlm, d_ttl_exp, o_keys, o_used, o_perm, o_ttlm, o_ttl_exp, s_keys, s_used,
-                       s_perm, s_ttlm, s_ttl_exp, scratch, approx_depth, dev_depth, off_depth, spec_depth, event_fed, w_flags,
-                       spec_raw, out):
+    def credited_depth(
+        hashes,
+        now_us,
+        has_offload,
+        offload_credit,
+        stale_flag,
+        a_keys,
+        a_used,
+        a_perm,
+        a_ttlm,
+        a_ttl_exp,
+        d_keys,
+        d_used,
+        d_perm,
+        d_ttlm,
+        d_ttl_exp,
+        o_keys,
+        o_used,
+        o_perm,
+        o_ttlm,
+        o_ttl_exp,
+        s_keys,
+        s_used,
+        s_perm,
+        s_ttlm,
+        s_ttl_exp,
+        scratch,
+        approx_depth,
+        dev_depth,
+        off_depth,
+        spec_depth,
+        event_fed,
+        w_flags,
+        spec_raw,
+        out,
+    ):
         """`OverlapView.depth` with event-fed rows in one call: the prefix depth in the approximate,
         device, offload (if `has_offload`) and speculative indexes (`overlap_depth` each), then the
         credited overlap per row (`credit_rows`).
@@ -158,8 +238,19 @@ def _make_credited_depth(digest: str):
         if has_offload != 0:
             overlap_depth(o_keys, o_used, o_perm, o_ttlm, o_ttl_exp, hashes, now_us, scratch, off_depth)
         overlap_depth(s_keys, s_used, s_perm, s_ttlm, s_ttl_exp, hashes, now_us, scratch, spec_depth)
-        credit_rows(approx_depth, dev_depth, off_depth, spec_depth, event_fed, w_flags, stale_flag, offload_credit,
-                    has_offload != 0, spec_raw, out)
+        credit_rows(
+            approx_depth,
+            dev_depth,
+            off_depth,
+            spec_depth,
+            event_fed,
+            w_flags,
+            stale_flag,
+            offload_credit,
+            has_offload != 0,
+            spec_raw,
+            out,
+        )
 
     return credited_depth
 
@@ -168,13 +259,65 @@ def _make_admit_kv(digest: str):
     """Build `admit_kv` with `digest` as a closure variable (module docstring)."""
 
     @njit(cache=True, nogil=True)
-    def admit_kv(hashes, isl_tokens, now_us, slot, expected_osl, class_idx, enqueue_us, owner_pid, expiry_us, decay,
-                 decay_recent, depth_given, ring_i, params, block_size, stride, eligible, placeable, ov_keys, ov_used,
-                 ov_perm, ov_ttlm, ov_ttl_exp, ov_scratch, depth, w_generation, w_active_blocks, w_active_prefill,
-                 w_active_requests, w_max_batched, ref_keys, ref_counts, arena, s_state, s_generation, s_worker_row,
-                 s_worker_generation, s_isl, s_cached, s_prefill, s_expected_osl, s_output_tokens, s_extra_blocks,
-                 s_class, s_enqueue_us, s_admit_us, s_arena_off, s_arena_len, s_owner_pid, recent, scratch,
-                 ring_elig, ring_depth, ring_blocks, ring_prefill, ring_terms, out):
+    def admit_kv(
+        hashes,
+        isl_tokens,
+        now_us,
+        slot,
+        expected_osl,
+        class_idx,
+        enqueue_us,
+        owner_pid,
+        expiry_us,
+        decay,
+        decay_recent,
+        depth_given,
+        ring_i,
+        params,
+        block_size,
+        stride,
+        eligible,
+        placeable,
+        ov_keys,
+        ov_used,
+        ov_perm,
+        ov_ttlm,
+        ov_ttl_exp,
+        ov_scratch,
+        depth,
+        w_generation,
+        w_active_blocks,
+        w_active_prefill,
+        w_active_requests,
+        w_max_batched,
+        ref_keys,
+        ref_counts,
+        arena,
+        s_state,
+        s_generation,
+        s_worker_row,
+        s_worker_generation,
+        s_isl,
+        s_cached,
+        s_prefill,
+        s_expected_osl,
+        s_output_tokens,
+        s_extra_blocks,
+        s_class,
+        s_enqueue_us,
+        s_admit_us,
+        s_arena_off,
+        s_arena_len,
+        s_owner_pid,
+        recent,
+        scratch,
+        ring_elig,
+        ring_depth,
+        ring_blocks,
+        ring_prefill,
+        ring_terms,
+        out,
+    ):
         """One immediate admission with the `kv` selector (module docstring), or a negative status.
 
         Args:
@@ -237,12 +380,51 @@ def _make_admit_kv(digest: str):
         prefill = ring_prefill[ring_i]
         terms = ring_terms[ring_i]
         total = scratch[2]
-        project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_counts, hashes, isl_tokens,
-                         block_size, depth, params[0], params[1], blocks, prefill, scratch[3])
-        i = kv_cost_terms(prefill, blocks, w_active_prefill, w_max_batched, eligible, depth, recent, decay,
-                          w_active_requests, isl_tokens, params[2], params[3], params[4], params[5], params[6],
-                          params[7], params[8], params[9], params[10], params[11], params[12], params[13], params[14],
-                          scratch, terms, total, out[0:2])
+        project_and_cost(
+            w_active_blocks,
+            w_active_prefill,
+            eligible,
+            ref_keys,
+            ref_counts,
+            hashes,
+            isl_tokens,
+            block_size,
+            depth,
+            params[0],
+            params[1],
+            blocks,
+            prefill,
+            scratch[3],
+        )
+        i = kv_cost_terms(
+            prefill,
+            blocks,
+            w_active_prefill,
+            w_max_batched,
+            eligible,
+            depth,
+            recent,
+            decay,
+            w_active_requests,
+            isl_tokens,
+            params[2],
+            params[3],
+            params[4],
+            params[5],
+            params[6],
+            params[7],
+            params[8],
+            params[9],
+            params[10],
+            params[11],
+            params[12],
+            params[13],
+            params[14],
+            scratch,
+            terms,
+            total,
+            out[0:2],
+        )
         for w in range(eligible.shape[0]):
             ring_elig[ring_i, w] = eligible[w]
             ring_depth[ring_i, w] = depth[w]
@@ -251,11 +433,43 @@ def _make_admit_kv(digest: str):
         row = i
         ob = np.int64(depth[row])
         cached = min(isl_tokens, ob * block_size)
-        gen = reserve_slot(slot, row, isl_tokens, hashes, cached, expected_osl, class_idx, enqueue_us, now_us, owner_pid,
-                           block_size, stride, w_generation, w_active_blocks, w_active_prefill, w_active_requests,
-                           ref_keys, ref_counts, arena, s_state, s_generation, s_worker_row, s_worker_generation, s_isl,
-                           s_cached, s_prefill, s_expected_osl, s_output_tokens, s_extra_blocks, s_class, s_enqueue_us,
-                           s_admit_us, s_arena_off, s_arena_len, s_owner_pid)
+        gen = reserve_slot(
+            slot,
+            row,
+            isl_tokens,
+            hashes,
+            cached,
+            expected_osl,
+            class_idx,
+            enqueue_us,
+            now_us,
+            owner_pid,
+            block_size,
+            stride,
+            w_generation,
+            w_active_blocks,
+            w_active_prefill,
+            w_active_requests,
+            ref_keys,
+            ref_counts,
+            arena,
+            s_state,
+            s_generation,
+            s_worker_row,
+            s_worker_generation,
+            s_isl,
+            s_cached,
+            s_prefill,
+            s_expected_osl,
+            s_output_tokens,
+            s_extra_blocks,
+            s_class,
+            s_enqueue_us,
+            s_admit_us,
+            s_arena_off,
+            s_arena_len,
+            s_owner_pid,
+        )
         evicted = 0
         if hashes.shape[0] > 0:
             evicted = overlap_insert(ov_keys, ov_used, ov_perm, ov_ttlm, ov_ttl_exp, hashes, row, now_us, expiry_us)
@@ -280,7 +494,7 @@ credited_depth = _make_credited_depth(_DIGEST)
 admit_kv = _make_admit_kv(_DIGEST)
 
 
-def pack_kv_params(selector, selector_cfg, cls) -> np.ndarray:  # noqa: ANN001
+def pack_kv_params(selector, selector_cfg, cls) -> np.ndarray:
     """float64[len(ADMIT_PARAMS)]: `admit_kv`'s `params` for a `KvSelector`, the `[selector]` table
     (prefill_load_scale, overlap_credit, block size via `inv_bs` set by the caller) and a class
     config (busy rule). `inv_bs` is left 0: the caller sets `params[P["inv_bs"]]`."""
@@ -307,19 +521,75 @@ def warm_admit_kernels() -> None:
     ixs = [OverlapIndex(2, 16) for _ in range(4)]
     w = 2
     hashes = np.frombuffer(np.arange(1, 3, dtype=np.uint64).tobytes(), dtype="<u8")
-    ledger = (a.w_generation, a.w_active_blocks, a.w_active_prefill, a.w_active_requests, a.ref_keys, a.ref_counts,
-              a.arena, a.s_state, a.s_generation, a.s_worker_row, a.s_worker_generation, a.s_isl, a.s_cached,
-              a.s_prefill, a.s_expected_osl, a.s_output_tokens, a.s_extra_blocks, a.s_class, a.s_enqueue_us,
-              a.s_admit_us, a.s_arena_off, a.s_arena_len, a.s_owner_pid)
+    ledger = (
+        a.w_generation,
+        a.w_active_blocks,
+        a.w_active_prefill,
+        a.w_active_requests,
+        a.ref_keys,
+        a.ref_counts,
+        a.arena,
+        a.s_state,
+        a.s_generation,
+        a.s_worker_row,
+        a.s_worker_generation,
+        a.s_isl,
+        a.s_cached,
+        a.s_prefill,
+        a.s_expected_osl,
+        a.s_output_tokens,
+        a.s_extra_blocks,
+        a.s_class,
+        a.s_enqueue_us,
+        a.s_admit_us,
+        a.s_arena_off,
+        a.s_arena_len,
+        a.s_owner_pid,
+    )
     ix = ixs[0]
     params = np.zeros(len(ADMIT_PARAMS))
     params[P["busy_threshold"]] = params[P["busy_threshold_frac"]] = -1.0
-    args = (ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp, ix.scratch, np.zeros(w, np.int32),
-            *ledger[:4], a.w_max_batched_tokens, *ledger[4:], np.zeros(w), np.zeros((4, w)),
-            np.zeros((1, w), np.uint8), np.zeros((1, w), np.int32), np.zeros((1, w), np.int64),
-            np.zeros((1, w), np.int64), np.zeros((1, 5, w)), np.zeros(OUT_LEN, np.int64))
-    admit_kv(hashes, 8, 1, 0, -1, 0, 1, 0, 10, 1.0, 1, 0, 0, params, 4, 4, np.zeros(w, np.uint8),
-             np.zeros(w, np.bool_), *args)
+    args = (
+        ix.keys,
+        ix.used,
+        ix.perm,
+        ix.ttlm,
+        ix.ttl_exp,
+        ix.scratch,
+        np.zeros(w, np.int32),
+        *ledger[:4],
+        a.w_max_batched_tokens,
+        *ledger[4:],
+        np.zeros(w),
+        np.zeros((4, w)),
+        np.zeros((1, w), np.uint8),
+        np.zeros((1, w), np.int32),
+        np.zeros((1, w), np.int64),
+        np.zeros((1, w), np.int64),
+        np.zeros((1, 5, w)),
+        np.zeros(OUT_LEN, np.int64),
+    )
+    admit_kv(
+        hashes,
+        8,
+        1,
+        0,
+        -1,
+        0,
+        1,
+        0,
+        10,
+        1.0,
+        1,
+        0,
+        0,
+        params,
+        4,
+        4,
+        np.zeros(w, np.uint8),
+        np.zeros(w, np.bool_),
+        *args,
+    )
     from .admit_packed import admit_kv_packed, credited_depth_packed, pack_admit_arrays, pack_credited_arrays
 
     arrays = (np.zeros(w, np.uint8), np.zeros(w, np.bool_), *args)

@@ -30,8 +30,15 @@ def _sources_digest() -> str:
     """sha256 of the source files the packed kernels compose (module docstring: cache key)."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for name in ("admit_kernels.py", "argtable.py", "kernels.py", "overlap.py", "select_kernels.py", "layout.py",
-                 "mix.py"):
+    for name in (
+        "admit_kernels.py",
+        "argtable.py",
+        "kernels.py",
+        "overlap.py",
+        "select_kernels.py",
+        "layout.py",
+        "mix.py",
+    ):
         h.update((here / name).read_bytes())
     return h.hexdigest()
 
@@ -39,18 +46,48 @@ def _sources_digest() -> str:
 # `admit_kv`'s arguments from `eligible` to `out` (they follow `block_size, stride`), as
 # (name, dtype, ndim): the table `admit_kv_packed` takes instead of them (`pack_admit_arrays`).
 ADMIT_ARRAYS = (
-    ("eligible", np.uint8, 1), ("placeable", np.bool_, 1), ("ov_keys", np.uint64, 1), ("ov_used", np.uint8, 1),
-    ("ov_perm", np.uint64, 2), ("ov_ttlm", np.uint64, 2), ("ov_ttl_exp", np.int64, 1), ("ov_scratch", np.uint64, 1),
-    ("depth", np.int32, 1), ("w_generation", np.uint32, 1), ("w_active_blocks", np.int64, 1),
-    ("w_active_prefill", np.int64, 1), ("w_active_requests", np.int64, 1), ("w_max_batched", np.int64, 1),
-    ("ref_keys", np.uint64, 2), ("ref_counts", np.int32, 2), ("arena", np.uint64, 1), ("s_state", np.uint8, 1),
-    ("s_generation", np.uint32, 1), ("s_worker_row", np.int32, 1), ("s_worker_generation", np.uint32, 1),
-    ("s_isl", np.int64, 1), ("s_cached", np.int64, 1), ("s_prefill", np.int64, 1), ("s_expected_osl", np.int64, 1),
-    ("s_output_tokens", np.int64, 1), ("s_extra_blocks", np.int64, 1), ("s_class", np.int32, 1),
-    ("s_enqueue_us", np.int64, 1), ("s_admit_us", np.int64, 1), ("s_arena_off", np.int64, 1),
-    ("s_arena_len", np.int32, 1), ("s_owner_pid", np.int64, 1), ("recent", np.float64, 1),
-    ("scratch", np.float64, 2), ("ring_elig", np.uint8, 2), ("ring_depth", np.int32, 2), ("ring_blocks", np.int64, 2),
-    ("ring_prefill", np.int64, 2), ("ring_terms", np.float64, 3), ("out", np.int64, 1))
+    ("eligible", np.uint8, 1),
+    ("placeable", np.bool_, 1),
+    ("ov_keys", np.uint64, 1),
+    ("ov_used", np.uint8, 1),
+    ("ov_perm", np.uint64, 2),
+    ("ov_ttlm", np.uint64, 2),
+    ("ov_ttl_exp", np.int64, 1),
+    ("ov_scratch", np.uint64, 1),
+    ("depth", np.int32, 1),
+    ("w_generation", np.uint32, 1),
+    ("w_active_blocks", np.int64, 1),
+    ("w_active_prefill", np.int64, 1),
+    ("w_active_requests", np.int64, 1),
+    ("w_max_batched", np.int64, 1),
+    ("ref_keys", np.uint64, 2),
+    ("ref_counts", np.int32, 2),
+    ("arena", np.uint64, 1),
+    ("s_state", np.uint8, 1),
+    ("s_generation", np.uint32, 1),
+    ("s_worker_row", np.int32, 1),
+    ("s_worker_generation", np.uint32, 1),
+    ("s_isl", np.int64, 1),
+    ("s_cached", np.int64, 1),
+    ("s_prefill", np.int64, 1),
+    ("s_expected_osl", np.int64, 1),
+    ("s_output_tokens", np.int64, 1),
+    ("s_extra_blocks", np.int64, 1),
+    ("s_class", np.int32, 1),
+    ("s_enqueue_us", np.int64, 1),
+    ("s_admit_us", np.int64, 1),
+    ("s_arena_off", np.int64, 1),
+    ("s_arena_len", np.int32, 1),
+    ("s_owner_pid", np.int64, 1),
+    ("recent", np.float64, 1),
+    ("scratch", np.float64, 2),
+    ("ring_elig", np.uint8, 2),
+    ("ring_depth", np.int32, 2),
+    ("ring_blocks", np.int64, 2),
+    ("ring_prefill", np.int64, 2),
+    ("ring_terms", np.float64, 3),
+    ("out", np.int64, 1),
+)
 
 
 def pack_admit_arrays(arrays: tuple) -> np.ndarray:
@@ -64,41 +101,114 @@ def _make_admit_kv_packed(digest: str):
     """Build `admit_kv_packed` with `digest` as a closure variable (module docstring)."""
 
     @njit(cache=True, nogil=True)
-    def admit_kv_packed(hashes, isl_tokens, now_us, slot, expected_osl, class_idx, enqueue_us, owner_pid, expiry_us,
-                        decay, decay_recent, depth_given, ring_i, params, block_size, stride, table):
+    def admit_kv_packed(
+        hashes,
+        isl_tokens,
+        now_us,
+        slot,
+        expected_osl,
+        class_idx,
+        enqueue_us,
+        owner_pid,
+        expiry_us,
+        decay,
+        decay_recent,
+        depth_given,
+        ring_i,
+        params,
+        block_size,
+        stride,
+        table,
+    ):
         """`admit_kv` with its 41 fixed arrays given as one table (`pack_admit_arrays`): the same
         arguments up to `stride`, then `table` int64[4 * 41]. Same result, same writes; the call
         itself costs ~2.5 µs instead of ~13 µs (`shm.argtable`). Returns what `admit_kv` returns."""
         if len(digest) == 0:  # never: `digest` is here for numba's cache key (module docstring)
             return UNDECIDED
         t = table
-        return admit_kv(hashes, isl_tokens, now_us, slot, expected_osl, class_idx, enqueue_us, owner_pid, expiry_us,
-                        decay, decay_recent, depth_given, ring_i, params, block_size, stride,
-                        view1(t, 0, np.uint8), view1(t, 1, np.bool_), view1(t, 2, np.uint64), view1(t, 3, np.uint8),
-                        view2(t, 4, np.uint64), view2(t, 5, np.uint64), view1(t, 6, np.int64), view1(t, 7, np.uint64),
-                        view1(t, 8, np.int32), view1(t, 9, np.uint32), view1(t, 10, np.int64), view1(t, 11, np.int64),
-                        view1(t, 12, np.int64), view1(t, 13, np.int64), view2(t, 14, np.uint64),
-                        view2(t, 15, np.int32), view1(t, 16, np.uint64), view1(t, 17, np.uint8),
-                        view1(t, 18, np.uint32), view1(t, 19, np.int32), view1(t, 20, np.uint32),
-                        view1(t, 21, np.int64), view1(t, 22, np.int64), view1(t, 23, np.int64), view1(t, 24, np.int64),
-                        view1(t, 25, np.int64), view1(t, 26, np.int64), view1(t, 27, np.int32),
-                        view1(t, 28, np.int64), view1(t, 29, np.int64), view1(t, 30, np.int64),
-                        view1(t, 31, np.int32), view1(t, 32, np.int64), view1(t, 33, np.float64),
-                        view2(t, 34, np.float64), view2(t, 35, np.uint8), view2(t, 36, np.int32),
-                        view2(t, 37, np.int64), view2(t, 38, np.int64), view3(t, 39, np.float64),
-                        view1(t, 40, np.int64))
+        return admit_kv(
+            hashes,
+            isl_tokens,
+            now_us,
+            slot,
+            expected_osl,
+            class_idx,
+            enqueue_us,
+            owner_pid,
+            expiry_us,
+            decay,
+            decay_recent,
+            depth_given,
+            ring_i,
+            params,
+            block_size,
+            stride,
+            view1(t, 0, np.uint8),
+            view1(t, 1, np.bool_),
+            view1(t, 2, np.uint64),
+            view1(t, 3, np.uint8),
+            view2(t, 4, np.uint64),
+            view2(t, 5, np.uint64),
+            view1(t, 6, np.int64),
+            view1(t, 7, np.uint64),
+            view1(t, 8, np.int32),
+            view1(t, 9, np.uint32),
+            view1(t, 10, np.int64),
+            view1(t, 11, np.int64),
+            view1(t, 12, np.int64),
+            view1(t, 13, np.int64),
+            view2(t, 14, np.uint64),
+            view2(t, 15, np.int32),
+            view1(t, 16, np.uint64),
+            view1(t, 17, np.uint8),
+            view1(t, 18, np.uint32),
+            view1(t, 19, np.int32),
+            view1(t, 20, np.uint32),
+            view1(t, 21, np.int64),
+            view1(t, 22, np.int64),
+            view1(t, 23, np.int64),
+            view1(t, 24, np.int64),
+            view1(t, 25, np.int64),
+            view1(t, 26, np.int64),
+            view1(t, 27, np.int32),
+            view1(t, 28, np.int64),
+            view1(t, 29, np.int64),
+            view1(t, 30, np.int64),
+            view1(t, 31, np.int32),
+            view1(t, 32, np.int64),
+            view1(t, 33, np.float64),
+            view2(t, 34, np.float64),
+            view2(t, 35, np.uint8),
+            view2(t, 36, np.int32),
+            view2(t, 37, np.int64),
+            view2(t, 38, np.int64),
+            view3(t, 39, np.float64),
+            view1(t, 40, np.int64),
+        )
 
     return admit_kv_packed
 
 
-_INDEX_ARRAYS = (("keys", np.uint64, 1), ("used", np.uint8, 1), ("perm", np.uint64, 2), ("ttlm", np.uint64, 2),
-                 ("ttl_exp", np.int64, 1))
+_INDEX_ARRAYS = (
+    ("keys", np.uint64, 1),
+    ("used", np.uint8, 1),
+    ("perm", np.uint64, 2),
+    ("ttlm", np.uint64, 2),
+    ("ttl_exp", np.int64, 1),
+)
 # `credited_depth`'s arguments from `a_keys` to `out`, as (name, dtype, ndim): the table
 # `credited_depth_packed` takes instead of them (`pack_credited_arrays`).
 CREDITED_ARRAYS = tuple((f"{tier}_{name}", dt, nd) for tier in "ados" for name, dt, nd in _INDEX_ARRAYS) + (
-    ("scratch", np.uint64, 1), ("approx_depth", np.int32, 1), ("dev_depth", np.int32, 1), ("off_depth", np.int32, 1),
-    ("spec_depth", np.int32, 1), ("event_fed", np.uint8, 1), ("w_flags", np.uint8, 1), ("spec_raw", np.int32, 1),
-    ("out", np.int32, 1))
+    ("scratch", np.uint64, 1),
+    ("approx_depth", np.int32, 1),
+    ("dev_depth", np.int32, 1),
+    ("off_depth", np.int32, 1),
+    ("spec_depth", np.int32, 1),
+    ("event_fed", np.uint8, 1),
+    ("w_flags", np.uint8, 1),
+    ("spec_raw", np.int32, 1),
+    ("out", np.int32, 1),
+)
 
 
 def pack_credited_arrays(arrays: tuple) -> np.ndarray:
@@ -119,13 +229,42 @@ def _make_credited_depth_packed(digest: str):
             return
         t = table
         u8, u64, i32, i64 = np.uint8, np.uint64, np.int32, np.int64
-        credited_depth(hashes, now_us, has_offload, offload_credit, stale_flag,
-                       view1(t, 0, u64), view1(t, 1, u8), view2(t, 2, u64), view2(t, 3, u64), view1(t, 4, i64),
-                       view1(t, 5, u64), view1(t, 6, u8), view2(t, 7, u64), view2(t, 8, u64), view1(t, 9, i64),
-                       view1(t, 10, u64), view1(t, 11, u8), view2(t, 12, u64), view2(t, 13, u64), view1(t, 14, i64),
-                       view1(t, 15, u64), view1(t, 16, u8), view2(t, 17, u64), view2(t, 18, u64), view1(t, 19, i64),
-                       view1(t, 20, u64), view1(t, 21, i32), view1(t, 22, i32), view1(t, 23, i32), view1(t, 24, i32),
-                       view1(t, 25, u8), view1(t, 26, u8), view1(t, 27, i32), view1(t, 28, i32))
+        credited_depth(
+            hashes,
+            now_us,
+            has_offload,
+            offload_credit,
+            stale_flag,
+            view1(t, 0, u64),
+            view1(t, 1, u8),
+            view2(t, 2, u64),
+            view2(t, 3, u64),
+            view1(t, 4, i64),
+            view1(t, 5, u64),
+            view1(t, 6, u8),
+            view2(t, 7, u64),
+            view2(t, 8, u64),
+            view1(t, 9, i64),
+            view1(t, 10, u64),
+            view1(t, 11, u8),
+            view2(t, 12, u64),
+            view2(t, 13, u64),
+            view1(t, 14, i64),
+            view1(t, 15, u64),
+            view1(t, 16, u8),
+            view2(t, 17, u64),
+            view2(t, 18, u64),
+            view1(t, 19, i64),
+            view1(t, 20, u64),
+            view1(t, 21, i32),
+            view1(t, 22, i32),
+            view1(t, 23, i32),
+            view1(t, 24, i32),
+            view1(t, 25, u8),
+            view1(t, 26, u8),
+            view1(t, 27, i32),
+            view1(t, 28, i32),
+        )
 
     return credited_depth_packed
 

@@ -32,12 +32,12 @@ ENTRY = 4  # table words per array: address, shape[0], shape[1], shape[2]
 
 
 @intrinsic
-def _pointer(typingctx, addr, dtype):  # noqa: ANN001, ANN202, ARG001 - numba's intrinsic signature
+def _pointer(typingctx, addr, dtype):
     """An int64 address as a typed data pointer (`dtype` a numba number class such as np.int64)."""
     ty = dtype.instance_type if isinstance(dtype, types.NumberClass) else dtype.dtype
     sig = types.CPointer(ty)(types.int64, dtype)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+    def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], context.get_value_type(types.CPointer(ty)))
 
     return sig, codegen
@@ -83,5 +83,5 @@ def pack_table(arrays: tuple, spec: tuple) -> np.ndarray:
         if not (arr.flags.c_contiguous and arr.flags.writeable):
             raise ValueError(f"{name}: must be C-contiguous and writeable")
         table[ENTRY * k] = arr.__array_interface__["data"][0]
-        table[ENTRY * k + 1:ENTRY * k + 1 + ndim] = arr.shape
+        table[ENTRY * k + 1 : ENTRY * k + 1 + ndim] = arr.shape
     return table

@@ -72,7 +72,21 @@ def slot_prefill_done(slot, generation, s_state, s_generation, s_worker_row, s_p
 
 
 @njit(cache=True, nogil=True)
-def slot_output_tokens(slot, generation, n, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+def slot_output_tokens(
+    slot,
+    generation,
+    n,
+    s_state,
+    s_generation,
+    s_worker_row,
+    s_isl,
+    s_prefill,
+    s_output_tokens,
+    s_extra_blocks,
+    w_active_blocks,
+    w_active_prefill,
+    block_size,
+):
     """Output tokens so far of booking (slot, generation) (`Update(progress)`): `kernels.apply_output_tokens`
     behind the liveness check. The count only moves forward; `n` < 0 counts as 0.
 
@@ -82,13 +96,41 @@ def slot_output_tokens(slot, generation, n, s_state, s_generation, s_worker_row,
     row = _live_row(slot, generation, s_state, s_generation, s_worker_row, w_active_blocks.shape[0])
     if row < 0:
         return -1
-    if not apply_output_tokens(slot, max(n, 0), s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+    if not apply_output_tokens(
+        slot,
+        max(n, 0),
+        s_state,
+        s_worker_row,
+        s_isl,
+        s_prefill,
+        s_output_tokens,
+        s_extra_blocks,
+        w_active_blocks,
+        w_active_prefill,
+        block_size,
+    ):
         return -1
     return row
 
 
 @njit(cache=True, nogil=True)
-def release_booking(slot, generation, s_state, s_generation, s_worker_row, s_arena_off, s_arena_len, s_extra_blocks, s_prefill, arena, ref_keys, ref_counts, w_active_blocks, w_active_prefill, w_active_requests):
+def release_booking(
+    slot,
+    generation,
+    s_state,
+    s_generation,
+    s_worker_row,
+    s_arena_off,
+    s_arena_len,
+    s_extra_blocks,
+    s_prefill,
+    arena,
+    ref_keys,
+    ref_counts,
+    w_active_blocks,
+    w_active_prefill,
+    w_active_requests,
+):
     """Free booking (slot, generation) and take its whole load off its worker row, in one call.
 
     Removes the booking's stored hashes from the row's refcount index (`kernels.ref_remove`: a
@@ -110,7 +152,7 @@ def release_booking(slot, generation, s_state, s_generation, s_worker_row, s_are
     if row < 0:
         return -1
     off = s_arena_off[slot]
-    died = ref_remove(ref_keys[row], ref_counts[row], arena[off:off + s_arena_len[slot]])
+    died = ref_remove(ref_keys[row], ref_counts[row], arena[off : off + s_arena_len[slot]])
     w_active_blocks[row] -= died + s_extra_blocks[slot]
     w_active_prefill[row] -= s_prefill[slot]
     w_active_requests[row] -= 1
@@ -131,5 +173,35 @@ def warm_booking_kernels() -> None:
     a = LedgerArrays.private(2, 2, 4, 16, 4)
     slot_dispatched(0, 1, a.s_state, a.s_generation)
     slot_prefill_done(0, 1, a.s_state, a.s_generation, a.s_worker_row, a.s_prefill, a.w_active_prefill)
-    slot_output_tokens(0, 1, 1, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
-    release_booking(0, 1, a.s_state, a.s_generation, a.s_worker_row, a.s_arena_off, a.s_arena_len, a.s_extra_blocks, a.s_prefill, a.arena, a.ref_keys, a.ref_counts, a.w_active_blocks, a.w_active_prefill, a.w_active_requests)
+    slot_output_tokens(
+        0,
+        1,
+        1,
+        a.s_state,
+        a.s_generation,
+        a.s_worker_row,
+        a.s_isl,
+        a.s_prefill,
+        a.s_output_tokens,
+        a.s_extra_blocks,
+        a.w_active_blocks,
+        a.w_active_prefill,
+        4,
+    )
+    release_booking(
+        0,
+        1,
+        a.s_state,
+        a.s_generation,
+        a.s_worker_row,
+        a.s_arena_off,
+        a.s_arena_len,
+        a.s_extra_blocks,
+        a.s_prefill,
+        a.arena,
+        a.ref_keys,
+        a.ref_counts,
+        a.w_active_blocks,
+        a.w_active_prefill,
+        a.w_active_requests,
+    )

@@ -27,10 +27,20 @@ from .kernels import fold_words
 
 # `release_booking`'s arguments after (slot, generation), as (name, dtype, ndim) (`shm.layout` dtypes)
 RELEASE_ARRAYS = (
-    ("s_state", np.uint8, 1), ("s_generation", np.uint32, 1), ("s_worker_row", np.int32, 1),
-    ("s_arena_off", np.int64, 1), ("s_arena_len", np.int32, 1), ("s_extra_blocks", np.int64, 1),
-    ("s_prefill", np.int64, 1), ("arena", np.uint64, 1), ("ref_keys", np.uint64, 2), ("ref_counts", np.int32, 2),
-    ("w_active_blocks", np.int64, 1), ("w_active_prefill", np.int64, 1), ("w_active_requests", np.int64, 1))
+    ("s_state", np.uint8, 1),
+    ("s_generation", np.uint32, 1),
+    ("s_worker_row", np.int32, 1),
+    ("s_arena_off", np.int64, 1),
+    ("s_arena_len", np.int32, 1),
+    ("s_extra_blocks", np.int64, 1),
+    ("s_prefill", np.int64, 1),
+    ("arena", np.uint64, 1),
+    ("ref_keys", np.uint64, 2),
+    ("ref_counts", np.int32, 2),
+    ("w_active_blocks", np.int64, 1),
+    ("w_active_prefill", np.int64, 1),
+    ("w_active_requests", np.int64, 1),
+)
 
 
 def _sources_digest() -> str:
@@ -42,7 +52,7 @@ def _sources_digest() -> str:
     return h.hexdigest()
 
 
-def pack_release_arrays(a) -> np.ndarray:  # noqa: ANN001 - a LedgerArrays
+def pack_release_arrays(a) -> np.ndarray:
     """int64 table of `release_booking`'s 13 arrays of ledger `a` (`RELEASE_ARRAYS` order). The caller
     keeps `a` alive while it uses the table (`shm.argtable`). Raises ValueError for an array of another
     dtype, ndim or layout."""
@@ -59,22 +69,45 @@ def _make_release_booking_packed(digest: str):
         if len(digest) == 0:  # never: `digest` is here for numba's cache key (module docstring)
             return -1
         t = table
-        return release_booking(slot, generation, view1(t, 0, np.uint8), view1(t, 1, np.uint32), view1(t, 2, np.int32),
-                               view1(t, 3, np.int64), view1(t, 4, np.int32), view1(t, 5, np.int64),
-                               view1(t, 6, np.int64), view1(t, 7, np.uint64), view2(t, 8, np.uint64),
-                               view2(t, 9, np.int32), view1(t, 10, np.int64), view1(t, 11, np.int64),
-                               view1(t, 12, np.int64))
+        return release_booking(
+            slot,
+            generation,
+            view1(t, 0, np.uint8),
+            view1(t, 1, np.uint32),
+            view1(t, 2, np.int32),
+            view1(t, 3, np.int64),
+            view1(t, 4, np.int32),
+            view1(t, 5, np.int64),
+            view1(t, 6, np.int64),
+            view1(t, 7, np.uint64),
+            view2(t, 8, np.uint64),
+            view2(t, 9, np.int32),
+            view1(t, 10, np.int64),
+            view1(t, 11, np.int64),
+            view1(t, 12, np.int64),
+        )
 
     return release_booking_packed
 
 
 # `fold_words`'s arrays (every argument but `n_slots` and `block_size`), as (name, dtype, ndim)
 FOLD_ARRAYS = (
-    ("progress", np.uint64, 1), ("state", np.uint64, 1), ("seen_state", np.uint64, 1), ("s_state", np.uint8, 1),
-    ("s_generation", np.uint32, 1), ("s_worker_row", np.int32, 1), ("s_isl", np.int64, 1), ("s_prefill", np.int64, 1),
-    ("s_output_tokens", np.int64, 1), ("s_extra_blocks", np.int64, 1), ("w_active_blocks", np.int64, 1),
-    ("w_active_prefill", np.int64, 1), ("out_dispatched", np.int64, 1), ("out_counts", np.int64, 1),
-    ("out_rows", np.int64, 1))
+    ("progress", np.uint64, 1),
+    ("state", np.uint64, 1),
+    ("seen_state", np.uint64, 1),
+    ("s_state", np.uint8, 1),
+    ("s_generation", np.uint32, 1),
+    ("s_worker_row", np.int32, 1),
+    ("s_isl", np.int64, 1),
+    ("s_prefill", np.int64, 1),
+    ("s_output_tokens", np.int64, 1),
+    ("s_extra_blocks", np.int64, 1),
+    ("w_active_blocks", np.int64, 1),
+    ("w_active_prefill", np.int64, 1),
+    ("out_dispatched", np.int64, 1),
+    ("out_counts", np.int64, 1),
+    ("out_rows", np.int64, 1),
+)
 
 
 def pack_fold_arrays(arrays: tuple) -> np.ndarray:
@@ -94,10 +127,25 @@ def _make_fold_words_packed(digest: str):
             return 0
         t = table
         u64, i64 = np.uint64, np.int64
-        return fold_words(n_slots, view1(t, 0, u64), view1(t, 1, u64), view1(t, 2, u64), view1(t, 3, np.uint8),
-                          view1(t, 4, np.uint32), view1(t, 5, np.int32), view1(t, 6, i64), view1(t, 7, i64),
-                          view1(t, 8, i64), view1(t, 9, i64), view1(t, 10, i64), view1(t, 11, i64), block_size,
-                          view1(t, 12, i64), view1(t, 13, i64), view1(t, 14, i64))
+        return fold_words(
+            n_slots,
+            view1(t, 0, u64),
+            view1(t, 1, u64),
+            view1(t, 2, u64),
+            view1(t, 3, np.uint8),
+            view1(t, 4, np.uint32),
+            view1(t, 5, np.int32),
+            view1(t, 6, i64),
+            view1(t, 7, i64),
+            view1(t, 8, i64),
+            view1(t, 9, i64),
+            view1(t, 10, i64),
+            view1(t, 11, i64),
+            block_size,
+            view1(t, 12, i64),
+            view1(t, 13, i64),
+            view1(t, 14, i64),
+        )
 
     return fold_words_packed
 
@@ -114,7 +162,24 @@ def warm_booking_packed() -> None:
     a = LedgerArrays.private(2, 2, 4, 16, 4)
     release_booking_packed(0, 1, pack_release_arrays(a))
     words = [np.zeros(2, np.uint64) for _ in range(3)]
-    fold_words_packed(2, 4, pack_fold_arrays((*words, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill,
-                                              a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks,
-                                              a.w_active_prefill, np.zeros(2, np.int64), np.zeros(3, np.int64),
-                                              np.zeros(2, np.int64))))
+    fold_words_packed(
+        2,
+        4,
+        pack_fold_arrays(
+            (
+                *words,
+                a.s_state,
+                a.s_generation,
+                a.s_worker_row,
+                a.s_isl,
+                a.s_prefill,
+                a.s_output_tokens,
+                a.s_extra_blocks,
+                a.w_active_blocks,
+                a.w_active_prefill,
+                np.zeros(2, np.int64),
+                np.zeros(3, np.int64),
+                np.zeros(2, np.int64),
+            )
+        ),
+    )

@@ -158,7 +158,22 @@ def ref_live_prefix(keys_row, counts_row, hashes):
 
 
 @njit(cache=True, nogil=True)
-def project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_counts, hashes, isl_tokens, block_size, overlap_blocks, prefill_load_scale, overlap_credit, out_blocks, out_prefill, out_cost):
+def project_and_cost(
+    w_active_blocks,
+    w_active_prefill,
+    eligible,
+    ref_keys,
+    ref_counts,
+    hashes,
+    isl_tokens,
+    block_size,
+    overlap_blocks,
+    prefill_load_scale,
+    overlap_credit,
+    out_blocks,
+    out_prefill,
+    out_cost,
+):
     """Projected load and selection cost of one request on every worker row (one call per decision).
 
     Args:
@@ -209,7 +224,19 @@ def project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_
 
 
 @njit(cache=True, nogil=True)
-def apply_output_tokens(slot, n, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+def apply_output_tokens(
+    slot,
+    n,
+    s_state,
+    s_worker_row,
+    s_isl,
+    s_prefill,
+    s_output_tokens,
+    s_extra_blocks,
+    w_active_blocks,
+    w_active_prefill,
+    block_size,
+):
     """Set one booked slot's output tokens to `n` (>= 0) and adjust its worker's aggregates.
 
     The count only moves forward: `n` <= the current count is ignored (a late or reordered progress
@@ -236,7 +263,19 @@ def apply_output_tokens(slot, n, s_state, s_worker_row, s_isl, s_prefill, s_outp
 
 
 @njit(cache=True, nogil=True)
-def fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+def fold_progress(
+    progress,
+    s_state,
+    s_generation,
+    s_worker_row,
+    s_isl,
+    s_prefill,
+    s_output_tokens,
+    s_extra_blocks,
+    w_active_blocks,
+    w_active_prefill,
+    block_size,
+):
     """Fold progress words (generation << 32 | output tokens) into slots and worker aggregates.
 
     Args:
@@ -255,7 +294,19 @@ def fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefil
         if (word >> _S32) != s_generation[s]:
             continue
         n = np.int64(word & _LOW32)
-        if apply_output_tokens(s, n, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+        if apply_output_tokens(
+            s,
+            n,
+            s_state,
+            s_worker_row,
+            s_isl,
+            s_prefill,
+            s_output_tokens,
+            s_extra_blocks,
+            w_active_blocks,
+            w_active_prefill,
+            block_size,
+        ):
             changed += 1
     return changed
 
@@ -265,7 +316,25 @@ _PREFILL_DONE_FLAG = np.uint64(STATE_PREFILL_DONE)
 
 
 @njit(cache=True, nogil=True)
-def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts, out_rows):
+def fold_words(
+    n_slots,
+    progress,
+    state,
+    seen_state,
+    s_state,
+    s_generation,
+    s_worker_row,
+    s_isl,
+    s_prefill,
+    s_output_tokens,
+    s_extra_blocks,
+    w_active_blocks,
+    w_active_prefill,
+    block_size,
+    out_dispatched,
+    out_counts,
+    out_rows,
+):
     """Fold both words of each slot (state word, then progress word) into the slots and aggregates.
 
     The state word (generation << 32 | flags; bit 0 dispatched, bit 1 prefill_done, which implies
@@ -327,7 +396,19 @@ def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_wo
         pw = progress[s]
         if (pw >> _S32) == gen:
             blocks, prefill = w_active_blocks[row], w_active_prefill[row]
-            if apply_output_tokens(s, np.int64(pw & _LOW32), s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+            if apply_output_tokens(
+                s,
+                np.int64(pw & _LOW32),
+                s_state,
+                s_worker_row,
+                s_isl,
+                s_prefill,
+                s_output_tokens,
+                s_extra_blocks,
+                w_active_blocks,
+                w_active_prefill,
+                block_size,
+            ):
                 changed += 1
                 if w_active_blocks[row] != blocks or w_active_prefill[row] != prefill:
                     out_rows[row] = 1
@@ -340,7 +421,6 @@ def fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_wo
     out_counts[1] = k
     out_counts[2] = n_changed_rows
     return changed
-
 
 
 @njit(cache=True, nogil=True)
@@ -369,6 +449,7 @@ def words_changed(n_slots, progress, state, seen_progress, seen_state):
             return True
     return False
 
+
 def warm_kernels() -> None:
     """Compile (or load from NUMBA_CACHE_DIR) every kernel for the argument types the ledger and
     the overlap index use, on tiny arrays. Called before the daemon says READY."""
@@ -386,12 +467,56 @@ def warm_kernels() -> None:
         elig = np.ones(2, np.uint8)
         ob = np.zeros(2, np.int32)
         ob_, op_, oc_ = np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.float64)
-        project_and_cost(a.w_active_blocks, a.w_active_prefill, elig, a.ref_keys, a.ref_counts, h, 5, 4, ob, 1.0, 1.0, ob_, op_, oc_)
+        project_and_cost(
+            a.w_active_blocks, a.w_active_prefill, elig, a.ref_keys, a.ref_counts, h, 5, 4, ob, 1.0, 1.0, ob_, op_, oc_
+        )
     progress = np.zeros(2, np.uint64)
-    fold_progress(progress, a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
-    fold_words(2, progress, progress.copy(), progress.copy(), a.s_state, a.s_generation, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4, np.zeros(2, np.int64), np.zeros(3, np.int64), np.zeros(2, np.int64))
+    fold_progress(
+        progress,
+        a.s_state,
+        a.s_generation,
+        a.s_worker_row,
+        a.s_isl,
+        a.s_prefill,
+        a.s_output_tokens,
+        a.s_extra_blocks,
+        a.w_active_blocks,
+        a.w_active_prefill,
+        4,
+    )
+    fold_words(
+        2,
+        progress,
+        progress.copy(),
+        progress.copy(),
+        a.s_state,
+        a.s_generation,
+        a.s_worker_row,
+        a.s_isl,
+        a.s_prefill,
+        a.s_output_tokens,
+        a.s_extra_blocks,
+        a.w_active_blocks,
+        a.w_active_prefill,
+        4,
+        np.zeros(2, np.int64),
+        np.zeros(3, np.int64),
+        np.zeros(2, np.int64),
+    )
     words_changed(2, progress, progress.copy(), progress.copy(), progress.copy())
-    apply_output_tokens(0, 0, a.s_state, a.s_worker_row, a.s_isl, a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks, a.w_active_prefill, 4)
+    apply_output_tokens(
+        0,
+        0,
+        a.s_state,
+        a.s_worker_row,
+        a.s_isl,
+        a.s_prefill,
+        a.s_output_tokens,
+        a.s_extra_blocks,
+        a.w_active_blocks,
+        a.w_active_prefill,
+        4,
+    )
     warm_overlap_kernels()
     from .booking_kernels import warm_booking_kernels
     from .select_kernels import warm_select_kernels

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShmLayoutError
-from .segments import SegmentHandle, _create, _untrack, kv_index_name, unlink_segment
 from .overlap import OverlapIndex
+from .segments import SegmentHandle, _create, _untrack, kv_index_name, unlink_segment
 from .space import reserve_pages
 
 log = logging.getLogger(__name__)
@@ -43,11 +43,22 @@ _ALIGN = 64
 K_MAGIC, K_VERSION, K_MAX_WORKERS, K_CAPACITY, K_WORDS, K_NBYTES = 0, 1, 2, 3, 4, 5
 
 # (name, dtype, kind): "W" = max_workers, "C" = capacity, "CW" = (capacity, words), "WM" = (max_workers, META_BYTES)
-_ROW_FIELDS = (("last_seq", np.int64, "W"), ("worker_id", np.uint32, "W"), ("dp_rank", np.uint32, "W"),
-               ("worker_generation", np.uint32, "W"), ("present", np.uint8, "W"), ("meta_len", np.uint32, "W"),
-               ("meta", np.uint8, "WM"))
-_INDEX_FIELDS = (("keys", np.uint64, "C"), ("used", np.uint8, "C"), ("perm", np.uint64, "CW"),
-                 ("ttlm", np.uint64, "CW"), ("ttl_exp", np.int64, "C"))
+_ROW_FIELDS = (
+    ("last_seq", np.int64, "W"),
+    ("worker_id", np.uint32, "W"),
+    ("dp_rank", np.uint32, "W"),
+    ("worker_generation", np.uint32, "W"),
+    ("present", np.uint8, "W"),
+    ("meta_len", np.uint32, "W"),
+    ("meta", np.uint8, "WM"),
+)
+_INDEX_FIELDS = (
+    ("keys", np.uint64, "C"),
+    ("used", np.uint8, "C"),
+    ("perm", np.uint64, "CW"),
+    ("ttlm", np.uint64, "CW"),
+    ("ttl_exp", np.int64, "C"),
+)
 _TIERS = ("device", "offload")
 
 
@@ -91,12 +102,15 @@ class KvIndexSegment:
             raise ShmLayoutError(f"{self.name}: {shm.size} bytes, layout needs {total}")
         buf = shm.buf
         self.header = np.frombuffer(buf, np.uint64, _HEADER_WORDS)
-        arrays = {name: np.frombuffer(buf, dt, int(np.prod(shape)), off).reshape(shape)
-                  for name, (off, dt, shape) in fields.items()}
+        arrays = {
+            name: np.frombuffer(buf, dt, int(np.prod(shape)), off).reshape(shape)
+            for name, (off, dt, shape) in fields.items()
+        }
         for name, _, _ in _ROW_FIELDS:
             setattr(self, name, arrays[name])
         self.device, self.offload = (
-            OverlapIndex.over(max_workers, *(arrays[f"{tier}_{n}"] for n, _, _ in _INDEX_FIELDS)) for tier in _TIERS)
+            OverlapIndex.over(max_workers, *(arrays[f"{tier}_{n}"] for n, _, _ in _INDEX_FIELDS)) for tier in _TIERS
+        )
 
     def close(self) -> None:
         """Drop the views and unmap (the segment itself stays)."""
@@ -110,7 +124,7 @@ class KvIndexSegment:
         if len(record) > META_BYTES:
             raise ValueError(f"runtime worker record of {len(record)} bytes exceeds {META_BYTES}")
         self.meta_len[row] = 0
-        self.meta[row, :len(record)] = np.frombuffer(record, np.uint8)
+        self.meta[row, : len(record)] = np.frombuffer(record, np.uint8)
         self.meta_len[row] = len(record)
 
     def load_meta(self, row: int) -> bytes | None:
@@ -130,8 +144,9 @@ class KvIndexSegment:
         self.present[row] = 0
 
 
-def create_kv_index(instance: str, max_workers: int, capacity: int, *, mode: int = 0o640,
-                    group: int | str | None = None) -> KvIndexSegment:
+def create_kv_index(
+    instance: str, max_workers: int, capacity: int, *, mode: int = 0o640, group: int | str | None = None
+) -> KvIndexSegment:
     """Create the segment (zeroed, every page reserved; all `last_seq` = -1).
 
     Raises:
@@ -165,8 +180,14 @@ def attach_kv_index(instance: str, max_workers: int, capacity: int) -> KvIndexSe
         if shm.size < _HEADER_WORDS * 8:
             raise ShmLayoutError(f"{name}: {shm.size} bytes, too small for the header")
         h = np.frombuffer(shm.buf, np.uint64, _HEADER_WORDS)
-        want = {K_MAGIC: KV_MAGIC, K_VERSION: KV_INDEX_VERSION, K_MAX_WORKERS: max_workers, K_CAPACITY: capacity,
-                K_WORDS: (max_workers + 63) // 64, K_NBYTES: kv_index_nbytes(max_workers, capacity)}
+        want = {
+            K_MAGIC: KV_MAGIC,
+            K_VERSION: KV_INDEX_VERSION,
+            K_MAX_WORKERS: max_workers,
+            K_CAPACITY: capacity,
+            K_WORDS: (max_workers + 63) // 64,
+            K_NBYTES: kv_index_nbytes(max_workers, capacity),
+        }
         bad = {k: int(h[k]) for k, v in want.items() if int(h[k]) != v}
         del h
         if bad:
@@ -183,8 +204,9 @@ def remove_kv_index(instance: str) -> None:
     unlink_segment(kv_index_name(instance))
 
 
-def open_kv_index(instance: str, max_workers: int, capacity: int, *, restore: bool,
-                  group: int | str | None = None) -> tuple[KvIndexSegment, bool]:
+def open_kv_index(
+    instance: str, max_workers: int, capacity: int, *, restore: bool, group: int | str | None = None
+) -> tuple[KvIndexSegment, bool]:
     """The daemon's KV-index segment: re-attached and kept when `restore` (the ledger was re-attached)
     and it validates; otherwise (fresh ledger, missing or invalid segment) created empty.
 
@@ -202,8 +224,9 @@ def open_kv_index(instance: str, max_workers: int, capacity: int, *, restore: bo
     return create_kv_index(instance, max_workers, capacity, group=group), False
 
 
-def reconcile_rows(seg: KvIndexSegment, w_present: np.ndarray, w_worker_id: np.ndarray, w_dp_rank: np.ndarray,
-                   w_generation: np.ndarray) -> list[int]:
+def reconcile_rows(
+    seg: KvIndexSegment, w_present: np.ndarray, w_worker_id: np.ndarray, w_dp_rank: np.ndarray, w_generation: np.ndarray
+) -> list[int]:
     """Check every row's recorded identity against the ledger's worker table; clear rows whose worker
     changed (or left) and record the current identity of every present row.
 
@@ -219,8 +242,11 @@ def reconcile_rows(seg: KvIndexSegment, w_present: np.ndarray, w_worker_id: np.n
     for row in range(seg.max_workers):
         here = bool(w_present[row])
         known = bool(seg.present[row])
-        same = (int(seg.worker_id[row]), int(seg.dp_rank[row]), int(seg.worker_generation[row])) == \
-            (int(w_worker_id[row]), int(w_dp_rank[row]), int(w_generation[row]))
+        same = (int(seg.worker_id[row]), int(seg.dp_rank[row]), int(seg.worker_generation[row])) == (
+            int(w_worker_id[row]),
+            int(w_dp_rank[row]),
+            int(w_generation[row]),
+        )
         if (known and not (here and same)) or (not here and int(seg.last_seq[row]) >= 0):
             seg.clear_row(row)
             cleared.append(row)

@@ -92,7 +92,9 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def _offsets(max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int) -> tuple[dict[str, tuple[int, Any, tuple[int, ...]]], int]:
+def _offsets(
+    max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int
+) -> tuple[dict[str, tuple[int, Any, tuple[int, ...]]], int]:
     """name -> (byte offset, dtype, shape), and the total size in bytes."""
     shapes = {
         "W": (max_workers,),
@@ -110,9 +112,16 @@ def _offsets(max_workers: int, max_slots: int, max_blocks_per_request: int, ref_
     return out, off
 
 
-def check_capacities(max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int, block_size: int) -> None:
+def check_capacities(
+    max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int, block_size: int
+) -> None:
     """Raise ValueError for a capacity below 1 or a `ref_capacity` that is not a power of two >= 2."""
-    for name, v in (("max_workers", max_workers), ("max_slots", max_slots), ("max_blocks_per_request", max_blocks_per_request), ("block_size", block_size)):
+    for name, v in (
+        ("max_workers", max_workers),
+        ("max_slots", max_slots),
+        ("max_blocks_per_request", max_blocks_per_request),
+        ("block_size", block_size),
+    ):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     if ref_capacity < 2 or ref_capacity & (ref_capacity - 1):
@@ -138,7 +147,16 @@ class LedgerArrays:
 
     header: np.ndarray
 
-    def __init__(self, buffer: Any, *, max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int, block_size: int) -> None:
+    def __init__(
+        self,
+        buffer: Any,
+        *,
+        max_workers: int,
+        max_slots: int,
+        max_blocks_per_request: int,
+        ref_capacity: int,
+        block_size: int,
+    ) -> None:
         check_capacities(max_workers, max_slots, max_blocks_per_request, ref_capacity, block_size)
         self.max_workers = max_workers
         self.max_slots = max_slots
@@ -187,25 +205,42 @@ class LedgerArrays:
         return bool(self.header.flags.writeable)
 
     @staticmethod
-    def nbytes(max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int, block_size: int = 1) -> int:
+    def nbytes(
+        max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int, block_size: int = 1
+    ) -> int:
         """Total bytes of the ledger buffer for these capacities (block_size does not matter)."""
         return _offsets(max_workers, max_slots, max_blocks_per_request, ref_capacity)[1]
 
     @classmethod
-    def private(cls, max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int | None = None, block_size: int = 16, epoch: int = 1) -> "LedgerArrays":
+    def private(
+        cls,
+        max_workers: int,
+        max_slots: int,
+        max_blocks_per_request: int,
+        ref_capacity: int | None = None,
+        block_size: int = 16,
+        epoch: int = 1,
+    ) -> LedgerArrays:
         """A ledger over a zeroed, 64-byte-aligned private numpy buffer (tests, the virtual-time simulator)."""
         if ref_capacity is None:
             ref_capacity = default_ref_capacity(max_workers, max_slots, max_blocks_per_request)
         n = cls.nbytes(max_workers, max_slots, max_blocks_per_request, ref_capacity)
         raw = np.zeros(n + _ALIGN, np.uint8)  # zeroed; sliced so the base is 64-byte aligned like a mapping
         start = (-raw.ctypes.data) % _ALIGN
-        buf = raw[start:start + n]
-        arrays = cls(buf, max_workers=max_workers, max_slots=max_slots, max_blocks_per_request=max_blocks_per_request, ref_capacity=ref_capacity, block_size=block_size)
+        buf = raw[start : start + n]
+        arrays = cls(
+            buf,
+            max_workers=max_workers,
+            max_slots=max_slots,
+            max_blocks_per_request=max_blocks_per_request,
+            ref_capacity=ref_capacity,
+            block_size=block_size,
+        )
         arrays.write_header(epoch)
         return arrays
 
     @classmethod
-    def from_header(cls, buffer: Any, expect: dict[str, int] | None = None, what: str = "ledger") -> "LedgerArrays":
+    def from_header(cls, buffer: Any, expect: dict[str, int] | None = None, what: str = "ledger") -> LedgerArrays:
         """Validate the header found in `buffer` and lay views over it.
 
         Raises:
@@ -231,7 +266,9 @@ class LedgerArrays:
                 raise ValueError(f"unknown capacity {key!r}; known: {CAPACITY_KEYS}")
             if want is not None and found[key] != int(want):
                 raise ShmLayoutError(f"{what}: {key}={found[key]} in the segment, expected {want}")
-        need = cls.nbytes(found["max_workers"], found["max_slots"], found["max_blocks_per_request"], found["ref_capacity"])
+        need = cls.nbytes(
+            found["max_workers"], found["max_slots"], found["max_blocks_per_request"], found["ref_capacity"]
+        )
         if int(h[H_NBYTES]) != need or size < need:
             raise ShmLayoutError(f"{what}: size {size} bytes (header says {int(h[H_NBYTES])}), layout needs {need}")
         try:
@@ -247,10 +284,19 @@ def progress_nbytes(max_slots: int) -> int:
 
 # Names whose home is `kvsched.shm.segments`, still importable from here. Resolved on first access
 # (PEP 562) because `segments` imports this module: an eager import would be circular.
-_SEGMENT_NAMES = frozenset((
-    "ledger_name", "ledger_instance", "progress_name", "kv_index_name", "segment_names", "Segments",
-    "create_segments", "attach_segments", "unlink_segments",
-))
+_SEGMENT_NAMES = frozenset(
+    (
+        "ledger_name",
+        "ledger_instance",
+        "progress_name",
+        "kv_index_name",
+        "segment_names",
+        "Segments",
+        "create_segments",
+        "attach_segments",
+        "unlink_segments",
+    )
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -239,8 +239,15 @@ class OverlapIndex:
         self.scratch = np.zeros(self.words, np.uint64)
 
     @classmethod
-    def over(cls, max_workers: int, keys: np.ndarray, used: np.ndarray, perm: np.ndarray, ttlm: np.ndarray,
-             ttl_exp: np.ndarray) -> "OverlapIndex":
+    def over(
+        cls,
+        max_workers: int,
+        keys: np.ndarray,
+        used: np.ndarray,
+        perm: np.ndarray,
+        ttlm: np.ndarray,
+        ttl_exp: np.ndarray,
+    ) -> OverlapIndex:
         """An index over caller-owned arrays (e.g. views of a shared-memory segment), contents kept.
 
         Args:
@@ -252,9 +259,13 @@ class OverlapIndex:
         idx = cls.__new__(cls)
         capacity = keys.shape[0]
         words = (max_workers + 63) // 64
-        want = {"keys": (keys, np.uint64, (capacity,)), "used": (used, np.uint8, (capacity,)),
-                "perm": (perm, np.uint64, (capacity, words)), "ttlm": (ttlm, np.uint64, (capacity, words)),
-                "ttl_exp": (ttl_exp, np.int64, (capacity,))}
+        want = {
+            "keys": (keys, np.uint64, (capacity,)),
+            "used": (used, np.uint8, (capacity,)),
+            "perm": (perm, np.uint64, (capacity, words)),
+            "ttlm": (ttlm, np.uint64, (capacity, words)),
+            "ttl_exp": (ttl_exp, np.int64, (capacity,)),
+        }
         for name, (arr, dt, shape) in want.items():
             if arr.dtype != dt or arr.shape != shape:
                 raise ValueError(f"{name}: {arr.dtype}{arr.shape}, expected {np.dtype(dt)}{shape}")
@@ -291,7 +302,9 @@ class OverlapIndex:
         expiry = INT64_MAX if ttl_us is None else min(int(now_us) + int(ttl_us), INT64_MAX - 1)
         h = np.asarray(hashes, dtype=np.uint64)
         self.version += 1
-        self.evictions += overlap_insert(self.keys, self.used, self.perm, self.ttlm, self.ttl_exp, h, int(row), int(now_us), int(expiry))
+        self.evictions += overlap_insert(
+            self.keys, self.used, self.perm, self.ttlm, self.ttl_exp, h, int(row), int(now_us), int(expiry)
+        )
 
     def remove(self, hashes: np.ndarray, row: int) -> None:
         """Forget that `row` holds `hashes` (KV event BlockRemoved)."""
@@ -307,7 +320,17 @@ class OverlapIndex:
 
     def depth(self, hashes: np.ndarray, now_us: int, out: np.ndarray) -> None:
         """Write into `out` (int32[max_workers]) the prefix depth in blocks of `hashes` on every row."""
-        overlap_depth(self.keys, self.used, self.perm, self.ttlm, self.ttl_exp, np.asarray(hashes, dtype=np.uint64), int(now_us), self.scratch, out)
+        overlap_depth(
+            self.keys,
+            self.used,
+            self.perm,
+            self.ttlm,
+            self.ttl_exp,
+            np.asarray(hashes, dtype=np.uint64),
+            int(now_us),
+            self.scratch,
+            out,
+        )
 
     def __len__(self) -> int:
         """Entries held (including ones whose TTL holders have expired but are not yet reclaimed)."""

@@ -116,7 +116,22 @@ def _py_ref_live_prefix(keys_row, counts_row, hashes) -> int:
     return live
 
 
-def _py_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_counts, hashes, isl_tokens, block_size, overlap_blocks, prefill_load_scale, overlap_credit, out_blocks, out_prefill, out_cost) -> None:
+def _py_project_and_cost(
+    w_active_blocks,
+    w_active_prefill,
+    eligible,
+    ref_keys,
+    ref_counts,
+    hashes,
+    isl_tokens,
+    block_size,
+    overlap_blocks,
+    prefill_load_scale,
+    overlap_credit,
+    out_blocks,
+    out_prefill,
+    out_cost,
+) -> None:
     request_blocks = (isl_tokens + block_size - 1) // block_size
     for w in range(w_active_blocks.shape[0]):
         if not eligible[w]:
@@ -134,7 +149,19 @@ def _py_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, 
         out_cost[w] = prefill_load_scale * pre + blocks
 
 
-def _py_apply_output_tokens(slot, n, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size) -> bool:
+def _py_apply_output_tokens(
+    slot,
+    n,
+    s_state,
+    s_worker_row,
+    s_isl,
+    s_prefill,
+    s_output_tokens,
+    s_extra_blocks,
+    w_active_blocks,
+    w_active_prefill,
+    block_size,
+) -> bool:
     old = int(s_output_tokens[slot])
     if n <= old:
         return False
@@ -152,7 +179,19 @@ def _py_apply_output_tokens(slot, n, s_state, s_worker_row, s_isl, s_prefill, s_
     return True
 
 
-def _py_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size) -> int:
+def _py_fold_progress(
+    progress,
+    s_state,
+    s_generation,
+    s_worker_row,
+    s_isl,
+    s_prefill,
+    s_output_tokens,
+    s_extra_blocks,
+    w_active_blocks,
+    w_active_prefill,
+    block_size,
+) -> int:
     changed = 0
     for s in range(progress.shape[0]):
         if s_state[s] == SLOT_FREE:
@@ -160,14 +199,46 @@ def _py_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_pr
         word = int(progress[s])
         if word >> 32 != int(s_generation[s]):
             continue
-        if _py_apply_output_tokens(s, word & 0xFFFFFFFF, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+        if _py_apply_output_tokens(
+            s,
+            word & 0xFFFFFFFF,
+            s_state,
+            s_worker_row,
+            s_isl,
+            s_prefill,
+            s_output_tokens,
+            s_extra_blocks,
+            w_active_blocks,
+            w_active_prefill,
+            block_size,
+        ):
             changed += 1
     return changed
 
 
-def _py_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts, out_rows) -> int:
+def _py_fold_words(
+    n_slots,
+    progress,
+    state,
+    seen_state,
+    s_state,
+    s_generation,
+    s_worker_row,
+    s_isl,
+    s_prefill,
+    s_output_tokens,
+    s_extra_blocks,
+    w_active_blocks,
+    w_active_prefill,
+    block_size,
+    out_dispatched,
+    out_counts,
+    out_rows,
+) -> int:
     n_rows = w_active_blocks.shape[0]
-    before = [(int(w_active_blocks[w]), int(w_active_prefill[w])) for w in range(n_rows)]  # rows changed: compared after
+    before = [
+        (int(w_active_blocks[w]), int(w_active_prefill[w])) for w in range(n_rows)
+    ]  # rows changed: compared after
     changed = k = 0
     for s in range(n_slots):
         st = int(s_state[s])
@@ -191,13 +262,24 @@ def _py_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, 
                     s_state[s] = SLOT_PREFILL_DONE
                     changed += 1
         pw = int(progress[s])
-        if pw >> 32 == gen and _py_apply_output_tokens(s, pw & 0xFFFFFFFF, s_state, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size):
+        if pw >> 32 == gen and _py_apply_output_tokens(
+            s,
+            pw & 0xFFFFFFFF,
+            s_state,
+            s_worker_row,
+            s_isl,
+            s_prefill,
+            s_output_tokens,
+            s_extra_blocks,
+            w_active_blocks,
+            w_active_prefill,
+            block_size,
+        ):
             changed += 1
     moved = [w for w in range(n_rows) if (int(w_active_blocks[w]), int(w_active_prefill[w])) != before[w]]
-    out_rows[:len(moved)] = moved
+    out_rows[: len(moved)] = moved
     out_counts[0], out_counts[1], out_counts[2] = changed, k, len(moved)
     return changed
-
 
 
 def _py_words_changed(n_slots, progress, state, seen_progress, seen_state) -> bool:
@@ -206,6 +288,7 @@ def _py_words_changed(n_slots, progress, state, seen_progress, seen_state) -> bo
             seen_progress[s:n_slots] = progress[s:n_slots]
             return True
     return False
+
 
 def _py_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out) -> None:
     mask = keys.shape[0] - 1
@@ -323,7 +406,22 @@ def _np_ref_live_prefix(keys_row, counts_row, hashes) -> int:
     return int(_np_live_matrix(keys_row[None, :], counts_row[None, :], np.zeros(1, np.int64), hashes, True)[0])
 
 
-def _np_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, ref_counts, hashes, isl_tokens, block_size, overlap_blocks, prefill_load_scale, overlap_credit, out_blocks, out_prefill, out_cost) -> None:
+def _np_project_and_cost(
+    w_active_blocks,
+    w_active_prefill,
+    eligible,
+    ref_keys,
+    ref_counts,
+    hashes,
+    isl_tokens,
+    block_size,
+    overlap_blocks,
+    prefill_load_scale,
+    overlap_credit,
+    out_blocks,
+    out_prefill,
+    out_cost,
+) -> None:
     rows = np.flatnonzero(eligible)
     live = _np_live_matrix(ref_keys, ref_counts, rows, hashes, prefix=True)
     request_blocks = (isl_tokens + block_size - 1) // block_size
@@ -339,7 +437,19 @@ def _np_project_and_cost(w_active_blocks, w_active_prefill, eligible, ref_keys, 
     out_cost[rows] = prefill_load_scale * pre + blocks
 
 
-def _np_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size) -> int:
+def _np_fold_progress(
+    progress,
+    s_state,
+    s_generation,
+    s_worker_row,
+    s_isl,
+    s_prefill,
+    s_output_tokens,
+    s_extra_blocks,
+    w_active_blocks,
+    w_active_prefill,
+    block_size,
+) -> int:
     gen = progress >> _U(32)
     n = (progress & _U(0xFFFFFFFF)).astype(np.int64)
     idx = np.flatnonzero((s_state != SLOT_FREE) & (gen == s_generation) & (n > s_output_tokens))
@@ -357,7 +467,25 @@ def _np_fold_progress(progress, s_state, s_generation, s_worker_row, s_isl, s_pr
     return int(idx.size)
 
 
-def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks, w_active_prefill, block_size, out_dispatched, out_counts, out_rows) -> int:
+def _np_fold_words(
+    n_slots,
+    progress,
+    state,
+    seen_state,
+    s_state,
+    s_generation,
+    s_worker_row,
+    s_isl,
+    s_prefill,
+    s_output_tokens,
+    s_extra_blocks,
+    w_active_blocks,
+    w_active_prefill,
+    block_size,
+    out_dispatched,
+    out_counts,
+    out_rows,
+) -> int:
     n = int(n_slots)
     blocks_before, prefill_before = w_active_blocks.copy(), w_active_prefill.copy()
     st, rows, gen = s_state[:n], s_worker_row[:n], s_generation[:n].astype(np.uint64)
@@ -369,7 +497,7 @@ def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, 
     live = moved & ((sw >> _U(32)) == gen) & (flags != 0)
     had = ((old >> _U(32)) == gen) & ((old & _U(STATE_FLAGS)) != 0)
     newly = np.flatnonzero(live & ~had)
-    out_dispatched[:newly.size] = newly
+    out_dispatched[: newly.size] = newly
     st[live & (st == SLOT_ADMITTED)] = SLOT_DISPATCHED
     done = np.flatnonzero(live & ((flags & _U(STATE_PREFILL_DONE)) != 0) & (st < SLOT_PREFILL_DONE))
     np.subtract.at(w_active_prefill, rows[done], s_prefill[done])
@@ -391,19 +519,21 @@ def _np_fold_words(n_slots, progress, state, seen_state, s_state, s_generation, 
         st[first] = np.maximum(st[first], SLOT_PREFILL_DONE)
     changed = int(done.size + idx.size)
     moved = np.flatnonzero((w_active_blocks != blocks_before) | (w_active_prefill != prefill_before))
-    out_rows[:moved.size] = moved
+    out_rows[: moved.size] = moved
     out_counts[0], out_counts[1], out_counts[2] = changed, newly.size, moved.size
     return changed
 
 
-
 def _np_words_changed(n_slots, progress, state, seen_progress, seen_state) -> bool:
-    if np.array_equal(state[:n_slots], seen_state[:n_slots]) and np.array_equal(progress[:n_slots], seen_progress[:n_slots]):
+    if np.array_equal(state[:n_slots], seen_state[:n_slots]) and np.array_equal(
+        progress[:n_slots], seen_progress[:n_slots]
+    ):
         return False
     differs = (state[:n_slots] != seen_state[:n_slots]) | (progress[:n_slots] != seen_progress[:n_slots])
     s = int(np.argmax(differs))
     seen_progress[s:n_slots] = progress[s:n_slots]
     return True
+
 
 def _np_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out) -> None:
     h = np.asarray(hashes, np.uint64)
@@ -423,7 +553,19 @@ def _np_overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, 
     out[:] = np.cumprod(bits, axis=0, dtype=np.int64).sum(axis=0)
 
 
-_NAMES = ("mix64", "ref_add", "ref_remove", "ref_live_count", "ref_live_prefix", "project_and_cost", "apply_output_tokens", "fold_progress", "fold_words", "words_changed", "overlap_depth")
+_NAMES = (
+    "mix64",
+    "ref_add",
+    "ref_remove",
+    "ref_live_count",
+    "ref_live_prefix",
+    "project_and_cost",
+    "apply_output_tokens",
+    "fold_progress",
+    "fold_words",
+    "words_changed",
+    "overlap_depth",
+)
 
 python_twin = SimpleNamespace(**{name: globals()[f"_py_{name}"] for name in _NAMES})
 numpy_twin = SimpleNamespace(**{name: globals().get(f"_np_{name}", globals()[f"_py_{name}"]) for name in _NAMES})

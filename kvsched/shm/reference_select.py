@@ -32,7 +32,7 @@ def _py_pairwise_sum(a, lo: int, n: int) -> float:
 
 
 def _np_pairwise_sum(a, lo: int, n: int) -> float:
-    return float(np.asarray(a[lo:lo + n], dtype=np.float64).sum())
+    return float(np.asarray(a[lo : lo + n], dtype=np.float64).sum())
 
 
 def _pick(total: np.ndarray, pick: np.ndarray) -> int:
@@ -44,11 +44,35 @@ def _pick(total: np.ndarray, pick: np.ndarray) -> int:
     return i
 
 
-def _np_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible, overlap, recent, decay,
-                      active_requests, isl_tokens, inv_bs, prefill_weight, active_blocks_weight, recent_weight,
-                      lead_bonus, lead_cap_blocks, lead_release_steps, lead_release_recent_ratio,
-                      lead_release_requests_ratio, lead_max_wait_steps, lead_max_wait_per_lead, interference_weight,
-                      interference_cap_prompts, scratch, terms, total, pick) -> int:
+def _np_kv_cost_terms(
+    prefill_tokens,
+    blocks,
+    active_prefill,
+    max_batched,
+    eligible,
+    overlap,
+    recent,
+    decay,
+    active_requests,
+    isl_tokens,
+    inv_bs,
+    prefill_weight,
+    active_blocks_weight,
+    recent_weight,
+    lead_bonus,
+    lead_cap_blocks,
+    lead_release_steps,
+    lead_release_recent_ratio,
+    lead_release_requests_ratio,
+    lead_max_wait_steps,
+    lead_max_wait_per_lead,
+    interference_weight,
+    interference_cap_prompts,
+    scratch,
+    terms,
+    total,
+    pick,
+) -> int:
     n = eligible.shape[0]
     rows = np.flatnonzero(eligible)
     terms[0] = np.inf
@@ -87,23 +111,52 @@ def _np_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligi
                         pick[0], pick[1] = -2, 0
                         return -2
                     mine = rt[top]
-                    saturated = bool(mine > lead_release_recent_ratio * ((float(rt[rows].sum()) - mine) / (rows.size - 1)))
+                    saturated = bool(
+                        mine > lead_release_recent_ratio * ((float(rt[rows].sum()) - mine) / (rows.size - 1))
+                    )
                 if first > second and not saturated:
                     gap = float(first - max(0, second))
                     bonus = lead_bonus * min(gap, lead_cap_blocks)
                     if lead_max_wait_steps > 0.0:
-                        bonus = min(bonus, prefill_weight * max(lead_max_wait_steps * float(max_batched[top]) * inv_bs,
-                                                                lead_max_wait_per_lead * gap))
+                        bonus = min(
+                            bonus,
+                            prefill_weight
+                            * max(lead_max_wait_steps * float(max_batched[top]) * inv_bs, lead_max_wait_per_lead * gap),
+                        )
                     terms[2, top] = -bonus
     total[:] = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
     return _pick(total, pick)
 
 
-def _py_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible, overlap, recent, decay,
-                      active_requests, isl_tokens, inv_bs, prefill_weight, active_blocks_weight, recent_weight,
-                      lead_bonus, lead_cap_blocks, lead_release_steps, lead_release_recent_ratio,
-                      lead_release_requests_ratio, lead_max_wait_steps, lead_max_wait_per_lead, interference_weight,
-                      interference_cap_prompts, scratch, terms, total, pick) -> int:
+def _py_kv_cost_terms(
+    prefill_tokens,
+    blocks,
+    active_prefill,
+    max_batched,
+    eligible,
+    overlap,
+    recent,
+    decay,
+    active_requests,
+    isl_tokens,
+    inv_bs,
+    prefill_weight,
+    active_blocks_weight,
+    recent_weight,
+    lead_bonus,
+    lead_cap_blocks,
+    lead_release_steps,
+    lead_release_recent_ratio,
+    lead_release_requests_ratio,
+    lead_max_wait_steps,
+    lead_max_wait_per_lead,
+    interference_weight,
+    interference_cap_prompts,
+    scratch,
+    terms,
+    total,
+    pick,
+) -> int:
     n = int(eligible.shape[0])
     rows = [w for w in range(n) if eligible[w]]
     m = min(n, int(recent.shape[0]))
@@ -119,8 +172,11 @@ def _py_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligi
             if recent_weight != 0.0:
                 terms[3, w] = rt[w] * (recent_weight * inv_bs)
     if rows and interference_weight != 0.0:
-        inter = [float(max(int(prefill_tokens[w]) - int(active_prefill[w]), 0) * int(active_requests[w]))
-                 * (interference_weight * inv_bs) for w in rows]
+        inter = [
+            float(max(int(prefill_tokens[w]) - int(active_prefill[w]), 0) * int(active_requests[w]))
+            * (interference_weight * inv_bs)
+            for w in rows
+        ]
         if interference_cap_prompts > 0.0:
             cap = interference_cap_prompts * prefill_weight * float(isl_tokens) * inv_bs
             low = min(inter)
@@ -149,12 +205,16 @@ def _py_kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligi
                 gap = float(first - max(0, second))
                 bonus = lead_bonus * min(gap, lead_cap_blocks)
                 if lead_max_wait_steps > 0.0:
-                    bonus = min(bonus, prefill_weight * max(lead_max_wait_steps * float(max_batched[top]) * inv_bs,
-                                                            lead_max_wait_per_lead * gap))
+                    bonus = min(
+                        bonus,
+                        prefill_weight
+                        * max(lead_max_wait_steps * float(max_batched[top]) * inv_bs, lead_max_wait_per_lead * gap),
+                    )
                 terms[2, top] = -bonus
     for w in range(n):
-        total[w] = (((float(terms[0, w]) + float(terms[1, w])) + float(terms[2, w])) + float(terms[3, w])
-                    + float(terms[4, w]))
+        total[w] = (
+            ((float(terms[0, w]) + float(terms[1, w])) + float(terms[2, w])) + float(terms[3, w]) + float(terms[4, w])
+        )
     return _pick(total, pick)
 
 
@@ -173,13 +233,16 @@ def _py_count_busy(active_prefill, max_batched, eligible, threshold, threshold_f
         if not eligible[w]:
             continue
         ap = int(active_prefill[w])
-        if (threshold >= 0 and ap > threshold) or (threshold_frac >= 0.0 and ap > threshold_frac * float(max_batched[w])):
+        if (threshold >= 0 and ap > threshold) or (
+            threshold_frac >= 0.0 and ap > threshold_frac * float(max_batched[w])
+        ):
             n += 1
     return n
 
 
-def _np_credit_rows(approx, device, offload, spec, event_fed, w_flags, stale_flag, offload_credit, has_offload,
-                    spec_raw, out) -> None:
+def _np_credit_rows(
+    approx, device, offload, spec, event_fed, w_flags, stale_flag, offload_credit, has_offload, spec_raw, out
+) -> None:
     from ..core.overlap_view import credited_overlap
 
     spec_raw[:] = spec
@@ -190,8 +253,9 @@ def _np_credit_rows(approx, device, offload, spec, event_fed, w_flags, stale_fla
     out[:] = np.floor(credit)
 
 
-def _py_credit_rows(approx, device, offload, spec, event_fed, w_flags, stale_flag, offload_credit, has_offload,
-                    spec_raw, out) -> None:
+def _py_credit_rows(
+    approx, device, offload, spec, event_fed, w_flags, stale_flag, offload_credit, has_offload, spec_raw, out
+) -> None:
     import math
 
     for w in range(int(out.shape[0])):

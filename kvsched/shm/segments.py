@@ -53,9 +53,12 @@ def ledger_name(instance: str) -> str:
 def ledger_instance(name: str) -> str | None:
     """The instance whose ledger segment is called `name` (inverse of `ledger_name`), or None when
     `name` is not a ledger segment name (routers read it from `Welcome.shm_ledger`)."""
-    if len(name) > len(_LEDGER_PREFIX) + len(_LEDGER_SUFFIX) and name.startswith(_LEDGER_PREFIX) \
-            and name.endswith(_LEDGER_SUFFIX):
-        return name[len(_LEDGER_PREFIX):-len(_LEDGER_SUFFIX)]
+    if (
+        len(name) > len(_LEDGER_PREFIX) + len(_LEDGER_SUFFIX)
+        and name.startswith(_LEDGER_PREFIX)
+        and name.endswith(_LEDGER_SUFFIX)
+    ):
+        return name[len(_LEDGER_PREFIX) : -len(_LEDGER_SUFFIX)]
     return None
 
 
@@ -210,7 +213,14 @@ def create_segments(
         ledger_shm.close()
         _unlink(ledger_shm)
         raise
-    arrays = LedgerArrays(ledger_shm.buf, max_workers=max_workers, max_slots=max_slots, max_blocks_per_request=max_blocks_per_request, ref_capacity=ref_capacity, block_size=block_size)
+    arrays = LedgerArrays(
+        ledger_shm.buf,
+        max_workers=max_workers,
+        max_slots=max_slots,
+        max_blocks_per_request=max_blocks_per_request,
+        ref_capacity=ref_capacity,
+        block_size=block_size,
+    )
     arrays.write_header(epoch)
     progress, state = _word_views(progress_shm.buf, max_slots)
     return Segments(instance, arrays, progress, [ledger_shm, progress_shm], state=state)

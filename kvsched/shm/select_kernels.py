@@ -53,11 +53,35 @@ PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE: above it, numpy splits the sum rec
 
 
 @njit(cache=True, nogil=True)
-def kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible, overlap, recent, decay,
-                  active_requests, isl_tokens, inv_bs, prefill_weight, active_blocks_weight, recent_weight,
-                  lead_bonus, lead_cap_blocks, lead_release_steps, lead_release_recent_ratio,
-                  lead_release_requests_ratio, lead_max_wait_steps, lead_max_wait_per_lead, interference_weight,
-                  interference_cap_prompts, scratch, terms, total, pick):
+def kv_cost_terms(
+    prefill_tokens,
+    blocks,
+    active_prefill,
+    max_batched,
+    eligible,
+    overlap,
+    recent,
+    decay,
+    active_requests,
+    isl_tokens,
+    inv_bs,
+    prefill_weight,
+    active_blocks_weight,
+    recent_weight,
+    lead_bonus,
+    lead_cap_blocks,
+    lead_release_steps,
+    lead_release_recent_ratio,
+    lead_release_requests_ratio,
+    lead_max_wait_steps,
+    lead_max_wait_per_lead,
+    interference_weight,
+    interference_cap_prompts,
+    scratch,
+    terms,
+    total,
+    pick,
+):
     """The `kv` selector's terms, their total and its argmin (docs/ROUTING.md; `KvSelector.terms`).
 
     Args:
@@ -151,8 +175,9 @@ def kv_cost_terms(prefill_tokens, blocks, active_prefill, max_batched, eligible,
                         if eligible[w] != 0:
                             req += active_requests[w]
                     mean_req = (float(req) - float(active_requests[top])) / (n_rows - 1)
-                    saturated = active_requests[top] > lead_release_requests_ratio * (1.0 if 1.0 > mean_req
-                                                                                      else mean_req)
+                    saturated = active_requests[top] > lead_release_requests_ratio * (
+                        1.0 if mean_req < 1.0 else mean_req
+                    )
                 if not saturated and m > 0 and lead_release_recent_ratio > 0.0 and n_rows > 1:
                     if n_rows > PAIRWISE_BLOCK:  # numpy's recursive split: the caller's numpy path decides
                         pick[0] = -2
@@ -220,8 +245,9 @@ def count_busy(active_prefill, max_batched, eligible, threshold, threshold_frac)
 
 
 @njit(cache=True, nogil=True)
-def credit_rows(approx, device, offload, spec, event_fed, w_flags, stale_flag, offload_credit, has_offload,
-                spec_raw, out):
+def credit_rows(
+    approx, device, offload, spec, event_fed, w_flags, stale_flag, offload_credit, has_offload, spec_raw, out
+):
     """The credited overlap of every row (`core.overlap_view.credited_overlap`, floored), in place.
 
     Args:
@@ -251,9 +277,35 @@ def warm_select_kernels() -> None:
     """Compile (or load from the cache) both kernels for the dtypes the core uses."""
     w = 2
     i8, u1 = np.zeros(w, np.int64), np.ones(w, np.uint8)
-    kv_cost_terms(i8, i8, i8, i8, u1, np.zeros(w, np.int32), np.zeros(0, np.float64), 1.0, i8, 64, 1.0 / 16, 16.0, 0.1,
-                  1.0, 160.0, 64.0, 16.0, 2.0, 2.0, 10.0, 3.0, 1.0, 0.1, np.zeros((2, w)), np.zeros((5, w)), np.zeros(w),
-                  np.zeros(2, np.int64))
+    kv_cost_terms(
+        i8,
+        i8,
+        i8,
+        i8,
+        u1,
+        np.zeros(w, np.int32),
+        np.zeros(0, np.float64),
+        1.0,
+        i8,
+        64,
+        1.0 / 16,
+        16.0,
+        0.1,
+        1.0,
+        160.0,
+        64.0,
+        16.0,
+        2.0,
+        2.0,
+        10.0,
+        3.0,
+        1.0,
+        0.1,
+        np.zeros((2, w)),
+        np.zeros((5, w)),
+        np.zeros(w),
+        np.zeros(2, np.int64),
+    )
     count_busy(i8, i8, u1, -1, 1.0)
     i4, flags = np.zeros(w, np.int32), np.zeros(w, np.uint8)
     credit_rows(i4, i4, i4, i4, u1, flags, 4, 0.5, True, np.zeros(w, np.int32), np.zeros(w, np.int32))

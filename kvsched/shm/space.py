@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..errors import ShmLayoutError
 
@@ -46,11 +46,13 @@ def free_bytes(path: str = SHM_DIR) -> int:
 
 def space_message(needed: int, available: int, what: str) -> str:
     """The start error: the figures and the fixes (bigger /dev/shm, or smaller capacities)."""
-    return (f"not enough shared memory in {SHM_DIR}: {what} need {_mib(needed)} ({needed} bytes), "
-            f"{_mib(available)} ({available} bytes) available. In a container give it more "
-            f"(docker run --shm-size={max(64, -(-needed * 5 // 4 // (1 << 20)))}m, or a Kubernetes emptyDir "
-            f"volume with medium: Memory mounted at {SHM_DIR}), or lower daemon.max_slots, "
-            f"daemon.max_blocks_per_request or daemon.max_workers")
+    return (
+        f"not enough shared memory in {SHM_DIR}: {what} need {_mib(needed)} ({needed} bytes), "
+        f"{_mib(available)} ({available} bytes) available. In a container give it more "
+        f"(docker run --shm-size={max(64, -(-needed * 5 // 4 // (1 << 20)))}m, or a Kubernetes emptyDir "
+        f"volume with medium: Memory mounted at {SHM_DIR}), or lower daemon.max_slots, "
+        f"daemon.max_blocks_per_request or daemon.max_workers"
+    )
 
 
 def check_free_space(sizes: Mapping[str, int], path: str = SHM_DIR) -> None:

@@ -14,8 +14,18 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
-from .layout import (H_BLOCK_SIZE, H_MAGIC, H_MAX_BLOCKS, H_MAX_SLOTS, H_MAX_WORKERS, H_REF_CAPACITY, H_VERSION,
-                     HEADER_WORDS, MAGIC, LedgerArrays)
+from .layout import (
+    H_BLOCK_SIZE,
+    H_MAGIC,
+    H_MAX_BLOCKS,
+    H_MAX_SLOTS,
+    H_MAX_WORKERS,
+    H_REF_CAPACITY,
+    H_VERSION,
+    HEADER_WORDS,
+    MAGIC,
+    LedgerArrays,
+)
 from .segments import _untrack, ledger_name
 
 COMPATIBLE_LEDGER_VERSIONS = (1, 2)  # ledger fields unchanged between these versions
@@ -51,10 +61,15 @@ def inspect_ledger(instance: str) -> FoundLayout | None:
         if version not in COMPATIBLE_LEDGER_VERSIONS:
             return FoundLayout(version, -1)
         try:
-            arrays = LedgerArrays(shm.buf, max_workers=int(h[H_MAX_WORKERS]), max_slots=int(h[H_MAX_SLOTS]),
-                                  max_blocks_per_request=int(h[H_MAX_BLOCKS]),
-                                  ref_capacity=int(h[H_REF_CAPACITY]), block_size=int(h[H_BLOCK_SIZE]))
-        except Exception:  # noqa: BLE001 - a damaged header: unreadable slot table
+            arrays = LedgerArrays(
+                shm.buf,
+                max_workers=int(h[H_MAX_WORKERS]),
+                max_slots=int(h[H_MAX_SLOTS]),
+                max_blocks_per_request=int(h[H_MAX_BLOCKS]),
+                ref_capacity=int(h[H_REF_CAPACITY]),
+                block_size=int(h[H_BLOCK_SIZE]),
+            )
+        except Exception:
             return FoundLayout(version, -1)
         live = int(np.count_nonzero(arrays.s_state))
         del arrays

@@ -20,9 +20,10 @@ Rules (the text of `kvsched replay --class-rule`):
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 import msgspec
 import numpy as np
@@ -134,7 +135,9 @@ def _parse_isl(body: str, profile_classes: Sequence[str], text: str) -> ClassRul
         try:
             value = int(bound.strip())
         except ValueError:
-            raise ClassRuleError(f"class rule {text!r}: bound {bound.strip()!r} is not a whole number of tokens") from None
+            raise ClassRuleError(
+                f"class rule {text!r}: bound {bound.strip()!r} is not a whole number of tokens"
+            ) from None
         if value < 1 or (bounds and value <= bounds[-1]):
             raise ClassRuleError(f"class rule {text!r}: bounds must be >= 1 and increase ({part!r})")
         names.append(name)
@@ -182,8 +185,9 @@ def check_class_names(names: Sequence[str], profile_classes: Sequence[str]) -> N
         )
 
 
-def assign_classes(rule: ClassRule, isl: np.ndarray, default_class: str,
-                   column_values: Sequence[str] | None = None) -> ClassAssignment:
+def assign_classes(
+    rule: ClassRule, isl: np.ndarray, default_class: str, column_values: Sequence[str] | None = None
+) -> ClassAssignment:
     """Each trace row's class under `rule` (deterministic; no randomness beyond the index hash).
 
     Args:

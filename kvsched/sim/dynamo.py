@@ -60,10 +60,12 @@ class DynamoService:
         self.proc: subprocess.Popen | None = None
         self.base = f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "DynamoService":
-        self.proc = subprocess.Popen([sys.executable, "-m", "dynamo.select_service", "--port", str(self.port),
-                                      "--threads", str(self.threads)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def start(self) -> DynamoService:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dynamo.select_service", "--port", str(self.port), "--threads", str(self.threads)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -86,7 +88,7 @@ class DynamoService:
                 self.proc.wait()
         self.proc = None
 
-    def __enter__(self) -> "DynamoService":
+    def __enter__(self) -> DynamoService:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -94,8 +96,9 @@ class DynamoService:
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict | list | None:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"content-type": "application/json"})
+        req = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"content-type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 raw = resp.read()
@@ -103,12 +106,20 @@ class DynamoService:
             raise DynamoError(f"{method} {path}: HTTP {e.code} {e.read()[:300]!r}") from None
         return json.loads(raw) if raw else None
 
-    def add_worker(self, worker_id: int, block_size: int, kv_events_endpoint: str, endpoint: str | None = None,
-                   dp_rank: int = 0) -> dict:
+    def add_worker(
+        self, worker_id: int, block_size: int, kv_events_endpoint: str, endpoint: str | None = None, dp_rank: int = 0
+    ) -> dict:
         """Register one engine (one DP rank) with its KV-event PUB endpoint; returns the service's record."""
-        return self._call("POST", "/workers", {"worker_id": worker_id, "endpoint": endpoint or f"http://sim/{worker_id}",
-                                               "block_size": block_size,
-                                               "kv_events_endpoints": {str(dp_rank): kv_events_endpoint}})
+        return self._call(
+            "POST",
+            "/workers",
+            {
+                "worker_id": worker_id,
+                "endpoint": endpoint or f"http://sim/{worker_id}",
+                "block_size": block_size,
+                "kv_events_endpoints": {str(dp_rank): kv_events_endpoint},
+            },
+        )
 
     def select_and_reserve(self, token_ids: list[int]) -> dict:
         """Pick and book a worker: {selection_id, worker_id, dp_rank, overlap{gpu}, effective_prefill_tokens, ...}."""
@@ -144,8 +155,9 @@ class DynamoRoute:
     async def open(self) -> None:
         import aiohttp
 
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=60),
-                                             timeout=aiohttp.ClientTimeout(total=30))
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=60), timeout=aiohttp.ClientTimeout(total=30)
+        )
 
     async def close(self) -> None:
         if self.session is not None:
@@ -169,16 +181,19 @@ class DynamoRoute:
         await self._call("DELETE", f"/reservations/{selection_id}")
 
     async def overlap_blocks(self, token_ids: list[int]) -> dict[str, int]:
-        """"worker:rank" -> cached leading blocks of `token_ids` as the service sees them."""
+        """ "worker:rank" -> cached leading blocks of `token_ids` as the service sees them."""
         rep = await self._call("POST", "/overlap_scores", {"token_ids": token_ids})
         return {f"{w['worker_id']}:{w['dp_rank']}": int(w["device_blocks"]) for w in rep["workers"]}
 
 
-def register_fleet(svc: "DynamoService", keys, pubs: list[str], block_size: int) -> None:
+def register_fleet(svc: DynamoService, keys, pubs: list[str], block_size: int) -> None:
     """Register every engine: `keys` (WorkerKey per engine) and `pubs` (its KV-event PUB endpoint)."""
     by_worker: dict[int, dict[str, str]] = {}
     for key, pub in zip(keys, pubs):
         by_worker.setdefault(int(key.worker_id), {})[str(int(key.dp_rank))] = pub
     for wid, eps in by_worker.items():
-        svc._call("POST", "/workers", {"worker_id": wid, "endpoint": f"http://sim/{wid}", "block_size": block_size,
-                                       "kv_events_endpoints": eps})
+        svc._call(
+            "POST",
+            "/workers",
+            {"worker_id": wid, "endpoint": f"http://sim/{wid}", "block_size": block_size, "kv_events_endpoints": eps},
+        )

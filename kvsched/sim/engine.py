@@ -46,8 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .prefix_cache import PrefixCache
-from .profile import (DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, EngineProfile, decode_steps_us,
-                      decode_us)
+from .profile import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, EngineProfile, decode_steps_us, decode_us
 
 FIRST_TOKEN = 1  # event kind: prefill finished, first output token produced
 DONE = 2  # event kind: last output token produced, request left the engine
@@ -397,4 +396,3 @@ class SimEngine:
         seq.rec.done_us = now_us
         del self._live[seq.rec.request.request_id]
         self.stats.finished += 1
-

@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Union
+from typing import Annotated
 
 import msgspec
 import numpy as np
@@ -28,10 +28,10 @@ import zmq
 from msgspec import Meta
 
 from ..core.types import WorkerKey
-from .kv_publisher import KvEventPublisher
-from .tokens import TokenIdPublisher
 from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
 from .fleet_spec import FleetSpec, make_engines
+from .kv_publisher import KvEventPublisher
+from .tokens import TokenIdPublisher
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class SimError(SimFrame, tag="error"):
 class SimBatch(SimFrame, tag="batch"):
     """Fleet → router: the events of one wake, in order."""
 
-    items: list[Union[SimFirstToken, SimProgress, SimDone, SimError]]
+    items: list[SimFirstToken | SimProgress | SimDone | SimError]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +117,10 @@ def kv_event_endpoints(spec: FleetSpec, runtime_dir: str | Path, transport: str 
     tcp ports are found by binding port 0 and closing again (a small race, acceptable for a simulator).
     """
     if transport == "ipc":
-        return tuple((f"ipc://{runtime_dir}/kv-{k.worker_id}.pub", f"ipc://{runtime_dir}/kv-{k.worker_id}.replay")
-                     for k in spec.keys())
+        return tuple(
+            (f"ipc://{runtime_dir}/kv-{k.worker_id}.pub", f"ipc://{runtime_dir}/kv-{k.worker_id}.replay")
+            for k in spec.keys()
+        )
     if transport != "tcp":
         raise ValueError(f"unknown KV-event transport {transport!r} (expected 'ipc' or 'tcp')")
     import socket
@@ -132,8 +134,9 @@ def kv_event_endpoints(spec: FleetSpec, runtime_dir: str | Path, transport: str 
         ports.append(sk.getsockname()[1])
     for sk in socks:
         sk.close()
-    return tuple((f"tcp://127.0.0.1:{ports[2 * i]}", f"tcp://127.0.0.1:{ports[2 * i + 1]}")
-                 for i in range(spec.workers))
+    return tuple(
+        (f"tcp://127.0.0.1:{ports[2 * i]}", f"tcp://127.0.0.1:{ports[2 * i + 1]}") for i in range(spec.workers)
+    )
 
 
 class Fleet:
@@ -217,8 +220,10 @@ class Fleet:
             return
         self._owner[msg.request_id] = ident
         self._reported[msg.request_id] = 0
-        self._overlap[msg.request_id] = (engine.cached_prefix_blocks(hashes),
-                                         max(e.cached_prefix_blocks(hashes) for e in self.engines.values()))
+        self._overlap[msg.request_id] = (
+            engine.cached_prefix_blocks(hashes),
+            max(e.cached_prefix_blocks(hashes) for e in self.engines.values()),
+        )
         self.submitted += 1
 
     def _collect(self, events: list[tuple[int, SeqRecord]]) -> None:
@@ -260,12 +265,20 @@ class Fleet:
         for key, e in self.engines.items():
             s = e.stats
             per[str(key)] = {
-                "steps": s.steps, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
-                "evicted_blocks": s.evicted_blocks, "finished": s.finished, "live": e.num_live,
+                "steps": s.steps,
+                "prompt_tokens": s.prompt_tokens,
+                "cached_tokens": s.cached_tokens,
+                "evicted_blocks": s.evicted_blocks,
+                "finished": s.finished,
+                "live": e.num_live,
             }
-        return {"submitted": self.submitted, "completed": self.completed, "engines": per,
-                "kv_event_batches": sum(p.seq for p in self.publishers),
-                "kv_replays_served": sum(p.replays_served for p in self.publishers)}
+        return {
+            "submitted": self.submitted,
+            "completed": self.completed,
+            "engines": per,
+            "kv_event_batches": sum(p.seq for p in self.publishers),
+            "kv_replays_served": sum(p.replays_served for p in self.publishers),
+        }
 
     def close(self) -> None:
         if self.params.stats_path:

@@ -75,8 +75,13 @@ def scaled_selector_times(selector: SelectorConfig, time_scale: float) -> dict[s
     return {key: getattr(selector, key) / time_scale for key in SIMULATED_TIME_SELECTOR_KEYS}
 
 
-def config_dict(spec: FleetSpec, selector: str = "kv", seed: int | None = None,
-                time_scale: float = 1.0, kv_events: tuple[tuple[str, str | None], ...] = ()) -> dict[str, Any]:
+def config_dict(
+    spec: FleetSpec,
+    selector: str = "kv",
+    seed: int | None = None,
+    time_scale: float = 1.0,
+    kv_events: tuple[tuple[str, str | None], ...] = (),
+) -> dict[str, Any]:
     """The config as a plain dict (the shape TOML parses to).
 
     `time_scale` (the replay's speedup) divides the simulated-time spans the daemon measures on its
@@ -115,14 +120,24 @@ def config_dict(spec: FleetSpec, selector: str = "kv", seed: int | None = None,
     }
 
 
-def build_config(spec: FleetSpec, selector: str = "kv", seed: int | None = None, time_scale: float = 1.0,
-                 kv_events: tuple[tuple[str, str | None], ...] = ()) -> Config:
+def build_config(
+    spec: FleetSpec,
+    selector: str = "kv",
+    seed: int | None = None,
+    time_scale: float = 1.0,
+    kv_events: tuple[tuple[str, str | None], ...] = (),
+) -> Config:
     """A validated `Config` for `spec` (the same one `config_toml` writes for the daemon)."""
     return config_from_dict(config_dict(spec, selector, seed, time_scale, kv_events), where="replay fleet")
 
 
-def config_toml(spec: FleetSpec, selector: str = "kv", seed: int | None = None, time_scale: float = 1.0,
-                kv_events: tuple[tuple[str, str | None], ...] = ()) -> str:
+def config_toml(
+    spec: FleetSpec,
+    selector: str = "kv",
+    seed: int | None = None,
+    time_scale: float = 1.0,
+    kv_events: tuple[tuple[str, str | None], ...] = (),
+) -> str:
     """TOML text of `config_dict` (flat tables of scalars and one array of tables)."""
     raw = config_dict(spec, selector, seed, time_scale, kv_events)
     lines: list[str] = ["# written by kvsched replay: the simulated fleet's capacities", ""]

@@ -36,7 +36,7 @@ from ..errors import ConfigError
 from ..gateway.cli_args import log_level_arg, positive_int_arg, ready_file_arg
 from ..gateway.listen import port_arg
 from ..gateway.openai import chat_messages
-from .engine import DONE, SeqRecord, SimEngine, SimRequest
+from .engine import SeqRecord, SimEngine, SimRequest
 from .profile import EngineProfile
 
 log = logging.getLogger("kvsched.sim.http_engine")
@@ -53,7 +53,7 @@ class _TokenListener:
 
     def remember(self, hashes, token_ids: list[int], block_size: int) -> None:
         for i, h in enumerate(hashes):
-            self.tokens[int(h)] = tuple(token_ids[i * block_size:(i + 1) * block_size])
+            self.tokens[int(h)] = tuple(token_ids[i * block_size : (i + 1) * block_size])
             self.tokens.move_to_end(int(h))
         while len(self.tokens) > self.capacity:
             self.tokens.popitem(last=False)
@@ -85,16 +85,27 @@ class HttpSimEngine:
         publisher: a `KvEventPublisher`, or None for no KV events.
     """
 
-    def __init__(self, tokenizer, model: str, block_size: int, total_kv_blocks: int,
-                 max_num_batched_tokens: int = 8192, speedup: float = 1.0, hash_seed: str | None = None,
-                 publisher=None, max_macro_us: int = 20_000, profile: EngineProfile = EngineProfile()) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        model: str,
+        block_size: int,
+        total_kv_blocks: int,
+        max_num_batched_tokens: int = 8192,
+        speedup: float = 1.0,
+        hash_seed: str | None = None,
+        publisher=None,
+        max_macro_us: int = 20_000,
+        profile: EngineProfile = EngineProfile(),
+    ) -> None:
         self.tokenizer = tokenizer
         self.model = model
         self.block_size = block_size
         self.speedup = speedup
         self.hash_seed = hash_seed
-        self.engine = SimEngine(total_kv_blocks, block_size, max_num_batched_tokens, profile=profile,
-                                max_macro_us=max_macro_us)
+        self.engine = SimEngine(
+            total_kv_blocks, block_size, max_num_batched_tokens, profile=profile, max_macro_us=max_macro_us
+        )
         self.publisher = publisher
         self.listener = _TokenListener(publisher) if publisher is not None else None
         self.engine.cache_listener = self.listener
@@ -133,7 +144,7 @@ class HttpSimEngine:
                 timeout = max(0.0005, (nxt - self.now_us()) / 1e6 / self.speedup)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def start(self) -> None:
@@ -168,12 +179,16 @@ class HttpSimEngine:
             ids = self._prompt_ids(kind, body)
             # vLLM: chat takes `max_completion_tokens or max_tokens`; completions has no
             # max_completion_tokens (ignored), only `max_tokens`
-            asked = ((body.get("max_completion_tokens") or body.get("max_tokens")) if kind == "chat"
-                     else body.get("max_tokens"))
+            asked = (
+                (body.get("max_completion_tokens") or body.get("max_tokens"))
+                if kind == "chat"
+                else body.get("max_tokens")
+            )
             osl = int(asked or 16)
         except Exception as exc:
-            return web.json_response({"error": {"message": f"bad request: {exc}", "type": "BadRequestError",
-                                                "code": 400}}, status=400)
+            return web.json_response(
+                {"error": {"message": f"bad request: {exc}", "type": "BadRequestError", "code": 400}}, status=400
+            )
         if not ids:
             return web.json_response({"error": {"message": "empty prompt", "code": 400}}, status=400)
         hashes = [int(h) for h in block_hashes(ids, self.block_size, mode="vllm", hash_seed=self.hash_seed)]
@@ -209,8 +224,12 @@ class HttpSimEngine:
         text: list[str] = []
 
         def usage(n: int) -> dict:
-            return {"prompt_tokens": isl, "completion_tokens": n, "total_tokens": isl + n,
-                    "prompt_tokens_details": {"cached_tokens": rec.cached_tokens}}
+            return {
+                "prompt_tokens": isl,
+                "completion_tokens": n,
+                "total_tokens": isl + n,
+                "prompt_tokens_details": {"cached_tokens": rec.cached_tokens},
+            }
 
         def chunk(choice: dict, n: int) -> bytes:
             c = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
@@ -223,14 +242,15 @@ class HttpSimEngine:
             live.wake.clear()
             target = rec.output_tokens
             if stream and sent == 0 and target > 0 and kind == "chat":
-                await out.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                                       "finish_reason": None}, 0))
+                await out.write(
+                    chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}, 0)
+                )
             while sent < target:
                 word = f" w{sent}"
                 sent += 1
                 if stream:
                     last = sent == rec.request.osl
-                    ch = ({"index": 0, "delta": {"content": word}} if kind == "chat" else {"index": 0, "text": word})
+                    ch = {"index": 0, "delta": {"content": word}} if kind == "chat" else {"index": 0, "text": word}
                     ch["finish_reason"] = "length" if last else None
                     await out.write(chunk(ch, sent))
                 else:
@@ -238,13 +258,23 @@ class HttpSimEngine:
             if rec.done_us >= 0:
                 break
         if not stream:
-            msg = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": "length"}
-                   if kind == "chat" else {"index": 0, "text": "".join(text), "finish_reason": "length"})
-            return web.json_response({"id": rid, "object": obj.replace(".chunk", ""), "created": created,
-                                      "model": model, "choices": [msg], "usage": usage(sent)})
+            msg = (
+                {"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": "length"}
+                if kind == "chat"
+                else {"index": 0, "text": "".join(text), "finish_reason": "length"}
+            )
+            return web.json_response(
+                {
+                    "id": rid,
+                    "object": obj.replace(".chunk", ""),
+                    "created": created,
+                    "model": model,
+                    "choices": [msg],
+                    "usage": usage(sent),
+                }
+            )
         if opts.get("include_usage"):
-            final = {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                     "usage": usage(sent)}
+            final = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(sent)}
             await out.write(b"data: " + _enc(final) + b"\n\n")
         await out.write(b"data: [DONE]\n\n")
         await out.write_eof()
@@ -264,8 +294,14 @@ class HttpSimEngine:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.add_routes([web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
-                        web.get("/health", self.health), web.get("/v1/models", self.models)])
+        app.add_routes(
+            [
+                web.post("/v1/completions", self.completions),
+                web.post("/v1/chat/completions", self.chat),
+                web.get("/health", self.health),
+                web.get("/v1/models", self.models),
+            ]
+        )
         return app
 
 
@@ -293,16 +329,31 @@ async def _serve(args) -> None:
     if args.kv_events_port:
         replay_port = args.kv_replay_port or args.kv_events_port + 1
         try:
-            publisher = KvEventPublisher(ctx, f"tcp://{args.host}:{args.kv_events_port}",
-                                         f"tcp://{args.host}:{replay_port}", topic=args.kv_events_topic,
-                                         encoding=args.kv_encoding, dp_rank=args.dp_rank)
+            publisher = KvEventPublisher(
+                ctx,
+                f"tcp://{args.host}:{args.kv_events_port}",
+                f"tcp://{args.host}:{replay_port}",
+                topic=args.kv_events_topic,
+                encoding=args.kv_encoding,
+                dp_rank=args.dp_rank,
+            )
         except zmq.ZMQError as exc:
             ctx.destroy(linger=0)  # closes the PUB socket when only the replay bind failed
-            raise StartError(f"--kv-events-port {args.kv_events_port} / --kv-replay-port {replay_port}: cannot bind "
-                             f"tcp://{args.host}:{args.kv_events_port} and tcp://{args.host}:{replay_port}: {exc}; "
-                             "choose other ports") from None
-    sim = HttpSimEngine(tokenizer, args.model, args.block_size, args.total_kv_blocks,
-                        args.max_num_batched_tokens, args.speedup, args.hash_seed, publisher)
+            raise StartError(
+                f"--kv-events-port {args.kv_events_port} / --kv-replay-port {replay_port}: cannot bind "
+                f"tcp://{args.host}:{args.kv_events_port} and tcp://{args.host}:{replay_port}: {exc}; "
+                "choose other ports"
+            ) from None
+    sim = HttpSimEngine(
+        tokenizer,
+        args.model,
+        args.block_size,
+        args.total_kv_blocks,
+        args.max_num_batched_tokens,
+        args.speedup,
+        args.hash_seed,
+        publisher,
+    )
     sim.start()
     runner = web.AppRunner(sim.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -310,11 +361,19 @@ async def _serve(args) -> None:
         try:
             await web.TCPSite(runner, args.host, args.port, backlog=1024).start()
         except OSError as exc:
-            raise StartError(f"--port {args.port}: cannot listen on {args.host}:{args.port}: "
-                             f"{os.strerror(exc.errno) if exc.errno else exc}; choose another port") from None
+            raise StartError(
+                f"--port {args.port}: cannot listen on {args.host}:{args.port}: "
+                f"{os.strerror(exc.errno) if exc.errno else exc}; choose another port"
+            ) from None
         port = runner.addresses[0][1]
-        log.info("sim engine worker=%d rank=%d listening on http://%s:%d kv_events=%s", args.worker_id,
-                 args.dp_rank, args.host, port, publisher.endpoint if publisher else "-")
+        log.info(
+            "sim engine worker=%d rank=%d listening on http://%s:%d kv_events=%s",
+            args.worker_id,
+            args.dp_rank,
+            args.host,
+            port,
+            publisher.endpoint if publisher else "-",
+        )
         if args.ready_file:
             with open(args.ready_file, "w") as fh:
                 fh.write(str(port))
@@ -331,8 +390,11 @@ async def _serve(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point of `kvsched-sim-engine`."""
-    ap = argparse.ArgumentParser(prog="kvsched-sim-engine", description="One simulated LLM engine served as an "
-                                 "OpenAI-compatible HTTP server that publishes vLLM KV events (no GPU).")
+    ap = argparse.ArgumentParser(
+        prog="kvsched-sim-engine",
+        description="One simulated LLM engine served as an "
+        "OpenAI-compatible HTTP server that publishes vLLM KV events (no GPU).",
+    )
     ap.add_argument("--worker-id", type=int, default=0, help="the worker id it plays (for logs)")
     ap.add_argument("--host", default="127.0.0.1", help="address for HTTP and KV events (default 127.0.0.1)")
     ap.add_argument("--port", type=port_arg, default=8000, help="HTTP port (0 = any free port)")
@@ -342,8 +404,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-encoding", choices=("array", "map"), default="array", help="KV-event encoding")
     ap.add_argument("--tokenizer", required=True, help="local tokenizer directory (tokenizer.json + chat template)")
     ap.add_argument("--model", default="sim", help="served model name")
-    ap.add_argument("--block-size", type=positive_int_arg, default=16,
-                    help="tokens per KV block (= the daemon's block_size)")
+    ap.add_argument(
+        "--block-size", type=positive_int_arg, default=16, help="tokens per KV block (= the daemon's block_size)"
+    )
     ap.add_argument("--total-kv-blocks", type=positive_int_arg, default=8192, help="KV blocks of the engine")
     ap.add_argument("--max-num-batched-tokens", type=positive_int_arg, default=8192, help="per-step token budget")
     ap.add_argument("--dp-rank", type=int, default=0, help="data_parallel_rank written in KV-event batches")

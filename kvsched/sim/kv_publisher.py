@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Iterable, Literal
+from collections.abc import Iterable
+from typing import Any, Literal
 
 import msgspec
 import zmq
@@ -52,10 +53,21 @@ class KvEventPublisher:
         first_seq: seq of the first batch (a restarted engine starts again at 0).
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, replay_endpoint: str | None = None, *,
-                 topic: str = "", encoding: Literal["array", "map"] = "array", dp_rank: int = 0,
-                 buffer_steps: int = 10_000, replay_with_topic: bool = False,
-                 hashes_as_bytes: bool = False, first_seq: int = 0, bind: bool = True) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        *,
+        topic: str = "",
+        encoding: Literal["array", "map"] = "array",
+        dp_rank: int = 0,
+        buffer_steps: int = 10_000,
+        replay_with_topic: bool = False,
+        hashes_as_bytes: bool = False,
+        first_seq: int = 0,
+        bind: bool = True,
+    ) -> None:
         if encoding not in ("array", "map"):
             raise ValueError(f"unknown encoding {encoding!r} (expected 'array' or 'map')")
         self.topic = topic.encode()
@@ -95,24 +107,49 @@ class KvEventPublisher:
             arr.pop()
         return arr
 
-    def block_stored(self, hashes: Iterable[int], parent: int | None = None, block_size: int = 16, *,
-                     medium: str | None = "GPU", token_ids: list[int] | None = None, lora_id: int | None = None,
-                     group_idx: int | None = None, extra_keys: list | None = None) -> None:
+    def block_stored(
+        self,
+        hashes: Iterable[int],
+        parent: int | None = None,
+        block_size: int = 16,
+        *,
+        medium: str | None = "GPU",
+        token_ids: list[int] | None = None,
+        lora_id: int | None = None,
+        group_idx: int | None = None,
+        extra_keys: list | None = None,
+    ) -> None:
         """Queue a BlockStored event for chained `hashes` (u64), whose first block follows `parent`."""
         hs = [_hash_out(int(h), self.hashes_as_bytes) for h in hashes]
-        self._pending.append(self._event("BlockStored", STORED_FIELDS, _STORED_DEFAULTED, {
-            "block_hashes": hs,
-            "parent_block_hash": None if parent is None else _hash_out(int(parent), self.hashes_as_bytes),
-            "token_ids": list(token_ids) if token_ids is not None else [],
-            "block_size": block_size, "lora_id": lora_id, "medium": medium,
-            "group_idx": group_idx, "extra_keys": extra_keys,
-        }))
+        self._pending.append(
+            self._event(
+                "BlockStored",
+                STORED_FIELDS,
+                _STORED_DEFAULTED,
+                {
+                    "block_hashes": hs,
+                    "parent_block_hash": None if parent is None else _hash_out(int(parent), self.hashes_as_bytes),
+                    "token_ids": list(token_ids) if token_ids is not None else [],
+                    "block_size": block_size,
+                    "lora_id": lora_id,
+                    "medium": medium,
+                    "group_idx": group_idx,
+                    "extra_keys": extra_keys,
+                },
+            )
+        )
 
     def block_removed(self, hashes: Iterable[int], *, medium: str | None = "GPU", group_idx: int | None = None) -> None:
         """Queue a BlockRemoved event for `hashes` (u64)."""
         hs = [_hash_out(int(h), self.hashes_as_bytes) for h in hashes]
-        self._pending.append(self._event("BlockRemoved", REMOVED_FIELDS, _REMOVED_DEFAULTED,
-                                         {"block_hashes": hs, "medium": medium, "group_idx": group_idx}))
+        self._pending.append(
+            self._event(
+                "BlockRemoved",
+                REMOVED_FIELDS,
+                _REMOVED_DEFAULTED,
+                {"block_hashes": hs, "medium": medium, "group_idx": group_idx},
+            )
+        )
 
     def all_cleared(self) -> None:
         """Queue an AllBlocksCleared event."""
@@ -155,8 +192,11 @@ class KvEventPublisher:
             ident, start = frames[0], seq_from_bytes(frames[2])
             for seq, payload in list(self.buffer):
                 if seq >= start:
-                    parts = (ident, b"", self.topic, seq_to_bytes(seq), payload) if self.replay_with_topic \
+                    parts = (
+                        (ident, b"", self.topic, seq_to_bytes(seq), payload)
+                        if self.replay_with_topic
                         else (ident, b"", seq_to_bytes(seq), payload)
+                    )
                     self.replay.send_multipart(parts)
             self.replay.send_multipart((ident, b"", END_SEQ, b""))
             self.replays_served += 1

@@ -19,7 +19,8 @@ publishes as BlockStored / BlockRemoved KV events.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 class PrefixCache:
@@ -34,7 +35,7 @@ class PrefixCache:
         listener: observer of cache changes (module docstring), or None.
     """
 
-    __slots__ = ("kv_blocks", "block_size", "ref", "lru", "anon", "listener")
+    __slots__ = ("anon", "block_size", "kv_blocks", "listener", "lru", "ref")
 
     def __init__(self, kv_blocks: int, block_size: int) -> None:
         self.kv_blocks = kv_blocks

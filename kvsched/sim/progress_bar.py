@@ -18,8 +18,14 @@ class progress_bar:
             return lambda done: None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), console=self.console, transient=False)
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+        )
         self._progress.start()
         self._task = self._progress.add_task(self.label, total=self.total)
         last = [0.0]

@@ -14,14 +14,32 @@ from ..config import Config
 from .classes import ClassAssignment
 from .fleet_spec import FleetSpec
 from .progress_bar import progress_bar
-from .replay_config import (ReplayOptions, config_dict_toml, fleet_spec_for, load_profile,  # noqa: F401 - re-exported
-                            profile_class_names, replay_config, replay_config_dict, resolve_classes)
+from .replay_config import (
+    ReplayOptions,
+    config_dict_toml,
+    fleet_spec_for,
+    load_profile,
+    profile_class_names,
+    replay_config,
+    replay_config_dict,
+    resolve_classes,
+)
 from .replay_wall import run_wall
 from .summary import Summary, summarize, write_results, write_summary
 from .trace import Trace, load_trace
 
-__all__ = ["ReplayOptions", "config_dict_toml", "fleet_spec_for", "ledger_is_zero_inprocess", "load_profile",
-           "profile_class_names", "replay_config", "replay_config_dict", "resolve_classes", "run_replay"]
+__all__ = [
+    "ReplayOptions",
+    "config_dict_toml",
+    "fleet_spec_for",
+    "ledger_is_zero_inprocess",
+    "load_profile",
+    "profile_class_names",
+    "replay_config",
+    "replay_config_dict",
+    "resolve_classes",
+    "run_replay",
+]
 
 
 def run_replay(opts: ReplayOptions, console=None) -> Summary:
@@ -64,15 +82,24 @@ def run_replay(opts: ReplayOptions, console=None) -> Summary:
     return summary
 
 
-def _run_virtual(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profile: Config | None,
-                 classes: ClassAssignment):
+def _run_virtual(
+    opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profile: Config | None, classes: ClassAssignment
+):
     from .virtual import run_virtual
 
     config = replay_config(spec, opts, profile) if profile is not None else None
     with progress_bar(console, len(trace), "virtual replay") as advance:
-        run = run_virtual(trace, spec, selector=opts.selector, load_scale=opts.load_scale, seed=opts.seed,
-                          config=config, progress=advance, classes=classes,
-                          overlap_mode=opts.overlap_mode or ("events" if opts.kv_events else "approx"))
+        run = run_virtual(
+            trace,
+            spec,
+            selector=opts.selector,
+            load_scale=opts.load_scale,
+            seed=opts.seed,
+            config=config,
+            progress=advance,
+            classes=classes,
+            overlap_mode=opts.overlap_mode or ("events" if opts.kv_events else "approx"),
+        )
     return run.results, run.wall_time_s, ledger_is_zero_inprocess(run.scheduler)
 
 
@@ -85,4 +112,3 @@ def ledger_is_zero_inprocess(scheduler) -> bool | None:
     if not names:
         return None
     return all(int(abs(getattr(arrays, n)).sum()) == 0 for n in names)
-

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -38,33 +38,88 @@ CLASS_RULE_HELP = (
 
 
 def replay(
-    trace: Annotated[Path, typer.Argument(help="Trace file: Mooncake .jsonl (hash_ids) or Azure .csv (no hashes).",
-                                          exists=True, dir_okay=False, readable=True)],
+    trace: Annotated[
+        Path,
+        typer.Argument(
+            help="Trace file: Mooncake .jsonl (hash_ids) or Azure .csv (no hashes).",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
+    ],
     routers: Annotated[int, typer.Option(min=1, max=64, help="Router processes replaying the arrivals.")] = 4,
-    workers: Annotated[int, typer.Option(min=1, max=1024, help="Simulated engines (workers 0..N-1, one rank each).")] = 4,
-    speedup: Annotated[float, typer.Option(min=0.001, help="Compress the whole timeline: arrivals, engine time and the scheduler's TTLs, half-lives and queue timeouts.")] = 1.0,
-    load_scale: Annotated[float, typer.Option(min=0.001, help="Compress arrivals only (more load on the same fleet).")] = 1.0,
-    limit: Annotated[Optional[int], typer.Option(min=1, help="Replay only the first N requests.")] = None,
-    virtual: Annotated[bool, typer.Option("--virtual", help="Discrete-event driver in process (no daemon, no sockets).")] = False,
-    endpoint: Annotated[Optional[str], typer.Option(help="Use this running daemon instead of starting a private one.")] = None,
-    admin_endpoint: Annotated[Optional[str], typer.Option(help="Its admin socket (for the final ledger check).")] = None,
-    out: Annotated[Path, typer.Option(help="Directory for summary.json, results.jsonl and fleet.json.")] = Path("out/replay"),
-    block_size: Annotated[Optional[int], typer.Option(min=1, help="Tokens per KV block (default: the trace's, 512 for Mooncake).")] = None,
-    kv_blocks: Annotated[Optional[int], typer.Option(min=1, help="KV blocks per engine (default: Llama-3-8B on an H100-80GB).")] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, max=1024, help="Simulated engines (workers 0..N-1, one rank each).")
+    ] = 4,
+    speedup: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="Compress the whole timeline: arrivals, engine time and the scheduler's TTLs, half-lives and queue timeouts.",
+        ),
+    ] = 1.0,
+    load_scale: Annotated[
+        float, typer.Option(min=0.001, help="Compress arrivals only (more load on the same fleet).")
+    ] = 1.0,
+    limit: Annotated[int | None, typer.Option(min=1, help="Replay only the first N requests.")] = None,
+    virtual: Annotated[
+        bool, typer.Option("--virtual", help="Discrete-event driver in process (no daemon, no sockets).")
+    ] = False,
+    endpoint: Annotated[
+        str | None, typer.Option(help="Use this running daemon instead of starting a private one.")
+    ] = None,
+    admin_endpoint: Annotated[
+        str | None, typer.Option(help="Its admin socket (for the final ledger check).")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Directory for summary.json, results.jsonl and fleet.json.")] = Path(
+        "out/replay"
+    ),
+    block_size: Annotated[
+        int | None, typer.Option(min=1, help="Tokens per KV block (default: the trace's, 512 for Mooncake).")
+    ] = None,
+    kv_blocks: Annotated[
+        int | None, typer.Option(min=1, help="KV blocks per engine (default: Llama-3-8B on an H100-80GB).")
+    ] = None,
     max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="Per-step token budget per engine.")] = 8192,
     selector: Annotated[str, typer.Option(help=SELECTOR_HELP)] = "kv",
     seed: Annotated[int, typer.Option(help="Seed for the selector's tie-breaks.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the table.")] = False,
-    profile: Annotated[Optional[Path], typer.Option(
-        help="Scheduling profile (TOML): default_class + [[classes]], optional [selector] / [overload]. "
-             "The replay's own [daemon] / [[workers]] (block size, capacities) win; --selector / --seed win "
-             "over [selector] type / seed.", exists=True, dir_okay=False, readable=True)] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(
+            help="Scheduling profile (TOML): default_class + [[classes]], optional [selector] / [overload]. "
+            "The replay's own [daemon] / [[workers]] (block size, capacities) win; --selector / --seed win "
+            "over [selector] type / seed.",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
+    ] = None,
     class_rule: Annotated[str, typer.Option(help=CLASS_RULE_HELP)] = "none",
-    kv_events: Annotated[bool, typer.Option("--kv-events/--no-kv-events", help="Engines publish their cache changes as vLLM KV events the daemon subscribes to (--virtual: applied in process); off = the approximate index only.")] = True,
-    kv_encoding: Annotated[str, typer.Option(help="KV-event encoding: array (vLLM before PR #42892) | map (after).")] = "array",
-    kv_transport: Annotated[str, typer.Option(help="KV-event sockets: ipc (replay runtime dir) | tcp (loopback).")] = "ipc",
-    overlap_mode: Annotated[Optional[str], typer.Option(help="--virtual only: events | approx | none (default: events, or approx with --no-kv-events).")] = None,
-    daemon_ready_timeout: Annotated[float, typer.Option(min=0.0, help="Seconds to wait for the private daemon to be ready (its first start on a machine compiles the kernels: ~1 min on a busy 2-core machine, cached afterwards). On failure its log is kept as --out/daemon.log and its shared memory removed.")] = 300.0,
+    kv_events: Annotated[
+        bool,
+        typer.Option(
+            "--kv-events/--no-kv-events",
+            help="Engines publish their cache changes as vLLM KV events the daemon subscribes to (--virtual: applied in process); off = the approximate index only.",
+        ),
+    ] = True,
+    kv_encoding: Annotated[
+        str, typer.Option(help="KV-event encoding: array (vLLM before PR #42892) | map (after).")
+    ] = "array",
+    kv_transport: Annotated[
+        str, typer.Option(help="KV-event sockets: ipc (replay runtime dir) | tcp (loopback).")
+    ] = "ipc",
+    overlap_mode: Annotated[
+        str | None,
+        typer.Option(help="--virtual only: events | approx | none (default: events, or approx with --no-kv-events)."),
+    ] = None,
+    daemon_ready_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds to wait for the private daemon to be ready (its first start on a machine compiles the kernels: ~1 min on a busy 2-core machine, cached afterwards). On failure its log is kept as --out/daemon.log and its shared memory removed.",
+        ),
+    ] = 300.0,
 ) -> None:
     """Replay a request trace through the scheduler and a simulated fleet; print a summary.
 
@@ -80,8 +135,7 @@ def replay(
     from rich.console import Console
 
     from ..config.selectors import selector_problem
-    from ..errors import DaemonUnavailable, KvschedError
-    from ..errors import ConfigError
+    from ..errors import ConfigError, DaemonUnavailable, KvschedError
     from .classes import ClassRuleError, check_class_names, parse_class_rule
     from .replay import ReplayOptions, load_profile, profile_class_names, run_replay
     from .summary import class_table, summary_table
@@ -89,8 +143,11 @@ def replay(
     problem = selector_problem(selector)
     if problem is not None:  # not installed: the message lists the installed ones (or names kvsched-bench)
         raise typer.BadParameter(problem, param_hint="--selector")
-    for name, value, allowed in (("--kv-encoding", kv_encoding, ("array", "map")), ("--kv-transport", kv_transport, ("ipc", "tcp")),
-                                 ("--overlap-mode", overlap_mode or "events", ("events", "approx", "none"))):
+    for name, value, allowed in (
+        ("--kv-encoding", kv_encoding, ("array", "map")),
+        ("--kv-transport", kv_transport, ("ipc", "tcp")),
+        ("--overlap-mode", overlap_mode or "events", ("events", "approx", "none")),
+    ):
         if value not in allowed:
             raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}", param_hint=name)
     try:
@@ -104,20 +161,43 @@ def replay(
         raise typer.BadParameter(str(exc), param_hint="--class-rule") from None
     console = Console(stderr=json_out, width=None if sys.stdout.isatty() else 160)
     opts = ReplayOptions(
-        trace=trace, routers=routers, workers=workers, speedup=speedup, load_scale=load_scale, limit=limit,
-        virtual=virtual, endpoint=endpoint, admin_endpoint=admin_endpoint, out=out, block_size=block_size,
-        kv_blocks=kv_blocks, max_num_batched_tokens=max_num_batched_tokens, selector=selector, seed=seed,
-        profile=profile, class_rule=class_rule,
-        kv_events=kv_events, kv_encoding=kv_encoding, kv_transport=kv_transport, overlap_mode=overlap_mode,
+        trace=trace,
+        routers=routers,
+        workers=workers,
+        speedup=speedup,
+        load_scale=load_scale,
+        limit=limit,
+        virtual=virtual,
+        endpoint=endpoint,
+        admin_endpoint=admin_endpoint,
+        out=out,
+        block_size=block_size,
+        kv_blocks=kv_blocks,
+        max_num_batched_tokens=max_num_batched_tokens,
+        selector=selector,
+        seed=seed,
+        profile=profile,
+        class_rule=class_rule,
+        kv_events=kv_events,
+        kv_encoding=kv_encoding,
+        kv_transport=kv_transport,
+        overlap_mode=overlap_mode,
         daemon_ready_timeout_s=daemon_ready_timeout,
     )
     try:
         summary = run_replay(opts, console)
     except KeyboardInterrupt:  # run_replay has stopped its processes and removed their shared memory
         log = out / "daemon.log"
-        typer.echo("kvsched replay: interrupted" + ("" if virtual else "; cleaned up (processes stopped, shared memory removed"
-                                                    + (f"; daemon log {log})" if log.exists() and not endpoint else ")")),
-                   err=True)
+        typer.echo(
+            "kvsched replay: interrupted"
+            + (
+                ""
+                if virtual
+                else "; cleaned up (processes stopped, shared memory removed"
+                + (f"; daemon log {log})" if log.exists() and not endpoint else ")")
+            ),
+            err=True,
+        )
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except ClassRuleError as exc:  # a column value naming an unknown class
         raise typer.BadParameter(str(exc), param_hint="--class-rule") from None

@@ -15,8 +15,7 @@ from typing import Any
 import msgspec
 
 from ..config import Config, config_from_dict, load_config
-from .classes import (ClassAssignment, assign_classes, check_class_names, parse_class_rule,
-                      read_class_column)
+from .classes import ClassAssignment, assign_classes, check_class_names, parse_class_rule, read_class_column
 from .fleet_spec import FleetSpec, config_dict, scaled_selector_times
 from .trace import Trace
 
@@ -95,8 +94,9 @@ def resolve_classes(opts: ReplayOptions, trace: Trace, profile: Config | None) -
     return assignment
 
 
-def replay_config_dict(spec: FleetSpec, opts: ReplayOptions, profile: Config | None,
-                       time_scale: float = 1.0, kv_events: tuple = ()) -> dict[str, Any]:
+def replay_config_dict(
+    spec: FleetSpec, opts: ReplayOptions, profile: Config | None, time_scale: float = 1.0, kv_events: tuple = ()
+) -> dict[str, Any]:
     """The replay's config with the profile merged in (the shape TOML parses to).
 
     The replay's own `[daemon]` and `[[workers]]` always win (block size, capacities, endpoints come
@@ -168,4 +168,3 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, str):
         return msgspec.json.encode(v).decode()  # a JSON string is a valid TOML basic string
     raise TypeError(f"unsupported TOML value {v!r}")
-

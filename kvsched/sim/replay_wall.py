@@ -46,8 +46,9 @@ class _Procs:
     dynamo: object | None = None  # kvsched.sim.dynamo.DynamoService
 
 
-def run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profile: Config | None,
-              classes: ClassAssignment) -> tuple[list[RequestResult], float, bool | None]:
+def run_wall(
+    opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profile: Config | None, classes: ClassAssignment
+) -> tuple[list[RequestResult], float, bool | None]:
     """Run the wall-clock replay; (per-request results in trace order, wall time s, whether the
     daemon's per-worker aggregates were back to zero at the end — None: not asked)."""
     from .fleet import FleetParams, fleet_main, kv_event_endpoints
@@ -69,28 +70,56 @@ def run_wall(opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profil
         endpoint, admin = _start_daemon(opts, spec, procs, profile, kv_eps, console)
         dynamo_url = _start_dynamo(procs) if use_dynamo else None
         if procs.daemon is not None and console is not None:  # its sockets are in a private directory
-            console.print(f"daemon admin endpoint: {admin}\n  inspect it while it runs: kvsched --admin-endpoint {admin} status",
-                          markup=False, highlight=False, soft_wrap=True)
+            console.print(
+                f"daemon admin endpoint: {admin}\n  inspect it while it runs: kvsched --admin-endpoint {admin} status",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
         fleet_ep = f"ipc://{procs.runtime_dir}/fleet.sock"
         go, t0, counter = ctx.Event(), ctx.Value("d", 0.0), ctx.Value("i", 0)
         procs.fleet_stop, fleet_ready = ctx.Event(), ctx.Event()
         tick_ms = min(5.0, max(1.0, 50.0 / opts.speedup))  # <= ~50 ms of simulated time per wake
-        fparams = FleetParams(fleet_ep, spec, opts.speedup, tick_ms=tick_ms, stats_path=str(opts.out / "fleet.json"),
-                              kv_events=kv_eps, kv_encoding=opts.kv_encoding, kv_token_ids=use_dynamo)
-        procs.fleet = ctx.Process(target=fleet_main, args=(fparams, fleet_ready, go, t0, procs.fleet_stop),
-                                  name="kvsched-fleet", daemon=True)
+        fparams = FleetParams(
+            fleet_ep,
+            spec,
+            opts.speedup,
+            tick_ms=tick_ms,
+            stats_path=str(opts.out / "fleet.json"),
+            kv_events=kv_eps,
+            kv_encoding=opts.kv_encoding,
+            kv_token_ids=use_dynamo,
+        )
+        procs.fleet = ctx.Process(
+            target=fleet_main, args=(fparams, fleet_ready, go, t0, procs.fleet_stop), name="kvsched-fleet", daemon=True
+        )
         _start_ignoring_sigint(procs.fleet)
         readies = []
         for k in range(opts.routers):
             ready = ctx.Event()
-            rp = RouterParams(k, opts.routers, str(opts.trace), opts.limit, endpoint, fleet_ep,
-                              str(procs.runtime_dir / f"router-{k}.jsonl"), opts.speedup, opts.load_scale,
-                              run_tag, opts.block_size, classes.names, classes.codes.astype("<u4").tobytes(),
-                              dynamo_url=dynamo_url, route_via_dynamo=opts.router_via == "dynamo",
-                              admin_endpoint=admin, overlap_sample_every=opts.overlap_sample_every,
-                              overlap_path=str(procs.runtime_dir / f"overlap-{k}.jsonl"))
-            proc = ctx.Process(target=router_main, args=(rp, ready, go, t0, counter), name=f"kvsched-router-{k}",
-                               daemon=True)
+            rp = RouterParams(
+                k,
+                opts.routers,
+                str(opts.trace),
+                opts.limit,
+                endpoint,
+                fleet_ep,
+                str(procs.runtime_dir / f"router-{k}.jsonl"),
+                opts.speedup,
+                opts.load_scale,
+                run_tag,
+                opts.block_size,
+                classes.names,
+                classes.codes.astype("<u4").tobytes(),
+                dynamo_url=dynamo_url,
+                route_via_dynamo=opts.router_via == "dynamo",
+                admin_endpoint=admin,
+                overlap_sample_every=opts.overlap_sample_every,
+                overlap_path=str(procs.runtime_dir / f"overlap-{k}.jsonl"),
+            )
+            proc = ctx.Process(
+                target=router_main, args=(rp, ready, go, t0, counter), name=f"kvsched-router-{k}", daemon=True
+            )
             _start_ignoring_sigint(proc)
             procs.routers.append(proc)
             readies.append(ready)
@@ -147,13 +176,14 @@ def _start_resource_tracker_ignoring_sighup() -> None:
         signal.signal(signal.SIGHUP, previous)
 
 
-def _sigterm_to_exit(signum, frame) -> None:  # noqa: ANN001 - signal handler signature
+def _sigterm_to_exit(signum, frame) -> None:
     """Turn SIGTERM / SIGHUP into SystemExit so the `finally` stops the daemon, fleet and routers."""
     raise SystemExit(128 + signum)
 
 
-def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: Config | None,
-                  kv_eps: tuple = (), console=None) -> tuple[str, str | None]:
+def _start_daemon(
+    opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: Config | None, kv_eps: tuple = (), console=None
+) -> tuple[str, str | None]:
     """Start the private daemon (its log: `<out>/daemon.log`), or note the external one; (endpoint, admin).
 
     Raises:
@@ -163,8 +193,11 @@ def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: 
     if opts.endpoint:
         opts.notes.append(f"external daemon at {opts.endpoint}: its [[workers]] must be 0..{spec.workers - 1}")
         if kv_eps:
-            opts.notes.append("external daemon: the fleet publishes KV events at "
-                              + ", ".join(pub for pub, _ in kv_eps) + " (list them in its [[workers]])")
+            opts.notes.append(
+                "external daemon: the fleet publishes KV events at "
+                + ", ".join(pub for pub, _ in kv_eps)
+                + " (list them in its [[workers]])"
+            )
         return opts.endpoint, opts.admin_endpoint
     from ..daemon.process import DaemonProcess
 
@@ -175,13 +208,20 @@ def _start_daemon(opts: ReplayOptions, spec: FleetSpec, procs: _Procs, profile: 
         selector = "kv" if opts.router_via == "dynamo" else opts.selector  # the daemon only watches then
         cfg.write_text(config_toml(spec, selector, opts.seed, time_scale=opts.speedup, kv_events=kv_eps))
     else:
-        cfg.write_text(config_dict_toml(replay_config_dict(spec, opts, profile, time_scale=opts.speedup,
-                                                           kv_events=kv_eps)))
+        cfg.write_text(
+            config_dict_toml(replay_config_dict(spec, opts, profile, time_scale=opts.speedup, kv_events=kv_eps))
+        )
         load_config(cfg, env={})  # fail here, naming the file, rather than in the daemon's log
     procs.instance = f"replay-{os.getpid()}"
-    procs.daemon = DaemonProcess.start(cfg, instance=procs.instance, runtime_dir=procs.runtime_dir, log_path=log_path,
-                                       env=_daemon_env(console), ready_timeout_s=opts.daemon_ready_timeout_s,
-                                       on_wait=_wait_note(console))
+    procs.daemon = DaemonProcess.start(
+        cfg,
+        instance=procs.instance,
+        runtime_dir=procs.runtime_dir,
+        log_path=log_path,
+        env=_daemon_env(console),
+        ready_timeout_s=opts.daemon_ready_timeout_s,
+        on_wait=_wait_note(console),
+    )
     return procs.daemon.endpoint, procs.daemon.admin_endpoint
 
 
@@ -213,8 +253,11 @@ def _wait_note(console):
     def note(elapsed_s: float) -> None:
         if elapsed_s >= due[0]:
             due[0] += every
-            console.print(f"daemon compiling kernels (first start, cached afterwards)… {elapsed_s:.0f}s",
-                          markup=False, highlight=False)
+            console.print(
+                f"daemon compiling kernels (first start, cached afterwards)… {elapsed_s:.0f}s",
+                markup=False,
+                highlight=False,
+            )
 
     return note
 
@@ -240,7 +283,7 @@ def _merge_overlap_samples(runtime_dir: Path, routers: int, dest: Path) -> None:
         dest.unlink()
 
 
-def _wait_ready(events, processes, timeout_s: float, daemon=None) -> None:  # noqa: ANN001
+def _wait_ready(events, processes, timeout_s: float, daemon=None) -> None:
     """Wait until every start-up event is set.
 
     Raises:
@@ -252,8 +295,10 @@ def _wait_ready(events, processes, timeout_s: float, daemon=None) -> None:  # no
     for ev in events:
         while not ev.wait(0.1):
             if daemon is not None and not daemon.alive():
-                raise DaemonUnavailable(f"daemon exited with code {daemon.proc.returncode} while the routers "
-                                        f"started; log {daemon.log_path}:\n{daemon.log_tail()}")
+                raise DaemonUnavailable(
+                    f"daemon exited with code {daemon.proc.returncode} while the routers "
+                    f"started; log {daemon.log_path}:\n{daemon.log_tail()}"
+                )
             dead = [p.name for p in processes if not p.is_alive()]
             if dead:
                 raise RuntimeError(f"replay: {', '.join(dead)} exited during start-up")
@@ -291,15 +336,17 @@ def _ledger_zero(admin_endpoint: str) -> bool | None:
             return None
         if not isinstance(reply, p.WorkersReply):
             return None
-        zero = all(w.active_blocks == 0 and w.active_prefill_tokens == 0 and w.active_requests == 0
-                   for w in reply.workers)
+        zero = all(
+            w.active_blocks == 0 and w.active_prefill_tokens == 0 and w.active_requests == 0 for w in reply.workers
+        )
         if zero or time.monotonic() > deadline:
             return zero
         time.sleep(0.1)
 
 
-def _merge(procs: _Procs, routers: int, trace: Trace, run_tag: str, load_scale: float,
-           classes: ClassAssignment) -> list[RequestResult]:
+def _merge(
+    procs: _Procs, routers: int, trace: Trace, run_tag: str, load_scale: float, classes: ClassAssignment
+) -> list[RequestResult]:
     """Results of every router; rows no router reported (a router died) count as unfinished."""
     by_index: dict[int, RequestResult] = {}
     for k in range(routers):
@@ -310,9 +357,15 @@ def _merge(procs: _Procs, routers: int, trace: Trace, run_tag: str, load_scale: 
     arrivals = trace.scaled_arrivals_us(load_scale)
     for i in range(len(trace)):
         if i not in by_index:
-            by_index[i] = RequestResult(index=i, request_id=f"{run_tag}-{i}", arrival_us=int(arrivals[i]),
-                                        isl=int(trace.isl[i]), osl=int(trace.osl[i]), policy_class=classes.name_of(i),
-                                        detail="no result: its router exited early")
+            by_index[i] = RequestResult(
+                index=i,
+                request_id=f"{run_tag}-{i}",
+                arrival_us=int(arrivals[i]),
+                isl=int(trace.isl[i]),
+                osl=int(trace.osl[i]),
+                policy_class=classes.name_of(i),
+                detail="no result: its router exited early",
+            )
     return [by_index[i] for i in range(len(trace))]
 
 
@@ -353,4 +406,3 @@ def _stop_all(procs: _Procs, keep: bool) -> None:
         _purge(procs.instance)
     if not keep:
         shutil.rmtree(procs.runtime_dir, ignore_errors=True)
-

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-
 from pathlib import Path
 
 import msgspec
@@ -133,8 +132,11 @@ class Router:
             self.dynamo = DynamoRoute(self.p.dynamo_url)
             await self.dynamo.open()
         if not self.p.route_via_dynamo:
-            self.client = SchedulerClient(self.p.endpoint, client_name=f"replay-{self.p.run_tag}-r{self.p.index}",
-                                          connect_timeout_s=CONNECT_TIMEOUT_S)
+            self.client = SchedulerClient(
+                self.p.endpoint,
+                client_name=f"replay-{self.p.run_tag}-r{self.p.index}",
+                connect_timeout_s=CONNECT_TIMEOUT_S,
+            )
             await self.client.connect()
 
     async def close(self) -> None:
@@ -170,9 +172,14 @@ class Router:
         from ..errors import KvschedError, RequestRejected
 
         rid = f"{self.p.run_tag}-{i}"
-        r = RequestResult(index=i, request_id=rid, arrival_us=int(self.arrivals[i]),
-                          isl=int(self.trace.isl[i]), osl=int(self.trace.osl[i]),
-                          policy_class=self.p.class_names[self.classes[i]] if self.classes is not None else "")
+        r = RequestResult(
+            index=i,
+            request_id=rid,
+            arrival_us=int(self.arrivals[i]),
+            isl=int(self.trace.isl[i]),
+            osl=int(self.trace.osl[i]),
+            policy_class=self.p.class_names[self.classes[i]] if self.classes is not None else "",
+        )
         hashes = self.trace.hashes_of(i)
         t_a = time.perf_counter_ns()
         try:
@@ -219,9 +226,14 @@ class Router:
         from .tokens import token_ids_for
 
         rid = f"{self.p.run_tag}-{i}"
-        r = RequestResult(index=i, request_id=rid, arrival_us=int(self.arrivals[i]),
-                          isl=int(self.trace.isl[i]), osl=int(self.trace.osl[i]),
-                          policy_class=self.p.class_names[self.classes[i]] if self.classes is not None else "")
+        r = RequestResult(
+            index=i,
+            request_id=rid,
+            arrival_us=int(self.arrivals[i]),
+            isl=int(self.trace.isl[i]),
+            osl=int(self.trace.osl[i]),
+            policy_class=self.p.class_names[self.classes[i]] if self.classes is not None else "",
+        )
         hashes = self.trace.hashes_of(i)
         tokens = token_ids_for(hashes.tolist(), self.trace.block_size)
         t_a = time.perf_counter_ns()
@@ -264,8 +276,10 @@ class Router:
                 return admin.call(p.Explain(request_id=rid))
 
         try:
-            dyn, rep = await asyncio.gather(self.dynamo.overlap_blocks(token_ids_for(hashes.tolist(), self.trace.block_size)),
-                                            self.loop.run_in_executor(None, explain))
+            dyn, rep = await asyncio.gather(
+                self.dynamo.overlap_blocks(token_ids_for(hashes.tolist(), self.trace.block_size)),
+                self.loop.run_in_executor(None, explain),
+            )
         except Exception as exc:  # a sample is evidence, not a reason to fail the request
             log.warning("router: overlap sample failed row=%d err=%s", i, exc)
             return
@@ -361,4 +375,3 @@ def router_main(params: RouterParams, ready, go, t0_value, done_counter) -> None
             await router.close()
 
     uvloop.run(main())
-

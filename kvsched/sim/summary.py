@@ -8,8 +8,8 @@ virtual driver; `summarize()` folds them into a `Summary` (written as `summary.j
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import msgspec
 import numpy as np
@@ -202,7 +202,9 @@ def summarize(
         ),
         requests_per_worker=dict(sorted(Counter(r.worker for r in done).items(), key=_worker_order)),
         ledger_zero=ledger_zero,
-        fleet_lru_hit_ratio=round(fleet_lru_hit_tokens / isl_all, 4) if fleet_lru_hit_tokens is not None and isl_all else None,
+        fleet_lru_hit_ratio=round(fleet_lru_hit_tokens / isl_all, 4)
+        if fleet_lru_hit_tokens is not None and isl_all
+        else None,
         notes=list(notes or []),
         profile=profile,
         class_rule=class_rule,
@@ -308,8 +310,14 @@ def summary_table(summary: Summary):
         ("wall time (s)", summary.wall_time_s),
         ("simulated time (s)", summary.simulated_time_s),
         ("lifecycles/s (wall)", summary.lifecycles_per_s),
-        ("admission latency p50 / p99 (µs)", f"{_fmt(summary.admission_latency_us_p50)} / {_fmt(summary.admission_latency_us_p99)}"),
-        ("  of requests not queued", f"{_fmt(summary.admission_latency_unqueued_us_p50)} / {_fmt(summary.admission_latency_unqueued_us_p99)}"),
+        (
+            "admission latency p50 / p99 (µs)",
+            f"{_fmt(summary.admission_latency_us_p50)} / {_fmt(summary.admission_latency_us_p99)}",
+        ),
+        (
+            "  of requests not queued",
+            f"{_fmt(summary.admission_latency_unqueued_us_p50)} / {_fmt(summary.admission_latency_unqueued_us_p99)}",
+        ),
         ("queue wait p50 / p99 (sim ms)", f"{_fmt(summary.queue_wait_ms_p50)} / {_fmt(summary.queue_wait_ms_p99)}"),
         ("TTFT p50 / p99 (sim ms)", f"{_fmt(summary.ttft_ms_p50)} / {_fmt(summary.ttft_ms_p99)}"),
         ("prefix hit ratio (cached / ISL)", summary.prefix_hit_ratio),
@@ -329,13 +337,28 @@ def class_table(summary: Summary):
     from rich.table import Table
 
     title = f"per class: rule {summary.class_rule}" + (f", profile {summary.profile}" if summary.profile else "")
-    reasons = "; ".join(f"{name or '(none)'} " + ", ".join(f"{k}={v}" for k, v in c.rejected.items())
-                        for name, c in summary.classes.items() if c.rejected)
-    caption = ("wait / TTFT in simulated ms; disp = share of admissions; uncached = share of admitted "
-               "uncached prompt tokens" + (f"; rejected: {reasons}" if reasons else ""))
+    reasons = "; ".join(
+        f"{name or '(none)'} " + ", ".join(f"{k}={v}" for k, v in c.rejected.items())
+        for name, c in summary.classes.items()
+        if c.rejected
+    )
+    caption = (
+        "wait / TTFT in simulated ms; disp = share of admissions; uncached = share of admitted "
+        "uncached prompt tokens" + (f"; rejected: {reasons}" if reasons else "")
+    )
     t = Table(title=title, caption=caption, show_header=True)
-    for name in ("class", "req", "done", "rejected", "wait p50", "wait p99", "TTFT p50", "TTFT p99", "disp",
-                 "uncached"):
+    for name in (
+        "class",
+        "req",
+        "done",
+        "rejected",
+        "wait p50",
+        "wait p99",
+        "TTFT p50",
+        "TTFT p99",
+        "disp",
+        "uncached",
+    ):
         t.add_column(name, justify="left" if name == "class" else "right")
 
     def ms(v: float | None) -> str:
@@ -343,9 +366,15 @@ def class_table(summary: Summary):
 
     for name, c in summary.classes.items():
         t.add_row(
-            name or "(none)", str(c.requests), str(c.completed),
+            name or "(none)",
+            str(c.requests),
+            str(c.completed),
             str(sum(c.rejected.values())),
-            ms(c.queue_wait_ms_p50), ms(c.queue_wait_ms_p99), ms(c.ttft_ms_p50), ms(c.ttft_ms_p99),
-            f"{100 * c.dispatch_share:.1f}%", f"{100 * c.uncached_token_share:.1f}%",
+            ms(c.queue_wait_ms_p50),
+            ms(c.queue_wait_ms_p99),
+            ms(c.ttft_ms_p50),
+            ms(c.ttft_ms_p99),
+            f"{100 * c.dispatch_share:.1f}%",
+            f"{100 * c.uncached_token_share:.1f}%",
         )
     return t

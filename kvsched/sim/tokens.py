@@ -8,7 +8,7 @@ block's hash alone, so every request sharing a block sends the same ids for it.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -77,7 +77,7 @@ class Trace:
         """uint64[k] block hashes of request i (a view)."""
         return self.hashes[self.hash_offsets[i] : self.hash_offsets[i + 1]]
 
-    def head(self, limit: int | None) -> "Trace":
+    def head(self, limit: int | None) -> Trace:
         """The first `limit` requests (all when None)."""
         if limit is None or limit >= len(self):
             return self
@@ -135,7 +135,7 @@ class Trace:
         return total
 
 
-def _tokens(text: str, path, line: int, column: str) -> int:  # noqa: ANN001
+def _tokens(text: str, path, line: int, column: str) -> int:
     """A token count of an Azure CSV cell; ValueError naming `path:line` and the column otherwise."""
     try:
         n = int(text)
@@ -178,8 +178,10 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> Trace:
                 raise ValueError(f"{path}:{n + 1}: {exc}") from None
             if row.hash_ids and (min(row.hash_ids) < 0 or max(row.hash_ids) > U64_MAX):
                 bad = next(h for h in row.hash_ids if not 0 <= h <= U64_MAX)
-                raise ValueError(f"{path}:{n + 1}: hash_ids value {bad} is out of range (ids are integers "
-                                 f"in 0..2^64-1 = 0..{U64_MAX})")
+                raise ValueError(
+                    f"{path}:{n + 1}: hash_ids value {bad} is out of range (ids are integers "
+                    f"in 0..2^64-1 = 0..{U64_MAX})"
+                )
             rows.append(row)
     counts = np.fromiter((len(r.hash_ids) for r in rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)

@@ -18,8 +18,8 @@ device index (no sockets; every row fresh), plus the speculative entries at rout
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class EngineEventSink:
     """An engine's `cache_listener` that applies its cache changes to an event-fed index row directly
     (the virtual driver's equivalent of publisher → SUB → `KvEventApplier`)."""
 
-    __slots__ = ("index", "row", "applied")
+    __slots__ = ("applied", "index", "row")
 
     def __init__(self, index, row: int) -> None:
         self.index = index
@@ -135,9 +135,17 @@ class VirtualRun:
 class VirtualDriver:
     """Discrete-event loop over one trace (module docstring). Use `run_virtual()`."""
 
-    def __init__(self, trace: Trace, spec: FleetSpec, config: Config, load_scale: float = 1.0,
-                 progress: Callable[[int], None] | None = None, scheduler=None,
-                 classes: ClassAssignment | None = None, overlap_mode: str = "approx") -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        spec: FleetSpec,
+        config: Config,
+        load_scale: float = 1.0,
+        progress: Callable[[int], None] | None = None,
+        scheduler=None,
+        classes: ClassAssignment | None = None,
+        overlap_mode: str = "approx",
+    ) -> None:
         self.trace = trace
         self.spec = spec
         self.scheduler = scheduler if scheduler is not None else make_inprocess_scheduler(config, overlap_mode)
@@ -145,9 +153,14 @@ class VirtualDriver:
         attach_engines(self.scheduler, self.engines)
         self.arrivals = trace.scaled_arrivals_us(load_scale)
         self.results = [
-            RequestResult(index=i, request_id=f"r{i}", arrival_us=int(self.arrivals[i]),
-                          isl=int(trace.isl[i]), osl=int(trace.osl[i]),
-                          policy_class=classes.name_of(i) if classes is not None else "")
+            RequestResult(
+                index=i,
+                request_id=f"r{i}",
+                arrival_us=int(self.arrivals[i]),
+                isl=int(trace.isl[i]),
+                osl=int(trace.osl[i]),
+                policy_class=classes.name_of(i) if classes is not None else "",
+            )
             for i in range(len(trace))
         ]
         self.by_id = {r.request_id: r for r in self.results}
@@ -199,8 +212,13 @@ class VirtualDriver:
 
     def _enqueue(self, i: int, now_us: int) -> list:
         r = self.results[i]
-        spec = RequestSpec(request_id=r.request_id, isl_tokens=r.isl, block_hashes=self.trace.hashes_of(i),
-                           policy_class=r.policy_class, owner=OWNER)
+        spec = RequestSpec(
+            request_id=r.request_id,
+            isl_tokens=r.isl,
+            block_hashes=self.trace.hashes_of(i),
+            policy_class=r.policy_class,
+            owner=OWNER,
+        )
         self.waiting.add(r.request_id)
         t0 = time.perf_counter_ns()
         outs = self.scheduler.enqueue(spec, now_us)
@@ -264,7 +282,9 @@ class VirtualDriver:
 
     # ------------------------------------------------------------------ engine side
 
-    def _on_engine_events(self, key: WorkerKey, engine: SimEngine, events: list[tuple[int, SeqRecord]], now_us: int) -> None:
+    def _on_engine_events(
+        self, key: WorkerKey, engine: SimEngine, events: list[tuple[int, SeqRecord]], now_us: int
+    ) -> None:
         sched = self.scheduler
         for kind, rec in events:
             rid = rec.request.request_id
@@ -288,10 +308,19 @@ class VirtualDriver:
                 sched.update(rec.request.request_id, lv.slot, lv.generation, "progress", rec.output_tokens, now_us)
 
 
-def run_virtual(trace: Trace, spec: FleetSpec, *, selector: str = "kv", load_scale: float = 1.0,
-                seed: int | None = 0, config: Config | None = None,
-                progress: Callable[[int], None] | None = None, scheduler=None,
-                classes: ClassAssignment | None = None, overlap_mode: str = "approx") -> VirtualRun:
+def run_virtual(
+    trace: Trace,
+    spec: FleetSpec,
+    *,
+    selector: str = "kv",
+    load_scale: float = 1.0,
+    seed: int | None = 0,
+    config: Config | None = None,
+    progress: Callable[[int], None] | None = None,
+    scheduler=None,
+    classes: ClassAssignment | None = None,
+    overlap_mode: str = "approx",
+) -> VirtualRun:
     """Replay `trace` through an in-process scheduler and simulated engines in virtual time.
 
     Args:

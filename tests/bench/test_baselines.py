@@ -36,8 +36,13 @@ from tests.core.factories import make_class, make_config, make_request, make_sch
 from tests.core.test_explain_selector import _decide, _render
 from tests.core.test_kv_cost import _paced_sessions
 
-BASELINES = {"dynamo_cost": DynamoCostSelector, "cache_aware": CacheAwareSelector, "lmetric": LMetricSelector,
-             "llmd": LlmdSelector, "llmd_sticky": LlmdStickySelector}
+BASELINES = {
+    "dynamo_cost": DynamoCostSelector,
+    "cache_aware": CacheAwareSelector,
+    "lmetric": LMetricSelector,
+    "llmd": LlmdSelector,
+    "llmd_sticky": LlmdStickySelector,
+}
 NONE = np.zeros(6, np.int64)
 
 
@@ -65,8 +70,9 @@ def test_dynamo_cost_picks_the_lowest_projection_cost_with_a_uniform_tie_break()
     costs = np.array([5.0, 2.0, 1.0, 3.0])
     assert s.select(costs, np.array([1, 1, 1, 1], np.uint8), NONE) == 2
     assert s.select(costs, np.array([1, 1, 0, 1], np.uint8), NONE) == 1
-    counts = Counter(s.select(np.array([1.0, 4.0, 1.0, np.inf]), np.array([1, 1, 1, 0], np.uint8), NONE)
-                     for _ in range(2000))
+    counts = Counter(
+        s.select(np.array([1.0, 4.0, 1.0, np.inf]), np.array([1, 1, 1, 0], np.uint8), NONE) for _ in range(2000)
+    )
     assert set(counts) == {0, 2} and 850 < counts[0] < 1150
 
 
@@ -119,8 +125,9 @@ def _view(active_prefill, active_blocks=None, isl=160, bs=16, mbt=100):
     w = len(active_prefill)
     ap = np.asarray(active_prefill, np.int64)
     ab = np.zeros(w, np.int64) if active_blocks is None else np.asarray(active_blocks, np.int64)
-    return SelectionView(ap + isl, ab + isl // bs, ap, ab, np.full(w, 100, np.int64), np.full(w, mbt, np.int64),
-                         isl, bs, 0)
+    return SelectionView(
+        ap + isl, ab + isl // bs, ap, ab, np.full(w, 100, np.int64), np.full(w, mbt, np.int64), isl, bs, 0
+    )
 
 
 def test_lmetric_multiplies_new_prefill_tokens_by_batch_size():
@@ -139,11 +146,29 @@ def test_llmd_weights_prefix_3_queue_2_kv_2():
     # row 0: full prefix match (3) but the longest queue (0) and half the KV used (1) -> 4
     # row 1: no match (0), shortest queue (2), empty KV (2) -> 4 ... tie broken by adding one KV block on row 1
     view = _view([0, 0], active_blocks=[50, 1])
-    assert s.select(np.zeros(2), elig, np.array([3, 0], np.int64), overlap_blocks=np.array([10, 0], np.int32),
-                    request_blocks=10, view=view) == 0
+    assert (
+        s.select(
+            np.zeros(2),
+            elig,
+            np.array([3, 0], np.int64),
+            overlap_blocks=np.array([10, 0], np.int32),
+            request_blocks=10,
+            view=view,
+        )
+        == 0
+    )
     view = _view([0, 0], active_blocks=[60, 0])
-    assert s.select(np.zeros(2), elig, np.array([3, 0], np.int64), overlap_blocks=np.array([10, 0], np.int32),
-                    request_blocks=10, view=view) == 1
+    assert (
+        s.select(
+            np.zeros(2),
+            elig,
+            np.array([3, 0], np.int64),
+            overlap_blocks=np.array([10, 0], np.int32),
+            request_blocks=10,
+            view=view,
+        )
+        == 1
+    )
 
 
 def test_llmd_sticky_keeps_affinity_until_tau_then_releases_it():
@@ -151,8 +176,10 @@ def test_llmd_sticky_keeps_affinity_until_tau_then_releases_it():
     elig = np.ones(2, np.uint8)
     depth = np.array([2, 0], np.int32)  # a shallow match: plain llmd prefers the idle row 1
     active = np.array([5, 0], np.int64)
-    assert sel("llmd").select(np.zeros(2), elig, active, overlap_blocks=depth, request_blocks=10,
-                              view=_view([3500, 0])) == 1
+    assert (
+        sel("llmd").select(np.zeros(2), elig, active, overlap_blocks=depth, request_blocks=10, view=_view([3500, 0]))
+        == 1
+    )
     tau = 35 * 100
     assert s.select(np.zeros(2), elig, active, overlap_blocks=depth, request_blocks=10, view=_view([tau, 0])) == 0
     assert s.select(np.zeros(2), elig, active, overlap_blocks=depth, request_blocks=10, view=_view([tau + 1, 0])) == 1
@@ -162,16 +189,19 @@ def test_llmd_sticky_keeps_affinity_until_tau_then_releases_it():
 def test_cache_aware_select_records_nothing_until_admitted():
     s = create_selector(SelectorConfig(type="cache_aware", seed=0))
     elig = np.ones(2, np.uint8)
-    picks = {s.select(np.zeros(2), elig, np.zeros(2, np.int64), overlap_blocks=np.zeros(2, np.int32),
-                      request_blocks=10) for _ in range(20)}
+    picks = {
+        s.select(np.zeros(2), elig, np.zeros(2, np.int64), overlap_blocks=np.zeros(2, np.int32), request_blocks=10)
+        for _ in range(20)
+    }
     assert not s.cache_blocks.any()
     assert picks == {0, 1}  # nothing recorded: both rows stay the smallest cache
 
 
 def test_cache_aware_registry_skips_request_whose_owner_is_gone():
     dead = {5}
-    cfg = make_config([make_class("default", prefill_busy_threshold=500)],
-                      selector=SelectorConfig(type="cache_aware", seed=0))
+    cfg = make_config(
+        [make_class("default", prefill_busy_threshold=500)], selector=SelectorConfig(type="cache_aware", seed=0)
+    )
     s = make_scheduler(cfg, workers=((1, 0), (2, 0)), owner_alive=lambda o: o not in dead)
     assert s.enqueue(make_request("gone", owner=5, block_hashes=[1, 2, 3, 4, 5, 6]), 0) == []
     assert not s.selector.cache_blocks.any()

@@ -19,11 +19,24 @@ import run_all as ra  # noqa: E402
 
 def _core(cpu: list[float], base: list[float] | None = None) -> dict:
     cells = [("approx", 8), ("approx", 1), ("events", 8)]
-    rows = lambda v: [{"overlap_mode": m, "window": w, "cpu_us_per_lifecycle": x, "wall_us_per_lifecycle": 2 * x}  # noqa: E731
-                      for (m, w), x in zip(cells, v)]
-    return {"workers": 8, "hashes": 64, "selector": "kv", "goal_us": 15.0, "revision": "abc1234", "mode": "full",
-            "lifecycles": 100, "repeats": 1, "rounds": 1, "rows": rows(cpu),
-            "baseline_rows": rows(base) if base else None, "baseline_revision": "def5678" if base else None}
+    rows = lambda v: [
+        {"overlap_mode": m, "window": w, "cpu_us_per_lifecycle": x, "wall_us_per_lifecycle": 2 * x}
+        for (m, w), x in zip(cells, v)
+    ]
+    return {
+        "workers": 8,
+        "hashes": 64,
+        "selector": "kv",
+        "goal_us": 15.0,
+        "revision": "abc1234",
+        "mode": "full",
+        "lifecycles": 100,
+        "repeats": 1,
+        "rounds": 1,
+        "rows": rows(cpu),
+        "baseline_rows": rows(base) if base else None,
+        "baseline_revision": "def5678" if base else None,
+    }
 
 
 def test_make_bench_runs_the_core_step():
@@ -35,9 +48,25 @@ def test_make_bench_runs_the_core_step():
 def test_quick_run_measures_every_cell(tmp_path):
     """The smoke mode `make bench-quick` uses, made shorter still; figures are not judged, only present."""
     out = tmp_path / "core.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_core.py"), "--quick", "--n", "200",
-                           "--repeats", "1", "--warm", "100", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_core.py"),
+            "--quick",
+            "--n",
+            "200",
+            "--repeats",
+            "1",
+            "--warm",
+            "100",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["mode"] == "quick" and (data["lifecycles"], data["repeats"], data["rounds"]) == (200, 1, 1)
@@ -60,8 +89,9 @@ def test_target_row_prefers_the_core_bench_over_the_transport_inline_figure():
     t = {"goal_summary": [], "core": {"cpu_us_per_lifecycle": 459.3, "goal_us": 15.0}}
     rows = ra.targets(t, None, None, _core([187.9, 190.5, 273.5]))
     core_rows = [r for r in rows if r[0].startswith("in-process core")]
-    assert core_rows == [["in-process core ≤ 15 µs per lifecycle (8 workers, 64 hashes; `bench_core.py`)",
-                          "187.9 µs", "missed"]]
+    assert core_rows == [
+        ["in-process core ≤ 15 µs per lifecycle (8 workers, 64 hashes; `bench_core.py`)", "187.9 µs", "missed"]
+    ]
     (only_t,) = [r for r in ra.targets(t, None, None, None) if r[0].startswith("in-process core")]
     assert only_t[1] == "459.3 µs"
 

@@ -16,15 +16,30 @@ import bench_transport as bt  # noqa: E402
 
 
 def _row(backend: str, routers: int, window: int, lc: float, p99: float, cpu: float) -> dict:
-    return {"backend": backend, "routers": routers, "window": window, "lifecycles_per_s": lc, "select_us_p50": p99 / 2,
-            "select_us_p99": p99, "server_cpu_us_per_lifecycle": cpu, "loadavg_1m": 0.0, "errors": 0}
+    return {
+        "backend": backend,
+        "routers": routers,
+        "window": window,
+        "lifecycles_per_s": lc,
+        "select_us_p50": p99 / 2,
+        "select_us_p99": p99,
+        "server_cpu_us_per_lifecycle": cpu,
+        "loadavg_1m": 0.0,
+        "errors": 0,
+    }
 
 
 def test_verdicts_apply_each_goal_per_cell():
-    rows = [_row("echo", 1, 1, 10_000, 100, 20), _row("daemon", 1, 1, 3_000, 130, 40),
-            _row("redis", 1, 1, 2_000, 90, 50), _row("dynamo", 1, 1, 1_000, 900, 300),
-            _row("echo", 1, 8, 20_000, 200, 10), _row("daemon", 1, 8, 4_000, 261, 21),
-            _row("redis", 1, 8, 2_000, 300, 40), _row("dynamo", 1, 8, 1_400, 3_000, 300)]
+    rows = [
+        _row("echo", 1, 1, 10_000, 100, 20),
+        _row("daemon", 1, 1, 3_000, 130, 40),
+        _row("redis", 1, 1, 2_000, 90, 50),
+        _row("dynamo", 1, 1, 1_000, 900, 300),
+        _row("echo", 1, 8, 20_000, 200, 10),
+        _row("daemon", 1, 8, 4_000, 261, 21),
+        _row("redis", 1, 8, 2_000, 300, 40),
+        _row("dynamo", 1, 8, 1_400, 3_000, 300),
+    ]
     v1, v8 = bt.verdicts(rows)
     assert (v1["window"], v8["window"]) == (1, 8)
     assert v1["over_dynamo"] == 3.0 and v1["dynamo_3x"] is True  # the bound itself meets the goal
@@ -44,17 +59,40 @@ def test_verdicts_without_a_backend_are_not_measured():
     assert v["over_redis"] is None and v["redis"] is None and v["dynamo_3x"] is None
     assert v["p99_1_3x_echo"] is True
     summary = {g["goal"]: g["verdict"] for g in bt.goal_summary([v])}
-    assert summary == {"dynamo_3x": "not measured", "redis": "not measured", "p99_1_3x_echo": "met",
-                       "cpu_2x_echo": "met"}
+    assert summary == {
+        "dynamo_3x": "not measured",
+        "redis": "not measured",
+        "p99_1_3x_echo": "met",
+        "cpu_2x_echo": "met",
+    }
 
 
 @pytest.mark.timeout(300)
 def test_quick_run_measures_the_echo_and_the_daemon(tmp_path):
     """One short cell per backend through real processes; figures are not judged, only present."""
     out = tmp_path / "transport.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_transport.py"), "--quick", "--routers", "1",
-                           "--windows", "2", "--measure-s", "0.5", "--backends", "echo,daemon", "--no-inprocess",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_transport.py"),
+            "--quick",
+            "--routers",
+            "1",
+            "--windows",
+            "2",
+            "--measure-s",
+            "0.5",
+            "--backends",
+            "echo,daemon",
+            "--no-inprocess",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     rows = {r["backend"]: r for r in data["rows"]}

@@ -80,11 +80,14 @@ def test_explain_cancel_and_reload_succeed_against_a_live_daemon(tmp_path):
     from kvsched.client import AdminClient, SchedulerClient
     from tests.conftest import purge, start_daemon, wait_until
 
-    cfg_text = "[daemon]\nblock_size = 16\n[[workers]]\nworker_id = 1\nmax_num_batched_tokens = 100\n" \
-               "[[classes]]\nname = 'default'\nprefill_busy_threshold = 100\n"
+    cfg_text = (
+        "[daemon]\nblock_size = 16\n[[workers]]\nworker_id = 1\nmax_num_batched_tokens = 100\n"
+        "[[classes]]\nname = 'default'\nprefill_busy_threshold = 100\n"
+    )
     d = start_daemon(tmp_path, cfg_text)
     instance = d.instance
     try:
+
         async def scenario() -> None:
             async with SchedulerClient(d.endpoint) as client:
                 lease = await client.schedule("cli-held", isl_tokens=200, block_hashes=[1, 2])

@@ -68,21 +68,29 @@ def test_generated_keys_let_an_authorized_router_in_over_tcp_and_keep_others_out
     router_keys = zmq.auth.load_certificate(tmp_path / "routers" / "router-a.key_secret")
     port = free_port()
     cfg = tmp_path / "pool.toml"
-    cfg.write_text(f'[daemon]\ncurve_secret_key_file = "{tmp_path}/server/server.key_secret"\n'
-                   f'curve_authorized_keys_dir = "{tmp_path}/routers"\n[[workers]]\nworker_id = 0\n')
+    cfg.write_text(
+        f'[daemon]\ncurve_secret_key_file = "{tmp_path}/server/server.key_secret"\n'
+        f'curve_authorized_keys_dir = "{tmp_path}/routers"\n[[workers]]\nworker_id = 0\n'
+    )
     instance = unique_instance()
-    d = DaemonProcess.start(cfg, instance=instance, runtime_dir=tmp_path,
-                            extra_args=["--endpoint", f"tcp://0.0.0.0:{port}"])
+    d = DaemonProcess.start(
+        cfg, instance=instance, runtime_dir=tmp_path, extra_args=["--endpoint", f"tcp://0.0.0.0:{port}"]
+    )
     endpoint = f"tcp://127.0.0.1:{port}"
     try:
-        with SyncSchedulerClient(endpoint, curve_server_key=server_public, curve_client_keys=router_keys,
-                                 attach_progress=False) as client:
-            with client.schedule("remote-1", isl_tokens=10) as lease:
-                assert lease.worker.worker_id == 0
+        with SyncSchedulerClient(
+            endpoint, curve_server_key=server_public, curve_client_keys=router_keys, attach_progress=False
+        ) as client, client.schedule("remote-1", isl_tokens=10) as lease:
+            assert lease.worker.worker_id == 0
         stranger = zmq.curve_keypair()
         with pytest.raises(DaemonUnavailable):
-            SyncSchedulerClient(endpoint, curve_server_key=server_public, curve_client_keys=stranger,
-                                connect_timeout_s=1.0, attach_progress=False)
+            SyncSchedulerClient(
+                endpoint,
+                curve_server_key=server_public,
+                curve_client_keys=stranger,
+                connect_timeout_s=1.0,
+                attach_progress=False,
+            )
     finally:
         d.stop()
         purge(instance)
@@ -94,8 +102,12 @@ def test_keys_into_an_unwritable_directory_is_a_one_line_usage_error():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "kvsched.cli", "keys", "/proc/nope", "--name", "x"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvsched.cli", "keys", "/proc/nope", "--name", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == EXIT_USAGE
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

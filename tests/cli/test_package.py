@@ -40,8 +40,9 @@ def test_kvsched_version_flag_prints_the_version():
 
 
 def test_kvsched_daemon_version_flag_prints_the_version_and_exits():
-    out = subprocess.run([sys.executable, "-m", "kvsched.daemon.app", "--version"], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvsched.daemon.app", "--version"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"kvsched-daemon {version('kvsched')}"
 
@@ -56,8 +57,21 @@ def test_py_typed_is_shipped_with_the_package(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "kvsched", src / "kvsched", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    out = subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_py",
-                          "--build-lib", str(tmp_path / "lib")], capture_output=True, text=True, cwd=src, timeout=240)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from setuptools import setup; setup()",
+            "-q",
+            "build_py",
+            "--build-lib",
+            str(tmp_path / "lib"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=src,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "lib" / "kvsched" / "py.typed").is_file()
     assert (tmp_path / "lib" / "kvsched" / "data" / "mooncake_slice.jsonl").is_file()
@@ -66,8 +80,13 @@ def test_py_typed_is_shipped_with_the_package(tmp_path):
 @pytest.mark.slow
 def test_mypy_strict_passes_on_the_client_package():
     """`[tool.mypy]` in pyproject.toml: --strict on kvsched/client (what routers import)."""
-    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "kvsched/client"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=280)
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "kvsched/client"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=280,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Success" in out.stdout
 
@@ -76,8 +95,14 @@ def test_mypy_strict_passes_on_the_client_package():
 
 
 def test_every_rejection_exception_is_importable_from_kvsched_client():
-    for cls in (*errors.REJECTION_CLASSES.values(), errors.RequestRejected, errors.DaemonUnavailable,
-                errors.ProtocolError, errors.LeaseError, errors.KvschedError):
+    for cls in (
+        *errors.REJECTION_CLASSES.values(),
+        errors.RequestRejected,
+        errors.DaemonUnavailable,
+        errors.ProtocolError,
+        errors.LeaseError,
+        errors.KvschedError,
+    ):
         assert getattr(kvsched.client, cls.__name__) is cls, cls.__name__
         assert cls.__name__ in kvsched.client.__all__
     assert kvsched.client.REJECTION_CLASSES is errors.REJECTION_CLASSES

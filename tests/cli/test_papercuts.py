@@ -55,8 +55,21 @@ def test_top_json_prints_one_object_per_refresh_with_status_queues_and_workers(s
 def test_top_piped_prints_a_frame_per_refresh_until_stopped(session_daemon):
     """`kvsched top | cat` (then Ctrl-C / SIGTERM): each refresh reaches the pipe at once. Before,
     rich's Live printed only at exit, so a piped top stopped by a signal showed nothing."""
-    proc = subprocess.Popen([sys.executable, "-m", "kvsched.cli", "--admin-endpoint", session_daemon.admin_endpoint,
-                             "top", "--interval-s", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvsched.cli",
+            "--admin-endpoint",
+            session_daemon.admin_endpoint,
+            "top",
+            "--interval-s",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen = []
     try:
         deadline = time.monotonic() + 60
@@ -77,8 +90,20 @@ def test_top_piped_prints_a_frame_per_refresh_until_stopped(session_daemon):
 def test_top_into_a_pipe_closed_early_exits_quietly_with_status_zero(session_daemon, view):
     """`kvsched top --json | head -1`: the reader goes away after one line. Before, click turned the
     EPIPE into exit status 1 (a `set -o pipefail` script failed on a normal `head`)."""
-    proc = subprocess.Popen([sys.executable, "-m", "kvsched.cli", "--admin-endpoint", session_daemon.admin_endpoint,
-                             *view, "--interval-s", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvsched.cli",
+            "--admin-endpoint",
+            session_daemon.admin_endpoint,
+            *view,
+            "--interval-s",
+            "0.05",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout.readline()  # one line read, then the reader closes its end like `head -1`
     proc.stdout.close()
     try:
@@ -122,9 +147,14 @@ def test_daemon_errors_name_the_error_not_a_bare_number(session_daemon):
     assert "error 9" not in result.output
 
 
-@pytest.mark.parametrize("args, needle", [(("leases", "--class", "nope"), "no class named 'nope'"),
-                                          (("leases", "--worker", "4242"), "no worker 4242"),
-                                          (("queues", "nope"), "no class named 'nope'")])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("leases", "--class", "nope"), "no class named 'nope'"),
+        (("leases", "--worker", "4242"), "no worker 4242"),
+        (("queues", "nope"), "no class named 'nope'"),
+    ],
+)
 def test_a_filter_naming_what_does_not_exist_is_not_found_not_an_empty_table(session_daemon, args, needle):
     """`leases --class nope` printed an empty table with exit 0 while `queues nope` said not_found."""
     result = run(session_daemon, *args)
@@ -139,13 +169,18 @@ def test_leases_worker_outside_the_wire_bounds_is_a_usage_error(session_daemon, 
     assert result.exit_code == 2, result.output
 
 
-@pytest.mark.parametrize("args, needle", [(("drain", "4294967296"), "outside 0..4294967295"),
-                                           (("undrain", "1:99999"), "outside 0..65535"),
-                                           (("remove-worker", "--", "-1"), "outside 0..4294967295"),
-                                           (("drain", "-1"), "outside 0..4294967295"),  # was "No such option: -1"
-                                           (("undrain", "-7:0"), "outside 0..4294967295"),
-                                           (("remove-worker", "-1"), "outside 0..4294967295"),
-                                           (("add-worker", "3:70000"), "outside 0..65535")])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("drain", "4294967296"), "outside 0..4294967295"),
+        (("undrain", "1:99999"), "outside 0..65535"),
+        (("remove-worker", "--", "-1"), "outside 0..4294967295"),
+        (("drain", "-1"), "outside 0..4294967295"),  # was "No such option: -1"
+        (("undrain", "-7:0"), "outside 0..4294967295"),
+        (("remove-worker", "-1"), "outside 0..4294967295"),
+        (("add-worker", "3:70000"), "outside 0..65535"),
+    ],
+)
 def test_worker_out_of_the_wire_bounds_is_a_usage_error_before_any_call(session_daemon, args, needle):
     """Before: sent to the daemon, answered `malformed: Expected int <= 4294967295 - at $.worker_id`
     with the daemon-error exit code 1."""
@@ -208,8 +243,9 @@ def test_reload_path_is_resolved_against_the_callers_directory(own_daemon, tmp_p
     """The daemon runs in another directory; a relative PATH names the caller's file."""
     elsewhere = tmp_path / "operator-shell"
     elsewhere.mkdir()
-    (elsewhere / "profile.toml").write_text(TWO_WORKERS.replace("prefill_busy_threshold = 1000",
-                                                                "prefill_busy_threshold = 1000\nquantum = 77"))
+    (elsewhere / "profile.toml").write_text(
+        TWO_WORKERS.replace("prefill_busy_threshold = 1000", "prefill_busy_threshold = 1000\nquantum = 77")
+    )
     assert Path.cwd() != elsewhere
     monkeypatch.chdir(elsewhere)
     result = run(own_daemon, "reload", "profile.toml")
@@ -223,8 +259,17 @@ def test_reload_path_is_resolved_against_the_callers_directory(own_daemon, tmp_p
 
 def test_add_worker_subscribes_to_the_kv_event_endpoints_it_is_given(own_daemon):
     port = free_port()
-    ok = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "100",
-             "--kv-events-endpoint", f"tcp://127.0.0.1:{port}", "--kv-events-stale-after-s", "1")
+    ok = run(
+        own_daemon,
+        "add-worker",
+        "7",
+        "--total-kv-blocks",
+        "100",
+        "--kv-events-endpoint",
+        f"tcp://127.0.0.1:{port}",
+        "--kv-events-stale-after-s",
+        "1",
+    )
     assert ok.exit_code == EXIT_OK, ok.output
     plain = run(own_daemon, "add-worker", "8", "--total-kv-blocks", "100")
     assert plain.exit_code == EXIT_OK, plain.output
@@ -238,8 +283,15 @@ def test_add_worker_subscribes_to_the_kv_event_endpoints_it_is_given(own_daemon)
     assert not rows()[8].get("stale", False)  # no stream: nothing to go stale
 
 
-@pytest.mark.parametrize("bad", [("--kv-events-endpoint", "garbage"), ("--kv-events-endpoint", "tcp://nohost"),
-                                 ("--url", "notaurl"), ("--url", "10.0.0.5:8000")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("--kv-events-endpoint", "garbage"),
+        ("--kv-events-endpoint", "tcp://nohost"),
+        ("--url", "notaurl"),
+        ("--url", "10.0.0.5:8000"),
+    ],
+)
 def test_add_worker_with_a_bad_endpoint_or_url_is_refused_and_registers_nothing(own_daemon, bad):
     """Was: a malformed endpoint answered `internal: ZMQError` yet left the worker registered (without
     its stream), so the corrected command then failed with "already registered"; a URL without
@@ -250,8 +302,17 @@ def test_add_worker_with_a_bad_endpoint_or_url_is_refused_and_registers_nothing(
     assert "kvsched: invalid:" in refused.output and repr(value) in refused.output, refused.output
     ids = {w["worker_id"] for w in json.loads(run(own_daemon, "workers", "--json").output)["workers"]}
     assert 7 not in ids
-    fixed = run(own_daemon, "add-worker", "7", "--total-kv-blocks", "100", "--url", "http://127.0.0.1:8000",
-                "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}")
+    fixed = run(
+        own_daemon,
+        "add-worker",
+        "7",
+        "--total-kv-blocks",
+        "100",
+        "--url",
+        "http://127.0.0.1:8000",
+        "--kv-events-endpoint",
+        f"tcp://127.0.0.1:{free_port()}",
+    )
     assert fixed.exit_code == EXIT_OK, fixed.output
 
 
@@ -265,8 +326,18 @@ def test_a_runtime_worker_restored_by_a_restarted_daemon_keeps_its_url_and_the_s
     from kvsched.client import SyncSchedulerClient
 
     url, ep = "http://127.0.0.1:18007", f"tcp://127.0.0.1:{free_port()}"
-    args = ("add-worker", "7", "--total-kv-blocks", "100", "--url", url, "--kv-events-endpoint", ep,
-            "--kv-events-stale-after-s", "1")
+    args = (
+        "add-worker",
+        "7",
+        "--total-kv-blocks",
+        "100",
+        "--url",
+        url,
+        "--kv-events-endpoint",
+        ep,
+        "--kv-events-stale-after-s",
+        "1",
+    )
     assert run(own_daemon, *args).exit_code == EXIT_OK
     own_daemon.kill()
     own_daemon.restart()
@@ -300,9 +371,21 @@ def test_daemon_workers_flag_conflicting_with_config_workers_is_an_error(tmp_pat
     cfg = tmp_path / "pool.toml"
     cfg.write_text(TWO_WORKERS)
     instance = unique_instance()
-    argv = [sys.executable, "-m", "kvsched.daemon.app", "--config", str(cfg), "--workers", "4",
-            "--instance", instance, "--endpoint", f"ipc://{tmp_path}/d.sock",
-            "--admin-endpoint", f"ipc://{tmp_path}/a.sock"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kvsched.daemon.app",
+        "--config",
+        str(cfg),
+        "--workers",
+        "4",
+        "--instance",
+        instance,
+        "--endpoint",
+        f"ipc://{tmp_path}/d.sock",
+        "--admin-endpoint",
+        f"ipc://{tmp_path}/a.sock",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         _, err = proc.communicate(timeout=60)
@@ -323,14 +406,16 @@ def test_check_config_with_workers_flag_reports_the_conflict_a_start_rejects(tmp
     cfg = tmp_path / "pool.toml"
     cfg.write_text(TWO_WORKERS)
     base = [sys.executable, "-m", "kvsched.daemon.app"]
-    bad = subprocess.run([*base, "--workers", "4", "--check-config", str(cfg)], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+    bad = subprocess.run(
+        [*base, "--workers", "4", "--check-config", str(cfg)], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert bad.returncode == 2, bad.stdout
     assert "--workers 4 conflicts with the 2 [[workers]]" in bad.stderr
     empty = tmp_path / "empty.toml"
     empty.write_text("[daemon]\nblock_size = 16\n")
-    ok = subprocess.run([*base, "--workers", "3", "--check-config", str(empty)], capture_output=True, text=True,
-                        timeout=60, cwd=ROOT)
+    ok = subprocess.run(
+        [*base, "--workers", "3", "--check-config", str(empty)], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert ok.returncode == 0 and "3 workers" in ok.stdout, ok.stderr
 
 
@@ -342,12 +427,34 @@ def test_check_config_with_workers_flag_reports_the_conflict_a_start_rejects(tmp
 def test_replay_prints_its_daemons_admin_endpoint_and_the_cli_reaches_it(tmp_path):
     """`kvsched replay` starts a daemon in a private directory; the endpoint it prints works."""
     trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": 64, "output_length": 4,
-                                         "hash_ids": [i]}) + "\n" for i in range(60)))
-    argv = [sys.executable, "-m", "kvsched.cli", "replay", str(trace), "--routers", "1", "--workers", "1",
-            "--no-kv-events", "--out", str(tmp_path / "out")]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, "COLUMNS": "400"})
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": 1000 * i, "input_length": 64, "output_length": 4, "hash_ids": [i]}) + "\n"
+            for i in range(60)
+        )
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "kvsched.cli",
+        "replay",
+        str(trace),
+        "--routers",
+        "1",
+        "--workers",
+        "1",
+        "--no-kv-events",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "400"},
+    )
     try:
         admin = None
         assert proc.stdout is not None
@@ -367,11 +474,14 @@ def test_replay_prints_its_daemons_admin_endpoint_and_the_cli_reaches_it(tmp_pat
 # ------------------------------------------------------------------------------------ bad endpoints
 
 
-@pytest.mark.parametrize("endpoint, needle", [
-    ("tcp://host", "tcp:// needs HOST:PORT"),
-    ("tcp://*:5555", "'*' only binds"),
-    ("http://127.0.0.1:80", "unsupported transport"),
-])
+@pytest.mark.parametrize(
+    "endpoint, needle",
+    [
+        ("tcp://host", "tcp:// needs HOST:PORT"),
+        ("tcp://*:5555", "'*' only binds"),
+        ("http://127.0.0.1:80", "unsupported transport"),
+    ],
+)
 def test_cli_names_what_is_wrong_with_a_malformed_admin_endpoint(endpoint, needle):
     """Before: `kvsched: bad admin endpoint 'tcp://host': Invalid argument` (zmq's raw error), and
     `tcp://*:5555` was accepted for connecting."""
@@ -387,9 +497,15 @@ def test_scheduler_client_refuses_a_bind_only_address():
         SchedulerClient("tcp://*:5555")
 
 
-@pytest.mark.parametrize("option, value", [("--total-kv-blocks", str(2**40 + 1)), ("--total-kv-blocks", str(2**63)),
-                                           ("--total-kv-blocks", "99999999999999999999"),
-                                           ("--max-num-batched-tokens", str(2**31))])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--total-kv-blocks", str(2**40 + 1)),
+        ("--total-kv-blocks", str(2**63)),
+        ("--total-kv-blocks", "99999999999999999999"),
+        ("--max-num-batched-tokens", str(2**31)),
+    ],
+)
 def test_add_worker_capacity_over_its_bound_is_a_usage_error(session_daemon, option, value):
     """Was: 2**63-1 accepted (shown as such by `kvsched workers`), 2**63 answered `internal:
     OverflowError` with a traceback in the daemon's log, 10**20 a rich traceback from the CLI
@@ -401,8 +517,15 @@ def test_add_worker_capacity_over_its_bound_is_a_usage_error(session_daemon, opt
     assert 9 not in ids
 
 
-@pytest.mark.parametrize("field, value", [("total_kv_blocks", 2**62), ("total_kv_blocks", 2**63),
-                                          ("total_kv_blocks", 2**64 - 1), ("max_num_batched_tokens", 2**40)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("total_kv_blocks", 2**62),
+        ("total_kv_blocks", 2**63),
+        ("total_kv_blocks", 2**64 - 1),
+        ("max_num_batched_tokens", 2**40),
+    ],
+)
 def test_admin_add_worker_over_the_capacity_bound_is_answered_malformed_and_registers_nothing(own_daemon, field, value):
     """A raw `add_worker` frame (another admin tool) with a capacity past its bound: an
     `admin_error` MALFORMED naming the field (was: 2**62 accepted; 2**63 `internal: OverflowError`
@@ -427,11 +550,14 @@ def test_admin_add_worker_over_the_capacity_bound_is_answered_malformed_and_regi
     assert 9 not in {w["worker_id"] for w in rows}
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--instance", "../../etc/passwd", "status"], "instance name"),
-    (["--instance", "", "status"], "instance name"),
-    (["--admin-endpoint", "", "status"], "--admin-endpoint"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--instance", "../../etc/passwd", "status"], "instance name"),
+        (["--instance", "", "status"], "instance name"),
+        (["--admin-endpoint", "", "status"], "--admin-endpoint"),
+    ],
+)
 def test_an_instance_that_is_not_a_name_or_an_empty_endpoint_is_a_usage_error(args, needle):
     """Found from outside: `--instance ../../etc/passwd` became the socket path
     `<runtime dir>/../../etc/passwd-admin.sock` (the daemon refuses such names; the CLI did not), and

@@ -9,9 +9,21 @@ import pytest
 
 from kvsched.client.checks import checked_enqueue
 
-OK = dict(request_id="r", isl_tokens=10, block_hashes=None, policy_class="", priority=0, strict_priority=0,
-          session_id=None, expected_osl=None, pinned=None, allowed_workers=None, do_not_queue=False,
-          deadline_ms=None, lora_name=None)
+OK = dict(
+    request_id="r",
+    isl_tokens=10,
+    block_hashes=None,
+    policy_class="",
+    priority=0,
+    strict_priority=0,
+    session_id=None,
+    expected_osl=None,
+    pinned=None,
+    allowed_workers=None,
+    do_not_queue=False,
+    deadline_ms=None,
+    lora_name=None,
+)
 
 
 @pytest.mark.parametrize("name", ["request_id", "policy_class", "session_id", "lora_name"])

@@ -38,11 +38,14 @@ async def test_client_block_hashes_equal_the_free_function_with_the_daemons_seed
         assert np.array_equal(client.block_hashes(np.array(TOKENS), cache=cache), want)
         assert np.array_equal(client.block_hashes(TOKENS, cache=cache), want) and cache.hits == len(want)
         # the overrides are the free function's: a fleet without KV events may hash with xxhash (same seed)
-        assert np.array_equal(client.block_hashes(TOKENS, mode="xxhash"),
-                              block_hashes(TOKENS, BLOCK, mode="xxhash", hash_seed=SEED))
+        assert np.array_equal(
+            client.block_hashes(TOKENS, mode="xxhash"), block_hashes(TOKENS, BLOCK, mode="xxhash", hash_seed=SEED)
+        )
         extra = [("lora-a",)] * (len(TOKENS) // BLOCK)
-        assert np.array_equal(client.block_hashes(TOKENS, extra_keys=extra),
-                              block_hashes(TOKENS, BLOCK, mode="vllm", hash_seed=SEED, extra_keys=extra))
+        assert np.array_equal(
+            client.block_hashes(TOKENS, extra_keys=extra),
+            block_hashes(TOKENS, BLOCK, mode="vllm", hash_seed=SEED, extra_keys=extra),
+        )
 
 
 def test_sync_client_block_hashes_use_the_daemons_seed(daemon):

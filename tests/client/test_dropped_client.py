@@ -52,6 +52,7 @@ async def test_clients_dropped_unclosed_in_a_running_loop_end_their_threads_and_
 
     def conns_back() -> bool:
         return admin_call(session_daemon, p.Status()).connections <= before_conns
+
     assert await asyncio.to_thread(wait_until, conns_back, 15)
 
 
@@ -61,7 +62,7 @@ def _child(pipe_w: int, use: Callable[[], object]) -> None:
     try:
         use()
         outcome = "no error"
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+    except BaseException as exc:
         outcome = f"{type(exc).__name__}: {exc}"
     os.write(pipe_w, outcome.encode()[:1000])
     os._exit(0)
@@ -99,6 +100,7 @@ def test_a_forked_child_gets_a_clear_error_from_its_parents_sync_client(session_
                 client.schedule("fork-child-lease", 32)
             finally:
                 client.close()
+
         report = _fork_and_report(use)
         assert "KvschedError" in report and FORK_MESSAGE in report, report
 
@@ -117,11 +119,13 @@ async def test_a_forked_child_gets_a_clear_error_from_its_parents_async_client(s
     client-per-process error at once, `close` does nothing; the parent's client still schedules."""
     client = await SchedulerClient(session_daemon.endpoint, client_name="fork-async").connect()
     try:
+
         async def child_use() -> None:
             try:
                 await client.schedule("fork-async-child", 32)
             finally:
                 await client.close()
+
         report = await asyncio.to_thread(_fork_and_report, lambda: asyncio.run(child_use()))
         assert "KvschedError" in report and FORK_MESSAGE in report, report
         lease = await client.schedule("fork-async-parent", 32)

@@ -58,8 +58,10 @@ async def test_thousand_dropped_leases_cost_one_loop_wake_and_one_release_each()
     for _ in range(3):
         await asyncio.sleep(0)
     assert [f.request_id for f in link.sent] == [f"gc-{i}" for i in range(1000)]
-    assert all(isinstance(f, p.Release) and f.outcome == "aborted" and f.slot == i and f.generation == 1
-               for i, f in enumerate(link.sent))
+    assert all(
+        isinstance(f, p.Release) and f.outcome == "aborted" and f.slot == i and f.generation == 1
+        for i, f in enumerate(link.sent)
+    )
     _drop_open_leases(client, 10, "next-")  # a later batch: one more wake
     await asyncio.sleep(0)
     assert loop.wakes == 2 and len(link.sent) == 1010

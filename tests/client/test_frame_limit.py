@@ -17,7 +17,7 @@ import pytest
 from kvsched import protocol as p
 from kvsched.client import FrameTooLarge, SchedulerClient
 from kvsched.client.pending import split_reattach
-from tests.conftest import RawPeer, admin_call, kill_and_wait_for_disconnect, daemon_fixture, wait_until
+from tests.conftest import RawPeer, admin_call, daemon_fixture, kill_and_wait_for_disconnect, wait_until
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -63,8 +63,10 @@ async def test_a_reattach_larger_than_the_limit_is_split_and_every_waiting_reque
         first = await client.schedule("warm", isl_tokens=100)
         first.release("completed")
         await kill_and_wait_for_disconnect(daemon, client)
-        calls = [asyncio.ensure_future(client.schedule(f"w-{i}", isl_tokens=16 * 40, block_hashes=_hashes(i + 2, 40)))
-                 for i in range(40)]
+        calls = [
+            asyncio.ensure_future(client.schedule(f"w-{i}", isl_tokens=16 * 40, block_hashes=_hashes(i + 2, 40)))
+            for i in range(40)
+        ]
         await asyncio.sleep(0.2)
         await asyncio.to_thread(daemon.restart)
         leases = await asyncio.wait_for(asyncio.gather(*calls), 30)
@@ -90,10 +92,15 @@ def test_split_reattach_keeps_the_order_stays_under_the_limit_and_sets_aside_wha
     assert len(frames) > 3
     assert all(len(enc.encode(f)) <= limit for f in frames)
     # in order: every lease, then every requeue, then every pending Enqueue (as one frame is handled)
-    order = [(k, getattr(x, "request_id", None) or x.lease.request_id)
-             for f in frames for k, xs in (("l", f.leases), ("r", f.requeues), ("e", f.pending)) for x in xs]
-    assert order == [("l", x.request_id) for x in leases] + [("r", x.lease.request_id) for x in requeues] + \
-        [("e", x.request_id) for x in pending if x.request_id != "huge"]
+    order = [
+        (k, getattr(x, "request_id", None) or x.lease.request_id)
+        for f in frames
+        for k, xs in (("l", f.leases), ("r", f.requeues), ("e", f.pending))
+        for x in xs
+    ]
+    assert order == [("l", x.request_id) for x in leases] + [("r", x.lease.request_id) for x in requeues] + [
+        ("e", x.request_id) for x in pending if x.request_id != "huge"
+    ]
     # a frame that fits is sent as it is
     small = p.Reattach(leases[:3], pending[:2], [])
     assert split_reattach(small, limit, enc.encode) == ([small], [])

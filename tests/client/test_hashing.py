@@ -21,7 +21,7 @@ def vllm_reference(tokens, block_size, seed, extra=None):
     parent = hashlib.sha256(cbor2.dumps(seed, canonical=True)).digest()
     out = []
     for i in range(len(tokens) // block_size):
-        blk = tuple(tokens[i * block_size:(i + 1) * block_size])
+        blk = tuple(tokens[i * block_size : (i + 1) * block_size])
         key = None if extra is None else extra[i]
         parent = hashlib.sha256(cbor2.dumps((parent, blk, key), canonical=True)).digest()
         out.append(int.from_bytes(parent, "big") & M64)
@@ -59,7 +59,7 @@ def test_vllm_mode_with_extra_keys_per_block():
 def xx_reference(tokens, block_size, seed=0):
     out, h = [], 0
     for i in range(len(tokens) // block_size):
-        blk = b"".join(t.to_bytes(4, "little") for t in tokens[i * block_size:(i + 1) * block_size])
+        blk = b"".join(t.to_bytes(4, "little") for t in tokens[i * block_size : (i + 1) * block_size])
         h = xxhash.xxh64(h.to_bytes(8, "little") + blk, seed=seed).intdigest()
         out.append(h)
     return out
@@ -98,8 +98,12 @@ def test_bad_arguments():
 
 
 cbor_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.binary(max_size=40)
-    | st.text(max_size=20) | st.floats(allow_nan=False),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64 - 1)
+    | st.binary(max_size=40)
+    | st.text(max_size=20)
+    | st.floats(allow_nan=False),
     lambda inner: st.lists(inner, max_size=5) | st.lists(inner, max_size=5).map(tuple),
     max_leaves=20,
 )
@@ -128,7 +132,9 @@ def test_vllm_extra_keys_shapes_per_release():
     assert vllm_extra_keys("0.20.1", 2, lora_name="ad", cache_salt="s") == [("ad", "s"), ("ad",)]
     assert vllm_extra_keys("0.20.1", 2, cache_salt="s") == [("s",), None]
     assert vllm_extra_keys("v0.33.0", 2, lora_name="ad", lora_path="/l", cache_salt="s") == [
-        (("lora", "ad", "/l"), ("cache_salt", "s")), (("lora", "ad", "/l"),)]
+        (("lora", "ad", "/l"), ("cache_salt", "s")),
+        (("lora", "ad", "/l"),),
+    ]
     for bad in ("0.9.2", "0.12.0", "0.13.1", "latest"):
         with pytest.raises(ValueError):
             vllm_extra_keys(bad, 1, cache_salt="s")
@@ -150,9 +156,22 @@ prefixes = st.lists(st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=40)
 
 
 @settings(max_examples=150, deadline=None)
-@given(prefixes, st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 70000), max_size=30),
-                                    st.booleans(), st.sampled_from(["list", "int64", "uint32"])), min_size=1, max_size=8),
-       st.integers(1, 5), st.integers(1, 6), st.sampled_from([None, "7"]))
+@given(
+    prefixes,
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.lists(st.integers(0, 70000), max_size=30),
+            st.booleans(),
+            st.sampled_from(["list", "int64", "uint32"]),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(1, 5),
+    st.integers(1, 6),
+    st.sampled_from([None, "7"]),
+)
 def test_cached_vllm_hashes_equal_the_reference_chain(heads, prompts, block_size, capacity, seed):
     """Prompts sharing prefixes, hashed through one small cache (evictions included), give the
     reference chain every time; salted prompts (extra keys on block 0) are never mixed up."""

@@ -116,6 +116,7 @@ async def test_bad_token_counts_raise_at_the_call_and_the_lease_still_releases(s
 async def test_an_int_subclass_context_count_is_sent_and_the_lease_released(session_daemon):
     """Found from outside: `release(context_tokens=MyInt(120))` marked the lease completed, then the
     frame encoder refused the int subclass: nothing was sent and the daemon held the lease."""
+
     class MyInt(int):
         pass
 

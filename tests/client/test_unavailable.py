@@ -18,8 +18,9 @@ async def test_fail_mode_raises_daemon_unavailable_naming_endpoint(tmp_path):
 
 async def test_bypass_mode_returns_counted_degraded_leases_on_bypass_workers(tmp_path):
     endpoint = f"ipc://{tmp_path}/absent.sock"
-    client = await SchedulerClient(endpoint, connect_timeout_s=0.2, on_unavailable="bypass",
-                                   bypass_workers=[(4, 0), (5, 1)]).connect()
+    client = await SchedulerClient(
+        endpoint, connect_timeout_s=0.2, on_unavailable="bypass", bypass_workers=[(4, 0), (5, 1)]
+    ).connect()
     try:
         leases = [await client.schedule(f"b{i}", isl_tokens=100) for i in range(20)]
         assert all(lease.degraded for lease in leases)
@@ -62,8 +63,9 @@ async def test_a_missing_ipc_socket_file_is_waited_for_up_to_the_timeout_but_byp
         await SchedulerClient(endpoint, connect_timeout_s=1.0).connect()
     assert 1.0 <= time.monotonic() - t0 < 20
     t0 = time.monotonic()
-    client = await SchedulerClient(endpoint, connect_timeout_s=60, on_unavailable="bypass",
-                                   bypass_workers=[(0, 0)]).connect()
+    client = await SchedulerClient(
+        endpoint, connect_timeout_s=60, on_unavailable="bypass", bypass_workers=[(0, 0)]
+    ).connect()
     try:
         lease = await client.schedule("b", isl_tokens=10)
         assert lease.degraded

@@ -30,8 +30,9 @@ async def test_a_welcome_whose_signal_the_timer_consumed_is_still_read(tmp_path)
         await until(lambda: router.poll(0), timeout_s=10)
         ident, raw = router.recv_multipart()
         assert isinstance(p.make_router_decoder().decode(raw), p.Hello)
-        router.send_multipart([ident, p.make_encoder().encode(p.Welcome(1, 1, 2, 16, "l", "p", 10_000, 60_000,
-                                                                        1 << 20))])
+        router.send_multipart(
+            [ident, p.make_encoder().encode(p.Welcome(1, 1, 2, 16, "l", "p", 10_000, 60_000, 1 << 20))]
+        )
         deadline = time.monotonic() + 10
         while not (link.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN) and time.monotonic() < deadline:
             time.sleep(0.01)  # not the loop's sleep: the reader callback must not run yet

@@ -13,8 +13,7 @@ _SEQ = itertools.count(1)
 def make_entry(request_id: str | None = None, **overrides) -> QueueEntry:
     """A QueueEntry with a fresh enqueue_seq / arrival; override any field by keyword."""
     seq = next(_SEQ)
-    fields = dict(request_id=request_id or f"r{seq}", enqueue_seq=seq, arrival_us=seq * 1000,
-                  cost=100, isl_tokens=100)
+    fields = dict(request_id=request_id or f"r{seq}", enqueue_seq=seq, arrival_us=seq * 1000, cost=100, isl_tokens=100)
     fields.update(overrides)
     return QueueEntry(**fields)
 
@@ -49,8 +48,16 @@ def make_config(classes=None, **overrides):
     return Config(**fields)
 
 
-def make_scheduler(config=None, workers=((1, 0),), total_kv_blocks: int = 1000, max_num_batched_tokens: int = 1000,
-                   max_workers: int = 8, max_slots: int = 64, owner_alive=None, **config_overrides):
+def make_scheduler(
+    config=None,
+    workers=((1, 0),),
+    total_kv_blocks: int = 1000,
+    max_num_batched_tokens: int = 1000,
+    max_workers: int = 8,
+    max_slots: int = 64,
+    owner_alive=None,
+    **config_overrides,
+):
     """A Scheduler over a private LedgerArrays with `workers` (worker_id, dp_rank) registered."""
     from kvsched.config import OverloadConfig
     from kvsched.core.create import create_scheduler
@@ -62,8 +69,9 @@ def make_scheduler(config=None, workers=((1, 0),), total_kv_blocks: int = 1000, 
     config = config or make_config(**config_overrides)
     arrays = LedgerArrays.private(max_workers, max_slots, 64, block_size=config.daemon.block_size)
     ledger = Ledger(arrays, overload=config.overload or OverloadConfig())
-    s = create_scheduler(config, ledger=ledger, overlap=OverlapIndex(max_workers, 1024), owner_alive=owner_alive,
-                         add_workers=False)
+    s = create_scheduler(
+        config, ledger=ledger, overlap=OverlapIndex(max_workers, 1024), owner_alive=owner_alive, add_workers=False
+    )
     for wid, rank in workers:
         s.add_worker(WorkerKey(wid, rank), total_kv_blocks, max_num_batched_tokens)
     return s

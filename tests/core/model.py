@@ -187,9 +187,13 @@ class ModelScheduler:
         self.cleanup: set[str] = set()
 
     def placeable(self, pin, allowed, drained_count: bool = False) -> set:
-        return {w for w, drained in self.workers.items()
-                if (drained_count or not drained) and (pin is None or w == pin)
-                and (allowed is None or w.worker_id in allowed)}
+        return {
+            w
+            for w, drained in self.workers.items()
+            if (drained_count or not drained)
+            and (pin is None or w == pin)
+            and (allowed is None or w.worker_id in allowed)
+        }
 
     def expect_enqueue(self, rid: str, pin, allowed) -> str | None:
         """The rejection reason the contracts force for this enqueue, or None (any other answer)."""
@@ -234,8 +238,11 @@ class ModelScheduler:
         for rid, req in list(self.live.items()):
             if req.state == "leased" and req.worker.worker_id == worker_id:
                 self.released(rid)
-        return {rid for rid, req in self.live.items()
-                if req.state == "waiting" and not self.placeable(req.pin, req.allowed, drained_count=True)}
+        return {
+            rid
+            for rid, req in self.live.items()
+            if req.state == "waiting" and not self.placeable(req.pin, req.allowed, drained_count=True)
+        }
 
     def waiting(self) -> set[str]:
         return {rid for rid, req in self.live.items() if req.state == "waiting"}

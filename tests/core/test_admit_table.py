@@ -83,14 +83,18 @@ def test_a_copied_scheduler_writes_its_own_arrays():
     a = _admit(s, 1, 1_000)
     s.release(a.request_id, a.slot, a.generation, "completed", 1, 1_500)
     s.ledger.fold_progress()
-    snapshot = {n: getattr(s.ledger.arrays, n).copy() for n in ("w_active_blocks", "w_active_requests", "s_state",
-                                                                 "s_generation", "ref_counts", "arena")}
+    snapshot = {
+        n: getattr(s.ledger.arrays, n).copy()
+        for n in ("w_active_blocks", "w_active_requests", "s_state", "s_generation", "ref_counts", "arena")
+    }
     keys, recent = s.view.approx.keys.copy(), s.admitter.selector.recent.copy()
     c = copy.deepcopy(s)
     b = _admit(c, 2, 2_000)
     assert c.ledger.arrays.w_active_requests.sum() == 1
     c.release(b.request_id, b.slot, b.generation, "completed", 1, 2_500)
-    assert c.admitter.fast.kernel_arrays()[2][ENTRY * RECENT] == c.admitter.selector.recent.__array_interface__["data"][0]
+    assert (
+        c.admitter.fast.kernel_arrays()[2][ENTRY * RECENT] == c.admitter.selector.recent.__array_interface__["data"][0]
+    )
     for n, before in snapshot.items():
         np.testing.assert_array_equal(getattr(s.ledger.arrays, n), before, err_msg=n)
     np.testing.assert_array_equal(s.view.approx.keys, keys)

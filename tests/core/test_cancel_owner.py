@@ -66,13 +66,20 @@ class RecordingPolicy(AdmissionPolicy):
 
 
 def _twin(seed: int):
-    classes = [make_class("a", prefill_busy_threshold=120, quantum=256),
-               make_class("b", ordering="wspt", prefill_busy_threshold=120, quantum=128,
-                          request_queue_limit_per_worker=12)]
+    classes = [
+        make_class("a", prefill_busy_threshold=120, quantum=256),
+        make_class("b", ordering="wspt", prefill_busy_threshold=120, quantum=128, request_queue_limit_per_worker=12),
+    ]
     s = make_scheduler(make_config(classes, daemon=DaemonConfig(max_waiting_share=0.5)), workers=WORKERS, max_slots=12)
     for key in KEYS[:2]:  # two of the three workers busy for good: requests wait whenever the third is busy too
-        assert type(s.enqueue(make_request(f"hold-{key.worker_id}-{key.dp_rank}", isl_tokens=400, owner=HOLDER,
-                                           pinned=key), 0)[0]).__name__ == "Admit"
+        assert (
+            type(
+                s.enqueue(
+                    make_request(f"hold-{key.worker_id}-{key.dp_rank}", isl_tokens=400, owner=HOLDER, pinned=key), 0
+                )[0]
+            ).__name__
+            == "Admit"
+        )
     policy = s.pq.classes[0].admission = RecordingPolicy(seed)
     return s, policy
 
@@ -91,20 +98,41 @@ def _old_cancel_owner(s, owner: int, now_us: int) -> None:
 def _observed(s, policy, now_us: int, ids: list[str]) -> tuple:
     """Everything a client, an operator or a policy can see of the scheduler."""
     n_classes = len(s.pq.classes)
-    return (s.queues(now_us), s.workers(), s.leases(now_us), s.waiting, s.queued, s.deferred, s.active_leases,
-            s.decisions_total, {(o, c): s.shares.of(o, c) for o in OWNERS for c in range(n_classes)},
-            [s.cleanup_pending(rid) for rid in ids], [(c, type(e).__name__, e.request_id) for c, e in s.feed.events],
-            list(policy.log), s.pq.cursor, s.pq.carry)
+    return (
+        s.queues(now_us),
+        s.workers(),
+        s.leases(now_us),
+        s.waiting,
+        s.queued,
+        s.deferred,
+        s.active_leases,
+        s.decisions_total,
+        {(o, c): s.shares.of(o, c) for o in OWNERS for c in range(n_classes)},
+        [s.cleanup_pending(rid) for rid in ids],
+        [(c, type(e).__name__, e.request_id) for c, e in s.feed.events],
+        list(policy.log),
+        s.pq.cursor,
+        s.pq.carry,
+    )
 
 
-OP = st.tuples(st.sampled_from(["enqueue"] * 8 + ["release", "prefill_done", "tick", "cancel", "drain"]),
-               st.sampled_from(OWNERS), st.sampled_from(["a", "b"]), st.integers(1, 400),
-               st.sampled_from([None, None, None, *KEYS]), st.integers(0, 10**6))
+OP = st.tuples(
+    st.sampled_from(["enqueue"] * 8 + ["release", "prefill_done", "tick", "cancel", "drain"]),
+    st.sampled_from(OWNERS),
+    st.sampled_from(["a", "b"]),
+    st.integers(1, 400),
+    st.sampled_from([None, None, None, *KEYS]),
+    st.integers(0, 10**6),
+)
 
 
 @settings(max_examples=100, deadline=None)
-@given(seed=st.integers(0, 2**16), before=st.lists(OP, min_size=5, max_size=80), dead=st.sampled_from(OWNERS),
-       after=st.lists(OP, max_size=30))
+@given(
+    seed=st.integers(0, 2**16),
+    before=st.lists(OP, min_size=5, max_size=80),
+    dead=st.sampled_from(OWNERS),
+    after=st.lists(OP, max_size=30),
+)
 def test_cancel_owner_ends_requests_as_releasing_them_one_by_one(seed, before, dead, after):
     bulk, bulk_policy = _twin(seed)
     ref, ref_policy = _twin(seed)
@@ -120,7 +148,9 @@ def test_cancel_owner_ends_requests_as_releasing_them_one_by_one(seed, before, d
         for s in (bulk, ref):
             if kind == "enqueue":
                 rid = f"r{len(ids)}"
-                outs.append(s.enqueue(make_request(rid, isl_tokens=isl, policy_class=cls, pinned=pin, owner=owner), now))
+                outs.append(
+                    s.enqueue(make_request(rid, isl_tokens=isl, policy_class=cls, pinned=pin, owner=owner), now)
+                )
             elif kind in ("release", "prefill_done") and leases:
                 rid = sorted(leases)[k % len(leases)]
                 slot, gen = leases[rid]
@@ -129,7 +159,9 @@ def test_cancel_owner_ends_requests_as_releasing_them_one_by_one(seed, before, d
                 else:
                     outs.append(s.update(rid, slot, gen, "prefill_done", None, now))
             elif kind == "cancel":
-                waiting = sorted(set(s.lease_table.live) - {lv.spec.request_id for lv in s.lease_table.by_slot.values()})
+                waiting = sorted(
+                    set(s.lease_table.live) - {lv.spec.request_id for lv in s.lease_table.by_slot.values()}
+                )
                 if waiting:
                     outs.append(s.release(waiting[k % len(waiting)], -1, 0, "cancelled", 0, now))
             elif kind == "tick":
@@ -151,10 +183,12 @@ def test_cancel_owner_ends_requests_as_releasing_them_one_by_one(seed, before, d
         step(op)
     assert _observed(bulk, bulk_policy, now, ids) == _observed(ref, ref_policy, now, ids)
     held = [bulk.lease_table.live[rid] for rid in bulk.lease_table.by_owner.get(dead, ())]
-    event(f"dead owner's requests: {'leased ' if any(lv.state == LEASED for lv in held) else ''}"
-          f"{'deferred ' if any(lv.state == 'deferred' for lv in held) else ''}"
-          f"{'in a lane ' if any(lv.state == 'ready' and lv.entry.placement for lv in held) else ''}"
-          f"{'in the shared heap' if any(lv.state == 'ready' and not lv.entry.placement for lv in held) else ''}")
+    event(
+        f"dead owner's requests: {'leased ' if any(lv.state == LEASED for lv in held) else ''}"
+        f"{'deferred ' if any(lv.state == 'deferred' for lv in held) else ''}"
+        f"{'in a lane ' if any(lv.state == 'ready' and lv.entry.placement for lv in held) else ''}"
+        f"{'in the shared heap' if any(lv.state == 'ready' and not lv.entry.placement for lv in held) else ''}"
+    )
 
     now += 1000
     bulk.cancel_owner(dead, now)
@@ -174,8 +208,10 @@ def test_cancel_owner_of_a_flood_leaves_the_other_owners_queue_whole():
     """A dead flooder's 3,000 waiting requests (shared heap, a pinned lane, deferred) go at once; the other
     owner's requests keep their place, counts and order, and run when the workers free up."""
     s, _ = _twin(0)
-    assert type(s.enqueue(make_request("hold-2-1", isl_tokens=400, owner=HOLDER, pinned=KEYS[2]),
-                          1)[0]).__name__ == "Admit"  # with `_twin`'s two: every worker busy, what follows waits
+    assert (
+        type(s.enqueue(make_request("hold-2-1", isl_tokens=400, owner=HOLDER, pinned=KEYS[2]), 1)[0]).__name__
+        == "Admit"
+    )  # with `_twin`'s two: every worker busy, what follows waits
     mine = []
     for i in range(3000):
         cls = "b" if i % 3 == 0 else "a"
@@ -205,8 +241,10 @@ def test_cancel_owner_resets_the_credit_of_a_class_it_empties():
     ref, _ = _twin(0)
     for s in (bulk, ref):
         s.pq.classes[0].admission = None
-        assert type(s.enqueue(make_request("hold-2-1", isl_tokens=400, owner=HOLDER, pinned=KEYS[2]),
-                              1)[0]).__name__ == "Admit"
+        assert (
+            type(s.enqueue(make_request("hold-2-1", isl_tokens=400, owner=HOLDER, pinned=KEYS[2]), 1)[0]).__name__
+            == "Admit"
+        )
         for i in range(4):
             assert s.enqueue(make_request(f"f{i}", isl_tokens=50, owner=1, policy_class="a"), 2 + i) == []
         hold = next(x for x in s.leases(10) if x.request_id == "hold-2-1")

@@ -68,8 +68,12 @@ def test_a_daemon_stall_during_the_grace_moves_the_orphan_deadline_by_the_stall(
 def test_create_scheduler_registers_the_configured_workers_once():
     from kvsched.config import WorkerConfig
 
-    cfg = make_config(workers=[WorkerConfig(worker_id=3, dp_size=2, total_kv_blocks=100),
-                               WorkerConfig(worker_id=9, total_kv_blocks=100)])
+    cfg = make_config(
+        workers=[
+            WorkerConfig(worker_id=3, dp_size=2, total_kv_blocks=100),
+            WorkerConfig(worker_id=9, total_kv_blocks=100),
+        ]
+    )
     s = create_scheduler(cfg)
     keys = sorted((w.worker_id, w.dp_rank) for w in s.workers())
     assert keys == [(3, 0), (3, 1), (9, 0)]
@@ -94,4 +98,3 @@ def test_immediate_admissions_share_one_bypass_record_and_no_cost_snapshot():
     chosen = [r for r in reply.rows if (r.worker_id, r.dp_rank) == (reply.chosen_worker_id, reply.chosen_dp_rank)]
     assert chosen and chosen[0].cost == min(r.cost for r in reply.rows if r.eligible)
     assert WorkerKey(reply.chosen_worker_id, reply.chosen_dp_rank) == b.worker
-

@@ -10,18 +10,37 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsched.config import ClassConfig, SelectorConfig
-from kvsched.core.types import Admit, WorkerKey
 from kvsched.core.create import create_scheduler
 from kvsched.core.ledger import Ledger
+from kvsched.core.types import Admit, WorkerKey
 from kvsched.shm.layout import LedgerArrays
 from kvsched.shm.overlap import OverlapIndex
 
 from .factories import make_config, make_request
 
 WORKERS = ((1, 0), (2, 0), (3, 0), (3, 1))
-LEDGER = ("w_active_blocks", "w_active_prefill", "w_active_requests", "w_flags", "ref_keys", "ref_counts", "arena",
-          "s_state", "s_generation", "s_worker_row", "s_isl", "s_cached", "s_prefill", "s_expected_osl",
-          "s_extra_blocks", "s_class", "s_enqueue_us", "s_admit_us", "s_arena_len", "s_owner_pid")
+LEDGER = (
+    "w_active_blocks",
+    "w_active_prefill",
+    "w_active_requests",
+    "w_flags",
+    "ref_keys",
+    "ref_counts",
+    "arena",
+    "s_state",
+    "s_generation",
+    "s_worker_row",
+    "s_isl",
+    "s_cached",
+    "s_prefill",
+    "s_expected_osl",
+    "s_extra_blocks",
+    "s_class",
+    "s_enqueue_us",
+    "s_admit_us",
+    "s_arena_len",
+    "s_owner_pid",
+)
 
 
 def _pair(events: bool, busy_frac: float | None, max_slots: int, overload_prefill: int | None, home: bool = False):
@@ -32,10 +51,14 @@ def _pair(events: bool, busy_frac: float | None, max_slots: int, overload_prefil
     classes = [ClassConfig(name="default", prefill_busy_threshold_frac=busy_frac), ClassConfig(name="batch")]
     out = []
     for _ in range(2):
-        sel = SelectorConfig(seed=3, home_weight=0.5, home_min_prefill_tokens=64) if home else \
-            SelectorConfig(seed=3, home_weight=0.0)
-        config = make_config(classes=classes, selector=sel,
-                             overload=OverloadConfig(overload_prefill_tokens=overload_prefill))
+        sel = (
+            SelectorConfig(seed=3, home_weight=0.5, home_min_prefill_tokens=64)
+            if home
+            else SelectorConfig(seed=3, home_weight=0.0)
+        )
+        config = make_config(
+            classes=classes, selector=sel, overload=OverloadConfig(overload_prefill_tokens=overload_prefill)
+        )
         ledger = Ledger(LedgerArrays.private(8, max_slots, 16, block_size=16), overload=config.overload)
         s = create_scheduler(config, ledger=ledger, overlap=OverlapIndex(8, 256), add_workers=False, events=events)
         for wid, rank in WORKERS:
@@ -75,7 +98,7 @@ def _same_state(fast, slow, ids) -> None:
             for f in ("keys", "used", "perm", "ttlm", "ttl_exp"):
                 np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f"{name}.{f}")
     np.testing.assert_array_equal(fast.selector.recent[: slow.selector.recent.size], slow.selector.recent)
-    assert not fast.selector.recent[slow.selector.recent.size:].any()
+    assert not fast.selector.recent[slow.selector.recent.size :].any()
     assert fast.selector.recent_at_us == slow.selector.recent_at_us
     np.testing.assert_array_equal(fast.selector.home, slow.selector.home)
     assert fast.selector.home_at_us == slow.selector.home_at_us
@@ -84,8 +107,14 @@ def _same_state(fast, slow, ids) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31), events=st.booleans(), busy_frac=st.sampled_from([None, 0.5, 4.0]),
-       max_slots=st.sampled_from([6, 64]), overload_prefill=st.sampled_from([None, 3000]), home=st.booleans())
+@given(
+    seed=st.integers(0, 2**31),
+    events=st.booleans(),
+    busy_frac=st.sampled_from([None, 0.5, 4.0]),
+    max_slots=st.sampled_from([6, 64]),
+    overload_prefill=st.sampled_from([None, 3000]),
+    home=st.booleans(),
+)
 def test_fused_path_decides_as_the_python_path(seed, events, busy_frac, max_slots, overload_prefill, home):
     """Random enqueues (shared prefixes, allowed sets, pins, the batch class, repeated ids), progress,
     releases, requeues and cleanups, on an idle fleet (ties) and a loaded one (busy class, full slot
@@ -101,10 +130,15 @@ def test_fused_path_decides_as_the_python_path(seed, events, busy_frac, max_slot
             rid = f"r{i}" if rng.random() < 0.95 else (ids[-1] if ids else "r0")
             prefix = int(rng.integers(0, 3))
             n = int(rng.integers(0, 9))
-            hashes = np.array([prefix * 1000 + k for k in range(min(n, 3))] + [10**6 + i * 16 + k for k in range(n - 3)],
-                              dtype=np.uint64)
-            kw = dict(isl_tokens=max(1, n * 16 - int(rng.integers(0, 16))) + int(rng.integers(0, 3)) * 16,
-                      block_hashes=np.frombuffer(hashes.tobytes(), dtype="<u8"), owner=1)
+            hashes = np.array(
+                [prefix * 1000 + k for k in range(min(n, 3))] + [10**6 + i * 16 + k for k in range(n - 3)],
+                dtype=np.uint64,
+            )
+            kw = dict(
+                isl_tokens=max(1, n * 16 - int(rng.integers(0, 16))) + int(rng.integers(0, 3)) * 16,
+                block_hashes=np.frombuffer(hashes.tobytes(), dtype="<u8"),
+                owner=1,
+            )
             if rng.random() < 0.15:
                 kw["allowed_workers"] = frozenset({int(rng.choice([1, 2, 3]))})
             if rng.random() < 0.1:
@@ -179,8 +213,12 @@ def test_fused_path_is_off_when_a_key_only_the_array_code_computes_is_on(key, va
     out = []
     for _ in range(2):
         config = make_config(selector=SelectorConfig(seed=3, **{"home_weight": 0.0, key: value}))
-        s = create_scheduler(config, ledger=_Ledger(LedgerArrays.private(8, 64, 16, block_size=16)),
-                             overlap=OverlapIndex(8, 256), add_workers=False)
+        s = create_scheduler(
+            config,
+            ledger=_Ledger(LedgerArrays.private(8, 64, 16, block_size=16)),
+            overlap=OverlapIndex(8, 256),
+            add_workers=False,
+        )
         for wid, rank in WORKERS:
             s.add_worker(WorkerKey(wid, rank), 4000, 2048)
         out.append(s)

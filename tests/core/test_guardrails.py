@@ -77,7 +77,9 @@ def test_reenqueue_of_released_id_is_duplicate_until_cleanup_reaches_session_cap
 
 
 def test_cancelled_and_resent_id_is_answered_under_kv_pressure():
-    cls = ClassConfig(name="default", admission=AdmissionConfig(type="kv_pressure", high_water_frac=0.5, low_water_frac=0.3))
+    cls = ClassConfig(
+        name="default", admission=AdmissionConfig(type="kv_pressure", high_water_frac=0.5, low_water_frac=0.3)
+    )
     s = _sched([cls], total_kv_blocks=100)
     big = _one(s.enqueue(make_request("big", isl_tokens=16 * 60), 0))  # 60 of 100 blocks booked
     assert s.enqueue(make_request("x", isl_tokens=16), 1) == []  # deferred
@@ -91,8 +93,11 @@ def test_cancelled_and_resent_id_is_answered_under_kv_pressure():
 
 
 def test_rejected_tracked_request_id_is_duplicate_until_its_abort_reaches_the_policy():
-    cls = ClassConfig(name="agents", request_queue_limit_per_worker=0,
-                      admission=AdmissionConfig(type="session_cap", max_active_per_session=1))
+    cls = ClassConfig(
+        name="agents",
+        request_queue_limit_per_worker=0,
+        admission=AdmissionConfig(type="session_cap", max_active_per_session=1),
+    )
     s = _sched([cls])
     a = _one(s.enqueue(make_request("a", session_id="s"), 0))
     assert _one(s.enqueue(make_request("b", session_id="s"), 1)).reason == "queue_full"
@@ -137,11 +142,14 @@ def test_policy_placed_request_returns_to_the_shared_heap_when_its_worker_is_rem
 
 
 # ---- 3. admission-policy placements -------------------------------------------------------------
-@pytest.mark.parametrize("spec_kw, placement, expect", [
-    (dict(pinned=W1), W2, "1:0"),  # a placement never overrides the request's pin
-    (dict(allowed_workers=frozenset({1})), W2, "1:0"),  # nor its allowed set
-    ({}, WorkerKey(9, 0), None),  # nor names an unregistered worker
-])
+@pytest.mark.parametrize(
+    "spec_kw, placement, expect",
+    [
+        (dict(pinned=W1), W2, "1:0"),  # a placement never overrides the request's pin
+        (dict(allowed_workers=frozenset({1})), W2, "1:0"),  # nor its allowed set
+        ({}, WorkerKey(9, 0), None),  # nor names an unregistered worker
+    ],
+)
 def test_invalid_ready_placement_is_ignored_counted_and_noted(spec_kw, placement, expect):
     s = _sched(workers=((1, 0), (2, 0)))
     s.pq.classes[0].admission = ScriptedPolicy({"r": Ready(placement)})
@@ -178,8 +186,10 @@ def test_invalid_make_ready_placement_releases_deferred_request_to_its_own_place
 
 # ---- 4. WSPT cost over placeable workers --------------------------------------------------------
 def test_wspt_cost_uses_cached_tokens_of_placeable_worker_when_all_overloaded():
-    cfg = make_config([make_class("default", ordering="wspt", prefill_busy_threshold=10_000)],
-                      overload=OverloadConfig(overload_prefill_tokens=100))
+    cfg = make_config(
+        [make_class("default", ordering="wspt", prefill_busy_threshold=10_000)],
+        overload=OverloadConfig(overload_prefill_tokens=100),
+    )
     s = make_scheduler(cfg)
     hashes = list(range(1, 38))
     warm = _one(s.enqueue(make_request("warm", isl_tokens=600, block_hashes=hashes), 0))  # overloads worker 1
@@ -213,8 +223,9 @@ def _event_fed_scheduler():
 
     cfg = make_config([make_class("default", **BUSY_500)])
     ledger = Ledger(LedgerArrays.private(8, 64, 64, block_size=16))
-    s = create_scheduler(cfg, ledger=ledger, overlap=OverlapIndex(8, 1024), event_device=OverlapIndex(8, 1024),
-                         add_workers=False)
+    s = create_scheduler(
+        cfg, ledger=ledger, overlap=OverlapIndex(8, 1024), event_device=OverlapIndex(8, 1024), add_workers=False
+    )
     s.add_worker(W1, 1000, 1000)
     s.set_event_fed(ledger.row_of(W1), True)
     return s
@@ -243,8 +254,10 @@ def test_requeue_keeps_overlap_written_by_another_admission():
 
 # ---- 6. overload vs queueing --------------------------------------------------------------------
 def test_non_queueing_class_rejects_all_overloaded_at_once_and_queueing_class_waits():
-    cfg = make_config([make_class("fast"), make_class("batch", prefill_busy_threshold=10_000)],
-                      overload=OverloadConfig(overload_prefill_tokens=100))
+    cfg = make_config(
+        [make_class("fast"), make_class("batch", prefill_busy_threshold=10_000)],
+        overload=OverloadConfig(overload_prefill_tokens=100),
+    )
     s = make_scheduler(cfg)
     big = _one(s.enqueue(make_request("big", isl_tokens=600, policy_class="batch"), 0))
     r = _one(s.enqueue(make_request("f", policy_class="fast"), 1))

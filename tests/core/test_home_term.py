@@ -18,9 +18,17 @@ HALF_LIFE_US = 30_000_000
 
 def _view(prefill, active_prefill, isl, bs=16, now_us=0) -> SelectionView:
     w = len(prefill)
-    return SelectionView(np.asarray(prefill, np.int64), np.zeros(w, np.int64), np.asarray(active_prefill, np.int64),
-                         np.zeros(w, np.int64), np.full(w, 10_000, np.int64), np.full(w, 8192, np.int64), isl, bs,
-                         now_us)
+    return SelectionView(
+        np.asarray(prefill, np.int64),
+        np.zeros(w, np.int64),
+        np.asarray(active_prefill, np.int64),
+        np.zeros(w, np.int64),
+        np.full(w, 10_000, np.int64),
+        np.full(w, 8192, np.int64),
+        isl,
+        bs,
+        now_us,
+    )
 
 
 def _admit(sel: KvSelector, row: int, isl: int, cached: int, now_us: int) -> None:
@@ -56,8 +64,9 @@ def test_home_term_matches_its_definition(w, data):
     queue = np.array(data.draw(st.lists(st.integers(0, 50_000), min_size=w, max_size=w)), np.int64)
     view = _view(queue + own, queue, isl=int(own.max()) + 1, now_us=now)
     t = sel.terms(np.zeros(w), np.ones(w, np.uint8), np.zeros(w, np.int32), view, np.zeros(w, np.int64))
-    ref = _reference([len(ts) for ts in times], times, now, own.tolist(), weight, sel.prefill_weight, 16, min_tokens,
-                     HALF_LIFE_US)
+    ref = _reference(
+        [len(ts) for ts in times], times, now, own.tolist(), weight, sel.prefill_weight, 16, min_tokens, HALF_LIFE_US
+    )
     np.testing.assert_allclose(t["home"], ref, rtol=1e-9, atol=1e-9)
 
 
@@ -86,11 +95,18 @@ def test_on_by_default_and_switchable_off():
     assert off.home.size == 0 and off.decides_by_kernel() and off.kernel_may_decide(10**6)
     view = _view([20_000, 20_000], [0, 0], isl=20_000)
     assert "home" not in off.terms(np.zeros(2), np.ones(2, np.uint8), np.zeros(2, np.int32), view)
-    sel = create_selector(SelectorConfig(type="kv", home_weight=0.5, home_half_life_s=10.0, home_min_cached_share=0.25,
-                                         home_min_prefill_tokens=100))
+    sel = create_selector(
+        SelectorConfig(
+            type="kv", home_weight=0.5, home_half_life_s=10.0, home_min_cached_share=0.25, home_min_prefill_tokens=100
+        )
+    )
     assert isinstance(sel, KvSelector) and not sel.kernel_may_decide(100) and sel.kernel_may_decide(99)
     assert (sel.home_weight, sel.home_half_life_us, sel.home_min_cached_share, sel.home_min_prefill_tokens) == (
-        0.5, 10e6, 0.25, 100)
+        0.5,
+        10e6,
+        0.25,
+        100,
+    )
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -104,8 +120,12 @@ def test_a_long_uncached_prompt_avoids_the_worker_home_to_recent_cache_reusing_w
     elig, depth, active = np.ones(2, np.uint8), np.zeros(2, np.int32), np.array([5, 5], np.int64)
     long_view = _view([40_000, 40_000], [0, 0], isl=40_000, now_us=10_000_000)
     assert on.select(np.zeros(2), elig, active, overlap_blocks=depth, view=long_view) == 1
-    off_picks = {KvSelector(seed=s, recent_weight=0.0, home_weight=0.0).select(np.zeros(2), elig, active, overlap_blocks=depth,
-                                                               view=long_view) for s in range(20)}
+    off_picks = {
+        KvSelector(seed=s, recent_weight=0.0, home_weight=0.0).select(
+            np.zeros(2), elig, active, overlap_blocks=depth, view=long_view
+        )
+        for s in range(20)
+    }
     assert off_picks == {0, 1}
     short = _view([2_000, 2_000], [0, 0], isl=2_000, now_us=10_000_000)
     t = on.terms(np.zeros(2), elig, depth, short, active)

@@ -31,8 +31,12 @@ def _turn(s, rid: str, hashes: list[int], now_us: int) -> Admit:
 def _paced_sessions(kind: str, seed: int, sessions: int = 40) -> tuple[Counter, int]:
     """Paced agent sessions on 2 idle workers (each turn ends before the next request arrives):
     first-turn split per worker, and how many second turns went back to their session's worker."""
-    s = make_scheduler(make_config(selector=SelectorConfig(type=kind, seed=seed)), workers=((1, 0), (2, 0)),
-                       total_kv_blocks=100_000, max_num_batched_tokens=8192)
+    s = make_scheduler(
+        make_config(selector=SelectorConfig(type=kind, seed=seed)),
+        workers=((1, 0), (2, 0)),
+        total_kv_blocks=100_000,
+        max_num_batched_tokens=8192,
+    )
     home, back, now = {}, 0, 0
     for i in range(sessions):  # a new session every 5 s; its second turn 2 s after its first
         now += 5_000_000
@@ -52,8 +56,17 @@ def test_idle_fleet_spreads_sessions_and_later_turns_keep_affinity(seed):
 def _view(prefill, blocks, active_prefill=None, isl=320, bs=16, now_us=0, mbt=8192):
     w = len(prefill)
     ap = np.zeros(w, np.int64) if active_prefill is None else np.asarray(active_prefill, np.int64)
-    return SelectionView(np.asarray(prefill, np.int64), np.asarray(blocks, np.int64), ap, np.zeros(w, np.int64),
-                         np.full(w, 10_000, np.int64), np.full(w, mbt, np.int64), isl, bs, now_us)
+    return SelectionView(
+        np.asarray(prefill, np.int64),
+        np.asarray(blocks, np.int64),
+        ap,
+        np.zeros(w, np.int64),
+        np.full(w, 10_000, np.int64),
+        np.full(w, mbt, np.int64),
+        isl,
+        bs,
+        now_us,
+    )
 
 
 def test_deeper_overlap_never_costs_more_and_never_ties_a_shallower_one():
@@ -84,12 +97,16 @@ def test_select_is_pure_and_admitted_learns():
     sel = KvSelector(seed=3)
     elig = np.ones(3, np.uint8)
     view = _view([320, 320, 320], [20, 20, 20])
-    picks = [sel.select(np.zeros(3), elig, np.zeros(3, np.int64), overlap_blocks=np.zeros(3, np.int32), view=view)
-             for _ in range(300)]
+    picks = [
+        sel.select(np.zeros(3), elig, np.zeros(3, np.int64), overlap_blocks=np.zeros(3, np.int32), view=view)
+        for _ in range(300)
+    ]
     assert set(picks) == {0, 1, 2} and sel.recent.size == 0  # ties: random; no state learnt by select
     sel.admitted(1, 4000, 0)
-    assert all(sel.select(np.zeros(3), elig, np.zeros(3, np.int64), overlap_blocks=np.zeros(3, np.int32),
-                          view=view) != 1 for _ in range(50))
+    assert all(
+        sel.select(np.zeros(3), elig, np.zeros(3, np.int64), overlap_blocks=np.zeros(3, np.int32), view=view) != 1
+        for _ in range(50)
+    )
     later = _view([320, 320, 320], [20, 20, 20], now_us=10 * 30_000_000)  # 10 half-lives later: forgotten
     t = sel.terms(np.zeros(3), elig, np.zeros(3, np.int32), later)
     assert t["recent"][1] < 0.25
@@ -107,8 +124,17 @@ def test_explain_shows_the_cost_terms_summing_to_the_cost():
 
 
 def test_create_selector_passes_the_kv_keys():
-    sel = create_selector(SelectorConfig(type="kv", prefill_weight=3.0, lead_bonus=0.5, recent_half_life_s=7.0,
-                                         lead_max_wait_steps=2.0, lead_max_wait_per_lead=3.0, interference_weight=0.25))
+    sel = create_selector(
+        SelectorConfig(
+            type="kv",
+            prefill_weight=3.0,
+            lead_bonus=0.5,
+            recent_half_life_s=7.0,
+            lead_max_wait_steps=2.0,
+            lead_max_wait_per_lead=3.0,
+            interference_weight=0.25,
+        )
+    )
     assert isinstance(sel, KvSelector)
     assert (sel.prefill_weight, sel.lead_bonus, sel.recent_half_life_us) == (3.0, 0.5, 7e6)
     assert (sel.lead_max_wait_steps, sel.lead_max_wait_per_lead, sel.interference_weight) == (2.0, 3.0, 0.25)
@@ -127,8 +153,14 @@ def _home_vs_idle(home_queue_tokens: int) -> int:
     queue = np.array([home_queue_tokens, 0])
     view = _view(queue + isl - cached, [17, 16], active_prefill=queue, isl=isl, bs=MOONCAKE_BS)
     sel = KvSelector(seed=0)
-    return sel.select(np.zeros(2), np.ones(2, np.uint8), np.zeros(2, np.int64),
-                      overlap_blocks=np.array([16, 1], np.int32), request_blocks=17, view=view)
+    return sel.select(
+        np.zeros(2),
+        np.ones(2, np.uint8),
+        np.zeros(2, np.int64),
+        overlap_blocks=np.array([16, 1], np.int32),
+        request_blocks=17,
+        view=view,
+    )
 
 
 def test_a_turn_whose_home_is_behind_a_giant_prefill_goes_elsewhere():
@@ -154,8 +186,14 @@ def test_affinity_never_buys_more_extra_wait_than_the_cap(w, data):
     queue = np.array(data.draw(st.lists(st.integers(0, 300_000), min_size=w, max_size=w)), np.int64)
     isl = int(bs * (int(depth.max()) + data.draw(st.integers(1, 20))))
     prefill = queue + isl - np.minimum(isl, depth.astype(np.int64) * bs)
-    sel = KvSelector(seed=0, active_blocks_weight=0.0, recent_weight=0.0, lead_release_steps=1e9,
-                     lead_max_wait_steps=steps, lead_max_wait_per_lead=per_lead)
+    sel = KvSelector(
+        seed=0,
+        active_blocks_weight=0.0,
+        recent_weight=0.0,
+        lead_release_steps=1e9,
+        lead_max_wait_steps=steps,
+        lead_max_wait_per_lead=per_lead,
+    )
     view = _view(prefill, np.zeros(w), active_prefill=queue, isl=isl, bs=bs, mbt=mbt)
     row = sel.select(np.zeros(w), np.ones(w, np.uint8), np.zeros(w, np.int64), overlap_blocks=depth, view=view)
     others = np.delete(depth, row)
@@ -165,8 +203,10 @@ def test_affinity_never_buys_more_extra_wait_than_the_cap(w, data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 50_000), st.integers(0, 20_000), st.integers(0, 200)), min_size=2, max_size=6),
-       st.floats(0.01, 4.0))
+@given(
+    st.lists(st.tuples(st.integers(0, 50_000), st.integers(0, 20_000), st.integers(0, 200)), min_size=2, max_size=6),
+    st.floats(0.01, 4.0),
+)
 def test_interference_term_is_own_uncached_prefill_times_active_requests(rows, weight):
     """LMetric's product (new prefill tokens x batch size) as a cost term: weight x own uncached blocks x
     active requests per row; 0 when `interference_weight` is 0."""
@@ -177,7 +217,8 @@ def test_interference_term_is_own_uncached_prefill_times_active_requests(rows, w
     view = _view(queue + own, np.zeros(w), active_prefill=queue, isl=int(own.max()), bs=bs)
     elig = np.ones(w, np.uint8)
     t = KvSelector(seed=0, interference_weight=weight, interference_cap_prompts=0.0).terms(
-        np.zeros(w), elig, np.zeros(w, np.int32), view, active)
+        np.zeros(w), elig, np.zeros(w, np.int32), view, active
+    )
     np.testing.assert_allclose(t["interference"], weight * own / bs * active, rtol=1e-12)
     off = KvSelector(seed=0, interference_weight=0.0).terms(np.zeros(w), elig, np.zeros(w, np.int32), view, active)
     assert not off["interference"].any()
@@ -187,19 +228,41 @@ def test_a_prefill_heavy_request_avoids_the_worker_with_many_decoding_requests()
     """Equal queues and caches, `interference_weight` on (docs/ROUTING.md): new prefill
     goes where it slows the fewest running requests (LMetric's product); without the term it is a tie."""
     view = _view([8192, 8192], [600, 600], isl=8192)
-    off = {KvSelector(seed=s, interference_weight=0.0).select(np.zeros(2), np.ones(2, np.uint8), np.array([40, 2], np.int64),
-                                                               overlap_blocks=np.zeros(2, np.int32), view=view)
-           for s in range(20)}
+    off = {
+        KvSelector(seed=s, interference_weight=0.0).select(
+            np.zeros(2),
+            np.ones(2, np.uint8),
+            np.array([40, 2], np.int64),
+            overlap_blocks=np.zeros(2, np.int32),
+            view=view,
+        )
+        for s in range(20)
+    }
     assert off == {0, 1}
-    picks = {KvSelector(seed=s, interference_weight=1.0).select(np.zeros(2), np.ones(2, np.uint8), np.array([40, 2], np.int64),
-                                       overlap_blocks=np.zeros(2, np.int32), view=view) for s in range(20)}
+    picks = {
+        KvSelector(seed=s, interference_weight=1.0).select(
+            np.zeros(2),
+            np.ones(2, np.uint8),
+            np.array([40, 2], np.int64),
+            overlap_blocks=np.zeros(2, np.int32),
+            view=view,
+        )
+        for s in range(20)
+    }
     assert picks == {1}
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 50_000), st.integers(0, 20_000), st.integers(0, 200), st.integers(0, 3_000)),
-                min_size=2, max_size=6),
-       st.floats(0.01, 4.0), st.floats(0.05, 2.0), st.integers(1, 20_000))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 50_000), st.integers(0, 20_000), st.integers(0, 200), st.integers(0, 3_000)),
+        min_size=2,
+        max_size=6,
+    ),
+    st.floats(0.01, 4.0),
+    st.floats(0.05, 2.0),
+    st.integers(1, 20_000),
+)
 def test_capped_interference_cannot_override_a_larger_difference_in_the_other_terms(rows, weight, cap, isl):
     """`interference_cap_prompts` = c: the term is measured from the eligible row with the least
     interference and capped at c x the request's own full-prompt prefill cost, so (1) each row's term

@@ -40,7 +40,13 @@ def assert_zero(ledger):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from([8, 256]), st.lists(st.tuples(st.integers(0, 1), st.integers(1, 40), st.integers(0, 6), st.integers(0, 30), st.integers(0, 2)), max_size=40))
+@given(
+    st.sampled_from([8, 256]),
+    st.lists(
+        st.tuples(st.integers(0, 1), st.integers(1, 40), st.integers(0, 6), st.integers(0, 30), st.integers(0, 2)),
+        max_size=40,
+    ),
+)
 def test_random_reserve_release_returns_aggregates_to_zero(ref_capacity, ops):
     """Random bookings (shared prefixes, progress, prefill_done), then release all. With a large
     refcount table the incremental aggregates also equal a from-scratch rebuild; a tiny one (8)
@@ -82,9 +88,13 @@ def test_shared_prefix_counts_once_when_two_requests_on_one_worker():
     blocks, prefill, reqs = aggregates(ledger)
     assert (blocks[r0], prefill[r0], reqs[r0]) == (4 + 3, 40, 2)
     eligible = np.ones(2, np.uint8)
-    out_blocks, _, _ = ledger.project(np.array([1, 2, 3, 4, 5], np.uint64), 20, np.zeros(2, np.int32), eligible, 1.0, 1.0)
+    out_blocks, _, _ = ledger.project(
+        np.array([1, 2, 3, 4, 5], np.uint64), 20, np.zeros(2, np.int32), eligible, 1.0, 1.0
+    )
     assert out_blocks.tolist() == [7 + 5 - 4, 0 + 5]
-    assert ref_live_count(ledger.arrays.ref_keys[r0], ledger.arrays.ref_counts[r0], np.arange(1, 5, dtype=np.uint64)) == 4
+    assert (
+        ref_live_count(ledger.arrays.ref_keys[r0], ledger.arrays.ref_counts[r0], np.arange(1, 5, dtype=np.uint64)) == 4
+    )
 
 
 def test_unhashed_prompt_blocks_count_as_unique_when_hashes_short_or_truncated():

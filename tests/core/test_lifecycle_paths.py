@@ -75,8 +75,12 @@ def test_ledger_fold_reports_changed_rows_and_new_dispatches():
     config = make_config(classes=[make_class()])
     arrays = LedgerArrays.private(4, 8, 64, block_size=config.daemon.block_size)
     progress, state = np.zeros(8, np.uint64), np.zeros(8, np.uint64)
-    s = create_scheduler(config, ledger=Ledger(arrays, progress, OverloadConfig(), state=state),
-                         overlap=OverlapIndex(4, 1024), add_workers=False)
+    s = create_scheduler(
+        config,
+        ledger=Ledger(arrays, progress, OverloadConfig(), state=state),
+        overlap=OverlapIndex(4, 1024),
+        add_workers=False,
+    )
     s.add_worker(WorkerKey(1, 0), 1000, 1000)
     s.add_worker(WorkerKey(2, 0), 1000, 1000)
     [a] = s.enqueue(make_request("a", isl_tokens=32, pinned=WorkerKey(2, 0)), 1)

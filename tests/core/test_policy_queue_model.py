@@ -20,8 +20,13 @@ placements = st.sampled_from([None, None, *WORKERS])
 
 
 class PolicyQueueMachine(RuleBasedStateMachine):
-    @initialize(specs=st.lists(st.tuples(st.sampled_from([64, 128, 512, 1000]),
-                                         st.sampled_from(["fcfs", "priority", "wspt"])), min_size=1, max_size=3))
+    @initialize(
+        specs=st.lists(
+            st.tuples(st.sampled_from([64, 128, 512, 1000]), st.sampled_from(["fcfs", "priority", "wspt"])),
+            min_size=1,
+            max_size=3,
+        )
+    )
     def setup(self, specs):
         self.real = PolicyQueue([ClassConfig(name=f"c{i}", quantum=q, ordering=o) for i, (q, o) in enumerate(specs)])
         self.model = ModelPolicyQueue(specs)
@@ -40,15 +45,29 @@ class PolicyQueueMachine(RuleBasedStateMachine):
     def _shared(self, c, e):
         return self.shared_ok[c]
 
-    @rule(c=st.integers(0, 2), placement=placements, priority=st.integers(-1, 3), strict=st.integers(0, 1),
-          cost=st.integers(1, 1200), deferred=st.booleans())
+    @rule(
+        c=st.integers(0, 2),
+        placement=placements,
+        priority=st.integers(-1, 3),
+        strict=st.integers(0, 1),
+        cost=st.integers(1, 1200),
+        deferred=st.booleans(),
+    )
     def enqueue(self, c, placement, priority, strict, cost, deferred):
         c %= self.n_classes
         self.seq += 1
         rid = f"r{self.seq}"
         arrival = self.seq * 300_000
-        real = QueueEntry(rid, enqueue_seq=self.seq, arrival_us=arrival, priority=priority, strict_priority=strict,
-                          cost=cost, isl_tokens=cost, placement=placement)
+        real = QueueEntry(
+            rid,
+            enqueue_seq=self.seq,
+            arrival_us=arrival,
+            priority=priority,
+            strict_priority=strict,
+            cost=cost,
+            isl_tokens=cost,
+            placement=placement,
+        )
         model = MEntry(rid, self.seq, arrival, priority, strict, cost, cost, placement)
         if deferred:
             assert self.real.defer(c, real, 1) is None

@@ -41,9 +41,10 @@ def test_a_deeper_cached_prefix_never_predicts_a_longer_prefill(isl, data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 20_000), st.integers(0, 30_000)), min_size=1,
-                max_size=30),
-       st.lists(st.integers(0, 2), max_size=30))
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 20_000), st.integers(0, 30_000)), min_size=1, max_size=30),
+    st.lists(st.integers(0, 2), max_size=30),
+)
 def test_queue_is_the_bookings_not_yet_prefilled_first_come_first_served(bookings, done_rows):
     """Reference model: a list of bookings per row, finished oldest first (a chunked-prefill engine's
     FCFS queue); the ledger's active prefill is the sum of the unfinished ones' tokens. `queue_us`
@@ -77,19 +78,40 @@ def _home_or_away(queue_prompts: list[int], max_extra_s: float) -> int:
     """2 workers, block size 512: a 20-block turn whose history (19 blocks) is cached only on worker 0,
     whose queue holds `queue_prompts` (uncached prompts, nothing cached); worker 1 is idle and holds
     nothing. Load and release rules off, so only the prefill and lead terms decide. Returns the row."""
-    sel = KvSelector(seed=0, active_blocks_weight=0.0, recent_weight=0.0, interference_weight=0.0,
-                     lead_release_requests_ratio=0.0, lead_release_recent_ratio=0.0,
-                     lead_max_extra_ttft_s=max_extra_s)
+    sel = KvSelector(
+        seed=0,
+        active_blocks_weight=0.0,
+        recent_weight=0.0,
+        interference_weight=0.0,
+        lead_release_requests_ratio=0.0,
+        lead_release_recent_ratio=0.0,
+        lead_max_extra_ttft_s=max_extra_s,
+    )
     for p in queue_prompts if sel.ttft_model is not None else ():
         sel.ttft_model.admitted(0, p, p)
     isl = 20 * MOONCAKE_BS
     cached = np.array([19, 0]) * MOONCAKE_BS
     queue = np.array([sum(queue_prompts), 0], np.int64)
     prefill = queue + isl - cached
-    view = SelectionView(prefill, np.zeros(2, np.int64), queue, np.zeros(2, np.int64), np.full(2, 10_000, np.int64),
-                         np.full(2, 8192, np.int64), isl, MOONCAKE_BS, 0)
-    return sel.select(np.zeros(2), np.ones(2, np.uint8), np.zeros(2, np.int64),
-                      overlap_blocks=np.array([19, 0], np.int32), request_blocks=20, view=view)
+    view = SelectionView(
+        prefill,
+        np.zeros(2, np.int64),
+        queue,
+        np.zeros(2, np.int64),
+        np.full(2, 10_000, np.int64),
+        np.full(2, 8192, np.int64),
+        isl,
+        MOONCAKE_BS,
+        0,
+    )
+    return sel.select(
+        np.zeros(2),
+        np.ones(2, np.uint8),
+        np.zeros(2, np.int64),
+        overlap_blocks=np.array([19, 0], np.int32),
+        request_blocks=20,
+        view=view,
+    )
 
 
 def test_the_seconds_rule_tells_a_queue_of_short_prompts_from_one_long_prompt_of_the_same_tokens():
@@ -111,9 +133,18 @@ def test_the_lead_never_buys_more_predicted_extra_ttft_than_allowed(w, max_extra
     of least predicted TTFT, it is the lead row and its predicted TTFT is within the allowance."""
     depth = np.array(data.draw(st.lists(st.integers(0, 40), min_size=w, max_size=w)), np.int32)
     prompts = [data.draw(st.lists(st.integers(1, 60_000), max_size=4)) for _ in range(w)]
-    sel = KvSelector(seed=0, active_blocks_weight=0.0, recent_weight=0.0, interference_weight=0.0,
-                     lead_release_requests_ratio=0.0, lead_release_recent_ratio=0.0, lead_release_steps=1e9,
-                     lead_max_wait_steps=0.0, lead_bonus=0.0, lead_max_extra_ttft_s=max_extra_s)
+    sel = KvSelector(
+        seed=0,
+        active_blocks_weight=0.0,
+        recent_weight=0.0,
+        interference_weight=0.0,
+        lead_release_requests_ratio=0.0,
+        lead_release_recent_ratio=0.0,
+        lead_release_steps=1e9,
+        lead_max_wait_steps=0.0,
+        lead_bonus=0.0,
+        lead_max_extra_ttft_s=max_extra_s,
+    )
     for r, ps in enumerate(prompts):
         for p in ps:
             sel.ttft_model.admitted(r, p, p)
@@ -121,8 +152,17 @@ def test_the_lead_never_buys_more_predicted_extra_ttft_than_allowed(w, max_extra
     isl = bs * (int(depth.max()) + data.draw(st.integers(1, 10)))
     queue = np.array([sum(ps) for ps in prompts], np.int64)
     prefill = queue + isl - np.minimum(isl, depth.astype(np.int64) * bs)
-    view = SelectionView(prefill, np.zeros(w, np.int64), queue, np.zeros(w, np.int64), np.full(w, 10_000, np.int64),
-                         np.full(w, 8192, np.int64), isl, bs, 0)
+    view = SelectionView(
+        prefill,
+        np.zeros(w, np.int64),
+        queue,
+        np.zeros(w, np.int64),
+        np.full(w, 10_000, np.int64),
+        np.full(w, 8192, np.int64),
+        isl,
+        bs,
+        0,
+    )
     ttft = sel.ttft_model.predicted_ttft_us(view)
     row = sel.select(np.zeros(w), np.ones(w, np.uint8), np.zeros(w, np.int64), overlap_blocks=depth, view=view)
     if prefill[row] > prefill.min():  # not what the prefill term alone picks: the lead rule held it
@@ -133,8 +173,15 @@ def test_the_lead_never_buys_more_predicted_extra_ttft_than_allowed(w, max_extra
 
 def test_off_by_default_and_the_keys_reach_the_selector():
     assert KvSelector(seed=0).ttft_model is None
-    sel = create_selector(SelectorConfig(type="kv", lead_max_extra_ttft_s=2.0, prefill_seconds_ref_us=45.0,
-                                         prefill_us_per_token=20.0, prefill_attn_us_per_token_ktoken=2.0))
+    sel = create_selector(
+        SelectorConfig(
+            type="kv",
+            lead_max_extra_ttft_s=2.0,
+            prefill_seconds_ref_us=45.0,
+            prefill_us_per_token=20.0,
+            prefill_attn_us_per_token_ktoken=2.0,
+        )
+    )
     assert isinstance(sel, KvSelector) and sel.ttft_model is not None
     assert (sel.lead_max_extra_ttft_s, sel.prefill_seconds_ref_us) == (2.0, 45.0)
     assert (sel.ttft_model.a, sel.ttft_model.b) == (20.0, 2.0)
@@ -142,10 +189,20 @@ def test_off_by_default_and_the_keys_reach_the_selector():
 
 def test_admitted_feeds_the_model_with_the_decision_s_prompt_length():
     sel = KvSelector(seed=0, lead_max_extra_ttft_s=1.0)
-    view = SelectionView(np.array([4096, 4096], np.int64), np.zeros(2, np.int64), np.zeros(2, np.int64),
-                         np.zeros(2, np.int64), np.full(2, 10_000, np.int64), np.full(2, 8192, np.int64), 8192, 512, 0)
-    sel.select(np.zeros(2), np.ones(2, np.uint8), np.zeros(2, np.int64), overlap_blocks=np.zeros(2, np.int32),
-               view=view)
+    view = SelectionView(
+        np.array([4096, 4096], np.int64),
+        np.zeros(2, np.int64),
+        np.zeros(2, np.int64),
+        np.zeros(2, np.int64),
+        np.full(2, 10_000, np.int64),
+        np.full(2, 8192, np.int64),
+        8192,
+        512,
+        0,
+    )
+    sel.select(
+        np.zeros(2), np.ones(2, np.uint8), np.zeros(2, np.int64), overlap_blocks=np.zeros(2, np.int32), view=view
+    )
     sel.admitted(1, 4096, 0)  # 4,096 uncached after 4,096 cached
     q = sel.ttft_model.queue_us(np.array([0, 4096], np.int64))
     assert q[1] == pytest.approx(sel.ttft_model.own_us(4096.0, 4096.0)) and q[0] == 0.0

@@ -13,8 +13,15 @@ def test_set_keys_name_table_keys_and_other_top_level_keys(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('default_class = "a"\n' + FULL + '[[classes]]\nname = "a"\n')
     _, keys = load_config_keys(f, env={"KVSCHED_SELECTOR_SEED": "3"}, overrides={"daemon": {"instance": "x"}})
-    assert keys == {"daemon.block_size", "daemon.max_slots", "daemon.instance", "selector.seed", "workers", "classes",
-                    "default_class"}
+    assert keys == {
+        "daemon.block_size",
+        "daemon.max_slots",
+        "daemon.instance",
+        "selector.seed",
+        "workers",
+        "classes",
+        "default_class",
+    }
 
 
 def test_a_profile_file_names_nothing_against_a_full_running_config(tmp_path):

@@ -33,7 +33,7 @@ def test_changed_kv_weights_rebuild_the_selector_and_keep_its_learnt_state():
     assert isinstance(s.selector, KvSelector) and s.selector is not old
     assert s.admitter.selector is s.selector
     assert (s.selector.prefill_weight, s.selector.lead_bonus) == (4.0, 10.0)
-    assert np.array_equal(s.selector.recent[:recent.size], recent) and s.selector.recent_at_us == old.recent_at_us
+    assert np.array_equal(s.selector.recent[: recent.size], recent) and s.selector.recent_at_us == old.recent_at_us
     _admit(s, "b", 2_000, isl_tokens=600)  # the fused path re-derived for the new selector still decides
     assert s.explain("b").decided_by == "kv"
 
@@ -51,6 +51,8 @@ def test_keys_read_per_decision_do_not_rebuild():
     cfg = make_config()
     s = make_scheduler(cfg)
     old = s.selector
-    assert s.reload(make_config(selector=msgspec.structs.replace(cfg.selector, prefill_load_scale=2.0,
-                                                                 approx_ttl_s=5.0))) == []
+    assert (
+        s.reload(make_config(selector=msgspec.structs.replace(cfg.selector, prefill_load_scale=2.0, approx_ttl_s=5.0)))
+        == []
+    )
     assert s.selector is old and s.admitter.selector_cfg.prefill_load_scale == 2.0

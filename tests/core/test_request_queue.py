@@ -17,8 +17,16 @@ POLICIES = ["fcfs", "priority", "wspt"]
 
 
 def _model_order(policy: str, entries: list[QueueEntry]) -> list[str]:
-    keyed = [(model_key(policy, MEntry(e.request_id, e.enqueue_seq, e.arrival_us, e.priority,
-                                        e.strict_priority, e.cost, e.isl_tokens)), e.request_id) for e in entries]
+    keyed = [
+        (
+            model_key(
+                policy,
+                MEntry(e.request_id, e.enqueue_seq, e.arrival_us, e.priority, e.strict_priority, e.cost, e.isl_tokens),
+            ),
+            e.request_id,
+        )
+        for e in entries
+    ]
     return [rid for _, rid in sorted(keyed)]
 
 
@@ -26,8 +34,12 @@ entry_fields = st.tuples(st.integers(-2, 3), st.integers(0, 2), st.integers(1, 5
 
 
 @settings(max_examples=60, deadline=None)
-@given(policy=st.sampled_from(POLICIES), fields=st.lists(entry_fields, max_size=40),
-       removals=st.sets(st.integers(0, 39)), pops=st.integers(0, 10))
+@given(
+    policy=st.sampled_from(POLICIES),
+    fields=st.lists(entry_fields, max_size=40),
+    removals=st.sets(st.integers(0, 39)),
+    pops=st.integers(0, 10),
+)
 def test_order_matches_sorted_list_model_when_adding_removing_popping(policy, fields, removals, pops):
     q = create_request_queue(policy)
     entries = [make_entry(priority=p, strict_priority=s, cost=c, arrival_us=a) for p, s, c, a in fields]
@@ -40,7 +52,7 @@ def test_order_matches_sorted_list_model_when_adding_removing_popping(policy, fi
     assert len(q) == len(expected) and bool(q) == bool(expected)
     popped = [q.pop_request().request_id for _ in range(min(pops, len(expected)))]
     assert popped == expected[: len(popped)]
-    assert [e.request_id for e in q] == expected[len(popped):]
+    assert [e.request_id for e in q] == expected[len(popped) :]
 
 
 @pytest.mark.parametrize("policy", POLICIES)

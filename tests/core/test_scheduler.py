@@ -61,7 +61,10 @@ def test_release_is_idempotent_and_stale_release_cannot_free_new_request_when_id
 def test_rejects_invalid_pinned_not_allowed_duplicate_and_no_endpoints():
     s = _sched()
     assert _one(s.enqueue(make_request("h", isl_tokens=16, block_hashes=[1, 2]), 0)).reason == "invalid"
-    assert _one(s.enqueue(make_request("p", pinned=WorkerKey(1, 0), allowed_workers=frozenset({2})), 0)).reason == "pinned_not_allowed"
+    assert (
+        _one(s.enqueue(make_request("p", pinned=WorkerKey(1, 0), allowed_workers=frozenset({2})), 0)).reason
+        == "pinned_not_allowed"
+    )
     _one(s.enqueue(make_request("d"), 0))
     assert _one(s.enqueue(make_request("d"), 0)).reason == "duplicate_request"
     assert _one(s.enqueue(make_request("u", pinned=WorkerKey(9, 0)), 0)).reason == "no_endpoints"
@@ -154,8 +157,10 @@ def test_remove_worker_rejects_its_lane_and_releases_bookings():
     _one(s.enqueue(make_request("run7", isl_tokens=600, pinned=WorkerKey(7, 0)), 0))
     assert s.enqueue(make_request("for7", pinned=WorkerKey(7, 0)), 1) == []
     got = s.remove_worker(7, None, 2)
-    assert [(r.request_id, r.reason, r.revoked) for r in got] == [("run7", "no_endpoints", True),
-                                                                  ("for7", "no_endpoints", False)]
+    assert [(r.request_id, r.reason, r.revoked) for r in got] == [
+        ("run7", "no_endpoints", True),
+        ("for7", "no_endpoints", False),
+    ]
     assert "7:0" in got[0].detail and "removed" in got[0].detail
     assert s.active_leases == 0 and s.ledger.arrays.w_active_requests.sum() == 0
 
@@ -187,8 +192,16 @@ def test_remove_worker_answers_each_class_deferred_first_then_its_queue_in_order
     for i, pin in enumerate([None, None, WorkerKey(7, 0), WorkerKey(7, 1), WorkerKey(7, 0), None], start=2):
         assert s.enqueue(make_request(f"r{i}", pinned=pin, allowed_workers=frozenset({7})), i) == []
     got = s.remove_worker(7, None, 10)
-    assert [(r.request_id, r.revoked) for r in got] == [("h1", True), ("h3", True), ("r2", False), ("r4", False),
-                                                        ("r6", False), ("r3", False), ("r7", False), ("r5", False)]
+    assert [(r.request_id, r.revoked) for r in got] == [
+        ("h1", True),
+        ("h3", True),
+        ("r2", False),
+        ("r4", False),
+        ("r6", False),
+        ("r3", False),
+        ("r7", False),
+        ("r5", False),
+    ]
     assert s.waiting is False
 
 
@@ -242,8 +255,9 @@ def test_reload_refused_when_removing_class_that_holds_requests():
     s.enqueue(make_request("b", policy_class="batch"), 1)
     with pytest.raises(ValueError, match="batch"):
         s.reload(make_config([make_class("default", **BUSY_500)]))
-    s.reload(make_config([make_class("default", quantum=7, **BUSY_500), make_class("batch", quantum=9),
-                          make_class("new")]))
+    s.reload(
+        make_config([make_class("default", quantum=7, **BUSY_500), make_class("batch", quantum=9), make_class("new")])
+    )
     assert [q.quantum for q in s.queues(2)] == [7, 9, 1024]
     assert [r.request_id for r in s.drain_cleanup(2)] == ["b"]  # batch no longer busy-limited
 
@@ -279,7 +293,9 @@ def test_session_cap_defers_excess_and_releases_in_arrival_order():
 
 
 def test_kv_pressure_defers_above_high_water_and_resumes_below_low():
-    cls = ClassConfig(name="default", admission=AdmissionConfig(type="kv_pressure", high_water_frac=0.5, low_water_frac=0.3))
+    cls = ClassConfig(
+        name="default", admission=AdmissionConfig(type="kv_pressure", high_water_frac=0.5, low_water_frac=0.3)
+    )
     s = _sched([cls], total_kv_blocks=100)
     a = _one(s.enqueue(make_request("a", isl_tokens=16 * 60), 0))  # 60 blocks booked > 50
     assert s.enqueue(make_request("b", isl_tokens=16), 1) == []
@@ -298,8 +314,9 @@ def test_busy_worker_ratio_queues_when_share_of_busy_workers_reached():
 def test_all_overloaded_rejected_when_do_not_queue():
     from kvsched.config import OverloadConfig
 
-    cfg = make_config([make_class("default", prefill_busy_threshold=10_000)],
-                      overload=OverloadConfig(overload_prefill_tokens=100))
+    cfg = make_config(
+        [make_class("default", prefill_busy_threshold=10_000)], overload=OverloadConfig(overload_prefill_tokens=100)
+    )
     s = make_scheduler(cfg)
     _one(s.enqueue(make_request("a", isl_tokens=600), 0))
     assert _one(s.enqueue(make_request("b", do_not_queue=True), 1)).reason == "all_overloaded"

@@ -19,11 +19,13 @@ WORKERS = ((1, 0), (2, 0), (2, 1))
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self):
-        classes = [make_class("a", prefill_busy_threshold=300, quantum=256),
-                   make_class("b", ordering="wspt", prefill_busy_threshold=300, quantum=128,
-                              request_queue_limit_per_worker=3),
-                   make_class("s", prefill_busy_threshold=300,
-                              admission=AdmissionConfig(type="session_cap", max_active_per_session=1))]
+        classes = [
+            make_class("a", prefill_busy_threshold=300, quantum=256),
+            make_class("b", ordering="wspt", prefill_busy_threshold=300, quantum=128, request_queue_limit_per_worker=3),
+            make_class(
+                "s", prefill_busy_threshold=300, admission=AdmissionConfig(type="session_cap", max_active_per_session=1)
+            ),
+        ]
         self.s = make_scheduler(make_config(classes), workers=WORKERS, max_slots=16)
         self.now = 0
         self.n = 0
@@ -46,14 +48,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.now += 1000
         return self.now
 
-    @rule(cls=st.sampled_from(["a", "b", "s", ""]), isl=st.integers(1, 400), pin=st.sampled_from([None, None, *WORKERS]),
-          session=st.sampled_from([None, "x", "y"]), dnq=st.booleans())
+    @rule(
+        cls=st.sampled_from(["a", "b", "s", ""]),
+        isl=st.integers(1, 400),
+        pin=st.sampled_from([None, None, *WORKERS]),
+        session=st.sampled_from([None, "x", "y"]),
+        dnq=st.booleans(),
+    )
     def enqueue(self, cls, isl, pin, session, dnq):
         self.n += 1
         rid = f"r{self.n}"
         self.waiting.add(rid)
-        spec = make_request(rid, isl_tokens=isl, policy_class=cls, pinned=WorkerKey(*pin) if pin else None,
-                            session_id=session, do_not_queue=dnq)
+        spec = make_request(
+            rid,
+            isl_tokens=isl,
+            policy_class=cls,
+            pinned=WorkerKey(*pin) if pin else None,
+            session_id=session,
+            do_not_queue=dnq,
+        )
         self._absorb(self.s.enqueue(spec, self._tick()))
 
     @precondition(lambda self: self.leased)

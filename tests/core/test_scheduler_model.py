@@ -75,8 +75,10 @@ class RandomPlacementPolicy(AdmissionPolicy):
 class SchedulerModelMachine(RuleBasedStateMachine):
     @initialize(seed=st.integers(0, 2**16))
     def setup(self, seed):
-        classes = [make_class("a", prefill_busy_threshold=300, quantum=256),
-                   make_class("b", ordering="wspt", prefill_busy_threshold=300, quantum=128)]
+        classes = [
+            make_class("a", prefill_busy_threshold=300, quantum=256),
+            make_class("b", ordering="wspt", prefill_busy_threshold=300, quantum=128),
+        ]
         self.s = make_scheduler(make_config(classes), workers=START, max_slots=64)
         self.policy = self.s.pq.classes[0].admission = RandomPlacementPolicy(seed)
         self.m = ModelScheduler(START)
@@ -101,12 +103,19 @@ class SchedulerModelMachine(RuleBasedStateMachine):
                 assert r.reason != "no_endpoints" or not at_enqueue, "no_endpoints although a worker is placeable"
                 self.m.rejected(r.request_id, r.reason, tracked, at_enqueue)
 
-    @rule(rid=st.sampled_from(IDS), cls=st.sampled_from(["a", "b"]), isl=st.integers(1, 400),
-          pin=st.sampled_from([None, None, None, *KEYS]), allowed=ALLOWED, dnq=st.integers(0, 5))
+    @rule(
+        rid=st.sampled_from(IDS),
+        cls=st.sampled_from(["a", "b"]),
+        isl=st.integers(1, 400),
+        pin=st.sampled_from([None, None, None, *KEYS]),
+        allowed=ALLOWED,
+        dnq=st.integers(0, 5),
+    )
     def enqueue(self, rid, cls, isl, pin, allowed, dnq):
         want = self.m.expect_enqueue(rid, pin, allowed)
-        spec = make_request(rid, isl_tokens=isl, policy_class=cls, pinned=pin, allowed_workers=allowed,
-                            do_not_queue=dnq == 0)
+        spec = make_request(
+            rid, isl_tokens=isl, policy_class=cls, pinned=pin, allowed_workers=allowed, do_not_queue=dnq == 0
+        )
         got = self.s.enqueue(spec, self._t())
         if want is not None:
             assert [(r.request_id, getattr(r, "reason", None)) for r in got] == [(rid, want)], (want, got)

@@ -52,7 +52,9 @@ def test_softmax_prefers_lower_cost_when_temperature_positive():
 def test_softmax_is_scale_free_and_uniform_when_costs_equal():
     a, b = sel(temperature=1.0, seed=3), sel(temperature=1.0, seed=3)
     elig = np.ones(3, np.uint8)
-    assert [a.select(np.array([1.0, 2.0, 3.0]), elig, NONE) for _ in range(50)] == [b.select(np.array([100.0, 200.0, 300.0]), elig, NONE) for _ in range(50)]
+    assert [a.select(np.array([1.0, 2.0, 3.0]), elig, NONE) for _ in range(50)] == [
+        b.select(np.array([100.0, 200.0, 300.0]), elig, NONE) for _ in range(50)
+    ]
     counts = Counter(a.select(np.full(3, 7.0), elig, NONE) for _ in range(3000))
     assert set(counts) == {0, 1, 2}
 

@@ -23,8 +23,9 @@ BLOCKER_OWNER = 99  # holds one lease per worker (never waiting): every request 
 
 def _sched(share: float = 0.5, req_limit: int | None = 10, isl_limit: int | None = None, n_workers: int = 1):
     """A scheduler whose `n_workers` workers are all busy (one leased blocker each), so requests wait."""
-    cls = make_class(prefill_busy_threshold=100, request_queue_limit_per_worker=req_limit,
-                     isl_token_queue_limit_per_worker=isl_limit)
+    cls = make_class(
+        prefill_busy_threshold=100, request_queue_limit_per_worker=req_limit, isl_token_queue_limit_per_worker=isl_limit
+    )
     cfg = make_config([cls], daemon=DaemonConfig(max_waiting_share=share))
     workers = tuple((w, 0) for w in range(1, n_workers + 1))
     s = make_scheduler(cfg, workers=workers, max_num_batched_tokens=100_000)
@@ -47,8 +48,10 @@ class ShareModel:
 
     def __init__(self, share: float, req_limit: int | None, isl_limit: int | None, n_workers: int) -> None:
         self.share = share
-        self.limits = {"requests": None if req_limit is None else req_limit * n_workers,
-                       "isl_tokens": None if isl_limit is None else isl_limit * n_workers}
+        self.limits = {
+            "requests": None if req_limit is None else req_limit * n_workers,
+            "isl_tokens": None if isl_limit is None else isl_limit * n_workers,
+        }
         self.waiting: dict[str, tuple[int, int]] = {}  # request_id -> (owner, isl_tokens)
 
     def held(self, owner: int | None, kind: str) -> int:
@@ -121,13 +124,25 @@ def test_isl_token_share_is_checked_before_adding():
     assert (got.reason, got.limit_kind, got.current, got.limit) == ("overloaded", "isl_tokens", 509, 500)
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["enq", "enq", "enq", "cancel", "owner_gone"]), st.integers(1, 3),
-                         st.integers(1, 300), st.integers(0, 30)), max_size=60)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["enq", "enq", "enq", "cancel", "owner_gone"]),
+        st.integers(1, 3),
+        st.integers(1, 300),
+        st.integers(0, 30),
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(share=st.sampled_from([0.1, 0.25, 0.3, 0.5, 0.7, 1.0]), req_limit=st.one_of(st.none(), st.integers(1, 8)),
-       isl_limit=st.one_of(st.none(), st.integers(50, 1500)), n_workers=st.integers(1, 2), ops=OPS)
+@given(
+    share=st.sampled_from([0.1, 0.25, 0.3, 0.5, 0.7, 1.0]),
+    req_limit=st.one_of(st.none(), st.integers(1, 8)),
+    isl_limit=st.one_of(st.none(), st.integers(50, 1500)),
+    n_workers=st.integers(1, 2),
+    ops=OPS,
+)
 def test_the_scheduler_follows_the_share_model(share, req_limit, isl_limit, n_workers, ops):
     """Every answer (reason, limit kind, figures) equals the model's, per-owner counts equal the owner's
     waiting requests, and the rule's bounds hold: overrun by at most one share (a request that crosses a

@@ -94,8 +94,12 @@ daemon = daemon_fixture(CONFIG)
 def _cli_queues(admin_endpoint: str) -> tuple[float, int]:
     """Wall time (s) and exit code of one `kvsched queues --json` process (5 s reply timeout, the default)."""
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "kvsched.cli", "--admin-endpoint", admin_endpoint, "queues", "--json"],
-                          capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvsched.cli", "--admin-endpoint", admin_endpoint, "queues", "--json"],
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=120,
+    )
     return time.monotonic() - t0, proc.returncode
 
 
@@ -107,11 +111,14 @@ def test_admin_queues_answers_within_2s_when_one_connection_floods_200k_enqueues
     script = tmp_path / "flooder.py"
     script.write_text(FLOODER)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with SyncSchedulerClient(daemon.endpoint, attach_progress=False) as router, \
-            AdminClient(daemon.admin_endpoint, timeout_s=120) as admin:
+    with (
+        SyncSchedulerClient(daemon.endpoint, attach_progress=False) as router,
+        AdminClient(daemon.admin_endpoint, timeout_s=120) as admin,
+    ):
         blocker = router.schedule("blocker", isl_tokens=2000, pinned=(1, 0))
-        flooder = subprocess.Popen([sys.executable, str(script), daemon.endpoint, str(N_FLOOD)],
-                                   stdout=subprocess.PIPE, text=True, env=env)
+        flooder = subprocess.Popen(
+            [sys.executable, str(script), daemon.endpoint, str(N_FLOOD)], stdout=subprocess.PIPE, text=True, env=env
+        )
         cli_times: list[tuple[float, float, int]] = []  # (start s after the flood began, wall s, exit code)
         try:
             assert flooder.stdout.readline().strip() == "FLOODING"
@@ -150,7 +157,8 @@ def test_admin_queues_answers_within_2s_when_one_connection_floods_200k_enqueues
     worst = max(rtt for _, rtt, _ in samples)
     assert worst <= MAX_ADMIN_ROUND_TRIP_S, (
         f"worst admin round trip {worst:.2f} s during the flood and the {AFTER_FLOOD_S:.0f} s after it "
-        f"(bound {MAX_ADMIN_ROUND_TRIP_S} s)")
+        f"(bound {MAX_ADMIN_ROUND_TRIP_S} s)"
+    )
 
 
 N_DEAD_FLOOD = 50_000
@@ -166,11 +174,17 @@ def test_admin_answers_within_2s_when_a_killed_flooders_queue_meets_a_free_worke
     script = tmp_path / "flooder.py"
     script.write_text(FLOODER)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with SyncSchedulerClient(daemon.endpoint, attach_progress=False) as router, \
-            AdminClient(daemon.admin_endpoint, timeout_s=120) as admin:
+    with (
+        SyncSchedulerClient(daemon.endpoint, attach_progress=False) as router,
+        AdminClient(daemon.admin_endpoint, timeout_s=120) as admin,
+    ):
         blocker = router.schedule("blocker", isl_tokens=2000, pinned=(1, 0))
-        flooder = subprocess.Popen([sys.executable, str(script), daemon.endpoint, str(N_DEAD_FLOOD)],
-                                   stdout=subprocess.PIPE, text=True, env=env)
+        flooder = subprocess.Popen(
+            [sys.executable, str(script), daemon.endpoint, str(N_DEAD_FLOOD)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         try:
             assert flooder.stdout.readline().strip() == "FLOODING"
             end = time.monotonic() + 120

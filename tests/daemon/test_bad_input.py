@@ -59,18 +59,21 @@ async def test_client_fails_the_caller_at_once_when_the_daemon_answers_error(ses
         lease.release()
 
 
-@pytest.mark.parametrize("kwargs, exc", [
-    ({"request_id": 42, "isl_tokens": 10}, TypeError),
-    ({"request_id": "r", "isl_tokens": "10"}, TypeError),
-    ({"request_id": "r", "isl_tokens": 0}, ValueError),
-    ({"request_id": "x" * 200, "isl_tokens": 10}, ValueError),
-    ({"request_id": "é" * 100, "isl_tokens": 10}, ValueError),  # 100 characters, 200 UTF-8 bytes
-    ({"request_id": "r", "isl_tokens": 10, "priority": 2**40}, ValueError),
-    ({"request_id": "r", "isl_tokens": 10, "pinned": (1, 2**20)}, ValueError),
-    ({"request_id": "r", "isl_tokens": 10, "deadline_ms": -1}, ValueError),
-    ({"request_id": "r", "isl_tokens": 10, "do_not_queue": "yes"}, TypeError),
-    ({"request_id": "r", "isl_tokens": True}, TypeError),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc",
+    [
+        ({"request_id": 42, "isl_tokens": 10}, TypeError),
+        ({"request_id": "r", "isl_tokens": "10"}, TypeError),
+        ({"request_id": "r", "isl_tokens": 0}, ValueError),
+        ({"request_id": "x" * 200, "isl_tokens": 10}, ValueError),
+        ({"request_id": "é" * 100, "isl_tokens": 10}, ValueError),  # 100 characters, 200 UTF-8 bytes
+        ({"request_id": "r", "isl_tokens": 10, "priority": 2**40}, ValueError),
+        ({"request_id": "r", "isl_tokens": 10, "pinned": (1, 2**20)}, ValueError),
+        ({"request_id": "r", "isl_tokens": 10, "deadline_ms": -1}, ValueError),
+        ({"request_id": "r", "isl_tokens": 10, "do_not_queue": "yes"}, TypeError),
+        ({"request_id": "r", "isl_tokens": True}, TypeError),
+    ],
+)
 async def test_bad_schedule_arguments_raise_before_sending(session_daemon, kwargs, exc):
     """A bad argument raises TypeError/ValueError at the call (never a wait on an Error)."""
     async with SchedulerClient(session_daemon.endpoint) as client:

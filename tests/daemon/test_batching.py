@@ -82,8 +82,14 @@ def test_v2_batch_is_handled_in_order_and_answered_in_one_replies_message(daemon
         peer.send(p.encode_batch([ENC.encode(p.Heartbeat(8))])[:-1])  # truncated: not MessagePack at all
         whole = peer.recv()
         assert isinstance(whole, p.Error) and whole.code == p.ErrorCode.MALFORMED and whole.batch_index is None
-        peer.send(p.encode_batch([ENC.encode(p.Release("b-1", got[0].slot, got[0].generation)),
-                                  ENC.encode(p.Release("b-2", got[4].slot, got[4].generation))]))
+        peer.send(
+            p.encode_batch(
+                [
+                    ENC.encode(p.Release("b-1", got[0].slot, got[0].generation)),
+                    ENC.encode(p.Release("b-2", got[4].slot, got[4].generation)),
+                ]
+            )
+        )
         assert wait_until(lambda: active_leases(daemon.admin_endpoint) == 0)
         assert peer.recv(timeout_s=0.2) is None  # releases are not answered
     # The daemon writes its frame tally to Prometheus every ~100 ms of its own loop (a loaded machine
@@ -170,9 +176,11 @@ class _V1OnlyDaemon:
             frame = dec.decode(raw)
             if isinstance(frame, p.Hello):
                 self.hellos.append(frame.protocol_version)
-                reply = (p.Welcome(1, 1, 1, 16, "kvsched-nope-ledger", "kvsched-nope-progress", 1000, 5000)
-                         if frame.protocol_version == 1 else
-                         p.Error(int(p.ErrorCode.VERSION), f"protocol {frame.protocol_version} not in [1, 1]"))
+                reply = (
+                    p.Welcome(1, 1, 1, 16, "kvsched-nope-ledger", "kvsched-nope-progress", 1000, 5000)
+                    if frame.protocol_version == 1
+                    else p.Error(int(p.ErrorCode.VERSION), f"protocol {frame.protocol_version} not in [1, 1]")
+                )
                 self.sock.send_multipart([ident, ENC.encode(reply)])
 
     def close(self) -> None:

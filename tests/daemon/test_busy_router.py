@@ -58,8 +58,11 @@ def _lease_ids(d) -> set[str]:
 
 def _gone_lines(d, client_name: str) -> list[str]:
     """The daemon's "router gone" log lines about `client_name`."""
-    return [line for line in d.log_path.read_text().splitlines()
-            if "router gone" in line and f"client={client_name} " in line]
+    return [
+        line
+        for line in d.log_path.read_text().splitlines()
+        if "router gone" in line and f"client={client_name} " in line
+    ]
 
 
 @pytest.mark.parametrize("stall", ["sleep", "busy_loop"])
@@ -152,8 +155,9 @@ def test_a_flood_past_the_receive_queue_never_aborts_the_daemon(daemon):
                 except zmq.Again:
                     pass
         time.sleep(1.0)  # the actor drains the queue, and ZeroMQ resumes reading the connection
-        assert daemon.proc.poll() is None, [line for line in daemon.log_path.read_text().splitlines()
-                                            if "Assertion" in line]
+        assert daemon.proc.poll() is None, [
+            line for line in daemon.log_path.read_text().splitlines() if "Assertion" in line
+        ]
         assert admin_call(daemon, p.Status()).workers == 2
 
 
@@ -238,8 +242,13 @@ async def test_a_stopped_router_is_declared_dead_and_told_so_when_it_resumes(dae
     raise LeaseLost naming it, release() and the guard's exit are quiet no-ops (logged once per
     lease), and the daemon holds nothing for the router afterwards. (The router stops itself, between
     two loop turns, so that no frame it sent before is still in flight when it stops.)"""
-    proc = subprocess.Popen([sys.executable, "-c", ROUTER, daemon.endpoint], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ROUTER, daemon.endpoint],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     try:
         assert (await asyncio.to_thread(proc.stdout.readline)).strip() == "HELD"
         async with SchedulerClient(daemon.endpoint, client_name="blocker") as client:

@@ -14,7 +14,7 @@ import zmq
 from kvsched import protocol as p
 from kvsched.client import AdminClient, SchedulerClient
 from kvsched.errors import DuplicateRequest, InvalidRequest, NoEndpoints, PinnedNotAllowed
-from tests.conftest import RawPeer, TWO_WORKERS, daemon_fixture, purge, start_daemon, wait_until
+from tests.conftest import TWO_WORKERS, RawPeer, daemon_fixture, purge, start_daemon, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -22,8 +22,10 @@ pytestmark = pytest.mark.timeout(90)
 def workers_load(admin_endpoint: str) -> dict[str, tuple[int, int, int]]:
     with AdminClient(admin_endpoint) as admin:
         reply = admin.call(p.Workers())
-    return {f"{w.worker_id}:{w.dp_rank}": (w.active_blocks, w.active_prefill_tokens, w.active_requests)
-            for w in reply.workers}
+    return {
+        f"{w.worker_id}:{w.dp_rank}": (w.active_blocks, w.active_prefill_tokens, w.active_requests)
+        for w in reply.workers
+    }
 
 
 def queued(admin_endpoint: str) -> int:
@@ -189,9 +191,15 @@ CLIENT_SCRIPT = textwrap.dedent("""
 
 
 def test_several_client_processes_complete_every_lifecycle_when_run_concurrently(daemon):
-    procs = [subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, daemon.endpoint, f"proc{k}", "100"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
-             for k in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLIENT_SCRIPT, daemon.endpoint, f"proc{k}", "100"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=os.environ.copy(),
+        )
+        for k in range(3)
+    ]
     for proc in procs:
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err.decode()

@@ -48,8 +48,9 @@ def test_daemon_starts_and_serves_with_kubernetes_service_links_in_its_environme
     before), the metrics port is the variable's (a known key is read though it ends in _PORT), no
     warning is logged and one debug line names each service link."""
     port = free_port()
-    d = _start(tmp_path, SERVICE_LINKS | {"KVSCHED_DAEMON_METRICS_PORT": str(port),
-                                          "KVSCHED_DAEMON_LOG_LEVEL": "debug"})
+    d = _start(
+        tmp_path, SERVICE_LINKS | {"KVSCHED_DAEMON_METRICS_PORT": str(port), "KVSCHED_DAEMON_LOG_LEVEL": "debug"}
+    )
     try:
         with SyncSchedulerClient(d.endpoint, attach_progress=False) as router:
             with router.schedule("r1", isl_tokens=10) as lease:
@@ -84,10 +85,23 @@ def test_a_known_section_with_an_unknown_key_still_stops_the_daemon(tmp_path):
     """KVSCHED_DAEMON_MAX_SLOTZ (a typo of a [daemon] key), service links beside it: exit 2, naming it."""
     instance = unique_instance("env")
     env = dict(os.environ, **SERVICE_LINKS, KVSCHED_DAEMON_MAX_SLOTZ="5")
-    proc = subprocess.run([sys.executable, "-m", "kvsched.daemon.app", "--instance", instance,
-                           "--endpoint", f"ipc://{tmp_path}/{instance}.sock",
-                           "--admin-endpoint", f"ipc://{tmp_path}/{instance}-admin.sock"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvsched.daemon.app",
+            "--instance",
+            instance,
+            "--endpoint",
+            f"ipc://{tmp_path}/{instance}.sock",
+            "--admin-endpoint",
+            f"ipc://{tmp_path}/{instance}-admin.sock",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "KVSCHED_DAEMON_MAX_SLOTZ: unknown key daemon.max_slotz" in proc.stderr
     assert "KVSCHED_POOL" not in proc.stderr

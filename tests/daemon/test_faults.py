@@ -16,7 +16,7 @@ import zmq
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient, SchedulerClient
-from tests.conftest import admin_call, daemon_fixture, RawPeer, wait_until
+from tests.conftest import RawPeer, admin_call, daemon_fixture, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,8 +46,10 @@ prefill_busy_threshold_frac = 1.0
 
 daemon = daemon_fixture(FAULT_CONFIG)
 # Liveness far longer than any wait below: a dead router's leases freed in time were freed by the pid watch.
-pid_watch_daemon = daemon_fixture(FAULT_CONFIG.replace(f"liveness_timeout_ms = {int(LIVENESS_S * 1000)}",
-                                                       "liveness_timeout_ms = 120000"), name="pid_watch_daemon")
+pid_watch_daemon = daemon_fixture(
+    FAULT_CONFIG.replace(f"liveness_timeout_ms = {int(LIVENESS_S * 1000)}", "liveness_timeout_ms = 120000"),
+    name="pid_watch_daemon",
+)
 
 
 def status(d) -> p.StatusReply:
@@ -81,7 +83,9 @@ def test_router_sigkill_frees_its_leases_and_queued_requests(pid_watch_daemon):
     daemon = pid_watch_daemon
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, daemon.endpoint, "100"])
     try:
-        assert wait_until(lambda: status(daemon).active_leases == 50 and status(daemon).queued == 50, 20), status(daemon)
+        assert wait_until(lambda: status(daemon).active_leases == 50 and status(daemon).queued == 50, 20), status(
+            daemon
+        )
         decisions_before = status(daemon).decisions_total
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -204,9 +208,10 @@ async def test_ten_thousand_hostile_frames_change_nothing_for_a_good_client(daem
         assert replies > 5000  # most hostile frames were answered with Error / Rejected
         # hostile Enqueues that were admitted belong to the hostile peer; release them by killing it:
         # its connection goes silent and is reaped after the liveness timeout
-        assert await asyncio.to_thread(
-            wait_until, lambda: status(daemon).active_leases == 1, 30
-        ), (status(daemon), loads(daemon))
+        assert await asyncio.to_thread(wait_until, lambda: status(daemon).active_leases == 1, 30), (
+            status(daemon),
+            loads(daemon),
+        )
         assert await asyncio.to_thread(loads, daemon) == before
         lease.add_output_tokens(3)
         lease.release()
@@ -226,9 +231,14 @@ def test_hostile_admin_frames_get_admin_errors_and_the_daemon_keeps_serving(daem
     sock.connect(daemon.admin_endpoint)
     dec = p.make_admin_reply_decoder()
     frames = [rng.randbytes(rng.randint(0, 40)) for _ in range(300)]
-    frames += [enc.encode({"t": "drain", "worker_id": -1}), enc.encode({"t": "teleport"}),
-               enc.encode({"t": "leases", "limit": 10**9}), enc.encode(["status"]), enc.encode({"t": "drain"}),
-               enc.encode({"t": "cancel", "request_id": "x" * 1000})]
+    frames += [
+        enc.encode({"t": "drain", "worker_id": -1}),
+        enc.encode({"t": "teleport"}),
+        enc.encode({"t": "leases", "limit": 10**9}),
+        enc.encode(["status"]),
+        enc.encode({"t": "drain"}),
+        enc.encode({"t": "cancel", "request_id": "x" * 1000}),
+    ]
     try:
         errors = 0
         for raw in frames:

@@ -21,7 +21,7 @@ import pytest
 
 from kvsched import protocol as p
 from kvsched.client import SchedulerClient
-from tests.conftest import admin_call, daemon_fixture, ROOT
+from tests.conftest import ROOT, admin_call, daemon_fixture
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -94,8 +94,9 @@ async def test_a_flooder_cannot_starve_others_and_its_backlog_leaves_with_it(dae
         script = tmp_path / "flooder.py"
         script.write_text(FLOODER)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        flooder = subprocess.Popen([sys.executable, str(script), daemon.endpoint, str(N_FLOOD)],
-                                   stdout=subprocess.PIPE, text=True, env=env)
+        flooder = subprocess.Popen(
+            [sys.executable, str(script), daemon.endpoint, str(N_FLOOD)], stdout=subprocess.PIPE, text=True, env=env
+        )
         try:
             loop = asyncio.get_running_loop()
             end = loop.time() + 60

@@ -30,7 +30,10 @@ total_kv_blocks = 1000
 max_num_batched_tokens = 1000
 """
 
-OVERLOAD = 'default_class = "fast"\n' + BASE + """
+OVERLOAD = (
+    'default_class = "fast"\n'
+    + BASE
+    + """
 [overload]
 overload_prefill_tokens = 100
 
@@ -41,12 +44,16 @@ name = "fast"
 name = "batch"
 prefill_busy_threshold = 100000
 """
+)
 
-SESSIONS = BASE + """
+SESSIONS = (
+    BASE
+    + """
 [[classes]]
 name = "default"
 admission = { type = "session_cap", max_active_per_session = 1 }
 """
+)
 
 
 def _start(tmp_path, text: str, env: dict | None = None) -> DaemonProcess:

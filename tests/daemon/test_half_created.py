@@ -39,7 +39,9 @@ def _raw_segment(name: str, size: int) -> None:
 
 def _half_created(instance: str, *, with_progress: bool, ledger_bytes: int | None = None) -> None:
     caps = segment_capacities(_cfg(instance))
-    n = LedgerArrays.nbytes(caps["max_workers"], caps["max_slots"], caps["max_blocks_per_request"], caps["ref_capacity"])
+    n = LedgerArrays.nbytes(
+        caps["max_workers"], caps["max_slots"], caps["max_blocks_per_request"], caps["ref_capacity"]
+    )
     _raw_segment(ledger_name(instance), n if ledger_bytes is None else ledger_bytes)
     if with_progress:
         _raw_segment(progress_name(instance), progress_nbytes(caps["max_slots"]))
@@ -97,7 +99,9 @@ def test_daemon_process_starts_over_a_half_created_ledger(tmp_path):
     instance = unique_instance("half")
     cfg = write_config(tmp_path / "d.toml", "[[workers]]\nworker_id = 1\n")
     caps = segment_capacities(load_config(cfg, env={}, overrides={"daemon": {"instance": instance}}))
-    n = LedgerArrays.nbytes(caps["max_workers"], caps["max_slots"], caps["max_blocks_per_request"], caps["ref_capacity"])
+    n = LedgerArrays.nbytes(
+        caps["max_workers"], caps["max_slots"], caps["max_blocks_per_request"], caps["ref_capacity"]
+    )
     _raw_segment(ledger_name(instance), n)  # no progress segment, header unwritten
     try:
         d = DaemonProcess.start(cfg, instance=instance, runtime_dir=tmp_path, ready_timeout_s=60)

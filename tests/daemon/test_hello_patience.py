@@ -37,8 +37,9 @@ async def test_a_hello_to_a_busy_daemon_is_answered_on_one_connection(tmp_path):
     2 s backoff ceiling to answer was never reached. Now: one connection, one Hello."""
     instance = unique_instance("hp")
     cfg = write_config(tmp_path / f"{instance}.toml", CONFIG)
-    d = DaemonProcess.start(cfg, instance=instance, runtime_dir=tmp_path,
-                            env=dict(os.environ, KVSCHED_DEBUG_STALL_S=str(STALL_S)))
+    d = DaemonProcess.start(
+        cfg, instance=instance, runtime_dir=tmp_path, env=dict(os.environ, KVSCHED_DEBUG_STALL_S=str(STALL_S))
+    )
     try:
         os.kill(d.pid, signal.SIGUSR2)  # the actor loop sleeps STALL_S
         await asyncio.sleep(0.3)

@@ -16,8 +16,13 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _daemon_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvsched.daemon.app", *args], capture_output=True, text=True,
-                          timeout=60, env=os.environ.copy())
+    return subprocess.run(
+        [sys.executable, "-m", "kvsched.daemon.app", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ.copy(),
+    )
 
 
 def test_second_daemon_with_same_instance_is_refused_and_first_keeps_serving(tmp_path):
@@ -25,15 +30,26 @@ def test_second_daemon_with_same_instance_is_refused_and_first_keeps_serving(tmp
     first = DaemonProcess.start(None, instance=instance, runtime_dir=tmp_path / "a", extra_args=["--workers", "1"])
     try:
         with pytest.raises(DaemonUnavailable, match="already running"):
-            DaemonProcess.start(None, instance=instance, runtime_dir=tmp_path / "b", extra_args=["--workers", "1"],
-                                ready_timeout_s=20)
+            DaemonProcess.start(
+                None, instance=instance, runtime_dir=tmp_path / "b", extra_args=["--workers", "1"], ready_timeout_s=20
+            )
         # same endpoint, another instance: refused, the first daemon's socket file survives
         with pytest.raises(DaemonUnavailable, match="in use"):
-            DaemonProcess.start(None, instance=unique_instance(), runtime_dir=tmp_path / "a",
-                                extra_args=["--workers", "1", "--endpoint", first.endpoint,
-                                            "--admin-endpoint", f"ipc://{tmp_path}/other-admin.sock"],
-                                ready_timeout_s=20)
-        assert os.path.exists(first.endpoint[len("ipc://"):])
+            DaemonProcess.start(
+                None,
+                instance=unique_instance(),
+                runtime_dir=tmp_path / "a",
+                extra_args=[
+                    "--workers",
+                    "1",
+                    "--endpoint",
+                    first.endpoint,
+                    "--admin-endpoint",
+                    f"ipc://{tmp_path}/other-admin.sock",
+                ],
+                ready_timeout_s=20,
+            )
+        assert os.path.exists(first.endpoint[len("ipc://") :])
         refused = _daemon_cli("--purge", "--instance", instance)
         assert refused.returncode == 1 and "already running" in refused.stderr
         assert os.path.exists(f"/dev/shm/kvsched-{instance}-ledger")
@@ -47,16 +63,22 @@ def test_second_daemon_with_same_instance_is_refused_and_first_keeps_serving(tmp
 def test_failed_start_leaves_no_segments_behind(tmp_path):
     instance = unique_instance()
     with pytest.raises(DaemonUnavailable, match="CURVE"):
-        DaemonProcess.start(None, instance=instance, runtime_dir=tmp_path, ready_timeout_s=20,
-                            extra_args=["--workers", "1", "--endpoint", f"tcp://0.0.0.0:{free_port()}"])
+        DaemonProcess.start(
+            None,
+            instance=instance,
+            runtime_dir=tmp_path,
+            ready_timeout_s=20,
+            extra_args=["--workers", "1", "--endpoint", f"tcp://0.0.0.0:{free_port()}"],
+        )
     assert not os.path.exists(f"/dev/shm/kvsched-{instance}-ledger")
     assert not os.path.exists(f"/dev/shm/kvsched-{instance}-progress")
     assert not os.path.exists(f"/dev/shm/kvsched-{instance}.lock")
 
 
 def _shm_files(instance: str) -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"kvsched-{instance}-")
-                  or n == f"kvsched-{instance}.lock")
+    return sorted(
+        n for n in os.listdir("/dev/shm") if n.startswith(f"kvsched-{instance}-") or n == f"kvsched-{instance}.lock"
+    )
 
 
 def test_purge_after_a_sigkill_removes_the_segments_and_the_lock_file(tmp_path):
@@ -92,8 +114,13 @@ def test_purge_after_a_sigkill_removes_the_socket_files_left_in_the_discovery_di
         d.wait_ready(60)
         d.kill()
         assert all(path.exists() for path in sockets)
-        out = subprocess.run([sys.executable, "-m", "kvsched.daemon.app", "--purge", "--instance", instance],
-                             capture_output=True, text=True, timeout=60, env=env)
+        out = subprocess.run(
+            [sys.executable, "-m", "kvsched.daemon.app", "--purge", "--instance", instance],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert out.returncode == 0 and str(sockets[0]) in out.stdout, out.stdout + out.stderr
         assert [path for path in sockets if path.exists()] == []
         assert _shm_files(instance) == []
@@ -111,15 +138,17 @@ def test_purge_never_removes_a_live_daemons_socket_files(tmp_path):
 
     instance = unique_instance()
     d = DaemonProcess.start(None, instance=instance, runtime_dir=tmp_path, extra_args=["--workers", "1"])
-    files = [d.endpoint[len("ipc://"):], d.admin_endpoint[len("ipc://"):]]
+    files = [d.endpoint[len("ipc://") :], d.admin_endpoint[len("ipc://") :]]
     plain = tmp_path / "not-a-socket.sock"
     plain.write_text("x")
     try:
-        refused = _daemon_cli("--purge", "--instance", instance, "--endpoint", d.endpoint,
-                              "--admin-endpoint", d.admin_endpoint)
+        refused = _daemon_cli(
+            "--purge", "--instance", instance, "--endpoint", d.endpoint, "--admin-endpoint", d.admin_endpoint
+        )
         assert refused.returncode == 1 and "already running" in refused.stderr
-        other = _daemon_cli("--purge", "--instance", unique_instance(), "--endpoint", d.endpoint,
-                            "--admin-endpoint", f"ipc://{plain}")
+        other = _daemon_cli(
+            "--purge", "--instance", unique_instance(), "--endpoint", d.endpoint, "--admin-endpoint", f"ipc://{plain}"
+        )
         assert other.returncode == 0 and "nothing to purge" in other.stdout, other.stdout + other.stderr
         assert all(os.path.exists(f) for f in files) and plain.read_text() == "x"
         assert isinstance(admin_call(d, p.Status()), p.StatusReply)
@@ -178,8 +207,14 @@ def test_a_daemon_that_exits_during_start_is_reported_with_its_exit_code_not_as_
     env = dict(os.environ, KVSCHED_DAEMON_MAX_WORKERS="0")  # invalid: the daemon refuses its config, exit 2
     for k in range(3):
         with pytest.raises(DaemonUnavailable, match="exited with code 2") as err:
-            DaemonProcess.start(None, instance=unique_instance(), runtime_dir=tmp_path / str(k), env=env,
-                                extra_args=["--workers", "1"], ready_timeout_s=60)
+            DaemonProcess.start(
+                None,
+                instance=unique_instance(),
+                runtime_dir=tmp_path / str(k),
+                env=env,
+                extra_args=["--workers", "1"],
+                ready_timeout_s=60,
+            )
         assert "max_workers" in str(err.value)
 
 
@@ -194,8 +229,18 @@ def test_a_restart_with_other_capacities_says_what_to_do(tmp_path):
     cfg = tmp_path / "slots.toml"
     cfg.write_text("[daemon]\nmax_slots = 4\n")
     try:
-        out = _daemon_cli("--config", str(cfg), "--instance", instance, "--workers", "1",
-                          "--endpoint", f"ipc://{tmp_path}/x.sock", "--admin-endpoint", f"ipc://{tmp_path}/x-admin.sock")
+        out = _daemon_cli(
+            "--config",
+            str(cfg),
+            "--instance",
+            instance,
+            "--workers",
+            "1",
+            "--endpoint",
+            f"ipc://{tmp_path}/x.sock",
+            "--admin-endpoint",
+            f"ipc://{tmp_path}/x-admin.sock",
+        )
         assert out.returncode == 1, out.stderr
         assert "max_slots" in out.stderr and f"--instance {instance} --purge" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr

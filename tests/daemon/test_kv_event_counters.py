@@ -18,9 +18,19 @@ from kvsched.daemon.wiring import kv_metrics_tick
 
 class FakeSubscriber:
     def __init__(self) -> None:
-        self.c = {"applied": 0, "replayed": 0, "stale_workers": 0, "unknown_types": 0, "unknown_fields": 0,
-                  "malformed_events": 0, "malformed_batches": 0, "malformed_frames": 0, "gaps": 0, "restarts": 0,
-                  "replay_lost": 0}
+        self.c = {
+            "applied": 0,
+            "replayed": 0,
+            "stale_workers": 0,
+            "unknown_types": 0,
+            "unknown_fields": 0,
+            "malformed_events": 0,
+            "malformed_batches": 0,
+            "malformed_frames": 0,
+            "gaps": 0,
+            "restarts": 0,
+            "replay_lost": 0,
+        }
 
     def counters(self) -> dict[str, int]:
         return dict(self.c)
@@ -28,8 +38,11 @@ class FakeSubscriber:
 
 def _value(metrics: Metrics, name: str, label: str) -> float:
     for line in generate_latest(metrics.registry).decode().splitlines():
-        if line.startswith(name + "{") and line.split("{", 1)[1].startswith(("reason", "kind")) \
-                and f'="{label}"}}' in line:
+        if (
+            line.startswith(name + "{")
+            and line.split("{", 1)[1].startswith(("reason", "kind"))
+            and f'="{label}"}}' in line
+        ):
             return float(line.split()[-1])
     raise AssertionError(f"{name}{{{label}}} not on the metrics page")
 

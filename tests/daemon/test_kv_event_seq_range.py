@@ -30,8 +30,9 @@ BS, DEPTH = 16, 4
 
 async def _overlap(endpoint: str, rid: str, prefix: list[int]) -> int:
     async with SchedulerClient(endpoint, client_name=rid) as client:
-        lease = await client.schedule(rid, isl_tokens=(DEPTH + 1) * BS, pinned=(7, 0),
-                                      block_hashes=prefix + [random.getrandbits(63)])
+        lease = await client.schedule(
+            rid, isl_tokens=(DEPTH + 1) * BS, pinned=(7, 0), block_hashes=prefix + [random.getrandbits(63)]
+        )
         lease.release("completed")
         return lease.overlap_blocks
 
@@ -52,9 +53,24 @@ def test_live_seq_beyond_int64_is_malformed_and_the_stream_keeps_working(tmp_pat
     pub = KvEventPublisher(zctx, f"tcp://127.0.0.1:{free_port()}", None)
     d = start_daemon(tmp_path, TWO_WORKERS)
     try:
-        out = subprocess.run([sys.executable, "-m", "kvsched.cli", "--admin-endpoint", d.admin_endpoint,
-                              "add-worker", "7", "--total-kv-blocks", "1000", "--kv-events-endpoint", pub.endpoint],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvsched.cli",
+                "--admin-endpoint",
+                d.admin_endpoint,
+                "add-worker",
+                "7",
+                "--total-kv-blocks",
+                "1000",
+                "--kv-events-endpoint",
+                pub.endpoint,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         rng = random.Random(5)
         a = [rng.getrandbits(63) for _ in range(DEPTH)]

@@ -27,11 +27,11 @@ import pytest
 pytest.importorskip("aiohttp")
 pytest.importorskip("tokenizers")
 
-from kvsched.client.hashing import block_hashes  # noqa: E402
-from kvsched.client.sync import SyncSchedulerClient  # noqa: E402
-from kvsched.gateway.local_fleet import free_ports, write_tiny_tokenizer  # noqa: E402
-from kvsched.gateway.tokenizer import ModelTokenizer  # noqa: E402
-from tests.conftest import ROOT, purge, start_daemon, wait_until  # noqa: E402
+from kvsched.client.hashing import block_hashes
+from kvsched.client.sync import SyncSchedulerClient
+from kvsched.gateway.local_fleet import free_ports, write_tiny_tokenizer
+from kvsched.gateway.tokenizer import ModelTokenizer
+from tests.conftest import ROOT, purge, start_daemon, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -54,7 +54,7 @@ class Stack:
         self.daemon = None
         self.metrics_port = 0
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         ports = free_ports(5)
         self.metrics_port = ports[4]
         workers = ""
@@ -63,24 +63,53 @@ class Stack:
             ready = self.workdir / f"engine-{wid}.port"
             log = open(self.workdir / f"engine-{wid}.log", "ab")
             self.engines[wid] = subprocess.Popen(
-                [sys.executable, "-m", "kvsched.sim.http_engine", "--worker-id", str(wid), "--port", "0",
-                 "--tokenizer", str(self.tok_dir), "--block-size", str(BLOCK), "--speedup", "50",
-                 "--kv-events-port", str(kv), "--kv-replay-port", str(replay), "--ready-file", str(ready),
-                 "--log-level", "WARNING"],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                [
+                    sys.executable,
+                    "-m",
+                    "kvsched.sim.http_engine",
+                    "--worker-id",
+                    str(wid),
+                    "--port",
+                    "0",
+                    "--tokenizer",
+                    str(self.tok_dir),
+                    "--block-size",
+                    str(BLOCK),
+                    "--speedup",
+                    "50",
+                    "--kv-events-port",
+                    str(kv),
+                    "--kv-replay-port",
+                    str(replay),
+                    "--ready-file",
+                    str(ready),
+                    "--log-level",
+                    "WARNING",
+                ],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
             log.close()
-            workers += (f"\n[[workers]]\nworker_id = {wid}\ntotal_kv_blocks = 2000\n"
-                        f"kv_events_endpoint = \"tcp://127.0.0.1:{kv}\"\n"
-                        f"kv_replay_endpoint = \"tcp://127.0.0.1:{replay}\"\n"
-                        f"kv_events_stale_after_s = {STALE_AFTER_S}\n")
+            workers += (
+                f"\n[[workers]]\nworker_id = {wid}\ntotal_kv_blocks = 2000\n"
+                f'kv_events_endpoint = "tcp://127.0.0.1:{kv}"\n'
+                f'kv_replay_endpoint = "tcp://127.0.0.1:{replay}"\n'
+                f"kv_events_stale_after_s = {STALE_AFTER_S}\n"
+            )
         for wid, proc in self.engines.items():
             ready = self.workdir / f"engine-{wid}.port"
-            assert wait_until(lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip() != ""),
-                              timeout_s=90), f"engine {wid} not ready"
+            assert wait_until(
+                lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip() != ""), timeout_s=90
+            ), f"engine {wid} not ready"
             assert proc.poll() is None, (self.workdir / f"engine-{wid}.log").read_text()[-2000:]
             self.http[wid] = int(ready.read_text().strip())
-        self.daemon = start_daemon(self.workdir, f"[daemon]\nblock_size = {BLOCK}\nmetrics_port = {self.metrics_port}\n"
-                                                 f"\n[selector]\napprox_ttl_s = {APPROX_TTL_S}\n{workers}")
+        self.daemon = start_daemon(
+            self.workdir,
+            f"[daemon]\nblock_size = {BLOCK}\nmetrics_port = {self.metrics_port}\n"
+            f"\n[selector]\napprox_ttl_s = {APPROX_TTL_S}\n{workers}",
+        )
         return self
 
     def stop(self) -> None:
@@ -102,8 +131,9 @@ class Stack:
         """POST worker `wid`'s prompt to its engine and wait for the answer: the engine caches the
         prompt's blocks and publishes BlockStored."""
         body = json.dumps({"model": "sim", "prompt": PROMPTS[wid], "max_tokens": 1}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.http[wid]}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.http[wid]}/v1/completions", body, {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert resp.status == 200
 
@@ -114,9 +144,13 @@ class Stack:
 
     def stale(self) -> set[int]:
         """Worker ids `kvsched workers --json` shows stale."""
-        out = subprocess.run([sys.executable, "-m", "kvsched.cli", "--admin-endpoint", self.daemon.admin_endpoint,
-                              "workers", "--json"], capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        out = subprocess.run(
+            [sys.executable, "-m", "kvsched.cli", "--admin-endpoint", self.daemon.admin_endpoint, "workers", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert out.returncode == 0, out.stderr
         return {w["worker_id"] for w in json.loads(out.stdout)["workers"] if w.get("stale")}
 
@@ -153,8 +187,10 @@ def test_an_idle_engine_keeps_its_cached_prefix_when_the_fleet_is_silent_past_th
         isl, hashes = stack.hashes(1)
         lease = client.schedule("again-1", isl, hashes)
         lease.release("aborted")
-    print(f"after {IDLE_S} s idle: worker={lease.worker} overlap_blocks={lease.overlap_blocks} "
-          f"cached_tokens={lease.cached_tokens}")
+    print(
+        f"after {IDLE_S} s idle: worker={lease.worker} overlap_blocks={lease.overlap_blocks} "
+        f"cached_tokens={lease.cached_tokens}"
+    )
     assert lease.worker == (1, 0)
     assert lease.overlap_blocks == len(hashes) and lease.cached_tokens == len(hashes) * BLOCK
     assert stack.metric("kvsched_stale_workers") == 0

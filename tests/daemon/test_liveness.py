@@ -39,8 +39,9 @@ daemon = daemon_fixture(BUSY_CONFIG)
 # A longer liveness timeout where the test must not see a reconnect: on a loaded 2-core machine a
 # heartbeat's answer was once later than 1.5 s (the router reconnected against a live daemon).
 SLOW_LIVENESS_MS = 3000
-slow_daemon = daemon_fixture(BUSY_CONFIG.replace("liveness_timeout_ms = 1500", f"liveness_timeout_ms = {SLOW_LIVENESS_MS}"),
-                             name="slow_daemon")
+slow_daemon = daemon_fixture(
+    BUSY_CONFIG.replace("liveness_timeout_ms = 1500", f"liveness_timeout_ms = {SLOW_LIVENESS_MS}"), name="slow_daemon"
+)
 
 
 async def _status(d) -> p.StatusReply:
@@ -125,8 +126,13 @@ async def test_a_frame_from_a_connection_reaped_for_silence_is_told_why(daemon):
     with RawPeer(daemon.endpoint) as peer:
         peer.hello(client_name="silent-raw")
         assert await asyncio.to_thread(
-            wait_until, lambda: "router gone" in daemon.log_path.read_text()
-            and "client=silent-raw" in daemon.log_path.read_text().split("router gone", 1)[1], 60)
+            wait_until,
+            lambda: (
+                "router gone" in daemon.log_path.read_text()
+                and "client=silent-raw" in daemon.log_path.read_text().split("router gone", 1)[1]
+            ),
+            60,
+        )
         peer.send(p.Enqueue("after-reap", 32))
         err = await asyncio.to_thread(peer.recv)
     assert isinstance(err, p.Error) and err.code == p.ErrorCode.NOT_HELLO, err
@@ -152,8 +158,13 @@ async def test_a_connection_whose_hello_named_a_dead_pid_is_told_why_once(daemon
         peer.send(p.Hello(p.PROTOCOL_VERSION, "wrong-pid", gone.pid, socket.gethostname(), pid_namespace_id()))
         assert isinstance(await asyncio.to_thread(peer.recv), p.Welcome)
         assert await asyncio.to_thread(
-            wait_until, lambda: "router gone" in daemon.log_path.read_text()
-            and "client=wrong-pid" in daemon.log_path.read_text().split("router gone", 1)[1], 30)
+            wait_until,
+            lambda: (
+                "router gone" in daemon.log_path.read_text()
+                and "client=wrong-pid" in daemon.log_path.read_text().split("router gone", 1)[1]
+            ),
+            30,
+        )
         peer.send(p.Heartbeat(1))
         err = await asyncio.to_thread(peer.recv, 10)
         assert isinstance(err, p.Error) and err.code == p.ErrorCode.NOT_HELLO, err

@@ -24,7 +24,7 @@ def _collect(sock: socket.socket, seconds: float, until=None) -> list[tuple[floa
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             out.append((time.monotonic(), sock.recv(4096).decode()))
-        except socket.timeout:
+        except TimeoutError:
             break
     return out
 
@@ -38,12 +38,19 @@ def test_ready_watchdog_and_stopping_reach_systemd_and_a_stuck_loop_stops_the_wa
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
     port = free_port()
-    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="200000", KVSCHED_DEBUG_STALL_S="1.5",
-               KVSCHED_DAEMON_METRICS_PORT=str(port))
+    env = dict(
+        os.environ,
+        NOTIFY_SOCKET=path,
+        WATCHDOG_USEC="200000",
+        KVSCHED_DEBUG_STALL_S="1.5",
+        KVSCHED_DAEMON_METRICS_PORT=str(port),
+    )
     instance = unique_instance()
     d = DaemonProcess.start(None, instance=instance, runtime_dir=tmp_path, extra_args=["--workers", "2"], env=env)
     try:
-        first = _collect(sock, 30.0, until=lambda ms: any(m.startswith("READY=1") for m in ms) and ms.count("WATCHDOG=1") >= 5)
+        first = _collect(
+            sock, 30.0, until=lambda ms: any(m.startswith("READY=1") for m in ms) and ms.count("WATCHDOG=1") >= 5
+        )
         states = [m for _, m in first]
         assert any(m.startswith("READY=1") for m in states), states
         assert sum(m == "WATCHDOG=1" for m in states) >= 5

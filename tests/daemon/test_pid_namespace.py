@@ -17,7 +17,7 @@ import time
 import pytest
 
 from kvsched import protocol as p
-from tests.conftest import admin_call, daemon_fixture, RawPeer, ROOT, wait_until
+from tests.conftest import ROOT, RawPeer, admin_call, daemon_fixture, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,8 +63,10 @@ def _unshare_works() -> bool:
 
 daemon = daemon_fixture(CONFIG)
 # Liveness far longer than any wait below: whatever drops a lease here is the pid watch.
-long_daemon = daemon_fixture(CONFIG.replace(f"liveness_timeout_ms = {int(LIVENESS_S * 1000)}",
-                                            "liveness_timeout_ms = 120000"), name="long_daemon")
+long_daemon = daemon_fixture(
+    CONFIG.replace(f"liveness_timeout_ms = {int(LIVENESS_S * 1000)}", "liveness_timeout_ms = 120000"),
+    name="long_daemon",
+)
 
 
 def _leases(d) -> int:
@@ -81,8 +83,13 @@ def test_router_in_another_pid_namespace_keeps_its_lease(daemon, tmp_path):
     # Burn some pids inside the namespace so the router's pid is not a low one that also exists here.
     shell = f"i=0; while [ $i -lt 300 ]; do /bin/true; i=$((i+1)); done; {sys.executable} {script} {daemon.endpoint}"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(["unshare", "-pf", "--mount-proc", "sh", "-c", shell], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        ["unshare", "-pf", "--mount-proc", "sh", "-c", shell],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline().split()
         assert line and line[0] == "LEASED", line
@@ -146,8 +153,9 @@ def test_same_namespace_hello_with_a_dead_pid_is_dropped_by_the_pid_watch(long_d
         # admitted: the Enqueue gets nothing, or (the first frame after the drop) the notice that the
         # connection was closed because its Hello's process is dead; either way no lease survives.
         reply = peer.recv(timeout_s=10)
-        dead_notice = (isinstance(reply, p.Error) and reply.code == p.ErrorCode.NOT_HELLO
-                       and "closed because" in reply.message)
+        dead_notice = (
+            isinstance(reply, p.Error) and reply.code == p.ErrorCode.NOT_HELLO and "closed because" in reply.message
+        )
         assert reply is None or dead_notice or isinstance(reply, p.Admitted), reply
         assert wait_until(lambda: _leases(long_daemon) == 0, 30)
     assert "router gone" in long_daemon.log_path.read_text()

@@ -24,8 +24,11 @@ def test_a_child_that_printed_ready_and_exited_is_unavailable_naming_its_code_an
     exit code and the log (before: it returned as if the daemon were ready)."""
     log = tmp_path / "d.log"
     log.write_text("the daemon's last words\n")
-    proc = subprocess.Popen([sys.executable, "-c", "print('KVSCHED_READY ipc://x ipc://y', flush=True); raise SystemExit(7)"],
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "print('KVSCHED_READY ipc://x ipc://y', flush=True); raise SystemExit(7)"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     proc.wait(30)  # dead before anyone reads its pipe
     handle = DaemonProcess(proc, "ipc://x", "ipc://y", log, [sys.executable, "--instance", "t"], {})
     with pytest.raises(DaemonUnavailable) as err:
@@ -36,8 +39,11 @@ def test_a_child_that_printed_ready_and_exited_is_unavailable_naming_its_code_an
 
 def test_a_child_that_printed_ready_and_lives_is_ready(tmp_path):
     """The same child, alive after its ready line: `wait_ready` returns."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; print('KVSCHED_READY a b', flush=True); time.sleep(60)"],
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('KVSCHED_READY a b', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     handle = DaemonProcess(proc, "ipc://x", "ipc://y", tmp_path / "d.log", [sys.executable, "--instance", "t"], {})
     try:
         handle.wait_ready(30.0)
@@ -57,8 +63,9 @@ def test_the_replay_stops_waiting_for_its_routers_when_its_daemon_dies(tmp_path)
 
     log = tmp_path / "d.log"
     log.write_text("killed mid-start\n")
-    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(9)"], stdout=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "raise SystemExit(9)"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
     proc.wait(30)
     daemon = DaemonProcess(proc, "ipc://x", "ipc://y", log, [sys.executable, "--instance", "t"], {})
     started = time.monotonic()

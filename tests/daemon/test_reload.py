@@ -54,7 +54,9 @@ def test_reload_keeps_queued_requests_and_refuses_invalid_files(tmp_path):
             cfg.write_text("this is [not toml")
             bad = admin.call(p.Reload())
             assert isinstance(bad, p.AdminError) and "old profile kept" in bad.message
-            cfg.write_text(BASE.replace('name = "a"', 'name = "z"').replace('default_class = "a"', 'default_class = "z"'))
+            cfg.write_text(
+                BASE.replace('name = "a"', 'name = "z"').replace('default_class = "a"', 'default_class = "z"')
+            )
             gone = admin.call(p.Reload())
             assert isinstance(gone, p.AdminError) and "a" in gone.message
             rows = {c.name: c for c in admin.call(p.Queues()).classes}
@@ -145,7 +147,9 @@ def test_reload_of_an_unchanged_file_names_nothing_when_workers_came_from_the_co
     """Found from outside: a daemon started with `--workers 2` (the README's form, no [[workers]] in
     the file) answered every reload of the unchanged file `not applied ...: workers (removed 0, 1)`
     and logged a WARNING. Result: a key the reloaded file does not set is not compared."""
-    d = start_daemon(tmp_path, BASE.split("[[workers]]")[0] + "[[classes]]\nname = \"a\"\n", extra_args=["--workers", "2"])
+    d = start_daemon(
+        tmp_path, BASE.split("[[workers]]")[0] + '[[classes]]\nname = "a"\n', extra_args=["--workers", "2"]
+    )
     try:
         with AdminClient(d.admin_endpoint) as admin:
             assert admin.call(p.Status()).workers == 2
@@ -173,8 +177,9 @@ def test_reload_of_a_profile_file_names_only_the_restart_keys_it_sets(tmp_path):
             profile.write_text('default_class = "a"\n[daemon]\nblock_size = 32\n[[classes]]\nname = "a"\n')
             reply = admin.call(p.Reload(path=str(profile)))
         assert isinstance(reply, p.OkReply), reply
-        assert reply.message.endswith("not applied (need a restart; workers also via add-worker / "
-                                      "remove-worker): daemon.block_size"), reply.message
+        assert reply.message.endswith(
+            "not applied (need a restart; workers also via add-worker / remove-worker): daemon.block_size"
+        ), reply.message
     finally:
         d.stop()
         purge(d.instance)

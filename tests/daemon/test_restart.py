@@ -71,9 +71,15 @@ def test_daemon_sigkill_and_restart_loses_no_admitted_request(tmp_path):
     daemon = start_daemon(tmp_path, RESTART_CONFIG)
     instance = daemon.instance
     outs = [tmp_path / f"r{k}.jsonl" for k in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-c", WORKLOAD, daemon.endpoint, f"r{k}", "120", str(outs[k])],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
-             for k in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKLOAD, daemon.endpoint, f"r{k}", "120", str(outs[k])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=os.environ.copy(),
+        )
+        for k in range(2)
+    ]
     try:
         with AdminClient(daemon.admin_endpoint) as admin:  # the crash happens with leases live
             assert wait_until(lambda: admin.call(p.Status()).active_leases > 0, 30)

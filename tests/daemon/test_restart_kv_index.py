@@ -37,8 +37,11 @@ def fleet(tmp_path):
     eps = kv_event_endpoints(spec, tmp_path)
     ctx = mp.get_context("spawn")
     ready, go, stop, t0 = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Value("d", 0.0)
-    proc = ctx.Process(target=fleet_main, args=(FleetParams(f"ipc://{tmp_path}/fleet.sock", spec, speedup=50.0,
-                                                            kv_events=eps), ready, go, t0, stop), daemon=True)
+    proc = ctx.Process(
+        target=fleet_main,
+        args=(FleetParams(f"ipc://{tmp_path}/fleet.sock", spec, speedup=50.0, kv_events=eps), ready, go, t0, stop),
+        daemon=True,
+    )
     proc.start()
     assert ready.wait(60), "fleet did not start"
     t0.value = time.monotonic()
@@ -75,8 +78,9 @@ async def _decisions(endpoint: str, prefixes: dict[int, list[int]], tag: str) ->
     out = {}
     async with SchedulerClient(endpoint, client_name=tag) as client:
         for i, prefix in prefixes.items():
-            lease = await client.schedule(f"{tag}-{i}", isl_tokens=(DEPTH + 1) * BS,
-                                          block_hashes=prefix + [rng.getrandbits(63)])
+            lease = await client.schedule(
+                f"{tag}-{i}", isl_tokens=(DEPTH + 1) * BS, block_hashes=prefix + [rng.getrandbits(63)]
+            )
             lease.release("completed")
             out[i] = (lease.worker.worker_id, lease.overlap_blocks)
     return out

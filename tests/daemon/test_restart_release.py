@@ -13,7 +13,7 @@ import pytest
 
 from kvsched import protocol as p
 from kvsched.client import SchedulerClient
-from tests.conftest import admin_call, kill_and_wait_for_disconnect, daemon_fixture
+from tests.conftest import admin_call, daemon_fixture, kill_and_wait_for_disconnect
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -28,15 +28,20 @@ URL = "http://127.0.0.1:18077"
 
 
 def _cli(d, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvsched.cli", "--admin-endpoint", d.admin_endpoint, *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "kvsched.cli", "--admin-endpoint", d.admin_endpoint, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 async def _pinned(endpoint: str, rid: str, prefix: list[int]) -> tuple[str, int]:
     """(Admitted.url, overlap_blocks) of one request pinned to 7:0 carrying `prefix` + a fresh block."""
     async with SchedulerClient(endpoint, client_name=rid) as client:
-        lease = await client.schedule(rid, isl_tokens=(DEPTH + 1) * BS, pinned=(7, 0),
-                                      block_hashes=prefix + [random.getrandbits(63)])
+        lease = await client.schedule(
+            rid, isl_tokens=(DEPTH + 1) * BS, pinned=(7, 0), block_hashes=prefix + [random.getrandbits(63)]
+        )
         lease.release("completed")
         return lease.url, lease.overlap_blocks
 
@@ -53,8 +58,18 @@ def test_runtime_worker_keeps_url_and_kv_events_after_sigkill_without_add_worker
     d = start_daemon(tmp_path, TWO_WORKERS)
     stop = threading.Event()
     try:
-        add = ("add-worker", "7", "--total-kv-blocks", "1000", "--url", URL,
-               "--kv-events-endpoint", pub.endpoint, "--kv-replay-endpoint", pub.replay_endpoint)
+        add = (
+            "add-worker",
+            "7",
+            "--total-kv-blocks",
+            "1000",
+            "--url",
+            URL,
+            "--kv-events-endpoint",
+            pub.endpoint,
+            "--kv-replay-endpoint",
+            pub.replay_endpoint,
+        )
         out = _cli(d, *add)
         assert out.returncode == 0, out.stderr
         rng = random.Random(11)

@@ -25,20 +25,29 @@ pytestmark = pytest.mark.timeout(180)
 def _can_mount_private_tmpfs() -> bool:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                            "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True, timeout=30)
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+        capture_output=True,
+        timeout=30,
+    )
     return probe.returncode == 0
 
 
-needs_namespace = pytest.mark.skipif(not _can_mount_private_tmpfs(),
-                                     reason="needs root and unshare -m to mount a private tmpfs on /dev/shm")
+needs_namespace = pytest.mark.skipif(
+    not _can_mount_private_tmpfs(), reason="needs root and unshare -m to mount a private tmpfs on /dev/shm"
+)
 
 
 def _in_small_shm(size_mb: int, argv: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess:
     """Run argv in a new mount namespace whose /dev/shm is a fresh `size_mb` MiB tmpfs."""
     script = f'mount -t tmpfs -o size={size_mb}m tmpfs /dev/shm && exec "$@"'
-    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv],
-                          capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=os.environ.copy(),
+    )
 
 
 @needs_namespace
@@ -48,13 +57,29 @@ def test_daemon_refuses_to_start_when_dev_shm_is_too_small(tmp_path):
     the needed and available sizes and the container fix. The old daemon reported READY here and died
     with SIGBUS once ~7,200 leases had touched the ledger's pages."""
     inst = unique_instance("shm")
-    argv = [sys.executable, "-m", "kvsched.daemon.app", "--instance", inst, "--workers", "2",
-            "--endpoint", f"ipc://{tmp_path}/d.sock", "--admin-endpoint", f"ipc://{tmp_path}/a.sock"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kvsched.daemon.app",
+        "--instance",
+        inst,
+        "--workers",
+        "2",
+        "--endpoint",
+        f"ipc://{tmp_path}/d.sock",
+        "--admin-endpoint",
+        f"ipc://{tmp_path}/a.sock",
+    ]
     script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"'
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err_fh:
-        proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv],
-                                stdout=subprocess.PIPE, stderr=err_fh, text=True, env=os.environ.copy())
+        proc = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv],
+            stdout=subprocess.PIPE,
+            stderr=err_fh,
+            text=True,
+            env=os.environ.copy(),
+        )
         try:
             first_line = proc.stdout.readline()  # READY line, or "" when it exits
             ready = first_line.startswith("KVSCHED_READY")
@@ -104,8 +129,9 @@ def test_daemon_reserves_every_segment_page_at_start(tmp_path):
     on first write)."""
     inst = unique_instance("shm")
     cfg = tmp_path / "small.toml"
-    cfg.write_text("[daemon]\nmax_slots = 256\nmax_blocks_per_request = 64\nmax_workers = 4\n\n"
-                   "[[workers]]\nworker_id = 1\n")
+    cfg.write_text(
+        "[daemon]\nmax_slots = 256\nmax_blocks_per_request = 64\nmax_workers = 4\n\n[[workers]]\nworker_id = 1\n"
+    )
     res = _in_small_shm(32, [sys.executable, "-c", DRIVER, str(cfg), inst, str(tmp_path)])
     assert res.returncode == 0, res.stdout + res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])

@@ -78,8 +78,11 @@ async def test_restart_is_invisible_to_a_waiting_caller(daemon):
         daemon.proc.send_signal(signal.SIGTERM)
         loop = asyncio.get_running_loop()
         end = loop.time() + 20
-        while "reason=shutting_down" not in daemon.log_path.read_text() and "stopping live_leases" not in \
-                daemon.log_path.read_text() and loop.time() < end:
+        while (
+            "reason=shutting_down" not in daemon.log_path.read_text()
+            and "stopping live_leases" not in daemon.log_path.read_text()
+            and loop.time() < end
+        ):
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)
         assert not waiter.done()  # answered shutting_down, kept pending by the client

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from kvsched import protocol as p
-from tests.conftest import admin_call, daemon_fixture, RawPeer
+from tests.conftest import RawPeer, admin_call, daemon_fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,7 +57,7 @@ class Beater:
                 self.answers.append(frame)
             self.stop.wait(0.2)
 
-    def __enter__(self) -> "Beater":
+    def __enter__(self) -> Beater:
         self.thread.start()
         return self
 

@@ -25,16 +25,23 @@ kv_events_endpoint = "tcp://127.0.0.1"
 def _check(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
     cfg = tmp_path / "c.toml"
     cfg.write_text(text)
-    return subprocess.run([sys.executable, "-m", "kvsched.daemon.app", "--check-config", str(cfg)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "kvsched.daemon.app", "--check-config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-@pytest.mark.parametrize("text, needle", [
-    (NO_PORT, "kv_events_endpoint"),
-    ('[[workers]]\nworker_id = 1\nkv_replay_endpoint = "tcp://127.0.0.1:99999"\n', "kv_replay_endpoint"),
-    ('[daemon]\nendpoint = "tcp://0.0.0.0:5555"\n', "curve_secret_key_file"),
-    ('[daemon]\nadmin_endpoint = "udp://x"\n', "admin_endpoint"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (NO_PORT, "kv_events_endpoint"),
+        ('[[workers]]\nworker_id = 1\nkv_replay_endpoint = "tcp://127.0.0.1:99999"\n', "kv_replay_endpoint"),
+        ('[daemon]\nendpoint = "tcp://0.0.0.0:5555"\n', "curve_secret_key_file"),
+        ('[daemon]\nadmin_endpoint = "udp://x"\n', "admin_endpoint"),
+    ],
+)
 def test_check_config_rejects_bad_endpoints_and_the_curve_rule(tmp_path, text, needle):
     """`--check-config` exits 2 naming the key for an endpoint without port, a port out of range, a
     non-loopback TCP endpoint without CURVE keys, an unknown transport."""
@@ -43,12 +50,15 @@ def test_check_config_rejects_bad_endpoints_and_the_curve_rule(tmp_path, text, n
     assert needle in got.stderr
 
 
-@pytest.mark.parametrize("text, needle", [
-    ('[daemon]\nendpoint = "ipc:///tmp/kvs-same.sock"\nadmin_endpoint = "ipc:///tmp/kvs-same.sock"\n', "the same"),
-    ('[daemon]\nendpoint = "tcp://127.0.0.1:5555"\nadmin_endpoint = "tcp://127.0.0.1:5555"\n', "the same"),
-    ('[daemon]\nendpoint = "tcp://127.0.0.1:9464"\nmetrics_port = 9464\n', "metrics_port"),
-    (f'[daemon]\nendpoint = "ipc:///tmp/{"x" * 120}.sock"\n', "at most 107"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('[daemon]\nendpoint = "ipc:///tmp/kvs-same.sock"\nadmin_endpoint = "ipc:///tmp/kvs-same.sock"\n', "the same"),
+        ('[daemon]\nendpoint = "tcp://127.0.0.1:5555"\nadmin_endpoint = "tcp://127.0.0.1:5555"\n', "the same"),
+        ('[daemon]\nendpoint = "tcp://127.0.0.1:9464"\nmetrics_port = 9464\n', "metrics_port"),
+        (f'[daemon]\nendpoint = "ipc:///tmp/{"x" * 120}.sock"\n', "at most 107"),
+    ],
+)
 def test_check_config_rejects_endpoints_a_start_cannot_bind(tmp_path, text, needle):
     """Found from outside: `--check-config` said ok, then the start failed: data and admin on one
     address, an endpoint on the metrics port, an ipc path longer than a Unix socket address holds."""
@@ -58,8 +68,11 @@ def test_check_config_rejects_endpoints_a_start_cannot_bind(tmp_path, text, need
 
 
 def test_check_config_accepts_good_endpoints(tmp_path):
-    got = _check(tmp_path, '[daemon]\nendpoint = "tcp://127.0.0.1:5555"\n[[workers]]\nworker_id = 1\n'
-                           'kv_events_endpoint = "tcp://10.0.0.5:5557"\nkv_replay_endpoint = "tcp://[::1]:5558"\n')
+    got = _check(
+        tmp_path,
+        '[daemon]\nendpoint = "tcp://127.0.0.1:5555"\n[[workers]]\nworker_id = 1\n'
+        'kv_events_endpoint = "tcp://10.0.0.5:5557"\nkv_replay_endpoint = "tcp://[::1]:5558"\n',
+    )
     assert got.returncode == 0, got.stderr
 
 
@@ -74,9 +87,11 @@ def test_check_config_rejects_a_metrics_host_the_daemon_cannot_listen_on(tmp_pat
 
 
 def test_check_config_accepts_resolvable_metrics_hosts_and_ignores_the_host_without_a_port(tmp_path):
-    for text in ('[daemon]\nmetrics_port = 9464\nmetrics_host = "localhost"\n',
-                 '[daemon]\nmetrics_port = 9464\nmetrics_host = "0.0.0.0"\n',
-                 '[daemon]\nmetrics_host = "999.1.1.1"\n'):  # metrics_port 0: no metrics server
+    for text in (
+        '[daemon]\nmetrics_port = 9464\nmetrics_host = "localhost"\n',
+        '[daemon]\nmetrics_port = 9464\nmetrics_host = "0.0.0.0"\n',
+        '[daemon]\nmetrics_host = "999.1.1.1"\n',
+    ):  # metrics_port 0: no metrics server
         got = _check(tmp_path, text)
         assert got.returncode == 0, (text, got.stderr)
 
@@ -85,8 +100,19 @@ def _start(tmp_path: Path, text: str, instance: str) -> tuple[subprocess.Popen, 
     cfg = tmp_path / "d.toml"
     cfg.write_text(text)
     log = tmp_path / "d.log"
-    argv = [sys.executable, "-m", "kvsched.daemon.app", "--config", str(cfg), "--instance", instance,
-            "--endpoint", f"ipc://{tmp_path}/d.sock", "--admin-endpoint", f"ipc://{tmp_path}/a.sock"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kvsched.daemon.app",
+        "--config",
+        str(cfg),
+        "--instance",
+        instance,
+        "--endpoint",
+        f"ipc://{tmp_path}/d.sock",
+        "--admin-endpoint",
+        f"ipc://{tmp_path}/a.sock",
+    ]
     with open(log, "wb") as fh:
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh), log
 
@@ -154,16 +180,26 @@ def test_configured_endpoints_win_over_the_discovery_variables_and_the_log_says_
 
     instance = unique_instance("env")
     cfg = tmp_path / "d.toml"
-    env = {**os.environ, "KVSCHED_ENDPOINT": f"ipc://{tmp_path}/env-d.sock",
-           "KVSCHED_ADMIN_ENDPOINT": f"ipc://{tmp_path}/env-a.sock"}
+    env = {
+        **os.environ,
+        "KVSCHED_ENDPOINT": f"ipc://{tmp_path}/env-d.sock",
+        "KVSCHED_ADMIN_ENDPOINT": f"ipc://{tmp_path}/env-a.sock",
+    }
     for configured in (True, False):
-        text = (f'[daemon]\nendpoint = "ipc://{tmp_path}/cfg-d.sock"\nadmin_endpoint = "ipc://{tmp_path}/cfg-a.sock"\n'
-                if configured else "")
+        text = (
+            f'[daemon]\nendpoint = "ipc://{tmp_path}/cfg-d.sock"\nadmin_endpoint = "ipc://{tmp_path}/cfg-a.sock"\n'
+            if configured
+            else ""
+        )
         cfg.write_text(text + "[[workers]]\nworker_id = 0\n")
         log = tmp_path / f"d-{configured}.log"
         with open(log, "wb") as fh:
-            proc = subprocess.Popen([sys.executable, "-m", "kvsched.daemon.app", "--config", str(cfg),
-                                     "--instance", instance], stdout=subprocess.DEVNULL, stderr=fh, env=env)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kvsched.daemon.app", "--config", str(cfg), "--instance", instance],
+                stdout=subprocess.DEVNULL,
+                stderr=fh,
+                env=env,
+            )
         try:
             deadline = time.monotonic() + 120
             while "ready endpoint" not in log.read_text():

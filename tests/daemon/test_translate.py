@@ -15,13 +15,18 @@ from tests.core.factories import make_request, make_scheduler
 
 def test_observe_many_equals_one_observe_per_value():
     values = [0.0, 1e-5, 2e-5, 0.003, 0.003, 0.7, 5.0, 1e9]
-    one, many = (Histogram(f"h{i}", "x", registry=CollectorRegistry(), buckets=(1e-5, 1e-3, 0.5, 2.0))
-                 for i in range(2))
+    one, many = (
+        Histogram(f"h{i}", "x", registry=CollectorRegistry(), buckets=(1e-5, 1e-3, 0.5, 2.0)) for i in range(2)
+    )
     for v in values:
         one.observe(v)
     observe_many(many, values)
-    samples = lambda h: [(s.name.split("_", 1)[1], s.labels.get("le"), s.value)  # noqa: E731
-                         for m in h.collect() for s in m.samples if not s.name.endswith("_created")]
+    samples = lambda h: [
+        (s.name.split("_", 1)[1], s.labels.get("le"), s.value)
+        for m in h.collect()
+        for s in m.samples
+        if not s.name.endswith("_created")
+    ]
     assert samples(one) == samples(many)
 
 
@@ -40,9 +45,15 @@ def _translator():
     sent = []
     metrics = Metrics()
     tally = WakeTally(metrics)
-    tr = Translator(sched, conns, lambda c, f, a=None: sent.append((c.owner, f)) or True,
-                    lambda c, code, msg, rid=None: sent.append((c.owner, ("error", code, rid))), tally,
-                    DaemonConfig(), {1: "http://w1"})
+    tr = Translator(
+        sched,
+        conns,
+        lambda c, f, a=None: sent.append((c.owner, f)) or True,
+        lambda c, code, msg, rid=None: sent.append((c.owner, ("error", code, rid))),
+        tally,
+        DaemonConfig(),
+        {1: "http://w1"},
+    )
     return tr, conns, sched, sent, metrics, tally
 
 
@@ -127,10 +138,21 @@ def test_tick_writes_the_tally_every_100_ms_with_the_loop_lag_samples():
 
     tr, conns, sched, sent, metrics, tally = _translator()
     cfg = DaemonConfig()
-    actor = SimpleNamespace(cfg=cfg, metrics=metrics, tally=tally, conns=conns, scheduler=sched,
-                            warn=RateLimitedLog(__import__("logging").getLogger("t")), on_tick=[], on_second=[],
-                            _last_tick_s=0.0, _next_liveness_us=0, _next_gauges_us=10**18,
-                            _fold=lambda: False, _deliver=lambda outcomes, t: None)
+    actor = SimpleNamespace(
+        cfg=cfg,
+        metrics=metrics,
+        tally=tally,
+        conns=conns,
+        scheduler=sched,
+        warn=RateLimitedLog(__import__("logging").getLogger("t")),
+        on_tick=[],
+        on_second=[],
+        _last_tick_s=0.0,
+        _next_liveness_us=0,
+        _next_gauges_us=10**18,
+        _fold=lambda: False,
+        _deliver=lambda outcomes, t: None,
+    )
     lag = lambda: _metric(metrics, "kvsched_actor_loop_lag_seconds_count")  # noqa: E731
     t = 1_000_000
     actor._last_tick_s = t / 1e6 - cfg.progress_fold_ms / 1000

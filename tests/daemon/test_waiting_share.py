@@ -81,8 +81,9 @@ async def _settle(tasks: list[asyncio.Task], waiting: int, timeout_s: float = 60
         await asyncio.sleep(0.02)
     pending = [t for t in tasks if not t.done()]
     reasons = Counter(e.reason for e in _refusals(tasks))
-    assert len(pending) == waiting, (f"{len(pending)} of {len(tasks)} requests wait, expected {waiting}; "
-                                     f"refused: {dict(reasons)}")
+    assert len(pending) == waiting, (
+        f"{len(pending)} of {len(tasks)} requests wait, expected {waiting}; refused: {dict(reasons)}"
+    )
     return pending
 
 
@@ -137,10 +138,14 @@ async def _wait_depth(d, n: int, timeout_s: float = 30.0) -> None:
     assert await asyncio.to_thread(_depth, d) == n
 
 
-@pytest.mark.parametrize(("limit", "fills"), [
-    ("request_queue_limit_per_worker = 1", 3),  # 1 x 3 worker ids; its share would be 1
-    ("isl_token_queue_limit_per_worker = 2400", 6),  # 7200 tokens = 6 x 1200; its share would be 3
-], ids=["requests", "isl_tokens"])
+@pytest.mark.parametrize(
+    ("limit", "fills"),
+    [
+        ("request_queue_limit_per_worker = 1", 3),  # 1 x 3 worker ids; its share would be 1
+        ("isl_token_queue_limit_per_worker = 2400", 6),  # 7200 tokens = 6 x 1200; its share would be 3
+    ],
+    ids=["requests", "isl_tokens"],
+)
 async def test_a_lone_routers_burst_fills_the_class_and_is_refused_only_queue_full(make_daemon, limit, fills):
     """A gateway-like burst: 1. one router (one connection), 3 workers, a class limit of 1 request (or
     2400 ISL tokens) per worker, 2. a burst of 40 requests. Result: a request runs on each worker, the

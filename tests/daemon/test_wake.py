@@ -32,15 +32,23 @@ class Harness:
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.connect(f"inproc://{name}")
         conns = ConnectionTable(10**9)
-        self.sched = make_scheduler(owner_alive=conns.owner_alive, total_kv_blocks=100_000,
-                                    max_num_batched_tokens=10**8, max_slots=256)
+        self.sched = make_scheduler(
+            owner_alive=conns.owner_alive, total_kv_blocks=100_000, max_num_batched_tokens=10**8, max_slots=256
+        )
         self.calls = {"fold_words": 0, "drain_cleanup": 0}
         for name_ in self.calls:
             self._count(name_)
         cfg = DaemonConfig(frame_budget_per_wake=budget)
-        welcome = p.Welcome(daemon_epoch=1, protocol_min=p.PROTOCOL_MIN, protocol_max=p.PROTOCOL_MAX,
-                            block_size=cfg.block_size, shm_ledger="", shm_progress="", heartbeat_ms=1000,
-                            liveness_timeout_ms=5000)
+        welcome = p.Welcome(
+            daemon_epoch=1,
+            protocol_min=p.PROTOCOL_MIN,
+            protocol_max=p.PROTOCOL_MAX,
+            block_size=cfg.block_size,
+            shm_ledger="",
+            shm_progress="",
+            heartbeat_ms=1000,
+            liveness_timeout_ms=5000,
+        )
         self.actor = Actor(self.loop, self.sched, self.router, welcome, cfg, Metrics(), conns=conns)
         self.enc, self.dec = p.make_encoder(), p.make_daemon_decoder()
         self.inner = p.make_replied_daemon_decoder()
@@ -54,6 +62,7 @@ class Harness:
         def counted(*a, **k):
             self.calls[name] += 1
             return inner(*a, **k)
+
         setattr(self.sched, name, counted)
 
     def send(self, *frames) -> None:

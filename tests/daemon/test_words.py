@@ -92,8 +92,12 @@ def daemon(tmp_path):
 @pytest.fixture
 def quiet_daemon(tmp_path):
     """Heartbeats every 10 s: within a short test every frame the daemon counts is a lifecycle frame."""
-    d = _daemon(tmp_path, ONE_WORKER.replace("liveness_timeout_ms = 3000", "liveness_timeout_ms = 30000")
-                .replace("heartbeat_ms = 200", "heartbeat_ms = 10000"))
+    d = _daemon(
+        tmp_path,
+        ONE_WORKER.replace("liveness_timeout_ms = 3000", "liveness_timeout_ms = 30000").replace(
+            "heartbeat_ms = 200", "heartbeat_ms = 10000"
+        ),
+    )
     yield d
     d.stop()
     purge(d.instance)
@@ -185,8 +189,9 @@ async def test_router_without_segments_uses_update_frames(daemon):
 
 def _old_layout_segments(instance: str, live: bool) -> None:
     """Segments as a layout-1 daemon would leave them (header version 1), with or without a lease."""
-    segs = create_segments(instance, max_workers=64, max_slots=8192, max_blocks_per_request=1024,
-                           block_size=16, epoch=1)
+    segs = create_segments(
+        instance, max_workers=64, max_slots=8192, max_blocks_per_request=1024, block_size=16, epoch=1
+    )
     segs.ledger.header[H_VERSION] = 1
     if live:
         segs.ledger.s_state[0] = 1

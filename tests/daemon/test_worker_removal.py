@@ -16,7 +16,7 @@ import pytest
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient, LeaseLost, SchedulerClient
-from tests.conftest import RawPeer, TWO_WORKERS, daemon_fixture, free_port, purge, start_daemon, wait_until
+from tests.conftest import TWO_WORKERS, RawPeer, daemon_fixture, free_port, purge, start_daemon, wait_until
 from tests.ops.test_metrics import scrape, value
 
 pytestmark = pytest.mark.timeout(90)
@@ -38,8 +38,12 @@ async def test_lease_on_a_removed_worker_is_lost_with_the_reason_and_release_is_
         kept = await client.schedule("rm-kept", isl_tokens=100, pinned=(2, 0))
         gone.dispatched()
         cli = await asyncio.to_thread(  # in a thread: a blocked event loop would get this router reaped
-            subprocess.run, [sys.executable, "-m", "kvsched.cli", "--admin-endpoint", daemon.admin_endpoint,
-                             "remove-worker", "1"], capture_output=True, text=True, timeout=60)
+            subprocess.run,
+            [sys.executable, "-m", "kvsched.cli", "--admin-endpoint", daemon.admin_endpoint, "remove-worker", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert cli.returncode == 0, cli.stderr
         assert await asyncio.to_thread(wait_until, lambda: gone.outcome == "lost", 10)
         assert "1:0" in gone.lost_reason and "removed" in gone.lost_reason
@@ -97,10 +101,15 @@ def test_revocation_notices_are_not_counted_as_rejections(tmp_path):
                 admin.call(p.RemoveWorker(worker_id=1))
             got = [peer.recv() for _ in range(5)]
             assert sorted((f.request_id, f.reason) for f in got) == [
-                ("m-0", "no_endpoints"), ("m-1", "no_endpoints"), ("m-2", "no_endpoints"), ("m-big", "no_endpoints"),
-                ("m-wait", "no_endpoints")]
-        assert wait_until(lambda: value(scrape(port), "kvsched_rejections_total", reason="no_endpoints") == 1, 10), \
+                ("m-0", "no_endpoints"),
+                ("m-1", "no_endpoints"),
+                ("m-2", "no_endpoints"),
+                ("m-big", "no_endpoints"),
+                ("m-wait", "no_endpoints"),
+            ]
+        assert wait_until(lambda: value(scrape(port), "kvsched_rejections_total", reason="no_endpoints") == 1, 10), (
             scrape(port)
+        )
     finally:
         d.stop()
         purge(d.instance)

@@ -18,8 +18,13 @@ def fleet(tmp_path_factory):
     (request bodies limited to 64 KiB, prompts to 4,000 tokens)."""
     from kvsched.gateway.local_fleet import LocalFleet
 
-    f = LocalFleet.start(tmp_path_factory.mktemp("fleet"), n_engines=3, n_gateways=2, speedup=20.0,
-                         gateway_extra="max_body_bytes = 65536\nmax_prompt_tokens = 4000")
+    f = LocalFleet.start(
+        tmp_path_factory.mktemp("fleet"),
+        n_engines=3,
+        n_gateways=2,
+        speedup=20.0,
+        gateway_extra="max_body_bytes = 65536\nmax_prompt_tokens = 4000",
+    )
     yield f
     f.stop()
 
@@ -37,8 +42,12 @@ def scripted_daemon_fixture(dp_sizes: dict[int, int], scope: str = "function", d
         from tests.conftest import purge, start_daemon
 
         ports = {w: free_port() for w in dp_sizes}
-        workers = "".join(f"\n[[workers]]\nworker_id = {w}\n" + (f"dp_size = {dp}\n" if dp != 1 else "")
-                          + f'url = "http://127.0.0.1:{ports[w]}"\n' for w, dp in dp_sizes.items())
+        workers = "".join(
+            f"\n[[workers]]\nworker_id = {w}\n"
+            + (f"dp_size = {dp}\n" if dp != 1 else "")
+            + f'url = "http://127.0.0.1:{ports[w]}"\n'
+            for w, dp in dp_sizes.items()
+        )
         d = start_daemon(tmp_path_factory.mktemp("gw"), "[daemon]\nblock_size = 16\n" + daemon_extra + workers)
         d.engine_ports = ports
         yield d

@@ -21,11 +21,17 @@ def words(start: int, n: int) -> str:
     return " ".join(f"w{(start + i) % 2000}" for i in range(n))
 
 
-async def stream_chat(session: aiohttp.ClientSession, url: str, content: str, max_tokens: int = 8,
-                      model: str = "tiny") -> dict:
+async def stream_chat(
+    session: aiohttp.ClientSession, url: str, content: str, max_tokens: int = 8, model: str = "tiny"
+) -> dict:
     """One streaming chat request with usage; returns {"status", "text", "usage", "done", "error"}."""
-    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     out = {"status": 0, "text": "", "usage": None, "done": False, "error": None}
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         out["status"] = resp.status
@@ -120,9 +126,11 @@ class ScriptedEngine:
                 if self.mode in ("slow", "long"):
                     await asyncio.sleep(0.3 if self.mode == "slow" else 0.1)
                 last = i == len(texts) - 1 and self.mode != "nodone"
-                chunk = {"id": "e", "choices": [{"index": 0, "delta": {"content": text},
-                                                 "finish_reason": "stop" if last else None}],
-                         "usage": {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i}}
+                chunk = {
+                    "id": "e",
+                    "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop" if last else None}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i},
+                }
                 await out.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if self.mode != "nodone":
                 await out.write(b"data: [DONE]\n\n")
@@ -152,9 +160,12 @@ async def scripted_stack(daemon, tmp_path, **gateway):
         for e in engines.values():
             await e.start()
             started.append(e)
-        cfg = GatewayConfig(gateway=GatewaySection(port=free_port(), daemon_endpoint=daemon.endpoint,
-                                                   health_interval_s=60.0, **gateway),
-                            models=[ModelSection(name="tiny", tokenizer_dir=str(write_tiny_tokenizer(tmp_path / "tok")))])
+        cfg = GatewayConfig(
+            gateway=GatewaySection(
+                port=free_port(), daemon_endpoint=daemon.endpoint, health_interval_s=60.0, **gateway
+            ),
+            models=[ModelSection(name="tiny", tokenizer_dir=str(write_tiny_tokenizer(tmp_path / "tok")))],
+        )
         gw = Gateway(cfg)
         await gw.start()
         runner = web.AppRunner(make_app(gw), handler_cancellation=True)

@@ -80,6 +80,7 @@ async def test_cancel_of_a_buffered_non_streaming_request_gives_503(stack):
     engines[1].mode = "long"
     body = {"model": "tiny", "messages": [{"role": "user", "content": "w7 w8"}], "max_tokens": 600}
     async with aiohttp.ClientSession() as s:
+
         async def post():
             async with s.post(url + "/v1/chat/completions", json=body) as resp:
                 return resp.status, await resp.json()

@@ -23,14 +23,17 @@ def test_shipped_gateway_configs_load(tmp_path):
             assert load_gateway_config(tmp_path / "g.toml").models[0].name == cfg.models[0].name
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("[gateway]\nport = 8080\n", "no [[models]]"),
-    ("[[models]]\nname = \"a\"\ntokenizer = \"/x\"\n", "tokenizer"),
-    ("[[models]]\nname = \"a\"\ntokenizer_dir = \"/x\"\n[[models]]\nname = \"a\"\ntokenizer_dir = \"/y\"\n", "twice"),
-    ("[gateway]\nport = -1\n[[models]]\nname = \"a\"\ntokenizer_dir = \"/x\"\n", "port"),
-    # was accepted, letting max_tokens pass the daemon's wire bound on expected_osl (2**31-1) -> 500
-    ("[[models]]\nname = \"a\"\ntokenizer_dir = \"/x\"\nmax_model_len = 2147483648\n", "max_model_len"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("[gateway]\nport = 8080\n", "no [[models]]"),
+        ('[[models]]\nname = "a"\ntokenizer = "/x"\n', "tokenizer"),
+        ('[[models]]\nname = "a"\ntokenizer_dir = "/x"\n[[models]]\nname = "a"\ntokenizer_dir = "/y"\n', "twice"),
+        ('[gateway]\nport = -1\n[[models]]\nname = "a"\ntokenizer_dir = "/x"\n', "port"),
+        # was accepted, letting max_tokens pass the daemon's wire bound on expected_osl (2**31-1) -> 500
+        ('[[models]]\nname = "a"\ntokenizer_dir = "/x"\nmax_model_len = 2147483648\n', "max_model_len"),
+    ],
+)
 def test_bad_gateway_configs_name_the_problem(tmp_path, text, needle):
     path = tmp_path / "g.toml"
     path.write_text(text)

@@ -26,9 +26,25 @@ pytestmark = pytest.mark.timeout(240)
 def _demo(workdir: str, cwd: Path | None = None, session: bool = False) -> subprocess.Popen:
     """`python -m kvsched.gateway.demo` with one engine on a free port (its own process group when
     `session`, as a shell job is), stdout and stderr on one text pipe."""
-    return subprocess.Popen([sys.executable, "-m", "kvsched.gateway.demo", "--port", str(free_port()), "--engines",
-                             "1", "--workdir", workdir], cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            start_new_session=session, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvsched.gateway.demo",
+            "--port",
+            str(free_port()),
+            "--engines",
+            "1",
+            "--workdir",
+            workdir,
+        ],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=session,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _admin_endpoint(proc: subprocess.Popen) -> str:
@@ -52,9 +68,14 @@ def test_the_printed_admin_line_reaches_the_daemon_from_another_directory(tmp_pa
     proc = _demo("demo", cwd=tmp_path / "checkout")
     try:
         endpoint = _admin_endpoint(proc)
-        cli = subprocess.run([sys.executable, "-m", "kvsched.cli", "workers", "--json"], cwd=tmp_path / "elsewhere",
-                             env={**env, "KVSCHED_ADMIN_ENDPOINT": endpoint}, capture_output=True, text=True,
-                             timeout=60)
+        cli = subprocess.run(
+            [sys.executable, "-m", "kvsched.cli", "workers", "--json"],
+            cwd=tmp_path / "elsewhere",
+            env={**env, "KVSCHED_ADMIN_ENDPOINT": endpoint},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert cli.returncode == 0, (endpoint, cli.stdout, cli.stderr)
         assert '"worker_id":1' in cli.stdout.replace(" ", "")
     finally:
@@ -77,7 +98,9 @@ def test_a_hangup_of_the_demos_process_group_stops_its_daemon_and_frees_its_shar
         os.killpg(proc.pid, signal.SIGHUP)
         proc.communicate(timeout=90)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (running_instance(instance) or list(Path("/dev/shm").glob(f"kvsched-{instance}*"))):
+        while time.monotonic() < deadline and (
+            running_instance(instance) or list(Path("/dev/shm").glob(f"kvsched-{instance}*"))
+        ):
             time.sleep(0.2)
         assert not running_instance(instance), "the daemon outlived the demo"
         assert not list(Path("/dev/shm").glob(f"kvsched-{instance}*"))

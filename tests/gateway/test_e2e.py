@@ -60,8 +60,12 @@ async def test_concurrent_streaming_chats_complete_and_beat_round_robin_hit_rati
 
 async def test_client_disconnect_mid_stream_releases_the_lease_before_the_stream_could_end(fleet):
     admin = fleet.daemon.admin_endpoint
-    body = {"model": "tiny", "messages": [{"role": "user", "content": words(500, 40)}],
-            "max_tokens": 30_000, "stream": True}  # within max_model_len (32768)
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": words(500, 40)}],
+        "max_tokens": 30_000,
+        "stream": True,
+    }  # within max_model_len (32768)
     async with aiohttp.ClientSession() as s:
         resp = await s.post(fleet.gateway_urls[0] + "/v1/chat/completions", json=body)
         assert resp.status == 200
@@ -87,24 +91,61 @@ async def test_bad_requests_get_400_404_or_413_with_a_clear_message_and_book_not
         ("/v1/chat/completions", b"{not json", 400, "not valid JSON"),
         ("/v1/chat/completions", json.dumps({"model": "tiny"}).encode(), 400, "'messages'"),
         ("/v1/chat/completions", json.dumps({"model": "tiny", "messages": []}).encode(), 400, "'messages'"),
-        ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "w1"}]}).encode(), 400,
-         "'model'"),
-        ("/v1/completions", json.dumps({"model": "tiny", "prompt": words(0, 5000)}).encode(), 400,
-         "exceeds the limit of 4000 tokens"),
-        ("/v1/completions", json.dumps({"model": "tiny", "prompt": "x" * 70_000}).encode(), 413,
-         "exceeds the limit of 65536 bytes"),
-        ("/v1/completions", json.dumps({"model": "tiny", "prompt": "w1 w2", "max_tokens": 40_000}).encode(), 400,
-         "maximum context length is 32768 tokens"),
-        ("/v1/chat/completions", json.dumps({"model": "tiny", "max_completion_tokens": 32_768,
-                                              "messages": [{"role": "user", "content": "w1"}]}).encode(), 400,
-         "maximum context length is 32768 tokens"),
-        ("/v1/completions", json.dumps({"model": "tiny", "prompt": "w1", "max_tokens": -3}).encode(), 400,
-         "'max_tokens'"),
-        ("/v1/chat/completions", json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "w1"}]})
-         .encode(), 404, "model 'gpt-9' does not exist"),
+        (
+            "/v1/chat/completions",
+            json.dumps({"messages": [{"role": "user", "content": "w1"}]}).encode(),
+            400,
+            "'model'",
+        ),
+        (
+            "/v1/completions",
+            json.dumps({"model": "tiny", "prompt": words(0, 5000)}).encode(),
+            400,
+            "exceeds the limit of 4000 tokens",
+        ),
+        (
+            "/v1/completions",
+            json.dumps({"model": "tiny", "prompt": "x" * 70_000}).encode(),
+            413,
+            "exceeds the limit of 65536 bytes",
+        ),
+        (
+            "/v1/completions",
+            json.dumps({"model": "tiny", "prompt": "w1 w2", "max_tokens": 40_000}).encode(),
+            400,
+            "maximum context length is 32768 tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            json.dumps(
+                {"model": "tiny", "max_completion_tokens": 32_768, "messages": [{"role": "user", "content": "w1"}]}
+            ).encode(),
+            400,
+            "maximum context length is 32768 tokens",
+        ),
+        (
+            "/v1/completions",
+            json.dumps({"model": "tiny", "prompt": "w1", "max_tokens": -3}).encode(),
+            400,
+            "'max_tokens'",
+        ),
+        (
+            "/v1/chat/completions",
+            json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "w1"}]}).encode(),
+            404,
+            "model 'gpt-9' does not exist",
+        ),
         ("/v1/completions", b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),  # was a bare 500
-        ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": '
-         + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}]}", 400, "nested too deeply"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "tiny", "messages": [{"role": "user", "content": '
+            + b'{"a": ' * 5000
+            + b"1"
+            + b"}" * 5000
+            + b"}]}",
+            400,
+            "nested too deeply",
+        ),
     ]
     async with aiohttp.ClientSession() as s:
         for path, raw, status, text in cases:
@@ -122,10 +163,10 @@ async def test_bad_requests_get_400_404_or_413_with_a_clear_message_and_book_not
 
 
 async def test_non_streaming_completion_is_buffered_from_the_engine_stream(fleet):
-    async with aiohttp.ClientSession() as s:
-        async with s.post(fleet.gateway_urls[1] + "/v1/completions",
-                          json={"model": "tiny", "prompt": words(300, 40), "max_tokens": 4}) as resp:
-            body = await resp.json()
+    async with aiohttp.ClientSession() as s, s.post(
+        fleet.gateway_urls[1] + "/v1/completions", json={"model": "tiny", "prompt": words(300, 40), "max_tokens": 4}
+    ) as resp:
+        body = await resp.json()
     assert resp.status == 200, body
     assert body["object"] == "text_completion"
     assert body["choices"][0]["text"] == " w0 w1 w2 w3" and body["choices"][0]["finish_reason"] == "length"
@@ -137,8 +178,10 @@ async def test_engine_killed_mid_run_leaks_nothing_and_later_requests_avoid_it(f
     """Runs last in this module: it kills the engine holding the most leases of the shared fleet."""
     admin = fleet.daemon.admin_endpoint
     async with aiohttp.ClientSession() as s:
-        tasks = [asyncio.ensure_future(stream_chat(s, fleet.gateway_urls[i % 2], words(700 + 50 * i, 30),
-                                                   max_tokens=3000)) for i in range(12)]
+        tasks = [
+            asyncio.ensure_future(stream_chat(s, fleet.gateway_urls[i % 2], words(700 + 50 * i, 30), max_tokens=3000))
+            for i in range(12)
+        ]
         await eventually(lambda: ledger(admin)[1] >= 9, 30)
         with AdminClient(admin) as a:
             held = Counter(row.worker_id for row in a.call(p.Leases()).leases)
@@ -147,12 +190,16 @@ async def test_engine_killed_mid_run_leaks_nothing_and_later_requests_avoid_it(f
         fleet.kill_engine(victim - 1)  # engine i has worker id i + 1
         got = await asyncio.gather(*tasks)
         for r in got:  # complete, or a clear failure: never a silent truncation
-            assert (r["status"] == 200 and r["done"] and r["usage"]["completion_tokens"] == 3000) \
-                or r["status"] == 502 or (r["error"] is not None and "engine failed" in json.dumps(r["error"])), r
+            assert (
+                (r["status"] == 200 and r["done"] and r["usage"]["completion_tokens"] == 3000)
+                or r["status"] == 502
+                or (r["error"] is not None and "engine failed" in json.dumps(r["error"]))
+            ), r
         # The victim's requests either failed after their first token (a clear error above) or had not
         # started and were retried on another engine (complete above): both are the contract.
         assert await eventually(lambda: ledger(admin)[1] == 0, 30), ledger(admin)
-        after = await asyncio.gather(*(stream_chat(s, fleet.gateway_urls[i % 2], words(1200 + 40 * i, 30),
-                                                   max_tokens=4) for i in range(9)))
+        after = await asyncio.gather(
+            *(stream_chat(s, fleet.gateway_urls[i % 2], words(1200 + 40 * i, 30), max_tokens=4) for i in range(9))
+        )
         assert all(r["status"] == 200 and r["done"] for r in after), after
     assert await eventually(lambda: ledger(admin)[1] == 0, 30)

@@ -55,10 +55,10 @@ async def test_failed_engine_is_retried_once_elsewhere_then_excluded(stack):
 async def test_two_engine_failures_answer_502_and_release_everything(stack):
     gw, url, engines, d = stack
     engines[1].mode = engines[2].mode = "fail"
-    async with aiohttp.ClientSession() as s:
-        async with s.post(url + "/v1/chat/completions",
-                          json={"model": "tiny", "messages": [{"role": "user", "content": "w1 w2"}]}) as resp:
-            body = await resp.json()
+    async with aiohttp.ClientSession() as s, s.post(
+        url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "w1 w2"}]}
+    ) as resp:
+        body = await resp.json()
     assert resp.status == 502 and "engine failed" in body["error"]["message"], body
     assert len(engines[1].seen) + len(engines[2].seen) == 2
     assert gw.health.failing == {1, 2} and gw.health.excluded() == set()  # all down: fail open
@@ -75,8 +75,9 @@ async def test_an_engines_own_4xx_is_passed_through_with_its_content_type_and_co
     gw, url, engines, d = stack
     engines[1].mode = engines[2].mode = "refuse"
     async with aiohttp.ClientSession() as s:
-        async with s.post(url + "/v1/chat/completions",
-                          json={"model": "tiny", "messages": [{"role": "user", "content": "w1 w2"}]}) as resp:
+        async with s.post(
+            url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "w1 w2"}]}
+        ) as resp:
             body = await resp.text()
         stats = await health_stats(s, url)
     assert resp.status == 422 and body == "unknown parameter 'foo'", body
@@ -189,8 +190,10 @@ async def test_a_body_that_never_completes_is_answered_408_and_the_connection_fr
     gw, url, engines, d = stack_short_body
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 100\r\n\r\n{")
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n{"
+    )
     await writer.drain()
     status_line = await asyncio.wait_for(reader.readline(), 10)  # before: nothing, until this timeout
     assert b" 408 " in status_line, status_line
@@ -238,8 +241,10 @@ async def test_a_client_that_disconnects_mid_stream_is_counted_client_gone(stack
     engines[1].mode = engines[2].mode = "long"
     for n in (1, 2):
         async with aiohttp.ClientSession() as s:
-            resp = await s.post(url + "/v1/chat/completions", json={
-                "model": "tiny", "stream": True, "messages": [{"role": "user", "content": f"w{n} w2"}]})
+            resp = await s.post(
+                url + "/v1/chat/completions",
+                json={"model": "tiny", "stream": True, "messages": [{"role": "user", "content": f"w{n} w2"}]},
+            )
             assert resp.status == 200
             await resp.content.readline()  # the first chunk arrived
             resp.close()  # the client goes away mid-stream

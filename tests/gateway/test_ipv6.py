@@ -41,8 +41,14 @@ async def _health_and_chat(url: str) -> tuple[int, dict]:
 @pytest.mark.parametrize("host, workers", [("::1", 1), ("::1", 2), ("::", 1)])
 def test_the_gateway_serves_on_an_ipv6_address(tmp_path, host, workers):
     port = _free_ipv6_port()
-    fleet = LocalFleet.start(tmp_path, n_engines=1, n_gateways=1, speedup=20.0, gateway_port=port,
-                             gateway_extra=f'host = "{host}"\nworkers = {workers}')
+    fleet = LocalFleet.start(
+        tmp_path,
+        n_engines=1,
+        n_gateways=1,
+        speedup=20.0,
+        gateway_port=port,
+        gateway_extra=f'host = "{host}"\nworkers = {workers}',
+    )
     try:
         status, chat = asyncio.run(_health_and_chat(f"http://[::1]:{port}"))
         assert status == 200

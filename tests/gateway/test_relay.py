@@ -54,22 +54,41 @@ def run(payloads: list[bytes], kind: str, include_usage: bool, continuous_usage:
 
 
 text = st.one_of(st.none(), st.just(""), st.text(max_size=6))
-choice = st.fixed_dictionaries({"index": st.integers(0, 2)}, optional={
-    "delta": st.one_of(st.none(), st.fixed_dictionaries({}, optional={"content": text, "role": st.just("assistant")})),
-    "text": text, "finish_reason": st.sampled_from([None, "stop", "length"])})
-usage = st.one_of(st.none(), st.fixed_dictionaries(
-    {"prompt_tokens": st.integers(0, 10**6), "completion_tokens": st.integers(0, 10**4)},
-    optional={"total_tokens": st.integers(0, 10**6),
-              "prompt_tokens_details": st.one_of(st.none(), st.fixed_dictionaries({"cached_tokens": st.integers(0, 99)}))}))
+choice = st.fixed_dictionaries(
+    {"index": st.integers(0, 2)},
+    optional={
+        "delta": st.one_of(
+            st.none(), st.fixed_dictionaries({}, optional={"content": text, "role": st.just("assistant")})
+        ),
+        "text": text,
+        "finish_reason": st.sampled_from([None, "stop", "length"]),
+    },
+)
+usage = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {"prompt_tokens": st.integers(0, 10**6), "completion_tokens": st.integers(0, 10**4)},
+        optional={
+            "total_tokens": st.integers(0, 10**6),
+            "prompt_tokens_details": st.one_of(st.none(), st.fixed_dictionaries({"cached_tokens": st.integers(0, 99)})),
+        },
+    ),
+)
 
 
 @st.composite
 def chunk_payload(draw) -> bytes:
     if draw(st.integers(0, 30)) == 0:  # the odd payload that is not an object, or carries an error
-        return draw(st.sampled_from([b"[1, 2]", b'"x"', b"3", b'{"error": {"message": "boom"}}',
-                                     b'{"error": null, "choices": []}']))
-    fields = [("id", draw(st.text(max_size=4))), ("object", "chat.completion.chunk"),
-              ("choices", draw(st.lists(choice, max_size=2)))]
+        return draw(
+            st.sampled_from(
+                [b"[1, 2]", b'"x"', b"3", b'{"error": {"message": "boom"}}', b'{"error": null, "choices": []}']
+            )
+        )
+    fields = [
+        ("id", draw(st.text(max_size=4))),
+        ("object", "chat.completion.chunk"),
+        ("choices", draw(st.lists(choice, max_size=2))),
+    ]
     if draw(st.booleans()):
         fields.insert(draw(st.integers(0, len(fields))), ("usage", draw(usage)))
     obj = dict(fields)
@@ -82,16 +101,21 @@ def chunk_payload(draw) -> bytes:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(chunk_payload(), max_size=12), st.sampled_from(["chat", "completion"]), st.booleans(), st.booleans())
 def test_relay_matches_the_reference_rules(payloads, kind, include_usage, continuous_usage):
-    assert run(payloads, kind, include_usage, continuous_usage) == reference(payloads, kind, include_usage,
-                                                                           continuous_usage)
+    assert run(payloads, kind, include_usage, continuous_usage) == reference(
+        payloads, kind, include_usage, continuous_usage
+    )
 
 
 def test_compact_chunk_loses_only_its_usage_bytes():
     # the engine's escapes and number spelling survive (a re-encode would write "é" and 1.0e0 differently)
-    data = (b'{"id":"c\\u00e9","choices":[{"index":0,"delta":{"content":"\\u00e9"},"logprobs":1.0e0}],'
-            b'"usage":{"prompt_tokens":3,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":0}}}')
+    data = (
+        b'{"id":"c\\u00e9","choices":[{"index":0,"delta":{"content":"\\u00e9"},"logprobs":1.0e0}],'
+        b'"usage":{"prompt_tokens":3,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":0}}}'
+    )
     relay = Relay("chat", include_usage=True, continuous_usage=False)
-    assert relay.chunk(data) == b'{"id":"c\\u00e9","choices":[{"index":0,"delta":{"content":"\\u00e9"},"logprobs":1.0e0}]}'
+    assert (
+        relay.chunk(data) == b'{"id":"c\\u00e9","choices":[{"index":0,"delta":{"content":"\\u00e9"},"logprobs":1.0e0}]}'
+    )
     assert relay.output_tokens == 7
     first = b'{"usage":{"completion_tokens":8},"choices":[{"index":0,"text":"x"}]}'
     assert relay.chunk(first) == b'{"choices":[{"index":0,"text":"x"}]}' and relay.output_tokens == 8

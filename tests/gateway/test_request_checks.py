@@ -20,8 +20,10 @@ async def _raw_post(url: str, path: str, body: bytes, extra_header: bytes) -> tu
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
-        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                     b"%s\r\nConnection: close\r\n\r\n%s" % (path.encode(), host.encode(), len(body), extra_header, body))
+        writer.write(
+            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"%s\r\nConnection: close\r\n\r\n%s" % (path.encode(), host.encode(), len(body), extra_header, body)
+        )
         await writer.drain()
         raw = await asyncio.wait_for(reader.read(), 30)
     finally:
@@ -36,9 +38,8 @@ async def _raw_post(url: str, path: str, body: bytes, extra_header: bytes) -> tu
 
 async def _post(url: str, path: str, body: dict, headers: dict | None = None) -> tuple[int, dict | str]:
     """(status, the JSON answer, or its text when it is not JSON: aiohttp's plain-text 500)."""
-    async with aiohttp.ClientSession() as s:
-        async with s.post(url + path, json=body, headers=headers or {}) as resp:
-            text = await resp.text()
+    async with aiohttp.ClientSession() as s, s.post(url + path, json=body, headers=headers or {}) as resp:
+        text = await resp.text()
     try:
         return resp.status, json.loads(text)
     except ValueError:
@@ -48,13 +49,20 @@ async def _post(url: str, path: str, body: dict, headers: dict | None = None) ->
 async def test_a_content_part_whose_text_is_not_a_string_is_a_400_naming_it(stack):
     gw, url, engines, _ = stack
     for text in (5, None):
-        body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
+        body = {
+            "model": "tiny",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}],
+        }
         status, answer = await _post(url, "/v1/chat/completions", body)
         assert status == 400, answer
         assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["code"] == "invalid_request"
         assert "messages[0].content[0].text must be a string" in answer["error"]["message"]
-    status, answer = await _post(url, "/v1/chat/completions", {"model": "tiny", "max_tokens": 2, "messages": [
-        {"role": "user", "content": ["w1"]}]})
+    status, answer = await _post(
+        url,
+        "/v1/chat/completions",
+        {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": ["w1"]}]},
+    )
     assert status == 400 and "messages[0].content[0] must be a content part object" in answer["error"]["message"]
     assert engines[1].seen == []  # none of them was scheduled or forwarded
 
@@ -62,8 +70,12 @@ async def test_a_content_part_whose_text_is_not_a_string_is_a_400_naming_it(stac
 async def test_max_tokens_beside_a_null_max_completion_tokens_is_the_one_forwarded_and_booked(stack):
     """Before: the null hid max_tokens, the gateway put its 256-token default in the engine's body."""
     gw, url, engines, _ = stack
-    body = {"model": "tiny", "max_tokens": 2, "max_completion_tokens": None,
-            "messages": [{"role": "user", "content": "w1 w2"}]}
+    body = {
+        "model": "tiny",
+        "max_tokens": 2,
+        "max_completion_tokens": None,
+        "messages": [{"role": "user", "content": "w1 w2"}],
+    }
     status, answer = await _post(url, "/v1/chat/completions", body)
     assert status == 200, answer
     assert engines[1].seen[-1]["body"]["max_tokens"] == 2
@@ -91,8 +103,14 @@ async def test_health_reports_the_documented_stats_of_this_process(stack):
     gw, url, engines, _ = stack
     async with aiohttp.ClientSession() as s:
         stats = await health_stats(s, url)
-        assert stats == {"completed": 0, "engine_retries": 0, "engine_errors_mid_stream": 0,
-                         "leases_lost_mid_stream": 0, "leases_revoked": 0, "client_gone": 0}
+        assert stats == {
+            "completed": 0,
+            "engine_retries": 0,
+            "engine_errors_mid_stream": 0,
+            "leases_lost_mid_stream": 0,
+            "leases_revoked": 0,
+            "client_gone": 0,
+        }
         assert (await stream_chat(s, url, "w1 w2"))["status"] == 200
         assert (await stream_chat(s, url, "w1", model="nope"))["status"] == 404
         stats = await health_stats(s, url)

@@ -25,11 +25,27 @@ pytestmark = pytest.mark.timeout(120)
 def _gateway(tmp_path, endpoint: str, connect_timeout_s: float) -> tuple[subprocess.Popen, object]:
     tok = write_tiny_tokenizer(tmp_path / "tok")
     cfg = tmp_path / "gateway.toml"
-    cfg.write_text(f"[gateway]\nport = 0\ndaemon_endpoint = \"{endpoint}\"\nconnect_timeout_s = {connect_timeout_s}\n\n"
-                   f"[[models]]\nname = \"tiny\"\ntokenizer_dir = \"{tok}\"\n")
+    cfg.write_text(
+        f'[gateway]\nport = 0\ndaemon_endpoint = "{endpoint}"\nconnect_timeout_s = {connect_timeout_s}\n\n'
+        f'[[models]]\nname = "tiny"\ntokenizer_dir = "{tok}"\n'
+    )
     ready = tmp_path / "gateway.port"
-    proc = subprocess.Popen([sys.executable, "-m", "kvsched.gateway", "--config", str(cfg), "--ready-file", str(ready),
-                             "--log-level", "INFO"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvsched.gateway",
+            "--config",
+            str(cfg),
+            "--ready-file",
+            str(ready),
+            "--log-level",
+            "INFO",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     return proc, ready
 
 
@@ -87,13 +103,19 @@ def test_malformed_daemon_endpoint_exits_2_with_a_message_not_a_traceback(tmp_pa
 
     tok = write_tiny_tokenizer(tmp_path / "tok")
     cfg = tmp_path / "gateway.toml"
-    cfg.write_text(f"[gateway]\nport = 0\ndaemon_endpoint = \"{configured}\"\n\n"
-                   f"[[models]]\nname = \"tiny\"\ntokenizer_dir = \"{tok}\"\n")
+    cfg.write_text(
+        f'[gateway]\nport = 0\ndaemon_endpoint = "{configured}"\n\n[[models]]\nname = "tiny"\ntokenizer_dir = "{tok}"\n'
+    )
     environ = {k: v for k, v in os.environ.items() if k != "KVSCHED_ENDPOINT"}
     if env is not None:
         environ["KVSCHED_ENDPOINT"] = env
-    proc = subprocess.run([sys.executable, "-m", "kvsched.gateway", "--config", str(cfg)], env=environ,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvsched.gateway", "--config", str(cfg)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "'tcp://foo'" in proc.stderr and "HOST:PORT" in proc.stderr, proc.stderr
     if configured:

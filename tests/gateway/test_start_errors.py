@@ -34,9 +34,11 @@ def _assert_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:
 def _gateway_config(tmp_path, model_extra: str = "") -> str:
     tok = write_tiny_tokenizer(tmp_path / "tok")
     cfg = tmp_path / "gateway.toml"
-    cfg.write_text(f"[gateway]\nport = 0\ndaemon_endpoint = \"ipc://{tmp_path}/absent.sock\"\n"
-                   "connect_timeout_s = 30\n\n"
-                   f"[[models]]\nname = \"tiny\"\ntokenizer_dir = \"{tok}\"\n{model_extra}\n")
+    cfg.write_text(
+        f'[gateway]\nport = 0\ndaemon_endpoint = "ipc://{tmp_path}/absent.sock"\n'
+        "connect_timeout_s = 30\n\n"
+        f'[[models]]\nname = "tiny"\ntokenizer_dir = "{tok}"\n{model_extra}\n'
+    )
     return str(cfg)
 
 
@@ -64,16 +66,20 @@ def test_gateway_with_a_chat_template_that_does_not_compile_exits_2_naming_that_
 def test_gateway_with_a_missing_tokenizer_directory_exits_2_naming_the_model(tmp_path):
     cfg = _gateway_config(tmp_path)
     with open(cfg, "a") as fh:
-        fh.write(f"\n[[models]]\nname = \"other\"\ntokenizer_dir = \"{tmp_path}/nosuchdir\"\n")
-    _assert_exit_2(_run(["kvsched.gateway", "--config", cfg]), "[[models]] name = 'other'", "nosuchdir",
-                   "no such directory")
+        fh.write(f'\n[[models]]\nname = "other"\ntokenizer_dir = "{tmp_path}/nosuchdir"\n')
+    _assert_exit_2(
+        _run(["kvsched.gateway", "--config", cfg]), "[[models]] name = 'other'", "nosuchdir", "no such directory"
+    )
 
 
-@pytest.mark.parametrize("extra, needles", [
-    (["--log-level", "bogus"], ["argument --log-level: unknown log level 'bogus'"]),
-    (["--ready-file", "/nonexistent/dir/port"], ["argument --ready-file:", "'/nonexistent/dir' does not exist"]),
-    (["--ready-file", "/nonexistent/dir/port", "--workers", "2"], ["argument --ready-file:", "does not exist"]),
-])
+@pytest.mark.parametrize(
+    "extra, needles",
+    [
+        (["--log-level", "bogus"], ["argument --log-level: unknown log level 'bogus'"]),
+        (["--ready-file", "/nonexistent/dir/port"], ["argument --ready-file:", "'/nonexistent/dir' does not exist"]),
+        (["--ready-file", "/nonexistent/dir/port", "--workers", "2"], ["argument --ready-file:", "does not exist"]),
+    ],
+)
 def test_gateway_bad_flag_exits_2_naming_it(tmp_path, extra, needles):
     proc = _run(["kvsched.gateway", "--config", _gateway_config(tmp_path), *extra])
     _assert_exit_2(proc, *needles)
@@ -88,10 +94,13 @@ def test_gateway_workers_flag_outside_the_configs_bound_exits_2_before_reading_t
     _assert_exit_2(proc, f"argument --workers: must be in [0, 256], got {value}")
 
 
-@pytest.mark.parametrize("host, needle", [
-    ("", "argument --host: empty; give an address"),  # was silently ignored (the config's host used)
-    ("[127.0.0.1]", "argument --host: '[127.0.0.1]': brackets hold an IPv6 address"),
-])
+@pytest.mark.parametrize(
+    "host, needle",
+    [
+        ("", "argument --host: empty; give an address"),  # was silently ignored (the config's host used)
+        ("[127.0.0.1]", "argument --host: '[127.0.0.1]': brackets hold an IPv6 address"),
+    ],
+)
 def test_gateway_empty_or_wrongly_bracketed_host_exits_2_naming_the_flag(tmp_path, host, needle):
     _assert_exit_2(_run(["kvsched.gateway", "--config", _gateway_config(tmp_path), "--host", host]), needle)
 
@@ -112,18 +121,33 @@ def test_gateway_host_in_brackets_is_the_ipv6_address_inside(tmp_path):
 
 def _sim_argv(tmp_path, *extra: str, port: int = 0, tokenizer: str | None = None) -> list[str]:
     tok = tokenizer or str(write_tiny_tokenizer(tmp_path / "tok"))
-    return ["kvsched.sim.http_engine", "--worker-id", "1", "--port", str(port), "--tokenizer", tok,
-            "--log-level", "WARNING", *extra]
+    return [
+        "kvsched.sim.http_engine",
+        "--worker-id",
+        "1",
+        "--port",
+        str(port),
+        "--tokenizer",
+        tok,
+        "--log-level",
+        "WARNING",
+        *extra,
+    ]
 
 
 def test_sim_engine_with_its_http_port_taken_exits_2_naming_port(tmp_path, taken_port):
-    _assert_exit_2(_run(_sim_argv(tmp_path, port=taken_port)), f"--port {taken_port}: cannot listen on",
-                   "already in use")
+    _assert_exit_2(
+        _run(_sim_argv(tmp_path, port=taken_port)), f"--port {taken_port}: cannot listen on", "already in use"
+    )
 
 
 def test_sim_engine_with_its_kv_events_port_taken_exits_2_naming_it(tmp_path, taken_port):
-    _assert_exit_2(_run(_sim_argv(tmp_path, "--kv-events-port", str(taken_port))),
-                   f"--kv-events-port {taken_port}", "--kv-replay-port", "Address already in use")
+    _assert_exit_2(
+        _run(_sim_argv(tmp_path, "--kv-events-port", str(taken_port))),
+        f"--kv-events-port {taken_port}",
+        "--kv-replay-port",
+        "Address already in use",
+    )
 
 
 def test_sim_engine_with_its_kv_replay_port_taken_exits_2_naming_it(tmp_path, taken_port):

@@ -16,12 +16,16 @@ def tok(tmp_path_factory):
 
     t = ModelTokenizer(write_tiny_tokenizer(tmp_path_factory.mktemp("tok")))
     # a post-processor that adds a special token, so add_special_tokens=True changes the ids
-    t.tokenizer.post_processor = processors.TemplateProcessing(single="<|system|> $A", special_tokens=[("<|system|>", 1)])
+    t.tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|system|> $A", special_tokens=[("<|system|>", 1)]
+    )
     return t
 
 
-words = st.lists(st.one_of(st.integers(0, 2100).map(lambda i: f"w{i}"),
-                           st.sampled_from(["<|user|>", "<|end|>", "zz", "é"])), max_size=60)
+words = st.lists(
+    st.one_of(st.integers(0, 2100).map(lambda i: f"w{i}"), st.sampled_from(["<|user|>", "<|end|>", "zz", "é"])),
+    max_size=60,
+)
 
 
 @settings(max_examples=100, deadline=None)

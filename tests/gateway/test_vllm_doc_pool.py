@@ -97,8 +97,12 @@ def metric(port: int, name: str) -> float:
 
 
 def cli_json(admin_endpoint: str, *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "kvsched.cli", "--admin-endpoint", admin_endpoint, *args, "--json"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvsched.cli", "--admin-endpoint", admin_endpoint, *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -128,16 +132,18 @@ def test_the_vllm_doc_pool_hashes_as_its_engines_do(tmp_path):
 
     def spawn(argv: list[str], name: str, env: dict | None = None) -> subprocess.Popen:
         log = open(tmp_path / f"{name}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *argv], stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env
+        )
         log.close()
         procs.append(proc)
         return proc
 
     def ready(name: str) -> int:
         path = tmp_path / f"{name}.port"
-        assert wait_until(lambda: path.exists() and path.read_text().strip() != "", timeout_s=90, interval_s=0.1), \
-            (tmp_path / f"{name}.log").read_text()[-3000:]
+        assert wait_until(lambda: path.exists() and path.read_text().strip() != "", timeout_s=90, interval_s=0.1), (
+            tmp_path / f"{name}.log"
+        ).read_text()[-3000:]
         return int(path.read_text())
 
     try:
@@ -146,27 +152,72 @@ def test_the_vllm_doc_pool_hashes_as_its_engines_do(tmp_path):
         for w in workers:
             for rank in range(w.get("dp_size", 1)):
                 name = f"engine-{w['worker_id']}-{rank}"
-                spawn(["kvsched.sim.http_engine", "--worker-id", str(w["worker_id"]), "--dp-rank", str(rank),
-                       "--port", str(port_of(w["url"]) if rank == 0 else 0), "--tokenizer", str(tok_dir),
-                       "--model", model, "--block-size", str(block_size), "--hash-seed", seed,
-                       "--total-kv-blocks", str(w["total_kv_blocks"]),
-                       "--max-num-batched-tokens", str(w["max_num_batched_tokens"]),
-                       "--kv-events-port", str(port_of(w["kv_events_endpoint"]) + rank),
-                       "--kv-replay-port", str(port_of(w["kv_replay_endpoint"]) + rank),
-                       "--kv-events-topic", w["kv_events_topic"], "--speedup", "20",
-                       "--ready-file", str(tmp_path / f"{name}.port"), "--log-level", "WARNING"], name)
+                spawn(
+                    [
+                        "kvsched.sim.http_engine",
+                        "--worker-id",
+                        str(w["worker_id"]),
+                        "--dp-rank",
+                        str(rank),
+                        "--port",
+                        str(port_of(w["url"]) if rank == 0 else 0),
+                        "--tokenizer",
+                        str(tok_dir),
+                        "--model",
+                        model,
+                        "--block-size",
+                        str(block_size),
+                        "--hash-seed",
+                        seed,
+                        "--total-kv-blocks",
+                        str(w["total_kv_blocks"]),
+                        "--max-num-batched-tokens",
+                        str(w["max_num_batched_tokens"]),
+                        "--kv-events-port",
+                        str(port_of(w["kv_events_endpoint"]) + rank),
+                        "--kv-replay-port",
+                        str(port_of(w["kv_replay_endpoint"]) + rank),
+                        "--kv-events-topic",
+                        w["kv_events_topic"],
+                        "--speedup",
+                        "20",
+                        "--ready-file",
+                        str(tmp_path / f"{name}.port"),
+                        "--log-level",
+                        "WARNING",
+                    ],
+                    name,
+                )
         for w in workers:
             for rank in range(w.get("dp_size", 1)):
                 ready(f"engine-{w['worker_id']}-{rank}")
         metrics_port = free_port()  # the page's daemon block serves no metrics: ask through the environment
-        daemon = DaemonProcess.start(tmp_path / "daemon.toml", instance=instance, runtime_dir=tmp_path / "run",
-                                     env={**os.environ, "KVSCHED_DAEMON_METRICS_PORT": str(metrics_port)},
-                                     ready_timeout_s=120)
+        daemon = DaemonProcess.start(
+            tmp_path / "daemon.toml",
+            instance=instance,
+            runtime_dir=tmp_path / "run",
+            env={**os.environ, "KVSCHED_DAEMON_METRICS_PORT": str(metrics_port)},
+            ready_timeout_s=120,
+        )
         # The page's gateway finds its daemon by discovery (`instance = "default"`): point discovery
         # at this daemon, as KVSCHED_ENDPOINT does for every router.
-        spawn(["kvsched.gateway", "--config", str(tmp_path / "gateway.toml"), "--host", "127.0.0.1", "--port", "0",
-               "--ready-file", str(tmp_path / "gateway.port"), "--log-level", "WARNING"], "gateway",
-              env={**os.environ, "KVSCHED_ENDPOINT": daemon.endpoint})
+        spawn(
+            [
+                "kvsched.gateway",
+                "--config",
+                str(tmp_path / "gateway.toml"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--ready-file",
+                str(tmp_path / "gateway.port"),
+                "--log-level",
+                "WARNING",
+            ],
+            "gateway",
+            env={**os.environ, "KVSCHED_ENDPOINT": daemon.endpoint},
+        )
         url = f"http://127.0.0.1:{ready('gateway')}"
 
         prompt = words(0, 120)
@@ -186,10 +237,15 @@ def test_the_vllm_doc_pool_hashes_as_its_engines_do(tmp_path):
         full_blocks = prompt_tokens // block_size
         assert full_blocks >= 5 and first["usage"]["prompt_tokens"] == prompt_tokens
         explain = cli_json(daemon.admin_endpoint, "explain", second["id"])
-        chosen = next(r for r in explain["rows"] if (r["worker_id"], r["dp_rank"])
-                      == (explain["chosen_worker_id"], explain["chosen_dp_rank"]))
+        chosen = next(
+            r
+            for r in explain["rows"]
+            if (r["worker_id"], r["dp_rank"]) == (explain["chosen_worker_id"], explain["chosen_dp_rank"])
+        )
         assert chosen["overlap_blocks"] == full_blocks, explain  # the daemon credited the whole prompt...
-        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= full_blocks * block_size, second  # ...rightly
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= full_blocks * block_size, (
+            second
+        )  # ...rightly
         rows = cli_json(daemon.admin_endpoint, "workers")["workers"]
         assert [r for r in rows if r["hash_mismatch"]] == [], rows
     finally:

@@ -119,10 +119,16 @@ def test_a_second_workers_group_on_the_same_port_is_refused_with_exit_2(tmp_path
         pids = _workers(fleet.gateways[0].pid)
         tok = write_tiny_tokenizer(tmp_path / "tok-b")
         cfg = tmp_path / "b.toml"  # another daemon (absent): its workers would wait 5 s, then exit 3
-        cfg.write_text(f"[gateway]\ndaemon_endpoint = \"ipc://{tmp_path}/b.sock\"\nconnect_timeout_s = 5\n\n"
-                       f"[[models]]\nname = \"tiny\"\ntokenizer_dir = \"{tok}\"\n")
-        proc = subprocess.run([sys.executable, "-m", "kvsched.gateway", "--config", str(cfg), "--port", str(port),
-                               "--workers", "2"], capture_output=True, text=True, timeout=120)
+        cfg.write_text(
+            f'[gateway]\ndaemon_endpoint = "ipc://{tmp_path}/b.sock"\nconnect_timeout_s = 5\n\n'
+            f'[[models]]\nname = "tiny"\ntokenizer_dir = "{tok}"\n'
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvsched.gateway", "--config", str(cfg), "--port", str(port), "--workers", "2"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr, proc.stderr
         assert f"cannot listen on 127.0.0.1:{port}: the port is already in use" in proc.stderr, proc.stderr
@@ -140,8 +146,7 @@ def test_workers_exit_when_their_supervisor_is_killed_leaving_no_listener_or_fil
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))  # inherited by the gateway: its temporary files land here
-    fleet = LocalFleet.start(tmp_path / "fleet", n_engines=1, n_gateways=1, speedup=20.0,
-                             gateway_extra="workers = 2")
+    fleet = LocalFleet.start(tmp_path / "fleet", n_engines=1, n_gateways=1, speedup=20.0, gateway_extra="workers = 2")
     pids: set[int] = set()
     try:
         url = fleet.gateway_urls[0]

@@ -147,8 +147,16 @@ def test_all_blocks_cleared_clears_both_tiers_of_that_row_only():
 def test_malformed_payload_consumes_its_seq_and_unknowns_are_counted():
     ap, dev, _ = make()
     ap.on_live(0, 0, b"\xc1", 0)
-    r = ap.on_live(0, 1, batch(["Mystery", 1], stored(4), {"type": "BlockStored", "block_hashes": [5],
-                                                            "token_ids": [], "block_size": 16, "new": 1}), 0)
+    r = ap.on_live(
+        0,
+        1,
+        batch(
+            ["Mystery", 1],
+            stored(4),
+            {"type": "BlockStored", "block_hashes": [5], "token_ids": [], "block_size": 16, "new": 1},
+        ),
+        0,
+    )
     assert r.replay_from is None and r.applied == 2 and depth(dev, 5)[0] == 1
     c = ap.counters
     assert (c.malformed_batches, c.unknown_types, c.unknown_fields, c.gaps) == (1, 1, 1, 0)

@@ -7,8 +7,17 @@ import numpy as np
 import pytest
 
 from kvsched.kvevents.format import (
-    END_SEQ, Cleared, KvEventFormatError, Removed, Stored, block_key, decode_batch, normalize_hash,
-    offset_endpoint, seq_from_bytes, seq_to_bytes,
+    END_SEQ,
+    Cleared,
+    KvEventFormatError,
+    Removed,
+    Stored,
+    block_key,
+    decode_batch,
+    normalize_hash,
+    offset_endpoint,
+    seq_from_bytes,
+    seq_to_bytes,
 )
 
 enc = msgspec.msgpack.encode
@@ -21,15 +30,17 @@ def keys(ev) -> list[int]:
 
 def test_array_encoding_golden_batch_decodes_all_three_events():
     # vLLM <= 0.10-ish: BlockStored(block_hashes, parent, token_ids, block_size, lora_id) only.
-    payload = enc([
-        1714000000.25,
+    payload = enc(
         [
-            ["BlockStored", [1, 2, BIG], None, list(range(48)), 16, None],
-            ["BlockRemoved", [2]],
-            ["AllBlocksCleared"],
-        ],
-        0,
-    ])
+            1714000000.25,
+            [
+                ["BlockStored", [1, 2, BIG], None, list(range(48)), 16, None],
+                ["BlockRemoved", [2]],
+                ["AllBlocksCleared"],
+            ],
+            0,
+        ]
+    )
     b = decode_batch(payload)
     assert b.ts == 1714000000.25 and b.dp_rank == 0
     assert [type(e) for e in b.events] == [Stored, Removed, Cleared]
@@ -41,8 +52,20 @@ def test_array_encoding_golden_batch_decodes_all_three_events():
 
 
 def test_array_encoding_with_every_field_up_to_sliding_window():
-    ev = ["BlockStored", [10, 11], 9, list(range(32)), 16, 3, "CPU", "adapter", [None, ["salt"]], 0,
-          "full_attention", None]
+    ev = [
+        "BlockStored",
+        [10, 11],
+        9,
+        list(range(32)),
+        16,
+        3,
+        "CPU",
+        "adapter",
+        [None, ["salt"]],
+        0,
+        "full_attention",
+        None,
+    ]
     b = decode_batch(enc([1.0, [ev, ["BlockRemoved", [10], "CPU", 0]], 1]))
     st, rm = b.events
     assert keys(st) == [10, 11] and st.parent_key == 9 and st.medium == "CPU" and not st.device
@@ -51,17 +74,27 @@ def test_array_encoding_with_every_field_up_to_sliding_window():
 
 
 def test_map_encoding_golden_batch_missing_keys_mean_none():
-    payload = enc([
-        2.5,
+    payload = enc(
         [
-            {"type": "BlockStored", "block_hashes": [5, 6], "parent_block_hash": 4, "token_ids": [1] * 32,
-             "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None},
-            {"type": "BlockStored", "block_hashes": [7], "token_ids": [2] * 16, "block_size": 16},
-            {"type": "BlockRemoved", "block_hashes": [5], "medium": "GPU"},
-            {"type": "AllBlocksCleared"},
-        ],
-        3,
-    ])
+            2.5,
+            [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [5, 6],
+                    "parent_block_hash": 4,
+                    "token_ids": [1] * 32,
+                    "block_size": 16,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "lora_name": None,
+                },
+                {"type": "BlockStored", "block_hashes": [7], "token_ids": [2] * 16, "block_size": 16},
+                {"type": "BlockRemoved", "block_hashes": [5], "medium": "GPU"},
+                {"type": "AllBlocksCleared"},
+            ],
+            3,
+        ]
+    )
     b = decode_batch(payload)
     a, c, rm, cl = b.events
     assert keys(a) == [5, 6] and a.parent_key == 4 and a.device and a.group_idx == 0
@@ -80,10 +113,16 @@ def test_batch_as_map_and_without_dp_rank():
 def test_bytes_hashes_map_to_low_64_bits_big_endian():
     digest = bytes(range(32))  # a 32-byte sha256-like digest
     low = int.from_bytes(digest[-8:], "big")
-    payload = enc([0.0, [
-        ["BlockStored", [digest, b"\x00" * 24 + BIG.to_bytes(8, "big")], digest, [], 16, None, "GPU"],
-        {"type": "BlockRemoved", "block_hashes": [digest], "medium": "GPU"},
-    ], 0])
+    payload = enc(
+        [
+            0.0,
+            [
+                ["BlockStored", [digest, b"\x00" * 24 + BIG.to_bytes(8, "big")], digest, [], 16, None, "GPU"],
+                {"type": "BlockRemoved", "block_hashes": [digest], "medium": "GPU"},
+            ],
+            0,
+        ]
+    )
     b = decode_batch(payload)
     assert keys(b.events[0]) == [low, BIG] and b.events[0].parent_key == low
     assert keys(b.events[1]) == [low]
@@ -92,15 +131,22 @@ def test_bytes_hashes_map_to_low_64_bits_big_endian():
 
 
 def test_unknown_types_and_fields_are_skipped_and_counted_without_losing_the_batch():
-    payload = enc([0.0, [
-        ["BlockStored", [1], None, [], 16, None, "GPU", None, None, 0, None, None, "future-1", "future-2"],
-        ["BlockPinned", [1, 2]],  # unknown type, array form
-        {"type": "BlockTouched", "block_hashes": [3]},  # unknown type, map form
-        {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "metadata": {"x": 1}},
-        {"type": "BlockStored", "block_hashes": "oops", "token_ids": []},  # malformed
-        ["BlockStored", [2], None, [], 16, None, "GPU"],
-        42,  # not an event at all
-    ], 0, "extra-batch-field"])
+    payload = enc(
+        [
+            0.0,
+            [
+                ["BlockStored", [1], None, [], 16, None, "GPU", None, None, 0, None, None, "future-1", "future-2"],
+                ["BlockPinned", [1, 2]],  # unknown type, array form
+                {"type": "BlockTouched", "block_hashes": [3]},  # unknown type, map form
+                {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "metadata": {"x": 1}},
+                {"type": "BlockStored", "block_hashes": "oops", "token_ids": []},  # malformed
+                ["BlockStored", [2], None, [], 16, None, "GPU"],
+                42,  # not an event at all
+            ],
+            0,
+            "extra-batch-field",
+        ]
+    )
     b = decode_batch(payload)
     assert [type(e) for e in b.events] == [Stored, Removed, Stored]
     assert keys(b.events[2]) == [2]
@@ -110,19 +156,29 @@ def test_unknown_types_and_fields_are_skipped_and_counted_without_losing_the_bat
 
 
 def test_group_idx_zero_keeps_the_hash_and_nonzero_groups_are_mixed():
-    b = decode_batch(enc([0.0, [
-        {"type": "BlockStored", "block_hashes": [77], "token_ids": [], "block_size": 16, "group_idx": 0},
-        {"type": "BlockStored", "block_hashes": [77], "token_ids": [], "block_size": 16, "group_idx": 1},
-        {"type": "BlockRemoved", "block_hashes": [77], "group_idx": 2},
-    ], 0]))
+    b = decode_batch(
+        enc(
+            [
+                0.0,
+                [
+                    {"type": "BlockStored", "block_hashes": [77], "token_ids": [], "block_size": 16, "group_idx": 0},
+                    {"type": "BlockStored", "block_hashes": [77], "token_ids": [], "block_size": 16, "group_idx": 1},
+                    {"type": "BlockRemoved", "block_hashes": [77], "group_idx": 2},
+                ],
+                0,
+            ]
+        )
+    )
     g0, g1, g2 = (keys(e)[0] for e in b.events)
     assert g0 == 77 == block_key(77, None)
     assert g1 == block_key(77, 1) and g2 == block_key(77, 2)
     assert len({g0, g1, g2}) == 3 and all(0 <= g < 1 << 64 for g in (g1, g2))
 
 
-@pytest.mark.parametrize("payload", [b"\xc1", enc("text"), enc([1.0]), enc([True, []]), enc({"ts": 1.0}),
-                                     b"\x92\x01" + b"\x91" * 200_000 + b"\xc0"])  # nested deeper than recursion
+@pytest.mark.parametrize(
+    "payload",
+    [b"\xc1", enc("text"), enc([1.0]), enc([True, []]), enc({"ts": 1.0}), b"\x92\x01" + b"\x91" * 200_000 + b"\xc0"],
+)  # nested deeper than recursion
 def test_payload_that_is_not_a_batch_raises_format_error(payload):
     with pytest.raises(KvEventFormatError):
         decode_batch(payload)
@@ -167,7 +223,9 @@ def test_a_batch_over_the_per_batch_hash_budget_keeps_its_first_events_and_skips
 
     per = MAX_EVENT_BLOCKS
     n = MAX_BATCH_BLOCKS // per + 3
-    events = [["BlockStored", list(range(2**40 + i * per, 2**40 + (i + 1) * per)), None, [], 16, None] for i in range(n)]
+    events = [
+        ["BlockStored", list(range(2**40 + i * per, 2**40 + (i + 1) * per)), None, [], 16, None] for i in range(n)
+    ]
     events.append(["AllBlocksCleared"])
     batch = decode_batch(enc([1.0, events, 0]))
     kept = MAX_BATCH_BLOCKS // per

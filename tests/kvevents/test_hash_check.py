@@ -4,10 +4,8 @@ published through a vLLM-format publisher in both encodings) against what router
 from __future__ import annotations
 
 import hashlib
-import time
 
 import cbor2
-import numpy as np
 import pytest
 import zmq
 
@@ -26,7 +24,7 @@ def vllm_chain(tokens: list[int], block_size: int, seed: str, extra=None) -> lis
     parent = hashlib.sha256(cbor2.dumps(seed, canonical=True)).digest()
     out = []
     for i in range(len(tokens) // block_size):
-        key = (parent, tuple(tokens[i * block_size:(i + 1) * block_size]), None if extra is None else extra[i])
+        key = (parent, tuple(tokens[i * block_size : (i + 1) * block_size]), None if extra is None else extra[i])
         parent = hashlib.sha256(cbor2.dumps(key, canonical=True)).digest()
         out.append(int.from_bytes(parent, "big") & (2**64 - 1))
     return out
@@ -36,8 +34,9 @@ def event_batch(encoding: str, tokens: list[int], block_size: int, seed: str, ex
     ctx = zmq.Context()
     pub = KvEventPublisher(ctx, "inproc://hc", encoding=encoding)
     try:
-        pub.block_stored(vllm_chain(tokens, block_size, seed, extra), parent, block_size, token_ids=tokens,
-                         extra_keys=extra)
+        pub.block_stored(
+            vllm_chain(tokens, block_size, seed, extra), parent, block_size, token_ids=tokens, extra_keys=extra
+        )
         pub.flush()
         return pub.buffer[-1][1]
     finally:
@@ -56,7 +55,10 @@ def test_matching_seed_passes_and_another_pythonhashseed_is_flagged(encoding):
     bad = check.observe(3, decode_batch(event_batch(encoding, TOKENS, 16, "0")), 1_000_000)
     assert bad is not None and bad.row == 3 and bad.event_hash != bad.expected_hash
     assert bad.event_hash == vllm_chain(TOKENS, 16, "0")[0] and check.mismatches == 1 and 3 in check.bad_rows
-    assert HashCheck(hash_seed="0", block_size=16).observe(3, decode_batch(event_batch(encoding, TOKENS, 16, "0")), 0) is None
+    assert (
+        HashCheck(hash_seed="0", block_size=16).observe(3, decode_batch(event_batch(encoding, TOKENS, 16, "0")), 0)
+        is None
+    )
 
 
 def test_a_matching_event_clears_the_flag_and_checks_are_rate_limited():
@@ -86,7 +88,9 @@ def test_extra_keys_carried_by_the_event_are_used_for_the_check():
 
 async def test_daemon_flags_the_worker_whose_engine_hashes_differently(tmp_path):
     ports = [free_port() for _ in range(4)]
-    d = start_daemon(tmp_path, f"""
+    d = start_daemon(
+        tmp_path,
+        f"""
 [daemon]
 block_size = 16
 
@@ -99,7 +103,8 @@ kv_replay_endpoint = "tcp://127.0.0.1:{ports[1]}"
 worker_id = 2
 kv_events_endpoint = "tcp://127.0.0.1:{ports[2]}"
 kv_replay_endpoint = "tcp://127.0.0.1:{ports[3]}"
-""")
+""",
+    )
     ctx = zmq.Context()
     good = KvEventPublisher(ctx, f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}")
     bad = KvEventPublisher(ctx, f"tcp://127.0.0.1:{ports[2]}", f"tcp://127.0.0.1:{ports[3]}", encoding="map")

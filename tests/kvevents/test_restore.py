@@ -57,9 +57,14 @@ def reference(payloads: list[bytes]) -> dict[int, list[int]]:
     return holders(idx)
 
 
-events = st.lists(st.tuples(st.sampled_from(["store", "store", "remove", "clear"]),
-                            st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True)),
-                  min_size=1, max_size=3)
+events = st.lists(
+    st.tuples(
+        st.sampled_from(["store", "store", "remove", "clear"]),
+        st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True),
+    ),
+    min_size=1,
+    max_size=3,
+)
 
 
 @settings(max_examples=200, deadline=None)

@@ -47,8 +47,15 @@ PROMPTS = [
     [1, 2, 50, 51, 52, 53],
 ]
 PINS = {0: (0, 0), 2: (1, 0)}
-PROBES = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9], [20, 21, 22, 23, 24, 25], [1, 2, 3, 4, 30, 31],
-          [20, 21, 40, 41, 42, 43], [1, 2, 50, 51, 52, 53], [1, 2, 99]]
+PROBES = [
+    [1, 2, 3, 4, 5, 6],
+    [1, 2, 3, 7, 8, 9],
+    [20, 21, 22, 23, 24, 25],
+    [1, 2, 3, 4, 30, 31],
+    [20, 21, 40, 41, 42, 43],
+    [1, 2, 50, 51, 52, 53],
+    [1, 2, 99],
+]
 
 
 class _Counting:
@@ -147,8 +154,10 @@ def test_daemon_overlap_equals_engine_cache_when_quiescent(short_dir, encoding):
 
 def _scheduler(mode: str):
     spec = FleetSpec(workers=2, block_size=BLOCK, kv_blocks=12, max_blocks_per_request=64)
-    raw = {"daemon": {"block_size": BLOCK, "max_workers": 2, "max_slots": 64, "max_blocks_per_request": 64},
-           "workers": [{"worker_id": w, "total_kv_blocks": 12} for w in range(2)]}
+    raw = {
+        "daemon": {"block_size": BLOCK, "max_workers": 2, "max_slots": 64, "max_blocks_per_request": 64},
+        "workers": [{"worker_id": w, "total_kv_blocks": 12} for w in range(2)],
+    }
     return spec, make_inprocess_scheduler(config_from_dict(raw, where="test"), mode)
 
 

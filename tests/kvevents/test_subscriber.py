@@ -16,8 +16,8 @@ import zmq
 from kvsched.config import WorkerConfig
 from kvsched.daemon.kv_events import KvEventSource, KvEventSubscriber, sources_for_worker
 from kvsched.kvevents.format import END_SEQ, seq_from_bytes, seq_to_bytes
-from kvsched.sim.kv_publisher import KvEventPublisher
 from kvsched.shm.overlap import OverlapIndex
+from kvsched.sim.kv_publisher import KvEventPublisher
 
 pytestmark = pytest.mark.timeout(60)
 enc = msgspec.msgpack.encode
@@ -60,8 +60,15 @@ class Harness:
         self.rp = f"ipc://{ipc_dir}/rp"
         self.dev, self.off = OverlapIndex(4, 1 << 10), OverlapIndex(4, 1 << 10)
         self.stale_calls: list[tuple[int, bool]] = []
-        self.sub = KvEventSubscriber(asyncio.get_running_loop(), ctx, [KvEventSource(ROW, self.ev, self.rp, TOPIC)],
-                                     self.dev, self.off, mark_stale=lambda r, s: self.stale_calls.append((r, s)), **kw)
+        self.sub = KvEventSubscriber(
+            asyncio.get_running_loop(),
+            ctx,
+            [KvEventSource(ROW, self.ev, self.rp, TOPIC)],
+            self.dev,
+            self.off,
+            mark_stale=lambda r, s: self.stale_calls.append((r, s)),
+            **kw,
+        )
 
     def last_seq(self) -> int:
         return self.sub.applier.stream(ROW).last_seq
@@ -144,14 +151,42 @@ async def test_replay_from_a_hand_written_server_with_topic_frames(ctx, ipc_dir)
         await h.sync(lambda: live(enc([time.time(), [], 0])))
         requests.clear()
         # Two batches only the replay server has, then a live one: a gap of two.
-        store[seq] = enc([1.0, [["BlockStored", [10, 20], None, [0] * 32, 16, None, "GPU"],
-                                ["BlockPinned", [10]]], 0])
-        store[seq + 1] = enc([2.0, [{"type": "BlockRemoved", "block_hashes": [(20).to_bytes(32, "big")],
-                                     "medium": "GPU", "future_field": 1}], 0])
+        store[seq] = enc([1.0, [["BlockStored", [10, 20], None, [0] * 32, 16, None, "GPU"], ["BlockPinned", [10]]], 0])
+        store[seq + 1] = enc(
+            [
+                2.0,
+                [
+                    {
+                        "type": "BlockRemoved",
+                        "block_hashes": [(20).to_bytes(32, "big")],
+                        "medium": "GPU",
+                        "future_field": 1,
+                    }
+                ],
+                0,
+            ]
+        )
         seq += 2
-        live(enc([3.0, [{"type": "BlockStored", "block_hashes": [30], "parent_block_hash": 20,
-                         "token_ids": [0] * 16, "block_size": 16, "lora_id": None, "medium": "GPU",
-                         "lora_name": None}], 0]))
+        live(
+            enc(
+                [
+                    3.0,
+                    [
+                        {
+                            "type": "BlockStored",
+                            "block_hashes": [30],
+                            "parent_block_hash": 20,
+                            "token_ids": [0] * 16,
+                            "block_size": 16,
+                            "lora_id": None,
+                            "medium": "GPU",
+                            "lora_name": None,
+                        }
+                    ],
+                    0,
+                ]
+            )
+        )
         assert await until(lambda: depth(h.dev, [30]) == 1 and depth(h.dev, [10]) == 1)
         assert await until(lambda: not h.sub.applier.replay_pending(ROW))
         assert depth(h.dev, [20]) == 0 and depth(h.dev, [10, 20]) == 1
@@ -416,8 +451,13 @@ async def test_unanswered_replay_is_retried_then_given_up(ctx, ipc_dir):
 
 
 def test_sources_for_worker_offsets_ports_by_dp_rank():
-    w = WorkerConfig(worker_id=3, dp_size=2, kv_events_endpoint="tcp://10.0.0.5:5557",
-                     kv_replay_endpoint="tcp://10.0.0.5:6557", kv_events_topic="kv")
+    w = WorkerConfig(
+        worker_id=3,
+        dp_size=2,
+        kv_events_endpoint="tcp://10.0.0.5:5557",
+        kv_replay_endpoint="tcp://10.0.0.5:6557",
+        kv_events_topic="kv",
+    )
     assert sources_for_worker(w, {0: 4, 1: 5}) == [
         KvEventSource(4, "tcp://10.0.0.5:5557", "tcp://10.0.0.5:6557", "kv", 30.0),
         KvEventSource(5, "tcp://10.0.0.5:5558", "tcp://10.0.0.5:6558", "kv", 30.0),

@@ -97,16 +97,28 @@ def test_compose_file_validates_and_wires_routers_to_the_daemon():
         assert "kvsched-run:/run/kvsched" in s[name]["volumes"], name
     assert "/readyz" in " ".join(s["daemon"]["healthcheck"]["test"])
     assert s["gateway"]["depends_on"]["daemon"]["condition"] == "service_healthy"
-    assert s["gateway"]["command"] == ["kvsched-gateway", "--config", "/etc/kvsched/gateway.toml",
-                                       "--host", "0.0.0.0", "--port", "8000"]
+    assert s["gateway"]["command"] == [
+        "kvsched-gateway",
+        "--config",
+        "/etc/kvsched/gateway.toml",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+    ]
     engines = sorted(n for n in s if n.startswith("engine"))
     assert len(engines) == 2
     for i, name in enumerate(engines):
         cmd = s[name]["command"]
         assert cmd[0] == "kvsched-sim-engine" and cmd[cmd.index("--worker-id") + 1] == str(i)
     compose_bin = tool_or_skip("docker-compose")
-    res = subprocess.run([compose_bin, "-f", str(ROOT / "docker-compose.yml"), "config", "--quiet"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    res = subprocess.run(
+        [compose_bin, "-f", str(ROOT / "docker-compose.yml"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -121,7 +133,11 @@ def test_kubernetes_manifests_validate_strictly():
 def test_kubernetes_validate_rejects_a_broken_manifest(tmp_path):
     """The check above can fail: an unknown field in a container is an error under --strict."""
     tool = tool_or_skip("kubernetes-validate")
-    broken = (K8S / "deployment.yaml").read_text().replace("imagePullPolicy: IfNotPresent", "imagePullPolicyy: IfNotPresent", 1)
+    broken = (
+        (K8S / "deployment.yaml")
+        .read_text()
+        .replace("imagePullPolicy: IfNotPresent", "imagePullPolicyy: IfNotPresent", 1)
+    )
     path = tmp_path / "broken.yaml"
     path.write_text(broken)
     res = subprocess.run([tool, "--strict", "-k", "1.30.0", str(path)], capture_output=True, text=True, timeout=120)
@@ -164,10 +180,13 @@ def test_shipped_config_starts_a_daemon_that_answers_the_probes(tmp_path):
     available even while their KV-event streams are unreachable) answer 200."""
     port = free_port()
     text = config_text(DAEMON_TOML.read_text())
-    text = text.replace("metrics_port = 9464", f"metrics_port = {port}").replace('metrics_host = "0.0.0.0"', 'metrics_host = "127.0.0.1"')
+    text = text.replace("metrics_port = 9464", f"metrics_port = {port}").replace(
+        'metrics_host = "0.0.0.0"', 'metrics_host = "127.0.0.1"'
+    )
     instance = unique_instance()
     d = start_daemon(tmp_path, text, instance=instance)
     try:
+
         def ok(path: str) -> bool:
             try:
                 return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3).status == 200

@@ -83,10 +83,12 @@ def test_worker_lease_decision_and_error_metrics(tmp_path):
             # the decision-path counters (the lease-duration histogram among them) are written every
             # ~100 ms of the daemon's loop: both can show the release before its duration is counted.
             text = scrape(port)
-            return (value(text, "kvsched_worker_drained", worker_id=1, dp_rank=0) == 1
-                    and value(text, "kvsched_active_leases") == 1
-                    and (value(text, "kvsched_lease_oldest_age_seconds", policy_class="default") or 0) > 0
-                    and (value(text, "kvsched_lease_duration_seconds_count", policy_class="default") or 0) >= 1)
+            return (
+                value(text, "kvsched_worker_drained", worker_id=1, dp_rank=0) == 1
+                and value(text, "kvsched_active_leases") == 1
+                and (value(text, "kvsched_lease_oldest_age_seconds", policy_class="default") or 0) > 0
+                and (value(text, "kvsched_lease_duration_seconds_count", policy_class="default") or 0) >= 1
+            )
 
         assert wait_until(settled, 30, 0.2)
         text = scrape(port)
@@ -113,12 +115,14 @@ def test_worker_lease_decision_and_error_metrics(tmp_path):
         assert 'worker="' not in text  # the old "id:rank" label is gone
 
         assert isinstance(admin.call(p.RemoveWorker(worker_id=1)), p.OkReply)
-        assert wait_until(lambda: value(scrape(port), "kvsched_worker_total_kv_blocks", worker_id=1, dp_rank=0) is None,
-                          10, 0.2)
+        assert wait_until(
+            lambda: value(scrape(port), "kvsched_worker_total_kv_blocks", worker_id=1, dp_rank=0) is None, 10, 0.2
+        )
         promtool = require_tool("promtool")
         if promtool:
-            res = subprocess.run([promtool, "check", "metrics"], input=scrape(port), capture_output=True,
-                                 text=True, timeout=60)
+            res = subprocess.run(
+                [promtool, "check", "metrics"], input=scrape(port), capture_output=True, text=True, timeout=60
+            )
             assert res.returncode == 0, res.stdout + res.stderr
     finally:
         admin.close()

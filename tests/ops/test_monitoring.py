@@ -42,14 +42,17 @@ def dashboard_exprs() -> list[str]:
 
 def test_promtool_checks_and_unit_tests_the_alert_rules():
     promtool = tool_or_skip("promtool")
-    check = subprocess.run([promtool, "check", "rules", str(PROM / "kvsched-alerts.yml")],
-                           capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [promtool, "check", "rules", str(PROM / "kvsched-alerts.yml")], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    unit = subprocess.run([promtool, "test", "rules", "kvsched-alerts.test.yml"], cwd=PROM,
-                          capture_output=True, text=True, timeout=120)
+    unit = subprocess.run(
+        [promtool, "test", "rules", "kvsched-alerts.test.yml"], cwd=PROM, capture_output=True, text=True, timeout=120
+    )
     assert unit.returncode == 0, unit.stdout + unit.stderr
-    config = subprocess.run([promtool, "check", "config", str(PROM / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=60)
+    config = subprocess.run(
+        [promtool, "check", "config", str(PROM / "prometheus.yml")], capture_output=True, text=True, timeout=60
+    )
     assert config.returncode == 0, config.stdout + config.stderr
 
 
@@ -69,7 +72,7 @@ def test_dashboard_is_well_formed():
     assert len(ids) == len(set(ids))
     for panel in dash["panels"]:
         g = panel["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, panel["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, panel["title"]
         if panel["type"] != "row":
             assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
     assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "instance"}

@@ -64,20 +64,31 @@ def test_exec_reload_reloads_a_running_daemon_and_fails_on_a_bad_file(tmp_path):
     admin endpoint comes from KVSCHED_ADMIN_ENDPOINT as an EnvironmentFile= would set it."""
     instance = unique_instance()
     cfg = tmp_path / f"{instance}.toml"
-    d = start_daemon(tmp_path, TWO_WORKERS.replace("[[classes]]", '[[classes]]\nname = "extra"\n\n[[classes]]', 1),
-                     instance=instance)
+    d = start_daemon(
+        tmp_path, TWO_WORKERS.replace("[[classes]]", '[[classes]]\nname = "extra"\n\n[[classes]]', 1), instance=instance
+    )
     env = dict(os.environ, KVSCHED_ADMIN_ENDPOINT=d.admin_endpoint)
     try:
         cfg.write_text(TWO_WORKERS.replace('name = "default"', 'name = "default"\nquantum = 777'))
-        res = subprocess.run(command("kvsched-daemon@.service", "ExecReload", instance, cfg), env=env,
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            command("kvsched-daemon@.service", "ExecReload", instance, cfg),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 0, res.stdout + res.stderr
         with AdminClient(d.admin_endpoint) as admin:
             classes = {c.name: c for c in admin.call(p.Queues()).classes}
         assert set(classes) == {"default"} and classes["default"].quantum == 777
         cfg.write_text("this is [not toml")
-        res = subprocess.run(command("kvsched-daemon@.service", "ExecReload", instance, cfg), env=env,
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            command("kvsched-daemon@.service", "ExecReload", instance, cfg),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode != 0
     finally:
         d.stop()
@@ -87,11 +98,21 @@ def test_exec_reload_reloads_a_running_daemon_and_fails_on_a_bad_file(tmp_path):
 def test_sysusers_creates_the_service_user_and_group(tmp_path):
     tool = tool_or_skip("systemd-sysusers")
     (tmp_path / "etc").mkdir()
-    res = subprocess.run([tool, f"--root={tmp_path}", str(UNITS / "sysusers.d" / "kvsched.conf")],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [tool, f"--root={tmp_path}", str(UNITS / "sysusers.d" / "kvsched.conf")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
-    user = [line.split(":") for line in (tmp_path / "etc" / "passwd").read_text().splitlines() if line.startswith("kvsched:")]
-    group = [line.split(":") for line in (tmp_path / "etc" / "group").read_text().splitlines() if line.startswith("kvsched:")]
+    user = [
+        line.split(":")
+        for line in (tmp_path / "etc" / "passwd").read_text().splitlines()
+        if line.startswith("kvsched:")
+    ]
+    group = [
+        line.split(":") for line in (tmp_path / "etc" / "group").read_text().splitlines() if line.startswith("kvsched:")
+    ]
     assert len(user) == 1 and len(group) == 1
     assert user[0][3] == group[0][2]  # primary group kvsched
     assert int(user[0][2]) < 1000 and user[0][6] == "/usr/sbin/nologin"
@@ -103,8 +124,12 @@ def test_sysusers_creates_the_service_user_and_group(tmp_path):
 def test_security_exposure_score(unit, tmp_path):
     tool = tool_or_skip("systemd-analyze")
     name = unit.replace("@.", "@pool1.")
-    res = subprocess.run([tool, "security", "--offline=true", str(render(unit, tmp_path / name))],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [tool, "security", "--offline=true", str(render(unit, tmp_path / name))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", res.stdout + res.stderr)
     assert m, res.stdout + res.stderr
     assert float(m.group(1)) <= MAX_EXPOSURE, res.stdout
@@ -156,13 +181,31 @@ def test_daemon_syscalls_stay_inside_the_units_filter(tmp_path):
     assert allowed == allowed_syscalls(analyze, "kvsched-daemon.service") and len(allowed) > 100
     instance, port = unique_instance(), free_port()
     cfg = tmp_path / "k.toml"
-    cfg.write_text(f'[daemon]\nmetrics_port = {port}\n[[workers]]\nworker_id = 0\n'
-                   f'kv_events_endpoint = "tcp://127.0.0.1:{free_port()}"\n[[workers]]\nworker_id = 1\n')
+    cfg.write_text(
+        f"[daemon]\nmetrics_port = {port}\n[[workers]]\nworker_id = 0\n"
+        f'kv_events_endpoint = "tcp://127.0.0.1:{free_port()}"\n[[workers]]\nworker_id = 1\n'
+    )
     ep, admin_ep = f"ipc://{tmp_path}/d.sock", f"ipc://{tmp_path}/a.sock"
     summary = tmp_path / "strace.txt"
     env = dict(os.environ, NUMBA_CACHE_DIR=tempfile.mkdtemp(dir=tmp_path))
-    argv = [strace, "-f", "-c", "-o", str(summary), sys.executable, "-m", "kvsched.daemon.app", "--config", str(cfg),
-            "--instance", instance, "--endpoint", ep, "--admin-endpoint", admin_ep]
+    argv = [
+        strace,
+        "-f",
+        "-c",
+        "-o",
+        str(summary),
+        sys.executable,
+        "-m",
+        "kvsched.daemon.app",
+        "--config",
+        str(cfg),
+        "--instance",
+        instance,
+        "--endpoint",
+        ep,
+        "--admin-endpoint",
+        admin_ep,
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 120
@@ -180,7 +223,9 @@ def test_daemon_syscalls_stay_inside_the_units_filter(tmp_path):
         with AdminClient(admin_ep) as admin:
             assert isinstance(admin.call(p.Reload()), p.OkReply)
         time.sleep(1.2)  # a full gauge refresh and KV-event reconnect attempts
-        daemon = [int(c) for task in Path(f"/proc/{proc.pid}/task").glob("*") for c in (task / "children").read_text().split()]
+        daemon = [
+            int(c) for task in Path(f"/proc/{proc.pid}/task").glob("*") for c in (task / "children").read_text().split()
+        ]
         for pid in daemon:
             os.kill(pid, signal.SIGTERM)
         assert proc.wait(60) == 0
@@ -189,7 +234,10 @@ def test_daemon_syscalls_stay_inside_the_units_filter(tmp_path):
             proc.kill()
             proc.wait(10)
         purge(instance)
-    used = {line.split()[-1] for line in summary.read_text().splitlines()[2:]
-            if line.strip() and not line.startswith("-") and line.split()[-1] != "total"}
+    used = {
+        line.split()[-1]
+        for line in summary.read_text().splitlines()[2:]
+        if line.strip() and not line.startswith("-") and line.split()[-1] != "total"
+    }
     assert {"mmap", "epoll_wait", "ftruncate"} <= used, used
     assert not used - allowed, f"syscalls outside SystemCallFilter=: {sorted(used - allowed)}"

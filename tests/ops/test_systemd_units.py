@@ -14,10 +14,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ["kvsched-daemon.service", "kvsched-daemon@.service"]
 REQUIRED = [
-    "Type=notify", "WatchdogSec=", "Restart=on-failure", "RuntimeDirectory=kvsched",
-    "RuntimeDirectoryPreserve=yes", "CacheDirectory=kvsched", "User=kvsched", "Group=kvsched",
-    "RemoveIPC=no", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
-    "EnvironmentFile=", "NUMBA_CACHE_DIR=",
+    "Type=notify",
+    "WatchdogSec=",
+    "Restart=on-failure",
+    "RuntimeDirectory=kvsched",
+    "RuntimeDirectoryPreserve=yes",
+    "CacheDirectory=kvsched",
+    "User=kvsched",
+    "Group=kvsched",
+    "RemoveIPC=no",
+    "NoNewPrivileges=yes",
+    "ProtectSystem=strict",
+    "ProtectHome=yes",
+    "PrivateTmp=yes",
+    "EnvironmentFile=",
+    "NUMBA_CACHE_DIR=",
 ]
 
 
@@ -45,8 +56,10 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path):
     entry = Path(sys.executable).with_name("kvsched-daemon")
     assert entry.exists(), "install the package first (make test does)"
     rendered = []
-    for unit, name in (("kvsched-daemon.service", "kvsched-daemon.service"),
-                       ("kvsched-daemon@.service", "kvsched-daemon@pool1.service")):
+    for unit, name in (
+        ("kvsched-daemon.service", "kvsched-daemon.service"),
+        ("kvsched-daemon@.service", "kvsched-daemon@pool1.service"),
+    ):
         text = (ROOT / "systemd" / unit).read_text().replace("/opt/kvsched/bin/", f"{entry.parent}/")
         path = tmp_path / name
         path.write_text(text)
@@ -63,8 +76,11 @@ TMPFILES = ROOT / "systemd" / "tmpfiles.d" / "kvsched.conf"
 def test_stopping_one_pool_keeps_the_shared_runtime_directory(unit):
     """With `RuntimeDirectoryPreserve=restart` (or no/`no`), systemd removes /run/kvsched when any
     instance stops, taking every other pool's sockets with it; only `yes` keeps it."""
-    settings = [line.strip() for line in (ROOT / "systemd" / unit).read_text().splitlines()
-                if line.strip().startswith("RuntimeDirectoryPreserve=")]
+    settings = [
+        line.strip()
+        for line in (ROOT / "systemd" / unit).read_text().splitlines()
+        if line.strip().startswith("RuntimeDirectoryPreserve=")
+    ]
     assert settings == ["RuntimeDirectoryPreserve=yes"], settings
 
 
@@ -84,8 +100,12 @@ def test_systemd_tmpfiles_creates_the_runtime_directory(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "etc" / "passwd").write_text("kvsched:x:64991:64992::/nonexistent:/usr/sbin/nologin\n")
     (tmp_path / "etc" / "group").write_text("kvsched:x:64992:\n")
-    result = subprocess.run(["systemd-tmpfiles", "--create", f"--root={tmp_path}", str(TMPFILES)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["systemd-tmpfiles", "--create", f"--root={tmp_path}", str(TMPFILES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     st = (tmp_path / "run" / "kvsched").stat()
     assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o750, 64991, 64992)

@@ -9,8 +9,13 @@ from hypothesis import strategies as st
 from kvsched import protocol as p
 
 ENC = p.make_encoder()
-INNER = [p.Enqueue("r1", 100, p.hashes_to_bytes([1, 2])), p.Update("r1", 5, 7, "requeue"),
-         p.Release("r1", 5, 7, "completed", 142), p.Heartbeat(3), p.Reattach([p.LeaseRef("r1", 5, 7)], [])]
+INNER = [
+    p.Enqueue("r1", 100, p.hashes_to_bytes([1, 2])),
+    p.Update("r1", 5, 7, "requeue"),
+    p.Release("r1", 5, 7, "completed", 142),
+    p.Heartbeat(3),
+    p.Reattach([p.LeaseRef("r1", 5, 7)], []),
+]
 
 
 @settings(max_examples=40, deadline=None)

@@ -30,9 +30,19 @@ DAEMON_FRAMES = [
     p.HeartbeatAck(9),
     p.Reattached(["a"], ["b"]),
 ]
-ADMIN_FRAMES = [p.Status(), p.Queues(policy_class="x"), p.Workers(), p.Leases(worker_id=1), p.Drain(worker_id=1),
-                p.Undrain(worker_id=1, dp_rank=0), p.AddWorker(worker_id=4), p.RemoveWorker(worker_id=4),
-                p.Cancel(request_id="r"), p.Reload(), p.Explain(request_id="r")]
+ADMIN_FRAMES = [
+    p.Status(),
+    p.Queues(policy_class="x"),
+    p.Workers(),
+    p.Leases(worker_id=1),
+    p.Drain(worker_id=1),
+    p.Undrain(worker_id=1, dp_rank=0),
+    p.AddWorker(worker_id=4),
+    p.RemoveWorker(worker_id=4),
+    p.Cancel(request_id="r"),
+    p.Reload(),
+    p.Explain(request_id="r"),
+]
 
 
 @pytest.mark.parametrize("frame", ROUTER_FRAMES, ids=lambda f: type(f).__name__)
@@ -65,12 +75,15 @@ def test_hashes_travel_as_little_endian_u64_when_given_ints_array_or_bytes():
         p.hashes_to_bytes([2**64])
 
 
-@pytest.mark.parametrize("bad, why", [
-    ("abc", "not str"),  # before: ValueError "invalid literal for int() with base 10: 'a'"
-    ([1, "a"], "elements must be integers, not str"),
-    ([1.5], "elements must be integers, not float"),  # before: silently truncated to 1
-    (5, "not int"),  # before: TypeError "'int' object is not iterable"
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("abc", "not str"),  # before: ValueError "invalid literal for int() with base 10: 'a'"
+        ([1, "a"], "elements must be integers, not str"),
+        ([1.5], "elements must be integers, not float"),  # before: silently truncated to 1
+        (5, "not int"),  # before: TypeError "'int' object is not iterable"
+    ],
+)
 def test_malformed_block_hashes_raise_type_error_naming_the_argument(bad, why):
     """Found from outside: `schedule(..., block_hashes="abc")` raised a ValueError about int() that did
     not say which argument was wrong."""
@@ -79,16 +92,19 @@ def test_malformed_block_hashes_raise_type_error_naming_the_argument(bad, why):
     assert why in str(err.value)
 
 
-@pytest.mark.parametrize("bad", [
-    p.make_encoder().encode(["enqueue", "r", 0]),  # isl below 1
-    p.make_encoder().encode(["enqueue", "x" * 200, 5]),  # request id too long
-    p.make_encoder().encode(["update", "r", -1, 0, "progress"]),  # negative slot
-    p.make_encoder().encode(["update", "r", 1, 2**40, "progress"]),  # generation past u32
-    p.make_encoder().encode(["release", "r", 1, 1, "exploded"]),  # unknown outcome
-    p.make_encoder().encode(["teleport", "r"]),  # unknown tag
-    p.make_encoder().encode({"t": "status"}),  # admin frame on the data decoder
-    b"\x9e\xa7enqueue",  # truncated
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        p.make_encoder().encode(["enqueue", "r", 0]),  # isl below 1
+        p.make_encoder().encode(["enqueue", "x" * 200, 5]),  # request id too long
+        p.make_encoder().encode(["update", "r", -1, 0, "progress"]),  # negative slot
+        p.make_encoder().encode(["update", "r", 1, 2**40, "progress"]),  # generation past u32
+        p.make_encoder().encode(["release", "r", 1, 1, "exploded"]),  # unknown outcome
+        p.make_encoder().encode(["teleport", "r"]),  # unknown tag
+        p.make_encoder().encode({"t": "status"}),  # admin frame on the data decoder
+        b"\x9e\xa7enqueue",  # truncated
+    ],
+)
 def test_hostile_frame_fails_decode_with_msgspec_error_when_out_of_bounds(bad):
     with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
         p.make_router_decoder().decode(bad)
@@ -139,8 +155,9 @@ def test_peeks_read_the_request_id_of_a_bad_frame_and_never_raise_on_deep_nestin
     assert p.peek_request_id(nested_tail) in ("r-8", None)  # read or not, never an exception
 
 
-@pytest.mark.parametrize("bad", [np.array([1.5, 2.0]), np.array([True, False]), np.array(["1", "2"]),
-                                 np.zeros((2, 2), np.uint64)])
+@pytest.mark.parametrize(
+    "bad", [np.array([1.5, 2.0]), np.array([True, False]), np.array(["1", "2"]), np.zeros((2, 2), np.uint64)]
+)
 def test_hashes_to_bytes_refuses_arrays_it_would_truncate_or_flatten(bad):
     with pytest.raises((TypeError, ValueError), match="block_hashes"):
         p.hashes_to_bytes(bad)

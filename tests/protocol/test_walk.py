@@ -13,11 +13,20 @@ from kvsched.protocol.walk import array_elements, batch_frames, skip, tag_of
 
 enc = msgspec.msgpack.encode
 
-scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
-           | st.text(max_size=300) | st.binary(max_size=70_000)
-           | st.builds(msgspec.msgpack.Ext, st.integers(-128, 127), st.binary(max_size=300)))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=20)
-                      | st.dictionaries(st.text(max_size=10), inner, max_size=8), max_leaves=60)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=300)
+    | st.binary(max_size=70_000)
+    | st.builds(msgspec.msgpack.Ext, st.integers(-128, 127), st.binary(max_size=300))
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=20) | st.dictionaries(st.text(max_size=10), inner, max_size=8),
+    max_leaves=60,
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -23,13 +23,27 @@ from kvsched import protocol as p
 GOLDEN = Path(__file__).resolve().parent / "golden" / "wire_frames.json"
 
 
-def build(p) -> dict[str, object]:  # noqa: ANN001 - a protocol module (this package, or an older file)
+def build(p) -> dict[str, object]:
     """One frame per kind and shape: every field set away from its default, plus the minimal forms
     whose trailing defaults are omitted on the wire."""
     enc = p.make_encoder()
     raw = lambda frame: msgspec.Raw(enc.encode(frame))  # noqa: E731
-    enqueue = p.Enqueue("req-1", 100, p.hashes_to_bytes([1, 2**64 - 1, 3]), "batch", 2, -1, "sess-1", 50, (3, 1),
-                        [3, 4], True, 500, "lora-a", [7, 8])
+    enqueue = p.Enqueue(
+        "req-1",
+        100,
+        p.hashes_to_bytes([1, 2**64 - 1, 3]),
+        "batch",
+        2,
+        -1,
+        "sess-1",
+        50,
+        (3, 1),
+        [3, 4],
+        True,
+        500,
+        "lora-a",
+        [7, 8],
+    )
     admitted = p.Admitted("req-1", 3, 1, 5, 7, 2, 32, 1500, "http://10.0.0.3:8000", 2)
     return {
         # router -> daemon
@@ -46,14 +60,18 @@ def build(p) -> dict[str, object]:  # noqa: ANN001 - a protocol module (this pac
         "release_min": p.Release("req-1"),
         "heartbeat": p.Heartbeat(2**63 - 1, 2**63 - 2),
         "heartbeat_min": p.Heartbeat(7),
-        "reattach": p.Reattach([p.LeaseRef("a", 1, 2)], [p.Enqueue("b", 10, b"\x01" * 8)],
-                               [p.Requeued(p.LeaseRef("c", 3, 4), p.Enqueue("c", 20, policy_class="x"))]),
+        "reattach": p.Reattach(
+            [p.LeaseRef("a", 1, 2)],
+            [p.Enqueue("b", 10, b"\x01" * 8)],
+            [p.Requeued(p.LeaseRef("c", 3, 4), p.Enqueue("c", 20, policy_class="x"))],
+        ),
         "reattach_min": p.Reattach(),
         "batch": p.Batch([raw(p.Update("req-1", 5, 7, "dispatched")), raw(enqueue), raw(p.Release("req-1"))]),
         "batch_empty": p.Batch(),
         # daemon -> router
-        "welcome": p.Welcome(12345, 1, 2, 16, "kvsched-x-ledger", "kvsched-x-progress", 1000, 5000, 1 << 20,
-                             2**63 - 1, "0"),
+        "welcome": p.Welcome(
+            12345, 1, 2, 16, "kvsched-x-ledger", "kvsched-x-progress", 1000, 5000, 1 << 20, 2**63 - 1, "0"
+        ),
         "welcome_v1": p.Welcome(1, 1, 1, 16, "kvsched-x-ledger", "kvsched-x-progress", 1000, 5000),
         "admitted": admitted,
         "admitted_min": p.Admitted("req-1", 3, 0, 5, 7, 0, 0, 0),
@@ -71,9 +89,17 @@ def build(p) -> dict[str, object]:  # noqa: ANN001 - a protocol module (this pac
         "leases": p.Leases(worker_id=1, policy_class="batch", limit=5),
         "drain": p.Drain(worker_id=1, dp_rank=0),
         "undrain": p.Undrain(worker_id=2),
-        "add_worker": p.AddWorker(worker_id=4, dp_rank=1, total_kv_blocks=2**40, max_num_batched_tokens=2048,
-                                  kv_events_endpoint="tcp://10.0.0.4:5557", kv_replay_endpoint="tcp://10.0.0.4:5558",
-                                  kv_events_topic="kv", kv_events_stale_after_s=12.5, url="http://10.0.0.4:8000"),
+        "add_worker": p.AddWorker(
+            worker_id=4,
+            dp_rank=1,
+            total_kv_blocks=2**40,
+            max_num_batched_tokens=2048,
+            kv_events_endpoint="tcp://10.0.0.4:5557",
+            kv_replay_endpoint="tcp://10.0.0.4:5558",
+            kv_events_topic="kv",
+            kv_events_stale_after_s=12.5,
+            url="http://10.0.0.4:8000",
+        ),
         "add_worker_min": p.AddWorker(worker_id=4),
         "remove_worker": p.RemoveWorker(worker_id=4, dp_rank=0),
         "cancel": p.Cancel(request_id="req-1"),
@@ -82,33 +108,100 @@ def build(p) -> dict[str, object]:  # noqa: ANN001 - a protocol module (this pac
         # admin replies
         "ok": p.OkReply(message="drained 1:0"),
         "admin_error": p.AdminError(code=int(p.ErrorCode.NOT_FOUND), message="no worker 9"),
-        "status_reply": p.StatusReply(instance="default", daemon_epoch=3, uptime_s=12.5, workers=2, active_leases=4,
-                                      queued=5, deferred=1, decisions_total=100, decisions_per_s=8.25, connections=2,
-                                      endpoint="ipc:///run/kvsched/default.sock", block_size=16),
-        "queues_reply": p.QueuesReply(classes=[p.ClassRow(name="batch", ordering="fcfs", quantum=4096, depth=3,
-                                                          deferred=1, isl_tokens=900, oldest_wait_s=0.25, deficit=-12,
-                                                          blocked_lanes=2)]),
-        "workers_reply": p.WorkersReply(workers=[p.WorkerRow(worker_id=1, dp_rank=0, total_kv_blocks=8192,
-                                                             max_num_batched_tokens=8192, active_blocks=10,
-                                                             active_prefill_tokens=300, active_requests=2, drained=True,
-                                                             overloaded=False, stale=True, hash_mismatch=True)]),
-        "leases_reply": p.LeasesReply(leases=[p.LeaseRow(request_id="req-1", worker_id=1, dp_rank=0, slot=5,
-                                                         generation=7, policy_class="batch", isl_tokens=100,
-                                                         cached_tokens=32, output_tokens=3, age_s=1.5,
-                                                         state="prefill_done")], total=9),
-        "explain_reply": p.ExplainReply(request_id="req-1", chosen_worker_id=1, chosen_dp_rank=0, decided_at_s=77.5,
-                                        rows=[p.ExplainRow(worker_id=1, dp_rank=0, eligible=True, overlap_blocks=2,
-                                                           potential_blocks=9, potential_prefill_tokens=68, cost=1.75,
-                                                           terms={"prefill": 1.25, "active_blocks": 0.5})],
-                                        decided_by="kv"),
-        "explain_reply_min": p.ExplainReply(request_id="req-1", chosen_worker_id=1, chosen_dp_rank=0,
-                                            decided_at_s=0.0),
+        "status_reply": p.StatusReply(
+            instance="default",
+            daemon_epoch=3,
+            uptime_s=12.5,
+            workers=2,
+            active_leases=4,
+            queued=5,
+            deferred=1,
+            decisions_total=100,
+            decisions_per_s=8.25,
+            connections=2,
+            endpoint="ipc:///run/kvsched/default.sock",
+            block_size=16,
+        ),
+        "queues_reply": p.QueuesReply(
+            classes=[
+                p.ClassRow(
+                    name="batch",
+                    ordering="fcfs",
+                    quantum=4096,
+                    depth=3,
+                    deferred=1,
+                    isl_tokens=900,
+                    oldest_wait_s=0.25,
+                    deficit=-12,
+                    blocked_lanes=2,
+                )
+            ]
+        ),
+        "workers_reply": p.WorkersReply(
+            workers=[
+                p.WorkerRow(
+                    worker_id=1,
+                    dp_rank=0,
+                    total_kv_blocks=8192,
+                    max_num_batched_tokens=8192,
+                    active_blocks=10,
+                    active_prefill_tokens=300,
+                    active_requests=2,
+                    drained=True,
+                    overloaded=False,
+                    stale=True,
+                    hash_mismatch=True,
+                )
+            ]
+        ),
+        "leases_reply": p.LeasesReply(
+            leases=[
+                p.LeaseRow(
+                    request_id="req-1",
+                    worker_id=1,
+                    dp_rank=0,
+                    slot=5,
+                    generation=7,
+                    policy_class="batch",
+                    isl_tokens=100,
+                    cached_tokens=32,
+                    output_tokens=3,
+                    age_s=1.5,
+                    state="prefill_done",
+                )
+            ],
+            total=9,
+        ),
+        "explain_reply": p.ExplainReply(
+            request_id="req-1",
+            chosen_worker_id=1,
+            chosen_dp_rank=0,
+            decided_at_s=77.5,
+            rows=[
+                p.ExplainRow(
+                    worker_id=1,
+                    dp_rank=0,
+                    eligible=True,
+                    overlap_blocks=2,
+                    potential_blocks=9,
+                    potential_prefill_tokens=68,
+                    cost=1.75,
+                    terms={"prefill": 1.25, "active_blocks": 0.5},
+                )
+            ],
+            decided_by="kv",
+        ),
+        "explain_reply_min": p.ExplainReply(request_id="req-1", chosen_worker_id=1, chosen_dp_rank=0, decided_at_s=0.0),
     }
 
 
 def _decoder(frame: object) -> msgspec.msgpack.Decoder:
-    for union, make in ((p.RouterFrame, p.make_router_decoder), (p.DaemonFrame, p.make_daemon_decoder),
-                        (p.AdminRequest, p.make_admin_request_decoder), (p.AdminReply, p.make_admin_reply_decoder)):
+    for union, make in (
+        (p.RouterFrame, p.make_router_decoder),
+        (p.DaemonFrame, p.make_daemon_decoder),
+        (p.AdminRequest, p.make_admin_request_decoder),
+        (p.AdminReply, p.make_admin_reply_decoder),
+    ):
         if type(frame) in union.__args__:
             return make()
     raise AssertionError(f"{type(frame).__name__} is in no socket's union")

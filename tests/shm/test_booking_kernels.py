@@ -18,7 +18,6 @@ from kvsched.shm.layout import SLOT_FREE, LedgerArrays
 from kvsched.shm.reference import numpy_twin, python_twin
 
 
-
 class _Packed:
     """`booking_kernels` with `release_booking` through `release_booking_packed` (its arrays as one
     table, as `Ledger` calls it); the other kernels unchanged."""
@@ -35,8 +34,21 @@ class _Packed:
 IMPLS = {"numba": booking_kernels, "numpy": numpy_twin, "python": python_twin, "packed": _Packed}
 FAST = settings(max_examples=60, deadline=None)
 ROWS, SLOTS, STRIDE, CAP, BS = 3, 6, 5, 16, 4
-ARRAYS = ("s_state", "s_generation", "s_worker_row", "s_prefill", "s_output_tokens", "s_extra_blocks",
-          "s_arena_len", "arena", "ref_keys", "ref_counts", "w_active_blocks", "w_active_prefill", "w_active_requests")
+ARRAYS = (
+    "s_state",
+    "s_generation",
+    "s_worker_row",
+    "s_prefill",
+    "s_output_tokens",
+    "s_extra_blocks",
+    "s_arena_len",
+    "arena",
+    "ref_keys",
+    "ref_counts",
+    "w_active_blocks",
+    "w_active_prefill",
+    "w_active_requests",
+)
 
 
 def _ledgers(bookings):
@@ -54,32 +66,73 @@ def _ledgers(bookings):
 
 def _apply(impl, a, event, slot, generation, n):
     if event == "release":
-        return impl.release_booking(slot, generation, a.s_state, a.s_generation, a.s_worker_row, a.s_arena_off,
-                                    a.s_arena_len, a.s_extra_blocks, a.s_prefill, a.arena, a.ref_keys,
-                                    a.ref_counts, a.w_active_blocks, a.w_active_prefill, a.w_active_requests)
+        return impl.release_booking(
+            slot,
+            generation,
+            a.s_state,
+            a.s_generation,
+            a.s_worker_row,
+            a.s_arena_off,
+            a.s_arena_len,
+            a.s_extra_blocks,
+            a.s_prefill,
+            a.arena,
+            a.ref_keys,
+            a.ref_counts,
+            a.w_active_blocks,
+            a.w_active_prefill,
+            a.w_active_requests,
+        )
     if event == "dispatched":
         return impl.slot_dispatched(slot, generation, a.s_state, a.s_generation)
     if event == "prefill_done":
-        return impl.slot_prefill_done(slot, generation, a.s_state, a.s_generation, a.s_worker_row, a.s_prefill,
-                                      a.w_active_prefill)
-    return impl.slot_output_tokens(slot, generation, n, a.s_state, a.s_generation, a.s_worker_row, a.s_isl,
-                                   a.s_prefill, a.s_output_tokens, a.s_extra_blocks, a.w_active_blocks,
-                                   a.w_active_prefill, BS)
+        return impl.slot_prefill_done(
+            slot, generation, a.s_state, a.s_generation, a.s_worker_row, a.s_prefill, a.w_active_prefill
+        )
+    return impl.slot_output_tokens(
+        slot,
+        generation,
+        n,
+        a.s_state,
+        a.s_generation,
+        a.s_worker_row,
+        a.s_isl,
+        a.s_prefill,
+        a.s_output_tokens,
+        a.s_extra_blocks,
+        a.w_active_blocks,
+        a.w_active_prefill,
+        BS,
+    )
 
 
-booking = st.tuples(st.integers(0, ROWS - 1), st.integers(1, 30), st.integers(0, 30),
-                    st.lists(st.integers(0, 12), max_size=STRIDE, unique=True))
-event = st.tuples(st.sampled_from(["release", "dispatched", "prefill_done", "progress"]),
-                  st.one_of(st.integers(0, 2), st.integers(-1, SLOTS)),  # mostly booked slots
-                  st.sampled_from([0, 0, 0, -1, 1, 2]),  # generation offset: mostly the live one
-                  st.integers(-3, 20))
+booking = st.tuples(
+    st.integers(0, ROWS - 1),
+    st.integers(1, 30),
+    st.integers(0, 30),
+    st.lists(st.integers(0, 12), max_size=STRIDE, unique=True),
+)
+event = st.tuples(
+    st.sampled_from(["release", "dispatched", "prefill_done", "progress"]),
+    st.one_of(st.integers(0, 2), st.integers(-1, SLOTS)),  # mostly booked slots
+    st.sampled_from([0, 0, 0, -1, 1, 2]),  # generation offset: mostly the live one
+    st.integers(-3, 20),
+)
 
 
 @FAST
 @given(bookings=st.lists(booking, min_size=1, max_size=SLOTS), events=st.lists(event, max_size=30))
-@example(bookings=[(0, 9, 0, [1, 2, 3])], events=[("prefill_done", 0, 0, 0), ("dispatched", 0, 0, 0),
-                                                  ("progress", 0, 0, 5), ("progress", 0, 0, 2), ("release", 0, 0, 0),
-                                                  ("release", 0, 0, 0)])
+@example(
+    bookings=[(0, 9, 0, [1, 2, 3])],
+    events=[
+        ("prefill_done", 0, 0, 0),
+        ("dispatched", 0, 0, 0),
+        ("progress", 0, 0, 5),
+        ("progress", 0, 0, 2),
+        ("release", 0, 0, 0),
+        ("release", 0, 0, 0),
+    ],
+)
 def test_booking_kernels_agree_with_twins_event_after_event(bookings, events):
     """Random events, with slots out of range, free slots and stale generations (generation offset
     -1 / +1 / +2) mixed in: the three implementations return the same and leave the same arrays."""
@@ -99,10 +152,26 @@ def test_booking_kernels_agree_with_twins_event_after_event(bookings, events):
             for arr in ARRAYS:
                 assert np.array_equal(getattr(a0, arr), before[arr]), (kind, arr)
     for slot in np.flatnonzero(a0.s_state).tolist():  # release the rest: every aggregate returns to zero
-        assert booking_kernels.release_booking(slot, int(a0.s_generation[slot]), a0.s_state, a0.s_generation,
-                                               a0.s_worker_row, a0.s_arena_off, a0.s_arena_len, a0.s_extra_blocks,
-                                               a0.s_prefill, a0.arena, a0.ref_keys, a0.ref_counts,
-                                               a0.w_active_blocks, a0.w_active_prefill, a0.w_active_requests) >= 0
+        assert (
+            booking_kernels.release_booking(
+                slot,
+                int(a0.s_generation[slot]),
+                a0.s_state,
+                a0.s_generation,
+                a0.s_worker_row,
+                a0.s_arena_off,
+                a0.s_arena_len,
+                a0.s_extra_blocks,
+                a0.s_prefill,
+                a0.arena,
+                a0.ref_keys,
+                a0.ref_counts,
+                a0.w_active_blocks,
+                a0.w_active_prefill,
+                a0.w_active_requests,
+            )
+            >= 0
+        )
     assert not a0.w_active_blocks.any() and not a0.w_active_prefill.any() and not a0.w_active_requests.any()
     assert not a0.ref_counts.any()
 

@@ -95,7 +95,9 @@ def test_project_and_cost_agree_when_random_state(n_rows, cap_log, bookings, has
     outs = {}
     for name, impl in IMPLS.items():
         ob, op, oc = np.zeros(n_rows, np.int64), np.zeros(n_rows, np.int64), np.zeros(n_rows, np.float64)
-        impl.project_and_cost(active_blocks, active_prefill, eligible, keys, counts, h, isl, bs, overlap, scale, credit, ob, op, oc)
+        impl.project_and_cost(
+            active_blocks, active_prefill, eligible, keys, counts, h, isl, bs, overlap, scale, credit, ob, op, oc
+        )
         outs[name] = (ob, op, oc)
     for name in ("numpy", "python"):
         assert np.array_equal(outs[name][0], outs["numba"][0])
@@ -205,7 +207,12 @@ class _OverlapModel:
 @FAST
 @given(
     n_rows=st.sampled_from([1, 3, 64, 70, 130]),
-    ops=st.lists(st.tuples(st.sampled_from(["perm", "ttl", "remove", "clear"]), st.integers(0, 129), hash_lists, st.integers(0, 100)), max_size=20),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["perm", "ttl", "remove", "clear"]), st.integers(0, 129), hash_lists, st.integers(0, 100)
+        ),
+        max_size=20,
+    ),
     query=st.lists(st.integers(0, 40), max_size=12, unique=True),
     now=st.integers(0, 150),
 )
@@ -229,7 +236,11 @@ def test_overlap_depth_agrees_with_twins_and_model(n_rows, ops, query, now):
             model.clear(row)
     q = np.array(query, np.uint64)
     outs = {}
-    for name, fn in (("numba", overlap_depth), ("numpy", numpy_twin.overlap_depth), ("python", python_twin.overlap_depth)):
+    for name, fn in (
+        ("numba", overlap_depth),
+        ("numpy", numpy_twin.overlap_depth),
+        ("python", python_twin.overlap_depth),
+    ):
         out = np.full(n_rows, -7, np.int32)
         fn(idx.keys, idx.used, idx.perm, idx.ttlm, idx.ttl_exp, q, now, np.zeros(idx.words, np.uint64), out)
         outs[name] = out
@@ -296,14 +307,16 @@ def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
     extra = rng.integers(0, 5, n_slots).astype(np.int64)
     wb = rng.integers(100, 200, n_rows).astype(np.int64)
     wp = rng.integers(100, 200, n_rows).astype(np.int64)
-    seen = ((gen.astype(np.uint64) << np.uint64(32)) | rng.integers(0, 4, n_slots).astype(np.uint64))
+    seen = (gen.astype(np.uint64) << np.uint64(32)) | rng.integers(0, 4, n_slots).astype(np.uint64)
     seen[rng.random(n_slots) < 0.5] = 0
     impls = {**IMPLS, "packed": _PackedFold}
     arrs = {name: [a.copy() for a in (seen, state, gen, rows, isl, prefill, out_tok, extra, wb, wp)] for name in impls}
     for _ in range(folds):
+
         def words():
             g = np.where(rng.random(n_slots) < 0.7, gen, gen + 1).astype(np.uint64)
             return (g << np.uint64(32)) | rng.integers(0, 20, n_slots).astype(np.uint64)
+
         progress = words()
         sw = (words() & ~np.uint64(0xFFFFFFFF)) | rng.integers(0, 4, n_slots).astype(np.uint64)
         n = int(rng.integers(0, n_slots + 1))
@@ -313,7 +326,7 @@ def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
             a = arrs[name]
             out_d, counts, out_r = np.full(n_slots, -1, np.int64), np.zeros(3, np.int64), np.full(n_rows, -1, np.int64)
             changed = impl.fold_words(n, progress.copy(), sw.copy(), *a, bs, out_d, counts, out_r)
-            results[name] = (changed, counts.tolist(), sorted(out_d[:counts[1]].tolist()), out_r[:counts[2]].tolist())
+            results[name] = (changed, counts.tolist(), sorted(out_d[: counts[1]].tolist()), out_r[: counts[2]].tolist())
         for name in ("numpy", "python", "packed"):
             assert results[name] == results["numba"], name
             for got, want in zip(arrs[name], arrs["numba"]):

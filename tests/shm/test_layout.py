@@ -140,8 +140,17 @@ def test_segment_names_moved_to_segments_still_import_from_layout():
     import kvsched.shm.layout as layout
     import kvsched.shm.segments as segments
 
-    for name in ("ledger_name", "ledger_instance", "progress_name", "kv_index_name", "segment_names", "Segments",
-                 "create_segments", "attach_segments", "unlink_segments"):
+    for name in (
+        "ledger_name",
+        "ledger_instance",
+        "progress_name",
+        "kv_index_name",
+        "segment_names",
+        "Segments",
+        "create_segments",
+        "attach_segments",
+        "unlink_segments",
+    ):
         assert getattr(layout, name) is getattr(segments, name), name
     assert attach_segments is segments.attach_segments  # `from kvsched.shm.layout import ...` above
     with pytest.raises(AttributeError):
@@ -223,7 +232,10 @@ def test_survival_check_fails_when_process_does_not_unregister(instance):
     them, 2. SIGKILL. Result: its resource tracker unlinks them — the harness can see a failure."""
     global _CHILD
     saved = _CHILD
-    _CHILD = _CHILD.replace("from kvsched.shm.layout import", "import kvsched.shm.segments as S; S._untrack = lambda shm: None; from kvsched.shm.layout import")
+    _CHILD = _CHILD.replace(
+        "from kvsched.shm.layout import",
+        "import kvsched.shm.segments as S; S._untrack = lambda shm: None; from kvsched.shm.layout import",
+    )
     try:
         _spawn_and_kill("create", instance)
     finally:

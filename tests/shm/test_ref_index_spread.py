@@ -25,7 +25,11 @@ def _bench_like_row(n_bookings: int, rng: np.random.Generator) -> list[np.ndarra
     out, nxt = [], 10**9
     for _ in range(n_bookings):
         g, n = int(rng.integers(50)), int(rng.integers(8, 48))
-        out.append(np.concatenate([np.arange(g * 1000, g * 1000 + 16, dtype=np.uint64), np.arange(nxt, nxt + n, dtype=np.uint64)]))
+        out.append(
+            np.concatenate(
+                [np.arange(g * 1000, g * 1000 + 16, dtype=np.uint64), np.arange(nxt, nxt + n, dtype=np.uint64)]
+            )
+        )
         nxt += n
     return out
 

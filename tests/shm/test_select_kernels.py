@@ -18,7 +18,7 @@ from kvsched.shm.select_kernels import KV_TERMS, count_busy, kv_cost_terms, pair
 def test_pairwise_sum_equals_numpy_sum_bit_for_bit(n, seed):
     rng = np.random.default_rng(seed)
     a = rng.random(n + 3) * 10.0 ** rng.integers(-6, 9, n + 3)
-    want = float(a[3:3 + n].sum())
+    want = float(a[3 : 3 + n].sum())
     assert pairwise_sum(a, 3, n) == want
     assert python_twin.pairwise_sum(a, 3, n) == want
     assert numpy_twin.pairwise_sum(a, 3, n) == want
@@ -38,20 +38,43 @@ def _state(seed: int, n: int, n_recent: int):
     return elig, overlap, prefill, blocks, active_prefill, max_batched, recent
 
 
-PARAMS = dict(prefill_weight=16.0, active_blocks_weight=0.1, lead_bonus=160.0, lead_cap_blocks=64.0,
-              lead_release_steps=16.0, lead_release_recent_ratio=2.0, recent_weight=1.0,
-              lead_release_requests_ratio=2.0, lead_max_wait_steps=10.0, lead_max_wait_per_lead=3.0,
-              interference_weight=1.0, interference_cap_prompts=0.1)
-KERNEL_ORDER = ("prefill_weight", "active_blocks_weight", "recent_weight", "lead_bonus", "lead_cap_blocks",
-                "lead_release_steps", "lead_release_recent_ratio", "lead_release_requests_ratio",
-                "lead_max_wait_steps", "lead_max_wait_per_lead", "interference_weight", "interference_cap_prompts")
+PARAMS = dict(
+    prefill_weight=16.0,
+    active_blocks_weight=0.1,
+    lead_bonus=160.0,
+    lead_cap_blocks=64.0,
+    lead_release_steps=16.0,
+    lead_release_recent_ratio=2.0,
+    recent_weight=1.0,
+    lead_release_requests_ratio=2.0,
+    lead_max_wait_steps=10.0,
+    lead_max_wait_per_lead=3.0,
+    interference_weight=1.0,
+    interference_cap_prompts=0.1,
+)
+KERNEL_ORDER = (
+    "prefill_weight",
+    "active_blocks_weight",
+    "recent_weight",
+    "lead_bonus",
+    "lead_cap_blocks",
+    "lead_release_steps",
+    "lead_release_recent_ratio",
+    "lead_release_requests_ratio",
+    "lead_max_wait_steps",
+    "lead_max_wait_per_lead",
+    "interference_weight",
+    "interference_cap_prompts",
+)
 
 # values that switch each term on, off and to edges where it binds or not (interference cap 0.0 = uncapped)
-TERM_KNOBS = dict(lead_release_requests_ratio=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
-                  lead_max_wait_steps=st.sampled_from([0.0, 0.05, 1.0, 8.0, 10.0]),
-                  lead_max_wait_per_lead=st.sampled_from([0.0, 1.0, 3.0]),
-                  interference_weight=st.sampled_from([0.0, 1.0, 0.37]),
-                  interference_cap_prompts=st.sampled_from([0.0, 0.01, 0.1, 5.0]))
+TERM_KNOBS = dict(
+    lead_release_requests_ratio=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+    lead_max_wait_steps=st.sampled_from([0.0, 0.05, 1.0, 8.0, 10.0]),
+    lead_max_wait_per_lead=st.sampled_from([0.0, 1.0, 3.0]),
+    interference_weight=st.sampled_from([0.0, 1.0, 0.37]),
+    interference_cap_prompts=st.sampled_from([0.0, 0.01, 0.1, 5.0]),
+)
 
 
 def _requests(seed: int, n: int) -> np.ndarray:
@@ -65,11 +88,16 @@ def _requests(seed: int, n: int) -> np.ndarray:
 
 
 @settings(max_examples=300, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(1, 40), recent_short=st.integers(0, 5),
-       zero_weights=st.booleans(), decay=st.sampled_from([1.0, 0.5, 0.013]), isl=st.integers(0, 20000),
-       **TERM_KNOBS)
-def test_kv_cost_terms_agree_with_twins_and_the_selector(seed, n, recent_short, zero_weights, decay, isl,
-                                                         **knobs):
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(1, 40),
+    recent_short=st.integers(0, 5),
+    zero_weights=st.booleans(),
+    decay=st.sampled_from([1.0, 0.5, 0.013]),
+    isl=st.integers(0, 20000),
+    **TERM_KNOBS,
+)
+def test_kv_cost_terms_agree_with_twins_and_the_selector(seed, n, recent_short, zero_weights, decay, isl, **knobs):
     elig, overlap, prefill, blocks, ap, mb, recent = _state(seed, n, max(0, n - recent_short))
     active = _requests(seed, n)
     p = dict(PARAMS, **knobs)
@@ -99,8 +127,9 @@ def test_kv_cost_terms_agree_with_twins_and_the_selector(seed, n, recent_short, 
         kv_cost_terms(*head, dec, *tail, np.zeros((2, n)), terms, total, pick)
         for k, name in enumerate(KV_TERMS):
             np.testing.assert_array_equal(terms[k], want[name])
-        np.testing.assert_array_equal(total, want["prefill"] + want["active_blocks"] + want["lead"] + want["recent"]
-                                      + want["interference"])
+        np.testing.assert_array_equal(
+            total, want["prefill"] + want["active_blocks"] + want["lead"] + want["recent"] + want["interference"]
+        )
 
 
 @settings(max_examples=400, deadline=None)
@@ -123,15 +152,20 @@ def test_kv_select_explained_picks_what_the_array_code_picks(seed, n, isl, **kno
         row, table = fast.select_explained(costs, elig, active, overlap_blocks=overlap, view=view)
         assert isinstance(table, TermTable)  # decided by the kernel, not the array fallback
         t = slow.terms(costs, elig, overlap, view, active)
-        want = CostSelector.select(slow, t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"]
-                                         + t["interference"], elig, active)
+        want = CostSelector.select(
+            slow, t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"], elig, active
+        )
         assert row == want
         assert dict((k, v.tolist()) for k, v in table.items()) == {k: v.tolist() for k, v in t.items()}
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(1, 30), thr=st.sampled_from([-1, 0, 100, 4000]),
-       frac=st.sampled_from([-1.0, 0.5, 1.0, 2.5]))
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(1, 30),
+    thr=st.sampled_from([-1, 0, 100, 4000]),
+    frac=st.sampled_from([-1.0, 0.5, 1.0, 2.5]),
+)
 def test_count_busy_agrees_with_twins(seed, n, thr, frac):
     elig, _, _, _, ap, mb, _ = _state(seed, n, 0)
     got = count_busy(ap, mb, elig, thr, frac)
@@ -139,8 +173,12 @@ def test_count_busy_agrees_with_twins(seed, n, thr, frac):
 
 
 @settings(max_examples=300, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(1, 70), has_offload=st.booleans(),
-       credit=st.sampled_from([0.0, 0.25, 0.5, 1.0, 0.3]))
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(1, 70),
+    has_offload=st.booleans(),
+    credit=st.sampled_from([0.0, 0.25, 0.5, 1.0, 0.3]),
+)
 def test_credit_rows_agrees_with_twins_and_credited_overlap(seed, n, has_offload, credit):
     from kvsched.shm.select_kernels import credit_rows
 

@@ -9,11 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsched.config import load_config
-from kvsched.sim.classes import (ClassRuleError, assign_classes, check_class_names, parse_class_rule,
-                                 read_class_column)
+from kvsched.sim.classes import ClassRuleError, assign_classes, check_class_names, parse_class_rule, read_class_column
 from kvsched.sim.fleet_spec import FleetSpec
-from kvsched.sim.replay import (ReplayOptions, config_dict_toml, replay_config, replay_config_dict,
-                                resolve_classes)
+from kvsched.sim.replay import ReplayOptions, config_dict_toml, replay_config, replay_config_dict, resolve_classes
 from kvsched.sim.trace import load_trace
 
 PROFILE = Path(__file__).resolve().parents[2] / "examples" / "profile-multiclass.toml"
@@ -61,22 +59,25 @@ def test_column_rule_keeps_the_column_name():
     assert rule.kind == "column" and rule.column == "tenant_class"
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("fifo", "unknown class rule"),
-    ("none:x", "unknown class rule"),
-    ("isl:latency,batch<10", "only the last band"),
-    ("isl:latency<4096,agents<4096,batch", "increase"),
-    ("isl:latency<4k,batch", "not a whole number"),
-    ("isl:<10,batch", "no class name"),
-    ("isl:latency<10,latency", "listed twice"),
-    ("isl", "needs a profile"),
-    ("hash:", "name=weight"),
-    ("hash:latency=60,batch", "not name=weight"),
-    ("hash:latency=-1,batch=2", "not name=weight"),
-    ("hash:latency=x", "not name=weight"),
-    ("hash:latency=0,batch=0", "sum to 0"),
-    ("column:", "needs a column name"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("fifo", "unknown class rule"),
+        ("none:x", "unknown class rule"),
+        ("isl:latency,batch<10", "only the last band"),
+        ("isl:latency<4096,agents<4096,batch", "increase"),
+        ("isl:latency<4k,batch", "not a whole number"),
+        ("isl:<10,batch", "no class name"),
+        ("isl:latency<10,latency", "listed twice"),
+        ("isl", "needs a profile"),
+        ("hash:", "name=weight"),
+        ("hash:latency=60,batch", "not name=weight"),
+        ("hash:latency=-1,batch=2", "not name=weight"),
+        ("hash:latency=x", "not name=weight"),
+        ("hash:latency=0,batch=0", "sum to 0"),
+        ("column:", "needs a column name"),
+    ],
+)
 def test_bad_rule_raises_class_rule_error_when_parsed(text, fragment):
     with pytest.raises(ClassRuleError, match=fragment):
         parse_class_rule(text)
@@ -120,16 +121,20 @@ def test_column_assignment_uses_default_class_for_empty_values():
 
 def test_class_column_is_read_in_trace_row_order(tmp_path):
     jl = tmp_path / "t.jsonl"
-    jl.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "cls": "batch"}\n\n'
-                  '{"timestamp": 5, "input_length": 10, "output_length": 1}\n'
-                  '{"timestamp": 9, "input_length": 10, "output_length": 1, "cls": "agents"}\n')
+    jl.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "cls": "batch"}\n\n'
+        '{"timestamp": 5, "input_length": 10, "output_length": 1}\n'
+        '{"timestamp": 9, "input_length": 10, "output_length": 1, "cls": "agents"}\n'
+    )
     assert read_class_column(jl, "cls") == ["batch", "", "agents"]
     assert read_class_column(jl, "cls", limit=2) == ["batch", ""]
     with pytest.raises(ClassRuleError, match="no 'tier' field"):
         read_class_column(jl, "tier")
     csv_path = tmp_path / "t.csv"
-    csv_path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,cls\n"
-                        "2023-11-16 18:15:50.5,10,1,late\n2023-11-16 18:15:49.0,10,1,early\n")
+    csv_path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens,cls\n"
+        "2023-11-16 18:15:50.5,10,1,late\n2023-11-16 18:15:49.0,10,1,early\n"
+    )
     assert read_class_column(csv_path, "cls") == ["early", "late"]  # load_azure sorts by time
     with pytest.raises(ClassRuleError, match="not 'tier'"):
         read_class_column(csv_path, "tier")
@@ -148,10 +153,12 @@ def test_resolve_rejects_column_values_that_name_unknown_classes(tmp_path):
 
 def test_replay_fleet_wins_over_profile_daemon_and_workers(tmp_path):
     prof = tmp_path / "p.toml"
-    prof.write_text(PROFILE.read_text().replace("block_size = 512", "block_size = 16")
-                    + "\n[selector]\ntype = \"random\"\noverlap_credit = 0.5\n"
-                    + "\n[overload]\noverload_prefill_tokens = 99999\n"
-                    + "\n[[workers]]\nworker_id = 77\n")
+    prof.write_text(
+        PROFILE.read_text().replace("block_size = 512", "block_size = 16")
+        + '\n[selector]\ntype = "random"\noverlap_credit = 0.5\n'
+        + "\n[overload]\noverload_prefill_tokens = 99999\n"
+        + "\n[[workers]]\nworker_id = 77\n"
+    )
     profile = load_config(prof)
     spec = FleetSpec(workers=3, block_size=512)
     opts = ReplayOptions(trace=tmp_path / "x.jsonl", selector="kv", seed=5)
@@ -181,8 +188,20 @@ def test_cli_usage_error_names_unknown_class_and_profile_classes(tmp_path):
 
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1}\n')
-    res = CliRunner().invoke(app, ["replay", str(trace), "--virtual", "--profile", str(PROFILE),
-                                   "--class-rule", "hash:latency=1,bulk=1", "--out", str(tmp_path / "o")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "replay",
+            str(trace),
+            "--virtual",
+            "--profile",
+            str(PROFILE),
+            "--class-rule",
+            "hash:latency=1,bulk=1",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
     assert res.exit_code == 2
     text = " ".join(res.output.replace("│", " ").split())  # rich may box and wrap the message
     assert "'bulk'" in text and "'latency', 'agents', 'batch'" in text
@@ -197,8 +216,10 @@ def test_wall_replay_daemon_config_divides_every_simulated_time_span_by_the_spee
     from kvsched.sim.fleet_spec import config_toml
 
     prof = tmp_path / "p.toml"
-    prof.write_text(PROFILE.read_text() + "\n[selector]\nrecent_half_life_s = 12.0\nhome_half_life_s = 40.0\n"
-                    "approx_ttl_s = 60.0\nlead_max_extra_ttft_s = 2.0\nprefill_seconds_ref_us = 50.0\n")
+    prof.write_text(
+        PROFILE.read_text() + "\n[selector]\nrecent_half_life_s = 12.0\nhome_half_life_s = 40.0\n"
+        "approx_ttl_s = 60.0\nlead_max_extra_ttft_s = 2.0\nprefill_seconds_ref_us = 50.0\n"
+    )
     profile = load_config(prof, env={})
     spec = FleetSpec(workers=2)
     opts = ReplayOptions(trace=tmp_path / "x.jsonl")
@@ -210,7 +231,9 @@ def test_wall_replay_daemon_config_divides_every_simulated_time_span_by_the_spee
     assert cfg.selector.approx_ttl_s == pytest.approx(60.0 / speedup)
     assert cfg.selector.lead_max_extra_ttft_s == 2.0 and cfg.selector.prefill_seconds_ref_us == 50.0
     for got, conf in zip(cfg.classes, profile.classes):
-        assert got.queue_timeout_s == (None if conf.queue_timeout_s is None else pytest.approx(conf.queue_timeout_s / speedup))
+        assert got.queue_timeout_s == (
+            None if conf.queue_timeout_s is None else pytest.approx(conf.queue_timeout_s / speedup)
+        )
     assert any(c.queue_timeout_s is not None for c in profile.classes)
     default = Config()
     written.write_text(config_toml(spec, "kv", 0, time_scale=speedup))

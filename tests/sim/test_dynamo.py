@@ -12,8 +12,8 @@ import pytest
 import zmq
 
 from kvsched.core.types import WorkerKey
-from kvsched.sim.kv_publisher import KvEventPublisher
 from kvsched.sim.dynamo import DynamoRoute, DynamoService, dynamo_unavailable_reason, register_fleet
+from kvsched.sim.kv_publisher import KvEventPublisher
 from kvsched.sim.tokens import TokenIdPublisher, token_ids_for
 
 REASON = dynamo_unavailable_reason()
@@ -88,15 +88,18 @@ def test_wall_replay_routed_by_dynamo_completes_every_request_and_agrees_on_over
     from kvsched.sim.summary import COMPLETED, read_results
 
     out = tmp_path / "dyn"
-    summary = run_replay(ReplayOptions(trace=SLICE, routers=2, workers=4, speedup=20.0, limit=150, out=out,
-                                       router_via="dynamo"))
+    summary = run_replay(
+        ReplayOptions(trace=SLICE, routers=2, workers=4, speedup=20.0, limit=150, out=out, router_via="dynamo")
+    )
     results = read_results(out / "results.jsonl")
     assert summary.selector == "dynamo"
     assert all(r.outcome == COMPLETED and r.worker for r in results), [r.detail for r in results if r.detail][:3]
     assert sum(r.cached_tokens for r in results) > 0
     assert all(r.best_overlap_blocks >= r.overlap_blocks for r in results)
     kv = tmp_path / "kv"
-    run_replay(ReplayOptions(trace=SLICE, routers=2, workers=4, speedup=20.0, limit=150, out=kv, overlap_sample_every=5))
+    run_replay(
+        ReplayOptions(trace=SLICE, routers=2, workers=4, speedup=20.0, limit=150, out=kv, overlap_sample_every=5)
+    )
     samples = [json.loads(x) for x in (kv / "overlap_samples.jsonl").read_text().splitlines()]
     assert len(samples) >= 20
     pairs = [(s["daemon"].get(k, 0), s["dynamo"].get(k, 0)) for s in samples for k in s["daemon"]]

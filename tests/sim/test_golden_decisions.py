@@ -31,24 +31,30 @@ REQUESTS = 600  # the first 600 rows: ~3 s per mode on a loaded 2-core machine
 HOME_WEIGHT = 0.08  # the "home" term's weight in its golden file
 
 
-def decisions(selector: str, overlap_mode: str, workers: int, load_scale: float, home_weight: float = 0.0) -> list[list]:
+def decisions(
+    selector: str, overlap_mode: str, workers: int, load_scale: float, home_weight: float = 0.0
+) -> list[list]:
     """[[index, outcome, reason, worker, overlap_blocks]] per request of the replay (`kv`: with the given
     `home_weight`)."""
     spec = FleetSpec(workers=workers)
     cfg = build_config(spec, selector, 0)
     if selector == "kv":
         cfg = msgspec.structs.replace(cfg, selector=msgspec.structs.replace(cfg.selector, home_weight=home_weight))
-    run = run_virtual(load_trace(SLICE, REQUESTS), spec, config=cfg, seed=0, overlap_mode=overlap_mode,
-                      load_scale=load_scale)
+    run = run_virtual(
+        load_trace(SLICE, REQUESTS), spec, config=cfg, seed=0, overlap_mode=overlap_mode, load_scale=load_scale
+    )
     return [[r.index, r.outcome, r.reason, r.worker, r.overlap_blocks] for r in run.results]
 
 
-@pytest.mark.parametrize("selector,overlap_mode,workers,load_scale,home_weight", [
-    ("kv", "events", 4, 1.25, 0.0),
-    ("kv", "approx", 8, 1.0, 0.0),
-    ("kv", "events", 8, 2.0, HOME_WEIGHT),
-    ("dynamo_cost", "events", 4, 1.25, 0.0),
-])
+@pytest.mark.parametrize(
+    "selector,overlap_mode,workers,load_scale,home_weight",
+    [
+        ("kv", "events", 4, 1.25, 0.0),
+        ("kv", "approx", 8, 1.0, 0.0),
+        ("kv", "events", 8, 2.0, HOME_WEIGHT),
+        ("dynamo_cost", "events", 4, 1.25, 0.0),
+    ],
+)
 def test_replay_routes_every_request_as_the_golden_file(selector, overlap_mode, workers, load_scale, home_weight):
     got = decisions(selector, overlap_mode, workers, load_scale, home_weight)
     suffix = "-home" if home_weight > 0 else ""

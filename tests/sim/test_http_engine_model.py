@@ -11,11 +11,11 @@ import pytest
 pytest.importorskip("aiohttp")
 pytest.importorskip("tokenizers")
 
-from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
+from aiohttp.test_utils import TestClient, TestServer
 
-from kvsched.gateway.local_fleet import write_tiny_tokenizer  # noqa: E402
-from kvsched.gateway.tokenizer import ModelTokenizer  # noqa: E402
-from kvsched.sim.http_engine import HttpSimEngine  # noqa: E402
+from kvsched.gateway.local_fleet import write_tiny_tokenizer
+from kvsched.gateway.tokenizer import ModelTokenizer
+from kvsched.sim.http_engine import HttpSimEngine
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -50,8 +50,10 @@ async def test_max_completion_tokens_counts_on_chat_only_as_in_vllm(tmp_path):
         assert (await resp.json())["usage"]["completion_tokens"] == 5
         resp = await client.post("/v1/chat/completions", json={**both, "messages": [{"role": "user", "content": "w1"}]})
         assert (await resp.json())["usage"]["completion_tokens"] == 2
-        resp = await client.post("/v1/chat/completions", json={"model": "tiny", "max_tokens": 4,
-                                                               "messages": [{"role": "user", "content": "w1"}]})
+        resp = await client.post(
+            "/v1/chat/completions",
+            json={"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "w1"}]},
+        )
         assert (await resp.json())["usage"]["completion_tokens"] == 4
     finally:
         await client.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from typer.testing import CliRunner
 
 from kvsched.cli import app
@@ -34,8 +33,9 @@ def test_replay_help_lists_every_selector():
 def test_unknown_selector_is_a_usage_error_naming_the_valid_ones(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1}\n')
-    result = runner.invoke(app, ["replay", str(trace), "--virtual", "--selector", "nosuch"],
-                           env={"COLUMNS": "400", "NO_COLOR": "1"})
+    result = runner.invoke(
+        app, ["replay", str(trace), "--virtual", "--selector", "nosuch"], env={"COLUMNS": "400", "NO_COLOR": "1"}
+    )
     assert result.exit_code == 2
     text = re.sub(r"[\s│]+", " ", result.output)
     assert "unknown selector 'nosuch'" in text

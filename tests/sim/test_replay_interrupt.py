@@ -23,10 +23,29 @@ def _replay_mid_run(out: Path) -> subprocess.Popen:
     routers replay: the admin-endpoint lines come once the daemon is ready, then 3 s for the fleet and
     routers to start (any moment is a fair signal; this one is mid-run)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvsched.cli", "replay", str(SLICE), "--limit", "600", "--routers", "2",
-         "--workers", "2", "--speedup", "5", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env=dict(os.environ, COLUMNS="200"))
+        [
+            sys.executable,
+            "-m",
+            "kvsched.cli",
+            "replay",
+            str(SLICE),
+            "--limit",
+            "600",
+            "--routers",
+            "2",
+            "--workers",
+            "2",
+            "--speedup",
+            "5",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, COLUMNS="200"),
+    )
     deadline = time.monotonic() + 240
     for line in proc.stdout:
         if "inspect it while it runs" in line or time.monotonic() > deadline:
@@ -97,7 +116,7 @@ class _Recorder:
         self.calls.append((self.name, "terminate"))
         self.alive = False
 
-    def join(self, timeout=None) -> None:  # noqa: ANN001 - Process.join signature
+    def join(self, timeout=None) -> None:
         self.calls.append((self.name, "join"))
 
     def set(self) -> None:
@@ -115,8 +134,12 @@ def test_cleanup_stops_the_fleet_before_terminating_routers(tmp_path):
     fleet = _Recorder("fleet", calls)
     stop = _Recorder("fleet_stop", calls)
     stop.set = lambda: (calls.append(("fleet_stop", "set")), setattr(fleet, "alive", False))
-    procs = _Procs(runtime_dir=tmp_path / "rt", fleet=fleet, fleet_stop=stop,
-                   routers=[_Recorder("r0", calls), _Recorder("r1", calls)])
+    procs = _Procs(
+        runtime_dir=tmp_path / "rt",
+        fleet=fleet,
+        fleet_stop=stop,
+        routers=[_Recorder("r0", calls), _Recorder("r1", calls)],
+    )
     _stop_all(procs, keep=False)
     first_router = min(i for i, (name, _) in enumerate(calls) if name.startswith("r"))
     assert calls.index(("fleet_stop", "set")) < calls.index(("fleet", "join")) < first_router, calls

@@ -58,9 +58,27 @@ def test_daemon_killed_during_start_up_leaves_no_shared_memory_and_a_kept_log(tm
 def test_replay_cli_ready_timeout_exits_3_naming_a_log_that_exists_and_leaves_no_shared_memory(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvsched.cli", "replay", str(SLICE), "--limit", "5", "--routers", "1",
-         "--workers", "2", "--out", str(out), "--daemon-ready-timeout", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "kvsched.cli",
+            "replay",
+            str(SLICE),
+            "--limit",
+            "5",
+            "--routers",
+            "1",
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+            "--daemon-ready-timeout",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _, stderr = proc.communicate(timeout=110)
     assert proc.returncode == 3, stderr
     assert "not ready within" in stderr and str(out / "daemon.log") in stderr
@@ -91,8 +109,9 @@ def test_kvsched_config_environment_does_not_reach_the_replays_daemon(tmp_path, 
 
     monkeypatch.setattr(DaemonProcess, "start", classmethod(start))
     console = Console(record=True, width=200, file=open(os.devnull, "w"))
-    summary = run_replay(ReplayOptions(trace=SLICE, routers=1, workers=2, speedup=50.0, limit=20,
-                                       out=tmp_path / "out"), console)
+    summary = run_replay(
+        ReplayOptions(trace=SLICE, routers=1, workers=2, speedup=50.0, limit=20, out=tmp_path / "out"), console
+    )
     assert summary.completed == 20
     assert "KVSCHED_DAEMON_MAX_WORKERS" not in seen[0] and seen[0]["KVSCHED_DEBUG_STALL_S"] == "0.5"
     lines = [ln for ln in console.export_text().splitlines() if "KVSCHED_DAEMON_MAX_WORKERS" in ln]

@@ -20,8 +20,15 @@ async def test_a_router_connects_to_a_daemon_that_answers_after_six_seconds(tmp_
     daemon binds it and welcomes the router's Hello. Result: the router is connected (before: it
     gave up after the client's 5 s default, and its process exited with its rows unreplayed)."""
     endpoint = f"ipc://{tmp_path}/d.sock"
-    params = RouterParams(index=0, routers=1, trace_path=SLICE, limit=4, endpoint=endpoint,
-                          fleet_endpoint=f"ipc://{tmp_path}/fleet.sock", results_path="/dev/null")
+    params = RouterParams(
+        index=0,
+        routers=1,
+        trace_path=SLICE,
+        limit=4,
+        endpoint=endpoint,
+        fleet_endpoint=f"ipc://{tmp_path}/fleet.sock",
+        results_path="/dev/null",
+    )
     router = Router(params, load_trace(SLICE, 4))
     ctx = zmq.Context()
     daemon = ctx.socket(zmq.ROUTER)
@@ -39,7 +46,9 @@ async def test_a_router_connects_to_a_daemon_that_answers_after_six_seconds(tmp_
             if daemon.poll(0):
                 ident, raw = daemon.recv_multipart()
                 if isinstance(dec.decode(raw), p.Hello):
-                    daemon.send_multipart([ident, enc.encode(p.Welcome(1, 1, 2, 16, "l", "p", 10_000, 60_000, 1 << 20))])
+                    daemon.send_multipart(
+                        [ident, enc.encode(p.Welcome(1, 1, 2, 16, "l", "p", 10_000, 60_000, 1 << 20))]
+                    )
             await asyncio.sleep(0.01)
         await connecting
         assert router.client is not None and router.client.connected

@@ -41,8 +41,16 @@ def test_a_sampled_request_reaches_its_engine_before_the_overlap_sample_returns(
     waits for the sample before the samples are written."""
 
     async def main() -> None:
-        params = RouterParams(index=0, routers=1, trace_path=SLICE, limit=4, endpoint="inproc://unused",
-                              fleet_endpoint="inproc://unused", results_path="/dev/null", overlap_sample_every=1)
+        params = RouterParams(
+            index=0,
+            routers=1,
+            trace_path=SLICE,
+            limit=4,
+            endpoint="inproc://unused",
+            fleet_endpoint="inproc://unused",
+            results_path="/dev/null",
+            overlap_sample_every=1,
+        )
         router = Router(params, load_trace(SLICE, 4))
         router.loop = asyncio.get_running_loop()
         router.client, router.dynamo = _Client(), object()

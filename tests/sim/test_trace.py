@@ -79,8 +79,10 @@ def test_bundled_slice_loads_with_block_size_512():
 def test_mooncake_hash_ids_span_full_u64_when_loaded(tmp_path):
     """Ids are any u64 (SplitMix64 is a bijection on u64): 2^63 and 2^64-1 load, distinct and mixed."""
     p = tmp_path / "t.jsonl"
-    p.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 1, '
-                 '"hash_ids": [9223372036854775808, 18446744073709551615]}\n')
+    p.write_text(
+        '{"timestamp": 0, "input_length": 1024, "output_length": 1, '
+        '"hash_ids": [9223372036854775808, 18446744073709551615]}\n'
+    )
     t = load_trace(p)
     expect = splitmix64(np.array([2**63, 2**64 - 1], dtype=np.uint64)).tolist()
     assert t.hashes.tolist() == expect and len(set(expect)) == 2
@@ -89,8 +91,11 @@ def test_mooncake_hash_ids_span_full_u64_when_loaded(tmp_path):
 @pytest.mark.parametrize("ids", ["[18446744073709551616]", "[-1]"])
 def test_mooncake_hash_id_out_of_u64_names_path_line(tmp_path, ids):
     p = tmp_path / "t.jsonl"
-    p.write_text(MOONCAKE.splitlines()[0] + "\n"
-                 + f'{{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": {ids}}}\n')
+    p.write_text(
+        MOONCAKE.splitlines()[0]
+        + "\n"
+        + f'{{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": {ids}}}\n'
+    )
     with pytest.raises(ValueError, match=rf"^{p}:2: ") as err:
         load_trace(p)
     assert "hash_ids" in str(err.value)
@@ -103,8 +108,9 @@ def test_mooncake_malformed_json_names_path_line(tmp_path):
         load_trace(p)
 
 
-@pytest.mark.parametrize("field, value", [("input_length", -5), ("input_length", 100_000_000_000),
-                                          ("output_length", -1)])
+@pytest.mark.parametrize(
+    "field, value", [("input_length", -5), ("input_length", 100_000_000_000), ("output_length", -1)]
+)
 def test_mooncake_token_count_out_of_range_names_path_line_and_field(tmp_path, field, value):
     """Found from outside: `input_length` -5 was replayed silently (as 1 token), and 1e11 failed later
     as "replay fleet: Expected int <= 1048576 - at $.daemon.max_blocks_per_request", naming neither

@@ -97,9 +97,18 @@ def test_driver_follows_lease_protocol_when_scheduler_queues():
 def test_hit_ratio_never_exceeds_infinite_cache_bound():
     trace = load_trace(SLICE, limit=300)
     run = run_virtual(trace, FleetSpec(workers=2), scheduler=CappedRoundRobin(2, cap=8))
-    s = summarize(run.results, mode="virtual", trace="slice", workers=2, routers=0, selector="fake",
-                  speedup=1, load_scale=1, wall_time_s=run.wall_time_s,
-                  infinite_cache_hit_tokens=trace.infinite_cache_hit_tokens())
+    s = summarize(
+        run.results,
+        mode="virtual",
+        trace="slice",
+        workers=2,
+        routers=0,
+        selector="fake",
+        speedup=1,
+        load_scale=1,
+        wall_time_s=run.wall_time_s,
+        infinite_cache_hit_tokens=trace.infinite_cache_hit_tokens(),
+    )
     assert s.completed == 300
     assert 0 < s.prefix_hit_ratio <= s.infinite_cache_hit_ratio
 
@@ -113,9 +122,18 @@ def test_every_request_completes_or_is_rejected_when_replayed_in_virtual_time(se
         assert r.outcome == COMPLETED or (r.outcome == REJECTED and r.reason), r
     assert sum(r.outcome == COMPLETED for r in run.results) > 0
     assert ledger_is_zero_inprocess(run.scheduler) is True
-    s = summarize(run.results, mode="virtual", trace="slice", workers=4, routers=0, selector=selector,
-                  speedup=1, load_scale=2, wall_time_s=run.wall_time_s,
-                  infinite_cache_hit_tokens=trace.infinite_cache_hit_tokens())
+    s = summarize(
+        run.results,
+        mode="virtual",
+        trace="slice",
+        workers=4,
+        routers=0,
+        selector=selector,
+        speedup=1,
+        load_scale=2,
+        wall_time_s=run.wall_time_s,
+        infinite_cache_hit_tokens=trace.infinite_cache_hit_tokens(),
+    )
     assert s.prefix_hit_ratio <= s.infinite_cache_hit_ratio
     assert sum(s.requests_per_worker.values()) == s.completed
 
@@ -146,8 +164,15 @@ def test_driver_sends_each_rows_class_when_given_an_assignment():
 
 @pytest.mark.skipif(not HAVE_SCHEDULER, reason="kvsched.core.scheduler is not available")
 def test_per_class_figures_sum_to_the_total_when_replayed_with_the_example_profile(tmp_path):
-    opts = ReplayOptions(trace=Path(SLICE), limit=400, virtual=True, load_scale=3.0, out=tmp_path,
-                         profile=PROFILE, class_rule="hash:latency=60,agents=30,batch=10")
+    opts = ReplayOptions(
+        trace=Path(SLICE),
+        limit=400,
+        virtual=True,
+        load_scale=3.0,
+        out=tmp_path,
+        profile=PROFILE,
+        class_rule="hash:latency=60,agents=30,batch=10",
+    )
     s = run_replay(opts)
     assert list(s.classes) == ["latency", "agents", "batch"] and s.class_rule == opts.class_rule
     per = s.classes.values()
