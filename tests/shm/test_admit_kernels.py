@@ -1,5 +1,5 @@
-"""Admission kernels == their numpy and Python twins: same return value, same `out`, and every array
-they write equal afterwards (ledger, overlap index, recent work, explain ring rows)."""
+"""Admission kernels == the plain-Python reference (tests/shm/reference.py): same return value, same `out`,
+and every array they write equal afterwards (ledger, overlap index, recent work, explain ring rows)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kvsched.shm.admit_kernels import ADMIT_PARAMS, BUSY, OUT_LEN, UNDECIDED, P,
 from kvsched.shm.admit_packed import ADMIT_ARRAYS, admit_kv_packed, pack_admit_arrays
 from kvsched.shm.layout import LedgerArrays
 from kvsched.shm.overlap import OverlapIndex
-from kvsched.shm.reference import numpy_twin, python_twin
+from tests.shm import reference
 
 W, SLOTS, STRIDE, BS = 6, 16, 8, 16
 LEDGER_FIELDS = (
@@ -117,7 +117,7 @@ def _ledger_args(a: LedgerArrays) -> list:
 
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**31))
-def test_reserve_slot_equals_its_twins(seed):
+def test_reserve_slot_equals_the_reference(seed):
     rng, a0, _ = _world(seed)
     slot = int(rng.choice([SLOTS - 1, SLOTS - 2]))
     row = int(rng.integers(0, W))
@@ -125,7 +125,7 @@ def test_reserve_slot_equals_its_twins(seed):
     isl = max(1, len(h) * BS - int(rng.integers(0, BS)) + int(rng.integers(0, 3)) * BS)
     head = (slot, row, isl, h, int(rng.integers(-5, isl + 20)), int(rng.integers(-1, 100)), 2, 7, 9, 3, BS, STRIDE)
     results = []
-    for fn in (reserve_slot, numpy_twin.reserve_slot, python_twin.reserve_slot):
+    for fn in (reserve_slot, reference.reserve_slot):
         a = copy.deepcopy(a0)
         results.append((fn(*head, *_ledger_args(a)), a))
     for gen, a in results[1:]:
@@ -151,7 +151,7 @@ def _packed(*args):
 
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**31), depth_given=st.booleans(), decay_recent=st.booleans(), **KNOBS)
-def test_admit_kv_equals_its_twins(
+def test_admit_kv_equals_the_reference(
     seed,
     depth_given,
     decay_recent,
@@ -196,7 +196,7 @@ def test_admit_kv_equals_its_twins(
     depth0 = rng.integers(0, 4, W).astype(np.int32)
     now = int(rng.integers(1000, 2000))
     results = []
-    for fn in (admit_kv, _packed, numpy_twin.admit_kv, python_twin.admit_kv):
+    for fn in (admit_kv, _packed, reference.admit_kv):
         a, ix = copy.deepcopy(a0), copy.deepcopy(ix0)
         recent, depth, out = recent0.copy(), depth0.copy(), np.zeros(OUT_LEN, np.int64)
         ring = [
@@ -270,7 +270,7 @@ def test_admit_kv_equals_its_twins(
 
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**31), has_offload=st.booleans(), credit=st.sampled_from([0.0, 0.5, 1.0]))
-def test_credited_depth_equals_its_twins(seed, has_offload, credit):
+def test_credited_depth_equals_the_reference(seed, has_offload, credit):
     """Four indexes holding overlapping prefixes (permanent and TTL holders), stale and unfed rows."""
     from kvsched.shm.admit_kernels import credited_depth
     from kvsched.shm.admit_packed import credited_depth_packed, pack_credited_arrays
@@ -290,7 +290,7 @@ def test_credited_depth_equals_its_twins(seed, has_offload, credit):
     h = _hashes(rng, int(rng.integers(0, STRIDE + 1)))
     now = int(rng.integers(0, 4000))
     outs = []
-    for fn in (credited_depth, packed, numpy_twin.credited_depth, python_twin.credited_depth):
+    for fn in (credited_depth, packed, reference.credited_depth):
         arrays = [np.zeros(W, np.int32) for _ in range(6)]
         idx_args = [x for ix in ixs for x in (ix.keys, ix.used, ix.perm, ix.ttlm, ix.ttl_exp)]
         fn(h, now, int(has_offload), credit, 4, *idx_args, ixs[0].scratch, *arrays[:4], fed, flags, *arrays[4:])

@@ -1,4 +1,4 @@
-"""Booking kernels (`booking_kernels.py`) == numpy twins == pure-Python twins == the packed release
+"""Booking kernels (`booking_kernels.py`) == the plain-Python reference (tests/shm/reference.py) == the packed release
 (`booking_packed.py`), event after event, on ledgers built by real reservations; stale events are
 no-ops; releasing everything returns every aggregate and refcount to zero (docs/DESIGN.md §3.1, §3.5)."""
 
@@ -15,7 +15,7 @@ from kvsched.shm import booking_kernels
 from kvsched.shm.argtable import pack_table
 from kvsched.shm.booking_packed import RELEASE_ARRAYS, release_booking_packed
 from kvsched.shm.layout import SLOT_FREE, LedgerArrays
-from kvsched.shm.reference import numpy_twin, python_twin
+from tests.shm import reference
 
 
 class _Packed:
@@ -31,7 +31,7 @@ class _Packed:
         return release_booking_packed(slot, generation, pack_table(arrays, RELEASE_ARRAYS))
 
 
-IMPLS = {"numba": booking_kernels, "numpy": numpy_twin, "python": python_twin, "packed": _Packed}
+IMPLS = {"numba": booking_kernels, "reference": reference, "packed": _Packed}
 FAST = settings(max_examples=60, deadline=None)
 ROWS, SLOTS, STRIDE, CAP, BS = 3, 6, 5, 16, 4
 ARRAYS = (
@@ -133,9 +133,10 @@ event = st.tuples(
         ("release", 0, 0, 0),
     ],
 )
-def test_booking_kernels_agree_with_twins_event_after_event(bookings, events):
+def test_booking_kernels_agree_with_reference_event_after_event(bookings, events):
     """Random events, with slots out of range, free slots and stale generations (generation offset
-    -1 / +1 / +2) mixed in: the three implementations return the same and leave the same arrays."""
+    -1 / +1 / +2) mixed in: the kernels, the reference and the packed release return the same and leave the
+    same arrays."""
     ledgers = _ledgers(bookings)
     a0 = ledgers["numba"].arrays
     for kind, slot, gen_offset, n in events:
@@ -144,7 +145,7 @@ def test_booking_kernels_agree_with_twins_event_after_event(bookings, events):
         before = {name: getattr(a0, name).copy() for name in ARRAYS}
         got = {name: _apply(IMPLS[name], ledgers[name].arrays, kind, slot, generation, n) for name in IMPLS}
         assert len({int(v) for v in got.values()}) == 1, (kind, got)
-        for name in ("numpy", "python", "packed"):
+        for name in ("reference", "packed"):
             for arr in ARRAYS:
                 assert np.array_equal(getattr(ledgers[name].arrays, arr), getattr(a0, arr)), (name, kind, arr)
         if not live:  # stale, free or out of range: nothing moved

@@ -1,4 +1,5 @@
-"""Numba kernels == numpy twins == pure-Python twins on hypothesis-generated states (docs/DESIGN.md §3.5)."""
+"""Numba kernels == the plain-Python reference (tests/shm/reference.py) on hypothesis-generated states
+(docs/DESIGN.md §3.5)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from hypothesis import strategies as st
 
 from kvsched.shm import kernels
 from kvsched.shm.booking_packed import fold_words_packed, pack_fold_arrays
+from kvsched.shm.mix import mix64, mix64_array
 from kvsched.shm.overlap import OverlapIndex, overlap_depth
-from kvsched.shm.reference import numpy_twin, python_twin
+from tests.shm import reference
 
-IMPLS = {"numba": kernels, "numpy": numpy_twin, "python": python_twin}
+IMPLS = {"numba": kernels, "reference": reference}
 FAST = settings(max_examples=60, deadline=None)
 
 hash_lists = st.lists(st.integers(0, 40), min_size=0, max_size=12, unique=True)
@@ -21,11 +23,11 @@ def _table(cap):
     return np.zeros(cap, np.uint64), np.zeros(cap, np.int32)
 
 
-def test_mix64_twins_agree_on_edge_keys():
+def test_mix64_kernel_agrees_with_the_mixer_on_edge_keys():
     keys = np.array([0, 1, 2, 2**63, 2**64 - 1, 0xDEADBEEF], np.uint64)
     want = [int(kernels.mix64(k)) for k in keys]
-    assert [python_twin.mix64(int(k)) for k in keys] == want
-    assert numpy_twin.mix64(keys).tolist() == want
+    assert [mix64(int(k)) for k in keys] == want
+    assert mix64_array(keys).tolist() == want
 
 
 @FAST
@@ -99,10 +101,9 @@ def test_project_and_cost_agree_when_random_state(n_rows, cap_log, bookings, has
             active_blocks, active_prefill, eligible, keys, counts, h, isl, bs, overlap, scale, credit, ob, op, oc
         )
         outs[name] = (ob, op, oc)
-    for name in ("numpy", "python"):
-        assert np.array_equal(outs[name][0], outs["numba"][0])
-        assert np.array_equal(outs[name][1], outs["numba"][1])
-        np.testing.assert_allclose(outs[name][2], outs["numba"][2], rtol=1e-12)
+    assert np.array_equal(outs["reference"][0], outs["numba"][0])
+    assert np.array_equal(outs["reference"][1], outs["numba"][1])
+    np.testing.assert_allclose(outs["reference"][2], outs["numba"][2], rtol=1e-12)
     ob, op, oc = outs["numba"]
     for w in range(n_rows):
         if not eligible[w]:
@@ -116,15 +117,6 @@ def test_project_and_cost_agree_when_random_state(n_rows, cap_log, bookings, has
                 leading += 1
             assert live == leading
             assert ob[w] == active_blocks[w] + -(-isl // bs) - live
-
-
-class _PackedFold:
-    """`fold_words` through `booking_packed.fold_words_packed` (its arrays as one table, as `WordFold` calls it)."""
-
-    @staticmethod
-    def fold_words(n, progress, state, *rest):
-        *arrays, bs, out_d, counts, out_r = rest
-        return fold_words_packed(n, bs, pack_fold_arrays((progress, state, *arrays, out_d, counts, out_r)))
 
 
 @FAST
@@ -151,10 +143,9 @@ def test_fold_progress_agrees_when_random_words(n_slots, seed):
         arrs = [a.copy() for a in (state, gen, rows, isl, prefill, out_tok, extra, wb, wp)]
         changed = impl.fold_progress(progress.copy(), *arrs[:7], arrs[7], arrs[8], bs)
         results[name] = (changed, arrs)
-    for name in ("numpy", "python"):
-        assert results[name][0] == results["numba"][0]
-        for got, want in zip(results[name][1], results["numba"][1]):
-            assert np.array_equal(got, want)
+    assert results["reference"][0] == results["numba"][0]
+    for got, want in zip(results["reference"][1], results["numba"][1], strict=True):
+        assert np.array_equal(got, want)
     # stale words never change a slot
     stale = (word_gen != gen) | (state == 0)
     assert np.array_equal(results["numba"][1][5][stale], out_tok[stale])
@@ -216,7 +207,7 @@ class _OverlapModel:
     query=st.lists(st.integers(0, 40), max_size=12, unique=True),
     now=st.integers(0, 150),
 )
-def test_overlap_depth_agrees_with_twins_and_model(n_rows, ops, query, now):
+def test_overlap_depth_agrees_with_reference_and_model(n_rows, ops, query, now):
     idx = OverlapIndex(n_rows, 1024)  # large: no eviction, so the exact model applies
     model = _OverlapModel()
     for t, (kind, row, hs, ttl) in enumerate(ops):
@@ -236,16 +227,11 @@ def test_overlap_depth_agrees_with_twins_and_model(n_rows, ops, query, now):
             model.clear(row)
     q = np.array(query, np.uint64)
     outs = {}
-    for name, fn in (
-        ("numba", overlap_depth),
-        ("numpy", numpy_twin.overlap_depth),
-        ("python", python_twin.overlap_depth),
-    ):
+    for name, fn in (("numba", overlap_depth), ("reference", reference.overlap_depth)):
         out = np.full(n_rows, -7, np.int32)
         fn(idx.keys, idx.used, idx.perm, idx.ttlm, idx.ttl_exp, q, now, np.zeros(idx.words, np.uint64), out)
         outs[name] = out
-    assert np.array_equal(outs["numpy"], outs["numba"])
-    assert np.array_equal(outs["python"], outs["numba"])
+    assert np.array_equal(outs["reference"], outs["numba"])
     assert outs["numba"].tolist() == model.depth(query, now, n_rows)
 
 
@@ -294,7 +280,7 @@ class _PackedFold:
     folds=st.integers(1, 3),
 )
 def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
-    """State + progress words: the three implementations (and the packed form) agree fold after fold, and stale or
+    """State + progress words: the kernel, the reference and the packed form agree fold after fold, and stale or
     unchanged words never touch a slot."""
     rng = np.random.default_rng(seed)
     n_rows, bs = 3, 4
@@ -327,9 +313,9 @@ def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
             out_d, counts, out_r = np.full(n_slots, -1, np.int64), np.zeros(3, np.int64), np.full(n_rows, -1, np.int64)
             changed = impl.fold_words(n, progress.copy(), sw.copy(), *a, bs, out_d, counts, out_r)
             results[name] = (changed, counts.tolist(), sorted(out_d[: counts[1]].tolist()), out_r[: counts[2]].tolist())
-        for name in ("numpy", "python", "packed"):
+        for name in ("reference", "packed"):
             assert results[name] == results["numba"], name
-            for got, want in zip(arrs[name], arrs["numba"]):
+            for got, want in zip(arrs[name], arrs["numba"], strict=True):
                 assert np.array_equal(got, want), name
         assert results["numba"][1][0] == results["numba"][0]
         # the changed rows are exactly the rows whose active blocks or prefill moved, ascending
@@ -346,7 +332,7 @@ def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
 @FAST
 @given(n_slots=st.integers(0, 10), seed=st.integers(0, 2**32 - 1))
 def test_words_changed_agrees_and_keeps_every_store(n_slots, seed):
-    """The three implementations agree; True exactly when some state or progress word of slots
+    """The kernel and the reference agree; True exactly when some state or progress word of slots
     [0, n) differs from what was seen; afterwards the progress words of [0, n) are all seen (a
     second call with no new store says False), and slots past n are never touched."""
     rng = np.random.default_rng(seed)
@@ -364,4 +350,4 @@ def test_words_changed_agrees_and_keeps_every_store(n_slots, seed):
         if got:
             assert np.array_equal(sp[:n_slots], progress[:n_slots]), name
             assert not impl.words_changed(n_slots, progress, state, sp, state.copy()), name  # all seen now
-    assert results["numpy"] == results["numba"] == results["python"]
+    assert results["reference"] == results["numba"]

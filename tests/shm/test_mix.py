@@ -1,5 +1,5 @@
 """The one splitmix64 definition (`kvsched.shm.mix`) against the generator's published outputs, and
-every user of it (kernel, twins, KV-event group keys, trace hashes) against it."""
+every user of it (kernel, KV-event group keys, trace hashes) against it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from kvsched.kvevents.format import block_key
 from kvsched.shm import kernels
 from kvsched.shm.layout import ledger_instance, ledger_name
 from kvsched.shm.mix import GOLDEN, U64_MASK, mix64, mix64_array, splitmix64_array
-from kvsched.shm.reference import numpy_twin, python_twin
 from kvsched.sim.trace import splitmix64
 
 # Vigna's splitmix64.c seeded with 1234567: its first five outputs (a widely reproduced test vector).
@@ -35,7 +34,6 @@ def test_every_user_computes_the_same_mixer():
     want = [mix64(k) for k in EDGE]
     assert mix64_array(keys).tolist() == want
     assert [int(kernels.mix64(np.uint64(k))) for k in EDGE] == want
-    assert [python_twin.mix64(k) for k in EDGE] == want and numpy_twin.mix64(keys).tolist() == want
     assert splitmix64(keys).tolist() == [mix64(k + GOLDEN) for k in EDGE]
     assert [block_key(k, 2) for k in EDGE] == [mix64(k + 2 * GOLDEN) for k in EDGE]
     assert [block_key(k, 0) for k in EDGE] == EDGE  # group 0 keeps the hash itself

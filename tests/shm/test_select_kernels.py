@@ -1,5 +1,5 @@
-"""Selection kernels == their numpy and Python twins == the kv selector's array code, bit for bit
-(decisions must not change when the kernel replaces the array code)."""
+"""Selection kernels == the plain-Python reference (tests/shm/reference.py) == the kv selector's array code
+and `credited_overlap`, bit for bit (decisions must not change when the kernel replaces the array code)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsched.core.kv_cost import KvSelector
+from kvsched.core.overlap_view import credited_overlap
 from kvsched.core.selector import CostSelector, SelectionView, TermTable
-from kvsched.shm.reference import numpy_twin, python_twin
-from kvsched.shm.select_kernels import KV_TERMS, count_busy, kv_cost_terms, pairwise_sum
+from kvsched.shm.select_kernels import KV_TERMS, count_busy, credit_rows, kv_cost_terms, pairwise_sum
+from tests.shm import reference
 
 
 @settings(max_examples=200, deadline=None)
@@ -20,8 +21,7 @@ def test_pairwise_sum_equals_numpy_sum_bit_for_bit(n, seed):
     a = rng.random(n + 3) * 10.0 ** rng.integers(-6, 9, n + 3)
     want = float(a[3 : 3 + n].sum())
     assert pairwise_sum(a, 3, n) == want
-    assert python_twin.pairwise_sum(a, 3, n) == want
-    assert numpy_twin.pairwise_sum(a, 3, n) == want
+    assert reference.pairwise_sum(a, 3, n) == want
 
 
 def _state(seed: int, n: int, n_recent: int):
@@ -97,7 +97,7 @@ def _requests(seed: int, n: int) -> np.ndarray:
     isl=st.integers(0, 20000),
     **TERM_KNOBS,
 )
-def test_kv_cost_terms_agree_with_twins_and_the_selector(seed, n, recent_short, zero_weights, decay, isl, **knobs):
+def test_kv_cost_terms_agree_with_reference_and_the_selector(seed, n, recent_short, zero_weights, decay, isl, **knobs):
     elig, overlap, prefill, blocks, ap, mb, recent = _state(seed, n, max(0, n - recent_short))
     active = _requests(seed, n)
     p = dict(PARAMS, **knobs)
@@ -106,7 +106,7 @@ def test_kv_cost_terms_agree_with_twins_and_the_selector(seed, n, recent_short, 
     head = (prefill, blocks, ap, mb, elig, overlap, recent)
     tail = (active, isl, 1.0 / 16, *(p[k] for k in KERNEL_ORDER))
     outs = []
-    for fn in (kv_cost_terms, numpy_twin.kv_cost_terms, python_twin.kv_cost_terms):
+    for fn in (kv_cost_terms, reference.kv_cost_terms):
         terms, total, pick = np.zeros((5, n)), np.zeros(n), np.zeros(2, np.int64)
         i = fn(*head, decay, *tail, np.zeros((2, n)), terms, total, pick)
         outs.append((i, terms, total, pick))
@@ -166,10 +166,10 @@ def test_kv_select_explained_picks_what_the_array_code_picks(seed, n, isl, **kno
     thr=st.sampled_from([-1, 0, 100, 4000]),
     frac=st.sampled_from([-1.0, 0.5, 1.0, 2.5]),
 )
-def test_count_busy_agrees_with_twins(seed, n, thr, frac):
+def test_count_busy_agrees_with_reference(seed, n, thr, frac):
     elig, _, _, _, ap, mb, _ = _state(seed, n, 0)
     got = count_busy(ap, mb, elig, thr, frac)
-    assert got == numpy_twin.count_busy(ap, mb, elig, thr, frac) == python_twin.count_busy(ap, mb, elig, thr, frac)
+    assert got == reference.count_busy(ap, mb, elig, thr, frac)
 
 
 @settings(max_examples=300, deadline=None)
@@ -179,18 +179,22 @@ def test_count_busy_agrees_with_twins(seed, n, thr, frac):
     has_offload=st.booleans(),
     credit=st.sampled_from([0.0, 0.25, 0.5, 1.0, 0.3]),
 )
-def test_credit_rows_agrees_with_twins_and_credited_overlap(seed, n, has_offload, credit):
-    from kvsched.shm.select_kernels import credit_rows
-
+def test_credit_rows_agrees_with_reference_and_credited_overlap(seed, n, has_offload, credit):
     rng = np.random.default_rng(seed)
     approx, device, offload, spec = (rng.integers(0, 40, n).astype(np.int32) for _ in range(4))
     fed = (rng.random(n) < 0.7).astype(np.uint8)
     flags = rng.choice(np.array([0, 1, 2, 4, 5, 6], np.uint8), n)
     outs = []
-    for fn in (credit_rows, numpy_twin.credit_rows, python_twin.credit_rows):
+    for fn in (credit_rows, reference.credit_rows):
         raw, out = np.full(n, -9, np.int32), np.full(n, -9, np.int32)
         fn(approx, device, offload, spec, fed, flags, 4, credit, has_offload, raw, out)
         outs.append((raw, out))
     for raw, out in outs:
         np.testing.assert_array_equal(raw, spec)
         np.testing.assert_array_equal(out, outs[0][1])
+    # the core's statement of the credit (`OverlapView`'s numpy path), floored
+    stale = (fed == 0) | ((flags & 4) != 0)
+    merged = np.where(stale, approx, spec).astype(np.int32)
+    want = np.zeros(n)
+    credited_overlap(device, offload if has_offload else None, merged, stale, credit, want)
+    np.testing.assert_array_equal(outs[0][1], np.floor(want))
