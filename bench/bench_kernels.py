@@ -1,4 +1,5 @@
-"""Decision kernels: numba vs numpy twin vs pure-Python twin, measured in the same run (docs/DESIGN.md §3.5, §8).
+"""Decision kernels: numba vs their numpy twin (`bench/numpy_twin.py`) vs the plain-Python reference
+(tests/shm/reference.py), measured in the same run (docs/DESIGN.md §3.5, §8).
 
 For 8 / 64 / 512 workers and 10^3 / 10^4 / 10^5 active sequences, a ledger is populated with
 bookings that share prefixes (a pool of "system prompt" prefixes + unique suffixes), the overlap
@@ -25,12 +26,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy_twin  # noqa: E402
+
 from kvsched.core.ledger import Ledger  # noqa: E402
 from kvsched.core.types import WorkerKey  # noqa: E402
 from kvsched.shm import kernels  # noqa: E402
 from kvsched.shm.layout import LedgerArrays  # noqa: E402
 from kvsched.shm.overlap import OverlapIndex, overlap_depth  # noqa: E402
-from kvsched.shm.reference import numpy_twin, python_twin  # noqa: E402
+from tests.shm import reference  # noqa: E402  (the plain-Python reference: the "python" column)
 
 BLOCK = 16
 STRIDE = 64  # hashes kept per request
@@ -104,10 +107,10 @@ def bench_case(n_workers: int, n_active: int, quick: bool) -> dict:
     impls = {
         "numba": kernels.project_and_cost,
         "numpy": numpy_twin.project_and_cost,
-        "python": python_twin.project_and_cost,
+        "python": reference.project_and_cost,
     }
     scratch = np.zeros(index.words, np.uint64)
-    depth_impls = {"numba": overlap_depth, "numpy": numpy_twin.overlap_depth, "python": python_twin.overlap_depth}
+    depth_impls = {"numba": overlap_depth, "numpy": numpy_twin.overlap_depth, "python": reference.overlap_depth}
     depth_out = {name: np.zeros(n_workers, np.int32) for name in depth_impls}
     reps = {"numba": 2000, "numpy": 50, "python": max(1, 2000 // n_workers)}
     if quick:

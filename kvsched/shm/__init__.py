@@ -1,8 +1,8 @@
-"""Shared-memory layout, numba kernels and their twins, progress words and the overlap index (docs/DESIGN.md §3).
+"""Shared-memory layout, numba kernels, progress words and the overlap index (docs/DESIGN.md §3).
 
 Modules: `layout` (the bytes: header, dtypes, slot states, struct-of-arrays views), `segments` (the named
 segments: create / attach / unlink), `kernels` (@njit decision kernels),
 `admit_kernels` / `admit_packed` (one admission in one call; `argtable`: many arrays as one argument),
-`reference` (numpy and pure-Python twins of every kernel), `progress` (the progress word),
+`progress` (the progress word),
 `overlap` (block hash -> worker bitmask prefix index).
 """
