@@ -2,7 +2,7 @@
 
 `__version__` has one source, the installed distribution's metadata (`[project] version` in
 pyproject.toml); a source tree that was never installed reports "0+unknown". It is read on first
-access (`importlib.metadata` costs ~50 ms at import), and this file imports nothing else, so
+access (`importlib.metadata` is slow to import), and this file imports nothing else, so
 `import kvsched.client` and the `kvsched` CLI stay cheap.
 """
 

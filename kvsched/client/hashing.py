@@ -153,7 +153,7 @@ def _vllm(token_ids: Any, block_size: int, n: int, hash_seed: Any, extra: Sequen
     parent = vllm_none_hash(hash_seed)
     arr = np.asarray(token_ids[: n * block_size])
     fast = arr.size == 0 or (arr.dtype.kind in "iu" and arr.min() >= 0 and arr.max() <= 0xFFFF_FFFF)
-    if fast:  # tokens as cached CBOR uints (a per-token table is ~10x cheaper than numpy for prompts)
+    if fast:  # tokens as cached CBOR uints (a per-token table is cheaper than numpy for prompts)
         get = _CBOR_UINT.get
         enc = [get(t) or _cbor_uint(t) for t in arr.tolist()]
         head = b"\x83\x58\x20", _head(4, block_size)

@@ -29,7 +29,7 @@ _installed: dict[str, EntryPoint] | None = None
 def installed_selectors(refresh: bool = False) -> dict[str, EntryPoint]:
     """{selector type: its entry point} of every installed distribution, sorted by name (the first
     registration of a name wins, in `importlib.metadata`'s order). `refresh` reads the metadata
-    again (about 10-20 ms with a hundred distributions installed); otherwise the first read is kept."""
+    again (a scan of every installed distribution); otherwise the first read is kept."""
     global _installed
     if _installed is None or refresh:
         found: dict[str, EntryPoint] = {}

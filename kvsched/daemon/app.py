@@ -480,8 +480,8 @@ def main() -> None:
 
     Everything is closed by the time the command returns (sockets, segments, lock, metrics
     server), so the process then leaves with `os._exit` after flushing logs and stdio: the
-    interpreter's own teardown of the loaded numba/LLVM state took 0.7 s more on an idle machine
-    and 2.5-5 s on a busy one, during which the process still existed after logging "stopped"
+    interpreter's own teardown of the loaded numba/LLVM state takes up to seconds more, longer on a
+    busy machine, during which the process still existed after logging "stopped"
     (a service manager waits for it). No atexit work is needed: none is registered by kvsched.
     """
     try:

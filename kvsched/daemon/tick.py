@@ -36,7 +36,7 @@ def periodic_work(actor, t: int) -> None:
     and placement notices, dead routers every `LIVENESS_EVERY_US`, gauges and `on_second` every
     `GAUGES_EVERY_US`, one `drain_cleanup`, deliver every outcome, `on_tick`. The metric tally is
     written every `LIVENESS_EVERY_US` (and by the actor's wakes whenever `FLUSH_SAMPLES` samples
-    are pending): writing it costs ~25 µs however little it holds, too much for every 10 ms tick."""
+    are pending): writing it has a fixed cost however little it holds, too much for every tick."""
     sched = actor.scheduler
     actor._fold()  # noqa: SLF001 - counted here; the tick's own fold then finds nothing new
     outcomes = sched.tick(t)

@@ -38,8 +38,8 @@ class WakeTally:
 
     The actor calls `flush_if_full()` after each wake (writes only when `FLUSH_SAMPLES` histogram
     samples are pending: bounded memory) and `flush()` every 100 ms from its tick, so Prometheus
-    lags the actor by at most ~100 ms plus one tick; a prometheus_client `inc` / `observe` costs
-    1–4 µs each and a flush ~25 µs however little it holds.
+    lags the actor by at most ~100 ms plus one tick; a prometheus_client `inc` / `observe` takes a
+    lock each, and a flush has a fixed cost however little it holds.
 
     Attributes:
         admissions: policy class -> Admitted frames sent; rejections: reason -> Rejected.
@@ -354,7 +354,7 @@ class Translator:
         self.send(conn, p.Rejected(request_id, reason, detail, policy_class))
 
 
-_HASH_DTYPE = np.dtype("<u8")  # a dtype object: np.frombuffer parses a dtype string on every call (~0.6 µs)
+_HASH_DTYPE = np.dtype("<u8")  # a dtype object: np.frombuffer parses a dtype string on every call
 
 
 def spec_from_enqueue(f: p.Enqueue, owner: int, t: int) -> RequestSpec:

@@ -14,8 +14,8 @@ from ..core.types import WorkerKey
 
 log = logging.getLogger(__name__)
 
-# KV-event messages read per SUB wake: ~50 µs each (decode + index update), so one wake holds the
-# actor's loop at most a few ms and scheduling frames interleave with a heavy event stream.
+# KV-event messages read per SUB wake: each costs a decode and an index update (`bench/bench_kv_events.py`),
+# so one wake holds the actor's loop briefly and scheduling frames interleave with a heavy event stream.
 KV_EVENT_FRAME_BUDGET = 64
 # Longest the daemon holds READY for the catch-up replays of restored KV-event rows (s): a replay of
 # a whole 10,000-batch ring buffer takes well under a second here; an engine that does not answer

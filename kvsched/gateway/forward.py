@@ -192,8 +192,8 @@ class Silence:
     between two reads of its stream, with one timer per request.
 
     aiohttp's own `sock_read` timeout cancels and re-creates a timer on every piece of data the
-    connection receives (~3 µs each on uvloop, i.e. per streamed token), and `asyncio.timeout`
-    around the request costs ~12 µs on Python 3.11. Here each read stores the loop time (`touch`);
+    connection receives (i.e. per streamed token), and `asyncio.timeout` around the request costs
+    a timer too (docs/BENCHMARKS.md, `bench/bench_gateway.py`). Here each read stores the loop time (`touch`);
     the timer fires at most once per `timeout_s` and re-arms from the last read. After a full
     `timeout_s` without data it cancels the waiting task while no response has arrived (`aborted`
     tells the caller the cancellation was ours), or fails the stream with aiohttp's

@@ -1,7 +1,7 @@
 """`kvsched-gateway --workers N`: N gateway processes serving one listening socket.
 
-One gateway process is one event loop on one core (docs/BENCHMARKS.md, gateway: about 2 ms of CPU
-per streamed request). For more throughput on a host with cores to spare, the supervisor started
+One gateway process is one event loop on one core (its CPU per streamed request: docs/BENCHMARKS.md,
+`bench/bench_gateway.py`). For more throughput on a host with cores to spare, the supervisor started
 here binds and listens on `host:port` itself, as a single gateway would (`SO_REUSEADDR`, no
 `SO_REUSEPORT`), and starts N ordinary gateway processes that inherit that socket and accept on it:
 the kernel hands each new connection to one of them. Each worker is a complete gateway with its own

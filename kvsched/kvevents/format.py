@@ -141,11 +141,12 @@ def block_key(h: int, group_idx: int | None) -> int:
 
 
 # Most block hashes one event may carry: a request's largest prompt (the protocol's MAX_BLOCK_HASHES).
-# A longer list is malformed and skipped unread: each hash costs ~1 µs of Python here, and one 6.5M-hash
-# BlockStored stalled the actor loop for 6.7 s (tests/kvevents/test_format.py).
+# A longer list is malformed and skipped unread: each hash costs Python work here, and one BlockStored of
+# millions of hashes stalled the actor loop for seconds (tests/kvevents/test_format.py; docs/BENCHMARKS.md,
+# "Costs behind code comments").
 MAX_EVENT_BLOCKS = MAX_BLOCK_HASHES
 # Most block hashes one batch (one message) may carry in all; later events with hashes are malformed
-# and skipped unread (a vLLM step publishes a few thousand; this bounds one message to ~0.3 s of work).
+# and skipped unread (a vLLM step publishes a few thousand; this bounds one message's work).
 MAX_BATCH_BLOCKS = 4 * MAX_EVENT_BLOCKS
 
 

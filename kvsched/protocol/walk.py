@@ -53,8 +53,8 @@ _CONTAINERS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
 
 
 # Most values one walk visits: past it the walk gives up and the message is answered as a whole.
-# Measured here: a 1 MiB Batch of nested arrays (1M values) took 0.24 s to split without a bound (two
-# passes), 0.023 s with this one; a batch with one 1,200-deep frame splits in 0.4 ms.
+# Without it a 1 MiB Batch of nested arrays (1M values) took far longer to split (two passes);
+# figures: docs/BENCHMARKS.md, "Costs behind code comments".
 MAX_WALK_VALUES = 100_000
 
 
