@@ -1,0 +1,78 @@
+"""One numba cache key for the whole kernel package: `KERNEL_DIGEST`, a sha256 of every source file
+of `kvsched/shm/`.
+
+Numba's on-disk cache stamps a kernel with a hash of its own source file only (numba
+`caching._SourceFileBackedLocatorMixin.get_source_stamp`), so a cached kernel that calls a kernel of
+another file (`admit_kv` composes `kernels.py`, `overlap.py`, `select_kernels.py`, ...) or reads
+another file's constants (`layout.py`) would keep an old copy of it after that file is edited. The
+locators below stamp every kernel defined in this package with `KERNEL_DIGEST` instead: editing any
+file of the package recompiles every kernel of it, and nothing else is needed in the kernels.
+
+`install()` puts the locators first in numba's list of cache locators (`kvsched.shm` calls it before
+any kernel module is imported: numba picks a kernel's locator when the `@njit(cache=True)` decorator
+runs). Functions of other packages keep numba's own locators.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from numba.core import caching, config
+
+KERNEL_DIR = Path(__file__).resolve().parent
+# numba's own locators, in its order (numba `caching.CacheImpl`), named as NUMBA_CACHE_LOCATOR_CLASSES names them
+_NUMBA_LOCATORS = [
+    "UserProvidedCacheLocator",
+    "InTreeCacheLocator",
+    "UserWideCacheLocator",
+    "IPythonCacheLocator",
+    "ZipCacheLocator",
+]
+
+
+def sources_digest(directory: Path = KERNEL_DIR) -> str:
+    """sha256 (hex) of the `*.py` files of `directory`, in name order (name and bytes of each)."""
+    h = hashlib.sha256()
+    for path in sorted(directory.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+KERNEL_DIGEST = sources_digest()
+
+
+def _in_package(py_file: str) -> bool:
+    return Path(py_file).resolve().parent == KERNEL_DIR
+
+
+class _PackageStamp:
+    """The source stamp of every kernel of this package: `KERNEL_DIGEST` (module docstring)."""
+
+    def get_source_stamp(self) -> str:
+        return KERNEL_DIGEST
+
+
+class PackageCacheLocator(_PackageStamp, caching.UserProvidedCacheLocator):
+    """numba's NUMBA_CACHE_DIR locator for this package's kernels, stamped with `KERNEL_DIGEST`."""
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        return super().from_function(py_func, py_file) if _in_package(py_file) else None
+
+
+class PackageInTreeCacheLocator(_PackageStamp, caching.InTreeCacheLocator):
+    """numba's `__pycache__` locator for this package's kernels, stamped with `KERNEL_DIGEST`."""
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        return super().from_function(py_func, py_file) if _in_package(py_file) else None
+
+
+def install() -> None:
+    """Put the package's locators first in numba's cache-locator list (`NUMBA_CACHE_LOCATOR_CLASSES`,
+    numba's `config.CACHE_LOCATOR_CLASSES`; a list the user set is kept after them). Idempotent."""
+    ours = [f"{__name__}.{cls.__name__}" for cls in (PackageCacheLocator, PackageInTreeCacheLocator)]
+    rest = [c.strip() for c in config.CACHE_LOCATOR_CLASSES.split(",") if c.strip()] or _NUMBA_LOCATORS
+    config.CACHE_LOCATOR_CLASSES = ",".join(ours + [c for c in rest if c not in ours])
