@@ -189,10 +189,9 @@ class Scheduler:
         if bad is not None:
             return [bad]
         n_elig = ledger.rows.eligible_mask(spec.pinned, spec.allowed_workers, adm.elig)
-        if n_elig and adm.fused and spec.pinned is None and cq.admission is None and cq.n_waiting == len(cq.deferred):
-            got = adm.admit_fast(spec, cq, intake.seq, now_us)  # one kernel call; None: decide below
-            if got is not None:
-                return [got]
+        got = adm.admit(spec, cq, n_elig, intake.seq, now_us)  # one kernel call; None: the Python steps below
+        if got is not None:
+            return [got]
         if n_elig == 0:
             n_place = adm.placeable_mask(spec.pinned, spec.allowed_workers)
             if n_place == 0:

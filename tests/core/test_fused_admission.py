@@ -1,4 +1,4 @@
-"""The fused immediate path (`Admitter.admit_fast`, one `admit_kv` kernel call) decides exactly as the
+"""The admission kernel (`Admitter.admit`, one `admit_kv` call, the first step of every enqueue) decides exactly as the
 Python path (`admit_one`): two schedulers fed the same operations, one with the fused path off,
 return the same records and end in the same state (ledger, overlap indexes, recent work, explain)."""
 
@@ -75,17 +75,17 @@ def _pair(events: bool, busy_frac: float | None, max_slots: int, overload_prefil
 
 
 def count_fused(sched) -> dict:
-    """Wrap `sched.admitter.admit_fast` so that each admission it decides (not None) counts in the
+    """Wrap `sched.admitter.admit` so that each admission it decides (not None) counts in the
     returned dict's "fused" entry."""
     calls = {"fused": 0}
-    admit_fast = sched.admitter.admit_fast
+    admit = sched.admitter.admit
 
     def counting(*args):
-        got = admit_fast(*args)
+        got = admit(*args)
         calls["fused"] += got is not None
         return got
 
-    sched.admitter.admit_fast = counting
+    sched.admitter.admit = counting
     return calls
 
 
@@ -239,16 +239,16 @@ def test_with_the_home_term_on_the_kernel_decides_short_prompts_and_the_array_co
     Python path) decide alike and count the same cache-reusing admissions."""
     fast, slow = _pair(False, None, 64, None, home=True)
     calls = {"fused": 0, "short": 0}
-    admit_fast = fast.admitter.admit_fast
+    admit = fast.admitter.admit
 
     def counting(spec, *args):
-        got = admit_fast(spec, *args)
+        got = admit(spec, *args)
         calls["fused"] += got is not None
         calls["short"] += spec.isl_tokens < 64
         assert got is None or spec.isl_tokens < 64
         return got
 
-    fast.admitter.admit_fast = counting
+    fast.admitter.admit = counting
     ids = []
     for i in range(60):
         n = 2 if i % 3 else 6  # 32 or 96 tokens; turns of 3 conversations reuse their history
