@@ -365,43 +365,36 @@ class Admitter:
         self.params = {}
 
     # ---- busy / eligibility (current load) ---------------------------------------------------
-    def busy_rows(self, cls: ClassConfig) -> np.ndarray | None:
-        """bool[W]: rows whose active prefill tokens exceed the class threshold; None = never busy."""
-        a = self.ledger.arrays
-        busy = None
-        if cls.prefill_busy_threshold is not None:
-            busy = a.w_active_prefill > cls.prefill_busy_threshold
-        if cls.prefill_busy_threshold_frac is not None:
-            frac = a.w_active_prefill > cls.prefill_busy_threshold_frac * a.w_max_batched_tokens
-            busy = frac if busy is None else busy | frac
-        return busy
-
-    def class_busy(self, cls: ClassConfig, elig: np.ndarray, n_elig: int) -> bool:
-        """True when at least busy_worker_ratio of the eligible rows are busy (docs/DESIGN.md §4.1).
-        One `count_busy` kernel call (the same comparisons as `busy_rows`)."""
+    def busy_count(self, cls: ClassConfig, elig: np.ndarray) -> int:
+        """Rows of `elig` (uint8[W]) whose active prefill tokens exceed the class's busy threshold (either
+        `prefill_busy_threshold` or `prefill_busy_threshold_frac` of the row's max batched tokens;
+        docs/DESIGN.md §4.1): one `count_busy` kernel call, the one statement of the rule (the admission
+        kernel calls it too). 0 when the class sets neither threshold."""
         thr, frac = cls.prefill_busy_threshold, cls.prefill_busy_threshold_frac
-        if (thr is None and frac is None) or n_elig == 0:
-            return False
+        if thr is None and frac is None:
+            return 0
         a = self.ledger.arrays
-        n_busy = count_busy(
+        return count_busy(
             a.w_active_prefill,
             a.w_max_batched_tokens,
             elig,
             -1 if thr is None else int(thr),
             -1.0 if frac is None else float(frac),
         )
-        return n_busy >= cls.busy_worker_ratio * n_elig - 1e-9
+
+    def class_busy(self, cls: ClassConfig, elig: np.ndarray, n_elig: int) -> bool:
+        """True when at least busy_worker_ratio of the `n_elig` eligible rows (`elig`) are busy
+        (`busy_count`; docs/DESIGN.md §4.1); never for a class without a busy threshold."""
+        if n_elig == 0 or (cls.prefill_busy_threshold is None and cls.prefill_busy_threshold_frac is None):
+            return False
+        return self.busy_count(cls, elig) >= cls.busy_worker_ratio * n_elig - 1e-9
 
     def lane_ready(self, class_idx: int, worker: WorkerKey) -> bool:
-        """May the lane of `worker` (class `class_idx`) dispatch its head now?"""
-        row = self.ledger.row_of(worker)
-        if row is None or self.ledger.eligible_mask(worker, None, self.elig) == 0:
+        """May the lane of `worker` (class `class_idx`) dispatch its head now: the worker eligible and
+        not busy (`busy_count` over its row alone)?"""
+        if self.ledger.eligible_mask(worker, None, self.elig) == 0:
             return False
-        cls = self.pq.classes[class_idx].config
-        thr, frac = cls.prefill_busy_threshold, cls.prefill_busy_threshold_frac
-        a = self.ledger.arrays
-        ap = a.w_active_prefill[row]
-        return not ((thr is not None and ap > thr) or (frac is not None and ap > frac * a.w_max_batched_tokens[row]))
+        return self.busy_count(self.pq.classes[class_idx].config, self.elig) == 0
 
     def shared_ready(self, class_idx: int, entry: QueueEntry) -> bool:
         """May the shared root run now: some allowed worker eligible and the class not busy?"""
