@@ -48,31 +48,35 @@ def _in_package(py_file: str) -> bool:
 
 
 class _PackageStamp:
-    """The source stamp of every kernel of this package: `KERNEL_DIGEST` (module docstring)."""
+    """A numba locator restricted to this package's files, stamping them with `KERNEL_DIGEST`."""
 
     def get_source_stamp(self) -> str:
         return KERNEL_DIGEST
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        return super().from_function(py_func, py_file) if _in_package(py_file) else None
 
 
 class PackageCacheLocator(_PackageStamp, caching.UserProvidedCacheLocator):
     """numba's NUMBA_CACHE_DIR locator for this package's kernels, stamped with `KERNEL_DIGEST`."""
 
-    @classmethod
-    def from_function(cls, py_func, py_file):
-        return super().from_function(py_func, py_file) if _in_package(py_file) else None
-
 
 class PackageInTreeCacheLocator(_PackageStamp, caching.InTreeCacheLocator):
     """numba's `__pycache__` locator for this package's kernels, stamped with `KERNEL_DIGEST`."""
 
-    @classmethod
-    def from_function(cls, py_func, py_file):
-        return super().from_function(py_func, py_file) if _in_package(py_file) else None
+
+class PackageUserWideCacheLocator(_PackageStamp, caching.UserWideCacheLocator):
+    """numba's per-user cache directory (a read-only install) for this package's kernels, stamped with
+    `KERNEL_DIGEST`."""
 
 
 def install() -> None:
     """Put the package's locators first in numba's cache-locator list (`NUMBA_CACHE_LOCATOR_CLASSES`,
     numba's `config.CACHE_LOCATOR_CLASSES`; a list the user set is kept after them). Idempotent."""
-    ours = [f"{__name__}.{cls.__name__}" for cls in (PackageCacheLocator, PackageInTreeCacheLocator)]
+    ours = [
+        f"{__name__}.{cls.__name__}"
+        for cls in (PackageCacheLocator, PackageInTreeCacheLocator, PackageUserWideCacheLocator)
+    ]
     rest = [c.strip() for c in config.CACHE_LOCATOR_CLASSES.split(",") if c.strip()] or _NUMBA_LOCATORS
     config.CACHE_LOCATOR_CLASSES = ",".join(ours + [c for c in rest if c not in ours])

@@ -29,9 +29,10 @@ def test_digest_covers_every_source_file(tmp_path: Path) -> None:
 def test_package_locators_come_first_and_install_is_idempotent() -> None:
     kernel_cache.install()
     names = config.CACHE_LOCATOR_CLASSES.split(",")
-    assert names[:2] == [
+    assert names[:3] == [
         "kvsched.shm.kernel_cache.PackageCacheLocator",
         "kvsched.shm.kernel_cache.PackageInTreeCacheLocator",
+        "kvsched.shm.kernel_cache.PackageUserWideCacheLocator",
     ]
     assert len(names) == len(set(names))
 
