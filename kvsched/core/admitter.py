@@ -1,7 +1,8 @@
 """Admitter: readiness, cost snapshots, `admit_one` and the dispatch pass (docs/DESIGN.md §4.17
 Guardrails: admit_one is the only path to a worker).
 
-`admit_one` = project (the overlap view's credited depths + one `Ledger.project` kernel call) →
+`admit_one` = the compiled decision (`book`, below) for an unpinned request; for what it leaves
+UNDECIDED: project (the overlap view's credited depths + one `Ledger.project` kernel call) →
 select (pure selector; pinned → that worker) → skip if the owner is known gone → reserve
 (`Ledger.reserve`) → `Admit` record; then the request's hashes are recorded in the overlap view
 (`OverlapView.record`). The actor delivers the record and, if delivery fails, calls
@@ -15,13 +16,14 @@ the best placeable worker (docs/PROTOCOL.md "Scheduling contracts").
 Scratch arrays (eligible rows, placeable rows, the selection view, the explain ring) are allocated
 once; the decision path allocates only what it keeps (the lease's records, one explain tuple).
 
-One admission pipeline: `admit` decides a request that may run at once (no admission policy, no
-backlog in its class, not pinned) with ONE kernel call, `shm.admit_packed.admit_kv_packed` (`admit_kv`
-with its fixed arrays given as one table: overlap → busy rule → cost snapshot → projection → kv terms
-and argmin → booking → overlap record → recent work), then the lease's records. Whatever the kernel
-does not decide (a tie, which draws from the selector's RNG; a busy class; a selector or index the
-kernel does not cover) it answers UNDECIDED, books nothing, and the caller goes on to the Python
-steps (admission policy, queue, `admit_one`), which decide from the same unchanged state
+One admission pipeline: every unpinned admission — `admit` (a request that may run at once: no
+admission policy, no backlog in its class) and `admit_one` (a request leaving its queue) — is first
+`book`: ONE kernel call, `shm.admit_packed.admit_kv_packed` (`admit_kv` with its fixed arrays given as
+one table: overlap → busy rule → cost snapshot → projection → kv terms and argmin → booking → overlap
+record → recent work), then the booking's Python half. Whatever the kernel does not decide (a tie,
+which draws from the selector's RNG; a busy class; a selector or index the kernel does not cover) it
+answers UNDECIDED, books nothing, and the Python steps (admission policy, queue, project → select →
+reserve) decide from the same unchanged state
 (tests/core/test_fused_admission.py runs a scheduler with and without the kernel on the same
 operations and compares everything).
 
@@ -247,24 +249,49 @@ class Admitter:
     def admit(
         self, spec: RequestSpec, cq: PolicyClassQueue, n_elig: int, seq: Iterator[int], now_us: int
     ) -> Admit | None:
-        """Admit `spec` at once with one `admit_kv` kernel call, or None: UNDECIDED, nothing changed, the
-        caller goes on to the Python steps (module docstring).
+        """Admit `spec` at once with one `admit_kv` kernel call (`book`), or None: UNDECIDED, nothing
+        changed, the caller goes on to the Python steps (module docstring).
 
         Args:
             spec: the request; cq: its class; n_elig: the count `eligible_mask` wrote into `elig` for
                 its pin and allowed set; seq: the enqueue_seq counter (drawn only when admitted).
-        The kernel may decide when the admitter is `fused`, some worker is eligible, the request is not
-        pinned, its class has no admission policy and no ready backlog, its hashes are uint64, the
-        selector decides this prompt by kernel (`KvSelector.kernel_may_decide`) and its owner is alive.
+        The kernel may decide when some worker is eligible, the request is not pinned and its class
+        has no admission policy and no ready backlog (and `book`'s own conditions hold).
+        """
+        if not (n_elig and spec.pinned is None and cq.admission is None and cq.n_waiting == len(cq.deferred)):
+            return None
+        got = self.book(spec, cq, now_us, now_us)
+        if got is None:
+            return None
+        row, slot, gen, ob, cached, snapshot, wrote = got
+        rid, isl = spec.request_id, spec.isl_tokens
+        entry = QueueEntry(rid, next(seq), now_us, spec.priority, spec.strict_priority, snapshot, isl, None, cq.index)
+        live = Live(spec, entry, LEASED, slot, gen)
+        entry.payload = live
+        live.wrote = wrote
+        self.leases.register(live)  # a lease already: indexed by slot too
+        return Admit(rid, spec.owner, self.ledger.rows.key_of(row), slot, gen, ob, cached, 0, cq.name)
+
+    def book(self, spec: RequestSpec, cq: PolicyClassQueue, enqueue_us: int, now_us: int) -> tuple | None:
+        """The compiled decision: book `spec` (class `cq`, unpinned, `elig` written for its allowed set)
+        with ONE `admit_kv` kernel call, then the Python half every booking needs (id maps, recent-work
+        clock, home term, overlap versions and speculative record, explain record, decision count).
+
+        Returns (row, slot, generation, overlap blocks, cached tokens, snapshot cost, what the overlap
+        indexes were written: `Live.wrote`); or None — UNDECIDED, nothing booked — when the admitter is
+        not `fused`, the hashes are not uint64, the selector does not decide this prompt by kernel
+        (`KvSelector.kernel_may_decide`), the owner is known gone, the slot table is full, the class is
+        busy or the decision is not a unique finite minimum. `enqueue_us` is the booking's enqueue time.
         """
         hashes, isl = spec.block_hashes, spec.isl_tokens
-        if not (n_elig and self.fused and spec.pinned is None and cq.admission is None):
-            return None
-        if cq.n_waiting != len(cq.deferred):
-            return None
         sel = self.selector
         dt = hashes.dtype
-        if (dt is not _U64 and dt != _U64) or not sel.kernel_may_decide(isl) or not self.leases.owner_alive(spec.owner):
+        if (
+            not self.fused
+            or (dt is not _U64 and dt != _U64)
+            or not sel.kernel_may_decide(isl)
+            or not self.leases.owner_alive(spec.owner)
+        ):
             return None
         ledger, view, ring, rid = self.ledger, self.view, self.explain, spec.request_id
         try:
@@ -307,7 +334,7 @@ class Admitter:
             slot,
             -1 if expected is None else expected,
             cq.index,
-            now_us,
+            enqueue_us,
             spec.owner,
             min(now_us + view.ttl_us, INT64_MAX - 1),
             sel.decay(now_us),
@@ -326,7 +353,7 @@ class Admitter:
             if row == UNDECIDED:
                 ring.lose_head()
             return None
-        # the Python half: maps, lease, overlap versions, explain record
+        # the Python half: maps, recent-work clock, home term, overlap versions, explain record
         out = self.out.tolist()
         gen, ob, cached = out[OUT_GENERATION], out[OUT_OVERLAP], out[OUT_CACHED]
         ledger.booked(slot, rid, row)
@@ -334,25 +361,20 @@ class Admitter:
             sel.recent_at_us = now_us
         if sel.home_weight > 0.0 and cached > 0 and cached >= sel.home_min_cached_share * isl:
             sel.note_home(row, isl, isl - cached, now_us)  # what `admitted` counts (its condition, checked first)
-        entry = QueueEntry(
-            rid, next(seq), now_us, spec.priority, spec.strict_priority, out[OUT_SNAPSHOT], isl, None, cq.index
-        )
-        live = Live(spec, entry, LEASED, slot, gen)
-        entry.payload = live
-        self.leases.register(live)  # a lease already: indexed by slot too
+        wrote = None
         if len(hashes):
             approx = view.approx
             approx.version += 1
             approx.evictions += out[OUT_EVICTED]
             approx_d = ob if own_depth else int(view.approx_depth[row])
-            live.wrote = (
+            wrote = (
                 (row, hashes, approx_d, -1)
                 if view.speculative is None  # `record_speculative` with no index
                 else view.record_speculative(hashes, row, now_us, approx_d)
             )
         ring.commit(rid, row, now_us, self.fleet_ids())
         self.decisions_total += 1
-        return Admit(rid, spec.owner, ledger.rows.key_of(row), slot, gen, ob, cached, 0, cq.name)
+        return row, slot, gen, ob, cached, out[OUT_SNAPSHOT], wrote
 
     @property
     def selector_cfg(self) -> SelectorConfig:
@@ -471,6 +493,14 @@ class Admitter:
         pin = entry.placement
         if self.ledger.eligible_mask(pin, spec.allowed_workers, self.elig) == 0:
             return None
+        if pin is None:  # the compiled decision first; the Python steps below for what it leaves UNDECIDED
+            cq = self.pq.classes[entry.class_idx]
+            got = self.book(spec, cq, entry.arrival_us, now_us)
+            if got is not None:
+                row, slot, gen, ob, cached, _, live.wrote = got
+                self.leases.leased(live, slot, gen)
+                wait = max(0, now_us - entry.arrival_us)
+                return Admit(spec.request_id, spec.owner, self.ledger.key_of(row), slot, gen, ob, cached, wait, cq.name)
         hashes = spec.block_hashes if len(spec.block_hashes) else EMPTY_HASHES
         blocks, prefill, costs = self._project(hashes, spec.isl_tokens, now_us)
         view = self._view
