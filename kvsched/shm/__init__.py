@@ -6,7 +6,3 @@ segments: create / attach / unlink), `kernels` (@njit decision kernels),
 `reference` (numpy and pure-Python twins of every kernel), `progress` (the progress word),
 `overlap` (block hash -> worker bitmask prefix index).
 """
-
-from . import kernel_cache
-
-kernel_cache.install()  # before any kernel module is imported: one cache key for every kernel of the package

@@ -24,8 +24,8 @@ Cache key: `shm.kernel_cache` (a digest of the whole package: editing a composed
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from .kernel_cache import njit
 from .kernels import project_and_cost, ref_add
 from .layout import SLOT_ADMITTED
 from .overlap import overlap_depth, overlap_insert

@@ -16,10 +16,10 @@ runs both forms against the numpy and pure-Python twins. Cache key: `shm.kernel_
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .admit_kernels import admit_kv, credited_depth
 from .argtable import pack_table, view1, view2, view3
+from .kernel_cache import njit
 
 # `admit_kv`'s arguments from `eligible` to `out` (they follow `block_size, stride`), as
 # (name, dtype, ndim): the table `admit_kv_packed` takes instead of them (`pack_admit_arrays`).

@@ -15,10 +15,10 @@ and tests/core/test_words_fold.py run the packed forms. Cache key: `shm.kernel_c
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .argtable import pack_table, view1, view2
 from .booking_kernels import release_booking
+from .kernel_cache import njit
 from .kernels import fold_words
 
 # `release_booking`'s arguments after (slot, generation), as (name, dtype, ndim) (`shm.layout` dtypes)

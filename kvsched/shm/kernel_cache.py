@@ -8,9 +8,11 @@ another file's constants (`layout.py`) would keep an old copy of it after that f
 locators below stamp every kernel defined in this package with `KERNEL_DIGEST` instead: editing any
 file of the package recompiles every kernel of it, and nothing else is needed in the kernels.
 
-`install()` puts the locators first in numba's list of cache locators (`kvsched.shm` calls it before
-any kernel module is imported: numba picks a kernel's locator when the `@njit(cache=True)` decorator
-runs). Functions of other packages keep numba's own locators.
+`install()` puts the locators first in numba's list of cache locators; this module runs it when
+imported, and every kernel module of the package takes its `njit` from here (`from .kernel_cache
+import njit`), so the locators are in place before any of its decorators runs (numba picks a
+kernel's locator then). Functions of other packages keep numba's own locators. `kvsched.shm` itself
+imports no numba: the routers' side (`shm.words`, `shm.segments`) stays free of it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from numba import njit
 from numba.core import caching, config
 
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -80,3 +83,7 @@ def install() -> None:
     ]
     rest = [c.strip() for c in config.CACHE_LOCATOR_CLASSES.split(",") if c.strip()] or _NUMBA_LOCATORS
     config.CACHE_LOCATOR_CLASSES = ",".join(ours + [c for c in rest if c not in ours])
+
+
+install()  # on import: before any kernel module that takes `njit` from here decorates a kernel
+__all__ = ["KERNEL_DIGEST", "install", "njit", "sources_digest"]

@@ -13,7 +13,8 @@ the same names and signatures: `numpy_twin` / `python_twin` in `shm/reference.py
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .kernel_cache import njit
 
 KV_TERMS = ("prefill", "active_blocks", "lead", "recent", "interference")  # row order of the `terms` array
 

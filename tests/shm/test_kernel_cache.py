@@ -52,3 +52,43 @@ def test_a_cached_kernel_is_stamped_with_the_package_digest() -> None:
             pickle.load(f)  # numba's version
             stamps.add(pickle.loads(f.read())[0])
     assert kernel_cache.KERNEL_DIGEST in stamps
+
+
+def test_every_kernel_module_takes_njit_from_kernel_cache() -> None:
+    """A module of the package that decorates a kernel imports `njit` from `kernel_cache` (which
+    installs the locators on import), never from numba directly: its kernels key on the digest."""
+    import ast
+
+    kernel_modules = []
+    for path in sorted(kernel_cache.KERNEL_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = {
+            (node.module, alias.name)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+        uses_njit = any(
+            isinstance(d, (ast.Name, ast.Call)) and "njit" in ast.unparse(d)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef)
+            for d in node.decorator_list
+        )
+        if uses_njit and path.name != "kernel_cache.py":
+            kernel_modules.append(path.name)
+            assert ("kernel_cache", "njit") in names, path.name
+            assert ("numba", "njit") not in names, path.name
+    assert "admit_kernels.py" in kernel_modules and "kernels.py" in kernel_modules
+
+
+def test_the_routers_side_of_shm_loads_no_numba() -> None:
+    """`kvsched.shm` itself installs nothing: the words and segments a router maps load no numba."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nimport kvsched.shm.words, kvsched.shm.segments, kvsched.shm.progress\n"
+        "print(sorted(m for m in sys.modules if m.startswith('numba')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
