@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_core as bc  # noqa: E402
 from numba import njit  # noqa: E402
 
-import kvsched.core.fused_admit as fused_mod  # noqa: E402
+import kvsched.core.admitter as admitter_mod  # noqa: E402
 from kvsched.shm import admit_kernels as ak  # noqa: E402
 from kvsched.shm.kernels import project_and_cost, ref_add, ref_remove  # noqa: E402
 from kvsched.shm.overlap import overlap_depth, overlap_insert  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
         )
     }
     name = "admit_kv_packed"
-    real = fused_mod._admit_entry()  # noqa: SLF001 - the compiled entry point the admitter calls
+    real = admitter_mod._admit_entry()  # noqa: SLF001 - the compiled entry point the admitter calls
     busy = np.zeros(len(ak.ADMIT_PARAMS))
     busy[ak.P["busy_threshold"]] = -1.0
     busy[ak.P["busy_threshold_frac"]] = 0.0  # every row busy at frac 0 ... ratio 0: BUSY at once
@@ -122,7 +122,7 @@ def main() -> None:
             times["ref_add+ref_remove"].append(pc() - t0)
         return row
 
-    fused = adm.fast
+    fused = adm
     fused._kernel = timed  # noqa: SLF001 - every fused admission goes through `timed`
     try:
         bc.run_lifecycles(sched, hashes, args.n, 8, 2000, clock)

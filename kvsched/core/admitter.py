@@ -1,7 +1,8 @@
 """Admitter: readiness, cost snapshots, `admit_one` and the dispatch pass (docs/DESIGN.md §4.17
 Guardrails: admit_one is the only path to a worker).
 
-`admit_one` = project (the overlap view's credited depths + one `Ledger.project` kernel call) →
+`admit_one` = the compiled decision (`book`, below) for an unpinned request; for what it leaves
+UNDECIDED: project (the overlap view's credited depths + one `Ledger.project` kernel call) →
 select (pure selector; pinned → that worker) → skip if the owner is known gone → reserve
 (`Ledger.reserve`) → `Admit` record; then the request's hashes are recorded in the overlap view
 (`OverlapView.record`). The actor delivers the record and, if delivery fails, calls
@@ -15,38 +16,85 @@ the best placeable worker (docs/PROTOCOL.md "Scheduling contracts").
 Scratch arrays (eligible rows, placeable rows, the selection view, the explain ring) are allocated
 once; the decision path allocates only what it keeps (the lease's records, one explain tuple).
 
-`admit_fast` is the immediate path of the default configuration in one kernel call
-(`fused_admit.FusedAdmission.admit`); it decides exactly as `admit_one` does, or books nothing and the
-caller takes the Python path.
+One admission pipeline: every unpinned admission — `admit` (a request that may run at once: no
+admission policy, no backlog in its class) and `admit_one` (a request leaving its queue) — is first
+`book`: ONE kernel call, `shm.admit_packed.admit_kv_packed` (`admit_kv` with its fixed arrays given as
+one table: overlap → busy rule → cost snapshot → projection → kv terms and argmin → booking → overlap
+record → recent work), then the booking's Python half. Whatever the kernel does not decide (a tie,
+which draws from the selector's RNG; a busy class; a selector or index the kernel does not cover) it
+answers UNDECIDED, books nothing, and the Python steps (admission policy, queue, project → select →
+reserve) decide from the same unchanged state
+(tests/core/test_fused_admission.py runs a scheduler with and without the kernel on the same
+operations and compares everything).
+
+`admit` runs for every immediate admission, where each Python call costs ~0.2-0.4 µs on the project's
+VM (docs/BENCHMARKS.md §4b), so it is one function: the memo checks of the placeable mask, the
+kernel's parameters and argument table and the overlap view's approximate-only test are written out
+in it (each names the method it stands for), and the kernel is called through its compiled entry
+point (`shm.bind.entry_point`: numba's per-call type resolution skipped) when the hashes are a
+C-contiguous uint64 vector, the only layout that entry point reads correctly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..config import ClassConfig, SelectorConfig
+from ..shm.admit_kernels import (
+    OUT_CACHED,
+    OUT_EVICTED,
+    OUT_GENERATION,
+    OUT_LEN,
+    OUT_OVERLAP,
+    OUT_SNAPSHOT,
+    UNDECIDED,
+    P,
+    pack_kv_params,
+)
+from ..shm.admit_packed import admit_kv_packed, pack_admit_arrays
+from ..shm.bind import entry_point
 from ..shm.layout import FLAG_DRAINED
-from ..shm.overlap import OverlapIndex
+from ..shm.overlap import INT64_MAX, OverlapIndex
 from ..shm.select_kernels import count_busy
 from .admission import FleetView
 from .explain_ring import ExplainRing
-from .fused_admit import FusedAdmission
 from .kv_cost import KvSelector
-from .leases import READY, Live
+from .leases import LEASED, READY, Live
+from .ordering import QueueEntry
 from .selector import SelectionView
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
 
 if TYPE_CHECKING:
+    from .class_queue import PolicyClassQueue
     from .leases import LeaseTable
     from .ledger import Ledger
-    from .ordering import QueueEntry
     from .overlap_view import OverlapView
     from .policy_queue import PolicyQueue
     from .selector import WorkerSelector
 
 EXPLAIN_RING = 1024  # admissions kept for `kvsched explain`
+_U64 = np.dtype(np.uint64)  # the block hashes' dtype (an `is` test first: ~0.3 µs less than `!=`)
+_ONE_WORD = (_U64.itemsize,)  # the strides of a C-contiguous uint64 vector (1-D)
+_ENTRY: list = []  # admit_kv_packed's compiled entry point, resolved once per process (`_admit_entry`)
+
+
+def _admit_entry() -> Callable[..., int]:
+    """`admit_kv_packed`'s entry point for the daemon's argument types (read-only uint64 hashes as decoded
+    from a frame, int64 scalars, the float64 params and the int64 table): the overload
+    `shm.admit_kernels.warm_admit_kernels` compiles. A writable vector is read alike (numba's
+    unboxing checks the item size only, and the kernel never writes the hashes)."""
+    if not _ENTRY:
+        hashes = np.frombuffer(bytes(8), dtype=np.uint64)
+        _ENTRY.append(
+            entry_point(
+                admit_kv_packed,
+                (hashes, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0, 0, 0, np.zeros(1), 0, 0, np.zeros(4, np.int64)),
+            )
+        )
+    return _ENTRY[0]
 
 
 class Admitter:
@@ -62,9 +110,11 @@ class Admitter:
         explain: `ExplainRing` of the last `EXPLAIN_RING` admissions (worker ids / ranks / present
             copies are shared between decisions while the worker table is unchanged; costs are kept
             only when there are no terms, whose sum is the cost).
-        fused: True when `admit_fast` may decide (the `kv` selector, `KvSelector.decides_by_kernel`,
-            over an `OverlapIndex`); False sends every request through `admit_one`.
-        admit_fast: `FusedAdmission.admit` of this admitter (`fast`): the immediate path in one kernel call.
+        fused: True when the admission kernel may decide (the `kv` selector, `KvSelector.decides_by_kernel`,
+            over an `OverlapIndex`); False sends every request through the Python steps.
+        params: class index -> (its `ClassConfig`, `admit_kv`'s float64 params); emptied when the
+            selector, the `[selector]` table or a class changes.
+        scratch: float64[4, W], the admission kernel's work space; out: int64[OUT_LEN], what it reports back.
     """
 
     def __init__(
@@ -89,8 +139,13 @@ class Admitter:
         self._ids: tuple = ()
         self.decisions_total = 0
         a = ledger.arrays
-        self.fast = FusedAdmission(self)
-        self.admit_fast = self.fast.admit
+        self.params: dict[int, tuple] = {}
+        self.scratch = np.zeros((4, w), np.float64)
+        self.out = np.zeros(OUT_LEN, np.int64)
+        self._key: tuple | None = None  # the objects the kernel's table describes (`kernel_arrays`)
+        self._arrays: tuple = ()  # the arrays themselves, kept alive beside their table
+        self._args: tuple = ()  # (block_size, stride, table)
+        self._kernel = None  # `_admit_entry()`, bound on first use
         self._view = SelectionView(
             ledger.out_prefill,
             ledger.out_blocks,
@@ -113,7 +168,213 @@ class Admitter:
         )
         if self.fused:
             selector.reserve_rows(self.ledger.arrays.max_workers)
-        self.fast.reset()
+        self.params = {}
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles drop the admission kernel's argument table (`shm.argtable`: it holds this
+        process's addresses of the original arrays) and its entry point; the copy builds its own on first use."""
+        return {**self.__dict__, "_key": None, "_arrays": (), "_args": (), "_kernel": None}
+
+    def params_of(self, cq: PolicyClassQueue) -> np.ndarray:
+        """`admit_kv`'s params for class `cq` (packed again when its config or the `[selector]` table changes)."""
+        got = self.params.get(cq.index)
+        if got is None or got[0] is not cq.config:
+            p = pack_kv_params(self.selector, self.selector_cfg, cq.config)
+            p[P["inv_bs"]] = 1.0 / float(self.ledger.block_size)
+            got = self.params[cq.index] = (cq.config, p)
+        return got[1]
+
+    def _objects(self) -> tuple:
+        view = self.view
+        return self.explain, self.selector.recent, self.ledger.arrays, view.approx, view.depth_out, self.elig
+
+    def kernel_arrays(self) -> tuple:
+        """`admit_kv_packed`'s last arguments: (block_size, stride, the table of `admit_kv`'s 41 fixed
+        arrays). Built once, again when one of the objects it reads is replaced (explain ring, the
+        selector's recent-work array, ledger arrays, approximate index, depth or eligibility array);
+        the arrays stay referenced beside the table while it holds their addresses (`shm.argtable`)."""
+        key = self._objects()
+        k = self._key
+        if k is not None and all(a is b for a, b in zip(k, key, strict=True)):
+            return self._args
+        ring, recent, a, ix, depth, elig = key
+        arrays = (
+            elig,
+            self.placeable,
+            ix.keys,
+            ix.used,
+            ix.perm,
+            ix.ttlm,
+            ix.ttl_exp,
+            ix.scratch,
+            depth,
+            a.w_generation,
+            a.w_active_blocks,
+            a.w_active_prefill,
+            a.w_active_requests,
+            a.w_max_batched_tokens,
+            a.ref_keys,
+            a.ref_counts,
+            a.arena,
+            a.s_state,
+            a.s_generation,
+            a.s_worker_row,
+            a.s_worker_generation,
+            a.s_isl,
+            a.s_cached,
+            a.s_prefill,
+            a.s_expected_osl,
+            a.s_output_tokens,
+            a.s_extra_blocks,
+            a.s_class,
+            a.s_enqueue_us,
+            a.s_admit_us,
+            a.s_arena_off,
+            a.s_arena_len,
+            a.s_owner_pid,
+            recent,
+            self.scratch,
+            ring.elig,
+            ring.depth,
+            ring.blocks,
+            ring.prefill,
+            ring.terms,
+            self.out,
+        )
+        ledger = self.ledger
+        self._args = (ledger.block_size, ledger.stride, pack_admit_arrays(arrays))
+        self._key, self._arrays = key, arrays
+        return self._args
+
+    def admit(
+        self, spec: RequestSpec, cq: PolicyClassQueue, n_elig: int, seq: Iterator[int], now_us: int
+    ) -> Admit | None:
+        """Admit `spec` at once with one `admit_kv` kernel call (`book`), or None: UNDECIDED, nothing
+        changed, the caller goes on to the Python steps (module docstring).
+
+        Args:
+            spec: the request; cq: its class; n_elig: the count `eligible_mask` wrote into `elig` for
+                its pin and allowed set; seq: the enqueue_seq counter (drawn only when admitted).
+        The kernel may decide when some worker is eligible, the request is not pinned and its class
+        has no admission policy and no ready backlog (and `book`'s own conditions hold).
+        """
+        if not (n_elig and spec.pinned is None and cq.admission is None and cq.n_waiting == len(cq.deferred)):
+            return None
+        got = self.book(spec, cq, now_us, now_us)
+        if got is None:
+            return None
+        row, slot, gen, ob, cached, snapshot, wrote = got
+        rid, isl = spec.request_id, spec.isl_tokens
+        entry = QueueEntry(rid, next(seq), now_us, spec.priority, spec.strict_priority, snapshot, isl, None, cq.index)
+        live = Live(spec, entry, LEASED, slot, gen)
+        entry.payload = live
+        live.wrote = wrote
+        self.leases.register(live)  # a lease already: indexed by slot too
+        return Admit(rid, spec.owner, self.ledger.rows.key_of(row), slot, gen, ob, cached, 0, cq.name)
+
+    def book(self, spec: RequestSpec, cq: PolicyClassQueue, enqueue_us: int, now_us: int) -> tuple | None:
+        """The compiled decision: book `spec` (class `cq`, unpinned, `elig` written for its allowed set)
+        with ONE `admit_kv` kernel call, then the Python half every booking needs (id maps, recent-work
+        clock, home term, overlap versions and speculative record, explain record, decision count).
+
+        Returns (row, slot, generation, overlap blocks, cached tokens, snapshot cost, what the overlap
+        indexes were written: `Live.wrote`); or None — UNDECIDED, nothing booked — when the admitter is
+        not `fused`, the hashes are not uint64, the selector does not decide this prompt by kernel
+        (`KvSelector.kernel_may_decide`), the owner is known gone, the slot table is full, the class is
+        busy or the decision is not a unique finite minimum. `enqueue_us` is the booking's enqueue time.
+        """
+        hashes, isl = spec.block_hashes, spec.isl_tokens
+        sel = self.selector
+        dt = hashes.dtype
+        if (
+            not self.fused
+            or (dt is not _U64 and dt != _U64)
+            or not sel.kernel_may_decide(isl)
+            or not self.leases.owner_alive(spec.owner)
+        ):
+            return None
+        ledger, view, ring, rid = self.ledger, self.view, self.explain, spec.request_id
+        try:
+            slot = ledger.take_slot(rid)
+        except ValueError:  # the Python path raises it
+            return None
+        if slot is None:  # slot table full: the Python path rejects
+            return None
+        slot = slot[0]
+        self.placeable_mask(None, spec.allowed_workers)  # memoised: usually a hit
+        own_depth = view.approx_only()
+        if not own_depth:
+            view.depth(hashes, now_us)
+        params = self.params.get(cq.index)  # `params_of`, its memo checked here
+        params = params[1] if params is not None and params[0] is cq.config else self.params_of(cq)
+        k = self._key  # `kernel_arrays`, its memo checked here
+        if (
+            k is not None
+            and k[0] is ring
+            and k[1] is sel.recent
+            and k[2] is ledger.arrays
+            and k[3] is view.approx
+            and k[4] is view.depth_out
+            and k[5] is self.elig
+        ):
+            args = self._args
+        else:
+            args = self.kernel_arrays()
+        kernel = self._kernel
+        if kernel is None:
+            kernel = self._kernel = _admit_entry()
+        if hashes.strides != _ONE_WORD:  # not a C-contiguous vector: the entry point would misread it
+            kernel = admit_kv_packed
+        recent_at = sel.recent_at_us
+        expected = spec.expected_osl
+        row = kernel(
+            hashes,
+            isl,
+            now_us,
+            slot,
+            -1 if expected is None else expected,
+            cq.index,
+            enqueue_us,
+            spec.owner,
+            min(now_us + view.ttl_us, INT64_MAX - 1),
+            sel.decay(now_us),
+            1 if now_us > recent_at else 0,
+            0 if own_depth else 1,
+            ring.head,
+            params,
+            args[0],
+            args[1],
+            args[2],
+        )  # not `*args`: no tuple built
+        if own_depth:
+            view.drop_memo()  # the kernel wrote depth_out
+        if row < 0:
+            ledger.give_back(slot)
+            if row == UNDECIDED:
+                ring.lose_head()
+            return None
+        # the Python half: maps, recent-work clock, home term, overlap versions, explain record
+        out = self.out.tolist()
+        gen, ob, cached = out[OUT_GENERATION], out[OUT_OVERLAP], out[OUT_CACHED]
+        ledger.booked(slot, rid, row)
+        if now_us > recent_at and sel.recent_weight > 0.0:
+            sel.recent_at_us = now_us
+        if sel.home_weight > 0.0 and cached > 0 and cached >= sel.home_min_cached_share * isl:
+            sel.note_home(row, isl, isl - cached, now_us)  # what `admitted` counts (its condition, checked first)
+        wrote = None
+        if len(hashes):
+            approx = view.approx
+            approx.version += 1
+            approx.evictions += out[OUT_EVICTED]
+            approx_d = ob if own_depth else int(view.approx_depth[row])
+            wrote = (
+                (row, hashes, approx_d, -1)
+                if view.speculative is None  # `record_speculative` with no index
+                else view.record_speculative(hashes, row, now_us, approx_d)
+            )
+        ring.commit(rid, row, now_us, self.fleet_ids())
+        self.decisions_total += 1
+        return row, slot, gen, ob, cached, out[OUT_SNAPSHOT], wrote
 
     @property
     def selector_cfg(self) -> SelectorConfig:
@@ -123,46 +384,39 @@ class Admitter:
     @selector_cfg.setter
     def selector_cfg(self, cfg: SelectorConfig) -> None:
         self._selector_cfg = cfg
-        self.fast.reset()
+        self.params = {}
 
     # ---- busy / eligibility (current load) ---------------------------------------------------
-    def busy_rows(self, cls: ClassConfig) -> np.ndarray | None:
-        """bool[W]: rows whose active prefill tokens exceed the class threshold; None = never busy."""
-        a = self.ledger.arrays
-        busy = None
-        if cls.prefill_busy_threshold is not None:
-            busy = a.w_active_prefill > cls.prefill_busy_threshold
-        if cls.prefill_busy_threshold_frac is not None:
-            frac = a.w_active_prefill > cls.prefill_busy_threshold_frac * a.w_max_batched_tokens
-            busy = frac if busy is None else busy | frac
-        return busy
-
-    def class_busy(self, cls: ClassConfig, elig: np.ndarray, n_elig: int) -> bool:
-        """True when at least busy_worker_ratio of the eligible rows are busy (docs/DESIGN.md §4.1).
-        One `count_busy` kernel call (the same comparisons as `busy_rows`)."""
+    def busy_count(self, cls: ClassConfig, elig: np.ndarray) -> int:
+        """Rows of `elig` (uint8[W]) whose active prefill tokens exceed the class's busy threshold (either
+        `prefill_busy_threshold` or `prefill_busy_threshold_frac` of the row's max batched tokens;
+        docs/DESIGN.md §4.1): one `count_busy` kernel call, the one statement of the rule (the admission
+        kernel calls it too). 0 when the class sets neither threshold."""
         thr, frac = cls.prefill_busy_threshold, cls.prefill_busy_threshold_frac
-        if (thr is None and frac is None) or n_elig == 0:
-            return False
+        if thr is None and frac is None:
+            return 0
         a = self.ledger.arrays
-        n_busy = count_busy(
+        return count_busy(
             a.w_active_prefill,
             a.w_max_batched_tokens,
             elig,
             -1 if thr is None else int(thr),
             -1.0 if frac is None else float(frac),
         )
-        return n_busy >= cls.busy_worker_ratio * n_elig - 1e-9
+
+    def class_busy(self, cls: ClassConfig, elig: np.ndarray, n_elig: int) -> bool:
+        """True when at least busy_worker_ratio of the `n_elig` eligible rows (`elig`) are busy
+        (`busy_count`; docs/DESIGN.md §4.1); never for a class without a busy threshold."""
+        if n_elig == 0 or (cls.prefill_busy_threshold is None and cls.prefill_busy_threshold_frac is None):
+            return False
+        return self.busy_count(cls, elig) >= cls.busy_worker_ratio * n_elig - 1e-9
 
     def lane_ready(self, class_idx: int, worker: WorkerKey) -> bool:
-        """May the lane of `worker` (class `class_idx`) dispatch its head now?"""
-        row = self.ledger.row_of(worker)
-        if row is None or self.ledger.eligible_mask(worker, None, self.elig) == 0:
+        """May the lane of `worker` (class `class_idx`) dispatch its head now: the worker eligible and
+        not busy (`busy_count` over its row alone)?"""
+        if self.ledger.eligible_mask(worker, None, self.elig) == 0:
             return False
-        cls = self.pq.classes[class_idx].config
-        thr, frac = cls.prefill_busy_threshold, cls.prefill_busy_threshold_frac
-        a = self.ledger.arrays
-        ap = a.w_active_prefill[row]
-        return not ((thr is not None and ap > thr) or (frac is not None and ap > frac * a.w_max_batched_tokens[row]))
+        return self.busy_count(self.pq.classes[class_idx].config, self.elig) == 0
 
     def shared_ready(self, class_idx: int, entry: QueueEntry) -> bool:
         """May the shared root run now: some allowed worker eligible and the class not busy?"""
@@ -239,6 +493,14 @@ class Admitter:
         pin = entry.placement
         if self.ledger.eligible_mask(pin, spec.allowed_workers, self.elig) == 0:
             return None
+        if pin is None:  # the compiled decision first; the Python steps below for what it leaves UNDECIDED
+            cq = self.pq.classes[entry.class_idx]
+            got = self.book(spec, cq, entry.arrival_us, now_us)
+            if got is not None:
+                row, slot, gen, ob, cached, _, live.wrote = got
+                self.leases.leased(live, slot, gen)
+                wait = max(0, now_us - entry.arrival_us)
+                return Admit(spec.request_id, spec.owner, self.ledger.key_of(row), slot, gen, ob, cached, wait, cq.name)
         hashes = spec.block_hashes if len(spec.block_hashes) else EMPTY_HASHES
         blocks, prefill, costs = self._project(hashes, spec.isl_tokens, now_us)
         view = self._view

@@ -28,8 +28,6 @@ import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from .admission import MakeReady, Reconcile
 from .leases import DEFERRED, READY, Live
 from .types import Reject, RequestSpec, WorkerKey
@@ -145,8 +143,7 @@ class Intake:
             return f"{where} overloaded; {_requests(ahead)} ahead"
         adm = self.admitter
         if adm.class_busy(cq.config, adm.elig, n_elig):
-            busy = adm.busy_rows(cq.config)
-            n_busy = int(np.count_nonzero(busy & (adm.elig != 0)))
+            n_busy = adm.busy_count(cq.config, adm.elig)
             return (
                 f"class {cq.name!r} is busy ({n_busy} of {n_elig} eligible workers above its prefill "
                 f"threshold); {_requests(ahead)} ahead"

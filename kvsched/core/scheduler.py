@@ -189,10 +189,9 @@ class Scheduler:
         if bad is not None:
             return [bad]
         n_elig = ledger.rows.eligible_mask(spec.pinned, spec.allowed_workers, adm.elig)
-        if n_elig and adm.fused and spec.pinned is None and cq.admission is None and cq.n_waiting == len(cq.deferred):
-            got = adm.admit_fast(spec, cq, intake.seq, now_us)  # one kernel call; None: decide below
-            if got is not None:
-                return [got]
+        got = adm.admit(spec, cq, n_elig, intake.seq, now_us)  # one kernel call; None: the Python steps below
+        if got is not None:
+            return [got]
         if n_elig == 0:
             n_place = adm.placeable_mask(spec.pinned, spec.allowed_workers)
             if n_place == 0:
@@ -223,11 +222,14 @@ class Scheduler:
         live.tracked = decision is not BYPASS and not isinstance(decision, Bypass)
         if isinstance(decision, Defer):
             return self._hold(live, cq, now_us, "the admission policy deferred it", defer=True)
-        if isinstance(decision, Ready) and decision.placement is not None:
-            if intake.placement_ok(spec, decision.placement, cq.name):
-                entry.placement = decision.placement
-                entry.cost = adm.snapshot_cost(spec, decision.placement, now_us)
-                n_elig = ledger.eligible_mask(entry.placement, spec.allowed_workers, adm.elig)
+        if (
+            isinstance(decision, Ready)
+            and decision.placement is not None
+            and intake.placement_ok(spec, decision.placement, cq.name)
+        ):
+            entry.placement = decision.placement
+            entry.cost = adm.snapshot_cost(spec, decision.placement, now_us)
+            n_elig = ledger.eligible_mask(entry.placement, spec.allowed_workers, adm.elig)
         why = intake.wait_reason(cq, n_elig, entry.placement != spec.pinned)
         if why is not None:
             return self._hold(live, cq, now_us, why, defer=False)
@@ -429,10 +431,7 @@ class Scheduler:
 
     def _any_ready(self) -> bool:
         """Some class holds a ready entry (a dispatch pass with none admits nothing and changes nothing)."""
-        for cq in self.admitter.pq.classes:
-            if cq.n_waiting > len(cq.deferred):
-                return True
-        return False
+        return any(cq.n_waiting > len(cq.deferred) for cq in self.admitter.pq.classes)
 
     def _tell_policies(self, now_us: int) -> None:
         if self.intake.tell_policies(now_us):

@@ -4,44 +4,22 @@ table: `admit_kv_packed`, `credited_depth_packed`, and the functions that build 
 Numba unboxes every argument of every call before the body runs (~0.2 µs per array argument on this
 project's VM, `shm/argtable.py`); `admit_kv` takes 41 arrays and `credited_depth` 29 that are the
 same objects call after call (the ledger's, the overlap indexes', scratch space, the explain ring).
-The core builds each table once (`core.fused_admit.FusedAdmission.kernel_arrays`, `OverlapView.depth`), keeps the arrays
+The core builds each table once (`core.admitter.Admitter.kernel_arrays`, `OverlapView.depth`), keeps the arrays
 referenced beside it, and rebuilds it when one of them is replaced. Measured with
 `bench/bench_admit_kernel.py` (bench_core's state): the admission call ~10.7 -> ~4.5 µs before the
 kernel's work, the whole `admit_kv` call ~37 -> ~31 µs (medians, noisy shared machine).
 
 Results and writes are those of the unpacked kernels (they call them): tests/shm/test_admit_kernels.py
-runs both forms against the numpy and pure-Python twins. Cache key: as in `admit_kernels`, a digest
-of the composed kernels' sources (this module's own file is numba's key) is a closure variable.
+runs both forms against the numpy and pure-Python twins. Cache key: `shm.kernel_cache`.
 """
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import numpy as np
-from numba import njit
 
-from .admit_kernels import UNDECIDED, admit_kv, credited_depth
+from .admit_kernels import admit_kv, credited_depth
 from .argtable import pack_table, view1, view2, view3
-
-
-def _sources_digest() -> str:
-    """sha256 of the source files the packed kernels compose (module docstring: cache key)."""
-    here = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for name in (
-        "admit_kernels.py",
-        "argtable.py",
-        "kernels.py",
-        "overlap.py",
-        "select_kernels.py",
-        "layout.py",
-        "mix.py",
-    ):
-        h.update((here / name).read_bytes())
-    return h.hexdigest()
-
+from .kernel_cache import njit
 
 # `admit_kv`'s arguments from `eligible` to `out` (they follow `block_size, stride`), as
 # (name, dtype, ndim): the table `admit_kv_packed` takes instead of them (`pack_admit_arrays`).
@@ -97,11 +75,31 @@ def pack_admit_arrays(arrays: tuple) -> np.ndarray:
     return pack_table(arrays, ADMIT_ARRAYS)
 
 
-def _make_admit_kv_packed(digest: str):
-    """Build `admit_kv_packed` with `digest` as a closure variable (module docstring)."""
-
-    @njit(cache=True, nogil=True)
-    def admit_kv_packed(
+@njit(cache=True, nogil=True)
+def admit_kv_packed(
+    hashes,
+    isl_tokens,
+    now_us,
+    slot,
+    expected_osl,
+    class_idx,
+    enqueue_us,
+    owner_pid,
+    expiry_us,
+    decay,
+    decay_recent,
+    depth_given,
+    ring_i,
+    params,
+    block_size,
+    stride,
+    table,
+):
+    """`admit_kv` with its 41 fixed arrays given as one table (`pack_admit_arrays`): the same
+    arguments up to `stride`, then `table` int64[4 * 41]. Same result, same writes; the call
+    itself costs ~2.5 µs instead of ~13 µs (`shm.argtable`). Returns what `admit_kv` returns."""
+    t = table
+    return admit_kv(
         hashes,
         isl_tokens,
         now_us,
@@ -118,75 +116,48 @@ def _make_admit_kv_packed(digest: str):
         params,
         block_size,
         stride,
-        table,
-    ):
-        """`admit_kv` with its 41 fixed arrays given as one table (`pack_admit_arrays`): the same
-        arguments up to `stride`, then `table` int64[4 * 41]. Same result, same writes; the call
-        itself costs ~2.5 µs instead of ~13 µs (`shm.argtable`). Returns what `admit_kv` returns."""
-        if len(digest) == 0:  # never: `digest` is here for numba's cache key (module docstring)
-            return UNDECIDED
-        t = table
-        return admit_kv(
-            hashes,
-            isl_tokens,
-            now_us,
-            slot,
-            expected_osl,
-            class_idx,
-            enqueue_us,
-            owner_pid,
-            expiry_us,
-            decay,
-            decay_recent,
-            depth_given,
-            ring_i,
-            params,
-            block_size,
-            stride,
-            view1(t, 0, np.uint8),
-            view1(t, 1, np.bool_),
-            view1(t, 2, np.uint64),
-            view1(t, 3, np.uint8),
-            view2(t, 4, np.uint64),
-            view2(t, 5, np.uint64),
-            view1(t, 6, np.int64),
-            view1(t, 7, np.uint64),
-            view1(t, 8, np.int32),
-            view1(t, 9, np.uint32),
-            view1(t, 10, np.int64),
-            view1(t, 11, np.int64),
-            view1(t, 12, np.int64),
-            view1(t, 13, np.int64),
-            view2(t, 14, np.uint64),
-            view2(t, 15, np.int32),
-            view1(t, 16, np.uint64),
-            view1(t, 17, np.uint8),
-            view1(t, 18, np.uint32),
-            view1(t, 19, np.int32),
-            view1(t, 20, np.uint32),
-            view1(t, 21, np.int64),
-            view1(t, 22, np.int64),
-            view1(t, 23, np.int64),
-            view1(t, 24, np.int64),
-            view1(t, 25, np.int64),
-            view1(t, 26, np.int64),
-            view1(t, 27, np.int32),
-            view1(t, 28, np.int64),
-            view1(t, 29, np.int64),
-            view1(t, 30, np.int64),
-            view1(t, 31, np.int32),
-            view1(t, 32, np.int64),
-            view1(t, 33, np.float64),
-            view2(t, 34, np.float64),
-            view2(t, 35, np.uint8),
-            view2(t, 36, np.int32),
-            view2(t, 37, np.int64),
-            view2(t, 38, np.int64),
-            view3(t, 39, np.float64),
-            view1(t, 40, np.int64),
-        )
-
-    return admit_kv_packed
+        view1(t, 0, np.uint8),
+        view1(t, 1, np.bool_),
+        view1(t, 2, np.uint64),
+        view1(t, 3, np.uint8),
+        view2(t, 4, np.uint64),
+        view2(t, 5, np.uint64),
+        view1(t, 6, np.int64),
+        view1(t, 7, np.uint64),
+        view1(t, 8, np.int32),
+        view1(t, 9, np.uint32),
+        view1(t, 10, np.int64),
+        view1(t, 11, np.int64),
+        view1(t, 12, np.int64),
+        view1(t, 13, np.int64),
+        view2(t, 14, np.uint64),
+        view2(t, 15, np.int32),
+        view1(t, 16, np.uint64),
+        view1(t, 17, np.uint8),
+        view1(t, 18, np.uint32),
+        view1(t, 19, np.int32),
+        view1(t, 20, np.uint32),
+        view1(t, 21, np.int64),
+        view1(t, 22, np.int64),
+        view1(t, 23, np.int64),
+        view1(t, 24, np.int64),
+        view1(t, 25, np.int64),
+        view1(t, 26, np.int64),
+        view1(t, 27, np.int32),
+        view1(t, 28, np.int64),
+        view1(t, 29, np.int64),
+        view1(t, 30, np.int64),
+        view1(t, 31, np.int32),
+        view1(t, 32, np.int64),
+        view1(t, 33, np.float64),
+        view2(t, 34, np.float64),
+        view2(t, 35, np.uint8),
+        view2(t, 36, np.int32),
+        view2(t, 37, np.int64),
+        view2(t, 38, np.int64),
+        view3(t, 39, np.float64),
+        view1(t, 40, np.int64),
+    )
 
 
 _INDEX_ARRAYS = (
@@ -218,57 +189,45 @@ def pack_credited_arrays(arrays: tuple) -> np.ndarray:
     return pack_table(arrays, CREDITED_ARRAYS)
 
 
-def _make_credited_depth_packed(digest: str):
-    """Build `credited_depth_packed` with `digest` as a closure variable (module docstring)."""
-
-    @njit(cache=True, nogil=True)
-    def credited_depth_packed(hashes, now_us, has_offload, offload_credit, stale_flag, table):
-        """`credited_depth` with its 29 arrays given as one table (`pack_credited_arrays`): the same
-        arguments up to `stale_flag`, then `table` int64[4 * 29]. Same writes (`shm.argtable`)."""
-        if len(digest) == 0:  # never: `digest` is here for numba's cache key (module docstring)
-            return
-        t = table
-        u8, u64, i32, i64 = np.uint8, np.uint64, np.int32, np.int64
-        credited_depth(
-            hashes,
-            now_us,
-            has_offload,
-            offload_credit,
-            stale_flag,
-            view1(t, 0, u64),
-            view1(t, 1, u8),
-            view2(t, 2, u64),
-            view2(t, 3, u64),
-            view1(t, 4, i64),
-            view1(t, 5, u64),
-            view1(t, 6, u8),
-            view2(t, 7, u64),
-            view2(t, 8, u64),
-            view1(t, 9, i64),
-            view1(t, 10, u64),
-            view1(t, 11, u8),
-            view2(t, 12, u64),
-            view2(t, 13, u64),
-            view1(t, 14, i64),
-            view1(t, 15, u64),
-            view1(t, 16, u8),
-            view2(t, 17, u64),
-            view2(t, 18, u64),
-            view1(t, 19, i64),
-            view1(t, 20, u64),
-            view1(t, 21, i32),
-            view1(t, 22, i32),
-            view1(t, 23, i32),
-            view1(t, 24, i32),
-            view1(t, 25, u8),
-            view1(t, 26, u8),
-            view1(t, 27, i32),
-            view1(t, 28, i32),
-        )
-
-    return credited_depth_packed
-
-
-_DIGEST = _sources_digest()
-admit_kv_packed = _make_admit_kv_packed(_DIGEST)
-credited_depth_packed = _make_credited_depth_packed(_DIGEST)
+@njit(cache=True, nogil=True)
+def credited_depth_packed(hashes, now_us, has_offload, offload_credit, stale_flag, table):
+    """`credited_depth` with its 29 arrays given as one table (`pack_credited_arrays`): the same
+    arguments up to `stale_flag`, then `table` int64[4 * 29]. Same writes (`shm.argtable`)."""
+    t = table
+    u8, u64, i32, i64 = np.uint8, np.uint64, np.int32, np.int64
+    credited_depth(
+        hashes,
+        now_us,
+        has_offload,
+        offload_credit,
+        stale_flag,
+        view1(t, 0, u64),
+        view1(t, 1, u8),
+        view2(t, 2, u64),
+        view2(t, 3, u64),
+        view1(t, 4, i64),
+        view1(t, 5, u64),
+        view1(t, 6, u8),
+        view2(t, 7, u64),
+        view2(t, 8, u64),
+        view1(t, 9, i64),
+        view1(t, 10, u64),
+        view1(t, 11, u8),
+        view2(t, 12, u64),
+        view2(t, 13, u64),
+        view1(t, 14, i64),
+        view1(t, 15, u64),
+        view1(t, 16, u8),
+        view2(t, 17, u64),
+        view2(t, 18, u64),
+        view1(t, 19, i64),
+        view1(t, 20, u64),
+        view1(t, 21, i32),
+        view1(t, 22, i32),
+        view1(t, 23, i32),
+        view1(t, 24, i32),
+        view1(t, 25, u8),
+        view1(t, 26, u8),
+        view1(t, 27, i32),
+        view1(t, 28, i32),
+    )

@@ -25,8 +25,10 @@ or the copy's kernels would write the original's arrays.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, types
+from numba import carray, types
 from numba.extending import intrinsic
+
+from .kernel_cache import njit
 
 ENTRY = 4  # table words per array: address, shape[0], shape[1], shape[2]
 

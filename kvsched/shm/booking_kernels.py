@@ -14,8 +14,8 @@ nothing, and has twins of the same name and signature in `reference_booking.py` 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from .kernel_cache import njit
 from .kernels import apply_output_tokens, ref_remove
 from .layout import SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE
 

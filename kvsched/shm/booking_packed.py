@@ -9,20 +9,16 @@ on every call (~0.15-0.2 µs apiece on this project's VM) before the body runs. 
 referenced beside it and call these kernels with the per-call scalars and the table.
 
 Results and writes are the unpacked kernels' (these call them): tests/shm/test_booking_kernels.py
-and tests/core/test_words_fold.py run the packed forms. Cache key: as in `admit_kernels`, a digest of the composed
-kernels' sources is a closure variable (numba's cache key covers only this file otherwise).
+and tests/core/test_words_fold.py run the packed forms. Cache key: `shm.kernel_cache`.
 """
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import numpy as np
-from numba import njit
 
 from .argtable import pack_table, view1, view2
 from .booking_kernels import release_booking
+from .kernel_cache import njit
 from .kernels import fold_words
 
 # `release_booking`'s arguments after (slot, generation), as (name, dtype, ndim) (`shm.layout` dtypes)
@@ -43,15 +39,6 @@ RELEASE_ARRAYS = (
 )
 
 
-def _sources_digest() -> str:
-    """sha256 of the source files `release_booking_packed` composes (module docstring: cache key)."""
-    here = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for name in ("booking_kernels.py", "kernels.py", "argtable.py", "layout.py", "mix.py", "words.py"):
-        h.update((here / name).read_bytes())
-    return h.hexdigest()
-
-
 def pack_release_arrays(a) -> np.ndarray:
     """int64 table of `release_booking`'s 13 arrays of ledger `a` (`RELEASE_ARRAYS` order). The caller
     keeps `a` alive while it uses the table (`shm.argtable`). Raises ValueError for an array of another
@@ -59,35 +46,28 @@ def pack_release_arrays(a) -> np.ndarray:
     return pack_table(tuple(getattr(a, name) for name, _, _ in RELEASE_ARRAYS), RELEASE_ARRAYS)
 
 
-def _make_release_booking_packed(digest: str):
-    """Build `release_booking_packed` with `digest` as a closure variable (module docstring)."""
-
-    @njit(cache=True, nogil=True)
-    def release_booking_packed(slot, generation, table):
-        """`release_booking(slot, generation, *arrays)` with the 13 arrays as one table
-        (`pack_release_arrays`). Returns what `release_booking` returns (the row, or -1)."""
-        if len(digest) == 0:  # never: `digest` is here for numba's cache key (module docstring)
-            return -1
-        t = table
-        return release_booking(
-            slot,
-            generation,
-            view1(t, 0, np.uint8),
-            view1(t, 1, np.uint32),
-            view1(t, 2, np.int32),
-            view1(t, 3, np.int64),
-            view1(t, 4, np.int32),
-            view1(t, 5, np.int64),
-            view1(t, 6, np.int64),
-            view1(t, 7, np.uint64),
-            view2(t, 8, np.uint64),
-            view2(t, 9, np.int32),
-            view1(t, 10, np.int64),
-            view1(t, 11, np.int64),
-            view1(t, 12, np.int64),
-        )
-
-    return release_booking_packed
+@njit(cache=True, nogil=True)
+def release_booking_packed(slot, generation, table):
+    """`release_booking(slot, generation, *arrays)` with the 13 arrays as one table
+    (`pack_release_arrays`). Returns what `release_booking` returns (the row, or -1)."""
+    t = table
+    return release_booking(
+        slot,
+        generation,
+        view1(t, 0, np.uint8),
+        view1(t, 1, np.uint32),
+        view1(t, 2, np.int32),
+        view1(t, 3, np.int64),
+        view1(t, 4, np.int32),
+        view1(t, 5, np.int64),
+        view1(t, 6, np.int64),
+        view1(t, 7, np.uint64),
+        view2(t, 8, np.uint64),
+        view2(t, 9, np.int32),
+        view1(t, 10, np.int64),
+        view1(t, 11, np.int64),
+        view1(t, 12, np.int64),
+    )
 
 
 # `fold_words`'s arrays (every argument but `n_slots` and `block_size`), as (name, dtype, ndim)
@@ -116,43 +96,31 @@ def pack_fold_arrays(arrays: tuple) -> np.ndarray:
     return pack_table(arrays, FOLD_ARRAYS)
 
 
-def _make_fold_words_packed(digest: str):
-    """Build `fold_words_packed` with `digest` as a closure variable (module docstring)."""
-
-    @njit(cache=True, nogil=True)
-    def fold_words_packed(n_slots, block_size, table):
-        """`fold_words` over slots [0, n_slots) with its 15 arrays as one table (`pack_fold_arrays`).
-        Returns what `fold_words` returns (the slots whose load changed)."""
-        if len(digest) == 0:  # never: `digest` is here for numba's cache key (module docstring)
-            return 0
-        t = table
-        u64, i64 = np.uint64, np.int64
-        return fold_words(
-            n_slots,
-            view1(t, 0, u64),
-            view1(t, 1, u64),
-            view1(t, 2, u64),
-            view1(t, 3, np.uint8),
-            view1(t, 4, np.uint32),
-            view1(t, 5, np.int32),
-            view1(t, 6, i64),
-            view1(t, 7, i64),
-            view1(t, 8, i64),
-            view1(t, 9, i64),
-            view1(t, 10, i64),
-            view1(t, 11, i64),
-            block_size,
-            view1(t, 12, i64),
-            view1(t, 13, i64),
-            view1(t, 14, i64),
-        )
-
-    return fold_words_packed
-
-
-_DIGEST = _sources_digest()
-release_booking_packed = _make_release_booking_packed(_DIGEST)
-fold_words_packed = _make_fold_words_packed(_DIGEST)
+@njit(cache=True, nogil=True)
+def fold_words_packed(n_slots, block_size, table):
+    """`fold_words` over slots [0, n_slots) with its 15 arrays as one table (`pack_fold_arrays`).
+    Returns what `fold_words` returns (the slots whose load changed)."""
+    t = table
+    u64, i64 = np.uint64, np.int64
+    return fold_words(
+        n_slots,
+        view1(t, 0, u64),
+        view1(t, 1, u64),
+        view1(t, 2, u64),
+        view1(t, 3, np.uint8),
+        view1(t, 4, np.uint32),
+        view1(t, 5, np.int32),
+        view1(t, 6, i64),
+        view1(t, 7, i64),
+        view1(t, 8, i64),
+        view1(t, 9, i64),
+        view1(t, 10, i64),
+        view1(t, 11, i64),
+        block_size,
+        view1(t, 12, i64),
+        view1(t, 13, i64),
+        view1(t, 14, i64),
+    )
 
 
 def warm_booking_packed() -> None:

@@ -17,8 +17,8 @@ not live (one block over-estimated) — the documented graceful degradation.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from .kernel_cache import njit
 from .layout import SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE
 from .mix import MIX_M1, MIX_M2, MIX_S1, MIX_S2, MIX_S3
 from .words import STATE_FLAGS, STATE_PREFILL_DONE

@@ -17,8 +17,8 @@ as expiring at INT64_MAX; ties -> the first in the window) and counts it in `evi
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from .kernel_cache import njit
 from .kernels import _home
 
 INT64_MAX = np.iinfo(np.int64).max

@@ -3,7 +3,7 @@ of event-fed rows, one call each.
 
 They compute exactly what the numpy code of `core/kv_cost.py` (`KvSelector.terms` + the total,
 extra-wait cap, requests release rule and capped interference included),
-`core/admitter.py` (`Admitter.busy_rows` / `class_busy`) and `core/overlap_view.py`
+`core/admitter.py` (`Admitter.busy_count`) and `core/overlap_view.py`
 (`credited_overlap`) compute — same float operations in the same
 order, so decisions are bit-identical — without the dozen small numpy calls per decision. Twins with
 the same names and signatures: `numpy_twin` / `python_twin` in `shm/reference.py` (implemented in
@@ -13,7 +13,8 @@ the same names and signatures: `numpy_twin` / `python_twin` in `shm/reference.py
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .kernel_cache import njit
 
 KV_TERMS = ("prefill", "active_blocks", "lead", "recent", "interference")  # row order of the `terms` array
 
@@ -224,7 +225,7 @@ def kv_cost_terms(
 
 @njit(cache=True, nogil=True)
 def count_busy(active_prefill, max_batched, eligible, threshold, threshold_frac):
-    """Eligible rows whose active prefill exceeds a class's busy threshold (`Admitter.busy_rows`).
+    """Eligible rows whose active prefill exceeds a class's busy threshold (`Admitter.busy_count`).
 
     Args:
         active_prefill / max_batched: int64[W] (tokens); eligible: uint8[W].

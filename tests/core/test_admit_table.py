@@ -1,6 +1,6 @@
 """The fused admission's argument tables (`shm.argtable`) follow the arrays they describe.
 
-`FusedAdmission.kernel_arrays` and `OverlapView.depth` hand the packed kernels tables of array addresses
+`Admitter.kernel_arrays` and `OverlapView.depth` hand the packed kernels tables of array addresses
 built once. A table that outlived a replaced array would make the kernel write memory nobody reads
 (or memory already freed): these tests replace each kind of array the core may replace and check
 that the next admission's kernel reads and writes the new one.
@@ -48,13 +48,13 @@ def test_a_replaced_recent_work_array_gets_a_new_table():
     s = _scheduler()
     adm, sel = s.admitter, s.admitter.selector
     a = _admit(s, 1, 1_000)
-    old_table = adm.fast.kernel_arrays()[2]
+    old_table = adm.kernel_arrays()[2]
     assert old_table[ENTRY * RECENT] == sel.recent.__array_interface__["data"][0]
     old = sel.recent
     sel.recent = sel.recent.copy()  # as `KvSelector` does when rows are added (a new array)
     old_before = old.copy()
     b = _admit(s, 2, 2_000)
-    table = adm.fast.kernel_arrays()[2]
+    table = adm.kernel_arrays()[2]
     assert table[ENTRY * RECENT] == sel.recent.__array_interface__["data"][0]
     np.testing.assert_array_equal(old, old_before)  # the replaced array is no longer written
     assert sel.recent[s.ledger.row_of(b.worker)] > 0  # the admission's recent work went to the new array
@@ -71,7 +71,7 @@ def test_a_replaced_depth_array_gets_a_new_credited_table():
     _admit(s, 2, 2_000)
     table = view._credited[2]  # noqa: SLF001
     assert table[ENTRY * CREDITED_OUT] == view.depth_out.__array_interface__["data"][0]
-    assert s.admitter.fast.kernel_arrays()[2][ENTRY * 8] == view.depth_out.__array_interface__["data"][0]
+    assert s.admitter.kernel_arrays()[2][ENTRY * 8] == view.depth_out.__array_interface__["data"][0]
 
 
 def test_a_copied_scheduler_writes_its_own_arrays():
@@ -92,9 +92,7 @@ def test_a_copied_scheduler_writes_its_own_arrays():
     b = _admit(c, 2, 2_000)
     assert c.ledger.arrays.w_active_requests.sum() == 1
     c.release(b.request_id, b.slot, b.generation, "completed", 1, 2_500)
-    assert (
-        c.admitter.fast.kernel_arrays()[2][ENTRY * RECENT] == c.admitter.selector.recent.__array_interface__["data"][0]
-    )
+    assert c.admitter.kernel_arrays()[2][ENTRY * RECENT] == c.admitter.selector.recent.__array_interface__["data"][0]
     for n, before in snapshot.items():
         np.testing.assert_array_equal(getattr(s.ledger.arrays, n), before, err_msg=n)
     np.testing.assert_array_equal(s.view.approx.keys, keys)

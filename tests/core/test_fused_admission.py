@@ -1,4 +1,4 @@
-"""The fused immediate path (`Admitter.admit_fast`, one `admit_kv` kernel call) decides exactly as the
+"""The admission kernel (`Admitter.admit`, one `admit_kv` call, the first step of every enqueue) decides exactly as the
 Python path (`admit_one`): two schedulers fed the same operations, one with the fused path off,
 return the same records and end in the same state (ledger, overlap indexes, recent work, explain)."""
 
@@ -75,17 +75,17 @@ def _pair(events: bool, busy_frac: float | None, max_slots: int, overload_prefil
 
 
 def count_fused(sched) -> dict:
-    """Wrap `sched.admitter.admit_fast` so that each admission it decides (not None) counts in the
+    """Wrap `sched.admitter.admit` so that each admission it decides (not None) counts in the
     returned dict's "fused" entry."""
     calls = {"fused": 0}
-    admit_fast = sched.admitter.admit_fast
+    admit = sched.admitter.admit
 
     def counting(*args):
-        got = admit_fast(*args)
+        got = admit(*args)
         calls["fused"] += got is not None
         return got
 
-    sched.admitter.admit_fast = counting
+    sched.admitter.admit = counting
     return calls
 
 
@@ -175,6 +175,42 @@ def test_fused_path_decides_as_the_python_path(seed, events, busy_frac, max_slot
         assert calls["fused"] > 0  # the fused path decided some of them
 
 
+def test_queued_requests_are_booked_by_the_kernel_in_the_dispatch_pass():
+    """One pipeline: a request that waited (its class busy) is booked by the same kernel step
+    (`Admitter.book`) when a dispatch pass admits it, with its waiting time in the `Admit`; records
+    and state match the Python path's."""
+    fast, slow = _pair(False, 0.5, 64, None)
+    booked = {"n": 0}
+    book = fast.admitter.book
+
+    def counting(*args):
+        got = book(*args)
+        booked["n"] += got is not None
+        return got
+
+    fast.admitter.book = counting
+    calls = count_fused(fast)
+    held, ids = [], []
+    for i in range(12):  # 1,600-token prompts: every worker busy (> 0.5 x 2,048) after one each
+        h = np.array([100 * i + k for k in range(4)], dtype=np.uint64)
+        got = [
+            s.enqueue(make_request(f"b{i}", isl_tokens=1600, block_hashes=h, owner=1), 1000 + i) for s in (fast, slow)
+        ]
+        assert got[0] == got[1]
+        held += got[0]
+        ids.append(f"b{i}")
+    assert len(held) == len(WORKERS)  # the rest wait
+    waited = []
+    for k, a in enumerate(list(held)):
+        got = [s.update(a.request_id, a.slot, a.generation, "prefill_done", None, 50_000 + k) for s in (fast, slow)]
+        got = [g + s.drain_cleanup(50_000 + k) for g, s in zip(got, (fast, slow), strict=True)]
+        assert got[0] == got[1]
+        waited += got[0]
+    assert waited and all(isinstance(a, Admit) and a.queued_us > 0 for a in waited)
+    assert booked["n"] == calls["fused"] + len(waited)  # the dispatch pass's bookings went through the kernel
+    _same_state(fast, slow, ids)
+
+
 def test_fused_path_is_taken_for_a_plain_request_and_explained():
     """A request on a loaded fleet (no ties) is admitted by the kernel; `explain` reads the ring."""
     fast, slow = _pair(False, None, 64, None)
@@ -239,16 +275,16 @@ def test_with_the_home_term_on_the_kernel_decides_short_prompts_and_the_array_co
     Python path) decide alike and count the same cache-reusing admissions."""
     fast, slow = _pair(False, None, 64, None, home=True)
     calls = {"fused": 0, "short": 0}
-    admit_fast = fast.admitter.admit_fast
+    admit = fast.admitter.admit
 
     def counting(spec, *args):
-        got = admit_fast(spec, *args)
+        got = admit(spec, *args)
         calls["fused"] += got is not None
         calls["short"] += spec.isl_tokens < 64
         assert got is None or spec.isl_tokens < 64
         return got
 
-    fast.admitter.admit_fast = counting
+    fast.admitter.admit = counting
     ids = []
     for i in range(60):
         n = 2 if i % 3 else 6  # 32 or 96 tokens; turns of 3 conversations reuse their history

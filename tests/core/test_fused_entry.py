@@ -1,5 +1,5 @@
 """The fused path calls `admit_kv_packed` through its compiled entry point only for C-contiguous uint64
-hashes (`core/fused_admit.py`): the entry point checks nothing but an array's item size, so a strided
+hashes (`Admitter.admit`, `core/admitter.py`): the entry point checks nothing but an array's item size, so a strided
 view must go through numba's dispatcher. Both layouts decide and book exactly as the Python path."""
 
 from __future__ import annotations

@@ -280,6 +280,25 @@ def test_do_not_queue_rejection_carries_requests_waiting_ahead_and_why():
     assert "busy" in r.detail and "2 requests" in r.detail
 
 
+def test_busy_detail_counts_the_eligible_workers_above_either_threshold():
+    """The busy rule (tokens or a fraction of the row's batch budget, whichever is set) counts the
+    eligible workers above it; the do_not_queue detail names that count, and a pinned request waits
+    in its worker's lane until that worker alone is no longer above it."""
+    w1, w2 = WorkerKey(1, 0), WorkerKey(2, 0)
+    for busy in (dict(prefill_busy_threshold=500), dict(prefill_busy_threshold_frac=0.5)):
+        s = _sched([make_class("default", **busy)], workers=((1, 0), (2, 0)))
+        a = _one(s.enqueue(make_request("a", isl_tokens=600, pinned=w1), 0))
+        r = _one(s.enqueue(make_request("d1", do_not_queue=True), 1))  # 1 of 2 busy: the class is not
+        assert isinstance(r, Admit) and r.worker == w2, busy
+        r = _one(s.enqueue(make_request("d2", isl_tokens=600, do_not_queue=True), 2))
+        assert isinstance(r, Admit) and r.worker == w2, busy  # w2 at 100 tokens: under either threshold
+        r = _one(s.enqueue(make_request("d3", do_not_queue=True), 3))
+        assert r.reason == "do_not_queue" and "(2 of 2 eligible workers above" in r.detail, (busy, r.detail)
+        assert s.enqueue(make_request("p1", pinned=w1), 4) == []  # its lane: w1 is above the threshold
+        got = s.update("a", a.slot, a.generation, "prefill_done", None, 5) + s.drain_cleanup(6)
+        assert [x.request_id for x in got] == ["p1"], busy
+
+
 def test_do_not_queue_detail_names_the_backlog_when_not_busy():
     s = _sched()
     run = _one(s.enqueue(make_request("run", isl_tokens=600), 0))
