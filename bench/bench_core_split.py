@@ -157,7 +157,8 @@ def _translator(sched):
     from kvsched.config import DaemonConfig
     from kvsched.daemon.connections import ConnectionTable
     from kvsched.daemon.metrics import Metrics
-    from kvsched.daemon.translate import Translator, WakeTally
+    from kvsched.daemon.tally import WakeTally
+    from kvsched.daemon.translate import Translator
 
     conns, sent = ConnectionTable(10**12), []
     tr = Translator(

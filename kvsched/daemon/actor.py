@@ -22,7 +22,6 @@ import zmq
 
 from .. import protocol as p
 from ..core.types import Admit
-from . import tick
 from .admin_socket import ADMIN_BUDGET, AdminSocket
 from .connections import Connection, ConnectionTable
 from .envelope import REQ_ON_DATA_SOCKET, is_req_envelope
@@ -30,7 +29,9 @@ from .heartbeats import TokenHeartbeats
 from .metrics import Metrics
 from .ratelimit import RateLimitedLog
 from .replies import ReplyOutbox
-from .translate import Translator, WakeTally, now_us
+from .tally import WakeTally, now_us
+from .tick import Ticker
+from .translate import Translator
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +110,9 @@ class Actor:
         self.beats = TokenHeartbeats(self.conns, metrics.unknown_token_heartbeats)
         self.stopped = False
         self.started_us = now_us()
-        self._timer: asyncio.TimerHandle | None = None
-        self._next_liveness_us = 0
-        self._next_gauges_us = 0
-        self._last_tick_s = 0.0
+        self.ticker = Ticker(self)
         self._fold_timer: asyncio.TimerHandle | None = None
         self._soon: dict[Callable[[], None], asyncio.Handle] = {}  # reader callback -> its one queued wake
-        self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
-        self.on_second: list[Callable[[], None]] = []  # once a second, with the gauges (e.g. kv-event counters)
         self.dropped_dead_frames = 0  # frames left by peers whose process died, dropped unread
 
     @property
@@ -129,11 +125,10 @@ class Actor:
         self.loop.add_reader(self.data_sock.getsockopt(zmq.FD), self._on_data)
         if self.admin_sock is not None:
             self.loop.add_reader(self.admin_sock.getsockopt(zmq.FD), self._on_admin)
-        self._last_tick_s = now_us() / 1_000_000
         stall_s = float(os.environ.get("KVSCHED_DEBUG_STALL_S", "0") or 0)
         if stall_s > 0:  # operators' check of the watchdog wiring: `kill -USR2` freezes the loop
             self.loop.add_signal_handler(signal.SIGUSR2, self._stall, stall_s)
-        self._schedule_tick()
+        self.ticker.start()
         self._wake_soon(self._on_data)
 
     def _stall(self, seconds: float) -> None:
@@ -149,8 +144,7 @@ class Actor:
         self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
         if self.admin_sock is not None:
             self.loop.remove_reader(self.admin_sock.getsockopt(zmq.FD))
-        if self._timer is not None:
-            self._timer.cancel()
+        self.ticker.stop()
         if self._fold_timer is not None:
             self._fold_timer.cancel()
             self._fold_timer = None
@@ -161,7 +155,7 @@ class Actor:
         if not self.accepting:
             return
         self.tr.accepting = False
-        self._deliver(self.scheduler.shutdown(now_us()), now_us())
+        self.deliver(self.scheduler.shutdown(now_us()), now_us())
         self._flush_replies()
         self.tally.flush()
 
@@ -193,7 +187,7 @@ class Actor:
         t = now_us()
         n = beats = 0  # data frames, and heartbeat DEALERs' beats (outside the data budget, with their own)
         sends = self.outbox.sends
-        folded = self._fold()  # local routers' dispatched / prefill_done / tokens, before this wake's frames
+        folded = self.fold_words()  # local routers' dispatched / prefill_done / tokens, before this wake's frames
         more = True  # readable: checked above, then after each message (no zmq.Again raised per wake)
         if self._carry is not None:  # the rest of a Batch an earlier wake began comes before any new message
             n = self._resume_batch(budget, t)
@@ -231,9 +225,9 @@ class Actor:
                 tally.cleanup_sizes.append(self.tr.releases_this_wake)
                 self.tr.releases_this_wake = 0
             tally.samples += n
-            self._deliver(self.scheduler.drain_cleanup(t), t)
+            self.deliver(self.scheduler.drain_cleanup(t), t)
         elif folded:
-            self._deliver(self.scheduler.drain_cleanup(t), t)
+            self.deliver(self.scheduler.drain_cleanup(t), t)
         self._arm_fold_timer()
         self._flush_replies()
         tally.flush_if_full()
@@ -244,7 +238,7 @@ class Actor:
             self._wake_soon(self._on_data)
 
     # ------------------------------------------------------------------ shared-memory words
-    def _fold(self) -> bool:
+    def fold_words(self) -> bool:
         """Fold the routers' progress and state words (one kernel call); True if anything changed."""
         if self.scheduler.fold_words():
             self.tally.word_folds += 1
@@ -261,9 +255,9 @@ class Actor:
         self._fold_timer = None
         if self.stopped:
             return
-        if self._fold():
+        if self.fold_words():
             t = now_us()
-            self._deliver(self.scheduler.drain_cleanup(t), t)
+            self.deliver(self.scheduler.drain_cleanup(t), t)
             self.tally.flush_if_full()
         self._arm_fold_timer()
 
@@ -452,7 +446,7 @@ class Actor:
         )
         self._send(conn, msgspec.structs.replace(self.welcome, conn_token=conn.conn_token))
 
-    def _deliver(self, outcomes: list, t: int) -> None:
+    def deliver(self, outcomes: list, t: int) -> None:
         """Send Admitted/Rejected for scheduler outcomes (`Translator.deliver`)."""
         self.tr.deliver(outcomes, t)
 
@@ -492,7 +486,7 @@ class Actor:
         for o in lost:
             self.tally.undeliverable += 1
             self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
-        self._deliver(self.scheduler.drain_cleanup(t), t)
+        self.deliver(self.scheduler.drain_cleanup(t), t)
         if self.outbox:
             self._wake_soon(self._flush_outside_wake)
 
@@ -532,25 +526,14 @@ class Actor:
         if self.stopped:
             return
         t = now_us()
-        n = self.admin.serve(t, self._deliver)
+        n = self.admin.serve(t, self.deliver)
         if n:
-            self._deliver(self.scheduler.drain_cleanup(t), t)
+            self.deliver(self.scheduler.drain_cleanup(t), t)
             self.tally.flush()
         self._rearm(self.admin.sock, self._on_admin, more=(n == ADMIN_BUDGET))
 
     # ------------------------------------------------------------------ timers
-    def _schedule_tick(self) -> None:
-        self._timer = self.loop.call_later(self.cfg.progress_fold_ms / 1000, self._on_tick)
-
-    def _on_tick(self) -> None:
-        """Timer callback: the periodic work (`tick.py`), then the next tick and fold timer."""
-        if self.stopped:
-            return
-        t = now_us()  # one clock reading for the lag and the reaper: a stall after it shows in the next lag
-        tick.observe_lag(self, t)
-        try:
-            tick.periodic_work(self, t)
-        finally:
-            self._schedule_tick()
-            self._arm_fold_timer()
+    def after_tick(self) -> None:
+        """The `Ticker`'s call after each tick: arm the fold timer, look at the data socket again."""
+        self._arm_fold_timer()
         self._rearm(self.data_sock, self._on_data, more=False)

@@ -188,18 +188,18 @@ class Daemon:
             conns=self.conns,
         )
         self.admin_ctx.connections = lambda: len(self.actor.conns)
-        self.actor.on_tick.append(self.notifier.watchdog_tick)
+        self.actor.ticker.on_tick.append(self.notifier.watchdog_tick)
         arrays = self.scheduler.ledger.arrays
         self.health.watch_workers(lambda: available_workers(arrays.w_present, arrays.w_flags))
-        self.actor.on_tick.append(self.health.stamp)  # liveness: every tick
-        self.actor.on_second.append(self.health.tick)  # + available workers (readiness), once a second
+        self.actor.ticker.on_tick.append(self.health.stamp)  # liveness: every tick
+        self.actor.ticker.on_second.append(self.health.tick)  # + available workers (readiness), once a second
         self.actor.start()
         self.kv_events = build_kv_subscriber(
             cfg, self.scheduler, loop, self.ctx, self.segments.kv_index, self.segments.kv_index_restored, runtime
         )
         self.admin_ctx.kv_events = self.kv_events
         self.admin_ctx.hash_check = install_hash_check(cfg, self.kv_events, self.scheduler, self.metrics)
-        self.actor.on_second.append(kv_metrics_tick(self.kv_events, self.metrics))  # counters: not per 10 ms tick
+        self.actor.ticker.on_second.append(kv_metrics_tick(self.kv_events, self.metrics))  # counters: not every tick
         self.kv_events.start()  # restored rows ask their engines for a catch-up replay now
         await self.kv_events.wait_caught_up(KV_CATCH_UP_WAIT_S)
         status = f"serving {self.endpoint} epoch={epoch} workers={len(self.scheduler.workers())}"
@@ -329,9 +329,7 @@ def daemon_main(
         ),
     ] = None,
     endpoint: Annotated[str | None, typer.Option(help="Data socket endpoint (overrides discovery).")] = None,
-    admin_endpoint_opt: Annotated[
-        str | None, typer.Option("--admin-endpoint", help="Admin socket endpoint.")
-    ] = None,
+    admin_endpoint_opt: Annotated[str | None, typer.Option("--admin-endpoint", help="Admin socket endpoint.")] = None,
     check_config: Annotated[
         Path | None,
         typer.Option(

@@ -9,7 +9,8 @@ from kvsched import protocol as p
 from kvsched.config import DaemonConfig
 from kvsched.daemon.connections import ConnectionTable
 from kvsched.daemon.metrics import Metrics, observe_many
-from kvsched.daemon.translate import Translator, WakeTally, spec_from_enqueue
+from kvsched.daemon.tally import WakeTally
+from kvsched.daemon.translate import Translator, spec_from_enqueue
 from tests.core.factories import make_request, make_scheduler
 
 
@@ -107,7 +108,7 @@ def test_translator_releases_an_admission_nobody_can_receive():
 
 
 def test_tally_writes_socket_counts_in_bulk_and_only_when_full_between_ticks():
-    from kvsched.daemon.translate import FLUSH_SAMPLES
+    from kvsched.daemon.tally import FLUSH_SAMPLES
 
     tr, conns, sched, sent, metrics, tally = _translator()
     tally.frames += 5
@@ -145,24 +146,20 @@ def test_tick_writes_the_tally_every_100_ms_with_the_loop_lag_samples():
         conns=conns,
         scheduler=sched,
         warn=RateLimitedLog(__import__("logging").getLogger("t")),
-        on_tick=[],
-        on_second=[],
-        _last_tick_s=0.0,
-        _next_liveness_us=0,
-        _next_gauges_us=10**18,
-        _fold=lambda: False,
-        _deliver=lambda outcomes, t: None,
+        fold_words=lambda: False,
+        deliver=lambda outcomes, t: None,
     )
+    ticker = tick.Ticker(actor)
+    ticker.on_second.append(lambda: None)
     lag = lambda: _metric(metrics, "kvsched_actor_loop_lag_seconds_count")  # noqa: E731
     t = 1_000_000
-    actor._last_tick_s = t / 1e6 - cfg.progress_fold_ms / 1000
     for k in range(10):  # ten ticks 10 ms apart: the first writes, the next nine within 100 ms do not
         now = t + k * 10_000
         tally.frames += 1
-        tick.observe_lag(actor, now)
-        tick.periodic_work(actor, now)
+        ticker.observe_lag(now)
+        ticker.periodic_work(now)
         assert _metric(metrics, "kvsched_frames_received_total") == 1 and lag() == 1, k
     now = t + tick.LIVENESS_EVERY_US
-    tick.observe_lag(actor, now)
-    tick.periodic_work(actor, now)
+    ticker.observe_lag(now)
+    ticker.periodic_work(now)
     assert _metric(metrics, "kvsched_frames_received_total") == 10 and lag() == 11
