@@ -6,7 +6,7 @@ takes the processes and the event loop's scheduling out: the real `Actor` (real 
 `create_scheduler`, the transport bench's daemon config: 8 workers, 64 block hashes per request, 16
 of them one of 32 shared prefixes) behind a ROUTER on `inproc://`, and one DEALER in the same thread
 that sends what a version-2 client sends: `Hello`, then per round a `Batch` of `window` Enqueues,
-the daemon's wake (`Actor._on_data`, called directly), the replies read back, a `Batch` of the
+the daemon's wake (`Actor.data_reader.wake`, called directly), the replies read back, a `Batch` of the
 `window` Releases, another wake. Lifecycle = Enqueue → Admitted → Release (dispatched /
 prefill_done are shared-memory stores, not frames; they are absent here, so `fold_words` finds
 nothing to fold, as in a wake where no router stored anything).
@@ -116,7 +116,7 @@ def measure(windows: list[int], rounds: int, repeats: int) -> dict:
 
         def wake() -> float:
             t0 = clock()
-            actor._on_data()  # noqa: SLF001 - the reader callback, called as the loop would
+            actor.data_reader.wake()  # the reader callback, called as the loop would
             return clock() - t0
 
         def replies() -> list:

@@ -28,6 +28,7 @@ from .envelope import REQ_ON_DATA_SOCKET, is_req_envelope
 from .heartbeats import TokenHeartbeats
 from .metrics import Metrics
 from .ratelimit import RateLimitedLog
+from .reader import Reader, readable
 from .replies import ReplyOutbox
 from .tally import WakeTally, now_us
 from .tick import Ticker
@@ -35,20 +36,7 @@ from .translate import Translator
 
 log = logging.getLogger(__name__)
 
-# Plain ints: pyzmq's enum flags cost an enum construction per call on the hot path.
-_NOBLOCK = int(zmq.NOBLOCK)
-_POLLIN = int(zmq.POLLIN)
-_zmq_poll = zmq.zmq_poll
-
-
-def readable(sock: zmq.Socket) -> bool:
-    """True when `sock` has a message to read. `zmq_poll` with a zero timeout rather than
-    `getsockopt(EVENTS)`: pyzmq 27 builds a `SocketOption` enum on every `getsockopt`, which
-    costs about as much again as the check itself (both process the socket's pending commands,
-    so either one re-arms the edge-triggered ZMQ FD)."""
-    return bool(_zmq_poll([(sock, _POLLIN)], 0))
-
-
+_NOBLOCK = int(zmq.NOBLOCK)  # a plain int: pyzmq's enum flags cost an enum construction per call
 _RCVMORE = int(zmq.RCVMORE)
 _ENQUEUE, _RELEASE, _BATCH = p.Enqueue, p.Release, p.Batch
 _BATCH_MIN_VERSION = p.BATCH_MIN_VERSION
@@ -112,7 +100,9 @@ class Actor:
         self.started_us = now_us()
         self.ticker = Ticker(self)
         self._fold_timer: asyncio.TimerHandle | None = None
-        self._soon: dict[Callable[[], None], asyncio.Handle] = {}  # reader callback -> its one queued wake
+        self.data_reader = Reader(loop, data_sock, self._wake_data)
+        self.admin_reader = Reader(loop, admin_sock, self._serve_admin) if admin_sock is not None else None
+        self._flush_queued: asyncio.Handle | None = None  # the one queued `_flush_outside_wake`
         self.dropped_dead_frames = 0  # frames left by peers whose process died, dropped unread
 
     @property
@@ -122,14 +112,13 @@ class Actor:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self.loop.add_reader(self.data_sock.getsockopt(zmq.FD), self._on_data)
-        if self.admin_sock is not None:
-            self.loop.add_reader(self.admin_sock.getsockopt(zmq.FD), self._on_admin)
+        self.data_reader.start()
+        if self.admin_reader is not None:
+            self.admin_reader.start()
         stall_s = float(os.environ.get("KVSCHED_DEBUG_STALL_S", "0") or 0)
         if stall_s > 0:  # operators' check of the watchdog wiring: `kill -USR2` freezes the loop
             self.loop.add_signal_handler(signal.SIGUSR2, self._stall, stall_s)
         self.ticker.start()
-        self._wake_soon(self._on_data)
 
     def _stall(self, seconds: float) -> None:
         """Block the actor loop (debug aid, enabled by KVSCHED_DEBUG_STALL_S): the watchdog must fire."""
@@ -141,9 +130,9 @@ class Actor:
             self._flush_replies()
         self.tally.flush()
         self.stopped = True  # callbacks already queued (call_soon) must not touch closed sockets
-        self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
-        if self.admin_sock is not None:
-            self.loop.remove_reader(self.admin_sock.getsockopt(zmq.FD))
+        self.data_reader.stop()
+        if self.admin_reader is not None:
+            self.admin_reader.stop()
         self.ticker.stop()
         if self._fold_timer is not None:
             self._fold_timer.cancel()
@@ -160,29 +149,29 @@ class Actor:
         self.tally.flush()
 
     # ------------------------------------------------------------------ data socket
-    def _on_data(self) -> None:
-        """Reader callback: one wake (`_drain_data`), whose replies it flushes itself (no safety-net
-        callback per wake); if the wake failed midway, what it queued is flushed on the next turn."""
-        self._woken(self._on_data)
+    def _wake_data(self) -> bool:
+        """The data socket's drain (`Reader`): one wake (`_drain_data`), whose replies it flushes itself
+        (no safety-net callback per wake); if the wake failed midway, what it queued is flushed on the
+        next turn. True when another wake is needed."""
         self.outbox.in_wake = True
         try:
-            self._drain_data()
+            return self._drain_data()
         finally:
             self.outbox.in_wake = False
             if self.outbox:
                 self.loop.call_soon(self._flush_replies)
 
-    def _drain_data(self) -> None:
+    def _drain_data(self) -> bool:
         if self.stopped:
-            return
+            return False
         sock = self.data_sock
         if self._carry is None and not readable(sock):
             # Nothing to read: the ZMQ FD also signals after sends and internal commands. No fold,
             # no cleanup pass (the timers fold while anything waits); flush what a timer left.
             if self.outbox:
                 self._flush_replies()
-                self._rearm(sock, self._on_data, more=False)
-            return
+                return readable(sock)
+            return False
         budget = self.cfg.frame_budget_per_wake
         t = now_us()
         n = beats = 0  # data frames, and heartbeat DEALERs' beats (outside the data budget, with their own)
@@ -234,8 +223,9 @@ class Actor:
         # Sends process the socket's commands and can swallow the FD's edge for a message that
         # arrived meanwhile: look again after sending. With nothing sent, the check that ended the
         # loop above still holds.
-        if n >= budget or beats >= budget or self._carry is not None or (self.outbox.sends != sends and readable(sock)):
-            self._wake_soon(self._on_data)
+        return (
+            n >= budget or beats >= budget or self._carry is not None or (self.outbox.sends != sends and readable(sock))
+        )
 
     # ------------------------------------------------------------------ shared-memory words
     def fold_words(self) -> bool:
@@ -260,32 +250,6 @@ class Actor:
             self.deliver(self.scheduler.drain_cleanup(t), t)
             self.tally.flush_if_full()
         self._arm_fold_timer()
-
-    def _rearm(self, sock: zmq.Socket, cb: Callable[[], None], more: bool) -> None:
-        # The ZMQ FD is edge-like: after a partial drain or a send, re-check EVENTS ourselves.
-        if more or readable(sock):
-            self._wake_soon(cb)
-
-    def _wake_soon(self, cb: Callable[[], None]) -> None:
-        """Run the reader callback `cb` on the next loop turn, unless a turn is already queued for it.
-
-        One queued wake per callback, never more: every path that finds a socket still readable (a
-        wake that used its whole budget, the tick, a flush, the FD's own reader firing meanwhile)
-        asks again while a flood lasts, and each queued wake that ends on its budget queues the next.
-        Queued side by side, the copies would all run in one loop turn, so that turn (and with it the
-        admin socket's reader and every timer) would wait for ever more data wakes: a flood of
-        200,000 Enqueues grew it past 25 back-to-back wakes and held `kvsched queues` for seconds
-        (docs/ARCHITECTURE.md, "The daemon's I/O pattern").
-        """
-        if cb not in self._soon:
-            self._soon[cb] = self.loop.call_soon(cb)
-
-    def _woken(self, cb: Callable[[], None]) -> None:
-        """First thing in a reader callback: the wake queued for it (if any) is this one, or is
-        cancelled because this one, run by the socket's own reader, does its work."""
-        handle = self._soon.pop(cb, None)
-        if handle is not None:
-            handle.cancel()
 
     def _handle_data(self, identity: bytes, payload: bytes, t: int) -> int | None:
         """Handle one message; returns the frames of a Batch, 0 for a heartbeat DEALER's beat (not a
@@ -487,17 +451,18 @@ class Actor:
             self.tally.undeliverable += 1
             self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
         self.deliver(self.scheduler.drain_cleanup(t), t)
-        if self.outbox:
-            self._wake_soon(self._flush_outside_wake)
+        if self.outbox and self._flush_queued is None:
+            self._flush_queued = self.loop.call_soon(self._flush_outside_wake)
 
     def _flush_outside_wake(self) -> None:
         """The outbox's callback for replies owed outside a wake (timers, admin): flush them, then
         look at the data socket again when something was sent — a send can swallow the FD's edge
         of a frame that arrived meanwhile (tests/daemon/test_wake.py)."""
+        self._flush_queued = None
         sends = self.outbox.sends
         self._flush_replies()
         if not self.stopped and self.outbox.sends != sends:
-            self._rearm(self.data_sock, self._on_data, more=False)
+            self.data_reader.rearm()
 
     def _send_raw(self, identity: bytes, raw: bytes) -> None:
         """Send an encoded frame to a routing id that is no connection (a heartbeat DEALER); dropped
@@ -519,21 +484,21 @@ class Actor:
             pass
 
     # ------------------------------------------------------------------ admin socket
-    def _on_admin(self) -> None:
-        """Reader callback: answer the admin messages (`AdminSocket.serve`), then one `drain_cleanup`."""
+    def _serve_admin(self) -> bool:
+        """The admin socket's drain (`Reader`): answer the admin messages (`AdminSocket.serve`), then
+        one `drain_cleanup`. True when more may wait."""
         assert self.admin is not None
-        self._woken(self._on_admin)
         if self.stopped:
-            return
+            return False
         t = now_us()
         n = self.admin.serve(t, self.deliver)
         if n:
             self.deliver(self.scheduler.drain_cleanup(t), t)
             self.tally.flush()
-        self._rearm(self.admin.sock, self._on_admin, more=(n == ADMIN_BUDGET))
+        return n == ADMIN_BUDGET or readable(self.admin.sock)
 
     # ------------------------------------------------------------------ timers
     def after_tick(self) -> None:
         """The `Ticker`'s call after each tick: arm the fold timer, look at the data socket again."""
         self._arm_fold_timer()
-        self._rearm(self.data_sock, self._on_data, more=False)
+        self.data_reader.rearm()

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import zmq
-
 from ..kvevents.format import offset_endpoint
 from ..kvevents.staleness import StreamHealth
+from .reader import Reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +73,9 @@ class SourceStream:
 
     def __init__(self, src: KvEventSource) -> None:
         self.src = src
-        self.sub: zmq.Socket | None = None
-        self.mon: zmq.Socket | None = None
-        self.dealer: zmq.Socket | None = None
+        self.sub: Reader | None = None  # the SUB socket's reader
+        self.mon: Reader | None = None  # the SUB's monitor socket's reader
+        self.dealer: Reader | None = None  # the replay DEALER's reader, while a replay is asked
         self.health: StreamHealth | None = None  # made when the SUB connects
         self.stale = False  # as last reported through mark_stale
         self.replay_deadline_s: float | None = None  # end marker expected before this
