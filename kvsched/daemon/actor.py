@@ -15,13 +15,14 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgspec
 import zmq
 
 from .. import protocol as p
-from ..core.types import Admit
+from ..core.types import DAEMON_OWNER, Admit, Reject
 from .admin_socket import ADMIN_BUDGET, AdminSocket
 from .connections import Connection, ConnectionTable
 from .envelope import REQ_ON_DATA_SOCKET, is_req_envelope
@@ -32,7 +33,7 @@ from .reader import Reader, readable
 from .replies import ReplyOutbox
 from .tally import WakeTally, now_us
 from .tick import Ticker
-from .translate import Translator
+from .translate import admitted_frame, enqueue_problem, rejected_frame, spec_from_enqueue
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class Actor:
         metrics: Metrics,
         admin_handler: Callable | None = None,
         admin_sock: zmq.Socket | None = None,
-        worker_urls: dict[int, str] | None = None,
+        worker_urls: Mapping[int, str] | None = None,
         conns: ConnectionTable | None = None,
     ) -> None:
         self.loop = loop
@@ -94,7 +95,16 @@ class Actor:
         )  # version-2 peers: the replies of one wake
         self.tally = WakeTally(metrics)
         self.admin = AdminSocket(admin_sock, admin_handler, metrics, self.enc) if admin_sock is not None else None
-        self.tr = Translator(scheduler, self.conns, self._send, self._error, self.tally, daemon_cfg, self.worker_urls)
+        self.accepting = True  # False once `begin_shutdown` ran: Enqueues and requeues answered `shutting_down`
+        self.releases_this_wake = 0  # Release frames of this wake (the cleanup batch size)
+        self._dispatch: dict[type, Callable[[Connection, Any, int], None]] = {  # exact type -> handler
+            p.Enqueue: self._on_enqueue,
+            p.Release: self._on_release,
+            p.Update: self._on_update,
+            p.Heartbeat: self._on_heartbeat,
+            p.Reattach: self._on_reattach,
+            p.Hello: self._on_hello,
+        }
         self.beats = TokenHeartbeats(self.conns, metrics.unknown_token_heartbeats)
         self.stopped = False
         self.started_us = now_us()
@@ -104,11 +114,6 @@ class Actor:
         self.admin_reader = Reader(loop, admin_sock, self._serve_admin) if admin_sock is not None else None
         self._flush_queued: asyncio.Handle | None = None  # the one queued `_flush_outside_wake`
         self.dropped_dead_frames = 0  # frames left by peers whose process died, dropped unread
-
-    @property
-    def accepting(self) -> bool:
-        """False once `begin_shutdown` ran."""
-        return self.tr.accepting
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -143,7 +148,7 @@ class Actor:
         Releases, progress and heartbeats are still served (idempotent)."""
         if not self.accepting:
             return
-        self.tr.accepting = False
+        self.accepting = False
         self.deliver(self.scheduler.shutdown(now_us()), now_us())
         self._flush_replies()
         self.tally.flush()
@@ -210,9 +215,9 @@ class Actor:
         tally = self.tally
         if n:
             tally.frames += n
-            if self.tr.releases_this_wake:
-                tally.cleanup_sizes.append(self.tr.releases_this_wake)
-                self.tr.releases_this_wake = 0
+            if self.releases_this_wake:
+                tally.cleanup_sizes.append(self.releases_this_wake)
+                self.releases_this_wake = 0
             tally.samples += n
             self.deliver(self.scheduler.drain_cleanup(t), t)
         elif folded:
@@ -303,26 +308,11 @@ class Actor:
             return self._on_batch(conn, frame, t)
         self._handle_frame(conn, frame, t)
 
-    def _handle_frame(self, conn: Connection, frame, t: int) -> None:
-        tp = type(frame)
-        if tp is _ENQUEUE:  # the lifecycle's two frames go straight to the translator
-            self.tr.on_enqueue(conn, frame, t)
-        elif tp is _RELEASE:
-            self.tr.on_release(conn, frame, t)
-        elif tp is p.Hello:
-            self._on_hello(conn, frame)
-        elif tp is p.Reattach:
-            kept = self.tr.on_reattach(conn, frame, t)
-            log.info(
-                "reattach owner=%d kept=%d lost=%d pending=%d requeues=%d",
-                conn.owner,
-                len(kept),
-                len(frame.leases) - len(kept),
-                len(frame.pending),
-                len(frame.requeues),
-            )
-        else:
-            self.tr.handle(conn, frame, t)
+    def _handle_frame(self, conn: Connection, frame: Any, t: int) -> None:
+        """One decoded frame (not a Batch): its handler in the dispatch table, by exact type."""
+        handler = self._dispatch.get(type(frame))
+        if handler is not None:
+            handler(conn, frame, t)
 
     def _undecodable(self, conn: Connection, payload: bytes, exc: Exception) -> None:
         """Answer a frame the typed decoder refused. Only bounded, typed peeks run here (never an
@@ -390,7 +380,7 @@ class Actor:
             self._carry = (conn, frames, i) if i < len(frames) else None
         return i - start
 
-    def _on_hello(self, conn: Connection, frame: p.Hello) -> None:
+    def _on_hello(self, conn: Connection, frame: p.Hello, t: int) -> None:
         if not (p.PROTOCOL_MIN <= frame.protocol_version <= p.PROTOCOL_MAX):
             self._error(
                 conn,
@@ -410,9 +400,150 @@ class Actor:
         )
         self._send(conn, msgspec.structs.replace(self.welcome, conn_token=conn.conn_token))
 
+    def _on_heartbeat(self, conn: Connection, frame: p.Heartbeat, t: int) -> None:
+        self._send(conn, p.HeartbeatAck(frame.seq))
+
+    def _on_release(self, conn: Connection, f: p.Release, t: int) -> None:
+        """A Release: the lease's duration is observed, then the scheduler applies it (idempotent;
+        a stale or repeated release, whose generation no longer matches, is not observed)."""
+        self.releases_this_wake += 1
+        if self._owns(conn, f.request_id):
+            started = self.scheduler.lease_started(f.slot, f.generation)
+            if started is not None:
+                self.tally.lease_s.setdefault(started[0], []).append(max(0, t - started[1]) / 1e6)
+            self.scheduler.release(f.request_id, f.slot, f.generation, f.outcome, f.context_tokens, t)
+
+    def _on_enqueue(self, conn: Connection, f: p.Enqueue, t: int) -> None:
+        problem = enqueue_problem(f, self.accepting, conn.inflight, self.cfg.inflight_cap_per_connection)
+        if problem is not None:
+            self._send_reject(conn, f.request_id, problem[0], problem[1], f.policy_class)
+            return
+        conn.inflight += 1
+        spec = spec_from_enqueue(f, conn.owner, t)
+        if self.scheduler.cleanup_pending(f.request_id):  # its release is buffered: clean up first
+            self.deliver(self.scheduler.drain_cleanup(t), t)
+        outcomes = self.scheduler.enqueue(spec, t)
+        self.deliver(outcomes, t)
+        if outcomes and type(outcomes[0]) is Admit and outcomes[0].request_id == f.request_id:
+            self.tally.admission_s.append((now_us() - t) / 1e6)
+
+    def _owns(self, conn: Connection, request_id: str) -> bool:
+        """Only the connection that owns a request may update or release it; others get an Error."""
+        owner = self.scheduler.owner_of(request_id)
+        if owner is None or owner == conn.owner:
+            return True
+        self._error(
+            conn, p.ErrorCode.UNKNOWN_REQUEST, f"request {request_id!r} belongs to another connection", request_id
+        )
+        return False
+
+    def _on_update(self, conn: Connection, f: p.Update, t: int) -> None:
+        """Apply one Update; `kvsched_update_frames{kind}` counts those that reached a live lease (one
+        for an unknown or foreign lease is answered an error and counted there, not here)."""
+        if not self._owns(conn, f.request_id):
+            return
+        updates = self.tally.updates
+        if f.kind == "requeue" and not self.accepting:  # stopping: give the booking back, answer now
+            updates[f.kind] = updates.get(f.kind, 0) + 1
+            self.scheduler.release(f.request_id, f.slot, f.generation, "aborted", 0, t)
+            self._send_reject(conn, f.request_id, "shutting_down", "the daemon is stopping", "")
+            return
+        try:
+            outcomes = self.scheduler.update(f.request_id, f.slot, f.generation, f.kind, f.output_tokens, t)
+        except KeyError:
+            self._error(
+                conn,
+                p.ErrorCode.UNKNOWN_REQUEST,
+                f"no lease ({f.request_id}, slot={f.slot}, generation={f.generation})",
+                f.request_id,
+            )
+            return
+        updates[f.kind] = updates.get(f.kind, 0) + 1
+        if f.kind == "requeue":
+            conn.inflight += 1
+        if outcomes:
+            self.deliver(outcomes, t)
+
+    def _on_reattach(self, conn: Connection, f: p.Reattach, t: int) -> None:
+        """A reconnected client claims its leases and re-sends its waiting Enqueues (docs/DESIGN.md
+        §5.6); who may claim a request is the Scheduler's rule (`may_take_over`)."""
+        s = self.scheduler
+        kept, lost = [], []
+        for ref in f.leases:
+            if s.may_take_over(ref.request_id, conn.owner) and s.adopt_lease(
+                ref.request_id, ref.slot, ref.generation, conn.owner, t
+            ):
+                kept.append(ref.request_id)
+            else:
+                lost.append(ref.request_id)
+        self._send(conn, p.Reattached(kept=kept, lost=lost))
+        for rq in f.requeues:  # requeues in flight: before pending, in list order
+            ref, enq = rq.lease, rq.enqueue
+            if (
+                ref.request_id == enq.request_id
+                and s.may_take_over(ref.request_id, conn.owner)
+                and s.adopt_lease(ref.request_id, ref.slot, ref.generation, conn.owner, t)
+            ):
+                self._on_update(conn, p.Update(ref.request_id, ref.slot, ref.generation, "requeue"), t)
+            else:  # the requeue was applied (same daemon) or the lease is gone (restarted daemon)
+                self._reattach_pending(conn, enq, t)
+        for enq in f.pending:
+            self._reattach_pending(conn, enq, t)
+        log.info(
+            "reattach owner=%d kept=%d lost=%d pending=%d requeues=%d",
+            conn.owner,
+            len(kept),
+            len(lost),
+            len(f.pending),
+            len(f.requeues),
+        )
+
+    def _reattach_pending(self, conn: Connection, enq: p.Enqueue, t: int) -> None:
+        """A re-sent Enqueue: hand a request this daemon still holds to `conn`, else enqueue it."""
+        if not self.scheduler.may_take_over(enq.request_id, conn.owner):
+            self._on_enqueue(conn, enq, t)  # answered duplicate_request
+            return
+        got = self.scheduler.adopt_waiting(enq.request_id, conn.owner)
+        if got is False:
+            self._on_enqueue(conn, enq, t)
+        else:
+            conn.inflight += 1
+            if isinstance(got, Admit):
+                self.deliver([got], t)
+
     def deliver(self, outcomes: list, t: int) -> None:
-        """Send Admitted/Rejected for scheduler outcomes (`Translator.deliver`)."""
-        self.tr.deliver(outcomes, t)
+        """Send Admitted / Rejected for the Scheduler's outcomes at `t` (µs). An admission nobody can
+        receive (its owner unknown, dead, or its queue full) is released at once and the cleanup pass
+        that follows delivered too (docs/DESIGN.md §4.11: a failed delivery must release)."""
+        tally, urls, s = self.tally, self.worker_urls, self.scheduler
+        while outcomes:
+            released = False
+            for o in outcomes:
+                conn = self.conns.by_owner(o.owner)
+                if type(o) is Admit:
+                    w = o.worker.worker_id
+                    frame = admitted_frame(o, urls.get(w, ""), s.ranks_of(w))
+                    if conn is not None and conn.alive and self._send(conn, frame, o):
+                        conn.inflight -= 1
+                        tally.admissions[o.policy_class] = tally.admissions.get(o.policy_class, 0) + 1
+                        tally.queue_wait_s.append(o.queued_us / 1e6)
+                    elif o.owner != DAEMON_OWNER:
+                        tally.undeliverable += 1
+                        s.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
+                        released = True
+                elif isinstance(o, Reject):
+                    if not o.revoked:  # a revocation notice (lease cancelled / worker removed) rejects nothing
+                        tally.rejections[o.reason] = tally.rejections.get(o.reason, 0) + 1
+                    if conn is not None and conn.alive:
+                        if not o.revoked:
+                            conn.inflight -= 1
+                        self._send(conn, rejected_frame(o))
+            outcomes = s.drain_cleanup(t) if released else []
+
+    def _send_reject(self, conn: Connection, request_id: str, reason: str, detail: str, policy_class: str) -> None:
+        rejections = self.tally.rejections
+        rejections[reason] = rejections.get(reason, 0) + 1
+        self._send(conn, p.Rejected(request_id, reason, detail, policy_class))
 
     def _error(self, conn: Connection, code: p.ErrorCode, message: str, request_id: str | None = None) -> None:
         self.metrics.malformed.labels(code=code.name.lower()).inc()

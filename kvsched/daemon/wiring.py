@@ -9,7 +9,7 @@ import logging
 import time
 
 from ..config import Config
-from ..core.overlap_view import OVERLAP_CAPACITY_PER_WORKER, overlap_capacity  # noqa: F401 - re-exported
+from ..core.overlap_view import overlap_capacity
 from ..core.types import WorkerKey
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ HASHES = np.arange(1, 5, dtype="<u8").tobytes()
 class Harness:
     """An Actor on a bound ROUTER, one DEALER peer that said Hello (protocol 2), counted core calls."""
 
-    def __init__(self, name: str, budget: int = 512) -> None:
+    def __init__(self, name: str, budget: int = 512, worker_urls: dict[int, str] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -49,7 +49,9 @@ class Harness:
             heartbeat_ms=1000,
             liveness_timeout_ms=5000,
         )
-        self.actor = Actor(self.loop, self.sched, self.router, welcome, cfg, Metrics(), conns=conns)
+        self.actor = Actor(
+            self.loop, self.sched, self.router, welcome, cfg, Metrics(), worker_urls=worker_urls, conns=conns
+        )
         self.enc, self.dec = p.make_encoder(), p.make_daemon_decoder()
         self.inner = p.make_replied_daemon_decoder()
         self.send(p.Hello(2, "test"))
