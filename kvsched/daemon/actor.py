@@ -1,11 +1,11 @@
-"""The actor: the one owner of scheduling state, driven by reader callbacks and timers on one loop.
+"""The actor: drives the Scheduler from reader callbacks and timers on one loop, and sends every reply.
 
-I/O pattern (docs/DESIGN.md §8): each ROUTER socket's FD is registered with `loop.add_reader`; a wake drains at
-most `frame_budget_per_wake` frames with NOBLOCK, hands each decoded frame to the `Translator`
-(`translate.py`: frame → Scheduler call → reply), runs one `drain_cleanup`, then sends every reply of
-the wake; its metrics are counted in the `WakeTally` and written to Prometheus by the tick. No frame
-is bounced through a queue or a task. The actor holds no policy: every decision comes from the
-Scheduler.
+I/O pattern (docs/DESIGN.md §8): each ROUTER socket is read by a `reader.Reader`; a wake drains at
+most `frame_budget_per_wake` frames with NOBLOCK, hands each decoded frame to its handler in the one
+dispatch table (by exact type; the pure frame ↔ record functions are `translate.py`'s), runs one
+`drain_cleanup`, then sends every reply of the wake; its metrics are counted in the `WakeTally` and
+written to Prometheus by the tick. No frame is bounced through a queue or a task. The actor holds no
+policy: every decision comes from the Scheduler.
 """
 
 from __future__ import annotations
@@ -55,8 +55,7 @@ class Actor:
         metrics: `Metrics`.
         admin_handler: `(AdminRequest, now_us) -> (AdminReply, list[Admit|Reject])`, or None.
         admin_sock: bound ROUTER socket for the admin CLI, or None.
-        worker_urls: worker_id -> base URL sent in `Admitted.url` (shared with the admin handlers,
-            which update it on `add_worker{url}`).
+        worker_urls: worker_id -> base URL sent in `Admitted.url` (read only: `WorkerRegistry.urls`).
         conns: the `ConnectionTable` whose `owner_alive` / `same_process` the scheduler was built
             with (None = a new one; the scheduler then assumes every owner alive).
     """

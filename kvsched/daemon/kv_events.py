@@ -43,12 +43,7 @@ from ..kvevents.apply import KvEventApplier
 from ..kvevents.format import seq_from_bytes, seq_to_bytes
 from ..kvevents.staleness import StreamHealth
 from ..shm.overlap import OverlapIndex
-from .kv_sources import (
-    KvEventSource,
-    SourceStream,
-    replay_backoff_s,
-    sources_for_worker,  # noqa: F401 - re-exported (the tests and older callers import it here)
-)
+from .kv_sources import KvEventSource, SourceStream, replay_backoff_s
 from .ratelimit import RateLimitedLog
 from .reader import Reader, read_some, readable
 

@@ -283,7 +283,7 @@ class Metrics:
                 bool(flags & FLAG_OVERLOADED),
                 bool(flags & FLAG_STALE),
             )
-            for gauge, value in zip(self._worker_gauges, values):
+            for gauge, value in zip(self._worker_gauges, values, strict=True):
                 gauge.labels(*labels).set(int(value))
         for labels in self._worker_labels - seen:
             for gauge in self._worker_gauges:
