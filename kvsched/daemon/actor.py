@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
@@ -34,6 +34,10 @@ from .replies import ReplyOutbox
 from .tally import WakeTally, now_us
 from .tick import Ticker
 from .translate import admitted_frame, enqueue_problem, rejected_frame, spec_from_enqueue
+
+if TYPE_CHECKING:
+    from ..config import DaemonConfig
+    from ..core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +66,11 @@ class Actor:
 
     def __init__(
         self,
-        loop,
-        scheduler,
+        loop: asyncio.AbstractEventLoop,
+        scheduler: Scheduler,
         data_sock: zmq.Socket,
         welcome: p.Welcome,
-        daemon_cfg,
+        daemon_cfg: DaemonConfig,
         metrics: Metrics,
         admin_handler: Callable | None = None,
         admin_sock: zmq.Socket | None = None,
@@ -269,7 +273,7 @@ class Actor:
             notice = self.conns.dead_notice(identity)  # the first frame only: a wrong pid may be listening
             if notice is not None:
                 self._refuse(identity, notice, envelope=False, code=p.ErrorCode.NOT_HELLO)
-            return
+            return None
         if conn is None:
             conn = self.conns.open(identity, t)
             self.metrics.connections.set(len(self.conns))
@@ -282,7 +286,7 @@ class Actor:
                 "split it into several messages, or send fewer block hashes",
                 p.peek_request_id(payload),
             )
-            return
+            return None
         try:
             frame = self.dec.decode(payload)
         except Exception as exc:
@@ -293,7 +297,7 @@ class Actor:
             )
             if frames is None:
                 self._undecodable(conn, payload, exc)
-                return
+                return None
             frame = p.Batch(frames)  # one frame nested too deep fails alone, the others are handled
         if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
             self._error(
@@ -302,10 +306,11 @@ class Actor:
                 self.conns.not_hello_reason(conn.identity),
                 getattr(frame, "request_id", None),
             )
-            return
+            return None
         if type(frame) is _BATCH:
             return self._on_batch(conn, frame, t)
         self._handle_frame(conn, frame, t)
+        return None
 
     def _handle_frame(self, conn: Connection, frame: Any, t: int) -> None:
         """One decoded frame (not a Batch): its handler in the dispatch table, by exact type."""
@@ -539,7 +544,9 @@ class Actor:
                         self._send(conn, rejected_frame(o))
             outcomes = s.drain_cleanup(t) if released else []
 
-    def _send_reject(self, conn: Connection, request_id: str, reason: str, detail: str, policy_class: str) -> None:
+    def _send_reject(
+        self, conn: Connection, request_id: str, reason: p.RejectReason, detail: str, policy_class: str
+    ) -> None:
         rejections = self.tally.rejections
         rejections[reason] = rejections.get(reason, 0) + 1
         self._send(conn, p.Rejected(request_id, reason, detail, policy_class))
@@ -551,7 +558,7 @@ class Actor:
         )
         self._send(conn, p.Error(int(code), message, request_id, self._batch_index))
 
-    def _send(self, conn: Connection, frame, admit: Admit | None = None) -> bool:
+    def _send(self, conn: Connection, frame: p.DaemonFrame, admit: Admit | None = None) -> bool:
         """Send one frame to a peer. False when the peer is unknown to ZeroMQ or its queue is full.
 
         To a version-2 peer the frame is queued and sent with everything else this wake owes it

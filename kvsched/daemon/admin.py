@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -19,7 +20,10 @@ from .. import protocol as p
 from ..config import Config, load_config_keys
 from ..core.reload import restart_only_changes
 from ..errors import ConfigError
-from .registry import WorkerRegistry, admin_error, worker_name
+from .registry import Outcomes, WorkerRegistry, admin_error, worker_name
+
+if TYPE_CHECKING:
+    from ..core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class AdminContext:
             does not apply), or None.
     """
 
-    scheduler: object
+    scheduler: Scheduler
     instance: str
     endpoint: str
     block_size: int
@@ -53,7 +57,7 @@ class AdminContext:
     running: Config | None = None
 
 
-def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
+def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int) -> tuple[p.AdminReply, Outcomes]:
     """Dispatch one admin request. Returns (AdminReply, list of scheduler outcomes to deliver)."""
     s = ctx.scheduler
     match req:
@@ -133,7 +137,7 @@ def _status(ctx: AdminContext) -> p.StatusReply:
     )
 
 
-def _reload(req: p.Reload, ctx: AdminContext):
+def _reload(req: p.Reload, ctx: AdminContext) -> p.AdminReply:
     path = req.path or ctx.config_path
     if path is None:
         return admin_error(p.ErrorCode.INVALID, "the daemon was started without --config; give a path")

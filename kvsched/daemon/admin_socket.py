@@ -64,7 +64,7 @@ class AdminSocket:
 
         return read_some(self.sock, ADMIN_BUDGET, answer)
 
-    def _envelope(self, parts: list[bytes], t: int):
+    def _envelope(self, parts: list[bytes], t: int) -> tuple[list[bytes], p.AdminReply, list]:
         """(envelope to reply with, reply, outcomes) of one admin message (`envelope.split_request`:
         DEALER and REQ are served; any other shape gets a malformed `AdminError`)."""
         envelope, payload = split_request(parts)
@@ -73,7 +73,7 @@ class AdminSocket:
         self.metrics.malformed.labels(code="malformed").inc()
         return envelope, p.AdminError(int(p.ErrorCode.MALFORMED), ADMIN_SHAPE_ERROR.format(n=len(parts) - 1)), []
 
-    def _reply(self, payload: bytes, t: int):
+    def _reply(self, payload: bytes, t: int) -> tuple[p.AdminReply, list]:
         try:
             req = self.dec.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # deep nesting: Recursion

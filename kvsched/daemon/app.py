@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -256,7 +257,7 @@ class Daemon:
         step is attempted even when an earlier one fails, so nothing hangs and nothing is left."""
         from .sockets import close_socket
 
-        def step(what: str, fn, *args) -> None:
+        def step(what: str, fn: Callable[..., object], *args: object) -> None:
             try:
                 fn(*args)
             except Exception:

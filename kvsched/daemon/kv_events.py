@@ -35,6 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -46,6 +47,9 @@ from ..shm.overlap import OverlapIndex
 from .kv_sources import KvEventSource, SourceStream, replay_backoff_s
 from .ratelimit import RateLimitedLog
 from .reader import Reader, read_some, readable
+
+if TYPE_CHECKING:
+    from ..shm.kv_index import KvIndexSegment
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +88,7 @@ class KvEventSubscriber:
 
     def __init__(
         self,
-        loop,
+        loop: asyncio.AbstractEventLoop,
         ctx: zmq.Context,
         sources: Iterable[KvEventSource],
         device: OverlapIndex,
@@ -97,7 +101,7 @@ class KvEventSubscriber:
         frame_budget: int = 256,
         max_frame_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.monotonic,
-        store=None,
+        store: KvIndexSegment | None = None,
         restored: dict[int, int] | None = None,
     ) -> None:
         self.loop = loop

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import WorkerConfig
 from ..kvevents.format import offset_endpoint
 from ..kvevents.staleness import StreamHealth
 from .reader import Reader
@@ -31,7 +32,7 @@ class KvEventSource:
     stale_after_s: float | None = None
 
 
-def sources_for_worker(worker_cfg, rows_by_rank: dict[int, int]) -> list[KvEventSource]:
+def sources_for_worker(worker_cfg: WorkerConfig, rows_by_rank: dict[int, int]) -> list[KvEventSource]:
     """The sources of one `WorkerConfig` (none without `kv_events_endpoint`).
 
     Args:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import platform
 from bisect import bisect_left
+from collections.abc import Sequence
 
 import numpy as np
 from prometheus_client import (
@@ -310,7 +311,7 @@ class Metrics:
         return child
 
 
-def observe_many(hist, values: list[float]) -> None:
+def observe_many(hist: Histogram, values: Sequence[float]) -> None:
     """Observe every value of `values` (s) in the histogram `hist` with one lock round per bucket
     touched instead of one per value (a wake's samples at once). Falls back to `observe` per value
     when the histogram does not expose prometheus_client's bucket counters."""

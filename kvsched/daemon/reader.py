@@ -75,7 +75,7 @@ class Reader:
     def start(self) -> None:
         """Register the FD's reader and queue a first wake (the FD signals only after the socket's
         state was read once)."""
-        self._fd = self.sock.getsockopt(zmq.FD)
+        self._fd = self.sock.fileno()
         self.loop.add_reader(self._fd, self.wake)
         self.wake_soon()
 

@@ -25,8 +25,9 @@ import zmq
 
 from .. import protocol as p
 from ..config import Config, url_problem
-from ..core.types import Admit, Reject, WorkerKey
+from ..core.types import Admit, Reject
 from ..endpoints import endpoint_problem
+from ..protocol import WorkerKey
 from .kv_sources import KvEventSource, sources_for_worker
 
 if TYPE_CHECKING:

@@ -76,43 +76,31 @@ class WakeTally:
         """Add the pending counts to the Prometheus objects and start over."""
         m = self.metrics
         self.samples = 0
-        if self.frames:
-            m.frames.inc(self.frames)
-            self.frames = 0
-        if self.batches:
-            m.batches.inc(self.batches)
-            self.batches = 0
-        if self.word_folds:
-            m.word_folds.inc(self.word_folds)
-            self.word_folds = 0
-        if self.cleanup_sizes:
-            observe_many(m.cleanup_batch, self.cleanup_sizes)
-            self.cleanup_sizes.clear()
-        if self.admissions:
-            for name, n in self.admissions.items():
-                m.admission_child(name).inc(n)
-            self.admissions.clear()
-        if self.rejections:
-            for reason, n in self.rejections.items():
-                m.rejections.labels(reason=reason).inc(n)
-            self.rejections.clear()
-        if self.updates:
-            for kind, n in self.updates.items():
-                m.update_child(kind).inc(n)
-            self.updates.clear()
-        if self.queue_wait_s:
-            observe_many(m.queue_wait, self.queue_wait_s)
-            self.queue_wait_s.clear()
-        if self.admission_s:
-            observe_many(m.admission_latency, self.admission_s)
-            self.admission_s.clear()
-        if self.lease_s:
-            for name, values in self.lease_s.items():
-                observe_many(m.lease_child(name), values)
-            self.lease_s.clear()
-        if self.undeliverable:
-            m.undeliverable.inc(self.undeliverable)
-            self.undeliverable = 0
-        if self.loop_lag_s:
-            observe_many(m.loop_lag, self.loop_lag_s)
-            self.loop_lag_s.clear()
+        for name, counter in (
+            ("frames", m.frames),
+            ("batches", m.batches),
+            ("word_folds", m.word_folds),
+            ("undeliverable", m.undeliverable),
+        ):
+            if n := getattr(self, name):
+                counter.inc(n)
+                setattr(self, name, 0)
+        for samples, hist in (
+            (self.cleanup_sizes, m.cleanup_batch),
+            (self.queue_wait_s, m.queue_wait),
+            (self.admission_s, m.admission_latency),
+            (self.loop_lag_s, m.loop_lag),
+        ):
+            if samples:
+                observe_many(hist, samples)
+                samples.clear()
+        for counts, child in ((self.admissions, m.admission_child), (self.updates, m.update_child)):
+            for key, n in counts.items():
+                child(key).inc(n)
+            counts.clear()
+        for reason, n in self.rejections.items():
+            m.rejections.labels(reason=reason).inc(n)
+        self.rejections.clear()
+        for name, values in self.lease_s.items():
+            observe_many(m.lease_child(name), values)
+        self.lease_s.clear()

@@ -9,12 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 from .. import protocol as p
-from ..core.types import Admit, Reject, RequestSpec, WorkerKey
+from ..core.types import Admit, Reject, RequestSpec
+from ..protocol import WorkerKey
 
 _HASH_DTYPE = np.dtype("<u8")  # a dtype object: np.frombuffer parses a dtype string on every call (~0.6 µs)
 
 
-def enqueue_problem(f: p.Enqueue, accepting: bool, inflight: int, inflight_cap: int) -> tuple[str, str] | None:
+def enqueue_problem(
+    f: p.Enqueue, accepting: bool, inflight: int, inflight_cap: int
+) -> tuple[p.RejectReason, str] | None:
     """The (reason, detail) an `Enqueue` is rejected with before it reaches the Scheduler, or None:
     `shutting_down` once the daemon stops accepting, `overloaded` at the connection's in-flight cap,
     `invalid` for a request id longer than `p.MAX_REQUEST_ID_BYTES` UTF-8 bytes or block hashes whose
