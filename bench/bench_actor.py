@@ -6,7 +6,7 @@ takes the processes and the event loop's scheduling out: the real `Actor` (real 
 `create_scheduler`, the transport bench's daemon config: 8 workers, 64 block hashes per request, 16
 of them one of 32 shared prefixes) behind a ROUTER on `inproc://`, and one DEALER in the same thread
 that sends what a version-2 client sends: `Hello`, then per round a `Batch` of `window` Enqueues,
-the daemon's wake (`Actor._on_data`, called directly), the replies read back, a `Batch` of the
+the daemon's wake (`Actor.data_reader.wake`, called directly), the replies read back, a `Batch` of the
 `window` Releases, another wake. Lifecycle = Enqueue → Admitted → Release (dispatched /
 prefill_done are shared-memory stores, not frames; they are absent here, so `fold_words` finds
 nothing to fold, as in a wake where no router stored anything).
@@ -14,7 +14,7 @@ nothing to fold, as in a wake where no router stored anything).
 Printed per window: actor CPU µs per lifecycle (thread CPU time inside the two wakes), of which the
 core (thread CPU time inside the Scheduler's `enqueue`, `release`, `drain_cleanup`, `fold_words`,
 measured by wrapping them; the wrappers' own cost, calibrated on a no-op, is subtracted), and the rest = what the daemon
-would cost per lifecycle if the core were free. The 10 ms timer tick (`Actor._on_tick`) is called
+would cost per lifecycle if the core were free. The 10 ms timer tick (`Ticker.fire`) is called
 directly once per 8 lifecycles (its 100 ms and 1 s work on every 10th and 100th call, as at ~800
 lifecycles/s) and printed apart: µs per tick, and the part outside the wrapped core calls.
 
@@ -116,7 +116,7 @@ def measure(windows: list[int], rounds: int, repeats: int) -> dict:
 
         def wake() -> float:
             t0 = clock()
-            actor._on_data()  # noqa: SLF001 - the reader callback, called as the loop would
+            actor.data_reader.wake()  # the reader callback, called as the loop would
             return clock() - t0
 
         def replies() -> list:
@@ -133,18 +133,18 @@ def measure(windows: list[int], rounds: int, repeats: int) -> dict:
         rows = []
 
         def tick(k: int) -> float:
-            """The `k`th periodic tick (`Actor._on_tick`), its next timer cancelled: thread CPU ns. The
+            """The `k`th periodic tick (`Ticker.fire`), its next timer cancelled: thread CPU ns. The
             ticks come faster than every 10 ms here, so the once-per-100 ms and once-per-second work
             is made due on every 10th and 100th tick, as with 10 ms ticks."""
-            actor._last_tick_s = time.monotonic_ns() / 1e9 - d.progress_fold_ms / 1000  # noqa: SLF001 - on time
+            actor.ticker._last_tick_s = time.monotonic_ns() / 1e9 - d.progress_fold_ms / 1000  # noqa: SLF001 - on time
             if k % 10 == 0:
-                actor._next_liveness_us = 0  # noqa: SLF001
+                actor.ticker._next_liveness_us = 0  # noqa: SLF001
             if k % 100 == 0:
-                actor._next_gauges_us = 0  # noqa: SLF001
+                actor.ticker._next_gauges_us = 0  # noqa: SLF001
             t0 = clock()
-            actor._on_tick()  # noqa: SLF001 - the timer callback, called as the loop would
+            actor.ticker.fire()  # the timer callback, called as the loop would
             dt = clock() - t0
-            actor._timer.cancel()  # noqa: SLF001 - the benchmark drives the ticks itself
+            actor.ticker.stop()  # the benchmark drives the ticks itself
             return dt
 
         for rep in range(repeats + 1):  # the first repeat warms up (numba, caches) and is dropped

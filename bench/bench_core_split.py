@@ -154,20 +154,27 @@ def frames(tr, conn, sent, blobs, n: int, window: int, start: int, clock: list[i
 
 
 def _translator(sched):
+    """The actor's frame handling without sockets: its dispatch (`handle`), `deliver`, its scheduler
+    and tally; what it would send is captured in `sent`."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import zmq
+
     from kvsched.config import DaemonConfig
+    from kvsched.daemon.actor import Actor
     from kvsched.daemon.connections import ConnectionTable
     from kvsched.daemon.metrics import Metrics
-    from kvsched.daemon.translate import Translator, WakeTally
 
     conns, sent = ConnectionTable(10**12), []
-    tr = Translator(
-        sched,
-        conns,
-        lambda c, f, a=None: sent.append(f) or True,
-        lambda *a, **k: None,
-        WakeTally(Metrics()),
-        DaemonConfig(),
-        {},
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    actor = Actor(asyncio.new_event_loop(), sched, sock, None, DaemonConfig(), Metrics(), conns=conns)
+    actor._send = lambda c, f, a=None: sent.append(f) or True  # noqa: SLF001 - the sends, captured
+    tr = SimpleNamespace(
+        handle=actor._handle_frame,  # noqa: SLF001 - the dispatch, without the socket read
+        deliver=actor.deliver,
+        scheduler=sched,
+        tally=actor.tally,
     )
     return tr, conns.open(b"router", 0), sent
 

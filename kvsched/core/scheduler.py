@@ -136,6 +136,20 @@ class Scheduler:
         """Mark `row` as fed (or no longer fed) by a KV-event stream (`OverlapView.set_event_fed`)."""
         self.view.set_event_fed(row, fed)
 
+    def ranks_of(self, worker_id: int) -> int:
+        """Registered ranks of `worker_id` (0 when unknown)."""
+        return self.ledger.ranks_of(worker_id)
+
+    def lease_started(self, slot: int, generation: int) -> tuple[str, int] | None:
+        """(policy class name, admission time in µs) of the live lease in `slot` at `generation`, or
+        None (no such slot, a free slot, or another generation: a stale or repeated release)."""
+        a = self.ledger.arrays
+        # `.item` gives Python ints: no numpy scalar per read, no mixed-type comparison
+        if not (0 <= slot < len(a.s_state)) or a.s_state.item(slot) == 0 or a.s_generation.item(slot) != generation:
+            return None
+        idx, classes = a.s_class.item(slot), self.pq.classes
+        return (classes[idx].name, a.s_admit_us.item(slot)) if 0 <= idx < len(classes) else None
+
     def rows_of(self, worker_id: int, dp_rank: int | None) -> list[int]:
         """Ledger rows of a worker (every rank when dp_rank is None). Raises KeyError when unknown."""
         return self.ledger.rows_of(worker_id, dp_rank)

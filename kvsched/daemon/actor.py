@@ -1,11 +1,11 @@
-"""The actor: the one owner of scheduling state, driven by reader callbacks and timers on one loop.
+"""The actor: drives the Scheduler from reader callbacks and timers on one loop, and sends every reply.
 
-I/O pattern (docs/DESIGN.md §8): each ROUTER socket's FD is registered with `loop.add_reader`; a wake drains at
-most `frame_budget_per_wake` frames with NOBLOCK, hands each decoded frame to the `Translator`
-(`translate.py`: frame → Scheduler call → reply), runs one `drain_cleanup`, then sends every reply of
-the wake; its metrics are counted in the `WakeTally` and written to Prometheus by the tick. No frame
-is bounced through a queue or a task. The actor holds no policy: every decision comes from the
-Scheduler.
+I/O pattern (docs/DESIGN.md §8): each ROUTER socket is read by a `reader.Reader`; a wake drains at
+most `frame_budget_per_wake` frames with NOBLOCK, hands each decoded frame to its handler in the one
+dispatch table (by exact type; the pure frame ↔ record functions are `translate.py`'s), runs one
+`drain_cleanup`, then sends every reply of the wake; its metrics are counted in the `WakeTally` and
+written to Prometheus by the tick. No frame is bounced through a queue or a task. The actor holds no
+policy: every decision comes from the Scheduler.
 """
 
 from __future__ import annotations
@@ -15,39 +15,33 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
 
 from .. import protocol as p
-from ..core.types import Admit
-from . import tick
+from ..core.types import DAEMON_OWNER, Admit, Reject
 from .admin_socket import ADMIN_BUDGET, AdminSocket
 from .connections import Connection, ConnectionTable
 from .envelope import REQ_ON_DATA_SOCKET, is_req_envelope
 from .heartbeats import TokenHeartbeats
 from .metrics import Metrics
 from .ratelimit import RateLimitedLog
+from .reader import Reader, readable
 from .replies import ReplyOutbox
-from .translate import Translator, WakeTally, now_us
+from .tally import WakeTally, now_us
+from .tick import Ticker
+from .translate import admitted_frame, enqueue_problem, rejected_frame, spec_from_enqueue
+
+if TYPE_CHECKING:
+    from ..config import DaemonConfig
+    from ..core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-# Plain ints: pyzmq's enum flags cost an enum construction per call on the hot path.
-_NOBLOCK = int(zmq.NOBLOCK)
-_POLLIN = int(zmq.POLLIN)
-_zmq_poll = zmq.zmq_poll
-
-
-def readable(sock: zmq.Socket) -> bool:
-    """True when `sock` has a message to read. `zmq_poll` with a zero timeout rather than
-    `getsockopt(EVENTS)`: pyzmq 27 builds a `SocketOption` enum on every `getsockopt`, which
-    costs about as much again as the check itself (both process the socket's pending commands,
-    so either one re-arms the edge-triggered ZMQ FD)."""
-    return bool(_zmq_poll([(sock, _POLLIN)], 0))
-
-
+_NOBLOCK = int(zmq.NOBLOCK)  # a plain int: pyzmq's enum flags cost an enum construction per call
 _RCVMORE = int(zmq.RCVMORE)
 _ENQUEUE, _RELEASE, _BATCH = p.Enqueue, p.Release, p.Batch
 _BATCH_MIN_VERSION = p.BATCH_MIN_VERSION
@@ -65,23 +59,22 @@ class Actor:
         metrics: `Metrics`.
         admin_handler: `(AdminRequest, now_us) -> (AdminReply, list[Admit|Reject])`, or None.
         admin_sock: bound ROUTER socket for the admin CLI, or None.
-        worker_urls: worker_id -> base URL sent in `Admitted.url` (shared with the admin handlers,
-            which update it on `add_worker{url}`).
+        worker_urls: worker_id -> base URL sent in `Admitted.url` (read only: `WorkerRegistry.urls`).
         conns: the `ConnectionTable` whose `owner_alive` / `same_process` the scheduler was built
             with (None = a new one; the scheduler then assumes every owner alive).
     """
 
     def __init__(
         self,
-        loop,
-        scheduler,
+        loop: asyncio.AbstractEventLoop,
+        scheduler: Scheduler,
         data_sock: zmq.Socket,
         welcome: p.Welcome,
-        daemon_cfg,
+        daemon_cfg: DaemonConfig,
         metrics: Metrics,
         admin_handler: Callable | None = None,
         admin_sock: zmq.Socket | None = None,
-        worker_urls: dict[int, str] | None = None,
+        worker_urls: Mapping[int, str] | None = None,
         conns: ConnectionTable | None = None,
     ) -> None:
         self.loop = loop
@@ -105,36 +98,35 @@ class Actor:
         )  # version-2 peers: the replies of one wake
         self.tally = WakeTally(metrics)
         self.admin = AdminSocket(admin_sock, admin_handler, metrics, self.enc) if admin_sock is not None else None
-        self.tr = Translator(scheduler, self.conns, self._send, self._error, self.tally, daemon_cfg, self.worker_urls)
+        self.accepting = True  # False once `begin_shutdown` ran: Enqueues and requeues answered `shutting_down`
+        self.releases_this_wake = 0  # Release frames of this wake (the cleanup batch size)
+        self._dispatch: dict[type, Callable[[Connection, Any, int], None]] = {  # exact type -> handler
+            p.Enqueue: self._on_enqueue,
+            p.Release: self._on_release,
+            p.Update: self._on_update,
+            p.Heartbeat: self._on_heartbeat,
+            p.Reattach: self._on_reattach,
+            p.Hello: self._on_hello,
+        }
         self.beats = TokenHeartbeats(self.conns, metrics.unknown_token_heartbeats)
         self.stopped = False
         self.started_us = now_us()
-        self._timer: asyncio.TimerHandle | None = None
-        self._next_liveness_us = 0
-        self._next_gauges_us = 0
-        self._last_tick_s = 0.0
+        self.ticker = Ticker(self)
         self._fold_timer: asyncio.TimerHandle | None = None
-        self._soon: dict[Callable[[], None], asyncio.Handle] = {}  # reader callback -> its one queued wake
-        self.on_tick: list[Callable[[], None]] = []  # e.g. the watchdog ping
-        self.on_second: list[Callable[[], None]] = []  # once a second, with the gauges (e.g. kv-event counters)
+        self.data_reader = Reader(loop, data_sock, self._wake_data)
+        self.admin_reader = Reader(loop, admin_sock, self._serve_admin) if admin_sock is not None else None
+        self._flush_queued: asyncio.Handle | None = None  # the one queued `_flush_outside_wake`
         self.dropped_dead_frames = 0  # frames left by peers whose process died, dropped unread
-
-    @property
-    def accepting(self) -> bool:
-        """False once `begin_shutdown` ran."""
-        return self.tr.accepting
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self.loop.add_reader(self.data_sock.getsockopt(zmq.FD), self._on_data)
-        if self.admin_sock is not None:
-            self.loop.add_reader(self.admin_sock.getsockopt(zmq.FD), self._on_admin)
-        self._last_tick_s = now_us() / 1_000_000
+        self.data_reader.start()
+        if self.admin_reader is not None:
+            self.admin_reader.start()
         stall_s = float(os.environ.get("KVSCHED_DEBUG_STALL_S", "0") or 0)
         if stall_s > 0:  # operators' check of the watchdog wiring: `kill -USR2` freezes the loop
             self.loop.add_signal_handler(signal.SIGUSR2, self._stall, stall_s)
-        self._schedule_tick()
-        self._wake_soon(self._on_data)
+        self.ticker.start()
 
     def _stall(self, seconds: float) -> None:
         """Block the actor loop (debug aid, enabled by KVSCHED_DEBUG_STALL_S): the watchdog must fire."""
@@ -146,11 +138,10 @@ class Actor:
             self._flush_replies()
         self.tally.flush()
         self.stopped = True  # callbacks already queued (call_soon) must not touch closed sockets
-        self.loop.remove_reader(self.data_sock.getsockopt(zmq.FD))
-        if self.admin_sock is not None:
-            self.loop.remove_reader(self.admin_sock.getsockopt(zmq.FD))
-        if self._timer is not None:
-            self._timer.cancel()
+        self.data_reader.stop()
+        if self.admin_reader is not None:
+            self.admin_reader.stop()
+        self.ticker.stop()
         if self._fold_timer is not None:
             self._fold_timer.cancel()
             self._fold_timer = None
@@ -160,40 +151,40 @@ class Actor:
         Releases, progress and heartbeats are still served (idempotent)."""
         if not self.accepting:
             return
-        self.tr.accepting = False
-        self._deliver(self.scheduler.shutdown(now_us()), now_us())
+        self.accepting = False
+        self.deliver(self.scheduler.shutdown(now_us()), now_us())
         self._flush_replies()
         self.tally.flush()
 
     # ------------------------------------------------------------------ data socket
-    def _on_data(self) -> None:
-        """Reader callback: one wake (`_drain_data`), whose replies it flushes itself (no safety-net
-        callback per wake); if the wake failed midway, what it queued is flushed on the next turn."""
-        self._woken(self._on_data)
+    def _wake_data(self) -> bool:
+        """The data socket's drain (`Reader`): one wake (`_drain_data`), whose replies it flushes itself
+        (no safety-net callback per wake); if the wake failed midway, what it queued is flushed on the
+        next turn. True when another wake is needed."""
         self.outbox.in_wake = True
         try:
-            self._drain_data()
+            return self._drain_data()
         finally:
             self.outbox.in_wake = False
             if self.outbox:
                 self.loop.call_soon(self._flush_replies)
 
-    def _drain_data(self) -> None:
+    def _drain_data(self) -> bool:
         if self.stopped:
-            return
+            return False
         sock = self.data_sock
         if self._carry is None and not readable(sock):
             # Nothing to read: the ZMQ FD also signals after sends and internal commands. No fold,
             # no cleanup pass (the timers fold while anything waits); flush what a timer left.
             if self.outbox:
                 self._flush_replies()
-                self._rearm(sock, self._on_data, more=False)
-            return
+                return readable(sock)
+            return False
         budget = self.cfg.frame_budget_per_wake
         t = now_us()
         n = beats = 0  # data frames, and heartbeat DEALERs' beats (outside the data budget, with their own)
         sends = self.outbox.sends
-        folded = self._fold()  # local routers' dispatched / prefill_done / tokens, before this wake's frames
+        folded = self.fold_words()  # local routers' dispatched / prefill_done / tokens, before this wake's frames
         more = True  # readable: checked above, then after each message (no zmq.Again raised per wake)
         if self._carry is not None:  # the rest of a Batch an earlier wake began comes before any new message
             n = self._resume_batch(budget, t)
@@ -227,24 +218,25 @@ class Actor:
         tally = self.tally
         if n:
             tally.frames += n
-            if self.tr.releases_this_wake:
-                tally.cleanup_sizes.append(self.tr.releases_this_wake)
-                self.tr.releases_this_wake = 0
+            if self.releases_this_wake:
+                tally.cleanup_sizes.append(self.releases_this_wake)
+                self.releases_this_wake = 0
             tally.samples += n
-            self._deliver(self.scheduler.drain_cleanup(t), t)
+            self.deliver(self.scheduler.drain_cleanup(t), t)
         elif folded:
-            self._deliver(self.scheduler.drain_cleanup(t), t)
+            self.deliver(self.scheduler.drain_cleanup(t), t)
         self._arm_fold_timer()
         self._flush_replies()
         tally.flush_if_full()
         # Sends process the socket's commands and can swallow the FD's edge for a message that
         # arrived meanwhile: look again after sending. With nothing sent, the check that ended the
         # loop above still holds.
-        if n >= budget or beats >= budget or self._carry is not None or (self.outbox.sends != sends and readable(sock)):
-            self._wake_soon(self._on_data)
+        return (
+            n >= budget or beats >= budget or self._carry is not None or (self.outbox.sends != sends and readable(sock))
+        )
 
     # ------------------------------------------------------------------ shared-memory words
-    def _fold(self) -> bool:
+    def fold_words(self) -> bool:
         """Fold the routers' progress and state words (one kernel call); True if anything changed."""
         if self.scheduler.fold_words():
             self.tally.word_folds += 1
@@ -261,37 +253,11 @@ class Actor:
         self._fold_timer = None
         if self.stopped:
             return
-        if self._fold():
+        if self.fold_words():
             t = now_us()
-            self._deliver(self.scheduler.drain_cleanup(t), t)
+            self.deliver(self.scheduler.drain_cleanup(t), t)
             self.tally.flush_if_full()
         self._arm_fold_timer()
-
-    def _rearm(self, sock: zmq.Socket, cb: Callable[[], None], more: bool) -> None:
-        # The ZMQ FD is edge-like: after a partial drain or a send, re-check EVENTS ourselves.
-        if more or readable(sock):
-            self._wake_soon(cb)
-
-    def _wake_soon(self, cb: Callable[[], None]) -> None:
-        """Run the reader callback `cb` on the next loop turn, unless a turn is already queued for it.
-
-        One queued wake per callback, never more: every path that finds a socket still readable (a
-        wake that used its whole budget, the tick, a flush, the FD's own reader firing meanwhile)
-        asks again while a flood lasts, and each queued wake that ends on its budget queues the next.
-        Queued side by side, the copies would all run in one loop turn, so that turn (and with it the
-        admin socket's reader and every timer) would wait for ever more data wakes: a flood of
-        200,000 Enqueues grew it past 25 back-to-back wakes and held `kvsched queues` for seconds
-        (docs/ARCHITECTURE.md, "The daemon's I/O pattern").
-        """
-        if cb not in self._soon:
-            self._soon[cb] = self.loop.call_soon(cb)
-
-    def _woken(self, cb: Callable[[], None]) -> None:
-        """First thing in a reader callback: the wake queued for it (if any) is this one, or is
-        cancelled because this one, run by the socket's own reader, does its work."""
-        handle = self._soon.pop(cb, None)
-        if handle is not None:
-            handle.cancel()
 
     def _handle_data(self, identity: bytes, payload: bytes, t: int) -> int | None:
         """Handle one message; returns the frames of a Batch, 0 for a heartbeat DEALER's beat (not a
@@ -307,7 +273,7 @@ class Actor:
             notice = self.conns.dead_notice(identity)  # the first frame only: a wrong pid may be listening
             if notice is not None:
                 self._refuse(identity, notice, envelope=False, code=p.ErrorCode.NOT_HELLO)
-            return
+            return None
         if conn is None:
             conn = self.conns.open(identity, t)
             self.metrics.connections.set(len(self.conns))
@@ -320,7 +286,7 @@ class Actor:
                 "split it into several messages, or send fewer block hashes",
                 p.peek_request_id(payload),
             )
-            return
+            return None
         try:
             frame = self.dec.decode(payload)
         except Exception as exc:
@@ -331,7 +297,7 @@ class Actor:
             )
             if frames is None:
                 self._undecodable(conn, payload, exc)
-                return
+                return None
             frame = p.Batch(frames)  # one frame nested too deep fails alone, the others are handled
         if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
             self._error(
@@ -340,31 +306,17 @@ class Actor:
                 self.conns.not_hello_reason(conn.identity),
                 getattr(frame, "request_id", None),
             )
-            return
+            return None
         if type(frame) is _BATCH:
             return self._on_batch(conn, frame, t)
         self._handle_frame(conn, frame, t)
+        return None
 
-    def _handle_frame(self, conn: Connection, frame, t: int) -> None:
-        tp = type(frame)
-        if tp is _ENQUEUE:  # the lifecycle's two frames go straight to the translator
-            self.tr.on_enqueue(conn, frame, t)
-        elif tp is _RELEASE:
-            self.tr.on_release(conn, frame, t)
-        elif tp is p.Hello:
-            self._on_hello(conn, frame)
-        elif tp is p.Reattach:
-            kept = self.tr.on_reattach(conn, frame, t)
-            log.info(
-                "reattach owner=%d kept=%d lost=%d pending=%d requeues=%d",
-                conn.owner,
-                len(kept),
-                len(frame.leases) - len(kept),
-                len(frame.pending),
-                len(frame.requeues),
-            )
-        else:
-            self.tr.handle(conn, frame, t)
+    def _handle_frame(self, conn: Connection, frame: Any, t: int) -> None:
+        """One decoded frame (not a Batch): its handler in the dispatch table, by exact type."""
+        handler = self._dispatch.get(type(frame))
+        if handler is not None:
+            handler(conn, frame, t)
 
     def _undecodable(self, conn: Connection, payload: bytes, exc: Exception) -> None:
         """Answer a frame the typed decoder refused. Only bounded, typed peeks run here (never an
@@ -432,7 +384,7 @@ class Actor:
             self._carry = (conn, frames, i) if i < len(frames) else None
         return i - start
 
-    def _on_hello(self, conn: Connection, frame: p.Hello) -> None:
+    def _on_hello(self, conn: Connection, frame: p.Hello, t: int) -> None:
         if not (p.PROTOCOL_MIN <= frame.protocol_version <= p.PROTOCOL_MAX):
             self._error(
                 conn,
@@ -452,9 +404,152 @@ class Actor:
         )
         self._send(conn, msgspec.structs.replace(self.welcome, conn_token=conn.conn_token))
 
-    def _deliver(self, outcomes: list, t: int) -> None:
-        """Send Admitted/Rejected for scheduler outcomes (`Translator.deliver`)."""
-        self.tr.deliver(outcomes, t)
+    def _on_heartbeat(self, conn: Connection, frame: p.Heartbeat, t: int) -> None:
+        self._send(conn, p.HeartbeatAck(frame.seq))
+
+    def _on_release(self, conn: Connection, f: p.Release, t: int) -> None:
+        """A Release: the lease's duration is observed, then the scheduler applies it (idempotent;
+        a stale or repeated release, whose generation no longer matches, is not observed)."""
+        self.releases_this_wake += 1
+        if self._owns(conn, f.request_id):
+            started = self.scheduler.lease_started(f.slot, f.generation)
+            if started is not None:
+                self.tally.lease_s.setdefault(started[0], []).append(max(0, t - started[1]) / 1e6)
+            self.scheduler.release(f.request_id, f.slot, f.generation, f.outcome, f.context_tokens, t)
+
+    def _on_enqueue(self, conn: Connection, f: p.Enqueue, t: int) -> None:
+        problem = enqueue_problem(f, self.accepting, conn.inflight, self.cfg.inflight_cap_per_connection)
+        if problem is not None:
+            self._send_reject(conn, f.request_id, problem[0], problem[1], f.policy_class)
+            return
+        conn.inflight += 1
+        spec = spec_from_enqueue(f, conn.owner, t)
+        if self.scheduler.cleanup_pending(f.request_id):  # its release is buffered: clean up first
+            self.deliver(self.scheduler.drain_cleanup(t), t)
+        outcomes = self.scheduler.enqueue(spec, t)
+        self.deliver(outcomes, t)
+        if outcomes and type(outcomes[0]) is Admit and outcomes[0].request_id == f.request_id:
+            self.tally.admission_s.append((now_us() - t) / 1e6)
+
+    def _owns(self, conn: Connection, request_id: str) -> bool:
+        """Only the connection that owns a request may update or release it; others get an Error."""
+        owner = self.scheduler.owner_of(request_id)
+        if owner is None or owner == conn.owner:
+            return True
+        self._error(
+            conn, p.ErrorCode.UNKNOWN_REQUEST, f"request {request_id!r} belongs to another connection", request_id
+        )
+        return False
+
+    def _on_update(self, conn: Connection, f: p.Update, t: int) -> None:
+        """Apply one Update; `kvsched_update_frames{kind}` counts those that reached a live lease (one
+        for an unknown or foreign lease is answered an error and counted there, not here)."""
+        if not self._owns(conn, f.request_id):
+            return
+        updates = self.tally.updates
+        if f.kind == "requeue" and not self.accepting:  # stopping: give the booking back, answer now
+            updates[f.kind] = updates.get(f.kind, 0) + 1
+            self.scheduler.release(f.request_id, f.slot, f.generation, "aborted", 0, t)
+            self._send_reject(conn, f.request_id, "shutting_down", "the daemon is stopping", "")
+            return
+        try:
+            outcomes = self.scheduler.update(f.request_id, f.slot, f.generation, f.kind, f.output_tokens, t)
+        except KeyError:
+            self._error(
+                conn,
+                p.ErrorCode.UNKNOWN_REQUEST,
+                f"no lease ({f.request_id}, slot={f.slot}, generation={f.generation})",
+                f.request_id,
+            )
+            return
+        updates[f.kind] = updates.get(f.kind, 0) + 1
+        if f.kind == "requeue":
+            conn.inflight += 1
+        if outcomes:
+            self.deliver(outcomes, t)
+
+    def _on_reattach(self, conn: Connection, f: p.Reattach, t: int) -> None:
+        """A reconnected client claims its leases and re-sends its waiting Enqueues (docs/DESIGN.md
+        §5.6); who may claim a request is the Scheduler's rule (`may_take_over`)."""
+        s = self.scheduler
+        kept, lost = [], []
+        for ref in f.leases:
+            if s.may_take_over(ref.request_id, conn.owner) and s.adopt_lease(
+                ref.request_id, ref.slot, ref.generation, conn.owner, t
+            ):
+                kept.append(ref.request_id)
+            else:
+                lost.append(ref.request_id)
+        self._send(conn, p.Reattached(kept=kept, lost=lost))
+        for rq in f.requeues:  # requeues in flight: before pending, in list order
+            ref, enq = rq.lease, rq.enqueue
+            if (
+                ref.request_id == enq.request_id
+                and s.may_take_over(ref.request_id, conn.owner)
+                and s.adopt_lease(ref.request_id, ref.slot, ref.generation, conn.owner, t)
+            ):
+                self._on_update(conn, p.Update(ref.request_id, ref.slot, ref.generation, "requeue"), t)
+            else:  # the requeue was applied (same daemon) or the lease is gone (restarted daemon)
+                self._reattach_pending(conn, enq, t)
+        for enq in f.pending:
+            self._reattach_pending(conn, enq, t)
+        log.info(
+            "reattach owner=%d kept=%d lost=%d pending=%d requeues=%d",
+            conn.owner,
+            len(kept),
+            len(lost),
+            len(f.pending),
+            len(f.requeues),
+        )
+
+    def _reattach_pending(self, conn: Connection, enq: p.Enqueue, t: int) -> None:
+        """A re-sent Enqueue: hand a request this daemon still holds to `conn`, else enqueue it."""
+        if not self.scheduler.may_take_over(enq.request_id, conn.owner):
+            self._on_enqueue(conn, enq, t)  # answered duplicate_request
+            return
+        got = self.scheduler.adopt_waiting(enq.request_id, conn.owner)
+        if got is False:
+            self._on_enqueue(conn, enq, t)
+        else:
+            conn.inflight += 1
+            if isinstance(got, Admit):
+                self.deliver([got], t)
+
+    def deliver(self, outcomes: list, t: int) -> None:
+        """Send Admitted / Rejected for the Scheduler's outcomes at `t` (µs). An admission nobody can
+        receive (its owner unknown, dead, or its queue full) is released at once and the cleanup pass
+        that follows delivered too (docs/DESIGN.md §4.11: a failed delivery must release)."""
+        tally, urls, s = self.tally, self.worker_urls, self.scheduler
+        while outcomes:
+            released = False
+            for o in outcomes:
+                conn = self.conns.by_owner(o.owner)
+                if type(o) is Admit:
+                    w = o.worker.worker_id
+                    frame = admitted_frame(o, urls.get(w, ""), s.ranks_of(w))
+                    if conn is not None and conn.alive and self._send(conn, frame, o):
+                        conn.inflight -= 1
+                        tally.admissions[o.policy_class] = tally.admissions.get(o.policy_class, 0) + 1
+                        tally.queue_wait_s.append(o.queued_us / 1e6)
+                    elif o.owner != DAEMON_OWNER:
+                        tally.undeliverable += 1
+                        s.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
+                        released = True
+                elif isinstance(o, Reject):
+                    if not o.revoked:  # a revocation notice (lease cancelled / worker removed) rejects nothing
+                        tally.rejections[o.reason] = tally.rejections.get(o.reason, 0) + 1
+                    if conn is not None and conn.alive:
+                        if not o.revoked:
+                            conn.inflight -= 1
+                        self._send(conn, rejected_frame(o))
+            outcomes = s.drain_cleanup(t) if released else []
+
+    def _send_reject(
+        self, conn: Connection, request_id: str, reason: p.RejectReason, detail: str, policy_class: str
+    ) -> None:
+        rejections = self.tally.rejections
+        rejections[reason] = rejections.get(reason, 0) + 1
+        self._send(conn, p.Rejected(request_id, reason, detail, policy_class))
 
     def _error(self, conn: Connection, code: p.ErrorCode, message: str, request_id: str | None = None) -> None:
         self.metrics.malformed.labels(code=code.name.lower()).inc()
@@ -463,7 +558,7 @@ class Actor:
         )
         self._send(conn, p.Error(int(code), message, request_id, self._batch_index))
 
-    def _send(self, conn: Connection, frame, admit: Admit | None = None) -> bool:
+    def _send(self, conn: Connection, frame: p.DaemonFrame, admit: Admit | None = None) -> bool:
         """Send one frame to a peer. False when the peer is unknown to ZeroMQ or its queue is full.
 
         To a version-2 peer the frame is queued and sent with everything else this wake owes it
@@ -492,18 +587,19 @@ class Actor:
         for o in lost:
             self.tally.undeliverable += 1
             self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
-        self._deliver(self.scheduler.drain_cleanup(t), t)
-        if self.outbox:
-            self._wake_soon(self._flush_outside_wake)
+        self.deliver(self.scheduler.drain_cleanup(t), t)
+        if self.outbox and self._flush_queued is None:
+            self._flush_queued = self.loop.call_soon(self._flush_outside_wake)
 
     def _flush_outside_wake(self) -> None:
         """The outbox's callback for replies owed outside a wake (timers, admin): flush them, then
         look at the data socket again when something was sent — a send can swallow the FD's edge
         of a frame that arrived meanwhile (tests/daemon/test_wake.py)."""
+        self._flush_queued = None
         sends = self.outbox.sends
         self._flush_replies()
         if not self.stopped and self.outbox.sends != sends:
-            self._rearm(self.data_sock, self._on_data, more=False)
+            self.data_reader.rearm()
 
     def _send_raw(self, identity: bytes, raw: bytes) -> None:
         """Send an encoded frame to a routing id that is no connection (a heartbeat DEALER); dropped
@@ -525,32 +621,21 @@ class Actor:
             pass
 
     # ------------------------------------------------------------------ admin socket
-    def _on_admin(self) -> None:
-        """Reader callback: answer the admin messages (`AdminSocket.serve`), then one `drain_cleanup`."""
+    def _serve_admin(self) -> bool:
+        """The admin socket's drain (`Reader`): answer the admin messages (`AdminSocket.serve`), then
+        one `drain_cleanup`. True when more may wait."""
         assert self.admin is not None
-        self._woken(self._on_admin)
         if self.stopped:
-            return
+            return False
         t = now_us()
-        n = self.admin.serve(t, self._deliver)
+        n = self.admin.serve(t, self.deliver)
         if n:
-            self._deliver(self.scheduler.drain_cleanup(t), t)
+            self.deliver(self.scheduler.drain_cleanup(t), t)
             self.tally.flush()
-        self._rearm(self.admin.sock, self._on_admin, more=(n == ADMIN_BUDGET))
+        return n == ADMIN_BUDGET or readable(self.admin.sock)
 
     # ------------------------------------------------------------------ timers
-    def _schedule_tick(self) -> None:
-        self._timer = self.loop.call_later(self.cfg.progress_fold_ms / 1000, self._on_tick)
-
-    def _on_tick(self) -> None:
-        """Timer callback: the periodic work (`tick.py`), then the next tick and fold timer."""
-        if self.stopped:
-            return
-        t = now_us()  # one clock reading for the lag and the reaper: a stall after it shows in the next lag
-        tick.observe_lag(self, t)
-        try:
-            tick.periodic_work(self, t)
-        finally:
-            self._schedule_tick()
-            self._arm_fold_timer()
-        self._rearm(self.data_sock, self._on_data, more=False)
+    def after_tick(self) -> None:
+        """The `Ticker`'s call after each tick: arm the fold timer, look at the data socket again."""
+        self._arm_fold_timer()
+        self.data_reader.rearm()

@@ -10,6 +10,7 @@ logged traceback, and the actor keeps running. No policy here: `admin.py` holds 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ import zmq
 from .. import protocol as p
 from .envelope import ADMIN_SHAPE_ERROR, split_request
 from .metrics import Metrics
+from .reader import read_some
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +55,16 @@ class AdminSocket:
         Returns:
             int: how many messages were read (== `ADMIN_BUDGET`: more may be waiting).
         """
-        n = 0
-        while n < ADMIN_BUDGET:
-            try:
-                parts = self.sock.recv_multipart(_NOBLOCK)
-            except zmq.Again:
-                break
-            n += 1
-            envelope, reply, outcomes = self._envelope(parts, t)
-            try:
-                self.sock.send_multipart((*envelope, self.enc.encode(reply)), _NOBLOCK)
-            except zmq.ZMQError:
-                pass
-            deliver(outcomes, t)
-        return n
 
-    def _envelope(self, parts: list[bytes], t: int):
+        def answer(parts: list[bytes]) -> None:
+            envelope, reply, outcomes = self._envelope(parts, t)
+            with contextlib.suppress(zmq.ZMQError):  # the peer is gone or reads nothing: no answer
+                self.sock.send_multipart((*envelope, self.enc.encode(reply)), _NOBLOCK)
+            deliver(outcomes, t)
+
+        return read_some(self.sock, ADMIN_BUDGET, answer)
+
+    def _envelope(self, parts: list[bytes], t: int) -> tuple[list[bytes], p.AdminReply, list]:
         """(envelope to reply with, reply, outcomes) of one admin message (`envelope.split_request`:
         DEALER and REQ are served; any other shape gets a malformed `AdminError`)."""
         envelope, payload = split_request(parts)
@@ -77,7 +73,7 @@ class AdminSocket:
         self.metrics.malformed.labels(code="malformed").inc()
         return envelope, p.AdminError(int(p.ErrorCode.MALFORMED), ADMIN_SHAPE_ERROR.format(n=len(parts) - 1)), []
 
-    def _reply(self, payload: bytes, t: int):
+    def _reply(self, payload: bytes, t: int) -> tuple[p.AdminReply, list]:
         try:
             req = self.dec.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # deep nesting: Recursion

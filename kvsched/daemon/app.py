@@ -8,11 +8,13 @@ with no live lease, or by `--purge`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -80,6 +82,7 @@ class Daemon:
         from .health import Health, HttpServer, available_workers
         from .metrics import Metrics
         from .notify import Notifier
+        from .registry import WorkerRegistry
         from .sockets import (
             ADMIN_SOCKET_MODE,
             DATA_SOCKET_MODE,
@@ -95,7 +98,6 @@ class Daemon:
             install_hash_check,
             kv_metrics_tick,
             open_segments,
-            restore_runtime_workers,
             warm_decision_path,
         )
 
@@ -103,7 +105,7 @@ class Daemon:
         d = cfg.daemon
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # first: a stop during start still cleans up
-            loop.add_signal_handler(sig, self._on_signal, sig)
+            loop.add_signal_handler(sig, self.on_signal, sig)
         self.lock = InstanceLock(d.instance)  # before touching segments or sockets
         self.metrics = Metrics()
         self.health = Health(d.health_stall_ms)
@@ -159,7 +161,7 @@ class Daemon:
             hash_seed=d.kv_hash_seed,  # the one seed routers hash with (SchedulerClient.block_hashes)
         )
         self.metrics.bind(self.scheduler)
-        runtime = restore_runtime_workers(cfg, self.scheduler, self.segments.kv_index, restarted)
+        self.workers = WorkerRegistry(cfg, self.scheduler, self.segments.kv_index, restarted)
         self.admin_ctx = AdminContext(
             scheduler=self.scheduler,
             instance=d.instance,
@@ -168,11 +170,7 @@ class Daemon:
             daemon_epoch=epoch,
             config_path=self.config_path,
             config_overrides=self.overrides,
-            worker_urls={
-                **{r.worker_id: r.url for r in runtime.values() if r.url},
-                **{w.worker_id: w.url for w in cfg.workers if w.url},
-            },
-            kv_index=self.segments.kv_index,
+            workers=self.workers,
             running=cfg,
         )
         self.actor = Actor(
@@ -184,22 +182,27 @@ class Daemon:
             self.metrics,
             admin_handler=lambda req, t: handle(req, self.admin_ctx, t),
             admin_sock=self.admin_sock,
-            worker_urls=self.admin_ctx.worker_urls,
+            worker_urls=self.workers.urls,
             conns=self.conns,
         )
         self.admin_ctx.connections = lambda: len(self.actor.conns)
-        self.actor.on_tick.append(self.notifier.watchdog_tick)
+        self.actor.ticker.on_tick.append(self.notifier.watchdog_tick)
         arrays = self.scheduler.ledger.arrays
         self.health.watch_workers(lambda: available_workers(arrays.w_present, arrays.w_flags))
-        self.actor.on_tick.append(self.health.stamp)  # liveness: every tick
-        self.actor.on_second.append(self.health.tick)  # + available workers (readiness), once a second
+        self.actor.ticker.on_tick.append(self.health.stamp)  # liveness: every tick
+        self.actor.ticker.on_second.append(self.health.tick)  # + available workers (readiness), once a second
         self.actor.start()
         self.kv_events = build_kv_subscriber(
-            cfg, self.scheduler, loop, self.ctx, self.segments.kv_index, self.segments.kv_index_restored, runtime
+            cfg,
+            self.scheduler,
+            loop,
+            self.ctx,
+            self.workers.kv_sources(),
+            self.segments.kv_index,
+            self.segments.kv_index_restored,
         )
-        self.admin_ctx.kv_events = self.kv_events
-        self.admin_ctx.hash_check = install_hash_check(cfg, self.kv_events, self.scheduler, self.metrics)
-        self.actor.on_second.append(kv_metrics_tick(self.kv_events, self.metrics))  # counters: not per 10 ms tick
+        self.workers.attach(self.kv_events, install_hash_check(cfg, self.kv_events, self.scheduler, self.metrics))
+        self.actor.ticker.on_second.append(kv_metrics_tick(self.kv_events, self.metrics))  # counters: not every tick
         self.kv_events.start()  # restored rows ask their engines for a catch-up replay now
         await self.kv_events.wait_caught_up(KV_CATCH_UP_WAIT_S)
         status = f"serving {self.endpoint} epoch={epoch} workers={len(self.scheduler.workers())}"
@@ -211,7 +214,8 @@ class Daemon:
         # A line on stdout that wrappers (DaemonProcess, scripts) can wait for.
         print(f"KVSCHED_READY {self.endpoint} {self.admin_endpoint}", flush=True)
 
-    def _on_signal(self, sig: int) -> None:
+    def on_signal(self, sig: int) -> None:
+        """SIGTERM / SIGINT: ask the daemon to stop (a second one: stop without waiting for leases)."""
         if self.should_exit:
             self.force_exit = True
         self.should_exit = True
@@ -253,7 +257,7 @@ class Daemon:
         step is attempted even when an earlier one fails, so nothing hangs and nothing is left."""
         from .sockets import close_socket
 
-        def step(what: str, fn, *args) -> None:
+        def step(what: str, fn: Callable[..., object], *args: object) -> None:
             try:
                 fn(*args)
             except Exception:
@@ -280,10 +284,8 @@ class Daemon:
             self.ctx = None
         if self.segments is not None:
             scheduler = getattr(self, "scheduler", None)
-            if scheduler is not None:
-                live = scheduler.active_leases
-            else:  # start failed before the scheduler existed: keep segments only if they held leases
-                live = 0 if not self.restarted else 1
+            # a start that failed before the scheduler existed keeps the segments only if they held leases
+            live = scheduler.active_leases if scheduler is not None else int(self.restarted)
             step("segments close", self.segments.close)
             if live == 0:
                 step("segments unlink", self.segments.unlink)
@@ -325,13 +327,12 @@ def daemon_main(
         typer.Option(
             "--workers",
             min=1,
-            help="Shortcut: register N workers (ids 0..N-1, dp_rank 0) with default capacities; an error when the config lists [[workers]].",
+            help="Shortcut: register N workers (ids 0..N-1, dp_rank 0) with default capacities; "
+            "an error when the config lists [[workers]].",
         ),
     ] = None,
     endpoint: Annotated[str | None, typer.Option(help="Data socket endpoint (overrides discovery).")] = None,
-    admin_endpoint_opt: Annotated[
-        str | None, typer.Option("--admin-endpoint", help="Admin socket endpoint.")
-    ] = None,
+    admin_endpoint_opt: Annotated[str | None, typer.Option("--admin-endpoint", help="Admin socket endpoint.")] = None,
     check_config: Annotated[
         Path | None,
         typer.Option(
@@ -343,7 +344,8 @@ def daemon_main(
         bool,
         typer.Option(
             "--purge",
-            help="Remove a stopped instance's shared-memory segments, lock file and leftover ipc socket files, and exit.",
+            help="Remove a stopped instance's shared-memory segments, lock file and leftover ipc socket files, "
+            "and exit.",
         ),
     ] = False,
     log_level: Annotated[str | None, typer.Option(help="debug | info | warning | error")] = None,
@@ -373,7 +375,7 @@ def daemon_main(
             cfg = _load(check_config, overrides, workers)
         except ConfigError as exc:
             typer.echo(f"invalid: {exc}", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         for name in ignored_env(os.environ)[1]:
             typer.echo(f"warning: {_ignored_env_line(name)}", err=True)
         from .health import metrics_host_problem
@@ -395,14 +397,14 @@ def daemon_main(
         cfg = _load(config, overrides, workers)
     except ConfigError as exc:
         typer.echo(f"kvsched-daemon: {exc}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     setup_logging(cfg.daemon.log_level, cfg.daemon.log_format)
     _log_ignored_env()
     if purge:
         _purge(cfg)
     daemon = Daemon(cfg, str(config) if config else None, overrides)
     for sig in (signal.SIGTERM, signal.SIGINT):  # until the loop installs its own (first thing in start)
-        signal.signal(sig, lambda signum, _frame: daemon._on_signal(signum))
+        signal.signal(sig, lambda signum, _frame: daemon.on_signal(signum))
     log.info("starting instance=%s pid=%d", cfg.daemon.instance, os.getpid())
     try:
         import uvloop
@@ -411,11 +413,11 @@ def daemon_main(
     except (KvschedError, ShmLayoutError) as exc:
         log.error("daemon failed: %s", exc)
         typer.echo(f"kvsched-daemon: {exc}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except Exception as exc:
         log.error("daemon failed: %s: %s", type(exc).__name__, exc, exc_info=True)
         typer.echo(f"kvsched-daemon: {type(exc).__name__}: {exc}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
 
 
 def _source(source: str, key: str, flags: dict) -> str:
@@ -467,7 +469,7 @@ def _purge(cfg: Config) -> None:
         found = purge_instance(instance, endpoints)
     except ConfigError as exc:
         typer.echo(f"kvsched-daemon: refusing to purge: {exc}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     if found:
         typer.echo(f"purged {', '.join(found)}")
     else:
@@ -496,10 +498,8 @@ def main() -> None:
         code = 1
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # closed or broken pipe: nothing more to say
             stream.flush()
-        except (OSError, ValueError):  # closed or broken pipe: nothing more to say
-            pass
     os._exit(code)
 
 

@@ -4,9 +4,10 @@ Liveness, never wall-clock age of a lease, ends a router's leases (docs/PROTOCOL
 connection is dead when nothing credited it for `liveness_timeout_ms` — no frame from it, and no
 heartbeat naming its `conn_token` from the client's heartbeat DEALER (`credit`) — or when the local
 process named in its `Hello.pid` no longer exists. The token is issued at Hello (`Welcome.conn_token`)
-and forgotten with the connection; a heartbeat DEALER is never a connection of its own. The pid is watched only when the peer runs on this host
-*and* in this PID namespace (`Hello.pid_ns` equals the inode of our `/proc/self/ns/pid`): a router in
-a container or sidecar sharing the host name has pids that mean nothing here (pid_namespaces(7)).
+and forgotten with the connection; a heartbeat DEALER is never a connection of its own. The pid is
+watched only when the peer runs on this host *and* in this PID namespace (`Hello.pid_ns` equals the
+inode of our `/proc/self/ns/pid`): a router in a container or sidecar sharing the host name has pids
+that mean nothing here (pid_namespaces(7)).
 The inode alone is not enough, every host's initial namespace has the same one, hence the host check.
 The actor then calls `Scheduler.cancel_owner(owner)`.
 """
@@ -214,7 +215,8 @@ class ConnectionTable:
 
         Without it a daemon resuming from a stall longer than the liveness timeout reaps every peer
         before reading the heartbeats they sent all along (liveness is "nothing arrived from it",
-        docs/PROTOCOL.md "Lifecycle", docs/DESIGN.md §5.4). A peer that is really gone is reaped `stall_us` later. Shorter
+        docs/PROTOCOL.md "Lifecycle", docs/DESIGN.md §5.4). A peer that is really gone is reaped
+        `stall_us` later. Shorter
         lateness is a busy loop that still reads between timers: not credited, so overload does not
         postpone reaping. O(connections), only after a stall."""
         if stall_us < self.liveness_timeout_us * STALL_CREDIT_SHARE:

@@ -3,13 +3,15 @@
 The lock lives beside the instance's segments (same namespace as what it protects) and is released
 by the kernel when the holder exits, even on SIGKILL, so a crashed daemon never blocks its restart.
 A second daemon with the same instance name, or `--purge` while the daemon runs, is refused with a
-message naming the holder's pid (so `--purge` never removes a running daemon's segments or sockets). The file is removed by its holder on the way out (a clean stop,
+message naming the holder's pid (so `--purge` never removes a running daemon's segments or sockets).
+The file is removed by its holder on the way out (a clean stop,
 `purge_instance`); a process that locked a file unlinked meanwhile retries on the new one, so the
 removal never lets two holders in (the usual open / flock / check-the-path's-inode sequence).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from collections.abc import Sequence
@@ -55,10 +57,8 @@ class InstanceLock:
         """Unlock and remove the lock file (only while we still hold it)."""
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        except FileNotFoundError:
-            pass
         os.close(self._fd)
         self._fd = None
 

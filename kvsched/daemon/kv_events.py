@@ -3,9 +3,8 @@
 I/O only; every decision about seqs, gaps, replays and the indexes is `kvevents.apply.KvEventApplier`'s.
 
 * One SUB per (worker, dp_rank) — endpoint port + dp_rank (`kvevents.format.offset_endpoint`) —
-  subscribed to the worker's topic; its FD is registered with `loop.add_reader`; a wake drains at
-  most `frame_budget` messages with NOBLOCK and re-checks `zmq.EVENTS` afterwards (the FD is
-  edge-like), exactly like the actor's data socket. Reconnection with exponential backoff is
+  subscribed to the worker's topic; read by a `reader.Reader` (a wake drains at most `frame_budget`
+  messages, the edge-triggered idiom of every daemon socket). Reconnection with exponential backoff is
   ZeroMQ's own (`RECONNECT_IVL` 100 ms doubling to `RECONNECT_IVL_MAX` 5 s). The SUB sends ZMTP
   heartbeats (`HEARTBEAT_IVL_MS`); a publisher that answers none for `HEARTBEAT_TIMEOUT_MS` (a
   stopped process, a partitioned host: its TCP connection may stay open) is disconnected by
@@ -36,21 +35,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
+from zmq.utils.monitor import parse_monitor_message
 
 from ..kvevents.apply import KvEventApplier
 from ..kvevents.format import seq_from_bytes, seq_to_bytes
 from ..kvevents.staleness import StreamHealth
 from ..shm.overlap import OverlapIndex
-from .kv_sources import (
-    KvEventSource,
-    SourceStream,
-    replay_backoff_s,
-    sources_for_worker,  # noqa: F401 - re-exported (the tests and older callers import it here)
-)
+from .kv_sources import KvEventSource, SourceStream, replay_backoff_s
 from .ratelimit import RateLimitedLog
+from .reader import Reader, read_some, readable
+
+if TYPE_CHECKING:
+    from ..shm.kv_index import KvIndexSegment
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +88,7 @@ class KvEventSubscriber:
 
     def __init__(
         self,
-        loop,
+        loop: asyncio.AbstractEventLoop,
         ctx: zmq.Context,
         sources: Iterable[KvEventSource],
         device: OverlapIndex,
@@ -102,7 +101,7 @@ class KvEventSubscriber:
         frame_budget: int = 256,
         max_frame_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.monotonic,
-        store=None,
+        store: KvIndexSegment | None = None,
         restored: dict[int, int] | None = None,
     ) -> None:
         self.loop = loop
@@ -199,14 +198,14 @@ class KvEventSubscriber:
         self._close_dealer(st)
         st.retry_at_s = None
         if st.mon is not None:
-            self.loop.remove_reader(st.mon.getsockopt(zmq.FD))
+            st.mon.stop()
             assert st.sub is not None
-            st.sub.disable_monitor()
-            st.mon.close(0)
+            st.sub.sock.disable_monitor()
+            st.mon.sock.close(0)
             st.mon = None
         if st.sub is not None:
-            self.loop.remove_reader(st.sub.getsockopt(zmq.FD))
-            st.sub.close(0)
+            st.sub.stop()
+            st.sub.sock.close(0)
             st.sub = None
 
     def _options(self, sock: zmq.Socket) -> None:
@@ -237,12 +236,11 @@ class KvEventSubscriber:
             mon.close(0)
             sub.close(0)  # an unclosed socket would hang Context.term() at shutdown
             raise
-        st.sub, st.mon = sub, mon
+        st.sub = Reader(self.loop, sub, lambda: self._on_sub(st))
+        st.mon = Reader(self.loop, mon, lambda: self._on_monitor(st))
         st.health = StreamHealth.subscribed(self._limit(st), self.clock())
-        self.loop.add_reader(sub.getsockopt(zmq.FD), self._on_sub, st)
-        self.loop.add_reader(st.mon.getsockopt(zmq.FD), self._on_monitor, st)
-        self.loop.call_soon(self._on_sub, st)  # a ZMQ FD only signals after EVENTS has been read once
-        self.loop.call_soon(self._on_monitor, st)
+        st.sub.start()
+        st.mon.start()
 
     def _open_dealer(self, st: SourceStream) -> zmq.Socket:
         assert st.src.replay_endpoint is not None
@@ -254,38 +252,38 @@ class KvEventSubscriber:
         except zmq.ZMQError:
             dealer.close(0)
             raise
-        st.dealer = dealer
-        self.loop.add_reader(dealer.getsockopt(zmq.FD), self._on_dealer, st)
+        st.dealer = Reader(self.loop, dealer, lambda: self._on_dealer(st))
+        st.dealer.start()
         return dealer
 
     def _close_dealer(self, st: SourceStream) -> None:
         st.replay_deadline_s = None
         if st.dealer is not None:
-            self.loop.remove_reader(st.dealer.getsockopt(zmq.FD))
-            st.dealer.close(0)
+            st.dealer.stop()
+            st.dealer.sock.close(0)
             st.dealer = None
 
     # ------------------------------------------------------------------ live stream
-    def _on_sub(self, st: SourceStream) -> None:
-        sub = st.sub
-        if sub is None:
-            return
-        n = 0
-        while n < self.frame_budget:
-            try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            n += 1
-            if len(frames) != 3 or len(frames[1]) != 8 or frames[1][0] & 0x80:
-                # seq >= 2^63: publishers count from 0, replay reads seqs signed, the store is int64
-                self._malformed(st, "live", len(frames))
-                continue
-            self._on_live(st, seq_from_bytes(frames[1]), frames[2])
+    def _drained(self, st: SourceStream, sock: zmq.Socket, n: int) -> bool:
+        """After a wake that read `n` messages of `sock`: refresh the row's verdict; True when another
+        wake is needed (the budget was used, or the socket, still open, is readable)."""
         if n:
             self._refresh(st)
-        if st.sub is sub and (n == self.frame_budget or sub.getsockopt(zmq.EVENTS) & zmq.POLLIN):
-            self.loop.call_soon(self._on_sub, st)
+        return n == self.frame_budget or (not sock.closed and readable(sock))
+
+    def _on_sub(self, st: SourceStream) -> bool:
+        assert st.sub is not None
+        sock = st.sub.sock
+        return self._drained(
+            st, sock, read_some(sock, self.frame_budget, lambda frames: self._on_live_frames(st, frames))
+        )
+
+    def _on_live_frames(self, st: SourceStream, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[1]) != 8 or frames[1][0] & 0x80:
+            # seq >= 2^63: publishers count from 0, replay reads seqs signed, the store is int64
+            self._malformed(st, "live", len(frames))
+            return
+        self._on_live(st, seq_from_bytes(frames[1]), frames[2])
 
     def _on_live(self, st: SourceStream, seq: int, payload: bytes) -> None:
         row = st.src.row
@@ -309,7 +307,7 @@ class KvEventSubscriber:
         if st.src.replay_endpoint is None:  # nowhere to ask: the missing seqs are lost
             self.applier.replay_failed(st.src.row, retry=False)
             return
-        dealer = st.dealer or self._open_dealer(st)
+        dealer = st.dealer.sock if st.dealer is not None else self._open_dealer(st)
         try:
             dealer.send_multipart((b"", seq_to_bytes(start)), zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # EAGAIN (HWM) etc.: treat as a timed-out attempt
@@ -319,24 +317,13 @@ class KvEventSubscriber:
         st.replay_deadline_s = self.clock() + self.replay_timeout_s
         st.retry_at_s = None
         log.debug("kv replay requested row=%d from=%d", st.src.row, start)
-        self.loop.call_soon(self._on_dealer, st)
+        assert st.dealer is not None
+        st.dealer.wake_soon()  # the send may have taken the FD's edge of a reply
 
-    def _on_dealer(self, st: SourceStream) -> None:
-        dealer = st.dealer
-        if dealer is None:
-            return
-        n = 0
-        while n < self.frame_budget and st.dealer is dealer:
-            try:
-                frames = dealer.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            n += 1
-            self._on_replay_frames(st, frames)
-        if n:
-            self._refresh(st)
-        if st.dealer is dealer and (n == self.frame_budget or dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN):
-            self.loop.call_soon(self._on_dealer, st)
+    def _on_dealer(self, st: SourceStream) -> bool:
+        assert st.dealer is not None
+        sock = st.dealer.sock
+        return self._drained(st, sock, read_some(sock, self.frame_budget, lambda f: self._on_replay_frames(st, f)))
 
     def _on_replay_frames(self, st: SourceStream, frames: list[bytes]) -> None:
         if frames and frames[0] == b"":
@@ -368,25 +355,22 @@ class KvEventSubscriber:
         self.applier.on_replay(row, seq, frames[1], _now_us())
 
     # ------------------------------------------------------------------ timers
-    def _on_monitor(self, st: SourceStream) -> None:
-        mon = st.mon
-        while mon is not None:
-            try:
-                msg = recv_monitor_message(mon, zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            assert st.health is not None
-            if msg["event"] == zmq.EVENT_DISCONNECTED:
-                self.disconnects += 1
-                log.info("kv events disconnected row=%d endpoint=%s", st.src.row, st.src.endpoint)
-                st.health.disconnected(self.clock())
-            elif msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                log.info("kv events connected row=%d endpoint=%s", st.src.row, st.src.endpoint)
-                st.health.connected()
-                self._catch_up_after_connect(st)
-            self._refresh(st)
-        if st.mon is not None and st.mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self.loop.call_soon(self._on_monitor, st)
+    def _on_monitor(self, st: SourceStream) -> bool:
+        assert st.mon is not None
+        sock = st.mon.sock
+        return self._drained(st, sock, read_some(sock, self.frame_budget, lambda f: self._on_monitor_event(st, f)))
+
+    def _on_monitor_event(self, st: SourceStream, parts: list[bytes]) -> None:
+        event = parse_monitor_message(parts)["event"]
+        assert st.health is not None
+        if event == zmq.EVENT_DISCONNECTED:
+            self.disconnects += 1
+            log.info("kv events disconnected row=%d endpoint=%s", st.src.row, st.src.endpoint)
+            st.health.disconnected(self.clock())
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            log.info("kv events connected row=%d endpoint=%s", st.src.row, st.src.endpoint)
+            st.health.connected()
+            self._catch_up_after_connect(st)
 
     def _catch_up_after_connect(self, st: SourceStream) -> None:
         """Ask the publisher for what it published while nobody listened (`KvEventApplier.reconnected`)."""

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import zmq
-
+from ..config import WorkerConfig
 from ..kvevents.format import offset_endpoint
 from ..kvevents.staleness import StreamHealth
+from .reader import Reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class KvEventSource:
     stale_after_s: float | None = None
 
 
-def sources_for_worker(worker_cfg, rows_by_rank: dict[int, int]) -> list[KvEventSource]:
+def sources_for_worker(worker_cfg: WorkerConfig, rows_by_rank: dict[int, int]) -> list[KvEventSource]:
     """The sources of one `WorkerConfig` (none without `kv_events_endpoint`).
 
     Args:
@@ -74,9 +74,9 @@ class SourceStream:
 
     def __init__(self, src: KvEventSource) -> None:
         self.src = src
-        self.sub: zmq.Socket | None = None
-        self.mon: zmq.Socket | None = None
-        self.dealer: zmq.Socket | None = None
+        self.sub: Reader | None = None  # the SUB socket's reader
+        self.mon: Reader | None = None  # the SUB's monitor socket's reader
+        self.dealer: Reader | None = None  # the replay DEALER's reader, while a replay is asked
         self.health: StreamHealth | None = None  # made when the SUB connects
         self.stale = False  # as last reported through mark_stale
         self.replay_deadline_s: float | None = None  # end marker expected before this

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import platform
 from bisect import bisect_left
+from collections.abc import Sequence
 
 import numpy as np
 from prometheus_client import (
@@ -283,7 +284,7 @@ class Metrics:
                 bool(flags & FLAG_OVERLOADED),
                 bool(flags & FLAG_STALE),
             )
-            for gauge, value in zip(self._worker_gauges, values):
+            for gauge, value in zip(self._worker_gauges, values, strict=True):
                 gauge.labels(*labels).set(int(value))
         for labels in self._worker_labels - seen:
             for gauge in self._worker_gauges:
@@ -310,7 +311,7 @@ class Metrics:
         return child
 
 
-def observe_many(hist, values: list[float]) -> None:
+def observe_many(hist: Histogram, values: Sequence[float]) -> None:
     """Observe every value of `values` (s) in the histogram `hist` with one lock round per bucket
     touched instead of one per value (a wake's samples at once). Falls back to `observe` per value
     when the histogram does not expose prometheus_client's bucket counters."""

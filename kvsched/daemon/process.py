@@ -3,12 +3,13 @@
 The child prints `KVSCHED_READY <endpoint> <admin_endpoint>` on stdout once it is ready (the same
 moment it sends READY=1 to systemd); `DaemonProcess.start` waits for that line, calling
 `on_wait(elapsed_s)` about once a second meanwhile (the first start on a machine compiles the numba
-kernels: about a minute on a busy 2-core machine; cached afterwards, README "Quick start"). Logs go to `<runtime_dir>/<instance>.log` unless
-`log_path` says otherwise.
+kernels: about a minute on a busy 2-core machine; cached afterwards, README "Quick start"). Logs go
+to `<runtime_dir>/<instance>.log` unless `log_path` says otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -108,13 +109,10 @@ class DaemonProcess:
 
     @staticmethod
     def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
-        log_fh = open(log_path, "ab")
-        try:
+        with open(log_path, "ab") as log_fh:  # the child has its own copy of the descriptor
             return subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=log_fh, stdin=subprocess.DEVNULL, env=env, start_new_session=True
             )
-        finally:
-            log_fh.close()
 
     def restart(self, ready_timeout_s: float = 60.0) -> None:
         """Start the same command again (after `kill()` or `stop()`), and wait until ready."""
@@ -156,10 +154,8 @@ class DaemonProcess:
                 f"daemon exited with code {code} right after it was ready; log {self.log_path}:\n{self.log_tail()}"
             )
         if not t.is_alive():  # its stdout closed: it is exiting; let it finish so its code is known
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
         code = self.proc.poll()
         self.kill()
         why = f"exited with code {code}" if code is not None else f"was not ready within {timeout_s:.0f}s"

@@ -1,360 +1,37 @@
-"""Frames ↔ core calls: what the actor does with each decoded router frame, and how the core's
-`Admit` / `Reject` records become `Admitted` / `Rejected` frames (docs/PROTOCOL.md).
-
-The actor pumps the sockets (receive, decode, send, flush); the `Translator` turns each frame into
-Scheduler calls and each outcome into a reply, without policy of its own: every decision comes from
-the Scheduler, including who may claim a request on Reattach (`Scheduler.may_take_over`). An
-`Admitted` that cannot be delivered (ROUTER_MANDATORY raises EHOSTUNREACH, or the owner is known
-dead) is released at once (docs/DESIGN.md §4.11: a failed delivery must release).
-
-Metrics of the decision path are counted in a `WakeTally` (plain ints and lists) and written to
-Prometheus in bulk (`WakeTally.flush`): by the actor's tick every 100 ms (`tick.LIVENESS_EVERY_US`)
-or when `FLUSH_SAMPLES` samples are pending, never once per frame.
+"""Frames ↔ core records, as pure functions: an `Enqueue` frame becomes the core's `RequestSpec`,
+an `Admit` / `Reject` record becomes an `Admitted` / `Rejected` frame (docs/PROTOCOL.md), and the
+frame-level checks an `Enqueue` passes before the Scheduler sees it. No socket, no Scheduler call:
+the actor dispatches frames, calls the Scheduler and sends.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import numpy as np
 
 from .. import protocol as p
-from ..core.types import DAEMON_OWNER, Admit, Reject, RequestSpec, WorkerKey
-from .connections import Connection
-from .metrics import Metrics, observe_many
+from ..core.types import Admit, Reject, RequestSpec
+from ..protocol import WorkerKey
+
+_HASH_DTYPE = np.dtype("<u8")  # a dtype object: np.frombuffer parses a dtype string on every call (~0.6 µs)
 
 
-def now_us() -> int:
-    """The scheduler clock: monotonic µs."""
-    return time.monotonic_ns() // 1000
-
-
-FLUSH_SAMPLES = 512  # pending histogram samples that make `WakeTally.flush_if_full` write at once
-
-
-class WakeTally:
-    """Decision-path counts since the last `flush`, written to `metrics` in bulk.
-
-    The actor calls `flush_if_full()` after each wake (writes only when `FLUSH_SAMPLES` histogram
-    samples are pending: bounded memory) and `flush()` every 100 ms from its tick, so Prometheus
-    lags the actor by at most ~100 ms plus one tick; a prometheus_client `inc` / `observe` takes a
-    lock each, and a flush has a fixed cost however little it holds.
-
-    Attributes:
-        admissions: policy class -> Admitted frames sent; rejections: reason -> Rejected.
-        updates: Update kind -> frames; queue_wait_s / admission_s / lease_s: histogram samples (s);
-        undeliverable: admissions released because nobody could receive them.
-        loop_lag_s: the tick's lag behind its schedule (s), one sample per tick.
-        frames / batches / word_folds: data-socket frames, Batch messages, folds that changed something;
-        cleanup_sizes: releases applied per cleanup pass (one sample per wake that had releases).
-    """
-
-    __slots__ = (
-        "admission_s",
-        "admissions",
-        "batches",
-        "cleanup_sizes",
-        "frames",
-        "lease_class",
-        "lease_s",
-        "loop_lag_s",
-        "metrics",
-        "queue_wait_s",
-        "rejections",
-        "samples",
-        "undeliverable",
-        "updates",
-        "word_folds",
-    )
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-        self.admissions: dict[str, int] = {}
-        self.rejections: dict[str, int] = {}
-        self.updates: dict[str, int] = {}
-        self.queue_wait_s: list[float] = []
-        self.admission_s: list[float] = []
-        self.lease_s: dict[str, list[float]] = {}
-        self.undeliverable = 0
-        self.frames = self.batches = self.word_folds = 0
-        self.cleanup_sizes: list[int] = []
-        self.samples = 0  # histogram samples appended by the actor since the last flush (an estimate)
-        self.loop_lag_s: list[float] = []
-
-    def flush_if_full(self) -> None:
-        """`flush()` when `FLUSH_SAMPLES` samples are pending (checked once per wake)."""
-        if self.samples >= FLUSH_SAMPLES:
-            self.flush()
-
-    def flush(self) -> None:
-        """Add the pending counts to the Prometheus objects and start over."""
-        m = self.metrics
-        self.samples = 0
-        if self.frames:
-            m.frames.inc(self.frames)
-            self.frames = 0
-        if self.batches:
-            m.batches.inc(self.batches)
-            self.batches = 0
-        if self.word_folds:
-            m.word_folds.inc(self.word_folds)
-            self.word_folds = 0
-        if self.cleanup_sizes:
-            observe_many(m.cleanup_batch, self.cleanup_sizes)
-            self.cleanup_sizes.clear()
-        if self.admissions:
-            for name, n in self.admissions.items():
-                m.admission_child(name).inc(n)
-            self.admissions.clear()
-        if self.rejections:
-            for reason, n in self.rejections.items():
-                m.rejections.labels(reason=reason).inc(n)
-            self.rejections.clear()
-        if self.updates:
-            for kind, n in self.updates.items():
-                m.update_child(kind).inc(n)
-            self.updates.clear()
-        if self.queue_wait_s:
-            observe_many(m.queue_wait, self.queue_wait_s)
-            self.queue_wait_s.clear()
-        if self.admission_s:
-            observe_many(m.admission_latency, self.admission_s)
-            self.admission_s.clear()
-        if self.lease_s:
-            for name, values in self.lease_s.items():
-                observe_many(m.lease_child(name), values)
-            self.lease_s.clear()
-        if self.undeliverable:
-            m.undeliverable.inc(self.undeliverable)
-            self.undeliverable = 0
-        if self.loop_lag_s:
-            observe_many(m.loop_lag, self.loop_lag_s)
-            self.loop_lag_s.clear()
-
-
-class Translator:
-    """Router frames → Scheduler calls → reply frames.
-
-    Args:
-        scheduler: the `Scheduler`; conns: the `ConnectionTable`.
-        send: `(conn, frame, admit=None) -> bool` (the actor's send; False = not delivered).
-        error: `(conn, ErrorCode, message, request_id=None)` (the actor's Error reply).
-        tally: the `WakeTally` the actor flushes once per wake.
-        daemon_cfg: `DaemonConfig` (in-flight cap per connection).
-        worker_urls: worker_id -> base URL sent in `Admitted.url`.
-    Attributes:
-        accepting: False once shutdown began (Enqueues and requeues are answered `shutting_down`).
-        releases_this_wake: Release frames since the actor last read it (cleanup batch size).
-    """
-
-    def __init__(
-        self,
-        scheduler,
-        conns,
-        send: Callable,
-        error: Callable,
-        tally: WakeTally,
-        daemon_cfg,
-        worker_urls: dict[int, str],
-    ) -> None:
-        self.scheduler, self.conns, self.send, self.error, self.tally = scheduler, conns, send, error, tally
-        self.cfg = daemon_cfg
-        self.worker_urls = worker_urls
-        self.accepting = True
-        self.releases_this_wake = 0
-
-    def handle(self, conn: Connection, frame, t: int) -> None:
-        """One decoded frame other than Hello (the actor answers Hello itself). Dispatch is by exact
-        type, the lifecycle's two frames first (a `match` on class patterns costs an isinstance
-        check per case)."""
-        tp = type(frame)
-        if tp is p.Enqueue:
-            self.on_enqueue(conn, frame, t)
-        elif tp is p.Release:
-            self.on_release(conn, frame, t)
-        elif tp is p.Update:
-            self.on_update(conn, frame, t)
-        elif tp is p.Heartbeat:
-            self.send(conn, p.HeartbeatAck(frame.seq))
-        elif tp is p.Reattach:
-            self.on_reattach(conn, frame, t)
-
-    def on_release(self, conn: Connection, f: p.Release, t: int) -> None:
-        """A Release: the lease's duration is observed, then the scheduler applies it (idempotent)."""
-        self.releases_this_wake += 1
-        if self.owns(conn, f.request_id):
-            self._observe_lease(f.slot, f.generation, t)
-            self.scheduler.release(f.request_id, f.slot, f.generation, f.outcome, f.context_tokens, t)
-
-    def _observe_lease(self, slot: int, generation: int, t: int) -> None:
-        """A lease's duration, just before the scheduler applies its Release (stale or repeated
-        releases, whose generation no longer matches, are not observed)."""
-        a = self.scheduler.ledger.arrays
-        # `.item` gives Python ints: no numpy scalar per read, no mixed-type comparison
-        if not (0 <= slot < len(a.s_state)) or a.s_state.item(slot) == 0 or a.s_generation.item(slot) != generation:
-            return
-        idx = a.s_class.item(slot)
-        classes = self.scheduler.pq.classes
-        if 0 <= idx < len(classes):
-            self.tally.lease_s.setdefault(classes[idx].name, []).append(max(0, t - a.s_admit_us.item(slot)) / 1e6)
-
-    # ------------------------------------------------------------------ Enqueue
-    def on_enqueue(self, conn: Connection, f: p.Enqueue, t: int) -> None:
-        reject = self.precheck_enqueue(conn, f)
-        if reject is not None:
-            self.send_reject(conn, f.request_id, reject[0], reject[1], f.policy_class)
-            return
-        conn.inflight += 1
-        spec = spec_from_enqueue(f, conn.owner, t)
-        if self.scheduler.cleanup_pending(f.request_id):  # its release is buffered: clean up first
-            self.deliver(self.scheduler.drain_cleanup(t), t)
-        outcomes = self.scheduler.enqueue(spec, t)
-        self.deliver(outcomes, t)
-        if outcomes and type(outcomes[0]) is Admit and outcomes[0].request_id == f.request_id:
-            self.tally.admission_s.append((now_us() - t) / 1e6)
-
-    def precheck_enqueue(self, conn: Connection, f: p.Enqueue) -> tuple[str, str] | None:
-        if not self.accepting:
-            return "shutting_down", "the daemon is stopping"
-        if conn.inflight >= self.cfg.inflight_cap_per_connection:
-            return "overloaded", f"in-flight cap {self.cfg.inflight_cap_per_connection} reached on this connection"
-        rid = f.request_id  # at most 4 UTF-8 bytes per character: short ids are not encoded to be measured
-        if 4 * len(rid) > p.MAX_REQUEST_ID_BYTES and len(rid.encode()) > p.MAX_REQUEST_ID_BYTES:
-            return "invalid", f"request_id longer than {p.MAX_REQUEST_ID_BYTES} UTF-8 bytes"
-        if len(f.block_hashes) % 8:
-            return "invalid", "block_hashes length is not a multiple of 8 bytes"
-        return None
-
-    def owns(self, conn: Connection, request_id: str) -> bool:
-        """Only the connection that owns a request may update or release it; others get an Error."""
-        owner = self.scheduler.owner_of(request_id)
-        if owner is None or owner == conn.owner:
-            return True
-        self.error(
-            conn, p.ErrorCode.UNKNOWN_REQUEST, f"request {request_id!r} belongs to another connection", request_id
-        )
-        return False
-
-    # ------------------------------------------------------------------ Update
-    def on_update(self, conn: Connection, f: p.Update, t: int) -> None:
-        """Apply one Update; `kvsched_update_frames{kind}` counts those that reached a live lease (one
-        for an unknown or foreign lease is answered an error and counted there, not here)."""
-        if not self.owns(conn, f.request_id):
-            return
-        updates = self.tally.updates
-        if f.kind == "requeue" and not self.accepting:  # stopping: give the booking back, answer now
-            updates[f.kind] = updates.get(f.kind, 0) + 1
-            self.scheduler.release(f.request_id, f.slot, f.generation, "aborted", 0, t)
-            self.send_reject(conn, f.request_id, "shutting_down", "the daemon is stopping", "")
-            return
-        try:
-            outcomes = self.scheduler.update(f.request_id, f.slot, f.generation, f.kind, f.output_tokens, t)
-        except KeyError:
-            self.error(
-                conn,
-                p.ErrorCode.UNKNOWN_REQUEST,
-                f"no lease ({f.request_id}, slot={f.slot}, generation={f.generation})",
-                f.request_id,
-            )
-            return
-        updates[f.kind] = updates.get(f.kind, 0) + 1
-        if f.kind == "requeue":
-            conn.inflight += 1
-        if outcomes:
-            self.deliver(outcomes, t)
-
-    # ------------------------------------------------------------------ Reattach
-    def on_reattach(self, conn: Connection, f: p.Reattach, t: int) -> list[str]:
-        """A reconnected client claims its leases and re-sends its waiting Enqueues (docs/DESIGN.md §5.6).
-        Returns the kept request ids (the actor logs the counts)."""
-        s = self.scheduler
-        kept, lost = [], []
-        for ref in f.leases:
-            if s.may_take_over(ref.request_id, conn.owner) and s.adopt_lease(
-                ref.request_id, ref.slot, ref.generation, conn.owner, t
-            ):
-                kept.append(ref.request_id)
-            else:
-                lost.append(ref.request_id)
-        self.send(conn, p.Reattached(kept=kept, lost=lost))
-        for rq in f.requeues:  # requeues in flight: before pending, in list order
-            ref, enq = rq.lease, rq.enqueue
-            if (
-                ref.request_id == enq.request_id
-                and s.may_take_over(ref.request_id, conn.owner)
-                and s.adopt_lease(ref.request_id, ref.slot, ref.generation, conn.owner, t)
-            ):
-                self.on_update(conn, p.Update(ref.request_id, ref.slot, ref.generation, "requeue"), t)
-            else:  # the requeue was applied (same daemon) or the lease is gone (restarted daemon)
-                self.reattach_pending(conn, enq, t)
-        for enq in f.pending:
-            self.reattach_pending(conn, enq, t)
-        return kept
-
-    def reattach_pending(self, conn: Connection, enq: p.Enqueue, t: int) -> None:
-        """A re-sent Enqueue: hand a request this daemon still holds to `conn`, else enqueue it."""
-        if not self.scheduler.may_take_over(enq.request_id, conn.owner):
-            self.on_enqueue(conn, enq, t)  # answered duplicate_request
-            return
-        got = self.scheduler.adopt_waiting(enq.request_id, conn.owner)
-        if got is False:
-            self.on_enqueue(conn, enq, t)
-        else:
-            conn.inflight += 1
-            if isinstance(got, Admit):
-                self.deliver([got], t)
-
-    # ------------------------------------------------------------------ outcomes → frames
-    def deliver(self, outcomes: list, t: int) -> None:
-        """Send Admitted/Rejected for scheduler outcomes; release what cannot be delivered."""
-        tally = self.tally
-        while outcomes:
-            released = False
-            for o in outcomes:
-                conn = self.conns.by_owner(o.owner)
-                if type(o) is Admit:
-                    ok = conn is not None and conn.alive and self.send(conn, self.admitted_frame(o), o)
-                    if ok:
-                        conn.inflight -= 1
-                        tally.admissions[o.policy_class] = tally.admissions.get(o.policy_class, 0) + 1
-                        tally.queue_wait_s.append(o.queued_us / 1e6)
-                    elif o.owner != DAEMON_OWNER:
-                        tally.undeliverable += 1
-                        self.scheduler.release(o.request_id, o.slot, o.generation, "aborted", 0, t)
-                        released = True
-                elif isinstance(o, Reject):
-                    if not o.revoked:  # a revocation notice (lease cancelled / worker removed) rejects nothing
-                        tally.rejections[o.reason] = tally.rejections.get(o.reason, 0) + 1
-                    if conn is not None and conn.alive:
-                        if not o.revoked:
-                            conn.inflight -= 1
-                        self.send(conn, rejected_frame(o))
-            outcomes = self.scheduler.drain_cleanup(t) if released else []
-
-    def admitted_frame(self, o: Admit) -> p.Admitted:
-        """The `Admitted` frame of an admission (worker URL and rank count added)."""
-        w = o.worker
-        return p.Admitted(
-            o.request_id,
-            w.worker_id,
-            w.dp_rank,
-            o.slot,
-            o.generation,
-            o.overlap_blocks,
-            o.cached_tokens,
-            o.queued_us,
-            self.worker_urls.get(w.worker_id, ""),
-            self.scheduler.ledger.ranks_of(w.worker_id) or 1,
-        )
-
-    def send_reject(self, conn: Connection, request_id: str, reason: str, detail: str, policy_class: str) -> None:
-        rejections = self.tally.rejections
-        rejections[reason] = rejections.get(reason, 0) + 1
-        self.send(conn, p.Rejected(request_id, reason, detail, policy_class))
-
-
-_HASH_DTYPE = np.dtype("<u8")  # a dtype object: np.frombuffer parses a dtype string on every call
+def enqueue_problem(
+    f: p.Enqueue, accepting: bool, inflight: int, inflight_cap: int
+) -> tuple[p.RejectReason, str] | None:
+    """The (reason, detail) an `Enqueue` is rejected with before it reaches the Scheduler, or None:
+    `shutting_down` once the daemon stops accepting, `overloaded` at the connection's in-flight cap,
+    `invalid` for a request id longer than `p.MAX_REQUEST_ID_BYTES` UTF-8 bytes or block hashes whose
+    length is not a multiple of 8 bytes (docs/PROTOCOL.md `enqueue`)."""
+    if not accepting:
+        return "shutting_down", "the daemon is stopping"
+    if inflight >= inflight_cap:
+        return "overloaded", f"in-flight cap {inflight_cap} reached on this connection"
+    rid = f.request_id  # at most 4 UTF-8 bytes per character: short ids are not encoded to be measured
+    if 4 * len(rid) > p.MAX_REQUEST_ID_BYTES and len(rid.encode()) > p.MAX_REQUEST_ID_BYTES:
+        return "invalid", f"request_id longer than {p.MAX_REQUEST_ID_BYTES} UTF-8 bytes"
+    if len(f.block_hashes) % 8:
+        return "invalid", "block_hashes length is not a multiple of 8 bytes"
+    return None
 
 
 def spec_from_enqueue(f: p.Enqueue, owner: int, t: int) -> RequestSpec:
@@ -376,6 +53,24 @@ def spec_from_enqueue(f: p.Enqueue, owner: int, t: int) -> RequestSpec:
         lora_name=f.lora_name,
         owner=owner,
         excluded_workers=frozenset(f.excluded_workers) if f.excluded_workers else None,
+    )
+
+
+def admitted_frame(o: Admit, url: str, ranks: int) -> p.Admitted:
+    """The `Admitted` frame of an admission; `url` is the worker's base URL ("" = none), `ranks` its
+    registered data-parallel ranks (sent as at least 1)."""
+    w = o.worker
+    return p.Admitted(
+        o.request_id,
+        w.worker_id,
+        w.dp_rank,
+        o.slot,
+        o.generation,
+        o.overlap_blocks,
+        o.cached_tokens,
+        o.queued_us,
+        url,
+        ranks or 1,
     )
 
 

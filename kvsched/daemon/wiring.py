@@ -9,7 +9,7 @@ import logging
 import time
 
 from ..config import Config
-from ..core.overlap_view import OVERLAP_CAPACITY_PER_WORKER, overlap_capacity  # noqa: F401 - re-exported
+from ..core.overlap_view import overlap_capacity
 from ..core.types import WorkerKey
 
 log = logging.getLogger(__name__)
@@ -214,65 +214,17 @@ def build_scheduler(cfg: Config, segments, restarted: bool, conns=None):
     return scheduler
 
 
-def kv_event_sources(cfg: Config, scheduler) -> list:
-    """KV-event sources of the configured workers (rows looked up in the ledger); marks those rows
-    event-fed in the scheduler."""
-    from .kv_sources import sources_for_worker
-
-    out = []
-    for w in cfg.workers:
-        rows = {r: scheduler.ledger.row_of(WorkerKey(w.worker_id, r)) for r in range(w.dp_size)}
-        srcs = sources_for_worker(w, {r: row for r, row in rows.items() if row is not None})
-        for src in srcs:
-            scheduler.set_event_fed(src.row, True)
-        out.extend(srcs)
-    return out
-
-
-def restore_runtime_workers(cfg: Config, scheduler, kv_index, restarted: bool) -> dict:
-    """Row -> `RuntimeWorker` of the workers a previous daemon added at runtime (`kvsched add-worker`)
-    whose rows it re-adopted, read from the KV-index segment (`runtime_workers.restored`); {} on a
-    fresh start. Their URLs go to `Admitted.url`, their KV-event sources to `build_kv_subscriber`."""
-    from .runtime_workers import restored
-
-    if not restarted or kv_index is None:
-        return {}
-    out = restored(kv_index, scheduler.ledger.arrays, {w.worker_id for w in cfg.workers})
-    if out:
-        log.info(
-            "runtime workers restored with their url / KV events workers=%s",
-            ",".join(f"{r.worker_id}:{r.dp_rank}" for r in out.values()),
-        )
-    return out
-
-
-def build_kv_subscriber(
-    cfg: Config, scheduler, loop, ctx, kv_index=None, restored_index: bool = False, runtime: dict | None = None
-):
-    """The `KvEventSubscriber` feeding the scheduler's event indexes from every configured source
-    and from the restored runtime workers (`runtime`: row -> `RuntimeWorker`).
+def build_kv_subscriber(cfg: Config, scheduler, loop, ctx, sources: list, kv_index=None, restored_index: bool = False):
+    """The `KvEventSubscriber` feeding the scheduler's event indexes from `sources`
+    (`WorkerRegistry.kv_sources`: the configured ranks' and the restored runtime ones').
 
     Staleness goes to the ledger (`Ledger.set_stale`, shown by `kvsched workers`, read by the
     overlap combination). Built even without sources, so AddWorker can add some at runtime.
-    `kv_index` (the KV-index segment) persists each row's applied seq; when `restored`, its rows
+    `kv_index` (the KV-index segment) persists each row's applied seq; when `restored_index`, its rows
     with a seq start from it (catch-up replay at `start()`).
     """
     from .kv_events import KvEventSubscriber
-    from .kv_sources import KvEventSource
 
-    sources = kv_event_sources(cfg, scheduler)
-    for row, rec in sorted((runtime or {}).items()):
-        if rec.kv_events_endpoint:
-            sources.append(
-                KvEventSource(
-                    row,
-                    rec.kv_events_endpoint,
-                    rec.kv_replay_endpoint or None,
-                    rec.kv_events_topic,
-                    rec.kv_events_stale_after_s,
-                )
-            )
-            scheduler.set_event_fed(row, True)
     restored = {}
     if kv_index is not None and restored_index:
         restored = {s.row: int(kv_index.last_seq[s.row]) for s in sources if int(kv_index.last_seq[s.row]) >= 0}

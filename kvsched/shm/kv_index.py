@@ -12,7 +12,7 @@ with the same lifetime: created by the daemon, unregistered from Python's resour
   `worker_id` u32, `dp_rank` u32, `worker_generation` u32 (the ledger's `w_generation`), `present` u8;
 * per worker row: `meta_len` u32 and `meta` u8[META_BYTES]: an opaque record the daemon writes for a
   worker added at runtime (`kvsched add-worker`: its URL and KV-event endpoints, encoded by
-  `kvsched.daemon.runtime_workers`), so a restarted daemon restores them; `meta_len` = 0: none;
+  `kvsched.daemon.registry`), so a restarted daemon restores them; `meta_len` = 0: none;
 * two `OverlapIndex` tables (device tier, offload tiers): keys uint64[C], used uint8[C],
   perm / ttlm uint64[C, words], ttl_exp int64[C] (see `kvsched.shm.overlap`).
 

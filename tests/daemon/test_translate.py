@@ -7,10 +7,11 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from kvsched import protocol as p
 from kvsched.config import DaemonConfig
-from kvsched.daemon.connections import ConnectionTable
 from kvsched.daemon.metrics import Metrics, observe_many
-from kvsched.daemon.translate import Translator, WakeTally, spec_from_enqueue
-from tests.core.factories import make_request, make_scheduler
+from kvsched.daemon.tally import WakeTally
+from kvsched.daemon.translate import enqueue_problem, spec_from_enqueue
+from tests.core.factories import make_request
+from tests.daemon.test_wake import Harness
 
 
 def test_observe_many_equals_one_observe_per_value():
@@ -39,77 +40,88 @@ def test_spec_from_enqueue_reads_the_hashes_without_copying():
     assert (spec.owner, spec.deadline_us) == (7, 6_000)
 
 
-def _translator():
-    conns = ConnectionTable(10**9)
-    sched = make_scheduler(owner_alive=conns.owner_alive)
-    sent = []
-    metrics = Metrics()
-    tally = WakeTally(metrics)
-    tr = Translator(
-        sched,
-        conns,
-        lambda c, f, a=None: sent.append((c.owner, f)) or True,
-        lambda c, code, msg, rid=None: sent.append((c.owner, ("error", code, rid))),
-        tally,
-        DaemonConfig(),
-        {1: "http://w1"},
-    )
-    return tr, conns, sched, sent, metrics, tally
-
-
 def _metric(metrics: Metrics, name: str, **labels) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def test_translator_answers_and_counts_once_per_wake():
-    tr, conns, sched, sent, metrics, tally = _translator()
-    conn = conns.open(b"peer", 0)
-    for i in range(3):
-        tr.handle(conn, p.Enqueue(f"r{i}", 16), 1)
-    admitted = [f for _, f in sent if isinstance(f, p.Admitted)]
-    assert [f.request_id for f in admitted] == ["r0", "r1", "r2"] and admitted[0].url == "http://w1"
-    assert conn.inflight == 0
-    for f in admitted:
-        tr.handle(conn, p.Update(f.request_id, f.slot, f.generation, "dispatched"), 2)
-        tr.handle(conn, p.Release(f.request_id, f.slot, f.generation), 3)
-    assert _metric(metrics, "kvsched_admissions_total", policy_class="default") == 0  # not yet flushed
-    tally.flush()
-    assert _metric(metrics, "kvsched_admissions_total", policy_class="default") == 3
-    assert _metric(metrics, "kvsched_update_frames_total", kind="dispatched") == 3
-    assert _metric(metrics, "kvsched_lease_duration_seconds_count", policy_class="default") == 3
-    assert _metric(metrics, "kvsched_queue_wait_seconds_count") == 3
-    assert sched.active_leases == 0 and tr.releases_this_wake == 3
+async def test_the_actor_answers_and_counts_once_per_wake():
+    """Enqueues, Updates and Releases through one actor wake each: every Admitted names the worker's
+    URL, each lifecycle is counted once, and only when the tally is flushed (was a test of the
+    `Translator` object, whose frame handling moved into the actor)."""
+    h = Harness("tr-counts", worker_urls={1: "http://w1"})
+    try:
+        metrics, tally = h.actor.metrics, h.actor.tally
+        h.send(*[p.Enqueue(f"r{i}", 16) for i in range(3)])
+        h.actor.data_reader.wake()
+        admitted = h.replies()
+        assert [f.request_id for f in admitted] == ["r0", "r1", "r2"] and admitted[0].url == "http://w1"
+        assert next(iter(h.actor.conns)).inflight == 0
+        frames = []
+        for f in admitted:
+            frames += [
+                p.Update(f.request_id, f.slot, f.generation, "dispatched"),
+                p.Release(f.request_id, f.slot, f.generation),
+            ]
+        h.send(*frames)
+        h.actor.data_reader.wake()
+        assert _metric(metrics, "kvsched_admissions_total", policy_class="default") == 0  # not yet flushed
+        tally.flush()
+        assert _metric(metrics, "kvsched_admissions_total", policy_class="default") == 3
+        assert _metric(metrics, "kvsched_update_frames_total", kind="dispatched") == 3
+        assert _metric(metrics, "kvsched_lease_duration_seconds_count", policy_class="default") == 3
+        assert _metric(metrics, "kvsched_queue_wait_seconds_count") == 3
+        assert _metric(metrics, "kvsched_cleanup_batch_size_sum") == 3  # the wake's 3 releases, one pass
+        assert h.sched.active_leases == 0 and h.actor.releases_this_wake == 0
+    finally:
+        h.close()
 
 
-def test_an_update_for_an_unknown_lease_is_an_error_and_not_counted_as_applied():
+async def test_an_update_for_an_unknown_lease_is_an_error_and_not_counted_as_applied():
     """Was: `kvsched_update_frames_total{kind="dispatched"}` rose for an update of a lease that does
     not exist (answered UNKNOWN_REQUEST)."""
-    tr, conns, sched, sent, metrics, tally = _translator()
-    conn = conns.open(b"peer", 0)
-    tr.handle(conn, p.Update("nobody", 5, 1, "dispatched"), 1)
-    tally.flush()
-    assert sent == [(conn.owner, ("error", p.ErrorCode.UNKNOWN_REQUEST, "nobody"))]
-    assert _metric(metrics, "kvsched_update_frames_total", kind="dispatched") == 0
+    h = Harness("tr-unknown")
+    try:
+        h.send(p.Update("nobody", 5, 1, "dispatched"))
+        h.actor.data_reader.wake()
+        h.actor.tally.flush()
+        [err] = h.replies()
+        assert (type(err), err.code, err.request_id) == (p.Error, p.ErrorCode.UNKNOWN_REQUEST, "nobody")
+        assert _metric(h.actor.metrics, "kvsched_update_frames_total", kind="dispatched") == 0
+    finally:
+        h.close()
 
 
-def test_translator_releases_an_admission_nobody_can_receive():
-    tr, conns, sched, sent, metrics, tally = _translator()
-    conn = conns.open(b"peer", 0)
-    other = conns.open(b"gone", 0)
-    [adm] = sched.enqueue(make_request("x", owner=other.owner, isl_tokens=16), 1)
-    conns.close(other)
-    tr.deliver([adm], 2)
-    assert sched.active_leases == 0
-    tally.flush()
-    assert _metric(metrics, "kvsched_undeliverable_admissions_total") == 1
-    tr.handle(conn, p.Release("x", adm.slot, adm.generation), 3)  # stale: a no-op
-    assert sent == []
+async def test_the_actor_releases_an_admission_nobody_can_receive():
+    h = Harness("tr-lost")
+    try:
+        other = h.actor.conns.open(b"gone", 0)
+        [adm] = h.sched.enqueue(make_request("x", owner=other.owner, isl_tokens=16), 1)
+        h.actor.conns.close(other)
+        h.actor.deliver([adm], 2)
+        assert h.sched.active_leases == 0
+        h.actor.tally.flush()
+        assert _metric(h.actor.metrics, "kvsched_undeliverable_admissions_total") == 1
+        h.send(p.Release("x", adm.slot, adm.generation))  # stale, and not this connection's: a no-op
+        h.actor.data_reader.wake()
+        assert h.replies() == [] and h.sched.active_leases == 0
+    finally:
+        h.close()
+
+
+def test_enqueue_problems_are_answered_before_the_scheduler():
+    ok = p.Enqueue("r", 16)
+    assert enqueue_problem(ok, True, 0, 4) is None
+    assert enqueue_problem(ok, False, 0, 4)[0] == "shutting_down"
+    assert enqueue_problem(ok, True, 4, 4)[0] == "overloaded"
+    assert enqueue_problem(p.Enqueue("é" * p.MAX_REQUEST_ID_BYTES, 16), True, 0, 4)[0] == "invalid"
+    assert enqueue_problem(p.Enqueue("r", 16, b"1234567"), True, 0, 4)[0] == "invalid"
 
 
 def test_tally_writes_socket_counts_in_bulk_and_only_when_full_between_ticks():
-    from kvsched.daemon.translate import FLUSH_SAMPLES
+    from kvsched.daemon.tally import FLUSH_SAMPLES
 
-    tr, conns, sched, sent, metrics, tally = _translator()
+    metrics = Metrics()
+    tally = WakeTally(metrics)
     tally.frames += 5
     tally.batches += 2
     tally.word_folds += 1
@@ -136,7 +148,11 @@ def test_tick_writes_the_tally_every_100_ms_with_the_loop_lag_samples():
     from kvsched.daemon import tick
     from kvsched.daemon.ratelimit import RateLimitedLog
 
-    tr, conns, sched, sent, metrics, tally = _translator()
+    from kvsched.daemon.connections import ConnectionTable
+    from tests.core.factories import make_scheduler
+
+    metrics, conns = Metrics(), ConnectionTable(10**9)
+    tally, sched = WakeTally(metrics), make_scheduler(owner_alive=conns.owner_alive)
     cfg = DaemonConfig()
     actor = SimpleNamespace(
         cfg=cfg,
@@ -145,24 +161,20 @@ def test_tick_writes_the_tally_every_100_ms_with_the_loop_lag_samples():
         conns=conns,
         scheduler=sched,
         warn=RateLimitedLog(__import__("logging").getLogger("t")),
-        on_tick=[],
-        on_second=[],
-        _last_tick_s=0.0,
-        _next_liveness_us=0,
-        _next_gauges_us=10**18,
-        _fold=lambda: False,
-        _deliver=lambda outcomes, t: None,
+        fold_words=lambda: False,
+        deliver=lambda outcomes, t: None,
     )
+    ticker = tick.Ticker(actor)
+    ticker.on_second.append(lambda: None)
     lag = lambda: _metric(metrics, "kvsched_actor_loop_lag_seconds_count")  # noqa: E731
     t = 1_000_000
-    actor._last_tick_s = t / 1e6 - cfg.progress_fold_ms / 1000
     for k in range(10):  # ten ticks 10 ms apart: the first writes, the next nine within 100 ms do not
         now = t + k * 10_000
         tally.frames += 1
-        tick.observe_lag(actor, now)
-        tick.periodic_work(actor, now)
+        ticker.observe_lag(now)
+        ticker.periodic_work(now)
         assert _metric(metrics, "kvsched_frames_received_total") == 1 and lag() == 1, k
     now = t + tick.LIVENESS_EVERY_US
-    tick.observe_lag(actor, now)
-    tick.periodic_work(actor, now)
+    ticker.observe_lag(now)
+    ticker.periodic_work(now)
     assert _metric(metrics, "kvsched_frames_received_total") == 10 and lag() == 11

@@ -1,6 +1,6 @@
 """One actor wake over a real ROUTER/DEALER pair (inproc): what it reads, what it sends, what it skips.
 
-The wake is the reader callback `Actor._on_data`, called here as the event loop would call it.
+The wake is the reader callback `Actor.data_reader.wake`, called here as the event loop would call it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ HASHES = np.arange(1, 5, dtype="<u8").tobytes()
 class Harness:
     """An Actor on a bound ROUTER, one DEALER peer that said Hello (protocol 2), counted core calls."""
 
-    def __init__(self, name: str, budget: int = 512) -> None:
+    def __init__(self, name: str, budget: int = 512, worker_urls: dict[int, str] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -49,11 +49,13 @@ class Harness:
             heartbeat_ms=1000,
             liveness_timeout_ms=5000,
         )
-        self.actor = Actor(self.loop, self.sched, self.router, welcome, cfg, Metrics(), conns=conns)
+        self.actor = Actor(
+            self.loop, self.sched, self.router, welcome, cfg, Metrics(), worker_urls=worker_urls, conns=conns
+        )
         self.enc, self.dec = p.make_encoder(), p.make_daemon_decoder()
         self.inner = p.make_replied_daemon_decoder()
         self.send(p.Hello(2, "test"))
-        self.actor._on_data()
+        self.actor.data_reader.wake()
         assert [type(f) for f in self.replies()] == [p.Welcome]
 
     def _count(self, name: str) -> None:
@@ -96,7 +98,7 @@ async def test_one_wake_reads_every_waiting_message_and_answers_once():
     try:
         for i in range(3):
             h.send(p.Enqueue(f"r{i}", 64, HASHES))
-        h.actor._on_data()
+        h.actor.data_reader.wake()
         msgs = h.messages()
         assert len(msgs) == 1 and type(msgs[0]) is p.Replies
         assert [h.inner.decode(r).request_id for r in msgs[0].frames] == ["r0", "r1", "r2"]
@@ -112,7 +114,7 @@ async def test_wake_with_nothing_to_read_skips_fold_and_cleanup():
     try:
         before = dict(h.calls)
         for _ in range(5):
-            h.actor._on_data()
+            h.actor.data_reader.wake()
         assert h.calls == before and h.messages() == []
     finally:
         h.close()
@@ -128,12 +130,12 @@ async def test_budget_ends_the_wake_and_schedules_the_next():
         real_call_soon = h.loop.call_soon
         h.loop.call_soon = lambda cb, *a: scheduled.append(cb)  # type: ignore[method-assign]
         try:
-            h.actor._on_data()
+            h.actor.data_reader.wake()
         finally:
             h.loop.call_soon = real_call_soon  # type: ignore[method-assign]
         assert [f.request_id for f in h.replies()] == ["r0", "r1"]
-        assert scheduled == [h.actor._on_data]
-        h.actor._on_data()
+        assert scheduled == [h.actor.data_reader.wake]
+        h.actor.data_reader.wake()
         assert [f.request_id for f in h.replies()] == ["r2"]
     finally:
         h.close()
@@ -144,10 +146,10 @@ async def test_release_and_enqueue_in_one_batch_are_handled_in_order():
     h = Harness("wake-order")
     try:
         h.send(p.Enqueue("r0", 64, HASHES))
-        h.actor._on_data()
+        h.actor.data_reader.wake()
         (a,) = h.replies()
         h.send(p.Release("r0", a.slot, a.generation, "completed", 64), p.Enqueue("r0", 64, HASHES))
-        h.actor._on_data()
+        h.actor.data_reader.wake()
         (b,) = h.replies()
         assert type(b) is p.Admitted and b.request_id == "r0"
         assert h.sched.owner_of("r0") is not None
@@ -159,7 +161,7 @@ async def test_replies_sent_outside_a_wake_look_again_for_frames_their_sends_hid
     """1. a frame from the router waits in the daemon's socket; 2. a reply owed outside a wake (a
     timer's admission, an admin action) is flushed by the outbox's own callback. ZeroMQ's FD is
     edge-like and a send processes the socket's commands, which can swallow the signal of that
-    frame. Result: the flush schedules a wake (`_on_data`) when the socket is readable (before:
+    frame. Result: the flush schedules a wake (`data_reader.wake`) when the socket is readable (before:
     nothing did, and the frame waited for the next 10 ms tick or another router's message)."""
     h = Harness("outside-wake")
     try:
@@ -175,7 +177,7 @@ async def test_replies_sent_outside_a_wake_look_again_for_frames_their_sends_hid
         finally:
             h.loop.call_soon = real_call_soon  # type: ignore[method-assign]
         assert [type(f) for f in h.replies()] == [p.HeartbeatAck]
-        assert h.actor._on_data in scheduled  # noqa: SLF001
+        assert h.actor.data_reader.wake in scheduled
     finally:
         h.close()
 
@@ -195,7 +197,7 @@ async def test_a_batch_larger_than_the_budget_is_finished_over_the_next_wakes_be
         await asyncio.sleep(0.05)  # inproc: both are there at once
         seen = []
         for _ in range(4):
-            h.actor._on_data()
+            h.actor.data_reader.wake()
             seen.append([f"error@{f.batch_index}" if type(f) is p.Error else f.request_id for f in h.replies()])
         assert seen == [["r0", "r1"], ["r2", "error@3"], ["r4", "r5"], []]
     finally:
@@ -209,10 +211,10 @@ async def test_the_rest_of_a_batch_from_a_connection_closed_meanwhile_is_dropped
     try:
         h.send(*[p.Enqueue(f"r{i}", 64, HASHES) for i in range(4)])
         await asyncio.sleep(0.05)
-        h.actor._on_data()
+        h.actor.data_reader.wake()
         assert [f.request_id for f in h.replies()] == ["r0", "r1"]
         h.actor.conns.close(next(iter(h.actor.conns)))
-        h.actor._on_data()
+        h.actor.data_reader.wake()
         assert h.replies() == [] and h.sched.owner_of("r2") is None
         assert h.actor.dropped_dead_frames == 2
     finally:
@@ -232,7 +234,7 @@ async def test_a_flooded_socket_keeps_one_wake_queued_however_often_its_reader_f
             h.send(p.Enqueue(f"r{i}", 64, HASHES))
         await asyncio.sleep(0.05)
         for _ in range(4):
-            h.actor._on_data()
+            h.actor.data_reader.wake()
         assert len(h.replies()) == 8
         per_turn = []
         for _ in range(2):

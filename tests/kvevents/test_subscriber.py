@@ -14,7 +14,8 @@ import pytest
 import zmq
 
 from kvsched.config import WorkerConfig
-from kvsched.daemon.kv_events import KvEventSource, KvEventSubscriber, sources_for_worker
+from kvsched.daemon.kv_events import KvEventSubscriber
+from kvsched.daemon.kv_sources import KvEventSource, sources_for_worker
 from kvsched.kvevents.format import END_SEQ, seq_from_bytes, seq_to_bytes
 from kvsched.shm.overlap import OverlapIndex
 from kvsched.sim.kv_publisher import KvEventPublisher
