@@ -279,7 +279,7 @@ class SchedulerClient:
             self._words.attach(welcome.shm_ledger, welcome.daemon_epoch)
         if reconnected:
             self._loss_reason = loss_reason(self._epoch, welcome)
-            leases = [p.LeaseRef(l.request_id, l.slot, l.generation) for l in self._open_leases()]
+            leases = [p.LeaseRef(lease.request_id, lease.slot, lease.generation) for lease in self._open_leases()]
             send_reattach(self._link, self._pending, leases, welcome)
         self._epoch = welcome.daemon_epoch
 

@@ -180,7 +180,7 @@ def _fields(raw: Any) -> tuple[str | None, dict[str, Any], int]:
         if names is None:
             return raw[0], {}, 0
         values = raw[1:]
-        return raw[0], dict(zip(names, values)), max(0, len(values) - len(names))
+        return raw[0], dict(zip(names, values, strict=False)), max(0, len(values) - len(names))
     if isinstance(raw, dict):
         tag = raw.get("type")
         if not isinstance(tag, str):

@@ -17,10 +17,11 @@ omitted (newer vLLM). The batch itself is always `[ts, events, data_parallel_ran
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import msgspec
 import zmq
@@ -94,12 +95,12 @@ class KvEventPublisher:
             self.replay.setsockopt(zmq.SNDHWM, 0)
             self.replay.bind(replay_endpoint)
             self.replay_endpoint = self.replay.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._loop = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ events
     def _event(self, tag: str, names: tuple[str, ...], defaulted: frozenset[str], values: dict[str, Any]) -> Any:
         if self.encoding == "map":
-            ev = {"type": tag}
+            ev: dict[str, Any] = {"type": tag}
             ev.update({k: values.get(k) for k in names if not (k in defaulted and values.get(k) is None)})
             return ev
         arr = [tag] + [values.get(k) for k in names]
@@ -204,22 +205,23 @@ class KvEventPublisher:
 
     def _on_replay_readable(self) -> None:
         self.service_replay()
-        if self.replay is not None and self.replay.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        readable = self.replay is not None and cast(int, self.replay.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+        if readable and self._loop is not None:
             self._loop.call_soon(self._on_replay_readable)
 
-    def attach(self, loop) -> None:
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Answer replay requests from `loop`'s reader callbacks (until `close()`)."""
         if self.replay is None:
             return
         self._loop = loop
-        loop.add_reader(self.replay.getsockopt(zmq.FD), self._on_replay_readable)
+        loop.add_reader(cast(int, self.replay.getsockopt(zmq.FD)), self._on_replay_readable)
         loop.call_soon(self._on_replay_readable)
 
     def close(self) -> None:
         """Close both sockets (linger 0)."""
         if self.replay is not None:
             if self._loop is not None:
-                self._loop.remove_reader(self.replay.getsockopt(zmq.FD))
+                self._loop.remove_reader(cast(int, self.replay.getsockopt(zmq.FD)))
                 self._loop = None
             self.replay.close(0)
             self.replay = None

@@ -302,10 +302,12 @@ class VirtualDriver:
                 del self.live[rid]
                 self._done_one()
         for rec in engine.running():
-            lv = self.live.get(rec.request.request_id)
-            if lv is not None and rec.output_tokens - lv.reported >= PROGRESS_EVERY_TOKENS:
-                lv.reported = rec.output_tokens
-                sched.update(rec.request.request_id, lv.slot, lv.generation, "progress", rec.output_tokens, now_us)
+            running = self.live.get(rec.request.request_id)
+            if running is not None and rec.output_tokens - running.reported >= PROGRESS_EVERY_TOKENS:
+                running.reported = rec.output_tokens
+                sched.update(
+                    rec.request.request_id, running.slot, running.generation, "progress", rec.output_tokens, now_us
+                )
 
 
 def run_virtual(

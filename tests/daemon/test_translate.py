@@ -21,12 +21,15 @@ def test_observe_many_equals_one_observe_per_value():
     for v in values:
         one.observe(v)
     observe_many(many, values)
-    samples = lambda h: [
-        (s.name.split("_", 1)[1], s.labels.get("le"), s.value)
-        for m in h.collect()
-        for s in m.samples
-        if not s.name.endswith("_created")
-    ]
+
+    def samples(h):
+        return [
+            (s.name.split("_", 1)[1], s.labels.get("le"), s.value)
+            for m in h.collect()
+            for s in m.samples
+            if not s.name.endswith("_created")
+        ]
+
     assert samples(one) == samples(many)
 
 
@@ -84,7 +87,7 @@ def test_translator_answers_and_counts_once_per_wake():
 def test_an_update_for_an_unknown_lease_is_an_error_and_not_counted_as_applied():
     """Was: `kvsched_update_frames_total{kind="dispatched"}` rose for an update of a lease that does
     not exist (answered UNKNOWN_REQUEST)."""
-    tr, conns, sched, sent, metrics, tally = _translator()
+    tr, conns, _sched, sent, metrics, tally = _translator()
     conn = conns.open(b"peer", 0)
     tr.handle(conn, p.Update("nobody", 5, 1, "dispatched"), 1)
     tally.flush()
@@ -109,7 +112,7 @@ def test_translator_releases_an_admission_nobody_can_receive():
 def test_tally_writes_socket_counts_in_bulk_and_only_when_full_between_ticks():
     from kvsched.daemon.translate import FLUSH_SAMPLES
 
-    tr, conns, sched, sent, metrics, tally = _translator()
+    _tr, _conns, _sched, _sent, metrics, tally = _translator()
     tally.frames += 5
     tally.batches += 2
     tally.word_folds += 1
@@ -136,7 +139,7 @@ def test_tick_writes_the_tally_every_100_ms_with_the_loop_lag_samples():
     from kvsched.daemon import tick
     from kvsched.daemon.ratelimit import RateLimitedLog
 
-    tr, conns, sched, sent, metrics, tally = _translator()
+    _tr, conns, sched, _sent, metrics, tally = _translator()
     cfg = DaemonConfig()
     actor = SimpleNamespace(
         cfg=cfg,
@@ -153,7 +156,10 @@ def test_tick_writes_the_tally_every_100_ms_with_the_loop_lag_samples():
         _fold=lambda: False,
         _deliver=lambda outcomes, t: None,
     )
-    lag = lambda: _metric(metrics, "kvsched_actor_loop_lag_seconds_count")  # noqa: E731
+
+    def lag() -> float:
+        return _metric(metrics, "kvsched_actor_loop_lag_seconds_count")
+
     t = 1_000_000
     actor._last_tick_s = t / 1e6 - cfg.progress_fold_ms / 1000
     for k in range(10):  # ten ticks 10 ms apart: the first writes, the next nine within 100 ms do not

@@ -153,7 +153,7 @@ def test_fold_progress_agrees_when_random_words(n_slots, seed):
         results[name] = (changed, arrs)
     for name in ("numpy", "python"):
         assert results[name][0] == results["numba"][0]
-        for got, want in zip(results[name][1], results["numba"][1]):
+        for got, want in zip(results[name][1], results["numba"][1], strict=True):
             assert np.array_equal(got, want)
     # stale words never change a slot
     stale = (word_gen != gen) | (state == 0)
@@ -329,7 +329,7 @@ def test_fold_words_agrees_when_random_words(n_slots, seed, folds):
             results[name] = (changed, counts.tolist(), sorted(out_d[: counts[1]].tolist()), out_r[: counts[2]].tolist())
         for name in ("numpy", "python", "packed"):
             assert results[name] == results["numba"], name
-            for got, want in zip(arrs[name], arrs["numba"]):
+            for got, want in zip(arrs[name], arrs["numba"], strict=True):
                 assert np.array_equal(got, want), name
         assert results["numba"][1][0] == results["numba"][0]
         # the changed rows are exactly the rows whose active blocks or prefill moved, ascending
