@@ -71,7 +71,7 @@ typecheck: $(STAMP)
 
 ## The in-process tests of core, shm, protocol and client (units and properties, the same hypothesis
 ## profile as `make test`; no daemon or other child process: tests marked `multiprocess` are left out).
-## About a minute with a warm numba cache on an idle 2-core machine. Not a gate: `make test` is.
+## ~65 s of CPU with a warm numba cache (one process: about that wall on an idle machine). Not a gate: `make test` is.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not multiprocess" tests/core tests/shm tests/protocol tests/client
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import aiohttp
 
-    from ..core.types import WorkerKey
+    from ..protocol import WorkerKey
 
 
 def dynamo_unavailable_reason() -> str | None:

@@ -27,7 +27,7 @@ import numpy as np
 import zmq
 from msgspec import Meta
 
-from ..core.types import WorkerKey
+from ..protocol import WorkerKey
 from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
 from .fleet_spec import FleetSpec, make_engines
 from .kv_publisher import KvEventPublisher
@@ -155,7 +155,7 @@ class Fleet:
         self._dec = msgspec.msgpack.Decoder(SimSubmit)
         self.publishers: list[KvEventPublisher] = []
         for key, (pub, replay) in zip(params.spec.worker_keys(), params.kv_events, strict=False):  # () = none
-            publisher = KvEventPublisher(self._ctx, pub, replay, encoding=params.kv_encoding)  # type: ignore[arg-type]
+            publisher = KvEventPublisher(self._ctx, pub, replay, encoding=params.kv_encoding)
             self.engines[key].cache_listener = TokenIdPublisher(publisher) if params.kv_token_ids else publisher
             self.publishers.append(publisher)
         self._owner: dict[str, bytes] = {}  # request_id -> router identity

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Config, SelectorConfig, config_from_dict
-from ..core.types import WorkerKey
+from ..protocol import WorkerKey
 from .engine import SimEngine
 from .profile import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineProfile, kv_blocks_for
 

@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -61,7 +61,7 @@ class KvEventPublisher:
         replay_endpoint: str | None = None,
         *,
         topic: str = "",
-        encoding: Literal["array", "map"] = "array",
+        encoding: str = "array",  # "array" | "map", checked here
         dp_rank: int = 0,
         buffer_steps: int = 10_000,
         replay_with_topic: bool = False,

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
-from ..core.types import Admit, Reject, RequestSpec, WorkerKey
+from ..core.types import Admit, Reject, RequestSpec
+from ..protocol import WorkerKey
 from .classes import ClassAssignment
 from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
 from .fleet_spec import FleetSpec, build_config, make_engines

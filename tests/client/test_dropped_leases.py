@@ -47,7 +47,7 @@ def _client() -> tuple[SchedulerClient, CountingLoop, RecordingLink]:
 
 def _drop_open_leases(client: SchedulerClient, n: int, prefix: str) -> None:
     for i in range(n):
-        Lease(client, f"{prefix}{i}", WorkerKey(1, 0), i, 1, 0, 0, 0, 16)  # dropped at once, still open
+        Lease(client._channel, f"{prefix}{i}", WorkerKey(1, 0), i, 1, 0, 0, 0, 16)  # dropped at once, still open
     gc.collect()
 
 
