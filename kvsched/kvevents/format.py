@@ -76,8 +76,8 @@ class Stored:
     group_idx: int  # KV-cache group; 0 when absent
     block_size: int | None  # tokens per block
     # first-of-chain events only (parent None), for the hash check (`kvevents/hash_check.py`):
-    token_ids: list | None = None  # the stored blocks' tokens, as the engine sent them
-    extra_keys: list | None = None  # per-block extra keys the engine hashed, or None
+    token_ids: list[Any] | None = None  # the stored blocks' tokens, as the engine sent them
+    extra_keys: list[Any] | None = None  # per-block extra keys the engine hashed, or None
 
     @property
     def device(self) -> bool:
@@ -203,7 +203,7 @@ def decode_event(raw: Any) -> tuple[Event | None, str]:
     return _decode(tag, f)
 
 
-def _first_list(v: Any, parent: Any) -> list | None:
+def _first_list(v: Any, parent: Any) -> list[Any] | None:
     """`v` when it is a non-empty list on a first-of-chain event (parent None), else None."""
     return v if parent is None and isinstance(v, list) and v else None
 

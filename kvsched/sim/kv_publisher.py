@@ -26,7 +26,8 @@ from typing import Any, cast
 import msgspec
 import zmq
 
-from ..kvevents.format import END_SEQ, REMOVED_FIELDS, STORED_FIELDS, U64_MASK, seq_from_bytes, seq_to_bytes
+from ..kvevents.format import END_SEQ, REMOVED_FIELDS, STORED_FIELDS, seq_from_bytes, seq_to_bytes
+from ..shm.mix import U64_MASK
 
 # Fields that have a default in vLLM's structs (omitted when equal to it); the others are required.
 _STORED_DEFAULTED = frozenset({"extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"})
