@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba-cache
 
-.PHONY: demo gateway-demo test bench bench-quick install clean
+.PHONY: demo gateway-demo test test-fast lint typecheck bench bench-quick install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -55,9 +55,25 @@ GATEWAY_DEMO_PORT ?= 8080
 gateway-demo: $(STAMP)
 	$(BIN)/python -m kvsched.gateway.demo --port $(GATEWAY_DEMO_PORT)
 
-## Run the test suite (unit, property and multi-process tests; with the kvsched-bench baselines).
-test: $(TEST_STAMP)
+## The full gate: lint, type check, then the test suite (unit, property and multi-process tests; with the
+## kvsched-bench baselines).
+test: lint typecheck $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
+
+## ruff lint rules and formatting ([tool.ruff] in pyproject.toml); `ruff format .` fixes the second.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+## mypy over the package ([tool.mypy] in pyproject.toml: strict on the wire contract and the router library).
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+## The in-process tests of core, shm, protocol and client (units and properties, the same hypothesis
+## profile as `make test`; no daemon or other child process: tests marked `multiprocess` are left out).
+## ~65 s of CPU with a warm numba cache (one process: about that wall on an idle machine). Not a gate: `make test` is.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not multiprocess" tests/core tests/shm tests/protocol tests/client
 
 clean:
 	rm -rf $(VENV) .numba-cache out .pytest_cache

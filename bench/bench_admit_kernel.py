@@ -28,13 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import bench_core as bc  # noqa: E402
-from numba import njit  # noqa: E402
+import bench_core as bc
+from numba import njit
 
-import kvsched.core.admitter as admitter_mod  # noqa: E402
-from kvsched.shm import admit_kernels as ak  # noqa: E402
-from kvsched.shm.kernels import project_and_cost, ref_add, ref_remove  # noqa: E402
-from kvsched.shm.overlap import overlap_depth, overlap_insert  # noqa: E402
+import kvsched.core.admitter as admitter_mod
+from kvsched.shm import admit_kernels as ak
+from kvsched.shm.kernels import project_and_cost, ref_add, ref_remove
+from kvsched.shm.overlap import overlap_depth, overlap_insert
 
 
 @njit(cache=True, nogil=True)

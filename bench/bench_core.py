@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if os.environ.get("KVSCHED_BENCH_CORE_SRC") is None:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 WORKERS = 8
 N_HASHES = 64
@@ -237,9 +237,9 @@ def main() -> None:
         for _ in range(rounds):  # alternate baseline and this tree: load changes hit both alike
             if args.baseline:
                 got = run_baseline(src, n, repeats, warm)
-                base = got if base is None else [_best(a, b) for a, b in zip(base, got)]
+                base = got if base is None else [_best(a, b) for a, b in zip(base, got, strict=True)]
             got = run_all(n, repeats, warm)
-            rows = got if rows is None else [_best(a, b) for a, b in zip(rows, got)]
+            rows = got if rows is None else [_best(a, b) for a, b in zip(rows, got, strict=True)]
     calib = calibrate()
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -257,7 +257,10 @@ def main() -> None:
         + (f" | {base_rev:>10} {'ratio':>6}" if base else "")
     )
     for i, r in enumerate(rows):
-        line = f"{r['overlap_mode']:<8} {r['window']:>6} | {r['cpu_us_per_lifecycle']:>10.2f} {r['wall_us_per_lifecycle']:>8.2f}"
+        line = (
+            f"{r['overlap_mode']:<8} {r['window']:>6} | "
+            f"{r['cpu_us_per_lifecycle']:>10.2f} {r['wall_us_per_lifecycle']:>8.2f}"
+        )
         if base:
             b = base[i]
             line += (

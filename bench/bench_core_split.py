@@ -30,8 +30,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(1, str(HERE))
 
-import bench_core as bc  # noqa: E402  (puts this tree first on sys.path unless KVSCHED_BENCH_CORE_SRC is set)
-import numpy as np  # noqa: E402
+import bench_core as bc
+import numpy as np
 
 CALLS = ("spec", "enqueue", "update_dispatched", "update_prefill_done", "release", "drain_cleanup")
 FOLDS = ("fold_drain_dispatched", "fold_drain_prefill_done", "fold_idle")
@@ -187,7 +187,7 @@ def _best(run, n: int, repeats: int, k: int) -> list[float]:
         run(n, start, acc)
         start += n
         row = [x / n / 1000 for x in acc]
-        best = row if best is None else [min(a, b) for a, b in zip(best, row)]
+        best = row if best is None else [min(a, b) for a, b in zip(best, row, strict=True)]
     return [round(x, 2) for x in best]
 
 
@@ -211,7 +211,7 @@ def measure(n: int, repeats: int, window: int = 8) -> dict:
     tr, conn, sent = _translator(bc.build("approx"))
     blobs, clock = [h.tobytes() for h in hashes], [1_000_000]
     frm = _best(lambda n_, s_, acc: frames(tr, conn, sent, blobs, n_, window, s_, clock, acc), n, repeats, len(FRAMES))
-    return dict(zip(CALLS + FOLDS + FRAMES, calls + folds + frm))
+    return dict(zip(CALLS + FOLDS + FRAMES, calls + folds + frm, strict=True))
 
 
 def _baseline(src: str, n: int, repeats: int) -> dict:

@@ -13,6 +13,7 @@ the daemon among the replay's descendants in /proc and samples it every 0.25 s: 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -27,10 +28,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 def children(pid: int) -> list[int]:
     out = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
+        with contextlib.suppress(OSError):
             out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
     return out
 
 
@@ -108,7 +107,7 @@ def main() -> None:
     wall = samples[-1]["t"] - samples[0]["t"]
     cpu = samples[-1]["cpu_s"] - samples[0]["cpu_s"]
     per_s = []  # CPU cores used over each ~1 s window
-    for a, b in zip(samples, samples[4:]):
+    for a, b in zip(samples, samples[4:], strict=False):
         per_s.append((b["cpu_s"] - a["cpu_s"]) / max(1e-9, b["t"] - a["t"]))
     result = {
         "command": " ".join(cmd[1:]),

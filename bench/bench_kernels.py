@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +27,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy_twin  # noqa: E402
+import numpy_twin
 
-from kvsched.core.ledger import Ledger  # noqa: E402
-from kvsched.core.types import WorkerKey  # noqa: E402
-from kvsched.shm import kernels  # noqa: E402
-from kvsched.shm.layout import LedgerArrays  # noqa: E402
-from kvsched.shm.overlap import OverlapIndex, overlap_depth  # noqa: E402
-from tests.shm import reference  # noqa: E402  (the plain-Python reference: the "python" column)
+from kvsched.core.ledger import Ledger
+from kvsched.core.types import WorkerKey
+from kvsched.shm import kernels
+from kvsched.shm.layout import LedgerArrays
+from kvsched.shm.overlap import OverlapIndex, overlap_depth
+from tests.shm import reference  # (the plain-Python reference: the "python" column)
 
 BLOCK = 16
 STRIDE = 64  # hashes kept per request
@@ -124,7 +125,8 @@ def bench_case(n_workers: int, n_active: int, quick: bool) -> dict:
     for name, fn in impls.items():
         ob, op, oc = outs[name]
         res[f"project_{name}_us"] = per_call_us(
-            lambda: fn(
+            partial(
+                fn,
                 a.w_active_blocks,
                 a.w_active_prefill,
                 eligible,
@@ -144,7 +146,7 @@ def bench_case(n_workers: int, n_active: int, quick: bool) -> dict:
         )
     for name, fn in depth_impls.items():
         res[f"depth_{name}_us"] = per_call_us(
-            lambda: fn(index.keys, index.used, index.perm, index.ttlm, index.ttl_exp, q, 1, scratch, depth_out[name]),
+            partial(fn, index.keys, index.used, index.perm, index.ttlm, index.ttl_exp, q, 1, scratch, depth_out[name]),
             reps[name],
         )
     for name in ("numpy", "python"):  # same answers, same run
@@ -154,18 +156,24 @@ def bench_case(n_workers: int, n_active: int, quick: bool) -> dict:
     return res
 
 
-_COMPILE_CHILD = "import time; t=time.perf_counter(); from kvsched.shm.kernels import warm_kernels; warm_kernels(); print(time.perf_counter()-t)"
+_COMPILE_CHILD = (
+    "import time; t=time.perf_counter(); from kvsched.shm.kernels import warm_kernels; warm_kernels(); "
+    "print(time.perf_counter()-t)"
+)
 
 
 def compile_times() -> dict:
     """Seconds for import + warm_kernels() with an empty cache dir, then with that cache warm."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
-        run = lambda: float(
-            subprocess.run(
-                [sys.executable, "-c", _COMPILE_CHILD], env=env, capture_output=True, text=True, check=True
-            ).stdout
-        )
+
+        def run():
+            return float(
+                subprocess.run(
+                    [sys.executable, "-c", _COMPILE_CHILD], env=env, capture_output=True, text=True, check=True
+                ).stdout
+            )
+
         cold = run()
         cached = run()
     return {"cold_compile_s": round(cold, 2), "cached_load_s": round(cached, 2)}
@@ -179,7 +187,11 @@ def main() -> None:
     kernels.warm_kernels()
     rows = []
     actives = (1000, 10_000) if args.quick else (1000, 10_000, 100_000)
-    hdr = f"{'workers':>7} {'active':>7} | {'project µs: numba':>17} {'numpy':>9} {'python':>10} {'np/nb':>7} {'py/nb':>8} | {'depth µs: numba':>15} {'numpy':>8} {'python':>9} {'np/nb':>6} {'py/nb':>7} | {'Ledger.project':>14}"
+    hdr = (
+        f"{'workers':>7} {'active':>7} | {'project µs: numba':>17} "
+        f"{'numpy':>9} {'python':>10} {'np/nb':>7} {'py/nb':>8} "
+        f"| {'depth µs: numba':>15} {'numpy':>8} {'python':>9} {'np/nb':>6} {'py/nb':>7} | {'Ledger.project':>14}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for w in (8, 64, 512):
@@ -191,8 +203,12 @@ def main() -> None:
             r["depth_python_ratio"] = r["depth_python_us"] / r["depth_numba_us"]
             rows.append(r)
             print(
-                f"{w:>7} {n:>7} | {r['project_numba_us']:>17.2f} {r['project_numpy_us']:>9.1f} {r['project_python_us']:>10.0f} {r['project_numpy_ratio']:>7.0f} {r['project_python_ratio']:>8.0f} | "
-                f"{r['depth_numba_us']:>15.2f} {r['depth_numpy_us']:>8.1f} {r['depth_python_us']:>9.0f} {r['depth_numpy_ratio']:>6.0f} {r['depth_python_ratio']:>7.0f} | {r['ledger_project_us']:>14.2f}",
+                f"{w:>7} {n:>7} | {r['project_numba_us']:>17.2f} {r['project_numpy_us']:>9.1f} "
+                f"{r['project_python_us']:>10.0f} {r['project_numpy_ratio']:>7.0f} "
+                f"{r['project_python_ratio']:>8.0f} | "
+                f"{r['depth_numba_us']:>15.2f} {r['depth_numpy_us']:>8.1f} {r['depth_python_us']:>9.0f} "
+                f"{r['depth_numpy_ratio']:>6.0f} {r['depth_python_ratio']:>7.0f} "
+                f"| {r['ledger_project_us']:>14.2f}",
                 flush=True,
             )
     comp = compile_times()

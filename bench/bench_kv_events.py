@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba-cache"))
 
-from kvsched.shm.overlap import OverlapIndex  # noqa: E402
+from kvsched.shm.overlap import OverlapIndex
 
 BLOCKS_PER_BATCH = 16
 WINDOW = 1000  # batches published per window of the closed-loop ingest
@@ -208,8 +209,8 @@ def bench_kernel(workers_list, depths) -> list[dict]:
             qlist = query.tolist()
             idx.depth(query, 1, out)
             assert out.tolist() == _dict_depth(py, qlist, w)
-            k_us = _timeit(lambda: idx.depth(query, 1, out))
-            p_us = _timeit(lambda: _dict_depth(py, qlist, w))
+            k_us = _timeit(partial(idx.depth, query, 1, out))
+            p_us = _timeit(partial(_dict_depth, py, qlist, w))
             rows.append(
                 {
                     "workers": w,
@@ -297,7 +298,8 @@ def main() -> None:
     hits = bench_hits(trace, args.workers, 1500 if args.quick else None)
     print(f"\n3. Cache hits, {Path(trace).name}, {args.workers} workers, virtual driver, kv selector")
     print(
-        f"   {'index':<8}{'completed':>10}{'hit ratio':>11}{'predicted':>11}{'TTFT p50 ms':>13}{'p99 ms':>10}{'evicted':>10}"
+        f"   {'index':<8}{'completed':>10}{'hit ratio':>11}{'predicted':>11}"
+        f"{'TTFT p50 ms':>13}{'p99 ms':>10}{'evicted':>10}"
     )
     for r in hits:
         print(

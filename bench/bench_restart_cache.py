@@ -50,11 +50,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba-cache"))
 
-from kvsched.client import SchedulerClient  # noqa: E402
-from kvsched.daemon.process import DaemonProcess  # noqa: E402
-from kvsched.shm.kv_index import remove_kv_index  # noqa: E402
-from kvsched.sim.fleet import FleetParams, SimBatch, SimDone, SimError, SimSubmit, fleet_main, kv_event_endpoints  # noqa: E402
-from kvsched.sim.fleet_spec import FleetSpec, config_toml  # noqa: E402
+from kvsched.client import SchedulerClient
+from kvsched.daemon.process import DaemonProcess
+from kvsched.shm.kv_index import remove_kv_index
+from kvsched.sim.fleet import FleetParams, SimBatch, SimDone, SimError, SimSubmit, fleet_main, kv_event_endpoints
+from kvsched.sim.fleet_spec import FleetSpec, config_toml
 
 
 class Fleet:
@@ -112,7 +112,7 @@ class Fleet:
 
 async def decide(client: SchedulerClient, rid: str, prefix: list[int], unique: int, block_size: int):
     """One decision for `prefix` + a fresh block; released at once. Returns (worker_id, overlap_blocks)."""
-    lease = await client.schedule(rid, isl_tokens=(len(prefix) + 1) * block_size, block_hashes=prefix + [unique])
+    lease = await client.schedule(rid, isl_tokens=(len(prefix) + 1) * block_size, block_hashes=[*prefix, unique])
     lease.release("completed")
     return lease.worker.worker_id, lease.overlap_blocks
 
@@ -204,7 +204,7 @@ async def one_run(rundir: Path, fleet: Fleet, daemon: DaemonProcess, mode: str, 
     rng = random.Random(1000 + run)
     warm = {i: chained(rng, args.depth) for i in range(args.prefixes)}
     holders = {i: i % w for i in warm}
-    await fleet.run([(holders[i], p + [rng.getrandbits(63)]) for i, p in warm.items()], bs)
+    await fleet.run([(holders[i], [*p, rng.getrandbits(63)]) for i, p in warm.items()], bs)
     if not await all_routed_to_holders(daemon.endpoint, warm, holders, bs):
         raise RuntimeError("the daemon never learnt the warm prefixes from the KV events")
     # Let the probe's last releases land: a closed probe cannot Reattach, so a lease still live at
@@ -213,7 +213,7 @@ async def one_run(rundir: Path, fleet: Fleet, daemon: DaemonProcess, mode: str, 
     daemon.kill()
     down = {args.prefixes + j: chained(rng, args.depth) for j in range(args.down_prefixes)}
     holders.update({i: i % w for i in down})
-    await fleet.run([(holders[i], p + [rng.getrandbits(63)]) for i, p in down.items()], bs)
+    await fleet.run([(holders[i], [*p, rng.getrandbits(63)]) for i, p in down.items()], bs)
     instance = daemon.argv[daemon.argv.index("--instance") + 1]
     if mode == "cold":
         remove_kv_index(instance)
@@ -251,7 +251,7 @@ async def main_async(args) -> dict:
         instance = f"restart-{os.getpid()}"
         daemon = DaemonProcess.start(cfg, instance=instance, runtime_dir=rundir)
         try:
-            for run in range(args.runs):
+            for _ in range(args.runs):
                 for mode in ("kept", "cold"):
                     res = await one_run(rundir, fleet, daemon, mode, len(runs), args)
                     runs.append(res)
@@ -313,10 +313,12 @@ def main() -> None:
         print(
             f"{mode:5s}: {s['decisions']} decisions in {s['runs']} runs, blind {s['blind_pct']:.2f} %, "
             f"off holder {s['off_holder_pct']:.2f} %, READY max {s['ready_s_max']:.2f} s "
-            f"(kernel warm-up mean {s['kernel_warm_s_mean']:.2f} s, subscribe -> READY max {s['subscribe_to_ready_s_max']:.3f} s)"
+            f"(kernel warm-up mean {s['kernel_warm_s_mean']:.2f} s, "
+            f"subscribe -> READY max {s['subscribe_to_ready_s_max']:.3f} s)"
         )
     print(
-        f"goal (< 1 % blind in the first {args.window_s:g} s, READY < 5 s): {'met' if result['goal']['met'] else 'MISSED'}"
+        f"goal (< 1 % blind in the first {args.window_s:g} s, READY "
+        f"< 5 s): {'met' if result['goal']['met'] else 'MISSED'}"
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

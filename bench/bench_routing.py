@@ -204,7 +204,11 @@ def wall_figures(results, trace, workers: int, blocks: int, wall_s: float, speed
     f = figures(results, trace, workers, blocks, wall_s)
     done = [r for r in results if r.outcome == COMPLETED and r.ttft_us >= 0]
     adm = np.array([max(0.0, r.admission_latency_us - max(0, r.queued_us)) for r in done]) if done else np.zeros(1)
-    adj = np.array([max(0.0, r.ttft_us - a * speedup) / 1000.0 for r, a in zip(done, adm)]) if done else np.zeros(1)
+    adj = (
+        np.array([max(0.0, r.ttft_us - a * speedup) / 1000.0 for r, a in zip(done, adm, strict=True)])
+        if done
+        else np.zeros(1)
+    )
     f.update(
         queued_ms_p99=round(float(np.percentile([max(0, r.queued_us) for r in done] or [0], 99)) / 1000, 1),
         admission_ms_p50=round(float(np.percentile(adm, 50)) / 1000, 2),
@@ -405,7 +409,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
     for r in runs:
         groups.setdefault((r["workload"], r["workers"], r["level"], r["policy"]), []).append(r)
     rows = []
-    for (wl, w, lv, pol), rs in groups.items():
+    for rs in groups.values():
         row = {k: v for k, v in rs[0].items() if k not in METRICS and k != "seed"}
         row["seeds"] = sorted(r["seed"] for r in rs)
         for k in ("fleet_lru_hit_ratio", "infinite_cache_hit_ratio", "requests"):
@@ -484,7 +488,8 @@ def print_table(rows: list[dict]) -> None:
             f"{r['workload']:<12} {r['workers']:>3} {r['level']:>5} {r['policy']:<21} {r['prefix_hit_ratio']:>6.3f} "
             f"{r['fleet_lru_hit_ratio']:>6.3f} {r['infinite_cache_hit_ratio']:>6.3f} {r['ttft_ms_p50']:>8,.0f} "
             f"{r['ttft_ms_p99']:>8,.0f} {r['tpot_ms_mean'] or 0:>6.1f} {r['queue_wait_ms_p99']:>8,.0f} "
-            f"{r['not_completed_share']:>5.3f} {r['imbalance_max_over_mean'] or 0:>5.2f} {r['overlap_given_up_share']:>6.3f}",
+            f"{r['not_completed_share']:>5.3f} {r['imbalance_max_over_mean'] or 0:>5.2f} "
+            f"{r['overlap_given_up_share']:>6.3f}",
             flush=True,
         )
 
@@ -633,7 +638,7 @@ def main() -> None:
             if c["verdict"]:
                 v = c["verdict"]
                 print(
-                    f"  verdict W={c['workers']} (kv vs {', '.join(l for l in c['runs'] if l != 'kv')}, "
+                    f"  verdict W={c['workers']} (kv vs {', '.join(label for label in c['runs'] if label != 'kv')}, "
                     f"{c['repeats']} runs of kv and dynamo): {v['verdict']} {'; '.join(v['missed'])}",
                     flush=True,
                 )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -135,10 +136,8 @@ def preload_clients() -> None:
     import importlib
 
     for name in ("zmq", "kvsched.client", "redis.asyncio", "aiohttp", "dynamo_driver"):
-        try:
+        with contextlib.suppress(ImportError):  # that backend is skipped anyway
             importlib.import_module(name)
-        except ImportError:  # that backend is skipped anyway
-            pass
 
 
 def router_main(conn, idx: int) -> None:
@@ -434,14 +433,17 @@ def print_rows(rows: list[dict]) -> None:
         print(
             f"{r['backend']:<8} {r['routers']:>7} {r['window']:>6} | {r['lifecycles_per_s']:>12,.0f} | "
             f"{_fmt(r['select_us_p50']):>13} {_fmt(r['select_us_p99']):>9} | "
-            f"{_fmt(r['server_cpu_us_per_lifecycle'], ',.1f'):>16} {_fmt(r.get('router_cpu_us_per_lifecycle'), ',.1f'):>10} "
+            f"{_fmt(r['server_cpu_us_per_lifecycle'], ',.1f'):>16} "
+            f"{_fmt(r.get('router_cpu_us_per_lifecycle'), ',.1f'):>10} "
             f"{r['loadavg_1m']:>5.2f}" + (f"  errors={r['errors']} ({r.get('exception', '')})" if r["errors"] else ""),
             flush=True,
         )
 
 
 def print_verdicts(ver: list[dict]) -> None:
-    yn = lambda b: "-" if b is None else ("met" if b else "MISS")  # noqa: E731
+    def yn(b: bool | None) -> str:
+        return "-" if b is None else ("met" if b else "MISS")
+
     print(
         f"{'routers':>7} {'window':>6} | {'/echo':>6} {'/redis':>7} {'/dynamo':>8} | {'p99/echo':>8} "
         f"{'cpu/echo':>8} | dynamo≥3x  redis     p99≤1.3x  cpu≤2x"
@@ -456,9 +458,11 @@ def print_verdicts(ver: list[dict]) -> None:
     for v in ver:
         if "baseline" in v:
             print(
-                f"  {v['routers']}x{v['window']}: daemon vs {v['baseline']}: lifecycles/s {v['daemon_lifecycles_per_s']:,.0f} "
+                f"  {v['routers']}x{v['window']}: daemon vs {v['baseline']}: "
+                f"lifecycles/s {v['daemon_lifecycles_per_s']:,.0f} "
                 f"vs {v['baseline_lifecycles_per_s']:,.0f}, CPU µs/lc {_fmt(v['daemon_cpu_us'], '.1f')} vs "
-                f"{_fmt(v['baseline_cpu_us'], '.1f')}, p99 µs {_fmt(v['daemon_p99_us'])} vs {_fmt(v['baseline_p99_us'])}"
+                f"{_fmt(v['baseline_cpu_us'], '.1f')}, p99 µs "
+                f"{_fmt(v['daemon_p99_us'])} vs {_fmt(v['baseline_p99_us'])}"
             )
     for g in goal_summary(ver):
         print(f"  {g['label']}: {g['met']} of {g['cells']} cells -> {g['verdict']}")

@@ -16,8 +16,8 @@ HTTP API used here (JSON bodies):
 
 Dynamo identifies blocks by token ids: a `BlockStored` event without `token_ids` is dropped. The
 traces carry only block hash ids, so engines publish synthetic token ids for every
-block (`kvsched.sim.tokens`, `FleetParams.kv_token_ids`; the same ids for every request sharing that block) and requests are sent as the
-concatenation of their blocks' ids.
+block (`kvsched.sim.tokens`, `FleetParams.kv_token_ids`; the same ids for every request sharing that block) and
+requests are sent as the concatenation of their blocks' ids.
 
 The service lifecycle and clients live in `kvsched.sim.dynamo` (the wall-clock replay's
 `router_via="dynamo"` mode uses them); this module re-exports them for the benches and adds
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvsched.sim.dynamo import (
     DynamoService,
     _free_port,
-    )
+)
 
 
 def request_token_ids(block_hashes, block_size: int) -> list[int]:

@@ -34,7 +34,7 @@ def latency_cdfs(transport: dict, out: Path) -> Path:
     windows = sorted({r["window"] for r in rows})
     panels.append((many, windows[-1]))
     fig, axes = plt.subplots(1, len(panels), figsize=(11, 4), squeeze=False)
-    for ax, (n, w) in zip(axes[0], panels):
+    for ax, (n, w) in zip(axes[0], panels, strict=True):
         for r in rows:
             if r["routers"] == n and r["window"] == w:
                 xs = r["cdf_us"]
@@ -96,7 +96,7 @@ def hit_ratio_per_policy(routing: dict, out: Path) -> Path:
     level = max(r["level"] for r in rows)
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     fig, axes = plt.subplots(1, len(workers), figsize=(12, 4.5), squeeze=False)
-    for ax, w in zip(axes[0], workers):
+    for ax, w in zip(axes[0], workers, strict=True):
         sel = {r["policy"]: r for r in rows if r["workers"] == w and r["level"] == level}
         vals = [sel[p]["prefix_hit_ratio"] for p in policies]
         bars = ax.bar(range(len(policies)), vals, color=["tab:blue" if p == "kv" else "tab:gray" for p in policies])
@@ -123,7 +123,7 @@ def ttft_p99_vs_load(routing: dict, out: Path) -> Path:
     workers = sorted({r["workers"] for r in rows})
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     fig, axes = plt.subplots(1, len(workers), figsize=(12, 4.5), squeeze=False)
-    for ax, w in zip(axes[0], workers):
+    for ax, w in zip(axes[0], workers, strict=True):
         for p in policies:
             pts = sorted(
                 (r["level"], r["ttft_ms_p99"] / 1000.0) for r in rows if r["workers"] == w and r["policy"] == p

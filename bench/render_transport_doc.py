@@ -34,7 +34,7 @@ def main(path: str) -> None:
         blocks["targets"] = "\n".join(head + new + kept)
     for name, body in blocks.items():
         pat = re.compile(rf"(<!-- generated:{name} -->\n)(?:.*?\n)?(<!-- /generated:{name} -->)", re.S)
-        text = pat.sub(lambda mm: mm.group(1) + body + "\n" + mm.group(2), text)
+        text = pat.sub(lambda mm, body=body: mm.group(1) + body + "\n" + mm.group(2), text)
     DOC.write_text(text)
     print(f"rewrote the transport blocks of {DOC}")
 

@@ -292,7 +292,7 @@ def md_core(c: dict) -> str:
     base = c.get("baseline_rows") or [None] * len(c["rows"])
     rev = c.get("baseline_revision")
     rows = []
-    for r, b in zip(c["rows"], base):
+    for r, b in zip(c["rows"], base, strict=False):
         row = [
             CORE_CELLS.get((r["overlap_mode"], r["window"]), f"{r['overlap_mode']}, window {r['window']}"),
             _f(r["cpu_us_per_lifecycle"], ",.1f"),
@@ -428,7 +428,8 @@ def md_routing(r: dict) -> str:
         else f"in {r['meta']['virtual_runs_s']:,.0f} s ({r['meta'].get('jobs', 2)} processes)"
     )
     parts = [
-        f"{r['meta'].get('virtual_runs', len(rows_all))} virtual runs {runs_s}; load scale = level × workers / 4; times in simulated ms; "
+        f"{r['meta'].get('virtual_runs', len(rows_all))} virtual runs "
+        f"{runs_s}; load scale = level × workers / 4; times in simulated ms; "
         "spread = min–max over seeds; hit = cached / prompt tokens; fleet LRU = one LRU cache of the fleet's "
         "blocks seeing every request (achievable reference); bound = infinite cache; TPOT = mean inter-token "
         "latency; lost = share of requests not completed (rejected or shed); gave up = share of the deepest "
@@ -495,6 +496,11 @@ def _ranged(f: dict, m: str, fmt: str) -> str:
     return v
 
 
+def _ratio_vs_dynamo(rt: dict, label: str, metric: str) -> str:
+    """ " (1.23×)": `label`'s ratio to `dynamo` on `metric`; "" for dynamo itself or without a ratio."""
+    return f" ({rt[metric]:.2f}×)" if rt.get(metric) is not None and label != "dynamo" else ""
+
+
 def md_crosscheck(cs) -> str:
     """The wall-clock cross-check (`bench_routing.wall_crosscheck` results, one per fleet size): per
     policy the mean over its runs with the min–max, the ratio to `dynamo`, and the cell's verdict."""
@@ -507,15 +513,18 @@ def md_crosscheck(cs) -> str:
         rows = []
         for label, f in runs.items():
             rt = (c.get("ratios_vs_dynamo") or {}).get(label, {})
-            ratio = lambda m: f" ({rt[m]:.2f}×)" if rt.get(m) is not None and label != "dynamo" else ""  # noqa: E731
             rows.append(
                 [
                     ("**kv**" if label == "kv" else label),
                     f.get("repeats", 1),
-                    _ranged(f, "prefix_hit_ratio", ".3f") + ratio("prefix_hit_ratio"),
+                    _ranged(f, "prefix_hit_ratio", ".3f") + _ratio_vs_dynamo(rt, label, "prefix_hit_ratio"),
                     f"{f['overlap_given_up_share']:.3f}",
-                    _ranged(f, "ttft_adj_ms_p50", ",.0f") + ratio("ttft_adj_ms_p50") if "ttft_adj_ms_p50" in f else "–",
-                    _ranged(f, "ttft_adj_ms_p99", ",.0f") + ratio("ttft_adj_ms_p99") if "ttft_adj_ms_p99" in f else "–",
+                    _ranged(f, "ttft_adj_ms_p50", ",.0f") + _ratio_vs_dynamo(rt, label, "ttft_adj_ms_p50")
+                    if "ttft_adj_ms_p50" in f
+                    else "–",
+                    _ranged(f, "ttft_adj_ms_p99", ",.0f") + _ratio_vs_dynamo(rt, label, "ttft_adj_ms_p99")
+                    if "ttft_adj_ms_p99" in f
+                    else "–",
                     _f(f["ttft_ms_p50"]),
                     f"{f.get('admission_ms_p50', 0):.1f} / {f.get('admission_ms_p99', 0):.1f}",
                     f"{f['tpot_ms_mean'] or 0:.1f}",
@@ -676,7 +685,11 @@ def targets(
 
 def render_doc(bench_dir: Path, run: dict | None) -> None:
     """Rewrite the generated blocks of docs/BENCHMARKS.md from the JSON in `bench_dir`."""
-    load = lambda n: json.loads((bench_dir / f"{n}.json").read_text()) if (bench_dir / f"{n}.json").exists() else None  # noqa: E731
+
+    def load(n: str) -> dict | None:
+        path = bench_dir / f"{n}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
     t, k, q, r, core = load("transport"), load("kernels"), load("queue"), load("routing"), load("core")
     run = run or load("run")
     blocks = {}
@@ -712,7 +725,7 @@ def render_doc(bench_dir: Path, run: dict | None) -> None:
         if not pat.search(text):
             print(f"docs/BENCHMARKS.md has no generated:{name} block; skipped")
             continue
-        text = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+        text = pat.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     DOC.write_text(text)
     print(f"rewrote {DOC}")
 

@@ -23,6 +23,7 @@ protocol, driven by the same router processes:
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -314,9 +315,7 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen | None, str, str]:
     exe = shutil.which("redis-server")
     if exe is None:
         return None, "", "redis-server not installed (Debian: apt-get install redis-server); Redis rows skipped"
-    try:
-        import redis  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("redis") is None:
         return None, "", "redis-py not installed (pip install 'kvsched[bench]'); Redis rows skipped"
     import socket
 

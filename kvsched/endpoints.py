@@ -96,7 +96,8 @@ def endpoint_problem(endpoint: str) -> str | None:
     """What is wrong with a ZeroMQ endpoint string, or None when it is well formed.
 
     Accepted: `ipc://PATH` (at most `MAX_IPC_PATH_BYTES` bytes), `inproc://NAME`, `tcp://HOST:PORT`
-    (PORT 1..65535, or `*` for an ephemeral bind). ZeroMQ itself reports a missing port only when the socket connects, at which
+    (PORT 1..65535, or `*` for an ephemeral bind). ZeroMQ itself reports a missing port only when the socket
+    connects, at which
     point a daemon has already started; checking here makes it a config error (zmq_tcp(7)).
     """
     scheme, sep, rest = endpoint.partition("://")

@@ -84,9 +84,22 @@ def start_daemon(tmp_path: Path, config_text: str = "", *, instance: str | None 
     return DaemonProcess.start(cfg, instance=instance, runtime_dir=tmp_path, extra_args=list(extra_args))
 
 
+# The fixtures that start (or share) a daemon process: a test using one is marked `multiprocess`.
+_DAEMON_FIXTURES = {"session_daemon"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `multiprocess` every test that uses a daemon fixture (`make test-fast` leaves them out);
+    a test that starts another process itself carries the mark explicitly."""
+    for item in items:
+        if _DAEMON_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.multiprocess)
+
+
 def daemon_fixture(config_text: str, name: str = "daemon"):
     """A function-scoped pytest fixture `name`: a daemon from `config_text`, stopped and purged
     afterwards. Use as `daemon = daemon_fixture(CONFIG)` at module level."""
+    _DAEMON_FIXTURES.add(name)
 
     @pytest.fixture(name=name)
     def daemon(tmp_path):

@@ -122,7 +122,7 @@ def test_kubernetes_service_links_are_ignored_but_a_known_key_is_always_read():
     env = SERVICE_LINKS | {"KVSCHED_DAEMON_METRICS_PORT": "9464"}
     assert load_config(None, env=env).daemon.metrics_port == 9464
     assert ignored_env(env) == (sorted(SERVICE_LINKS), [])
-    with pytest.raises(ConfigError, match="KVSCHED_DAEMON_MAX_SLOTZ: unknown key daemon.max_slotz") as err:
+    with pytest.raises(ConfigError, match=r"KVSCHED_DAEMON_MAX_SLOTZ: unknown key daemon.max_slotz") as err:
         load_config(None, env=SERVICE_LINKS | {"KVSCHED_DAEMON_MAX_SLOTZ": "5"})
     assert "KVSCHED_ADMIN_ENDPOINT" in str(err.value)
     for internal in ("KVSCHED_DEBUG_STALL_S", "KVSCHED_BENCH_CORE_SRC", "KVSCHED_REGEN_GOLDEN"):

@@ -1,8 +1,8 @@
 """`examples/kvsched.toml` lists every configuration key with its default, and stays so.
 
 The daemon's view (the file loads to exactly `Config()`) is checked in tests/test_config.py; here
-the file is read line by line with comment marks removed, to see the keys shown commented out (unset keys and the optional
-tables `[[workers]]` and `[classes.admission]`). Every field of every config struct must appear
+the file is read line by line with comment marks removed, to see the keys shown commented out (unset keys and the
+optional tables `[[workers]]` and `[classes.admission]`). Every field of every config struct must appear
 once in its table; a key shown with a value must show the default unless the default is "unset".
 """
 

@@ -9,7 +9,7 @@ One module per command group: `views` (read-only), `operate` (changes), `keys` (
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 

@@ -54,7 +54,10 @@ def add_worker(
     url: Annotated[
         str,
         typer.Option(
-            help="Base URL of the engine's OpenAI server, sent to routers in Admitted.url (kvsched-gateway forwards there)."
+            help=(
+                "Base URL of the engine's OpenAI server, sent to routers in Admitted.url "
+                "(kvsched-gateway forwards there)."
+            )
         ),
     ] = "",
 ) -> None:

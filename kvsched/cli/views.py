@@ -27,7 +27,7 @@ def _table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
 
 def status_table(r: p.StatusReply) -> Table:
     """Two-column table of a `StatusReply`."""
-    rows = [
+    rows: list[list[object]] = [
         ["instance", r.instance],
         ["epoch", r.daemon_epoch],
         ["uptime_s", round(r.uptime_s, 1)],
@@ -45,7 +45,7 @@ def status_table(r: p.StatusReply) -> Table:
     t.add_column("field")
     t.add_column("value")
     for k, v in rows:
-        t.add_row(k, str(v))
+        t.add_row(str(k), str(v))
     return t
 
 

@@ -37,7 +37,7 @@ from ..endpoints import connect_problem, data_endpoint, missing_ipc_path
 from ..errors import DaemonUnavailable, KvschedError, ProtocolError, rejection_error
 from . import hashing
 from .checks import checked_enqueue, checked_utf8
-from .lease import DroppedLeases, Lease
+from .lease import DroppedLeases, Lease, LeaseChannel
 from .link import Link
 from .pending import Answer, Bypass, PendingCalls
 from .reattach import RESTART_LOSS, loss_reason, outage_expired, send_reattach
@@ -140,7 +140,17 @@ class SchedulerClient:
         self._link: Link | None = None
         self._pending = PendingCalls()  # waiting calls, open leases' Enqueues (`_pending.origins`)
         self._leases: dict[str, weakref.ref[Lease]] = {}
-        self._dropped = DroppedLeases(self)  # leases garbage-collected while open (one wake per batch)
+        self._channel = LeaseChannel(  # what its leases call on it
+            loop=lambda: self._loop,
+            link=lambda: self._link,
+            send=self._send,
+            report_state=self._report_state,
+            report_progress=self._report_progress,
+            forget=self._forget_lease,
+            requeue=self._requeue,
+            release_from_gc=self._release_from_gc,
+        )
+        self._dropped = DroppedLeases(self._channel)  # leases garbage-collected while open (one wake per batch)
         self._welcome_fut: asyncio.Future[p.Welcome] | None = None
         self._words = SlotWords()  # the slot's state / progress words when the segment is mapped
         self._deadline_timer: asyncio.TimerHandle | None = None
@@ -279,7 +289,7 @@ class SchedulerClient:
             self._words.attach(welcome.shm_ledger, welcome.daemon_epoch)
         if reconnected:
             self._loss_reason = loss_reason(self._epoch, welcome)
-            leases = [p.LeaseRef(l.request_id, l.slot, l.generation) for l in self._open_leases()]
+            leases = [p.LeaseRef(lease.request_id, lease.slot, lease.generation) for lease in self._open_leases()]
             send_reattach(self._link, self._pending, leases, welcome)
         self._epoch = welcome.daemon_epoch
 
@@ -440,7 +450,7 @@ class SchedulerClient:
                 reply.limit,
             )
         lease = Lease(
-            self,
+            self._channel,
             reply.request_id,
             p.WorkerKey(reply.worker_id, reply.dp_rank),
             reply.slot,

@@ -95,6 +95,11 @@ class HeartbeatThread:
         self._target = (conn_token, period_s, gap_s)
         self._wake.set()
 
+    @property
+    def target(self) -> tuple[int, float, float]:
+        """(conn_token, period_s, gap_s) as last set by `follow` (read by the thread each turn)."""
+        return self._target
+
     def covered_since(self, conn_token: int, since: float, now: float, gap_s: float) -> bool:
         """True when heartbeats for `conn_token` went out without a pause longer than `gap_s` (s) from
         within `gap_s` after `since` until within `gap_s` before `now` (monotonic s): the daemon was
@@ -155,7 +160,7 @@ def _beat(
             state = state_ref()
             if state is None:
                 return
-            token, period_s, gap_s = state._target  # the thread is the object's own half
+            token, period_s, gap_s = state.target
             if token:
                 seq += 1
                 try:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
@@ -22,11 +23,29 @@ from ..errors import LeaseError, LeaseLost, LeaseRevoked
 from .checks import MAX_TOKENS, checked_int
 
 if TYPE_CHECKING:
-    from .client import SchedulerClient
+    import asyncio
+
+    from .link import Link
 
 log = logging.getLogger(__name__)
 
 _DROPPED = ("lost", "revoked")  # outcomes set by the daemon's side, not by the caller
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseChannel:
+    """What a `Lease` and the `DroppedLeases` queue call on the `SchedulerClient` that made them: the
+    client's own methods, bound once when it is created. The client keeps its state (connection,
+    progress words, open leases, waiting calls); its leases reach it only through these calls."""
+
+    loop: Callable[[], asyncio.AbstractEventLoop | None]  # the client's loop (None before `connect`)
+    link: Callable[[], Link | None]  # its data connection (None before `connect` / after `close`)
+    send: Callable[[p.Frame], None]  # one frame to the daemon (raises DaemonUnavailable once closed)
+    report_state: Callable[[Lease, Literal["dispatched", "prefill_done"]], None]  # state word or Update
+    report_progress: Callable[[Lease], None]  # the lease's output tokens: progress word or Update
+    forget: Callable[[Lease], None]  # the lease is closed: drop it from the client's open leases
+    requeue: Callable[[Lease], Awaitable[Lease]]  # Update(requeue), then wait for the new admission
+    release_from_gc: Callable[[str, int, int], None]  # (request_id, slot, generation) of a collected lease
 
 
 class DroppedLeases:
@@ -39,15 +58,15 @@ class DroppedLeases:
     once, when it dies), so it is bounded by the number of open leases.
 
     Args:
-        client: the `SchedulerClient` (its `_loop` and `_link` are read at push / flush time).
+        channel: the client's `LeaseChannel` (its loop and link are read at push / flush time).
     Attributes:
         wakes: loop wakes scheduled so far (one per batch).
     """
 
-    __slots__ = ("_client", "_queue", "_wake_pending", "wakes")
+    __slots__ = ("_channel", "_queue", "_wake_pending", "wakes")
 
-    def __init__(self, client: SchedulerClient) -> None:
-        self._client = client
+    def __init__(self, channel: LeaseChannel) -> None:
+        self._channel = channel
         self._queue: deque[tuple[str, int, int]] = deque()
         self._wake_pending = False
         self.wakes = 0
@@ -57,8 +76,8 @@ class DroppedLeases:
 
     def push(self, request_id: str, slot: int, generation: int) -> None:
         """Queue the abort of one dropped lease (any thread); wakes the loop once per batch."""
-        loop = self._client._loop
-        if loop is None or loop.is_closed() or self._client._link is None:
+        loop = self._channel.loop()
+        if loop is None or loop.is_closed() or self._channel.link() is None:
             return  # not connected: the daemon reaps the lease when this connection goes silent
         self._queue.append((request_id, slot, generation))
         if self._wake_pending:
@@ -73,7 +92,7 @@ class DroppedLeases:
     def _flush(self) -> None:
         """On the loop: send a Release(aborted) for every queued lease."""
         self._wake_pending = False  # before draining: a push racing with this drain wakes again
-        link = self._client._link
+        link = self._channel.link()
         while self._queue:
             request_id, slot, generation = self._queue.popleft()
             if link is not None:
@@ -108,7 +127,7 @@ class Lease:
 
     __slots__ = (
         "__weakref__",
-        "_client",
+        "_channel",
         "_dispatched",
         "_loss_logged",
         "_on_dropped",
@@ -130,7 +149,7 @@ class Lease:
 
     def __init__(
         self,
-        client: SchedulerClient | None,
+        channel: LeaseChannel | None,
         request_id: str,
         worker: p.WorkerKey,
         slot: int,
@@ -143,7 +162,7 @@ class Lease:
         url: str = "",
         dp_size: int = 1,
     ) -> None:
-        self._client = client
+        self._channel = channel
         self.url = url
         self.dp_size = dp_size
         self.request_id = request_id
@@ -206,18 +225,18 @@ class Lease:
         """The backend accepted the request (sent at most once)."""
         if not self._check_open("dispatched()"):
             return
-        if self._dispatched or self.degraded or self._client is None:
+        if self._dispatched or self.degraded or self._channel is None:
             return
         self._dispatched = True
-        self._client._report_state(self, "dispatched")
+        self._channel.report_state(self, "dispatched")
 
     def prefill_done(self) -> None:
         """The first output token was seen: the request's prefill load leaves the worker."""
         if not self._check_open("prefill_done()"):
             return
-        if self.degraded or self._client is None:
+        if self.degraded or self._channel is None:
             return
-        self._client._report_state(self, "prefill_done")
+        self._channel.report_state(self, "prefill_done")
 
     def add_output_tokens(self, n: int) -> None:
         """Report `n` more output tokens (cumulative count kept here).
@@ -239,9 +258,9 @@ class Lease:
                 f"the {MAX_TOKENS:,}-token bound of a request's context"
             )
         self.output_tokens += n
-        if self.degraded or self._client is None:
+        if self.degraded or self._channel is None:
             return
-        self._client._report_progress(self)
+        self._channel.report_progress(self)
 
     def release(
         self, outcome: Literal["completed", "aborted"] = "completed", context_tokens: int | None = None
@@ -278,13 +297,13 @@ class Lease:
             if self.outcome != outcome:
                 raise LeaseError(f"lease {self.request_id!r} already {self.outcome}, cannot be {outcome}")
             return
-        if self.degraded or self._client is None:
+        if self.degraded or self._channel is None:
             self.outcome = outcome
             return
         ctx = self.isl_tokens + self.output_tokens if context_tokens is None else context_tokens
-        self._client._send(p.Release(self.request_id, self.slot, self.generation, outcome, ctx))
+        self._channel.send(p.Release(self.request_id, self.slot, self.generation, outcome, ctx))
         self.outcome = outcome  # after the send: a Release that could not be sent leaves the lease open
-        self._client._forget_lease(self)
+        self._channel.forget(self)
 
     async def requeue(self) -> Lease:
         """Dispatch failed or the engine preempted the request: give the booking back and wait for a
@@ -297,11 +316,11 @@ class Lease:
             LeaseError: the lease is closed or degraded.
         """
         self._check_open("requeue()")
-        if self.degraded or self._client is None:
+        if self.degraded or self._channel is None:
             raise LeaseError("a degraded lease cannot be requeued")
         self.outcome = "requeued"
-        self._client._forget_lease(self)
-        return await self._client._requeue(self)
+        self._channel.forget(self)
+        return await self._channel.requeue(self)
 
     async def __aenter__(self) -> Lease:
         return self
@@ -322,6 +341,6 @@ class Lease:
             self.release("completed" if exc_type is None else "aborted")
 
     def __del__(self) -> None:
-        if self.outcome is None and not self.degraded and self._client is not None:
+        if self.outcome is None and not self.degraded and self._channel is not None:
             self.outcome = "aborted"
-            self._client._release_from_gc(self.request_id, self.slot, self.generation)
+            self._channel.release_from_gc(self.request_id, self.slot, self.generation)

@@ -459,15 +459,15 @@ class Link:
         if self.closed:
             return
         now = time.monotonic()
-        if self.connected and self.welcome is not None:
-            if self._silent_too_long(now):  # checked before a heartbeat could go out on a reaped connection
-                log.warning(
-                    "link quiet (sent %.1fs ago, received %.1fs ago) endpoint=%s; reconnecting",
-                    now - self._last_send,
-                    now - self._last_recv,
-                    self.endpoint,
-                )
-                self.link_down()
+        # checked before a heartbeat could go out on a reaped connection
+        if self.connected and self.welcome is not None and self._silent_too_long(now):
+            log.warning(
+                "link quiet (sent %.1fs ago, received %.1fs ago) endpoint=%s; reconnecting",
+                now - self._last_send,
+                now - self._last_recv,
+                self.endpoint,
+            )
+            self.link_down()
         if self.connected and self.welcome is not None:
             hb_s = self.welcome.heartbeat_ms / 1000
             quiet = now - self._last_send >= hb_s * 0.9 or now - self._last_recv >= hb_s * 0.9

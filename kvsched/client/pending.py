@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from .. import protocol as p
 from ..errors import DaemonUnavailable, ShuttingDown
@@ -26,7 +26,7 @@ class Bypass:
 
 BYPASS = Bypass()
 
-Answer = Union[p.Admitted, p.Rejected, Bypass]
+Answer = p.Admitted | p.Rejected | Bypass
 
 
 class Waiting(NamedTuple):

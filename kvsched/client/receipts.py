@@ -48,8 +48,8 @@ class Receipts:
             unconfirmed.append((self._seq, now, raw))
             while unconfirmed[0][1] < now - self.horizon_s:
                 unconfirmed.popleft()
-        elif kind is p.Enqueue and len(self._enqueue_seq) < MAX_BUFFERED_FRAMES:
-            self._enqueue_seq[frame.request_id] = self._seq  # type: ignore[attr-defined]
+        elif type(frame) is p.Enqueue and len(self._enqueue_seq) < MAX_BUFFERED_FRAMES:
+            self._enqueue_seq[frame.request_id] = self._seq
 
     def heartbeat_sent(self, hb_seq: int) -> None:
         """Heartbeat number `hb_seq` goes out: its ack will confirm what was sent before it."""

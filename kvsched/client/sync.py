@@ -116,31 +116,31 @@ class SyncLease:
 
     def dispatched(self) -> None:
         """`Lease.dispatched`."""
-        self._client._call(self.lease.dispatched)
+        self._client.call(self.lease.dispatched)
 
     def prefill_done(self) -> None:
         """`Lease.prefill_done`."""
-        self._client._call(self.lease.prefill_done)
+        self._client.call(self.lease.prefill_done)
 
     def add_output_tokens(self, n: int) -> None:
         """`Lease.add_output_tokens` (n output tokens more)."""
-        self._client._call(self.lease.add_output_tokens, n)
+        self._client.call(self.lease.add_output_tokens, n)
 
     def on_dropped(self, callback: Callable[[SyncLease], None] | None) -> None:
         """`Lease.on_dropped`: `callback(this SyncLease)` runs once on the client's loop thread when
         the daemon drops the lease ("lost" or "revoked"); keep it short and thread-safe."""
         fn = None if callback is None else (lambda _lease: callback(self))
-        self._client._call(self.lease.on_dropped, fn)
+        self._client.call(self.lease.on_dropped, fn)
 
     def release(
         self, outcome: Literal["completed", "aborted"] = "completed", context_tokens: int | None = None
     ) -> None:
         """`Lease.release`."""
-        self._client._call(self.lease.release, outcome, context_tokens)
+        self._client.call(self.lease.release, outcome, context_tokens)
 
     def requeue(self) -> SyncLease:
         """`Lease.requeue`: blocks until the request is admitted again; returns the new lease."""
-        return SyncLease(self._client, self._client._run(self.lease.requeue()))
+        return SyncLease(self._client, self._client.run(self.lease.requeue()))
 
     def __enter__(self) -> SyncLease:
         return self
@@ -198,7 +198,7 @@ class SyncSchedulerClient:
                 ctx=ctx,
                 protocol_version=protocol_version,
             )
-            self._run(self._client.connect())
+            self.run(self._client.connect())
         except BaseException:
             self._stop_loop()
             raise
@@ -206,8 +206,9 @@ class SyncSchedulerClient:
         # collected, and this closes the client and ends both threads.
         self._closer = weakref.finalize(self, _shut_down, self._loop, self._thread, self._client)
 
-    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run `coro` on the loop thread and wait for its result.
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run `coro` (e.g. a call of the asyncio client, `.client`) on the loop thread and wait for its
+        result (at most `timeout` s; None: no limit).
 
         Raises:
             KvschedError: in a forked child (`foreign_process_error`): the loop thread lives in the
@@ -261,7 +262,7 @@ class SyncSchedulerClient:
         excluded_workers: Iterable[int] | None = None,
     ) -> SyncLease:
         """Blocking `SchedulerClient.schedule`: same arguments and errors; returns a `SyncLease`."""
-        lease = self._run(
+        lease = self.run(
             self._client.schedule(
                 request_id,
                 isl_tokens,
@@ -281,13 +282,14 @@ class SyncSchedulerClient:
         )
         return SyncLease(self, lease)
 
-    def _call(self, fn: Callable[..., T], *args: object) -> T:
-        """Run `fn(*args)` on the client's loop thread (ZeroMQ sockets are not thread-safe)."""
+    def call(self, fn: Callable[..., T], *args: object) -> T:
+        """Run `fn(*args)` on the client's loop thread and return its result: anything that touches the
+        asyncio client or its leases goes through here (ZeroMQ sockets are not thread-safe)."""
 
         async def call() -> T:
             return fn(*args)
 
-        return self._run(call())
+        return self.run(call())
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

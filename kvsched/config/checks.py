@@ -23,7 +23,7 @@ def url_problem(url: str) -> str | None:
 
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0..65535
+        _ = parts.port  # raises ValueError on a port that is not a number in 0..65535
     except ValueError as exc:
         return str(exc)
     if parts.scheme not in ("http", "https") or not parts.hostname:

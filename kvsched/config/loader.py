@@ -269,7 +269,7 @@ def load_config_keys(
 
 def _set_keys(raw: Mapping[str, Any]) -> frozenset[str]:
     """`section.key` for each key of a top-level table of `raw`, the name of every other top-level key."""
-    out = set()
+    out: set[str] = set()
     for top, value in raw.items():
         if isinstance(value, Mapping):
             out.update(f"{top}.{key}" for key in value)

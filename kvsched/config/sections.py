@@ -128,10 +128,11 @@ class SelectorConfig(Section):
     prefill_seconds_ref_us: Annotated[float, Meta(ge=0)] = 0.0
     prefill_us_per_token: Annotated[float, Meta(gt=0)] = 30.0  # prefill cost model: µs per token ...
     prefill_attn_us_per_token_ktoken: Annotated[float, Meta(ge=0)] = 1.33  # ... + this per 1,000 tokens of context
-    # home (docs/ROUTING.md; 0 = off, and the fused admission kernel decides): a worker's share of recent cache-reusing admissions (decayed count of
-    # admissions with at least home_min_cached_share of their prompt cached, relative to the eligible mean,
-    # measured from the least) x the request's own uncached prefill blocks x prefill_weight x this weight, for
-    # requests whose own uncached prefill there is at least home_min_prefill_tokens
+    # home (docs/ROUTING.md; 0 = off, and the fused admission kernel decides): a worker's share of recent
+    # cache-reusing admissions (decayed count of admissions with at least home_min_cached_share of their prompt
+    # cached, relative to the eligible mean, measured from the least) x the request's own uncached prefill blocks
+    # x prefill_weight x this weight, for requests whose own uncached prefill there is at least
+    # home_min_prefill_tokens
     home_weight: Annotated[float, Meta(ge=0)] = 0.08
     home_half_life_s: Annotated[float, Meta(gt=0)] = 30.0
     home_min_cached_share: Annotated[float, Meta(ge=0, le=1)] = 0.5

@@ -163,11 +163,12 @@ class Gateway:
     def hash_seed_problem(self) -> str | None:
         """`hash_seed_mismatch` for the daemon's last Welcome, checked once per Welcome (a restarted
         daemon may bring another seed) and logged as an ERROR when it fails; None before any Welcome."""
-        welcome = self.client.welcome if self.client is not None else None
-        if welcome is None:
+        client = self.client
+        welcome = client.welcome if client is not None else None
+        if client is None or welcome is None:
             return None
         if welcome is not self._seed_checked[0]:
-            problem = hash_seed_mismatch(self.cfg.gateway.hash_seed, welcome.hash_seed, self.client.endpoint)
+            problem = hash_seed_mismatch(self.cfg.gateway.hash_seed, welcome.hash_seed, client.endpoint)
             if problem is not None:
                 log.error("%s; every request answers 503 until they agree", problem)
             self._seed_checked = (welcome, problem)
@@ -180,6 +181,7 @@ class Gateway:
         problem = self.hash_seed_problem()
         if problem is not None:
             raise oa.HttpError(503, problem, "service_unavailable", "hash_seed_mismatch")
+        assert self.client is not None, "start() first"
         try:
             return self.client.block_hashes(token_ids, cache=self.hash_cache)
         except DaemonUnavailable as exc:  # no Welcome (not after start(), which waits for one)
@@ -195,6 +197,7 @@ class Gateway:
 
     async def schedule(self, request_id: str, isl: int, hashes, excluded: set[int], hints: dict):
         """`SchedulerClient.schedule` with rejections mapped to HttpError (status-code table)."""
+        assert self.client is not None, "start() first"
         try:
             return await self.client.schedule(request_id, isl, hashes, excluded_workers=excluded or None, **hints)
         except RequestRejected as exc:

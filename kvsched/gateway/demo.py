@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit("gateway-demo: interrupted while starting; everything it started is stopped")
         sys.exit(f"gateway-demo: {exc}")
     url = fleet.gateway_urls[0]
+    assert fleet.daemon is not None, "LocalFleet.start starts the daemon"
     admin = admin_endpoint_for_any_shell(fleet.daemon.admin_endpoint)
     prompt = " ".join(f"w{i}" for i in range(64))  # 64 tokens: 4 blocks of 16 to cache
     print(

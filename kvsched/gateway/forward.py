@@ -88,18 +88,20 @@ async def serve(
     isl = len(p.token_ids)
     last: EngineFailed | None = None
     failed_here: set[int] = set()  # workers that failed this request (excluded on its retry)
+    health = gw.health
+    assert health is not None, "Gateway.start() first"
     for _attempt in range(2):
-        excluded = gw.health.excluded()  # a fresh set: the health view now (a retry sees the latest)
+        excluded = health.excluded()  # a fresh set: the health view now (a retry sees the latest)
         excluded |= failed_here
         lease = await gw.schedule(request_id, isl, hashes, excluded, hints)
         marks.admitted = _now()
         marks.queued_us = lease.queued_us
-        gw.health.learn(lease.worker.worker_id, lease.url)
+        health.learn(lease.worker.worker_id, lease.url)
         try:
             return await _forward(gw, request, p, path, lease, request_id, marks)
         except EngineFailed as exc:
             lease.release("aborted")
-            gw.health.mark_failed(lease.worker.worker_id, str(exc))
+            health.mark_failed(lease.worker.worker_id, str(exc))
             failed_here.add(lease.worker.worker_id)
             last = exc
             gw.stats["engine_retries"] += 1
@@ -136,6 +138,7 @@ async def _forward(
             else None
         )
     )
+    assert gw.health is not None and gw.session is not None, "Gateway.start() first"
     waiting = gw.health.waiting.setdefault(lease.worker.worker_id, set())
     waiting.add(silence)  # until the response headers: a failed health check of this worker stops it
     try:
@@ -318,16 +321,16 @@ async def _stream(
                 if data == b"[DONE]":
                     done = True
                     break
-                data = relay.chunk(data)
+                relayed = relay.chunk(data)
                 if first and relay.chunks:
                     first = False
                     _report(lease, lease.prefill_done)
-                if data is None:
+                if relayed is None:
                     continue
                 if collector is not None:
-                    collector.add(_json_decode(data))
+                    collector.add(_json_decode(relayed))
                     continue
-                pending.append(b"data: " + data + b"\n\n")
+                pending.append(b"data: " + relayed + b"\n\n")
             if relay.output_tokens > lease.output_tokens:
                 _report(lease, lease.add_output_tokens, relay.output_tokens - lease.output_tokens)
             if pending:

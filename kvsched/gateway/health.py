@@ -9,6 +9,7 @@ failed health check, and answers again after one successful check. Failing worke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import aiohttp
@@ -68,7 +69,7 @@ class EngineHealth:
         """Check every learned URL once; update the failing set."""
         items = list(self.urls.items())
         results = await asyncio.gather(*(self._check(url) for _, url in items))
-        for (wid, url), ok in zip(items, results):
+        for (wid, url), ok in zip(items, results, strict=True):
             if ok and wid in self.failing:
                 self.failing.discard(wid)
                 log.info("engine healthy again worker=%d url=%s", wid, url)
@@ -100,8 +101,6 @@ class EngineHealth:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None

@@ -8,6 +8,8 @@ with UnicodeEncodeError). Such a value is refused here with a 400 naming the hea
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from ..client.checks import checked_utf8
@@ -51,15 +53,17 @@ def scheduling_hints(request: web.Request, p: oa.Prompt) -> dict:
             priorities outside 32 bits, a deadline outside [0, 86400000] ms).
     """
     h = request.headers
-    prio = _int_header(request, oa.H_PRIORITY)
-    prio_from_body = prio is None
-    if prio_from_body:
+    header_prio = _int_header(request, oa.H_PRIORITY)
+    prio_from_body = header_prio is None
+    if header_prio is None:
         bp = p.body.get("priority", 0)
         prio = bp if isinstance(bp, int) and not isinstance(bp, bool) else 0
+    else:
+        prio = header_prio
     session = _text_header(request, oa.H_SESSION)
     if session is None and isinstance(p.body.get("user"), str):  # JSON text: valid UTF-8 (msgspec checks)
         session = p.body["user"]
-    hints = {
+    hints: dict[str, Any] = {
         "policy_class": _text_header(request, oa.H_CLASS) or "",
         "priority": prio,
         "strict_priority": _int_header(request, oa.H_STRICT) or 0,

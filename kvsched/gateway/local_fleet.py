@@ -16,6 +16,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..daemon.process import DaemonProcess
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}"
@@ -65,13 +69,14 @@ def free_ports(n: int) -> list[int]:
 
 def _wait_file(path: Path, proc: subprocess.Popen, log: Path, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
+    head = list(proc.args)[:3] if isinstance(proc.args, (list, tuple)) else proc.args  # names it in an error
     while time.monotonic() < deadline:
         if path.exists() and path.read_text().strip():
             return path.read_text().strip()
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            raise RuntimeError(f"{head!s} exited with {proc.returncode}: {log.read_text()[-2000:]}")
         time.sleep(0.05)
-    raise RuntimeError(f"{proc.args[:3]} not ready within {timeout_s}s: {log.read_text()[-2000:]}")
+    raise RuntimeError(f"{head!s} not ready within {timeout_s}s: {log.read_text()[-2000:]}")
 
 
 @dataclass
@@ -101,7 +106,7 @@ class LocalFleet:
     workdir: Path
     model: str = "tiny"
     engines: list[Engine] = field(default_factory=list)
-    daemon: object = None
+    daemon: DaemonProcess | None = None
     gateways: list[subprocess.Popen] = field(default_factory=list)
     gateway_urls: list[str] = field(default_factory=list)
     instance: str = ""
@@ -166,6 +171,7 @@ class LocalFleet:
         ready, log = self.workdir / f"engine-{e.worker_id}.port", self.workdir / f"engine-{e.worker_id}.log"
         for attempt in range(attempts):
             try:
+                assert e.proc is not None, "spawned before it is waited for"
                 e.port = int(_wait_file(ready, e.proc, log, 90))
                 return
             except RuntimeError:
@@ -186,6 +192,7 @@ class LocalFleet:
             kv_events_endpoint=f"tcp://127.0.0.1:{e.kv_port}" if kv_events else None,
             kv_replay_endpoint=f"tcp://127.0.0.1:{e.replay_port}" if kv_events else None,
         )
+        assert self.daemon is not None, "start() first"
         with AdminClient(self.daemon.admin_endpoint) as admin:
             reply = admin.call(req)
         if not isinstance(reply, p.OkReply):
@@ -228,9 +235,8 @@ class LocalFleet:
         if kv_events:
             argv += ["--kv-events-port", str(e.kv_port), "--kv-replay-port", str(e.replay_port)]
         (self.workdir / f"engine-{e.worker_id}.port").unlink(missing_ok=True)
-        log = open(self.workdir / f"engine-{e.worker_id}.log", "ab")
-        e.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        log.close()
+        with open(self.workdir / f"engine-{e.worker_id}.log", "ab") as log:  # the child keeps its own descriptor
+            e.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
 
     def add_gateway(self, source_dir: str | Path | None = None, extra: str = "") -> str:
         """Start one more gateway process and return its base URL once it listens.
@@ -261,27 +267,26 @@ class LocalFleet:
         )
         ready = self.workdir / f"gateway-{g}.port"
         ready.unlink(missing_ok=True)
-        log = open(self.workdir / f"gateway-{g}.log", "ab")
-        # `python -m` puts the working directory first on sys.path: run from `source_dir` so its
-        # kvsched shadows the installed one.
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kvsched.gateway",
-                "--config",
-                str(cfg),
-                "--ready-file",
-                str(ready),
-                "--log-level",
-                "WARNING",
-            ],
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            cwd=source_dir,
-        )
-        log.close()
+        with open(self.workdir / f"gateway-{g}.log", "ab") as log:  # the child keeps its own descriptor
+            # `python -m` puts the working directory first on sys.path: run from `source_dir` so its
+            # kvsched shadows the installed one.
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kvsched.gateway",
+                    "--config",
+                    str(cfg),
+                    "--ready-file",
+                    str(ready),
+                    "--log-level",
+                    "WARNING",
+                ],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                cwd=source_dir,
+            )
         self.gateways.append(proc)
 
     def kill_engine(self, index: int) -> None:

@@ -242,7 +242,7 @@ def _check_parts(i: int, parts: list) -> None:
                 f'{{"type": "text", "text": "..."}}, got {_JSON_TYPES.get(type(part), "a value")}',
                 "messages",
             )
-        key = TEXT_PARTS.get(part.get("type"))
+        key = TEXT_PARTS.get(part["type"]) if "type" in part else None
         if key is not None and not isinstance(part.get(key), str):
             raise _bad(
                 f"messages[{i}].content[{j}].{key} must be a string, got "

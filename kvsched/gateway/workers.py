@@ -23,6 +23,7 @@ restarts the whole group rather than the supervisor hiding a crash loop.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -164,10 +165,8 @@ def supervise(
                     rc = proc.returncode
                     return 128 - rc if rc < 0 else (rc or 1)
             if not announced:
-                try:
+                with contextlib.suppress(BlockingIOError):
                     lines += os.read(ready_r, 4096)
-                except BlockingIOError:
-                    pass
                 if lines.count(b"\n") >= workers:
                     announced = True
                     log.info(

@@ -55,11 +55,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from ..shm.overlap import OverlapIndex
 from .format import Cleared, DecodedBatch, KvEventFormatError, Removed, Stored, decode_batch
+
+
+class SeqStore(Protocol):
+    """Where each worker row's applied-through seq persists (e.g. `kvsched.shm.kv_index.KvIndexSegment`)."""
+
+    @property
+    def last_seq(self) -> npt.NDArray[np.int64]:
+        """int64[rows]: the row's applied-through seq, -1 = none."""
+
+    @property
+    def present(self) -> npt.NDArray[np.uint8]:
+        """uint8[rows]: zeroed when the row is reset."""
 
 
 @dataclass(slots=True)
@@ -155,7 +169,7 @@ class KvEventApplier:
         *,
         replay_on_first: bool = True,
         max_tombstones: int = 1 << 20,
-        store=None,
+        store: SeqStore | None = None,
     ) -> None:
         self.device = device
         self.offload = offload

@@ -76,8 +76,8 @@ class Stored:
     group_idx: int  # KV-cache group; 0 when absent
     block_size: int | None  # tokens per block
     # first-of-chain events only (parent None), for the hash check (`kvevents/hash_check.py`):
-    token_ids: list | None = None  # the stored blocks' tokens, as the engine sent them
-    extra_keys: list | None = None  # per-block extra keys the engine hashed, or None
+    token_ids: list[Any] | None = None  # the stored blocks' tokens, as the engine sent them
+    extra_keys: list[Any] | None = None  # per-block extra keys the engine hashed, or None
 
     @property
     def device(self) -> bool:
@@ -181,7 +181,7 @@ def _fields(raw: Any) -> tuple[str | None, dict[str, Any], int]:
         if names is None:
             return raw[0], {}, 0
         values = raw[1:]
-        return raw[0], dict(zip(names, values)), max(0, len(values) - len(names))
+        return raw[0], dict(zip(names, values, strict=False)), max(0, len(values) - len(names))
     if isinstance(raw, dict):
         tag = raw.get("type")
         if not isinstance(tag, str):
@@ -204,7 +204,7 @@ def decode_event(raw: Any) -> tuple[Event | None, str]:
     return _decode(tag, f)
 
 
-def _first_list(v: Any, parent: Any) -> list | None:
+def _first_list(v: Any, parent: Any) -> list[Any] | None:
     """`v` when it is a non-empty list on a first-of-chain event (parent None), else None."""
     return v if parent is None and isinstance(v, list) and v else None
 

@@ -91,14 +91,16 @@ class HashCheck:
         """(event's first hash, recomputed first hash) — equal when the engine hashes like routers;
         None when the event cannot be checked (no complete block, malformed tokens or extra keys).
         Compares every checked block, reporting the first that differs."""
-        bs = ev.block_size
-        n = min(self.max_blocks, len(ev.keys), len(ev.token_ids) // bs)
+        bs, token_ids = ev.block_size, ev.token_ids
+        if not bs or not token_ids:  # `observe` passes only events with both
+            return None
+        n = min(self.max_blocks, len(ev.keys), len(token_ids) // bs)
         if n < 1:
             return None
         extra = ev.extra_keys[:n] if ev.extra_keys is not None and len(ev.extra_keys) >= n else None
         try:
             mine = block_hashes(
-                np.asarray(ev.token_ids[: n * bs]), bs, mode="vllm", hash_seed=self.hash_seed, extra_keys=extra
+                np.asarray(token_ids[: n * bs]), bs, mode="vllm", hash_seed=self.hash_seed, extra_keys=extra
             )
         except (TypeError, ValueError, OverflowError):
             return None

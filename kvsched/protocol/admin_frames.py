@@ -7,7 +7,7 @@ fields are only ever appended, each with a default.
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 import msgspec
 from msgspec import Meta
@@ -20,21 +20,21 @@ class Admin(msgspec.Struct, frozen=True, kw_only=True, tag_field="t"):
     `kvsched ... --json` output has a fixed shape for scripts)."""
 
 
-class Status(Admin, tag="status"):
+class Status(Admin, tag="status", frozen=True):
     """Daemon summary. Reply: `StatusReply`."""
 
 
-class Queues(Admin, tag="queues"):
+class Queues(Admin, tag="queues", frozen=True):
     """Per-class queue state. Reply: `QueuesReply`."""
 
     policy_class: str | None = None
 
 
-class Workers(Admin, tag="workers"):
+class Workers(Admin, tag="workers", frozen=True):
     """Per-worker load. Reply: `WorkersReply`."""
 
 
-class Leases(Admin, tag="leases"):
+class Leases(Admin, tag="leases", frozen=True):
     """Active leases, optionally filtered. Reply: `LeasesReply`."""
 
     worker_id: U32 | None = None
@@ -42,21 +42,21 @@ class Leases(Admin, tag="leases"):
     limit: Annotated[int, Meta(ge=1, le=100_000)] = 1000
 
 
-class Drain(Admin, tag="drain"):
+class Drain(Admin, tag="drain", frozen=True):
     """Stop new admissions on a worker (all ranks when dp_rank is None). Reply: `OkReply`."""
 
     worker_id: U32
     dp_rank: U16 | None = None
 
 
-class Undrain(Admin, tag="undrain"):
+class Undrain(Admin, tag="undrain", frozen=True):
     """Resume admissions on a drained worker. Reply: `OkReply`."""
 
     worker_id: U32
     dp_rank: U16 | None = None
 
 
-class AddWorker(Admin, tag="add_worker"):
+class AddWorker(Admin, tag="add_worker", frozen=True):
     """Register a worker rank at runtime. Reply: `OkReply`.
 
     With `kv_events_endpoint` the daemon subscribes to the rank's vLLM KV events (endpoints as in
@@ -74,48 +74,50 @@ class AddWorker(Admin, tag="add_worker"):
     url: Annotated[str, Meta(max_length=2048)] = ""  # the worker's base URL, sent in `Admitted.url` ("" = keep)
 
 
-class RemoveWorker(Admin, tag="remove_worker"):
+class RemoveWorker(Admin, tag="remove_worker", frozen=True):
     """Remove a worker (all ranks when dp_rank is None); its bookings are released. Reply: `OkReply`."""
 
     worker_id: U32
     dp_rank: U16 | None = None
 
 
-class Cancel(Admin, tag="cancel"):
+class Cancel(Admin, tag="cancel", frozen=True):
     """Cancel a queued request or abort a lease. Reply: `OkReply`."""
 
     request_id: RequestId
 
 
-class Reload(Admin, tag="reload"):
+class Reload(Admin, tag="reload", frozen=True):
     """Re-read the scheduling profile from the config file (or `path`). Reply: `OkReply`."""
 
     path: str | None = None
 
 
-class Explain(Admin, tag="explain"):
+class Explain(Admin, tag="explain", frozen=True):
     """Per-worker costs of a recent decision. Reply: `ExplainReply`."""
 
     request_id: RequestId
 
 
-AdminRequest = Union[Status, Queues, Workers, Leases, Drain, Undrain, AddWorker, RemoveWorker, Cancel, Reload, Explain]
+AdminRequest = (
+    Status | Queues | Workers | Leases | Drain | Undrain | AddWorker | RemoveWorker | Cancel | Reload | Explain
+)
 
 
-class OkReply(Admin, tag="ok"):
+class OkReply(Admin, tag="ok", frozen=True):
     """An admin operation succeeded; `message` says what was done."""
 
     message: str = ""
 
 
-class AdminError(Admin, tag="admin_error"):
+class AdminError(Admin, tag="admin_error", frozen=True):
     """An admin request failed: `code` is an `ErrorCode`, `message` the reason."""
 
     code: int
     message: str
 
 
-class StatusReply(Admin, tag="status_reply"):
+class StatusReply(Admin, tag="status_reply", frozen=True):
     """`kvsched status`: identity, uptime (s), workers, leases, queued/deferred requests, decisions and decisions/s."""
 
     instance: str
@@ -132,8 +134,9 @@ class StatusReply(Admin, tag="status_reply"):
     block_size: int
 
 
-class ClassRow(Admin, tag="class_row"):
-    """One class in `kvsched queues`: depth (requests), deferred, isl_tokens (tokens waiting), oldest_wait_s (s), DRR deficit (tokens), quantum (tokens), blocked_lanes."""
+class ClassRow(Admin, tag="class_row", frozen=True):
+    """One class in `kvsched queues`: depth (requests), deferred, isl_tokens (tokens waiting), oldest_wait_s (s),
+    DRR deficit (tokens), quantum (tokens), blocked_lanes."""
 
     name: str
     ordering: str
@@ -146,14 +149,15 @@ class ClassRow(Admin, tag="class_row"):
     blocked_lanes: int
 
 
-class QueuesReply(Admin, tag="queues_reply"):
+class QueuesReply(Admin, tag="queues_reply", frozen=True):
     """`kvsched queues`: one `ClassRow` per class."""
 
     classes: list[ClassRow] = []
 
 
-class WorkerRow(Admin, tag="worker_row"):
-    """One worker rank in `kvsched workers`: capacities and current load (blocks, prefill tokens, requests) and flags."""
+class WorkerRow(Admin, tag="worker_row", frozen=True):
+    """One worker rank in `kvsched workers`: capacities and current load (blocks, prefill tokens, requests) and
+    flags."""
 
     worker_id: int
     dp_rank: int
@@ -168,13 +172,13 @@ class WorkerRow(Admin, tag="worker_row"):
     hash_mismatch: bool = False  # its KV events hash blocks differently from routers (docs/VLLM.md)
 
 
-class WorkersReply(Admin, tag="workers_reply"):
+class WorkersReply(Admin, tag="workers_reply", frozen=True):
     """`kvsched workers`: one `WorkerRow` per registered rank."""
 
     workers: list[WorkerRow] = []
 
 
-class LeaseRow(Admin, tag="lease_row"):
+class LeaseRow(Admin, tag="lease_row", frozen=True):
     """One active lease: where it runs, its tokens, age (s) and state (admitted / dispatched / prefill_done)."""
 
     request_id: str
@@ -190,14 +194,14 @@ class LeaseRow(Admin, tag="lease_row"):
     state: str
 
 
-class LeasesReply(Admin, tag="leases_reply"):
+class LeasesReply(Admin, tag="leases_reply", frozen=True):
     """`kvsched leases`: up to `limit` rows; `total` counts the active leases matching the filter."""
 
     leases: list[LeaseRow] = []
     total: int = 0
 
 
-class ExplainRow(Admin, tag="explain_row"):
+class ExplainRow(Admin, tag="explain_row", frozen=True):
     """One worker's view of a decision: eligibility, overlap blocks, projected blocks and prefill tokens, cost
     (lower wins; -1 if ineligible) and, when the selector picked the lowest cost, its named cost terms summing
     to it (docs/ROUTING.md); with no terms, `cost` is the projection's (Dynamo's kv-router cost), not used."""
@@ -212,7 +216,7 @@ class ExplainRow(Admin, tag="explain_row"):
     terms: dict[str, float] = {}
 
 
-class ExplainReply(Admin, tag="explain_reply"):
+class ExplainReply(Admin, tag="explain_reply", frozen=True):
     """`kvsched explain`: the chosen worker and every worker's row; decided_at_s is the daemon's monotonic clock (s)."""
 
     request_id: str
@@ -223,4 +227,4 @@ class ExplainReply(Admin, tag="explain_reply"):
     decided_by: str = ""  # the selector type that chose; `cost` is what decided only when the rows carry terms
 
 
-AdminReply = Union[OkReply, AdminError, StatusReply, QueuesReply, WorkersReply, LeasesReply, ExplainReply]
+AdminReply = OkReply | AdminError | StatusReply | QueuesReply | WorkersReply | LeasesReply | ExplainReply

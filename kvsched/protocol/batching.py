@@ -16,19 +16,19 @@ from .frames import Frame
 from .limits import MAX_LIST
 
 
-class Batch(Frame, tag="batch"):
+class Batch(Frame, tag="batch", frozen=True):
     """Protocol version 2: any number of router frames (not `Hello`, not `Batch`) in one message,
     handled in order exactly as if they had arrived one by one. Each element is one complete
     encoded frame (decoded on its own); a malformed one gets its own `Error` with `batch_index`."""
 
-    frames: Annotated[list[msgspec.Raw], Meta(max_length=MAX_LIST)] = []
+    frames: Annotated[list[msgspec.Raw], Meta(max_length=MAX_LIST)] = msgspec.field(default_factory=list)
 
 
-class Replies(Frame, tag="replies"):
+class Replies(Frame, tag="replies", frozen=True):
     """Protocol version 2: every frame the daemon owes one connection from one wake, in order, in
     one message. Each element is one complete encoded daemon frame (never a `Replies`)."""
 
-    frames: list[msgspec.Raw] = []
+    frames: list[msgspec.Raw] = msgspec.field(default_factory=list)
 
 
 def _array_header(n: int) -> bytes:

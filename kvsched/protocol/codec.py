@@ -7,7 +7,8 @@ bounded peeks that name a bad frame's request id or admin tag, and the wire form
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Union
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Annotated, SupportsIndex, TypeAlias, get_args
 
 import msgspec
 from msgspec import Meta
@@ -31,13 +32,20 @@ from .frames import (
 from .limits import RequestId
 from .walk import array_elements
 
-RouterFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach, Batch]
-BatchedRouterFrame = Union[Enqueue, Update, Release, Heartbeat, Reattach]  # what a `Batch` may carry
-DaemonFrame = Union[Welcome, Admitted, Rejected, Error, HeartbeatAck, Reattached, Replies]
-RepliedDaemonFrame = Union[Welcome, Admitted, Rejected, Error, HeartbeatAck, Reattached]  # inside `Replies`
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+# What `hashes_to_bytes` accepts: the wire bytes themselves, ints (Python or numpy), or an integer array.
+BlockHashesLike: TypeAlias = "bytes | bytearray | memoryview | Iterable[SupportsIndex] | npt.NDArray[np.integer]"
+
+RouterFrame = Hello | Enqueue | Update | Release | Heartbeat | Reattach | Batch
+BatchedRouterFrame = Enqueue | Update | Release | Heartbeat | Reattach  # what a `Batch` may carry
+DaemonFrame = Welcome | Admitted | Rejected | Error | HeartbeatAck | Reattached | Replies
+RepliedDaemonFrame = Welcome | Admitted | Rejected | Error | HeartbeatAck | Reattached  # inside `Replies`
 
 # Data socket: router frames, plus admin requests so they can be refused with a precise code.
-DataSocketFrame = Union[Hello, Enqueue, Update, Release, Heartbeat, Reattach, Batch]
+DataSocketFrame = Hello | Enqueue | Update | Release | Heartbeat | Reattach | Batch
 
 
 def make_encoder() -> msgspec.msgpack.Encoder:
@@ -45,37 +53,37 @@ def make_encoder() -> msgspec.msgpack.Encoder:
     return msgspec.msgpack.Encoder()
 
 
-def make_router_decoder() -> msgspec.msgpack.Decoder:
+def make_router_decoder() -> msgspec.msgpack.Decoder[RouterFrame]:
     """Daemon side of the data socket: decodes any `RouterFrame`."""
     return msgspec.msgpack.Decoder(RouterFrame)
 
 
-def make_daemon_decoder() -> msgspec.msgpack.Decoder:
+def make_daemon_decoder() -> msgspec.msgpack.Decoder[DaemonFrame]:
     """Client side of the data socket: decodes any `DaemonFrame`."""
     return msgspec.msgpack.Decoder(DaemonFrame)
 
 
-def make_batched_router_decoder() -> msgspec.msgpack.Decoder:
+def make_batched_router_decoder() -> msgspec.msgpack.Decoder[BatchedRouterFrame]:
     """Daemon side: decodes one frame found inside a `Batch` (any `RouterFrame` but Hello / Batch)."""
     return msgspec.msgpack.Decoder(BatchedRouterFrame)
 
 
-def make_replied_daemon_decoder() -> msgspec.msgpack.Decoder:
+def make_replied_daemon_decoder() -> msgspec.msgpack.Decoder[RepliedDaemonFrame]:
     """Client side: decodes one frame found inside a `Replies`."""
     return msgspec.msgpack.Decoder(RepliedDaemonFrame)
 
 
-def make_admin_request_decoder() -> msgspec.msgpack.Decoder:
+def make_admin_request_decoder() -> msgspec.msgpack.Decoder[AdminRequest]:
     """Daemon side of the admin socket."""
     return msgspec.msgpack.Decoder(AdminRequest)
 
 
-def make_admin_reply_decoder() -> msgspec.msgpack.Decoder:
+def make_admin_reply_decoder() -> msgspec.msgpack.Decoder[AdminReply]:
     """CLI side of the admin socket."""
     return msgspec.msgpack.Decoder(AdminReply)
 
 
-_ADMIN_TAGS = frozenset(cls.__struct_config__.tag for cls in AdminRequest.__args__)  # type: ignore[attr-defined]
+_ADMIN_TAGS = frozenset(cls.__struct_config__.tag for cls in get_args(AdminRequest))
 _ID_TAGS = frozenset(("enqueue", "update", "release"))
 
 
@@ -131,7 +139,7 @@ def _walked_request_id(raw: bytes) -> str | None:
         return None
 
 
-def hashes_to_bytes(block_hashes) -> bytes:
+def hashes_to_bytes(block_hashes: BlockHashesLike) -> bytes:
     """Encode block hashes as little-endian u64 bytes (the wire form).
 
     Args:
@@ -177,7 +185,7 @@ def hashes_to_bytes(block_hashes) -> bytes:
         raise TypeError(f"block_hashes elements must be integers, {what}") from None
 
 
-def hashes_from_bytes(raw: bytes):
+def hashes_from_bytes(raw: bytes) -> npt.NDArray[np.uint64]:
     """Decode wire block hashes: returns uint64[n] (a read-only view on `raw`)."""
     import numpy as np
 

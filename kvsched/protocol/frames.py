@@ -26,7 +26,7 @@ class Frame(msgspec.Struct, frozen=True, array_like=True, tag_field="t", omit_de
     """Base of the hot-path frames: immutable, encoded as a MessagePack array, tag first."""
 
 
-class Hello(Frame, tag="hello"):
+class Hello(Frame, tag="hello", frozen=True):
     """First frame on a connection. Router → daemon; answered by `Welcome` or `Error(VERSION)`."""
 
     protocol_version: U16
@@ -37,7 +37,7 @@ class Hello(Frame, tag="hello"):
     pid_ns: U63 = 0
 
 
-class Enqueue(Frame, tag="enqueue"):
+class Enqueue(Frame, tag="enqueue", frozen=True):
     """Ask to run one request. Router → daemon; answered by exactly one `Admitted` or `Rejected`.
 
     Not idempotent: a second Enqueue with a live request_id is rejected `duplicate_request`.
@@ -61,7 +61,7 @@ class Enqueue(Frame, tag="enqueue"):
     excluded_workers: Annotated[list[U32], Meta(max_length=4096)] | None = None
 
 
-class Update(Frame, tag="update"):
+class Update(Frame, tag="update", frozen=True):
     """Progress of an admitted request. Router → daemon; no reply, except `requeue` which is
     answered by one later `Admitted` or `Rejected` (with a new slot / generation).
 
@@ -75,7 +75,7 @@ class Update(Frame, tag="update"):
     output_tokens: Tokens | None = None  # for kind == "progress": output tokens so far
 
 
-class Release(Frame, tag="release"):
+class Release(Frame, tag="release", frozen=True):
     """End of a request. Router → daemon; no reply; idempotent.
 
     `cancelled` with slot -1 removes a queued or deferred request.
@@ -88,7 +88,7 @@ class Release(Frame, tag="release"):
     context_tokens: Tokens = 0  # isl + output tokens, for admission policies
 
 
-class Heartbeat(Frame, tag="heartbeat"):
+class Heartbeat(Frame, tag="heartbeat", frozen=True):
     """Liveness ping. Answered by `HeartbeatAck`.
 
     Sent by a client's heartbeat thread on its own DEALER with `conn_token` = the data connection's
@@ -116,7 +116,7 @@ class Requeued(msgspec.Struct, frozen=True, array_like=True):
     enqueue: Enqueue
 
 
-class Reattach(Frame, tag="reattach"):
+class Reattach(Frame, tag="reattach", frozen=True):
     """Sent after reconnecting to a (restarted) daemon. Answered by `Reattached`, then by one
     `Admitted`/`Rejected` per `requeues` entry and per pending Enqueue.
 
@@ -135,7 +135,7 @@ class Reattach(Frame, tag="reattach"):
 # --------------------------------------------------------------------------------------------
 
 
-class Welcome(Frame, tag="welcome"):
+class Welcome(Frame, tag="welcome", frozen=True):
     """Answer to `Hello`: the daemon's identity, limits and shared-memory segment names."""
 
     daemon_epoch: U63
@@ -155,7 +155,7 @@ class Welcome(Frame, tag="welcome"):
     hash_seed: Name | None = None
 
 
-class Admitted(Frame, tag="admitted"):
+class Admitted(Frame, tag="admitted", frozen=True):
     """The request may run now on (worker_id, dp_rank). The router holds the lease
     (slot, generation) until it sends `Release`."""
 
@@ -171,7 +171,7 @@ class Admitted(Frame, tag="admitted"):
     dp_size: int = 1  # ranks registered for worker_id (> 1: send vLLM's X-data-parallel-rank header)
 
 
-class Rejected(Frame, tag="rejected"):
+class Rejected(Frame, tag="rejected", frozen=True):
     """The request will not run; `reason` is one of `REJECT_REASONS`."""
 
     request_id: str
@@ -183,7 +183,7 @@ class Rejected(Frame, tag="rejected"):
     limit: int | None = None
 
 
-class Error(Frame, tag="error"):
+class Error(Frame, tag="error", frozen=True):
     """A frame that could not be decoded or was out of order; sent to its sender only."""
 
     code: int
@@ -192,13 +192,13 @@ class Error(Frame, tag="error"):
     batch_index: int | None = None  # position of the offending frame inside a `Batch`
 
 
-class HeartbeatAck(Frame, tag="heartbeat_ack"):
+class HeartbeatAck(Frame, tag="heartbeat_ack", frozen=True):
     """Answer to `Heartbeat` with the same seq."""
 
     seq: int
 
 
-class Reattached(Frame, tag="reattached"):
+class Reattached(Frame, tag="reattached", frozen=True):
     """Answer to `Reattach`: which leases the daemon kept and which it had already released."""
 
     kept: list[str] = []

@@ -4,7 +4,7 @@ kinds, release outcomes and the `ErrorCode`s of `Error` / `AdminError` frames (d
 from __future__ import annotations
 
 import enum
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 
 class WorkerKey(NamedTuple):
@@ -31,7 +31,7 @@ RejectReason = Literal[
     "shutting_down",
     "cancelled",  # an operator cancelled it (`kvsched cancel`); for a lease: revoked
 ]
-REJECT_REASONS: tuple[str, ...] = RejectReason.__args__  # type: ignore[attr-defined]
+REJECT_REASONS: tuple[str, ...] = get_args(RejectReason)
 
 UpdateKind = Literal["dispatched", "prefill_done", "progress", "requeue"]
 ReleaseOutcome = Literal["completed", "aborted", "cancelled"]

@@ -116,10 +116,11 @@ def _parse_isl(body: str, profile_classes: Sequence[str], text: str) -> ClassRul
         if not profile_classes:
             raise ClassRuleError("class rule 'isl' without bands needs a profile with classes")
         n = len(profile_classes)
-        bounds = [ISL_DEFAULT_FIRST_BOUND * ISL_DEFAULT_BOUND_FACTOR**k for k in range(n - 1)]
-        return ClassRule("isl", tuple(profile_classes), (*bounds, None), text=text)
+        default_bounds = [ISL_DEFAULT_FIRST_BOUND * ISL_DEFAULT_BOUND_FACTOR**k for k in range(n - 1)]
+        return ClassRule("isl", tuple(profile_classes), (*default_bounds, None), text=text)
     names: list[str] = []
     bounds: list[int | None] = []
+    last_bound = 0  # the previous band's bound (bounds increase)
     parts = [p.strip() for p in body.split(",")]
     for k, part in enumerate(parts):
         name, sep, bound = part.partition("<")
@@ -138,10 +139,11 @@ def _parse_isl(body: str, profile_classes: Sequence[str], text: str) -> ClassRul
             raise ClassRuleError(
                 f"class rule {text!r}: bound {bound.strip()!r} is not a whole number of tokens"
             ) from None
-        if value < 1 or (bounds and value <= bounds[-1]):
+        if value < 1 or value <= last_bound:
             raise ClassRuleError(f"class rule {text!r}: bounds must be >= 1 and increase ({part!r})")
         names.append(name)
         bounds.append(value)
+        last_bound = value
     _check_unique(names, text)
     return ClassRule("isl", tuple(names), tuple(bounds), text=text)
 

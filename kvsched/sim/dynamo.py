@@ -31,6 +31,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from ..protocol import WorkerKey
 
 
 def dynamo_unavailable_reason() -> str | None:
@@ -94,7 +101,7 @@ class DynamoService:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _call(self, method: str, path: str, body: dict | None = None) -> dict | list | None:
+    def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
             self.base + path, data=data, method=method, headers={"content-type": "application/json"}
@@ -120,6 +127,24 @@ class DynamoService:
                 "kv_events_endpoints": {str(dp_rank): kv_events_endpoint},
             },
         )
+
+    def register_fleet(self, keys: Iterable[WorkerKey], pubs: Sequence[str], block_size: int) -> None:
+        """Register every engine: `keys` (WorkerKey per engine) and `pubs` (its KV-event PUB endpoint), one
+        POST /workers per worker id with the endpoints of all its DP ranks."""
+        by_worker: dict[int, dict[str, str]] = {}
+        for key, pub in zip(keys, pubs, strict=False):  # no KV events (pubs empty): nothing registered
+            by_worker.setdefault(int(key.worker_id), {})[str(int(key.dp_rank))] = pub
+        for wid, eps in by_worker.items():
+            self._call(
+                "POST",
+                "/workers",
+                {
+                    "worker_id": wid,
+                    "endpoint": f"http://sim/{wid}",
+                    "block_size": block_size,
+                    "kv_events_endpoints": eps,
+                },
+            )
 
     def select_and_reserve(self, token_ids: list[int]) -> dict:
         """Pick and book a worker: {selection_id, worker_id, dp_rank, overlap{gpu}, effective_prefill_tokens, ...}."""
@@ -150,7 +175,7 @@ class DynamoRoute:
 
     def __init__(self, base_url: str) -> None:
         self.base = base_url.rstrip("/")
-        self.session = None
+        self.session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
         import aiohttp
@@ -163,7 +188,8 @@ class DynamoRoute:
         if self.session is not None:
             await self.session.close()
 
-    async def _call(self, method: str, path: str, body: dict | None = None):
+    async def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        assert self.session is not None, "open() first"
         async with self.session.request(method, self.base + path, json=body) as resp:
             raw = await resp.read()
             if resp.status >= 400:
@@ -184,16 +210,3 @@ class DynamoRoute:
         """ "worker:rank" -> cached leading blocks of `token_ids` as the service sees them."""
         rep = await self._call("POST", "/overlap_scores", {"token_ids": token_ids})
         return {f"{w['worker_id']}:{w['dp_rank']}": int(w["device_blocks"]) for w in rep["workers"]}
-
-
-def register_fleet(svc: DynamoService, keys, pubs: list[str], block_size: int) -> None:
-    """Register every engine: `keys` (WorkerKey per engine) and `pubs` (its KV-event PUB endpoint)."""
-    by_worker: dict[int, dict[str, str]] = {}
-    for key, pub in zip(keys, pubs):
-        by_worker.setdefault(int(key.worker_id), {})[str(int(key.dp_rank))] = pub
-    for wid, eps in by_worker.items():
-        svc._call(
-            "POST",
-            "/workers",
-            {"worker_id": wid, "endpoint": f"http://sim/{wid}", "block_size": block_size, "kv_events_endpoints": eps},
-        )

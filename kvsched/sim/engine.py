@@ -46,7 +46,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .prefix_cache import PrefixCache
-from .profile import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, EngineProfile, decode_steps_us, decode_us
+from .profile import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_PROFILE,
+    EngineProfile,
+    decode_steps_us,
+    decode_us,
+)
 
 FIRST_TOKEN = 1  # event kind: prefill finished, first output token produced
 DONE = 2  # event kind: last output token produced, request left the engine
@@ -138,7 +145,7 @@ class SimEngine:
         block_size: int,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-        profile: EngineProfile = EngineProfile(),
+        profile: EngineProfile = DEFAULT_PROFILE,
         max_macro_us: int = 1_000_000,
     ) -> None:
         if kv_blocks < 1 or block_size < 1 or max_num_batched_tokens < 1 or max_num_seqs < 1:
@@ -264,7 +271,7 @@ class SimEngine:
         for seq, c in plan.chunks:
             ctx = seq.computed + (c - 1) / 2.0
             dur += c * (p.prefill_us_per_token + p.prefill_attn_us_per_token_ktoken * ctx / 1000.0)
-        plan.end_us = start + max(1, int(round(dur)))
+        plan.end_us = start + max(1, round(dur))
         return plan
 
     def _plan_starts(self, plan: _Plan, budget: int, start: int) -> None:
@@ -315,7 +322,7 @@ class SimEngine:
                 else:
                     lo = mid + 1
             k = lo
-        return _Plan(end_us=start + max(1, int(round(self._macro_time(k)))), steps=k)
+        return _Plan(end_us=start + max(1, round(self._macro_time(k))), steps=k)
 
     # ---------------------------------------------------------------- commit (mutating)
 

@@ -27,7 +27,7 @@ import numpy as np
 import zmq
 from msgspec import Meta
 
-from ..core.types import WorkerKey
+from ..protocol import WorkerKey
 from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
 from .fleet_spec import FleetSpec, make_engines
 from .kv_publisher import KvEventPublisher
@@ -42,7 +42,7 @@ class SimFrame(msgspec.Struct, frozen=True, array_like=True, tag_field="t"):
     """Base of the fleet's frames (simulator only; not part of the kvsched protocol)."""
 
 
-class SimSubmit(SimFrame, tag="submit"):
+class SimSubmit(SimFrame, tag="submit", frozen=True):
     """Router → fleet: run this admitted request on (worker_id, dp_rank). Answered by events."""
 
     request_id: str
@@ -53,7 +53,7 @@ class SimSubmit(SimFrame, tag="submit"):
     hashes: bytes = b""  # little-endian u64 block hashes
 
 
-class SimFirstToken(SimFrame, tag="first"):
+class SimFirstToken(SimFrame, tag="first", frozen=True):
     """Fleet → router: prefill finished at simulated `t_us`; `cached_tokens` came from the cache.
 
     `overlap_blocks` / `best_overlap_blocks`: leading prompt blocks cached, at submission, on the
@@ -67,14 +67,14 @@ class SimFirstToken(SimFrame, tag="first"):
     best_overlap_blocks: int = 0
 
 
-class SimProgress(SimFrame, tag="progress"):
+class SimProgress(SimFrame, tag="progress", frozen=True):
     """Fleet → router: output tokens produced so far."""
 
     request_id: str
     output_tokens: Tokens
 
 
-class SimDone(SimFrame, tag="done"):
+class SimDone(SimFrame, tag="done", frozen=True):
     """Fleet → router: last token produced at simulated `t_us`."""
 
     request_id: str
@@ -82,14 +82,14 @@ class SimDone(SimFrame, tag="done"):
     output_tokens: Tokens
 
 
-class SimError(SimFrame, tag="error"):
+class SimError(SimFrame, tag="error", frozen=True):
     """Fleet → router: the request cannot run (the router aborts its lease)."""
 
     request_id: str
     message: str
 
 
-class SimBatch(SimFrame, tag="batch"):
+class SimBatch(SimFrame, tag="batch", frozen=True):
     """Fleet → router: the events of one wake, in order."""
 
     items: list[SimFirstToken | SimProgress | SimDone | SimError]
@@ -105,7 +105,7 @@ class FleetParams:
     tick_ms: float = 5.0  # wall ms between engine advances when no frame arrives
     progress_ms: float = 100.0  # wall ms between progress reports per running request
     stats_path: str | None = None  # write engine counters here (JSON) on exit
-    # (pub, replay) endpoints per engine in `spec.keys()` order; () = no KV events (`kv_event_endpoints`)
+    # (pub, replay) endpoints per engine in `spec.worker_keys()` order; () = no KV events (`kv_event_endpoints`)
     kv_events: tuple[tuple[str, str | None], ...] = ()
     kv_encoding: str = "array"  # "array" (older vLLM) | "map" (newer vLLM)
     kv_token_ids: bool = False  # BlockStored events carry synthetic token ids (`tokens.py`; Dynamo needs them)
@@ -119,7 +119,7 @@ def kv_event_endpoints(spec: FleetSpec, runtime_dir: str | Path, transport: str 
     if transport == "ipc":
         return tuple(
             (f"ipc://{runtime_dir}/kv-{k.worker_id}.pub", f"ipc://{runtime_dir}/kv-{k.worker_id}.replay")
-            for k in spec.keys()
+            for k in spec.worker_keys()
         )
     if transport != "tcp":
         raise ValueError(f"unknown KV-event transport {transport!r} (expected 'ipc' or 'tcp')")
@@ -154,8 +154,8 @@ class Fleet:
         self._enc = msgspec.msgpack.Encoder()
         self._dec = msgspec.msgpack.Decoder(SimSubmit)
         self.publishers: list[KvEventPublisher] = []
-        for key, (pub, replay) in zip(params.spec.keys(), params.kv_events):
-            publisher = KvEventPublisher(self._ctx, pub, replay, encoding=params.kv_encoding)  # type: ignore[arg-type]
+        for key, (pub, replay) in zip(params.spec.worker_keys(), params.kv_events, strict=False):  # () = none
+            publisher = KvEventPublisher(self._ctx, pub, replay, encoding=params.kv_encoding)
             self.engines[key].cache_listener = TokenIdPublisher(publisher) if params.kv_token_ids else publisher
             self.publishers.append(publisher)
         self._owner: dict[str, bytes] = {}  # request_id -> router identity
@@ -178,7 +178,7 @@ class Fleet:
             if self.sock.poll(tick, zmq.POLLIN):
                 self._drain()
             now = self.now_us()
-            for key, engine in self.engines.items():
+            for engine in self.engines.values():
                 self._collect(engine.advance(now))
             mono = time.monotonic()
             if mono >= next_progress:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Config, SelectorConfig, config_from_dict
-from ..core.types import WorkerKey
+from ..protocol import WorkerKey
 from .engine import SimEngine
 from .profile import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineProfile, kv_blocks_for
 
@@ -42,7 +42,8 @@ class FleetSpec:
     def blocks_per_engine(self) -> int:
         return self.kv_blocks if self.kv_blocks is not None else kv_blocks_for(self.block_size)
 
-    def keys(self) -> list[WorkerKey]:
+    def worker_keys(self) -> list[WorkerKey]:
+        """The fleet's worker keys, WorkerKey(w, 0) for w in 0..workers-1, in worker-id order."""
         return [WorkerKey(w, 0) for w in range(self.workers)]
 
 
@@ -56,7 +57,7 @@ def make_engines(spec: FleetSpec, max_macro_us: int = 1_000_000) -> dict[WorkerK
             profile=spec.profile,
             max_macro_us=max_macro_us,
         )
-        for key in spec.keys()
+        for key in spec.worker_keys()
     }
 
 
@@ -95,7 +96,7 @@ def config_dict(
         sel["seed"] = seed
     if time_scale != 1.0:
         sel.update(scaled_selector_times(SelectorConfig(), time_scale))
-    workers = [
+    workers: list[dict[str, object]] = [
         {
             "worker_id": w,
             "dp_size": 1,
@@ -104,7 +105,7 @@ def config_dict(
         }
         for w in range(spec.workers)
     ]
-    for w, (pub, replay) in zip(workers, kv_events):
+    for w, (pub, replay) in zip(workers, kv_events, strict=False):  # kv_events () = no KV events
         w["kv_events_endpoint"] = pub
         if replay:
             w["kv_replay_endpoint"] = replay

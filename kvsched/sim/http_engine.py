@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -27,6 +28,7 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -37,7 +39,7 @@ from ..gateway.cli_args import log_level_arg, positive_int_arg, ready_file_arg
 from ..gateway.listen import port_arg
 from ..gateway.openai import chat_messages
 from .engine import SeqRecord, SimEngine, SimRequest
-from .profile import EngineProfile
+from .profile import DEFAULT_PROFILE, EngineProfile
 
 log = logging.getLogger("kvsched.sim.http_engine")
 _enc = msgspec.json.encode
@@ -96,7 +98,7 @@ class HttpSimEngine:
         hash_seed: str | None = None,
         publisher=None,
         max_macro_us: int = 20_000,
-        profile: EngineProfile = EngineProfile(),
+        profile: EngineProfile = DEFAULT_PROFILE,
     ) -> None:
         self.tokenizer = tokenizer
         self.model = model
@@ -121,7 +123,7 @@ class HttpSimEngine:
 
     # ------------------------------------------------------------------ engine loop
     def _advance(self) -> None:
-        for kind, rec in self.engine.advance(self.now_us()):
+        for _kind, rec in self.engine.advance(self.now_us()):
             live = self.live.get(rec.request.request_id)
             if live is not None:
                 live.wake.set()
@@ -142,10 +144,8 @@ class HttpSimEngine:
                 timeout = 0.05 if self.publisher is not None else None  # answer replays while idle
             else:
                 timeout = max(0.0005, (nxt - self.now_us()) / 1e6 / self.speedup)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -155,10 +155,8 @@ class HttpSimEngine:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         if self.publisher is not None:
             self.publisher.close()
 
@@ -216,7 +214,7 @@ class HttpSimEngine:
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         rec = live.rec
         isl = rec.request.isl
-        out = None
+        out: web.StreamResponse | None = None  # set exactly when streaming
         if stream:
             out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await out.prepare(request)
@@ -241,14 +239,14 @@ class HttpSimEngine:
             await live.wake.wait()
             live.wake.clear()
             target = rec.output_tokens
-            if stream and sent == 0 and target > 0 and kind == "chat":
+            if out is not None and sent == 0 and target > 0 and kind == "chat":
                 await out.write(
                     chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}, 0)
                 )
             while sent < target:
                 word = f" w{sent}"
                 sent += 1
-                if stream:
+                if out is not None:
                     last = sent == rec.request.osl
                     ch = {"index": 0, "delta": {"content": word}} if kind == "chat" else {"index": 0, "text": word}
                     ch["finish_reason"] = "length" if last else None
@@ -257,7 +255,7 @@ class HttpSimEngine:
                     text.append(word)
             if rec.done_us >= 0:
                 break
-        if not stream:
+        if out is None:
             msg = (
                 {"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "finish_reason": "length"}
                 if kind == "chat"
@@ -274,7 +272,14 @@ class HttpSimEngine:
                 }
             )
         if opts.get("include_usage"):
-            final = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(sent)}
+            final: dict[str, Any] = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage(sent),
+            }
             await out.write(b"data: " + _enc(final) + b"\n\n")
         await out.write(b"data: [DONE]\n\n")
         await out.write_eof()

@@ -17,15 +17,17 @@ omitted (newer vLLM). The batch itself is always `[ts, events, data_parallel_ran
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, cast
 
 import msgspec
 import zmq
 
-from ..kvevents.format import END_SEQ, REMOVED_FIELDS, STORED_FIELDS, U64_MASK, seq_from_bytes, seq_to_bytes
+from ..kvevents.format import END_SEQ, REMOVED_FIELDS, STORED_FIELDS, seq_from_bytes, seq_to_bytes
+from ..shm.mix import U64_MASK
 
 # Fields that have a default in vLLM's structs (omitted when equal to it); the others are required.
 _STORED_DEFAULTED = frozenset({"extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"})
@@ -60,7 +62,7 @@ class KvEventPublisher:
         replay_endpoint: str | None = None,
         *,
         topic: str = "",
-        encoding: Literal["array", "map"] = "array",
+        encoding: str = "array",  # "array" | "map", checked here
         dp_rank: int = 0,
         buffer_steps: int = 10_000,
         replay_with_topic: bool = False,
@@ -94,12 +96,12 @@ class KvEventPublisher:
             self.replay.setsockopt(zmq.SNDHWM, 0)
             self.replay.bind(replay_endpoint)
             self.replay_endpoint = self.replay.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._loop = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ events
     def _event(self, tag: str, names: tuple[str, ...], defaulted: frozenset[str], values: dict[str, Any]) -> Any:
         if self.encoding == "map":
-            ev = {"type": tag}
+            ev: dict[str, Any] = {"type": tag}
             ev.update({k: values.get(k) for k in names if not (k in defaulted and values.get(k) is None)})
             return ev
         arr = [tag] + [values.get(k) for k in names]
@@ -204,22 +206,23 @@ class KvEventPublisher:
 
     def _on_replay_readable(self) -> None:
         self.service_replay()
-        if self.replay is not None and self.replay.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        readable = self.replay is not None and cast(int, self.replay.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+        if readable and self._loop is not None:
             self._loop.call_soon(self._on_replay_readable)
 
-    def attach(self, loop) -> None:
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Answer replay requests from `loop`'s reader callbacks (until `close()`)."""
         if self.replay is None:
             return
         self._loop = loop
-        loop.add_reader(self.replay.getsockopt(zmq.FD), self._on_replay_readable)
+        loop.add_reader(cast(int, self.replay.getsockopt(zmq.FD)), self._on_replay_readable)
         loop.call_soon(self._on_replay_readable)
 
     def close(self) -> None:
         """Close both sockets (linger 0)."""
         if self.replay is not None:
             if self._loop is not None:
-                self._loop.remove_reader(self.replay.getsockopt(zmq.FD))
+                self._loop.remove_reader(cast(int, self.replay.getsockopt(zmq.FD)))
                 self._loop = None
             self.replay.close(0)
             self.replay = None

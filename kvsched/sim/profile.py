@@ -35,6 +35,9 @@ class EngineProfile:
     decode_us_per_ctx_token: float = 0.05  # per context token of decoding requests (KV reads)
 
 
+DEFAULT_PROFILE = EngineProfile()  # the engines' default (immutable, so one shared instance)
+
+
 def decode_step_us(profile: EngineProfile, batch: int, ctx_tokens: int) -> float:
     """Duration (µs) of one decode-only step with `batch` requests holding `ctx_tokens` context."""
     if batch <= 0:

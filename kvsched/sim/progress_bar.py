@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 
 class progress_bar:
     """Context manager yielding `advance(done)`; a rich bar when a console is given, else a no-op."""
 
-    def __init__(self, console, total: int, label: str) -> None:
+    def __init__(self, console: Console | None, total: int, label: str) -> None:
         self.console, self.total, self.label = console, total, label
-        self._progress = None
-        self._task = None
+        self._progress: Progress | None = None
 
-    def __enter__(self):
+    def __enter__(self) -> Callable[[int], None]:
         if self.console is None:
             return lambda done: None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._progress = Progress(
+        progress = self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -26,15 +31,15 @@ class progress_bar:
             console=self.console,
             transient=False,
         )
-        self._progress.start()
-        self._task = self._progress.add_task(self.label, total=self.total)
+        progress.start()
+        task: TaskID = progress.add_task(self.label, total=self.total)
         last = [0.0]
 
         def advance(done: int) -> None:
             now = time.monotonic()
             if now - last[0] >= 0.1 or done >= self.total:
                 last[0] = now
-                self._progress.update(self._task, completed=done)
+                progress.update(task, completed=done)
 
         return advance
 

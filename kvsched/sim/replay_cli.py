@@ -55,7 +55,10 @@ def replay(
         float,
         typer.Option(
             min=0.001,
-            help="Compress the whole timeline: arrivals, engine time and the scheduler's TTLs, half-lives and queue timeouts.",
+            help=(
+                "Compress the whole timeline: arrivals, engine time and the scheduler's TTLs, half-lives and queue "
+                "timeouts."
+            ),
         ),
     ] = 1.0,
     load_scale: Annotated[
@@ -68,9 +71,7 @@ def replay(
     endpoint: Annotated[
         str | None, typer.Option(help="Use this running daemon instead of starting a private one.")
     ] = None,
-    admin_endpoint: Annotated[
-        str | None, typer.Option(help="Its admin socket (for the final ledger check).")
-    ] = None,
+    admin_endpoint: Annotated[str | None, typer.Option(help="Its admin socket (for the final ledger check).")] = None,
     out: Annotated[Path, typer.Option(help="Directory for summary.json, results.jsonl and fleet.json.")] = Path(
         "out/replay"
     ),
@@ -100,7 +101,10 @@ def replay(
         bool,
         typer.Option(
             "--kv-events/--no-kv-events",
-            help="Engines publish their cache changes as vLLM KV events the daemon subscribes to (--virtual: applied in process); off = the approximate index only.",
+            help=(
+                "Engines publish their cache changes as vLLM KV events the daemon subscribes to (--virtual: applied in "
+                "process); off = the approximate index only."
+            ),
         ),
     ] = True,
     kv_encoding: Annotated[
@@ -117,19 +121,29 @@ def replay(
         float,
         typer.Option(
             min=0.0,
-            help="Seconds to wait for the private daemon to be ready (its first start on a machine compiles the kernels: ~1 min on a busy 2-core machine, cached afterwards). On failure its log is kept as --out/daemon.log and its shared memory removed.",
+            help=(
+                "Seconds to wait for the private daemon to be ready (its first start on a machine compiles the kernels:"
+                " ~1 min on a busy 2-core machine, cached afterwards). On failure its log is kept as --out/daemon.log "
+                "and its shared memory removed."
+            ),
         ),
     ] = 300.0,
 ) -> None:
     """Replay a request trace through the scheduler and a simulated fleet; print a summary.
 
-    Starts a private daemon (unless --endpoint), a simulated fleet process (engines with a KV prefix cache, continuous batching and H100 / Llama-3-8B step times) and --routers router processes that replay the trace's arrivals: schedule through the daemon, stream from the fleet, release. With --virtual the same engine model and scheduler core run in process, in virtual time (fast and reproducible: use it for policy comparisons). Writes summary.json and results.jsonl to --out.
+    Starts a private daemon (unless --endpoint), a simulated fleet process (engines with a KV prefix cache,
+    continuous batching and H100 / Llama-3-8B step times) and --routers router processes that replay the trace's
+    arrivals: schedule through the daemon, stream from the fleet, release. With --virtual the same engine model and
+    scheduler core run in process, in virtual time (fast and reproducible: use it for policy comparisons). Writes
+    summary.json and results.jsonl to --out.
 
-    With --profile and --class-rule each request is sent with a policy class and the summary gains a per-class section (requests, rejections, queue wait and TTFT p50/p99, dispatch share, uncached-token share).
+    With --profile and --class-rule each request is sent with a policy class and the summary gains a per-class
+    section (requests, rejections, queue wait and TTFT p50/p99, dispatch share, uncached-token share).
 
     Example: kvsched replay kvsched/data/mooncake_slice.jsonl --routers 4 --workers 4 --speedup 20
 
-    Example: kvsched replay TRACE --virtual --profile examples/profile-multiclass.toml --class-rule hash:latency=60,agents=30,batch=10
+    Example: kvsched replay TRACE --virtual --profile examples/profile-multiclass.toml --class-rule
+    hash:latency=60,agents=30,batch=10
     """
     import msgspec
     from rich.console import Console

@@ -16,6 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import Config, config_env_names, load_config
 from ..errors import DaemonUnavailable
@@ -25,6 +26,13 @@ from .progress_bar import progress_bar
 from .replay_config import ReplayOptions, config_dict_toml, replay_config_dict
 from .summary import RequestResult, read_results
 from .trace import Trace
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.synchronize import Event
+
+    from ..daemon.process import DaemonProcess
+    from .dynamo import DynamoService
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +47,11 @@ DAEMON_WAIT_NOTE_S = (5.0, 15.0)  # while the private daemon starts: first progr
 class _Procs:
     runtime_dir: Path
     instance: str | None = None  # the private daemon's instance (names its /dev/shm segments)
-    daemon: object | None = None
-    fleet: mp.Process | None = None
-    routers: list = field(default_factory=list)
-    fleet_stop: object | None = None
-    dynamo: object | None = None  # kvsched.sim.dynamo.DynamoService
+    daemon: DaemonProcess | None = None
+    fleet: BaseProcess | None = None
+    routers: list[BaseProcess] = field(default_factory=list)
+    fleet_stop: Event | None = None
+    dynamo: DynamoService | None = None
 
 
 def run_wall(
@@ -125,9 +133,7 @@ def run_wall(
             readies.append(ready)
         _wait_ready([fleet_ready, *readies], [procs.fleet, *procs.routers], ROUTER_READY_TIMEOUT_S, procs.daemon)
         if procs.dynamo is not None:  # its subscribers connect once: the fleet's publishers must be bound
-            from .dynamo import register_fleet
-
-            register_fleet(procs.dynamo, spec.keys(), [pub for pub, _ in kv_eps], spec.block_size)
+            procs.dynamo.register_fleet(spec.worker_keys(), [pub for pub, _ in kv_eps], spec.block_size)
             time.sleep(DYNAMO_SUBSCRIBE_S)
         t0.value = time.monotonic() + START_LEAD_S
         go.set()
@@ -151,7 +157,7 @@ def run_wall(
             signal.signal(signal.SIGHUP, previous_hup)
 
 
-def _start_ignoring_sigint(proc: mp.Process) -> None:
+def _start_ignoring_sigint(proc: BaseProcess) -> None:
     """Start a spawned child with SIGINT ignored (inherited across exec; Python then installs no
     KeyboardInterrupt handler): a Ctrl-C to the process group interrupts this process only, whose
     cleanup stops the children (SIGTERM / the fleet's stop event) without a traceback from each."""

@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 import numpy as np
@@ -24,6 +25,10 @@ from .fleet import SimBatch, SimDone, SimError, SimFirstToken, SimProgress, SimS
 from .replay_wall import ROUTER_READY_TIMEOUT_S
 from .summary import ABORTED, COMPLETED, REJECTED, RequestResult, write_results
 from .trace import Trace, load_trace
+
+if TYPE_CHECKING:
+    from ..client import Lease, SchedulerClient
+    from .dynamo import DynamoRoute
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +93,7 @@ class _DynamoLease:
 
 @dataclass(slots=True)
 class _InFlight:
-    lease: object
+    lease: Lease | _DynamoLease
     result: RequestResult
     done: asyncio.Future
 
@@ -112,32 +117,35 @@ class Router:
         self.fleet.setsockopt(zmq.LINGER, 0)
         self.fleet.setsockopt(zmq.SNDHWM, 100_000)
         self.fleet.setsockopt(zmq.RCVHWM, 100_000)
-        self.client = None
-        self.dynamo = None
+        self.client: SchedulerClient | None = None
+        self.dynamo: DynamoRoute | None = None
         self.overlap_samples: list[dict] = []
         self._sampling: set[asyncio.Task] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._poll_handle: asyncio.TimerHandle | None = None
+
+    def _fleet_fd(self) -> int:
+        return cast(int, self.fleet.getsockopt(zmq.FD))
 
     async def connect(self) -> None:
         from ..client import SchedulerClient
 
         self.loop = asyncio.get_running_loop()
         self.fleet.connect(self.p.fleet_endpoint)
-        self.loop.add_reader(self.fleet.getsockopt(zmq.FD), self._on_fleet)
+        self.loop.add_reader(self._fleet_fd(), self._on_fleet)
         self._poll_handle = self.loop.call_later(0.02, self._poll_fleet)
         if self.p.dynamo_url:
             from .dynamo import DynamoRoute
 
-            self.dynamo = DynamoRoute(self.p.dynamo_url)
-            await self.dynamo.open()
+            self.dynamo = dynamo = DynamoRoute(self.p.dynamo_url)
+            await dynamo.open()
         if not self.p.route_via_dynamo:
-            self.client = SchedulerClient(
+            self.client = client = SchedulerClient(
                 self.p.endpoint,
                 client_name=f"replay-{self.p.run_tag}-r{self.p.index}",
                 connect_timeout_s=CONNECT_TIMEOUT_S,
             )
-            await self.client.connect()
+            await client.connect()
 
     async def close(self) -> None:
         if self.client is not None:
@@ -147,7 +155,7 @@ class Router:
         if self._poll_handle is not None:
             self._poll_handle.cancel()
         if self.loop is not None and not self.fleet.closed:
-            self.loop.remove_reader(self.fleet.getsockopt(zmq.FD))
+            self.loop.remove_reader(self._fleet_fd())
         self.fleet.close(0)
         self._ctx.term()
 
@@ -182,6 +190,7 @@ class Router:
         )
         hashes = self.trace.hashes_of(i)
         t_a = time.perf_counter_ns()
+        assert self.client is not None and self.loop is not None, "connect() first"
         try:
             lease = await self.client.schedule(rid, r.isl, hashes, policy_class=r.policy_class)
         except RequestRejected as exc:
@@ -237,6 +246,7 @@ class Router:
         hashes = self.trace.hashes_of(i)
         tokens = token_ids_for(hashes.tolist(), self.trace.block_size)
         t_a = time.perf_counter_ns()
+        assert self.dynamo is not None and self.loop is not None, "connect() first"
         try:
             rep = await self.dynamo.select_and_reserve(tokens)
         except Exception as exc:  # the service refused or failed: the request is not run
@@ -275,6 +285,7 @@ class Router:
             with AdminClient(self.p.admin_endpoint) as admin:
                 return admin.call(p.Explain(request_id=rid))
 
+        assert self.dynamo is not None and self.loop is not None, "connect() first"
         try:
             dyn, rep = await asyncio.gather(
                 self.dynamo.overlap_blocks(token_ids_for(hashes.tolist(), self.trace.block_size)),
@@ -297,17 +308,19 @@ class Router:
     def _send(self, frame: SimSubmit) -> None:
         self.fleet.send(self._enc.encode(frame))
         # A send can consume the edge of ZeroMQ's level-less FD: look for input right away.
+        assert self.loop is not None, "connect() first"
         self.loop.call_soon(self._on_fleet)
 
     def _poll_fleet(self) -> None:
         """Safety net for the edge-triggered FD: drain every 20 ms whatever happened."""
         self._on_fleet()
+        assert self.loop is not None, "connect() first"
         self._poll_handle = self.loop.call_later(0.02, self._poll_fleet)
 
     def _on_fleet(self) -> None:
         if self.fleet.closed:
             return
-        while self.fleet.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while cast(int, self.fleet.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 raw = self.fleet.recv(zmq.NOBLOCK)
             except zmq.Again:

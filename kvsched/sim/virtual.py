@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
-from ..core.types import Admit, Reject, RequestSpec, WorkerKey
+from ..core.types import Admit, Reject, RequestSpec
+from ..protocol import WorkerKey
 from .classes import ClassAssignment
 from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
 from .fleet_spec import FleetSpec, build_config, make_engines
@@ -302,10 +303,12 @@ class VirtualDriver:
                 del self.live[rid]
                 self._done_one()
         for rec in engine.running():
-            lv = self.live.get(rec.request.request_id)
-            if lv is not None and rec.output_tokens - lv.reported >= PROGRESS_EVERY_TOKENS:
-                lv.reported = rec.output_tokens
-                sched.update(rec.request.request_id, lv.slot, lv.generation, "progress", rec.output_tokens, now_us)
+            running = self.live.get(rec.request.request_id)
+            if running is not None and rec.output_tokens - running.reported >= PROGRESS_EVERY_TOKENS:
+                running.reported = rec.output_tokens
+                sched.update(
+                    rec.request.request_id, running.slot, running.generation, "progress", rec.output_tokens, now_us
+                )
 
 
 def run_virtual(

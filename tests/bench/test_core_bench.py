@@ -14,15 +14,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-import run_all as ra  # noqa: E402
+import run_all as ra
 
 
 def _core(cpu: list[float], base: list[float] | None = None) -> dict:
     cells = [("approx", 8), ("approx", 1), ("events", 8)]
-    rows = lambda v: [
-        {"overlap_mode": m, "window": w, "cpu_us_per_lifecycle": x, "wall_us_per_lifecycle": 2 * x}
-        for (m, w), x in zip(cells, v)
-    ]
+
+    def rows(v):
+        return [
+            {"overlap_mode": m, "window": w, "cpu_us_per_lifecycle": x, "wall_us_per_lifecycle": 2 * x}
+            for (m, w), x in zip(cells, v, strict=True)
+        ]
+
     return {
         "workers": 8,
         "hashes": 64,

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-import bench_transport as bt  # noqa: E402
+import bench_transport as bt
 
 
 def _row(backend: str, routers: int, window: int, lc: float, p99: float, cpu: float) -> dict:

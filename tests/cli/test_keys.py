@@ -78,9 +78,12 @@ def test_generated_keys_let_an_authorized_router_in_over_tcp_and_keep_others_out
     )
     endpoint = f"tcp://127.0.0.1:{port}"
     try:
-        with SyncSchedulerClient(
-            endpoint, curve_server_key=server_public, curve_client_keys=router_keys, attach_progress=False
-        ) as client, client.schedule("remote-1", isl_tokens=10) as lease:
+        with (
+            SyncSchedulerClient(
+                endpoint, curve_server_key=server_public, curve_client_keys=router_keys, attach_progress=False
+            ) as client,
+            client.schedule("remote-1", isl_tokens=10) as lease,
+        ):
             assert lease.worker.worker_id == 0
         stranger = zmq.curve_keypair()
         with pytest.raises(DaemonUnavailable):

@@ -44,7 +44,7 @@ def test_a_client_name_with_a_lone_surrogate_is_refused_when_the_client_is_made(
     """It is sent in Hello, whose encoding would fail (UnicodeEncodeError, naming no argument)."""
     from kvsched.client import SchedulerClient
 
-    with pytest.raises(ValueError, match="^client_name is not valid Unicode text"):
+    with pytest.raises(ValueError, match=r"^client_name is not valid Unicode text"):
         SchedulerClient("ipc:///tmp/kvsched-f3-unused.sock", client_name="gw-\udcff")
 
 

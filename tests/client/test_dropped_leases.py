@@ -47,7 +47,7 @@ def _client() -> tuple[SchedulerClient, CountingLoop, RecordingLink]:
 
 def _drop_open_leases(client: SchedulerClient, n: int, prefix: str) -> None:
     for i in range(n):
-        Lease(client, f"{prefix}{i}", WorkerKey(1, 0), i, 1, 0, 0, 0, 16)  # dropped at once, still open
+        Lease(client._channel, f"{prefix}{i}", WorkerKey(1, 0), i, 1, 0, 0, 0, 16)  # dropped at once, still open
     gc.collect()
 
 
@@ -69,7 +69,7 @@ async def test_thousand_dropped_leases_cost_one_loop_wake_and_one_release_each()
 
 
 async def test_leases_dropped_on_another_thread_are_released_on_the_loop():
-    client, loop, link = _client()
+    client, _loop, link = _client()
     t = threading.Thread(target=_drop_open_leases, args=(client, 200, "thr-"))
     t.start()
     await asyncio.to_thread(t.join)

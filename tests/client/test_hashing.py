@@ -193,7 +193,7 @@ def test_cache_hits_on_a_shared_prefix_and_falls_back_for_tokens_out_of_range():
     from kvsched.client.hashing import BlockHashCache
 
     cache = BlockHashCache()
-    a, b = list(range(100, 164)) + [1, 2, 3, 4], list(range(100, 164)) + [9, 9, 9, 9]
+    a, b = [*list(range(100, 164)), 1, 2, 3, 4], [*list(range(100, 164)), 9, 9, 9, 9]
     block_hashes(a, 16, mode="vllm", cache=cache)
     assert (cache.hits, cache.misses) == (0, 4)
     assert block_hashes(b, 16, mode="vllm", cache=cache).tolist() == vllm_reference(b, 16, "vllm-none-hash")

@@ -83,7 +83,7 @@ async def test_connect_raises_daemon_unavailable_naming_endpoint_when_nobody_lis
     from kvsched.errors import DaemonUnavailable
 
     endpoint = f"ipc://{tmp_path}/nobody.sock"
-    with pytest.raises(DaemonUnavailable, match="nobody.sock"):
+    with pytest.raises(DaemonUnavailable, match=r"nobody.sock"):
         await SchedulerClient(endpoint, connect_timeout_s=0.3).connect()
 
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(30)
 
 async def test_fail_mode_raises_daemon_unavailable_naming_endpoint(tmp_path):
     endpoint = f"ipc://{tmp_path}/absent.sock"
-    with pytest.raises(DaemonUnavailable, match="absent.sock"):
+    with pytest.raises(DaemonUnavailable, match=r"absent.sock"):
         await SchedulerClient(endpoint, connect_timeout_s=0.2).connect()
 
 

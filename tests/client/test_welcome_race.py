@@ -37,5 +37,5 @@ async def test_a_welcome_whose_signal_the_timer_consumed_is_still_read(tmp_path)
         while not (link.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN) and time.monotonic() < deadline:
             time.sleep(0.01)  # not the loop's sleep: the reader callback must not run yet
         # The check above consumed the FD's signal too; the timer's own check is the one under test.
-        assert link._hello_pending(time.monotonic())  # noqa: SLF001 - the connection is up, the Hello waits
+        assert link._hello_pending(time.monotonic())
         await until(lambda: link.connected, timeout_s=10)

@@ -69,7 +69,7 @@ def test_a_replaced_depth_array_gets_a_new_credited_table():
     view.depth_out = np.zeros_like(old_out)
     view.drop_memo()
     _admit(s, 2, 2_000)
-    table = view._credited[2]  # noqa: SLF001
+    table = view._credited[2]
     assert table[ENTRY * CREDITED_OUT] == view.depth_out.__array_interface__["data"][0]
     assert s.admitter.kernel_arrays()[2][ENTRY * 8] == view.depth_out.__array_interface__["data"][0]
 

@@ -7,7 +7,9 @@ from kvsched.core.types import WorkerKey
 
 from .factories import make_class, make_entry
 
-ALWAYS = lambda c, x: True  # noqa: E731
+
+def ALWAYS(c, x) -> bool:
+    return True
 
 
 def _share(quanta: list[int], cost: int = 512, n: int = 320, backlog: int = 400) -> list[int]:
@@ -52,7 +54,10 @@ def test_blocked_class_keeps_credit_and_earns_none_when_heads_blocked():
     assert credit == 2 * 128 - 200
     for _ in range(20):
         pq.enqueue(0, make_entry(cost=128), 1)
-    b_blocked = lambda c, e: c != 1  # noqa: E731 - every worker b's head may use is busy
+
+    def b_blocked(c, e) -> bool:  # every worker b's head may use is busy
+        return c != 1
+
     for _ in range(20):
         assert pq.pop_next(ALWAYS, b_blocked).class_idx == 0
     assert pq.classes[1].deficit == credit  # kept, not grown
@@ -72,7 +77,10 @@ def test_full_worker_hides_neither_other_lane_nor_shared_when_worker_7_full():
     pq.enqueue(0, make_entry("for7", placement=w7), 1)  # best key, but worker 7 is full
     pq.enqueue(0, make_entry("for9", placement=w9), 1)
     pq.enqueue(0, make_entry("any"), 1)
-    full7 = lambda c, w: w != w7  # noqa: E731
+
+    def full7(c, w) -> bool:
+        return w != w7
+
     got = [pq.pop_next(full7, ALWAYS).request_id for _ in range(2)]
     assert got == ["for9", "any"]
     assert pq.pop_next(full7, ALWAYS) is None
@@ -102,7 +110,10 @@ def test_shared_head_stalls_its_heap_when_its_workers_busy():
     pq = PolicyQueue([make_class("a")])
     pq.enqueue(0, make_entry("stuck"), 1)
     pq.enqueue(0, make_entry("behind"), 1)
-    only_behind = lambda c, e: e.request_id != "stuck"  # noqa: E731
+
+    def only_behind(c, e) -> bool:
+        return e.request_id != "stuck"
+
     assert pq.pop_next(ALWAYS, only_behind) is None
 
 

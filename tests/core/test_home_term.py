@@ -33,18 +33,21 @@ def _view(prefill, active_prefill, isl, bs=16, now_us=0) -> SelectionView:
 
 def _admit(sel: KvSelector, row: int, isl: int, cached: int, now_us: int) -> None:
     """One admission as the dispatcher makes it: a decision for an `isl`-token prompt, then `admitted`."""
-    sel._last_isl = isl  # noqa: SLF001 - what select_explained records for the `admitted` that follows
+    sel._last_isl = isl
     sel.admitted(row, isl - cached, now_us)
 
 
 def _reference(counts, times_us, now_us, own, weight, prefill_weight, bs, min_tokens, half_life_us):
     """Per row, by the definition: h_w = sum over its reusing admissions of 2^-(age / half-life);
     term = weight x prefill_weight x own_w / B x (h_w - min h) / mean h, 0 for own_w < min_tokens."""
-    h = [sum(2.0 ** (-(now_us - t) / half_life_us) for t in ts[:c]) for c, ts in zip(counts, times_us)]
+    h = [sum(2.0 ** (-(now_us - t) / half_life_us) for t in ts[:c]) for c, ts in zip(counts, times_us, strict=True)]
     mean, low = sum(h) / len(h), min(h)
     if mean <= 0.0:
         return [0.0] * len(h)
-    return [weight * prefill_weight * o / bs * (x - low) / mean if o >= min_tokens else 0.0 for o, x in zip(own, h)]
+    return [
+        weight * prefill_weight * o / bs * (x - low) / mean if o >= min_tokens else 0.0
+        for o, x in zip(own, h, strict=True)
+    ]
 
 
 @settings(max_examples=200, deadline=None)

@@ -71,7 +71,7 @@ def test_random_reserve_release_returns_aggregates_to_zero(ref_capacity, ops):
     if ref_capacity == 256:
         before = aggregates(ledger)
         ledger.rebuild_aggregates()
-        for got, want in zip(aggregates(ledger), before):
+        for got, want in zip(aggregates(ledger), before, strict=True):
             assert np.array_equal(got, want)
     for slot, gen in reversed(live):
         assert ledger.release(slot, gen)
@@ -80,7 +80,7 @@ def test_random_reserve_release_returns_aggregates_to_zero(ref_capacity, ops):
 
 
 def test_shared_prefix_counts_once_when_two_requests_on_one_worker():
-    ledger, (r0, r1) = make_ledger()
+    ledger, (r0, _r1) = make_ledger()
     book(ledger, "a", r0, 16, [1, 2, 3, 4])
     blocks, prefill, reqs = aggregates(ledger)
     assert (blocks[r0], prefill[r0], reqs[r0]) == (4, 16, 1)
@@ -218,7 +218,7 @@ def test_rebuild_aggregates_and_adoption_when_restarted():
     ledger.arrays.ref_counts[:] = 0
     fresh = Ledger(ledger.arrays, ledger.progress)  # a new daemon adopts the same arrays
     fresh.rebuild_aggregates()
-    for got, exp in zip(aggregates(fresh), want):
+    for got, exp in zip(aggregates(fresh), want, strict=True):
         assert np.array_equal(got, exp)
     assert fresh.row_of(WorkerKey(11, 0)) == r1 and fresh.slot_of("b") == s2[0]
     assert fresh.n_free_slots() == 8 - 3
@@ -231,7 +231,7 @@ def test_rebuild_aggregates_and_adoption_when_restarted():
 
 
 def test_worker_lookups():
-    ledger, (r0, r1) = make_ledger(workers=3, register=2)
+    ledger, (r0, _r1) = make_ledger(workers=3, register=2)
     r2 = ledger.add_worker(WorkerKey(10, 1), 5, 5)
     assert ledger.rows_of_worker_id(10) == [r0, r2]
     assert ledger.key_of(r2) == WorkerKey(10, 1)

@@ -94,7 +94,7 @@ class PolicyQueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def cancel(self, data):
         rid = data.draw(st.sampled_from(sorted(self.waiting)))
-        real, model = self.entries[rid]
+        real, _model = self.entries[rid]
         assert self.real.remove(real)
         assert self.model.cancel(real.class_idx, rid)
         self.waiting.discard(rid)
@@ -133,7 +133,7 @@ class PolicyQueueMachine(RuleBasedStateMachine):
             return
         real_ids = {e.request_id for cq in self.real.classes for e in cq.iter_all()}
         assert real_ids == self.model.waiting_ids() == self.waiting
-        for cq, mc in zip(self.real.classes, self.model.classes):
+        for cq, mc in zip(self.real.classes, self.model.classes, strict=True):
             assert cq.n_ready == len(mc.ready)
             assert cq.deficit == mc.deficit
             assert cq.n_waiting == len(mc.ready) + len(mc.deferred)

@@ -145,5 +145,5 @@ def test_heap_compacts_when_many_removed():
         q.add_request(e)
     for e in entries[:990]:
         q.remove_request(e)
-    assert len(q._heap) <= 2 * len(q) + 33  # noqa: SLF001 - checking the compaction bound
+    assert len(q._heap) <= 2 * len(q) + 33
     assert [e.request_id for e in q] == [e.request_id for e in entries[990:]]

@@ -52,7 +52,7 @@ async def test_client_fails_the_caller_at_once_when_the_daemon_answers_error(ses
     """1. a frame the daemon cannot decode is sent on behalf of a waiting caller (the local checks
     bypassed). Result: the caller gets ProtocolError instead of waiting forever."""
     async with SchedulerClient(session_daemon.endpoint) as client:
-        bad = p.Enqueue("undecodable-1", "10")  # type: ignore[arg-type]  # wrong type on purpose
+        bad = p.Enqueue("undecodable-1", "10")  # a str token count: wrong on purpose
         with pytest.raises(ProtocolError):
             await asyncio.wait_for(client._await_admission("undecodable-1", 10, bad), 10)
         lease = await asyncio.wait_for(client.schedule("decodable-1", 10), 10)

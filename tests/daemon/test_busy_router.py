@@ -103,7 +103,7 @@ def test_a_sync_client_keeps_its_leases_when_its_loop_thread_stalls(daemon):
     logs the router gone."""
     with SyncSchedulerClient(daemon.endpoint, client_name="sync-stalled") as client:
         lease = client.schedule("sync-stalled-1", isl_tokens=100)
-        client._call(time.sleep, STALL_S)  # runs on the client's loop thread: that loop is blocked
+        client.call(time.sleep, STALL_S)  # runs on the client's loop thread: that loop is blocked
         assert "sync-stalled-1" in _lease_ids(daemon)
         assert not _gone_lines(daemon, "sync-stalled")
         lease.release()

@@ -233,7 +233,7 @@ async def test_operator_cancel_answers_the_waiting_router_and_revokes_a_lease(da
         assert await asyncio.to_thread(wait_until, lambda: a.outcome == "revoked", 30)
         assert dropped == ["revoked"]
         for call in (lambda: a.add_output_tokens(5), a.dispatched, a.prefill_done):
-            with pytest.raises(LeaseRevoked, match="oc-a.*revoked by an operator"):
+            with pytest.raises(LeaseRevoked, match=r"oc-a.*revoked by an operator"):
                 call()
         with pytest.raises(LeaseLost):
             await a.requeue()

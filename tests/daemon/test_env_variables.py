@@ -52,9 +52,11 @@ def test_daemon_starts_and_serves_with_kubernetes_service_links_in_its_environme
         tmp_path, SERVICE_LINKS | {"KVSCHED_DAEMON_METRICS_PORT": str(port), "KVSCHED_DAEMON_LOG_LEVEL": "debug"}
     )
     try:
-        with SyncSchedulerClient(d.endpoint, attach_progress=False) as router:
-            with router.schedule("r1", isl_tokens=10) as lease:
-                assert lease.worker.worker_id == 1
+        with (
+            SyncSchedulerClient(d.endpoint, attach_progress=False) as router,
+            router.schedule("r1", isl_tokens=10) as lease,
+        ):
+            assert lease.worker.worker_id == 1
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
             assert resp.status == 200
         assert _warnings(d) == []

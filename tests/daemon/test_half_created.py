@@ -71,7 +71,7 @@ def test_start_still_refuses_a_valid_ledger_with_other_capacities():
     instance = unique_instance("half")
     create_segments(instance, max_workers=4, max_slots=32, max_blocks_per_request=8, block_size=16, epoch=1).close()
     try:
-        with pytest.raises(ShmLayoutError, match="(?s)max_slots=32 in the segment.*--purge"):
+        with pytest.raises(ShmLayoutError, match=r"(?s)max_slots=32 in the segment.*--purge"):
             open_segments(_cfg(instance))
     finally:
         unlink_segments(instance)

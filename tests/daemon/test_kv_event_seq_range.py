@@ -31,7 +31,7 @@ BS, DEPTH = 16, 4
 async def _overlap(endpoint: str, rid: str, prefix: list[int]) -> int:
     async with SchedulerClient(endpoint, client_name=rid) as client:
         lease = await client.schedule(
-            rid, isl_tokens=(DEPTH + 1) * BS, pinned=(7, 0), block_hashes=prefix + [random.getrandbits(63)]
+            rid, isl_tokens=(DEPTH + 1) * BS, pinned=(7, 0), block_hashes=[*prefix, random.getrandbits(63)]
         )
         lease.release("completed")
         return lease.overlap_blocks

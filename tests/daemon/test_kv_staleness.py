@@ -61,37 +61,36 @@ class Stack:
         for wid in (1, 2):
             kv, replay = ports[2 * (wid - 1)], ports[2 * (wid - 1) + 1]
             ready = self.workdir / f"engine-{wid}.port"
-            log = open(self.workdir / f"engine-{wid}.log", "ab")
-            self.engines[wid] = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kvsched.sim.http_engine",
-                    "--worker-id",
-                    str(wid),
-                    "--port",
-                    "0",
-                    "--tokenizer",
-                    str(self.tok_dir),
-                    "--block-size",
-                    str(BLOCK),
-                    "--speedup",
-                    "50",
-                    "--kv-events-port",
-                    str(kv),
-                    "--kv-replay-port",
-                    str(replay),
-                    "--ready-file",
-                    str(ready),
-                    "--log-level",
-                    "WARNING",
-                ],
-                stdout=log,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-            )
-            log.close()
+            with open(self.workdir / f"engine-{wid}.log", "ab") as log:  # the child keeps its own descriptor
+                self.engines[wid] = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "kvsched.sim.http_engine",
+                        "--worker-id",
+                        str(wid),
+                        "--port",
+                        "0",
+                        "--tokenizer",
+                        str(self.tok_dir),
+                        "--block-size",
+                        str(BLOCK),
+                        "--speedup",
+                        "50",
+                        "--kv-events-port",
+                        str(kv),
+                        "--kv-replay-port",
+                        str(replay),
+                        "--ready-file",
+                        str(ready),
+                        "--log-level",
+                        "WARNING",
+                    ],
+                    stdout=log,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )
             workers += (
                 f"\n[[workers]]\nworker_id = {wid}\ntotal_kv_blocks = 2000\n"
                 f'kv_events_endpoint = "tcp://127.0.0.1:{kv}"\n'
@@ -101,7 +100,10 @@ class Stack:
         for wid, proc in self.engines.items():
             ready = self.workdir / f"engine-{wid}.port"
             assert wait_until(
-                lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip() != ""), timeout_s=90
+                lambda proc=proc, ready=ready: (
+                    proc.poll() is not None or (ready.exists() and ready.read_text().strip() != "")
+                ),
+                timeout_s=90,
             ), f"engine {wid} not ready"
             assert proc.poll() is None, (self.workdir / f"engine-{wid}.log").read_text()[-2000:]
             self.http[wid] = int(ready.read_text().strip())

@@ -61,7 +61,7 @@ def test_ready_watchdog_and_stopping_reach_systemd_and_a_stuck_loop_stops_the_wa
         during = _collect(sock, 30.0, until=lambda ms: ms.count("WATCHDOG=1") >= 6)  # 1.5 s silent, then pings
         pings = [t - t_stall for t, m in during if m == "WATCHDOG=1"]
         assert pings, "watchdog never resumed after the stall"
-        gaps = [b - a for a, b in zip([0.0] + pings, pings)]
+        gaps = [b - a for a, b in zip([0.0, *pings], pings, strict=False)]
         assert max(gaps) >= 1.2  # silent while the loop was stuck
         assert len(pings) >= 5  # and pinging again afterwards
         d.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -99,7 +100,7 @@ def test_daemon_sigkill_and_restart_loses_no_admitted_request(tmp_path):
             by_slot.setdefault(r["slot"], []).append(r)
         for slot, rs in by_slot.items():  # no slot held by two requests at the same time
             rs.sort(key=lambda r: r["admit"])
-            for a, b in zip(rs, rs[1:]):
+            for a, b in itertools.pairwise(rs):
                 assert b["gen"] != a["gen"]
                 assert b["admit"] >= a["release"] - 0.05, (slot, a, b)
         admin = AdminClient(daemon.admin_endpoint)

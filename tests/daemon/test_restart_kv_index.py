@@ -79,7 +79,7 @@ async def _decisions(endpoint: str, prefixes: dict[int, list[int]], tag: str) ->
     async with SchedulerClient(endpoint, client_name=tag) as client:
         for i, prefix in prefixes.items():
             lease = await client.schedule(
-                f"{tag}-{i}", isl_tokens=(DEPTH + 1) * BS, block_hashes=prefix + [rng.getrandbits(63)]
+                f"{tag}-{i}", isl_tokens=(DEPTH + 1) * BS, block_hashes=[*prefix, rng.getrandbits(63)]
             )
             lease.release("completed")
             out[i] = (lease.worker.worker_id, lease.overlap_blocks)
@@ -98,7 +98,7 @@ def test_restart_keeps_the_cache_view_and_catches_up_without_new_events(tmp_path
     rng = random.Random(7)
     warm = {i: [rng.getrandbits(63) for _ in range(DEPTH)] for i in range(6)}
     holders = {i: i % W for i in range(10)}
-    submit([(holders[i], p + [rng.getrandbits(63)]) for i, p in warm.items()])
+    submit([(holders[i], [*p, rng.getrandbits(63)]) for i, p in warm.items()])
     # dynamo_cost: with nothing in flight the deepest overlap always wins, so a decision shows
     # exactly what the index knows (the default kv selector also weighs recently admitted work,
     # which the repeated learning rounds pile onto each holder: it failed ~1 run in 12 under load).
@@ -117,7 +117,7 @@ def test_restart_keeps_the_cache_view_and_catches_up_without_new_events(tmp_path
         daemon.kill()
         assert os.path.exists(f"/dev/shm/kvsched-{instance}-kvindex")
         down = {i: [rng.getrandbits(63) for _ in range(DEPTH)] for i in range(6, 10)}
-        submit([(holders[i], p + [rng.getrandbits(63)]) for i, p in down.items()])
+        submit([(holders[i], [*p, rng.getrandbits(63)]) for i, p in down.items()])
         daemon.restart()
         first = asyncio.run(_decisions(daemon.endpoint, warm, "after"))
         assert first == {i: (holders[i], DEPTH) for i in warm}, first

@@ -48,6 +48,6 @@ async def test_a_router_started_before_the_daemon_connects_once_its_socket_appea
 async def test_without_a_daemon_the_router_fails_after_its_timeout_naming_the_socket_file(tmp_path):
     endpoint = f"ipc://{tmp_path}/absent.sock"
     t0 = time.monotonic()
-    with pytest.raises(DaemonUnavailable, match="absent.sock does not exist"):
+    with pytest.raises(DaemonUnavailable, match=r"absent.sock does not exist"):
         await SchedulerClient(endpoint, client_name="early", connect_timeout_s=1.5).connect()
     assert time.monotonic() - t0 >= 1.5

@@ -40,7 +40,7 @@ async def _pinned(endpoint: str, rid: str, prefix: list[int]) -> tuple[str, int]
     """(Admitted.url, overlap_blocks) of one request pinned to 7:0 carrying `prefix` + a fresh block."""
     async with SchedulerClient(endpoint, client_name=rid) as client:
         lease = await client.schedule(
-            rid, isl_tokens=(DEPTH + 1) * BS, pinned=(7, 0), block_hashes=prefix + [random.getrandbits(63)]
+            rid, isl_tokens=(DEPTH + 1) * BS, pinned=(7, 0), block_hashes=[*prefix, random.getrandbits(63)]
         )
         lease.release("completed")
         return lease.url, lease.overlap_blocks

@@ -22,12 +22,15 @@ def test_observe_many_equals_one_observe_per_value():
     for v in values:
         one.observe(v)
     observe_many(many, values)
-    samples = lambda h: [
-        (s.name.split("_", 1)[1], s.labels.get("le"), s.value)
-        for m in h.collect()
-        for s in m.samples
-        if not s.name.endswith("_created")
-    ]
+
+    def samples(h):
+        return [
+            (s.name.split("_", 1)[1], s.labels.get("le"), s.value)
+            for m in h.collect()
+            for s in m.samples
+            if not s.name.endswith("_created")
+        ]
+
     assert samples(one) == samples(many)
 
 
@@ -166,7 +169,10 @@ def test_tick_writes_the_tally_every_100_ms_with_the_loop_lag_samples():
     )
     ticker = tick.Ticker(actor)
     ticker.on_second.append(lambda: None)
-    lag = lambda: _metric(metrics, "kvsched_actor_loop_lag_seconds_count")  # noqa: E731
+
+    def lag() -> float:
+        return _metric(metrics, "kvsched_actor_loop_lag_seconds_count")
+
     t = 1_000_000
     for k in range(10):  # ten ticks 10 ms apart: the first writes, the next nine within 100 ms do not
         now = t + k * 10_000

@@ -173,7 +173,7 @@ async def test_replies_sent_outside_a_wake_look_again_for_frames_their_sends_hid
         real_call_soon = h.loop.call_soon
         h.loop.call_soon = lambda cb, *a: scheduled.append(cb)  # type: ignore[method-assign]
         try:
-            h.actor.outbox._flush_due()  # noqa: SLF001 - the callback the outbox scheduled
+            h.actor.outbox._flush_due()
         finally:
             h.loop.call_soon = real_call_soon  # type: ignore[method-assign]
         assert [type(f) for f in h.replies()] == [p.HeartbeatAck]

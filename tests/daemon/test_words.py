@@ -184,7 +184,9 @@ async def test_router_without_segments_uses_update_frames(daemon):
     # The daemon writes its metric tally every ~100 ms, and the three kinds may arrive in different
     # wakes on either side of a write: wait for each.
     for kind in ("prefill_done", "dispatched", "progress"):
-        assert await until(lambda: metric(daemon.port, "kvsched_update_frames_total", f'kind="{kind}"') == 1), kind
+        assert await until(
+            lambda kind=kind: metric(daemon.port, "kvsched_update_frames_total", f'kind="{kind}"') == 1
+        ), kind
 
 
 def _old_layout_segments(instance: str, live: bool) -> None:

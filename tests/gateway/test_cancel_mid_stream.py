@@ -76,7 +76,7 @@ async def test_cancel_before_the_engine_answers_gives_503_cancelled(stack):
 async def test_cancel_of_a_buffered_non_streaming_request_gives_503(stack):
     """A non-streaming client (the gateway collects the stream) whose lease is cancelled mid-way
     gets 503 `cancelled`, not a truncated 200."""
-    gw, url, engines, d = stack
+    _gw, url, engines, d = stack
     engines[1].mode = "long"
     body = {"model": "tiny", "messages": [{"role": "user", "content": "w7 w8"}], "max_tokens": 600}
     async with aiohttp.ClientSession() as s:

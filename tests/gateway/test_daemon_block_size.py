@@ -51,7 +51,7 @@ async def test_a_daemon_restarted_with_another_block_size_is_followed_without_a_
             await asyncio.to_thread(d.stop)
             _set_block_size(d, new_size)
             await asyncio.to_thread(d.restart)
-            assert await eventually(lambda: gw.client.connected and gw.client.welcome.daemon_epoch != epoch)
+            assert await eventually(lambda epoch=epoch: gw.client.connected and gw.client.welcome.daemon_epoch != epoch)
             assert gw.client.welcome.block_size == new_size
             status, body = await _chat(s, url, prompt + f" w{new_size}")
             assert status == 200, (new_size, body)

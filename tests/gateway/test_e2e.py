@@ -163,9 +163,12 @@ async def test_bad_requests_get_400_404_or_413_with_a_clear_message_and_book_not
 
 
 async def test_non_streaming_completion_is_buffered_from_the_engine_stream(fleet):
-    async with aiohttp.ClientSession() as s, s.post(
-        fleet.gateway_urls[1] + "/v1/completions", json={"model": "tiny", "prompt": words(300, 40), "max_tokens": 4}
-    ) as resp:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            fleet.gateway_urls[1] + "/v1/completions", json={"model": "tiny", "prompt": words(300, 40), "max_tokens": 4}
+        ) as resp,
+    ):
         body = await resp.json()
     assert resp.status == 200, body
     assert body["object"] == "text_completion"

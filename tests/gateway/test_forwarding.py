@@ -26,7 +26,7 @@ async def stack_short_read(daemon, tmp_path):
 
 
 async def test_rank_header_only_for_workers_with_several_ranks_and_engine_body_streams(stack):
-    gw, url, engines, d = stack
+    _gw, url, engines, d = stack
     async with aiohttp.ClientSession() as s:
         for i in range(12):
             r = await stream_chat(s, url, words(40 * i, 20))
@@ -55,9 +55,12 @@ async def test_failed_engine_is_retried_once_elsewhere_then_excluded(stack):
 async def test_two_engine_failures_answer_502_and_release_everything(stack):
     gw, url, engines, d = stack
     engines[1].mode = engines[2].mode = "fail"
-    async with aiohttp.ClientSession() as s, s.post(
-        url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "w1 w2"}]}
-    ) as resp:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "w1 w2"}]}
+        ) as resp,
+    ):
         body = await resp.json()
     assert resp.status == 502 and "engine failed" in body["error"]["message"], body
     assert len(engines[1].seen) + len(engines[2].seen) == 2
@@ -72,7 +75,7 @@ async def test_two_engine_failures_answer_502_and_release_everything(stack):
 async def test_an_engines_own_4xx_is_passed_through_with_its_content_type_and_counted(stack):
     """Found by a new user: the engine's 4xx was relabelled `application/json` whatever the engine sent,
     and missing from /health's `stats` (docs: answers other than 200 before streaming are `http_<status>`)."""
-    gw, url, engines, d = stack
+    _gw, url, engines, d = stack
     engines[1].mode = engines[2].mode = "refuse"
     async with aiohttp.ClientSession() as s:
         async with s.post(
@@ -91,7 +94,7 @@ async def test_engine_silent_longer_than_the_read_timeout_fails_the_stream_and_r
     """Mid-stream silence: the client gets the first token, then an error event, within a few
     timeouts (not the engine's 8 s); the lease is released. Silent before its headers: an engine
     failure (retried elsewhere once, then 502)."""
-    gw, url, engines, d = stack_short_read
+    _gw, url, engines, d = stack_short_read
     engines[1].mode = engines[2].mode = "stall"
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession() as s:
@@ -124,7 +127,7 @@ def _server_timing(value: str) -> dict[str, float]:
 
 
 async def test_server_timing_header_splits_the_gateway_time_streaming_and_buffered(stack):
-    gw, url, engines, d = stack
+    _gw, url, _engines, d = stack
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession() as s:
         for stream in (True, False):
@@ -145,7 +148,7 @@ async def test_server_timing_header_splits_the_gateway_time_streaming_and_buffer
 
 async def test_a_slow_stream_within_the_read_timeout_between_chunks_completes(stack_short_read):
     """Six chunks 0.3 s apart with a 0.5 s read timeout: 1.8 s in all, never 0.5 s of silence."""
-    gw, url, engines, d = stack_short_read
+    _gw, url, engines, d = stack_short_read
     engines[1].mode = engines[2].mode = "slow"
     async with aiohttp.ClientSession() as s:
         r = await stream_chat(s, url, "w1 w2")
@@ -187,7 +190,7 @@ async def test_a_body_that_never_completes_is_answered_408_and_the_connection_fr
     """Found from outside: a client that sent `Content-Length: 100` and one byte got no answer and kept
     its connection (slowloris). Result: 408 `body_timeout` after `body_read_timeout_s`; a normal
     request still works and nothing was scheduled."""
-    gw, url, engines, d = stack_short_body
+    _gw, url, engines, _d = stack_short_body
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(
@@ -207,7 +210,7 @@ async def test_a_body_that_never_completes_is_answered_408_and_the_connection_fr
 async def test_unknown_paths_and_wrong_methods_get_openai_style_json_errors(stack):
     """Found from outside: 404 and 405 were aiohttp's plain text ("404: Not Found"), which an OpenAI
     client cannot parse as an error. Result: JSON `{"error": {...}}` naming the route or the method."""
-    gw, url, engines, d = stack
+    _gw, url, _engines, _d = stack
     async with aiohttp.ClientSession() as s:
         async with s.get(url + "/v1/chat/completions") as resp:
             body = await resp.json()
@@ -248,5 +251,5 @@ async def test_a_client_that_disconnects_mid_stream_is_counted_client_gone(stack
             assert resp.status == 200
             await resp.content.readline()  # the first chunk arrived
             resp.close()  # the client goes away mid-stream
-        assert await eventually(lambda: gw.stats["client_gone"] == n, 10), gw.stats
+        assert await eventually(lambda n=n: gw.stats["client_gone"] == n, 10), gw.stats
     assert await eventually(lambda: ledger(d.admin_endpoint) == (0, 0), 30)

@@ -48,7 +48,7 @@ def _expected(gw, content: str, seed: str | None) -> np.ndarray:
 
 
 async def test_gateway_without_an_override_hashes_with_the_daemons_seed(daemon, tmp_path):
-    async with stack_with(daemon, tmp_path) as (gw, url, engines, _):
+    async with stack_with(daemon, tmp_path) as (gw, url, _engines, _):
         sent = _recording(gw)
         prompt = words(0, 80)
         status, body = await _chat(url, prompt)

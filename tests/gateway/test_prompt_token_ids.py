@@ -18,9 +18,12 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 @pytest.mark.parametrize("prompt", [[3], [3, 4], [[3]]])
 async def test_token_id_prompt_of_any_length_is_served_with_its_token_count(fleet, prompt):
-    async with aiohttp.ClientSession() as s, s.post(
-        fleet.gateway_urls[0] + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 2}
-    ) as resp:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            fleet.gateway_urls[0] + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 2}
+        ) as resp,
+    ):
         body = await resp.json()
     assert resp.status == 200, body
     n = len(prompt[0]) if isinstance(prompt[0], list) else len(prompt)

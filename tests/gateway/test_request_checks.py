@@ -47,7 +47,7 @@ async def _post(url: str, path: str, body: dict, headers: dict | None = None) ->
 
 
 async def test_a_content_part_whose_text_is_not_a_string_is_a_400_naming_it(stack):
-    gw, url, engines, _ = stack
+    _gw, url, engines, _ = stack
     for text in (5, None):
         body = {
             "model": "tiny",
@@ -69,7 +69,7 @@ async def test_a_content_part_whose_text_is_not_a_string_is_a_400_naming_it(stac
 
 async def test_max_tokens_beside_a_null_max_completion_tokens_is_the_one_forwarded_and_booked(stack):
     """Before: the null hid max_tokens, the gateway put its 256-token default in the engine's body."""
-    gw, url, engines, _ = stack
+    _gw, url, engines, _ = stack
     body = {
         "model": "tiny",
         "max_tokens": 2,
@@ -84,7 +84,7 @@ async def test_max_tokens_beside_a_null_max_completion_tokens_is_the_one_forward
 async def test_a_hint_header_that_is_not_utf8_is_a_400_naming_it(stack):
     """aiohttp decodes such bytes with surrogateescape; the value reached the daemon link, which
     failed to encode it (a 500 with a traceback)."""
-    gw, url, engines, _ = stack
+    gw, url, _engines, _ = stack
     body = json.dumps({"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "w1 w2"}]}).encode()
     for header in (b"X-Kvsched-Class: \xff\xfe", b"X-Kvsched-Session-Id: \xff\xfe\xc3\xa9"):
         name = header.split(b":")[0].decode()
@@ -100,7 +100,7 @@ async def test_a_hint_header_that_is_not_utf8_is_a_400_naming_it(stack):
 
 async def test_health_reports_the_documented_stats_of_this_process(stack):
     """docs/GATEWAY.md names stats (leases_lost_mid_stream, leases_revoked, ...) that nothing exposed."""
-    gw, url, engines, _ = stack
+    _gw, url, _engines, _ = stack
     async with aiohttp.ClientSession() as s:
         stats = await health_stats(s, url)
         assert stats == {
@@ -119,7 +119,7 @@ async def test_health_reports_the_documented_stats_of_this_process(stack):
 
 async def test_a_body_priority_out_of_range_is_a_400_naming_the_field_not_a_header(stack):
     """Found from outside: `"priority": 2**70` in the body was answered `invalid_header`, param null."""
-    gw, url, engines, _ = stack
+    _gw, url, _engines, _ = stack
     body = {"model": "tiny", "max_tokens": 2, "priority": 2**70, "messages": [{"role": "user", "content": "w1"}]}
     status, answer = await _post(url, "/v1/chat/completions", body)
     assert status == 400, answer

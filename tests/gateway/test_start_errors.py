@@ -168,5 +168,5 @@ def test_sim_engine_with_a_zero_size_exits_2_naming_the_flag(tmp_path, flag):
 
 
 def test_sim_engine_bad_log_level_exits_2_naming_the_flag(tmp_path):
-    proc = _run(_sim_argv(tmp_path) + ["--log-level", "bogus"])
+    proc = _run([*_sim_argv(tmp_path), "--log-level", "bogus"])
     _assert_exit_2(proc, "argument --log-level: unknown log level 'bogus'")

@@ -131,11 +131,10 @@ def test_the_vllm_doc_pool_hashes_as_its_engines_do(tmp_path):
     instance = unique_instance("vllmdoc")
 
     def spawn(argv: list[str], name: str, env: dict | None = None) -> subprocess.Popen:
-        log = open(tmp_path / f"{name}.log", "ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", *argv], stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env
-        )
-        log.close()
+        with open(tmp_path / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                [sys.executable, "-m", *argv], stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env
+            )
         procs.append(proc)
         return proc
 

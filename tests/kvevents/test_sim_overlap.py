@@ -143,7 +143,7 @@ def test_daemon_overlap_equals_engine_cache_when_quiescent(short_dir, encoding):
             truth = {tuple(key): e.cached_prefix_blocks(hashes) for key, e in fleet.engines.items()}
             assert got == truth, (hashes, got, truth)
             lapsed = time.monotonic() + 0.002  # the probe's own speculative entry (1 ms) must not count
-            assert wait_until(lambda: time.monotonic() > lapsed)
+            assert wait_until(lambda lapsed=lapsed: time.monotonic() > lapsed)
     finally:
         client.close()
         admin.close()
@@ -258,7 +258,7 @@ def test_add_worker_subscribes_and_remove_worker_forgets_when_admin(short_dir):
         assert isinstance(admin.call(p.RemoveWorker(worker_id=0)), p.OkReply)
         assert isinstance(admin.call(p.AddWorker(worker_id=0)), p.OkReply)
         lapsed = time.monotonic() + 0.05  # past the approximate TTL of the earlier probes
-        assert wait_until(lambda: time.monotonic() > lapsed)
+        assert wait_until(lambda lapsed=lapsed: time.monotonic() > lapsed)
         assert probe_overlap() == 0
         assert not admin.call(p.Workers()).workers[0].stale
     finally:

@@ -127,7 +127,7 @@ async def test_replay_from_a_hand_written_server_with_topic_frames(ctx, ipc_dir)
     def serve():
         while True:
             try:
-                ident, empty, start = router.recv_multipart(zmq.NOBLOCK)
+                ident, _empty, start = router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             requests.append(seq_from_bytes(start))

@@ -39,7 +39,7 @@ COLD_COMPILE_BUDGET_S = 300  # a first start compiles the kernels: 92 s of wall 
 def test_start_timeout_covers_a_cold_kernel_compile(unit):
     """Was TimeoutStartSec=120 against 92 s of compile on a busy machine (docs/DEPLOY.md)."""
     text = (ROOT / "systemd" / unit).read_text()
-    timeout = int(next(l for l in text.splitlines() if l.startswith("TimeoutStartSec=")).split("=")[1])
+    timeout = int(next(ln for ln in text.splitlines() if ln.startswith("TimeoutStartSec=")).split("=")[1])
     assert timeout >= COLD_COMPILE_BUDGET_S
 
 

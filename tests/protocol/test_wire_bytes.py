@@ -27,7 +27,10 @@ def build(p) -> dict[str, object]:
     """One frame per kind and shape: every field set away from its default, plus the minimal forms
     whose trailing defaults are omitted on the wire."""
     enc = p.make_encoder()
-    raw = lambda frame: msgspec.Raw(enc.encode(frame))  # noqa: E731
+
+    def raw(frame: msgspec.Struct) -> msgspec.Raw:
+        return msgspec.Raw(enc.encode(frame))
+
     enqueue = p.Enqueue(
         "req-1",
         100,

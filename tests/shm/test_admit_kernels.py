@@ -259,7 +259,7 @@ def test_admit_kv_equals_the_reference(
         np.testing.assert_array_equal(depth, depth0_)
         if r0 != BUSY:
             np.testing.assert_array_equal(out, out0)
-            for got, want in zip(ring, ring0):
+            for got, want in zip(ring, ring0, strict=True):
                 np.testing.assert_array_equal(got[1], want[1])
     if r0 < 0:  # nothing booked, nothing recorded, no recent work
         for f in LEDGER_FIELDS:
@@ -296,7 +296,7 @@ def test_credited_depth_equals_the_reference(seed, has_offload, credit):
         fn(h, now, int(has_offload), credit, 4, *idx_args, ixs[0].scratch, *arrays[:4], fed, flags, *arrays[4:])
         outs.append(arrays)
     for got in outs[1:]:
-        for k, (g, w) in enumerate(zip(got, outs[0])):
+        for k, (g, w) in enumerate(zip(got, outs[0], strict=True)):
             if k == 2 and not has_offload:
                 continue  # the offload depth is not computed without an offload index
             np.testing.assert_array_equal(g, w, err_msg=str(k))

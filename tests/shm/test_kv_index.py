@@ -34,6 +34,7 @@ def _depth(idx, hashes):
     return out.tolist()
 
 
+@pytest.mark.multiprocess
 def test_segment_and_contents_survive_the_creators_sigkill(instance):
     """Python's resource tracker would unlink a segment its process created when that process dies,
     even by SIGKILL; the segment is unregistered at creation, so it stays with what was written."""

@@ -154,7 +154,7 @@ def test_segment_names_moved_to_segments_still_import_from_layout():
         assert getattr(layout, name) is getattr(segments, name), name
     assert attach_segments is segments.attach_segments  # `from kvsched.shm.layout import ...` above
     with pytest.raises(AttributeError):
-        layout.no_such_name  # noqa: B018
+        _ = layout.no_such_name
 
 
 def test_default_ref_capacity_is_clamped_power_of_two():
@@ -202,6 +202,7 @@ def _spawn_and_kill(mode, instance):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["attach-ro", "attach-rw"])
 def test_segments_survive_when_attaching_process_is_sigkilled(instance, mode):
     """1. daemon creates the segments, 2. a client attaches, 3. SIGKILL the client and wait for its
@@ -217,6 +218,7 @@ def test_segments_survive_when_attaching_process_is_sigkilled(instance, mode):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.multiprocess
 def test_segments_survive_when_creating_process_is_sigkilled(instance):
     """1. a daemon process creates the segments, 2. SIGKILL it, wait for its resource tracker to exit.
     Result: both segments still exist and validate on attach."""
@@ -227,6 +229,7 @@ def test_segments_survive_when_creating_process_is_sigkilled(instance):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.multiprocess
 def test_survival_check_fails_when_process_does_not_unregister(instance):
     """Control for the two survival tests: 1. a process creates the segments WITHOUT unregistering
     them, 2. SIGKILL. Result: its resource tracker unlinks them — the harness can see a failure."""

@@ -58,7 +58,7 @@ def test_fold_moves_slot_like_update_frames_when_words_stored():
 
 
 def test_stale_state_word_does_not_touch_reused_slot():
-    ledger, progress, state, row = _ledger()
+    ledger, _progress, state, row = _ledger()
     slot, gen = ledger.reserve("a", row, 8, np.arange(2, dtype=np.uint64), 0, None, 0, 0, 0)
     assert ledger.release(slot, gen)
     slot2, gen2 = ledger.reserve("b", row, 8, np.arange(10, 12, dtype=np.uint64), 0, None, 0, 0, 0)

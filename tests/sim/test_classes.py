@@ -230,7 +230,7 @@ def test_wall_replay_daemon_config_divides_every_simulated_time_span_by_the_spee
     assert cfg.selector.home_half_life_s == pytest.approx(40.0 / speedup)
     assert cfg.selector.approx_ttl_s == pytest.approx(60.0 / speedup)
     assert cfg.selector.lead_max_extra_ttft_s == 2.0 and cfg.selector.prefill_seconds_ref_us == 50.0
-    for got, conf in zip(cfg.classes, profile.classes):
+    for got, conf in zip(cfg.classes, profile.classes, strict=True):
         assert got.queue_timeout_s == (
             None if conf.queue_timeout_s is None else pytest.approx(conf.queue_timeout_s / speedup)
         )

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from kvsched.core.types import WorkerKey
-from kvsched.sim.dynamo import DynamoRoute, DynamoService, dynamo_unavailable_reason, register_fleet
+from kvsched.sim.dynamo import DynamoRoute, DynamoService, dynamo_unavailable_reason
 from kvsched.sim.kv_publisher import KvEventPublisher
 from kvsched.sim.tokens import TokenIdPublisher, token_ids_for
 
@@ -43,7 +43,7 @@ def test_service_sees_a_stored_block_and_routes_the_request_to_the_engine_holdin
     query = token_ids_for([*stored, 0xF00D, 0xF00E], B)
     try:
         with DynamoService() as svc:
-            register_fleet(svc, [WorkerKey(0, 0), WorkerKey(1, 0)], eps, B)
+            svc.register_fleet([WorkerKey(0, 0), WorkerKey(1, 0)], eps, B)
             seen: dict = {}
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and seen.get((1, 0), 0) < 4:

@@ -74,7 +74,7 @@ def test_first_token_reports_chosen_and_deepest_cached_prefix_across_engines(tmp
     the same prompt sent to engine 1 reports 0 blocks on its engine and 4 on the deepest engine (the
     overlap it gave up); the same request sent to engine 0 reports 4 and 4."""
     hashes = np.arange(1, 6, dtype="<u8").tobytes()  # 5 blocks, 80 tokens: the first 4 full ones get cached
-    with _serving_fleet(tmp_path) as (fleet, sock, enc):
+    with _serving_fleet(tmp_path) as (_fleet, sock, enc):
         sock.send(enc.encode(SimSubmit("warm", 0, 0, 80, 2, hashes)))
         items = _collect(sock, {"warm"})
         sock.send(enc.encode(SimSubmit("elsewhere", 1, 0, 80, 2, hashes)))

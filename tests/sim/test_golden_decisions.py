@@ -64,5 +64,5 @@ def test_replay_routes_every_request_as_the_golden_file(selector, overlap_mode, 
         path.write_text(json.dumps(got, separators=(",", ":")) + "\n")
     want = json.loads(path.read_text())
     assert len(got) == len(want) == REQUESTS
-    diffs = [(w, g) for w, g in zip(want, got) if w != g]
+    diffs = [(w, g) for w, g in zip(want, got, strict=True) if w != g]
     assert not diffs, f"{len(diffs)} of {REQUESTS} decisions changed; first: {diffs[:3]}"

@@ -108,10 +108,11 @@ def test_kvsched_config_environment_does_not_reach_the_replays_daemon(tmp_path, 
         return original(cls, *args, **kwargs)
 
     monkeypatch.setattr(DaemonProcess, "start", classmethod(start))
-    console = Console(record=True, width=200, file=open(os.devnull, "w"))
-    summary = run_replay(
-        ReplayOptions(trace=SLICE, routers=1, workers=2, speedup=50.0, limit=20, out=tmp_path / "out"), console
-    )
+    with open(os.devnull, "w") as devnull:
+        console = Console(record=True, width=200, file=devnull)
+        summary = run_replay(
+            ReplayOptions(trace=SLICE, routers=1, workers=2, speedup=50.0, limit=20, out=tmp_path / "out"), console
+        )
     assert summary.completed == 20
     assert "KVSCHED_DAEMON_MAX_WORKERS" not in seen[0] and seen[0]["KVSCHED_DEBUG_STALL_S"] == "0.5"
     lines = [ln for ln in console.export_text().splitlines() if "KVSCHED_DAEMON_MAX_WORKERS" in ln]
