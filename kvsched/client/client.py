@@ -32,10 +32,10 @@ from typing import Any, Literal, Union
 import numpy as np
 import zmq
 
+from .. import hashing
 from .. import protocol as p
 from ..endpoints import connect_problem, data_endpoint, missing_ipc_path
 from ..errors import DaemonUnavailable, KvschedError, ProtocolError, rejection_error
-from . import hashing
 from .checks import checked_enqueue, checked_utf8
 from .lease import DroppedLeases, Lease
 from .link import Link

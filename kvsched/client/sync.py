@@ -20,8 +20,8 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import zmq
 
+from .. import hashing
 from .. import protocol as p
-from . import hashing
 from .client import (
     DEFAULT_CONNECT_TIMEOUT_S,
     BlockHashes,

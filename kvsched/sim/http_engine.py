@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import msgspec
 from aiohttp import web
 
-from ..client.hashing import block_hashes
 from ..errors import ConfigError
 from ..gateway.cli_args import log_level_arg, positive_int_arg, ready_file_arg
 from ..gateway.listen import port_arg
 from ..gateway.openai import chat_messages
+from ..hashing import block_hashes
 from .engine import SeqRecord, SimEngine, SimRequest
 from .profile import EngineProfile
 
