@@ -31,6 +31,7 @@ from kvsched.shm import kernels  # noqa: E402
 from kvsched.shm.layout import LedgerArrays  # noqa: E402
 from kvsched.shm.overlap import OverlapIndex, overlap_depth  # noqa: E402
 from kvsched.shm.reference import numpy_twin, python_twin  # noqa: E402
+from kvsched.shm.warm import warm_kernels  # noqa: E402
 
 BLOCK = 16
 STRIDE = 64  # hashes kept per request
@@ -151,7 +152,7 @@ def bench_case(n_workers: int, n_active: int, quick: bool) -> dict:
     return res
 
 
-_COMPILE_CHILD = "import time; t=time.perf_counter(); from kvsched.shm.kernels import warm_kernels; warm_kernels(); print(time.perf_counter()-t)"
+_COMPILE_CHILD = "import time; t=time.perf_counter(); from kvsched.shm.warm import warm_kernels; warm_kernels(); print(time.perf_counter()-t)"
 
 
 def compile_times() -> dict:
@@ -173,7 +174,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="10x fewer repetitions and no 10^5 case")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "kernels.json"))
     args = parser.parse_args()
-    kernels.warm_kernels()
+    warm_kernels()
     rows = []
     actives = (1000, 10_000) if args.quick else (1000, 10_000, 100_000)
     hdr = f"{'workers':>7} {'active':>7} | {'project µs: numba':>17} {'numpy':>9} {'python':>10} {'np/nb':>7} {'py/nb':>8} | {'depth µs: numba':>15} {'numpy':>8} {'python':>9} {'np/nb':>6} {'py/nb':>7} | {'Ledger.project':>14}"

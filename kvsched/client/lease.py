@@ -11,20 +11,35 @@ could not map the progress segment send `Update` frames instead.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from .. import protocol as p
 from ..errors import LeaseError, LeaseLost, LeaseRevoked
 from .checks import MAX_TOKENS, checked_int
-
-if TYPE_CHECKING:
-    from .client import SchedulerClient
+from .link import Link
 
 log = logging.getLogger(__name__)
+
+
+class LeaseClient(Protocol):
+    """What a lease and the dropped-lease queue use of the client that made them (`client.SchedulerClient`
+    is the one implementation; stated here so this module does not import the client, which imports it)."""
+
+    _loop: asyncio.AbstractEventLoop | None
+    _link: Link | None
+
+    def _send(self, frame: p.Frame) -> None: ...
+    def _report_progress(self, lease: Lease) -> None: ...
+    def _report_state(self, lease: Lease, kind: Literal["dispatched", "prefill_done"]) -> None: ...
+    def _forget_lease(self, lease: Lease) -> None: ...
+    def _release_from_gc(self, request_id: str, slot: int, generation: int) -> None: ...
+    async def _requeue(self, lease: Lease) -> Lease: ...
+
 
 _DROPPED = ("lost", "revoked")  # outcomes set by the daemon's side, not by the caller
 
@@ -46,7 +61,7 @@ class DroppedLeases:
 
     __slots__ = ("_client", "_queue", "_wake_pending", "wakes")
 
-    def __init__(self, client: SchedulerClient) -> None:
+    def __init__(self, client: LeaseClient) -> None:
         self._client = client
         self._queue: deque[tuple[str, int, int]] = deque()
         self._wake_pending = False
@@ -130,7 +145,7 @@ class Lease:
 
     def __init__(
         self,
-        client: SchedulerClient | None,
+        client: LeaseClient | None,
         request_id: str,
         worker: p.WorkerKey,
         slot: int,

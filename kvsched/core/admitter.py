@@ -34,7 +34,7 @@ from .admission import FleetView
 from .explain_ring import ExplainRing
 from .fused_admit import FusedAdmission
 from .kv_cost import KvSelector
-from .leases import READY, Live
+from .live import READY, Live
 from .selector import SelectionView
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
 

@@ -19,7 +19,7 @@ C-contiguous uint64 vector, the only layout that entry point reads correctly.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -37,13 +37,41 @@ from ..shm.admit_kernels import (
 from ..shm.admit_packed import admit_kv_packed, pack_admit_arrays
 from ..shm.bind import entry_point
 from ..shm.overlap import INT64_MAX
-from .leases import LEASED, Live
+from .live import LEASED, Live
 from .ordering import QueueEntry
 from .types import Admit, RequestSpec
 
 if TYPE_CHECKING:
-    from .admitter import Admitter
+    from ..config import SelectorConfig
+    from ..protocol import WorkerKey
     from .class_queue import PolicyClassQueue
+    from .explain_ring import ExplainRing
+    from .leases import LeaseTable
+    from .ledger import Ledger
+    from .overlap_view import OverlapView
+    from .selector import WorkerSelector
+
+
+class AdmitterParts(Protocol):
+    """What the fused path reads and writes of its `admitter.Admitter` (the one implementation, which
+    builds a `FusedAdmission` of itself: stated here so this module does not import it)."""
+
+    ledger: Ledger
+    view: OverlapView
+    selector: WorkerSelector
+    leases: LeaseTable
+    explain: ExplainRing
+    elig: np.ndarray
+    placeable: np.ndarray
+    decisions_total: int
+
+    @property
+    def selector_cfg(self) -> SelectorConfig: ...
+    def placeable_mask(
+        self, pinned: WorkerKey | None, allowed: frozenset[int] | None, drained_count: bool = False
+    ) -> int: ...
+    def fleet_ids(self) -> tuple: ...
+
 
 _U64 = np.dtype(np.uint64)  # the block hashes' dtype (an `is` test first: ~0.3 µs less than `!=`)
 _ONE_WORD = (_U64.itemsize,)  # the strides of a C-contiguous uint64 vector (1-D)
@@ -77,7 +105,7 @@ class FusedAdmission:
         scratch: float64[4, W], the kernel's work space; out: int64[OUT_LEN], what it reports back.
     """
 
-    def __init__(self, adm: Admitter) -> None:
+    def __init__(self, adm: AdmitterParts) -> None:
         self.adm = adm
         w = adm.ledger.arrays.max_workers
         self.params: dict[int, tuple] = {}

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .admission import MakeReady, Reconcile
-from .leases import DEFERRED, READY, Live
+from .live import DEFERRED, READY, Live
 from .types import Reject, RequestSpec, WorkerKey
 
 if TYPE_CHECKING:

@@ -19,9 +19,11 @@ import zmq
 from .. import protocol as p
 from ..config import Config, load_config_keys, url_problem
 from ..core.reload import restart_only_changes
+from ..core.types import WorkerKey
 from ..endpoints import endpoint_problem
 from ..errors import ConfigError
 from . import runtime_workers
+from .kv_sources import KvEventSource
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +101,6 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int):
             log.info("%s worker=%s", "drained" if drained else "undrained", _w(req))
             return p.OkReply(message=f"{'drained' if drained else 'undrained'} {_w(req)}"), outcomes
         case p.AddWorker():
-            from ..core.types import WorkerKey
-
             key = WorkerKey(req.worker_id, req.dp_rank)
             if req.kv_events_endpoint and ctx.kv_events is None:
                 return _err(p.ErrorCode.INVALID, "this daemon has no KV-event subscriber"), []
@@ -174,7 +174,6 @@ def _flag_hash_mismatch(ctx: AdminContext, rows: list) -> list:
     bad = getattr(ctx.hash_check, "bad_rows", None)
     if not bad:
         return rows
-    import msgspec
 
     keys = set()
     for row in list(bad):
@@ -217,8 +216,6 @@ def _add_worker_problem(req: p.AddWorker) -> str | None:
 
 def _add_kv_source(ctx: AdminContext, req: p.AddWorker, row: int) -> None:
     """Subscribe to the new rank's KV events (the endpoints are the rank's own: no dp offset)."""
-    from .kv_sources import KvEventSource
-
     ctx.kv_events.remove_source(row)  # a row reused after RemoveWorker starts from a clean stream
     ctx.kv_events.add_source(
         KvEventSource(

@@ -57,7 +57,6 @@ from .codec import (
     DataSocketFrame,
     RepliedDaemonFrame,
     RouterFrame,
-    hashes_from_bytes,
     hashes_to_bytes,
     make_admin_reply_decoder,
     make_admin_request_decoder,
@@ -220,5 +219,4 @@ __all__ = [
     "peek_request_id",
     "batch_frames",
     "hashes_to_bytes",
-    "hashes_from_bytes",
 ]

@@ -272,3 +272,10 @@ def _make_credited_depth_packed(digest: str):
 _DIGEST = _sources_digest()
 admit_kv_packed = _make_admit_kv_packed(_DIGEST)
 credited_depth_packed = _make_credited_depth_packed(_DIGEST)
+
+
+def warm_admit_packed(hashes: np.ndarray, params: np.ndarray, arrays: tuple, credited: tuple) -> None:
+    """Compile (or load from the cache) both packed kernels for the types of `warm_admit_kernels`'s
+    inputs, which it returns (called by `shm.warm.warm_kernels`)."""
+    admit_kv_packed(hashes, 8, 2, 1, -1, 0, 1, 0, 10, 1.0, 1, 0, 0, params, 4, 4, pack_admit_arrays(arrays))
+    credited_depth_packed(hashes, 1, 1, 0.5, 4, pack_credited_arrays(credited))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 
 class progress_bar:
     """Context manager yielding `advance(done)`; a rich bar when a console is given, else a no-op."""
@@ -16,7 +18,6 @@ class progress_bar:
     def __enter__(self):
         if self.console is None:
             return lambda done: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(
             TextColumn("{task.description}"),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
+from ..core.create import create_scheduler
 from ..core.types import Admit, Reject, RequestSpec, WorkerKey
 from .classes import ClassAssignment
 from .engine import DONE, FIRST_TOKEN, SeqRecord, SimEngine, SimRequest
@@ -89,7 +90,6 @@ def make_inprocess_scheduler(config: Config, overlap_mode: str = "approx"):
     """
     if overlap_mode not in OVERLAP_MODES:
         raise ValueError(f"unknown overlap mode {overlap_mode!r} (expected one of {OVERLAP_MODES})")
-    from ..core.create import create_scheduler
 
     d = config.daemon
     overlap = _NoIndex(d.max_workers) if overlap_mode == "none" else None

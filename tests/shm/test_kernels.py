@@ -10,6 +10,7 @@ from kvsched.shm import kernels
 from kvsched.shm.booking_packed import fold_words_packed, pack_fold_arrays
 from kvsched.shm.overlap import OverlapIndex, overlap_depth
 from kvsched.shm.reference import numpy_twin, python_twin
+from kvsched.shm.warm import warm_kernels
 
 IMPLS = {"numba": kernels, "numpy": numpy_twin, "python": python_twin}
 FAST = settings(max_examples=60, deadline=None)
@@ -275,7 +276,7 @@ def test_overlap_ttl_inserts_evict_one_permanent_entry_when_window_full():
 
 
 def test_warm_kernels_runs():
-    kernels.warm_kernels()
+    warm_kernels()
 
 
 class _PackedFold:
