@@ -60,10 +60,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "client": frozenset({"protocol", "endpoints", "errors", "hashing", "shm"}),  # shm: CLIENT_SHM only
     "daemon": frozenset({"protocol", "endpoints", "errors", "config", "shm", "core", "kvevents"}),
     "gateway": frozenset({"protocol", "endpoints", "errors", "hashing", "client", "daemon"}),
-    "sim": frozenset(
-        {"protocol", "endpoints", "errors", "hashing", "config", "shm", "core", "kvevents", "client", "daemon"}
-        | {"gateway"}
-    ),
+    "sim": frozenset().union(*FLOORS[:5]) - {"kvsched"},  # every package below it (drives them all)
     "cli": frozenset({"protocol", "endpoints", "errors", "client", "sim"}),
 }
 # The shared-memory modules a router maps its slot's words with: never the kernels (numba).
@@ -84,7 +81,7 @@ ENTRY_POINTS: dict[str, str] = {
     "kvsched.gateway.demo.main": "`kvsched-gateway --demo`: the local fleet only for the demo",
     "kvsched.sim.http_engine.main": "`kvsched-sim-engine`: uvloop",
     "kvsched.sim.replay_cli.replay": "`kvsched replay`: the replay machinery only when it runs",
-    "kvsched.sim.router.router_main": "a replay's router process (`python -m kvsched.sim.router`): uvloop",
+    "kvsched.sim.router.router_main": "a replay's router process (multiprocessing spawn target): uvloop",
 }
 
 # Libraries (top-level import names) a unit may not reach through its static closure.
@@ -222,12 +219,12 @@ def _own(edge: Edge) -> bool:
     return edge.target == "kvsched" or edge.target.startswith("kvsched.")
 
 
-def _closure(start: set[str]) -> set[str]:
-    """Every module and library importing `start` may run: module-level and lazy edges, plus the
-    packages (`__init__`) Python runs on the way to a submodule."""
+def _closure(start: set[str], skip: frozenset[str] = frozenset()) -> set[str]:
+    """Every module and library importing `start` may run: module-level and lazy edges (but those of the
+    functions in `skip`), plus the packages (`__init__`) Python runs on the way to a submodule."""
     out: defaultdict[str, set[str]] = defaultdict(set)
     for e in EDGES:
-        if e.kind != "type":
+        if e.kind != "type" and e.function not in skip:
             out[e.source].add(e.target)
     seen: set[str] = set()
     todo = list(start)
@@ -361,6 +358,15 @@ def test_each_package_reaches_only_its_libraries():
     assert libraries == {"msgspec"}, libraries
     hashing = _closure({"kvsched.hashing"})
     assert {m for m in hashing if not m.startswith("kvsched")} - set(sys.stdlib_module_names) == {"numpy", "xxhash"}
+
+
+def test_the_cli_reaches_no_numpy_until_a_replay_runs():
+    """`kvsched` starts and makes admin calls without numpy, numba, the core or shared memory; only the
+    body of `kvsched replay` (an entry point) loads the simulator."""
+    reached = _closure({m for m in MODULES if _unit(m) == "cli"}, skip=frozenset({"kvsched.sim.replay_cli.replay"}))
+    heavy = {m for m in reached if m in {"numpy", "numba"} or _unit(m) in {"core", "shm", "daemon"}}
+    assert not heavy, sorted(heavy)
+    assert "kvsched.client.admin" in reached and "kvsched.sim.replay_cli" in reached
 
 
 def test_the_core_itself_does_no_io():
