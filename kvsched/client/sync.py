@@ -22,9 +22,9 @@ import zmq
 
 from .. import hashing
 from .. import protocol as p
+from .checks import BlockHashes
 from .client import (
     DEFAULT_CONNECT_TIMEOUT_S,
-    BlockHashes,
     SchedulerClient,
     foreign_process_error,
 )
