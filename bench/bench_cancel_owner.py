@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kvsched.config import ClassConfig, Config, DaemonConfig, SelectorConfig
 from kvsched.core.create import create_scheduler
-from kvsched.core.leases import LEASED
+from kvsched.core.live import LEASED
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.types import RequestSpec, WorkerKey
 

@@ -34,6 +34,7 @@ from kvsched.core.types import WorkerKey
 from kvsched.shm import kernels
 from kvsched.shm.layout import LedgerArrays
 from kvsched.shm.overlap import OverlapIndex, overlap_depth
+from kvsched.shm.warm import warm_kernels
 from tests.shm import reference  # (the plain-Python reference: the "python" column)
 
 BLOCK = 16
@@ -157,7 +158,7 @@ def bench_case(n_workers: int, n_active: int, quick: bool) -> dict:
 
 
 _COMPILE_CHILD = (
-    "import time; t=time.perf_counter(); from kvsched.shm.kernels import warm_kernels; warm_kernels(); "
+    "import time; t=time.perf_counter(); from kvsched.shm.warm import warm_kernels; warm_kernels(); "
     "print(time.perf_counter()-t)"
 )
 
@@ -184,7 +185,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="10x fewer repetitions and no 10^5 case")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "kernels.json"))
     args = parser.parse_args()
-    kernels.warm_kernels()
+    warm_kernels()
     rows = []
     actives = (1000, 10_000) if args.quick else (1000, 10_000, 100_000)
     hdr = (

@@ -274,7 +274,7 @@ def main() -> None:
             str(full) if full.exists() and not args.quick else str(ROOT / "kvsched" / "data" / "mooncake_slice.jsonl")
         )
 
-    from kvsched.shm.kernels import warm_kernels
+    from kvsched.shm.warm import warm_kernels
 
     warm_kernels()
     ingest = bench_ingest(5_000 if args.quick else 50_000)

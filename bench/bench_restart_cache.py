@@ -263,7 +263,7 @@ async def main_async(args) -> dict:
         finally:
             daemon.stop()
             fleet.close()
-            from kvsched.shm.layout import unlink_segments
+            from kvsched.shm.segments import unlink_segments
 
             unlink_segments(instance)
     summary = {}

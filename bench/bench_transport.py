@@ -260,7 +260,7 @@ class Routers:
 def start_to_ready(tmp: Path, cache_dir: str | None) -> float:
     """Seconds from spawning `kvsched-daemon` to its ready line (cache_dir None = the shared cache)."""
     from kvsched.daemon.process import DaemonProcess
-    from kvsched.shm.layout import unlink_segments
+    from kvsched.shm.segments import unlink_segments
 
     env = dict(os.environ)
     if cache_dir is not None:
@@ -526,7 +526,7 @@ def main(argv=None) -> None:
     warm_s = 0.5
 
     from kvsched.daemon.process import DaemonProcess
-    from kvsched.shm.layout import unlink_segments
+    from kvsched.shm.segments import unlink_segments
 
     tmp = Path(tempfile.mkdtemp(prefix="kvsched-bench-transport-"))
     (tmp / "daemon.toml").write_text(DAEMON_TOML)

@@ -103,7 +103,7 @@ def main() -> None:
     from kvsched import protocol as p
     from kvsched.client import AdminClient
     from kvsched.daemon.process import DaemonProcess
-    from kvsched.shm.layout import unlink_segments
+    from kvsched.shm.segments import unlink_segments
 
     tmp = Path(tempfile.mkdtemp(prefix="kvsched-soak-"))
     (tmp / "soak.toml").write_text(CONFIG)

@@ -15,6 +15,7 @@ the CLI where to connect, and apply to the daemon only when its config leaves th
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -132,8 +133,6 @@ def connect_problem(endpoint: str) -> str | None:
 
 def is_loopback_endpoint(endpoint: str) -> bool:
     """True for `tcp://127.x:P`, `tcp://[::1]:P` and `tcp://localhost:P`."""
-    import ipaddress
-
     host = endpoint.partition("://")[2].rpartition(":")[0].strip("[]")
     if host == "localhost":
         return True

@@ -18,7 +18,7 @@ def pytest_sessionstart(session) -> None:
     """Compile every kernel into the shared NUMBA_CACHE_DIR once, before any test: on a fresh clone
     the first daemon a test starts would otherwise compile them inside its ready timeout (~50 s on a
     2-core machine with a cold cache); with the cache filled it loads them in a few seconds."""
-    from kvsched.shm.kernels import warm_kernels
+    from kvsched.shm.warm import warm_kernels
 
     t0 = time.monotonic()
     warm_kernels()
@@ -135,7 +135,7 @@ def purge(instance: str) -> None:
     """Remove a stopped test daemon's segments and lock file (segments only if it still runs)."""
     from kvsched.daemon.instance_lock import purge_instance
     from kvsched.errors import ConfigError
-    from kvsched.shm.layout import unlink_segments
+    from kvsched.shm.segments import unlink_segments
 
     try:
         purge_instance(instance)

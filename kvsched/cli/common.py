@@ -12,10 +12,12 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
+import zmq
 from rich.console import Console
 from rich.table import Table
 
 from .. import protocol as p
+from ..client.admin import AdminClient
 from ..errors import DaemonUnavailable, ProtocolError
 
 EXIT_OK = 0
@@ -39,10 +41,6 @@ def call(request: p.AdminRequest) -> p.AdminReply:
     answers (at once when the ipc socket file does not exist), EXIT_DAEMON_ERROR for an `AdminError`
     reply (printed as `kvsched: <error name>: <message>`) or an undecodable reply.
     """
-    import zmq
-
-    from ..client.admin import AdminClient
-
     try:
         client = AdminClient(opts["admin_endpoint"], instance=opts["instance"], timeout_s=opts["timeout_s"])
     except ValueError as exc:  # names what is wrong with the endpoint

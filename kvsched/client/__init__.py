@@ -11,6 +11,7 @@ The client classes are imported on first use (PEP 562 module `__getattr__`): `kv
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (
@@ -84,7 +85,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
 
     value = getattr(import_module(f"{__name__}.{module}"), name)
     globals()[name] = value

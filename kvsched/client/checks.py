@@ -8,13 +8,15 @@ instead. The bounds are the ones of `protocol.Enqueue` (docs/PROTOCOL.md, "Enque
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Union
 
-if TYPE_CHECKING:
-    from .client import BlockHashes
+import numpy as np
 
 from .. import protocol as p
+
+# What `schedule(block_hashes=...)` accepts: little-endian u64 bytes, ints, or a numpy integer array.
+BlockHashes = Union[bytes, bytearray, memoryview, Sequence[int], "np.ndarray[Any, np.dtype[np.integer[Any]]]"]
 
 _I32 = (-(2**31), 2**31 - 1)
 _U32 = (0, 0xFFFF_FFFF)
@@ -38,8 +40,6 @@ def checked_int(name: str, value: Any, lo: int, hi: int) -> int:
 def _as_int(name: str, value: Any) -> int:
     """`value` as a plain int when it is an int subclass other than bool or a numpy integer (a plain
     int: the frame encoder refuses other int subclasses)."""
-    import numpy as np
-
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int):

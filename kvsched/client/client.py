@@ -27,16 +27,16 @@ import os
 import random
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import numpy as np
 import zmq
 
+from .. import hashing
 from .. import protocol as p
 from ..endpoints import connect_problem, data_endpoint, missing_ipc_path
 from ..errors import DaemonUnavailable, KvschedError, ProtocolError, rejection_error
-from . import hashing
-from .checks import checked_enqueue, checked_utf8
+from .checks import BlockHashes, checked_enqueue, checked_utf8
 from .lease import DroppedLeases, Lease, LeaseChannel
 from .link import Link
 from .pending import Answer, Bypass, PendingCalls
@@ -62,10 +62,6 @@ def foreign_process_error(created_pid: int) -> KvschedError | None:
         f"({os.getpid()}): a forked child cannot use its parent's client; create a client "
         "per process (after fork)"
     )
-
-
-# What `schedule(block_hashes=...)` accepts: little-endian u64 bytes, ints, or a numpy integer array.
-BlockHashes = Union[bytes, bytearray, memoryview, Sequence[int], "np.ndarray[Any, np.dtype[np.integer[Any]]]"]
 
 
 class SchedulerClient:

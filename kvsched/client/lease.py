@@ -11,23 +11,21 @@ could not map the progress segment send `Update` frames instead.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from .. import protocol as p
 from ..errors import LeaseError, LeaseLost, LeaseRevoked
 from .checks import MAX_TOKENS, checked_int
-
-if TYPE_CHECKING:
-    import asyncio
-
-    from .link import Link
+from .link import Link
 
 log = logging.getLogger(__name__)
+
 
 _DROPPED = ("lost", "revoked")  # outcomes set by the daemon's side, not by the caller
 

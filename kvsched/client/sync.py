@@ -20,11 +20,11 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import zmq
 
+from .. import hashing
 from .. import protocol as p
-from . import hashing
+from .checks import BlockHashes
 from .client import (
     DEFAULT_CONNECT_TIMEOUT_S,
-    BlockHashes,
     SchedulerClient,
     foreign_process_error,
 )

@@ -12,15 +12,13 @@ this package does not know) nothing is mapped and the client sends `Update` fram
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from ..shm.progress import write_progress
+from ..shm.segments import Segments, attach_segments, ledger_instance
 from ..shm.words import STATE_DISPATCHED, STATE_PREFILL_DONE, write_state
-
-if TYPE_CHECKING:
-    from ..shm.segments import Segments
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +61,6 @@ class SlotWords:
             if daemon_epoch is None or int(self._segments.ledger.epoch) == daemon_epoch:
                 return self.mapped
             self.close()
-        from ..shm.segments import attach_segments, ledger_instance
 
         instance = ledger_instance(shm_ledger)
         if instance is None:

@@ -8,16 +8,18 @@ lives in `kvsched.endpoints`.
 One module per job; import every name from `kvsched.config` itself:
 
 * `sections`  the tree: `Config` and its sections, defaults, bounds, cross-field rules
-* `checks`    engine URLs, the CURVE rule, the endpoints the daemon would bind (`--check-config`)
-* `loader`    file + `include` + environment + flags -> a validated `Config`
+* `checks`    engine URLs, the CURVE rule
+* `loader`    file + `include` + environment + flags -> a validated `Config`; the endpoints the daemon
+              would bind (`check_endpoints`, `--check-config`)
 """
 
 from __future__ import annotations
 
 from ..endpoints import endpoint_problem  # re-exported: callers validate endpoints beside config keys
-from .checks import check_endpoints, curve_problem, url_problem
+from .checks import curve_problem, url_problem
 from .loader import (
     NON_CONFIG_ENV,
+    check_endpoints,
     config_env_names,
     config_from_dict,
     env_hint,

@@ -15,7 +15,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from ..endpoints import daemon_endpoints, endpoint_problem
 from ..errors import ConfigError
+from .checks import curve_problem
 from .sections import Config, DaemonConfig, OverloadConfig, SelectorConfig
 
 _ENV_PREFIX = "KVSCHED_"
@@ -311,3 +313,30 @@ def non_finite_keys(node: Any, path: str = "") -> list[tuple[str, float]]:
     elif isinstance(node, float) and not math.isfinite(node):
         out.append((path, node))
     return out
+
+
+def check_endpoints(cfg: Config, env: Mapping[str, str] | None = None) -> list[str]:
+    """Problems of the endpoints the daemon would really use (discovery and `KVSCHED_*ENDPOINT`
+    included): syntax (ipc path length too, `endpoint_problem`), the CURVE rule, and addresses a start
+    could not bind (data = admin, an endpoint on the metrics host:port). [] = fine. Used by
+    `kvsched-daemon --check-config`."""
+    d = cfg.daemon
+    problems = []
+    (data, _), (admin, _) = daemon_endpoints(d.instance, d.endpoint, d.admin_endpoint, env)
+    wild = ("*", "0.0.0.0", "")
+    for what, ep in (("data endpoint", data), ("admin endpoint", admin)):
+        problem = endpoint_problem(ep) or curve_problem(ep, d.curve_secret_key_file)
+        if problem:
+            problems.append(f"{what} {ep!r}: {problem}")
+        host, _, port = ep[len("tcp://") :].rpartition(":") if ep.startswith("tcp://") else ("", "", "")
+        if (
+            d.metrics_port
+            and port == str(d.metrics_port)
+            and (host == d.metrics_host or host in wild or d.metrics_host in wild)
+        ):
+            problems.append(f"the {what} and daemon.metrics_host/metrics_port both use {host}:{port}")
+    if data == admin:
+        problems.append(f"the data and admin endpoints are the same ({data!r}): each needs its own socket")
+    if d.curve_secret_key_file and not Path(d.curve_secret_key_file).is_file():
+        problems.append(f"daemon.curve_secret_key_file {d.curve_secret_key_file}: no such file")
+    return problems

@@ -62,7 +62,7 @@ from ..shm.select_kernels import count_busy
 from .admission import FleetView
 from .explain_ring import ExplainRing
 from .kv_cost import KvSelector
-from .leases import LEASED, READY, Live
+from .live import LEASED, READY, Live
 from .ordering import QueueEntry
 from .selector import SelectionView
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey

@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import Config
+from ..shm.layout import LedgerArrays
 from ..shm.overlap import OverlapIndex
+from .ledger import Ledger
 from .overlap_view import overlap_capacity
 from .scheduler import Scheduler
+from .selector import create_selector
 from .types import WorkerKey
 
 
@@ -48,12 +51,7 @@ def create_scheduler(
         ValueError: a selector type that is not installed (`create_selector`), an unknown admission
             policy type, or more configured ranks than rows.
     """
-    from .ledger import Ledger
-    from .selector import create_selector
-
     if ledger is None:
-        from ..shm.layout import LedgerArrays
-
         d = config.daemon
         arrays = LedgerArrays.private(d.max_workers, d.max_slots, d.max_blocks_per_request, None, d.block_size)
         ledger = Ledger(arrays, progress=None, overload=config.overload)

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .admission import MakeReady, Reconcile
-from .leases import DEFERRED, READY, Live
+from .live import DEFERRED, READY, Live
 from .types import Reject, RequestSpec, WorkerKey
 
 if TYPE_CHECKING:

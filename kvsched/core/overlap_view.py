@@ -31,17 +31,13 @@ KV events when the engines publish them).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..config import SelectorConfig
 from ..shm.admit_packed import credited_depth_packed, pack_credited_arrays
 from ..shm.layout import FLAG_STALE
+from ..shm.overlap import OverlapIndex
 from ..shm.select_kernels import credit_rows
-
-if TYPE_CHECKING:
-    from ..shm.overlap import OverlapIndex
 
 SPECULATIVE_CAPACITY = 1 << 16  # entries of the speculative index (short-lived; few are live at once)
 SPECULATIVE_TTL_FRACTION = 1 / 24  # speculative TTL = approx_ttl_s * this (5 s at the default 120 s)
@@ -119,8 +115,6 @@ class OverlapView:
         self.ledger = ledger
         self.approx, self.device, self.offload = approx, device, offload
         if speculative is None and device is not None:
-            from ..shm.overlap import OverlapIndex
-
             speculative = OverlapIndex(w, SPECULATIVE_CAPACITY)
         self.speculative = speculative
         self._speculative_ttl_s = speculative_ttl_s
@@ -136,7 +130,6 @@ class OverlapView:
         self._memo_of: np.ndarray | None = None  # the hashes array the memo is for (identity)
         self._memo_t = self._memo_v = -1  # its time (µs) and `_version()`
         self._versioned = [ix for ix in (approx, device, offload, speculative) if hasattr(ix, "version")]
-        from ..shm.overlap import OverlapIndex
 
         self._fused_depth = all(
             isinstance(ix, OverlapIndex) for ix in (approx, device, offload, speculative) if ix is not None

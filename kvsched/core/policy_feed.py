@@ -8,12 +8,8 @@ burst of releases costs one `notify` pass and one dispatch pass (`Intake.tell_po
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .admission import Aborted, Completed, Dispatched, Event
-
-if TYPE_CHECKING:
-    from .leases import Live
+from .live import Live
 
 
 class PolicyFeed:

@@ -38,7 +38,8 @@ from .admission import Bypass, Defer, Ready, create_admission_policy
 from .admitter import Admitter
 from .class_queue import PolicyClassQueue
 from .intake import Intake
-from .leases import DEFERRED, LEASED, READY, LeaseTable, Live, OrphanCounts
+from .leases import LeaseTable, OrphanCounts
+from .live import DEFERRED, LEASED, READY, Live
 from .ordering import QueueEntry
 from .overlap_view import OverlapView
 from .policy_feed import PolicyFeed

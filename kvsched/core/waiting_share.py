@@ -26,14 +26,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from ..config import ClassConfig
 from .class_queue import LimitExceeded
+from .live import Live
 from .types import DAEMON_OWNER
-
-if TYPE_CHECKING:
-    from .leases import Live
 
 KINDS = ("requests", "isl_tokens")  # the limit kinds, in the order they are checked (index into a count row)
 

@@ -25,8 +25,36 @@ from .. import protocol as p
 from ..config import Config, check_endpoints, env_hint, ignored_env, load_config
 from ..endpoints import daemon_endpoints
 from ..errors import ConfigError, KvschedError, ShmLayoutError
+from ..shm.segments import ledger_name, progress_name
+from ..shm.warm import warm_kernels
+from .actor import Actor
+from .admin import AdminContext, handle
+from .connections import ConnectionTable
+from .health import Health, HttpServer, available_workers, metrics_host_problem
 from .instance_lock import InstanceLock, purge_instance
 from .logging_setup import setup_logging
+from .metrics import Metrics
+from .notify import Notifier
+from .registry import WorkerRegistry
+from .sockets import (
+    ADMIN_SOCKET_MODE,
+    DATA_SOCKET_MODE,
+    bind_router,
+    close_socket,
+    load_curve_secret,
+    start_curve_auth,
+    transport_cut,
+)
+from .wiring import (
+    KV_CATCH_UP_WAIT_S,
+    build_kv_subscriber,
+    build_scheduler,
+    install_hash_check,
+    kv_metrics_tick,
+    open_segments,
+    segment_bytes,
+    warm_decision_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,33 +102,6 @@ class Daemon:
     async def start(self) -> None:
         """Create/attach segments, build the scheduler, warm kernels, bind sockets, start the actor
         and the KV-event subscriber, then READY=1."""
-        from ..shm.kernels import warm_kernels
-        from ..shm.segments import ledger_name, progress_name
-        from .actor import Actor
-        from .admin import AdminContext, handle
-        from .connections import ConnectionTable
-        from .health import Health, HttpServer, available_workers
-        from .metrics import Metrics
-        from .notify import Notifier
-        from .registry import WorkerRegistry
-        from .sockets import (
-            ADMIN_SOCKET_MODE,
-            DATA_SOCKET_MODE,
-            bind_router,
-            load_curve_secret,
-            start_curve_auth,
-            transport_cut,
-        )
-        from .wiring import (
-            KV_CATCH_UP_WAIT_S,
-            build_kv_subscriber,
-            build_scheduler,
-            install_hash_check,
-            kv_metrics_tick,
-            open_segments,
-            warm_decision_path,
-        )
-
         cfg = self.config
         d = cfg.daemon
         loop = asyncio.get_running_loop()
@@ -255,7 +256,6 @@ class Daemon:
         """STOPPING=1, stop accepting, answer waiting requests `shutting_down`, close every socket
         (linger 0), unlink segments when no lease is live. Runs after a failed start too: every
         step is attempted even when an earlier one fails, so nothing hangs and nothing is left."""
-        from .sockets import close_socket
 
         def step(what: str, fn: Callable[..., object], *args: object) -> None:
             try:
@@ -378,16 +378,12 @@ def daemon_main(
             raise typer.Exit(2) from None
         for name in ignored_env(os.environ)[1]:
             typer.echo(f"warning: {_ignored_env_line(name)}", err=True)
-        from .health import metrics_host_problem
-
         problems = check_endpoints(cfg) + [
             m for m in [metrics_host_problem(cfg.daemon.metrics_host, cfg.daemon.metrics_port)] if m
         ]
         if problems:
             typer.echo(f"invalid: {check_config}: " + "; ".join(problems), err=True)
             raise typer.Exit(2)
-        from .wiring import segment_bytes
-
         typer.echo(
             f"ok: {check_config}: {len(cfg.classes)} classes, {len(cfg.workers)} workers, "
             f"shared memory {segment_bytes(cfg) / 2**20:.1f} MiB"

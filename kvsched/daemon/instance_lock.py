@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..shm.segments import segment_names, unlink_segments
+from .sockets import remove_stale_ipc
 
 LOCK_DIR = Path("/dev/shm")
 
@@ -88,9 +90,6 @@ def purge_instance(instance: str, endpoints: Sequence[str] = ()) -> list[str]:
     Raises:
         ConfigError: the instance's daemon is running (the message names its pid); nothing is removed.
     """
-    from ..shm.segments import segment_names, unlink_segments
-    from .sockets import remove_stale_ipc
-
     lock = InstanceLock(instance)
     try:
         found = [n for n in segment_names(instance) if (LOCK_DIR / n).exists()]

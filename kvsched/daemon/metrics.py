@@ -13,6 +13,7 @@ from __future__ import annotations
 import platform
 from bisect import bisect_left
 from collections.abc import Sequence
+from importlib.metadata import version
 
 import numpy as np
 from prometheus_client import (
@@ -27,6 +28,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..protocol import PROTOCOL_MAX
 from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE
 
 _LATENCY_BUCKETS = (
@@ -54,8 +56,6 @@ _WORKER = ["worker_id", "dp_rank"]
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("kvsched")
     except Exception:  # not installed (source tree on sys.path)
         return "unknown"
@@ -101,7 +101,6 @@ class Metrics:
         ProcessCollector(registry=r)
         GCCollector(registry=r)
         PlatformCollector(registry=r)
-        from ..protocol import PROTOCOL_MAX
 
         Info("kvsched_build", "kvsched version, protocol and Python", registry=r).info(
             {"version": _version(), "protocol_max": str(PROTOCOL_MAX), "python": platform.python_version()}

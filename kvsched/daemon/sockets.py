@@ -12,6 +12,7 @@ import stat
 from pathlib import Path
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from ..endpoints import is_loopback_endpoint
 from ..errors import ConfigError
@@ -223,7 +224,6 @@ def start_curve_auth(ctx: zmq.Context, secret_key: bytes | None, authorized_keys
     """
     if secret_key is None:
         return None
-    from zmq.auth.thread import ThreadAuthenticator
 
     auth = ThreadAuthenticator(ctx)
     auth.start()

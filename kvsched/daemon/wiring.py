@@ -6,11 +6,35 @@ creating segments (the subscriber connects in its `start()`)."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 
+import msgspec
+import numpy as np
+
 from ..config import Config
+from ..core.create import add_config_workers, create_scheduler
+from ..core.ledger import Ledger
 from ..core.overlap_view import overlap_capacity
-from ..core.types import WorkerKey
+from ..core.types import RequestSpec, WorkerKey
+from ..errors import ShmLayoutError
+from ..kvevents.hash_check import HashCheck
+from ..shm.kv_index import kv_index_nbytes, open_kv_index, reconcile_rows
+from ..shm.layout import LAYOUT_VERSION, LedgerArrays, default_ref_capacity, progress_nbytes
+from ..shm.overlap import OverlapIndex
+from ..shm.segments import (
+    attach_segments,
+    create_segments,
+    kv_index_name,
+    ledger_name,
+    ledger_uninitialised,
+    progress_name,
+    unlink_segments,
+)
+from ..shm.space import SHM_DIR, check_free_space
+from ..shm.upgrade import inspect_ledger
+from .kv_events import KvEventSubscriber
+from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +49,6 @@ KV_CATCH_UP_WAIT_S = 1.0
 
 def segment_capacities(cfg: Config) -> dict[str, int]:
     """The capacities written in (and validated against) the ledger header."""
-    from ..shm.layout import default_ref_capacity
-
     d = cfg.daemon
     return {
         "max_workers": d.max_workers,
@@ -39,10 +61,6 @@ def segment_capacities(cfg: Config) -> dict[str, int]:
 
 def segment_sizes(cfg: Config) -> dict[str, int]:
     """Bytes of each segment of this instance for the configured capacities (name -> bytes)."""
-    from ..shm.kv_index import kv_index_nbytes
-    from ..shm.layout import LedgerArrays, progress_nbytes
-    from ..shm.segments import kv_index_name, ledger_name, progress_name
-
     caps = segment_capacities(cfg)
     inst = cfg.daemon.instance
     return {
@@ -79,13 +97,6 @@ def open_segments(cfg: Config):
             older-layout segments that still hold live leases.
         ShmSpaceError: /dev/shm has no room for the segments (the message names both sizes).
     """
-    import os
-
-    from ..errors import ShmLayoutError
-    from ..shm.kv_index import open_kv_index
-    from ..shm.segments import attach_segments, create_segments
-    from ..shm.space import SHM_DIR, check_free_space
-
     caps = segment_capacities(cfg)
     epoch = time.time_ns() // 1000
     _replace_uninitialised(cfg.daemon.instance)  # a start killed while creating them: nothing to keep
@@ -122,8 +133,6 @@ def _replace_uninitialised(instance: str) -> None:
     """Unlink `instance`'s segments when its ledger's header was never written (magic 0 or shorter
     than the magic: a start killed between creating the ledger and stamping its header). Such a
     ledger holds no lease, so no `--purge` is needed; a valid header is left to `attach_segments`."""
-    from ..shm.segments import ledger_name, ledger_uninitialised, unlink_segments
-
     if ledger_uninitialised(instance):
         log.warning(
             "replacing segment %s: its header was never written (an earlier start was killed while "
@@ -140,11 +149,6 @@ def _replace_old_layout(instance: str) -> None:
     Raises:
         ShmLayoutError: older-layout segments with live leases (message names `--purge`).
     """
-    from ..errors import ShmLayoutError
-    from ..shm.layout import LAYOUT_VERSION
-    from ..shm.segments import unlink_segments
-    from ..shm.upgrade import inspect_ledger
-
     found = inspect_ledger(instance)
     if found is None or found.version in (0, LAYOUT_VERSION) or found.version > LAYOUT_VERSION:
         return  # none, not ours, current, or newer: attach_segments reports what does not match
@@ -177,11 +181,6 @@ def build_scheduler(cfg: Config, segments, restarted: bool, conns=None):
     checked against the ledger's worker table (`reconcile_rows`: a row whose worker changed is cleared).
     `conns` (the actor's `ConnectionTable`) supplies `owner_alive` and `same_process`.
     """
-    from ..core.create import add_config_workers, create_scheduler
-    from ..core.ledger import Ledger
-    from ..shm.kv_index import reconcile_rows
-    from ..shm.overlap import OverlapIndex
-
     ledger = Ledger(segments.ledger, segments.progress, cfg.overload, state=segments.state)
     w, cap = cfg.daemon.max_workers, overlap_capacity(cfg.daemon.max_workers)
     overlap, device, offload = OverlapIndex(w, cap), segments.kv_index.device, segments.kv_index.offload
@@ -223,8 +222,6 @@ def build_kv_subscriber(cfg: Config, scheduler, loop, ctx, sources: list, kv_ind
     `kv_index` (the KV-index segment) persists each row's applied seq; when `restored_index`, its rows
     with a seq start from it (catch-up replay at `start()`).
     """
-    from .kv_events import KvEventSubscriber
-
     restored = {}
     if kv_index is not None and restored_index:
         restored = {s.row: int(kv_index.last_seq[s.row]) for s in sources if int(kv_index.last_seq[s.row]) >= 0}
@@ -245,9 +242,6 @@ def install_hash_check(cfg: Config, subscriber, scheduler, metrics):
     """Check the engines' block hashes on first-of-chain BlockStored events (`kvevents/hash_check.py`):
     a rate-limited warning per worker, `kvsched_kv_hash_mismatches`, and the `hash_mismatch` flag of
     `kvsched workers`. Returns the `HashCheck`, or None when `daemon.kv_hash_check` is off."""
-    from ..kvevents.hash_check import HashCheck
-    from .ratelimit import RateLimitedLog
-
     if not cfg.daemon.kv_hash_check:
         return None
     check = HashCheck(cfg.daemon.kv_hash_seed, cfg.daemon.block_size)
@@ -336,15 +330,6 @@ def warm_decision_path(cfg: Config) -> None:
     the real one — same dtypes, read-only hashes as decoded from a frame — so every numba
     specialisation and lazily imported path of a decision is loaded before READY, not on the
     first real request."""
-    import msgspec
-    import numpy as np
-
-    from ..core.create import create_scheduler
-    from ..core.ledger import Ledger
-    from ..core.types import RequestSpec
-    from ..shm.layout import LedgerArrays
-    from ..shm.overlap import OverlapIndex
-
     bs = cfg.daemon.block_size
     arrays = LedgerArrays.private(
         max_workers=2, max_slots=4, max_blocks_per_request=8, ref_capacity=1024, block_size=bs

@@ -22,9 +22,9 @@ import msgspec
 from aiohttp import web
 
 from ..client import SchedulerClient
-from ..client.hashing import DEFAULT_VLLM_SEED, BlockHashCache, vllm_none_hash
 from ..endpoints import missing_ipc_path
 from ..errors import ConfigError, DaemonUnavailable, FrameTooLarge, RequestRejected
+from ..hashing import DEFAULT_VLLM_SEED, BlockHashCache, vllm_none_hash
 from . import openai as oa
 from .cli_args import int_range_arg, log_level_arg, ready_file_arg
 from .config import MAX_WORKERS, GatewayConfig, GatewaySection, ModelSection, load_gateway_config

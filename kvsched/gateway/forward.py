@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import Any, Protocol
 
 import aiohttp
 import msgspec
@@ -26,14 +27,26 @@ from aiohttp import web
 
 from ..client.lease import Lease
 from ..errors import LeaseLost, LeaseRevoked
-from .health import EngineUnhealthy
+from .config import GatewayConfig
+from .health import EngineHealth, EngineUnhealthy
 from .openai import Collector, HttpError, Prompt, engine_body
 from .relay import EngineStreamError, Relay
 
-if TYPE_CHECKING:
-    from .app import Gateway
-
 log = logging.getLogger(__name__)
+
+
+class GatewayParts(Protocol):
+    """What forwarding uses of the gateway that serves the request (`app.Gateway` is the one
+    implementation; stated here so this module does not import the app, which imports it)."""
+
+    cfg: GatewayConfig
+    session: aiohttp.ClientSession | None
+    health: EngineHealth | None
+    engine_timeout: aiohttp.ClientTimeout
+    stats: Counter
+
+    async def schedule(self, request_id: str, isl: int, hashes: Any, excluded: set[int], hints: dict) -> Lease: ...
+
 
 _json_decode = msgspec.json.decode
 _json_encode = msgspec.json.encode
@@ -82,7 +95,7 @@ async def _write(out: web.StreamResponse, data: bytes) -> None:
 
 
 async def serve(
-    gw: Gateway, request: web.Request, p: Prompt, path: str, hints: dict, hashes, request_id: str, marks: Marks
+    gw: GatewayParts, request: web.Request, p: Prompt, path: str, hints: dict, hashes, request_id: str, marks: Marks
 ) -> web.StreamResponse:
     """Schedule and forward `p`; returns the response sent (or raises HttpError before any byte)."""
     isl = len(p.token_ids)
@@ -116,7 +129,7 @@ async def serve(
 
 
 async def _forward(
-    gw: Gateway, request: web.Request, p: Prompt, path: str, lease: Lease, request_id: str, marks: Marks
+    gw: GatewayParts, request: web.Request, p: Prompt, path: str, lease: Lease, request_id: str, marks: Marks
 ) -> web.StreamResponse:
     if not lease.url:
         lease.release("aborted")
@@ -294,7 +307,7 @@ def _report(lease: Lease, call, *args: int) -> None:
 
 
 async def _stream(
-    gw: Gateway,
+    gw: GatewayParts,
     request: web.Request,
     p: Prompt,
     lease: Lease,

@@ -21,6 +21,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..daemon.process import DaemonProcess
 
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from ..client import AdminClient
+from ..daemon.instance_lock import purge_instance
+from ..daemon.process import DaemonProcess
+from ..errors import ConfigError
+from ..protocol import AddWorker, OkReply
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -35,8 +43,6 @@ def write_tiny_tokenizer(directory: str | Path, words: int = VOCAB_WORDS) -> Pat
     Returns the directory. Prompts made of `w<i>` words and the template's markers tokenize to one
     token per word.
     """
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     vocab = {tok: i for i, tok in enumerate(SPECIAL + [f"w{i}" for i in range(words)])}
@@ -131,8 +137,6 @@ class LocalFleet:
         """Start engines, daemon and gateways at once; register each engine (URL, KV-event endpoints)
         with `add_worker` once it listens. Engines bind HTTP port 0 (no race for it); an engine that
         loses its KV-event ports to another process is restarted on new ones."""
-        from ..daemon.process import DaemonProcess
-
         fleet = cls(Path(workdir))
         fleet.workdir.mkdir(parents=True, exist_ok=True)
         tok_dir = write_tiny_tokenizer(fleet.workdir / "tokenizer")
@@ -181,10 +185,7 @@ class LocalFleet:
                 self._spawn_engine(e, *spawn)
 
     def _register(self, e: Engine, total_kv_blocks: int, kv_events: bool) -> None:
-        from .. import protocol as p
-        from ..client import AdminClient
-
-        req = p.AddWorker(
+        req = AddWorker(
             worker_id=e.worker_id,
             total_kv_blocks=total_kv_blocks,
             max_num_batched_tokens=8192,
@@ -195,7 +196,7 @@ class LocalFleet:
         assert self.daemon is not None, "start() first"
         with AdminClient(self.daemon.admin_endpoint) as admin:
             reply = admin.call(req)
-        if not isinstance(reply, p.OkReply):
+        if not isinstance(reply, OkReply):
             raise RuntimeError(f"add_worker {e.worker_id} failed: {reply}")
 
     def _spawn_engine(
@@ -310,8 +311,6 @@ class LocalFleet:
                 p.wait(5)
         if self.daemon is not None:
             self.daemon.stop()
-            from ..daemon.instance_lock import purge_instance
-            from ..errors import ConfigError
 
             try:  # segments and lock file: nothing of a demo's random instance piles up in /dev/shm
                 purge_instance(self.instance)

@@ -14,6 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
 from ..errors import ConfigError
 
 
@@ -37,9 +40,6 @@ class ModelTokenizer:
     """
 
     def __init__(self, tokenizer_dir: str | Path, chat_template: str | Path | None = None) -> None:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-        from tokenizers import Tokenizer
-
         d = Path(tokenizer_dir)
         tok_file = d / "tokenizer.json"
         if not tok_file.is_file():

@@ -17,7 +17,7 @@ Wire format (what vLLM's `ZmqEventPublisher` sends; see docs/KV_EVENTS.md):
 
 Index keys: a block is identified by (hash, group_idx). Group 0 (or None, as sent by releases without
 KV-cache groups) keeps the raw hash as key, so keys equal the hashes routers send in `Enqueue`
-(computed by `kvsched.client.hashing`). A non-zero group g is folded in with
+(computed by `kvsched.hashing`). A non-zero group g is folded in with
 `key = splitmix64_finalize((hash + g * 0x9E3779B97F4A7C15) mod 2**64)` — a bijection of the hash for a
 fixed g, so two blocks of one group never collide with each other, and a group-g key equals a
 group-0 key only by a 2**-64 accident. Requests only carry group-0 hashes, so blocks of other

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..client.hashing import block_hashes
+from ..hashing import block_hashes
 from .format import DecodedBatch, Stored
 
 

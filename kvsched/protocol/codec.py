@@ -7,6 +7,8 @@ bounded peeks that name a bad frame's request id or admin tag, and the wire form
 from __future__ import annotations
 
 import operator
+import sys
+from array import array
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Annotated, SupportsIndex, TypeAlias, get_args
 
@@ -151,8 +153,7 @@ def hashes_to_bytes(block_hashes: BlockHashesLike) -> bytes:
         TypeError: a str, elements that are not integers, a float / bool / object array (the message
             names `block_hashes`).
     """
-    import numpy as np
-
+    numpy = sys.modules.get("numpy")  # an array argument means numpy is loaded; the wire form needs no numpy
     if isinstance(block_hashes, str):  # iterable, but its characters are not hashes
         raise TypeError("block_hashes must be bytes, a sequence of ints or a numpy integer array, not str")
     if isinstance(block_hashes, (bytes, bytearray, memoryview)):
@@ -160,7 +161,7 @@ def hashes_to_bytes(block_hashes: BlockHashesLike) -> bytes:
         if len(raw) % 8:
             raise ValueError(f"block_hashes bytes length {len(raw)} is not a multiple of 8")
         return raw
-    if isinstance(block_hashes, np.ndarray):
+    if numpy is not None and isinstance(block_hashes, numpy.ndarray):
         if block_hashes.dtype.kind not in "iu":
             raise TypeError(
                 f"block_hashes must be an integer array, not {block_hashes.dtype} (a float or bool "
@@ -169,24 +170,20 @@ def hashes_to_bytes(block_hashes: BlockHashesLike) -> bytes:
         if block_hashes.ndim != 1:
             raise ValueError(f"block_hashes must be a 1-D array, not shape {block_hashes.shape}")
         # a signed array is taken mod 2**64, as KV events' i64 hashes are (docs/KV_EVENTS.md)
-        return np.ascontiguousarray(block_hashes).astype("<u8", copy=False).tobytes()
+        return block_hashes.astype("<u8", copy=False).tobytes()  # C order, as the wire wants
     if not hasattr(block_hashes, "__iter__"):
         raise TypeError(
             f"block_hashes must be bytes, a sequence of ints or a numpy integer array, "
             f"not {type(block_hashes).__name__}"
         )
     try:
-        return np.fromiter(map(operator.index, block_hashes), dtype="<u8").tobytes()  # ints, numpy ints
+        words = array("Q", map(operator.index, block_hashes))  # ints, numpy ints; u64 in native order
     except OverflowError as exc:
         raise ValueError("block_hashes: a hash out of u64 range [0, 2**64)") from exc
     except TypeError:
         bad = next((h for h in block_hashes if not hasattr(h, "__index__")), None)  # None: a spent iterator
         what = f"not {type(bad).__name__} ({bad!r:.40})" if bad is not None else "and one was not"
         raise TypeError(f"block_hashes elements must be integers, {what}") from None
-
-
-def hashes_from_bytes(raw: bytes) -> npt.NDArray[np.uint64]:
-    """Decode wire block hashes: returns uint64[n] (a read-only view on `raw`)."""
-    import numpy as np
-
-    return np.frombuffer(raw, dtype="<u8")
+    if sys.byteorder == "big":
+        words.byteswap()
+    return words.tobytes()

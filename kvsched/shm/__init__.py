@@ -4,5 +4,6 @@ Modules: `layout` (the bytes: header, dtypes, slot states, struct-of-arrays view
 segments: create / attach / unlink), `kernels` (@njit decision kernels),
 `admit_kernels` / `admit_packed` (one admission in one call; `argtable`: many arrays as one argument),
 `progress` (the progress word),
-`overlap` (block hash -> worker bitmask prefix index).
+`overlap` (block hash -> worker bitmask prefix index), `warm` (`warm_kernels`: every kernel compiled
+before READY).
 """

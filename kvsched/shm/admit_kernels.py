@@ -27,8 +27,8 @@ import numpy as np
 
 from .kernel_cache import njit
 from .kernels import project_and_cost, ref_add
-from .layout import SLOT_ADMITTED
-from .overlap import overlap_depth, overlap_insert
+from .layout import SLOT_ADMITTED, LedgerArrays
+from .overlap import OverlapIndex, overlap_depth, overlap_insert
 from .select_kernels import count_busy, credit_rows, kv_cost_terms
 
 _U32_MAX = 0xFFFF_FFFF
@@ -468,13 +468,15 @@ def pack_kv_params(selector, selector_cfg, cls) -> np.ndarray:
     return p
 
 
-def warm_admit_kernels() -> None:
-    """Compile (or load from the cache) the five kernels for the dtypes the daemon uses: block hashes
-    read-only, as decoded from a frame (callers with writable hashes compile that variant on first
-    use; the daemon never has them). Called by `kernels.warm_kernels`."""
-    from .layout import LedgerArrays
-    from .overlap import OverlapIndex
+def warm_admit_kernels() -> tuple:
+    """Compile (or load from the cache) the three unpacked kernels for the dtypes the daemon uses: block
+    hashes read-only, as decoded from a frame (callers with writable hashes compile that variant on first
+    use; the daemon never has them). Called by `shm.warm.warm_kernels`.
 
+    Returns:
+        (hashes, params, arrays, credited): the warm-up inputs, which `admit_packed.warm_admit_packed`
+        packs to compile the packed forms for the same types.
+    """
     a = LedgerArrays.private(2, 2, 4, 16, 4)
     ixs = [OverlapIndex(2, 16) for _ in range(4)]
     w = 2
@@ -548,13 +550,10 @@ def warm_admit_kernels() -> None:
         np.zeros(w, np.bool_),
         *args,
     )
-    from .admit_packed import admit_kv_packed, credited_depth_packed, pack_admit_arrays, pack_credited_arrays
-
     arrays = (np.zeros(w, np.uint8), np.zeros(w, np.bool_), *args)
-    admit_kv_packed(hashes, 8, 2, 1, -1, 0, 1, 0, 10, 1.0, 1, 0, 0, params, 4, 4, pack_admit_arrays(arrays))
     reserve_slot(1, 0, 8, hashes, 0, -1, 0, 1, 1, 0, 4, 4, *ledger)
     idx = [x for i in ixs for x in (i.keys, i.used, i.perm, i.ttlm, i.ttl_exp)]
     depths = [np.zeros(w, np.int32) for _ in range(6)]
     credited = (*idx, ixs[0].scratch, *depths[:4], np.ones(w, np.uint8), np.zeros(w, np.uint8), *depths[4:])
     credited_depth(hashes, 1, 1, 0.5, 4, *credited)
-    credited_depth_packed(hashes, 1, 1, 0.5, 4, pack_credited_arrays(credited))
+    return hashes, params, arrays, credited

@@ -231,3 +231,10 @@ def credited_depth_packed(hashes, now_us, has_offload, offload_credit, stale_fla
         view1(t, 27, i32),
         view1(t, 28, i32),
     )
+
+
+def warm_admit_packed(hashes: np.ndarray, params: np.ndarray, arrays: tuple, credited: tuple) -> None:
+    """Compile (or load from the cache) both packed kernels for the types of `warm_admit_kernels`'s
+    inputs, which it returns (called by `shm.warm.warm_kernels`)."""
+    admit_kv_packed(hashes, 8, 2, 1, -1, 0, 1, 0, 10, 1.0, 1, 0, 0, params, 4, 4, pack_admit_arrays(arrays))
+    credited_depth_packed(hashes, 1, 1, 0.5, 4, pack_credited_arrays(credited))

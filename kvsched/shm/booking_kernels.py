@@ -17,7 +17,7 @@ import numpy as np
 
 from .kernel_cache import njit
 from .kernels import apply_output_tokens, ref_remove
-from .layout import SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE
+from .layout import SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
 
 
 @njit(cache=True, nogil=True)
@@ -168,8 +168,6 @@ NAMES = ("slot_dispatched", "slot_prefill_done", "slot_output_tokens", "release_
 
 def warm_booking_kernels() -> None:
     """Compile (or load from NUMBA_CACHE_DIR) the booking kernels for the ledger's dtypes."""
-    from .layout import LedgerArrays
-
     a = LedgerArrays.private(2, 2, 4, 16, 4)
     slot_dispatched(0, 1, a.s_state, a.s_generation)
     slot_prefill_done(0, 1, a.s_state, a.s_generation, a.s_worker_row, a.s_prefill, a.w_active_prefill)

@@ -20,6 +20,7 @@ from .argtable import pack_table, view1, view2
 from .booking_kernels import release_booking
 from .kernel_cache import njit
 from .kernels import fold_words
+from .layout import LedgerArrays
 
 # `release_booking`'s arguments after (slot, generation), as (name, dtype, ndim) (`shm.layout` dtypes)
 RELEASE_ARRAYS = (
@@ -124,9 +125,7 @@ def fold_words_packed(n_slots, block_size, table):
 
 
 def warm_booking_packed() -> None:
-    """Compile (or load from NUMBA_CACHE_DIR) both packed kernels (called by `kernels.warm_kernels`)."""
-    from .layout import LedgerArrays
-
+    """Compile (or load from NUMBA_CACHE_DIR) both packed kernels (called by `shm.warm.warm_kernels`)."""
     a = LedgerArrays.private(2, 2, 4, 16, 4)
     release_booking_packed(0, 1, pack_release_arrays(a))
     words = [np.zeros(2, np.uint64) for _ in range(3)]

@@ -3,7 +3,7 @@
 Every kernel is `@njit(cache=True, nogil=True)`, takes arrays and scalars only (dtypes fixed in
 `layout.py`), writes results into caller-owned `out` arrays and allocates nothing. Each has twins
 with the same name and signature in `reference.py` (`numpy_twin.<name>`, `python_twin.<name>`);
-property tests require equal outputs. `warm_kernels()` compiles them all before READY.
+property tests require equal outputs. `shm.warm.warm_kernels()` compiles them all before READY.
 
 Refcount index (one row per worker, `C` entries, C a power of two): open addressing with linear
 probing from `mix64(hash) & (C-1)`, at most `MAX_PROBE` probes, backward-shift deletion (no
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .kernel_cache import njit
-from .layout import SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE
+from .layout import SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_FREE, SLOT_PREFILL_DONE, LedgerArrays
 from .mix import MIX_M1, MIX_M2, MIX_S1, MIX_S2, MIX_S3
 from .words import STATE_FLAGS, STATE_PREFILL_DONE
 
@@ -450,12 +450,9 @@ def words_changed(n_slots, progress, state, seen_progress, seen_state):
     return False
 
 
-def warm_kernels() -> None:
-    """Compile (or load from NUMBA_CACHE_DIR) every kernel for the argument types the ledger and
-    the overlap index use, on tiny arrays. Called before the daemon says READY."""
-    from .layout import LedgerArrays
-    from .overlap import warm_overlap_kernels
-
+def warm_ledger_kernels() -> None:
+    """Compile (or load from NUMBA_CACHE_DIR) this module's kernels for the argument types the ledger
+    uses, on tiny arrays (called by `shm.warm.warm_kernels`)."""
     a = LedgerArrays.private(2, 2, 4, 16, 4)
     hashes = np.arange(3, dtype=np.uint64)
     ro_hashes = np.frombuffer(hashes.tobytes(), dtype="<u8")  # read-only, as decoded from frames
@@ -517,15 +514,3 @@ def warm_kernels() -> None:
         a.w_active_prefill,
         4,
     )
-    warm_overlap_kernels()
-    from .booking_kernels import warm_booking_kernels
-    from .select_kernels import warm_select_kernels
-
-    warm_booking_kernels()
-    from .booking_packed import warm_booking_packed
-
-    warm_booking_packed()
-    warm_select_kernels()
-    from .admit_kernels import warm_admit_kernels
-
-    warm_admit_kernels()

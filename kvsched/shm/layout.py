@@ -280,28 +280,3 @@ class LedgerArrays:
 def progress_nbytes(max_slots: int) -> int:
     """Bytes of the progress segment: `PROGRESS_WORDS_PER_SLOT` u64 words per slot."""
     return PROGRESS_WORDS_PER_SLOT * 8 * max_slots
-
-
-# Names whose home is `kvsched.shm.segments`, still importable from here. Resolved on first access
-# (PEP 562) because `segments` imports this module: an eager import would be circular.
-_SEGMENT_NAMES = frozenset(
-    (
-        "ledger_name",
-        "ledger_instance",
-        "progress_name",
-        "kv_index_name",
-        "segment_names",
-        "Segments",
-        "create_segments",
-        "attach_segments",
-        "unlink_segments",
-    )
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _SEGMENT_NAMES:
-        from . import segments
-
-        return getattr(segments, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

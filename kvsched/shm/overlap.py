@@ -338,7 +338,7 @@ class OverlapIndex:
 
 
 def warm_overlap_kernels() -> None:
-    """Compile the overlap kernels on a tiny index (called by `kernels.warm_kernels`)."""
+    """Compile the overlap kernels on a tiny index (called by `shm.warm.warm_kernels`)."""
     idx = OverlapIndex(2, 16)
     h = np.arange(3, dtype=np.uint64)
     out = np.zeros(2, np.int32)

@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 
     from ..protocol import WorkerKey
 
+try:  # the HTTP client of `DynamoRoute`: the optional extra `kvsched[bench-dynamo]` (or `[gateway]`)
+    import aiohttp
+except ImportError:  # a replay without Dynamo never opens a DynamoRoute
+    aiohttp = None
+
 
 def dynamo_unavailable_reason() -> str | None:
     """None when the service can run here; else why not (benches print it and skip `dynamo`)."""
@@ -178,8 +183,8 @@ class DynamoRoute:
         self.session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
-        import aiohttp
-
+        if aiohttp is None:
+            raise RuntimeError("routing via Dynamo needs aiohttp: pip install -e '.[bench-dynamo]'")
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=60), timeout=aiohttp.ClientTimeout(total=30)
         )

@@ -17,6 +17,7 @@ the events of one wake go out as one batch per engine, and replay requests are a
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,7 +124,6 @@ def kv_event_endpoints(spec: FleetSpec, runtime_dir: str | Path, transport: str 
         )
     if transport != "tcp":
         raise ValueError(f"unknown KV-event transport {transport!r} (expected 'ipc' or 'tcp')")
-    import socket
 
     ports = []
     socks = []

@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import logging
 import os
+import signal
 import sys
 import time
 from collections import OrderedDict
@@ -31,14 +32,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import zmq
 from aiohttp import web
 
-from ..client.hashing import block_hashes
 from ..errors import ConfigError
 from ..gateway.cli_args import log_level_arg, positive_int_arg, ready_file_arg
 from ..gateway.listen import port_arg
 from ..gateway.openai import chat_messages
+from ..gateway.tokenizer import ModelTokenizer
+from ..hashing import block_hashes
 from .engine import SeqRecord, SimEngine, SimRequest
+from .kv_publisher import KvEventPublisher
 from .profile import DEFAULT_PROFILE, EngineProfile
 
 log = logging.getLogger("kvsched.sim.http_engine")
@@ -318,13 +322,6 @@ async def _serve(args) -> None:
     """Serve until SIGINT / SIGTERM. Raises StartError for a tokenizer directory that cannot be loaded
     (--tokenizer), a KV-event port (--kv-events-port / --kv-replay-port) or HTTP port (--port) that
     cannot be bound."""
-    import signal
-
-    import zmq
-
-    from ..gateway.tokenizer import ModelTokenizer
-    from .kv_publisher import KvEventPublisher
-
     try:
         tokenizer = ModelTokenizer(args.tokenizer)
     except ConfigError as exc:

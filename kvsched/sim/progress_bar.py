@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 
 class progress_bar:
     """Context manager yielding `advance(done)`; a rich bar when a console is given, else a no-op."""
@@ -21,7 +23,6 @@ class progress_bar:
     def __enter__(self) -> Callable[[int], None]:
         if self.console is None:
             return lambda done: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         progress = self._progress = Progress(
             TextColumn("{task.description}"),

@@ -27,6 +27,7 @@ from .replay_config import (
 from .replay_wall import run_wall
 from .summary import Summary, summarize, write_results, write_summary
 from .trace import Trace, load_trace
+from .virtual import run_virtual
 
 __all__ = [
     "ReplayOptions",
@@ -85,7 +86,6 @@ def run_replay(opts: ReplayOptions, console=None) -> Summary:
 def _run_virtual(
     opts: ReplayOptions, trace: Trace, spec: FleetSpec, console, profile: Config | None, classes: ClassAssignment
 ):
-    from .virtual import run_virtual
 
     config = replay_config(spec, opts, profile) if profile is not None else None
     with progress_bar(console, len(trace), "virtual replay") as advance:

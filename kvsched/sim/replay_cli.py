@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from ..config.selectors import installed_selectors
+
 
 def selector_types() -> tuple[str, ...]:
     """The `[selector] type` values the config accepts: the installed selectors (the `kvsched.selectors`
     entry points, `kvsched.config.selectors`), which `core.selector.create_selector` builds."""
-    from ..config.selectors import installed_selectors
-
     return tuple(installed_selectors())
 
 

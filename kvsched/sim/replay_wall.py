@@ -15,15 +15,23 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import protocol as p
+from ..client.admin import AdminClient
 from ..config import Config, config_env_names, load_config
-from ..errors import DaemonUnavailable
+from ..daemon.instance_lock import purge_instance
+from ..daemon.process import DaemonProcess
+from ..errors import ConfigError, DaemonUnavailable, KvschedError
 from .classes import ClassAssignment
+from .dynamo import DynamoService, dynamo_unavailable_reason
+from .fleet import FleetParams, fleet_main, kv_event_endpoints
 from .fleet_spec import FleetSpec, config_toml
 from .progress_bar import progress_bar
 from .replay_config import ReplayOptions, config_dict_toml, replay_config_dict
+from .router import ROUTER_READY_TIMEOUT_S, RouterParams, router_main
 from .summary import RequestResult, read_results
 from .trace import Trace
 
@@ -36,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROUTER_READY_TIMEOUT_S = 120.0  # spawned routers import numpy/zmq/client and parse the trace
 START_LEAD_S = 0.3  # t0 is this far after the go signal, so no router starts late
 LEDGER_ZERO_TIMEOUT_S = 10.0  # releases are asynchronous: wait this long for the aggregates
 DYNAMO_SUBSCRIBE_S = 1.0  # after registering engines with Dynamo: time for its KV-event subscriptions
@@ -59,9 +66,6 @@ def run_wall(
 ) -> tuple[list[RequestResult], float, bool | None]:
     """Run the wall-clock replay; (per-request results in trace order, wall time s, whether the
     daemon's per-worker aggregates were back to zero at the end — None: not asked)."""
-    from .fleet import FleetParams, fleet_main, kv_event_endpoints
-    from .router import RouterParams, router_main
-
     ctx = mp.get_context("spawn")
     _start_resource_tracker_ignoring_sighup()
     procs = _Procs(Path(tempfile.mkdtemp(prefix="kvsched-replay-")))
@@ -173,8 +177,6 @@ def _start_resource_tracker_ignoring_sighup() -> None:
     their semaphores to) with SIGHUP ignored. It ignores SIGINT and SIGTERM itself, not SIGHUP: a
     closed terminal killed it, the next child to report relaunched it, and the new tracker printed a
     KeyError traceback for every semaphore it had never seen. A tracker already running is kept."""
-    from multiprocessing import resource_tracker
-
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited as ignored across its exec
     try:
         resource_tracker.ensure_running()
@@ -205,7 +207,6 @@ def _start_daemon(
                 + " (list them in its [[workers]])"
             )
         return opts.endpoint, opts.admin_endpoint
-    from ..daemon.process import DaemonProcess
 
     cfg = procs.runtime_dir / "replay.toml"
     log_path = opts.out / "daemon.log"  # kept after the run (the runtime dir is removed)
@@ -270,8 +271,6 @@ def _wait_note(console):
 
 def _start_dynamo(procs: _Procs) -> str:
     """Start NVIDIA Dynamo's selection service (engines are registered once the fleet is up); its URL."""
-    from .dynamo import DynamoService, dynamo_unavailable_reason
-
     reason = dynamo_unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"replay via dynamo: {reason}")
@@ -328,10 +327,6 @@ def _watch(procs: _Procs, counter, advance) -> str | None:
 
 def _ledger_zero(admin_endpoint: str) -> bool | None:
     """Ask the daemon's admin socket until every worker's aggregates are zero (releases are async)."""
-    from .. import protocol as p
-    from ..client.admin import AdminClient
-    from ..errors import KvschedError
-
     deadline = time.monotonic() + LEDGER_ZERO_TIMEOUT_S
     while True:
         try:
@@ -378,9 +373,6 @@ def _merge(
 def _purge(instance: str) -> None:
     """Remove the private daemon's /dev/shm segments and lock file (`kvsched-daemon --purge`): a clean
     stop leaves nothing, but a daemon killed while starting (ready timeout, Ctrl-C) leaves them all."""
-    from ..daemon.instance_lock import purge_instance
-    from ..errors import ConfigError
-
     try:
         purge_instance(instance)
     except ConfigError as exc:  # it outlived its stop: not ours to remove under it

@@ -11,6 +11,7 @@ at the first token and output tokens as they stream, and leaves the lease contex
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -21,9 +22,15 @@ import msgspec
 import numpy as np
 import zmq
 
+from .. import protocol as p
+from ..client import SchedulerClient
+from ..client.admin import AdminClient
+from ..errors import KvschedError, RequestRejected
+from ..protocol import WorkerKey
+from .dynamo import DynamoRoute
 from .fleet import SimBatch, SimDone, SimError, SimFirstToken, SimProgress, SimSubmit
-from .replay_wall import ROUTER_READY_TIMEOUT_S
 from .summary import ABORTED, COMPLETED, REJECTED, RequestResult, write_results
+from .tokens import token_ids_for
 from .trace import Trace, load_trace
 
 if TYPE_CHECKING:
@@ -32,9 +39,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How long a router waits for the daemon's first Welcome (s): as long as the orchestrator waits for its
-# routers to be ready. With the client's former 5 s default, a router on a loaded machine gave up on a
-# daemon that was up, and the replay lost all its rows.
+# How long the orchestrator waits for a spawned router to be ready (s; it imports numpy/zmq/client and
+# parses the trace), and so how long a router waits for the daemon's first Welcome. With the client's
+# former 5 s default, a router on a loaded machine gave up on a daemon that was up, and the replay lost
+# all its rows.
+ROUTER_READY_TIMEOUT_S = 120.0
 CONNECT_TIMEOUT_S = ROUTER_READY_TIMEOUT_S
 
 
@@ -71,8 +80,6 @@ class _DynamoLease:
     prefill_complete (in the background), output tokens are only counted, `release()` deletes it."""
 
     def __init__(self, route, rep: dict, loop) -> None:
-        from ..protocol import WorkerKey
-
         self.route, self.loop = route, loop
         self.selection_id = str(rep["selection_id"])
         self.worker = WorkerKey(int(rep["worker_id"]), int(rep.get("dp_rank") or 0))
@@ -128,15 +135,11 @@ class Router:
         return cast(int, self.fleet.getsockopt(zmq.FD))
 
     async def connect(self) -> None:
-        from ..client import SchedulerClient
-
         self.loop = asyncio.get_running_loop()
         self.fleet.connect(self.p.fleet_endpoint)
         self.loop.add_reader(self._fleet_fd(), self._on_fleet)
         self._poll_handle = self.loop.call_later(0.02, self._poll_fleet)
         if self.p.dynamo_url:
-            from .dynamo import DynamoRoute
-
             self.dynamo = dynamo = DynamoRoute(self.p.dynamo_url)
             await dynamo.open()
         if not self.p.route_via_dynamo:
@@ -177,7 +180,6 @@ class Router:
     async def _one(self, i: int) -> None:
         if self.p.route_via_dynamo:
             return await self._one_dynamo(i)
-        from ..errors import KvschedError, RequestRejected
 
         rid = f"{self.p.run_tag}-{i}"
         r = RequestResult(
@@ -232,8 +234,6 @@ class Router:
     async def _one_dynamo(self, i: int) -> None:
         """Route row i with Dynamo: select_and_reserve on its token ids, run it, prefill_complete at
         the first token (`_on_event`), DELETE the reservation at the end (or on any failure)."""
-        from .tokens import token_ids_for
-
         rid = f"{self.p.run_tag}-{i}"
         r = RequestResult(
             index=i,
@@ -277,9 +277,6 @@ class Router:
     async def _sample_overlap(self, i: int, rid: str, hashes) -> None:
         """Record the daemon's per-worker overlap for this decision (`Explain`) beside Dynamo's
         `/overlap_scores` for the same token ids, taken at the same moment."""
-        from .. import protocol as p
-        from ..client.admin import AdminClient
-        from .tokens import token_ids_for
 
         def explain():
             with AdminClient(self.p.admin_endpoint) as admin:
@@ -382,8 +379,6 @@ def router_main(params: RouterParams, ready, go, t0_value, done_counter) -> None
         finally:
             write_results(router.results, Path(params.results_path))
             if params.overlap_path and router.overlap_samples:
-                import json
-
                 Path(params.overlap_path).write_text("".join(json.dumps(x) + "\n" for x in router.overlap_samples))
             await router.close()
 

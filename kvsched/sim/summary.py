@@ -13,6 +13,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+from rich.table import Table
 
 COMPLETED = "completed"
 REJECTED = "rejected"
@@ -294,8 +295,6 @@ def _fmt(v: object) -> str:
 
 def summary_table(summary: Summary):
     """A rich Table of the summary's figures."""
-    from rich.table import Table
-
     t = Table(title=f"kvsched replay ({summary.mode})", show_header=True)
     t.add_column("figure")
     t.add_column("value", justify="right")
@@ -334,8 +333,6 @@ def summary_table(summary: Summary):
 
 def class_table(summary: Summary):
     """A rich Table with one row per policy class (wait and TTFT in simulated ms, shares in %)."""
-    from rich.table import Table
-
     title = f"per class: rule {summary.class_rule}" + (f", profile {summary.profile}" if summary.profile else "")
     reasons = "; ".join(
         f"{name or '(none)'} " + ", ".join(f"{k}={v}" for k, v in c.rejected.items())

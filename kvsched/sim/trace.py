@@ -14,6 +14,7 @@ timestamps; no prefix information, so every request has an empty hash list.
 from __future__ import annotations
 
 import csv
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -119,8 +120,6 @@ class Trace:
         `infinite_cache_hit_tokens`); then every block of the request becomes most recently used, and
         least recently used blocks are evicted beyond the capacity.
         """
-        from collections import OrderedDict
-
         cache: OrderedDict[int, None] = OrderedDict()
         total = 0
         bs = self.block_size

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
+from ..core.create import create_scheduler
 from ..core.types import Admit, Reject, RequestSpec
 from ..protocol import WorkerKey
 from .classes import ClassAssignment
@@ -90,7 +91,6 @@ def make_inprocess_scheduler(config: Config, overlap_mode: str = "approx"):
     """
     if overlap_mode not in OVERLAP_MODES:
         raise ValueError(f"unknown overlap mode {overlap_mode!r} (expected one of {OVERLAP_MODES})")
-    from ..core.create import create_scheduler
 
     d = config.daemon
     overlap = _NoIndex(d.max_workers) if overlap_mode == "none" else None

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kvsched.client import DaemonUnavailable, SchedulerClient, SyncSchedulerClient
-from kvsched.client.hashing import BlockHashCache, block_hashes
 from kvsched.config import load_config
 from kvsched.errors import ConfigError
+from kvsched.hashing import BlockHashCache, block_hashes
 from tests.conftest import daemon_fixture
 
 SEED = "1234"  # not the default: the vLLM-mode chain starts at sha256(cbor("1234")), not at "vllm-none-hash"

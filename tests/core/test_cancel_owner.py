@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from kvsched.config import DaemonConfig
 from kvsched.core.admission import AdmissionPolicy, Defer, MakeReady, Ready, Reconcile
-from kvsched.core.leases import LEASED
+from kvsched.core.live import LEASED
 from kvsched.core.types import WorkerKey
 
 from .factories import make_class, make_config, make_request, make_scheduler

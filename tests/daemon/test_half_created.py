@@ -16,8 +16,8 @@ from kvsched.config import load_config
 from kvsched.daemon.process import DaemonProcess
 from kvsched.daemon.wiring import open_segments, segment_capacities
 from kvsched.errors import ShmLayoutError
-from kvsched.shm.layout import MAGIC, LedgerArrays, create_segments, ledger_name, progress_name, progress_nbytes
-from kvsched.shm.segments import _untrack, unlink_segments
+from kvsched.shm.layout import MAGIC, LedgerArrays, progress_nbytes
+from kvsched.shm.segments import _untrack, create_segments, ledger_name, progress_name, unlink_segments
 from tests.conftest import admin_call, purge, unique_instance, write_config
 
 SMALL = {"max_workers": 4, "max_slots": 16, "max_blocks_per_request": 8}

@@ -27,10 +27,10 @@ import pytest
 pytest.importorskip("aiohttp")
 pytest.importorskip("tokenizers")
 
-from kvsched.client.hashing import block_hashes
 from kvsched.client.sync import SyncSchedulerClient
 from kvsched.gateway.local_fleet import free_ports, write_tiny_tokenizer
 from kvsched.gateway.tokenizer import ModelTokenizer
+from kvsched.hashing import block_hashes
 from tests.conftest import ROOT, purge, start_daemon, wait_until
 
 pytestmark = pytest.mark.timeout(180)

@@ -20,7 +20,7 @@ import zmq
 
 from kvsched import protocol as p
 from kvsched.client import SchedulerClient
-from kvsched.shm.layout import segment_names
+from kvsched.shm.segments import segment_names
 from kvsched.sim.fleet import FleetParams, SimBatch, SimDone, SimSubmit, fleet_main, kv_event_endpoints
 from kvsched.sim.fleet_spec import FleetSpec, config_toml
 from tests.conftest import admin_call, start_daemon, wait_until

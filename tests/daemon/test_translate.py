@@ -149,9 +149,8 @@ def test_tick_writes_the_tally_every_100_ms_with_the_loop_lag_samples():
     from types import SimpleNamespace
 
     from kvsched.daemon import tick
-    from kvsched.daemon.ratelimit import RateLimitedLog
-
     from kvsched.daemon.connections import ConnectionTable
+    from kvsched.daemon.ratelimit import RateLimitedLog
     from tests.core.factories import make_scheduler
 
     metrics, conns = Metrics(), ConnectionTable(10**9)

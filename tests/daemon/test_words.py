@@ -16,7 +16,8 @@ from kvsched import protocol as p
 from kvsched.client import AdminClient, SchedulerClient
 from kvsched.daemon.process import DaemonProcess
 from kvsched.errors import DaemonUnavailable
-from kvsched.shm.layout import H_VERSION, attach_segments, create_segments
+from kvsched.shm.layout import H_VERSION
+from kvsched.shm.segments import attach_segments, create_segments
 from kvsched.shm.words import STATE_PREFILL_DONE, pack_state
 from tests.conftest import free_port, purge, start_daemon, unique_instance, write_config
 

@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 import aiohttp
 import numpy as np
 
-from kvsched.client.hashing import block_hashes
 from kvsched.gateway.openai import chat_messages
+from kvsched.hashing import block_hashes
 
 from .conftest import scripted_daemon_fixture
 from .helpers import scripted_stack, words

@@ -11,7 +11,7 @@ import zmq
 
 from kvsched import protocol as p
 from kvsched.client import AdminClient
-from kvsched.client.hashing import vllm_extra_keys
+from kvsched.hashing import vllm_extra_keys
 from kvsched.kvevents.format import decode_batch
 from kvsched.kvevents.hash_check import HashCheck
 from kvsched.sim.kv_publisher import KvEventPublisher

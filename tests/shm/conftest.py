@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from kvsched.shm.layout import unlink_segments
+from kvsched.shm.segments import unlink_segments
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from kvsched.errors import ShmLayoutError
 from kvsched.shm.kv_index import attach_kv_index, create_kv_index, open_kv_index, reconcile_rows
-from kvsched.shm.layout import kv_index_name, unlink_segments
+from kvsched.shm.segments import kv_index_name, unlink_segments
 
 W, CAP = 3, 1 << 8
 

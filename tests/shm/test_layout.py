@@ -21,13 +21,9 @@ from kvsched.shm.layout import (
     LAYOUT_VERSION,
     MAGIC,
     LedgerArrays,
-    attach_segments,
-    create_segments,
     default_ref_capacity,
-    ledger_name,
-    progress_name,
-    unlink_segments,
 )
+from kvsched.shm.segments import attach_segments, create_segments, ledger_name, progress_name, unlink_segments
 
 CAPS = dict(max_workers=4, max_slots=16, max_blocks_per_request=8, ref_capacity=64, block_size=16)
 
@@ -134,9 +130,10 @@ def test_private_arrays_have_layout_dtypes_and_shapes():
         LedgerArrays.private(3, 5, 4, 12, 8)  # not a power of two
 
 
-def test_segment_names_moved_to_segments_still_import_from_layout():
-    """`kvsched.shm.segments` holds the named segments; `kvsched.shm.layout` answers for them (the
-    import path users had), with the same objects, and still refuses a name it never had."""
+def test_segment_names_have_one_home_in_segments():
+    """`kvsched.shm.segments` holds the named segments (names, create / attach / unlink); the byte layout
+    (`kvsched.shm.layout`, which `segments` imports) no longer answers for them: one import path, and no
+    import circle between the two (tests/test_layering.py)."""
     import kvsched.shm.layout as layout
     import kvsched.shm.segments as segments
 
@@ -151,10 +148,9 @@ def test_segment_names_moved_to_segments_still_import_from_layout():
         "attach_segments",
         "unlink_segments",
     ):
-        assert getattr(layout, name) is getattr(segments, name), name
-    assert attach_segments is segments.attach_segments  # `from kvsched.shm.layout import ...` above
-    with pytest.raises(AttributeError):
-        _ = layout.no_such_name
+        assert callable(getattr(segments, name)), name
+        assert not hasattr(layout, name), name
+    assert segments.LedgerArrays is layout.LedgerArrays  # the views segments maps are the layout's
 
 
 def test_default_ref_capacity_is_clamped_power_of_two():
@@ -167,7 +163,7 @@ _CHILD = textwrap.dedent(
     """
     import sys, time
     from multiprocessing import resource_tracker
-    from kvsched.shm.layout import attach_segments, create_segments
+    from kvsched.shm.segments import attach_segments, create_segments
     mode, instance = sys.argv[1], sys.argv[2]
     if mode == "create":
         seg = create_segments(instance, max_workers=4, max_slots=16, max_blocks_per_request=8,
@@ -236,8 +232,8 @@ def test_survival_check_fails_when_process_does_not_unregister(instance):
     global _CHILD
     saved = _CHILD
     _CHILD = _CHILD.replace(
-        "from kvsched.shm.layout import",
-        "import kvsched.shm.segments as S; S._untrack = lambda shm: None; from kvsched.shm.layout import",
+        "from kvsched.shm.segments import",
+        "import kvsched.shm.segments as S; S._untrack = lambda shm: None; from kvsched.shm.segments import",
     )
     try:
         _spawn_and_kill("create", instance)

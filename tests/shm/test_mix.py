@@ -7,8 +7,8 @@ import numpy as np
 
 from kvsched.kvevents.format import block_key
 from kvsched.shm import kernels
-from kvsched.shm.layout import ledger_instance, ledger_name
 from kvsched.shm.mix import GOLDEN, U64_MASK, mix64, mix64_array, splitmix64_array
+from kvsched.shm.segments import ledger_instance, ledger_name
 from kvsched.sim.trace import splitmix64
 
 # Vigna's splitmix64.c seeded with 1234567: its first five outputs (a widely reproduced test vector).

@@ -14,7 +14,7 @@ import pytest
 from kvsched.daemon.instance_lock import LOCK_DIR
 from kvsched.daemon.process import DaemonProcess
 from kvsched.errors import DaemonUnavailable
-from kvsched.shm.layout import segment_names
+from kvsched.shm.segments import segment_names
 from kvsched.sim.replay import ReplayOptions, run_replay
 
 SLICE = Path(str(files("kvsched") / "data" / "mooncake_slice.jsonl"))

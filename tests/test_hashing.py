@@ -11,7 +11,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsched.client.hashing import block_hashes, canonical_cbor, vllm_none_hash
+from kvsched.hashing import block_hashes, canonical_cbor, vllm_none_hash
 
 M64 = (1 << 64) - 1
 
@@ -125,7 +125,7 @@ def test_vllm_mode_every_cbor_integer_width_and_the_generic_path():
 
 
 def test_vllm_extra_keys_shapes_per_release():
-    from kvsched.client.hashing import vllm_extra_keys
+    from kvsched.hashing import vllm_extra_keys
 
     assert vllm_extra_keys("0.33.0", 3) is None
     assert vllm_extra_keys("0.11.0", 2, lora_int_id=7, cache_salt="s") == [(7, "s"), (7,)]
@@ -143,7 +143,7 @@ def test_vllm_extra_keys_shapes_per_release():
 
 
 def test_extra_keys_change_the_vllm_hash_of_their_blocks_only():
-    from kvsched.client.hashing import block_hashes, vllm_extra_keys
+    from kvsched.hashing import block_hashes, vllm_extra_keys
 
     toks = list(range(48))
     plain = block_hashes(toks, 16, mode="vllm")
@@ -175,7 +175,7 @@ prefixes = st.lists(st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=40)
 def test_cached_vllm_hashes_equal_the_reference_chain(heads, prompts, block_size, capacity, seed):
     """Prompts sharing prefixes, hashed through one small cache (evictions included), give the
     reference chain every time; salted prompts (extra keys on block 0) are never mixed up."""
-    from kvsched.client.hashing import BlockHashCache
+    from kvsched.hashing import BlockHashCache
 
     cache = BlockHashCache(capacity)
     for which, tail, salted, kind in prompts:
@@ -190,7 +190,7 @@ def test_cached_vllm_hashes_equal_the_reference_chain(heads, prompts, block_size
 
 
 def test_cache_hits_on_a_shared_prefix_and_falls_back_for_tokens_out_of_range():
-    from kvsched.client.hashing import BlockHashCache
+    from kvsched.hashing import BlockHashCache
 
     cache = BlockHashCache()
     a, b = [*list(range(100, 164)), 1, 2, 3, 4], [*list(range(100, 164)), 9, 9, 9, 9]

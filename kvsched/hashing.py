@@ -329,6 +329,13 @@ def block_hashes(
     raise ValueError(f"unknown hashing mode {mode!r} (expected 'xxhash' or 'vllm')")
 
 
+def hashes_from_bytes(raw: bytes) -> np.ndarray:
+    """Block hashes from their wire form (`Enqueue.block_hashes`: little-endian u64, docs/PROTOCOL.md
+    "Encoding rules"; `protocol.hashes_to_bytes` makes it): uint64[len(raw) // 8], a read-only view on
+    `raw`. Raises ValueError when len(raw) is not a multiple of 8."""
+    return np.frombuffer(raw, dtype="<u8")
+
+
 def _version(v: str) -> tuple[int, int]:
     try:
         major, minor = (int(x) for x in v.strip().lstrip("v").split(".")[:2])
