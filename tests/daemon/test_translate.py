@@ -22,12 +22,15 @@ def test_observe_many_equals_one_observe_per_value():
     for v in values:
         one.observe(v)
     observe_many(many, values)
-    samples = lambda h: [
-        (s.name.split("_", 1)[1], s.labels.get("le"), s.value)
-        for m in h.collect()
-        for s in m.samples
-        if not s.name.endswith("_created")
-    ]
+
+    def samples(h: Histogram) -> list:
+        return [
+            (s.name.split("_", 1)[1], s.labels.get("le"), s.value)
+            for m in h.collect()
+            for s in m.samples
+            if not s.name.endswith("_created")
+        ]
+
     assert samples(one) == samples(many)
 
 
@@ -146,9 +149,8 @@ def test_tick_writes_the_tally_every_100_ms_with_the_loop_lag_samples():
     from types import SimpleNamespace
 
     from kvsched.daemon import tick
-    from kvsched.daemon.ratelimit import RateLimitedLog
-
     from kvsched.daemon.connections import ConnectionTable
+    from kvsched.daemon.ratelimit import RateLimitedLog
     from tests.core.factories import make_scheduler
 
     metrics, conns = Metrics(), ConnectionTable(10**9)
