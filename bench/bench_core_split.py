@@ -6,8 +6,8 @@ Remote-router lifecycle (`bench_core.run_lifecycles`, approximate index, 8 lease
 private progress / state words, as the daemon maps them): after the router's `dispatched` store one
 `fold_words` + `drain_cleanup`, after its `prefill_done` store the same, then one fold that finds
 nothing (the actor folds on every wake). Daemon frames: the same remote lifecycle as decoded frames
-through `daemon.translate.Translator.handle` (Enqueue, Update x2, Release) and the wake's
-`drain_cleanup` + delivery; no sockets, no decoding. Every figure includes one pair of `time.thread_time_ns`
+through the actor's dispatch table (`Actor._handle_frame`: Enqueue, Update x2, Release) and the
+wake's `drain_cleanup` + `Actor.deliver`; no sockets, no decoding (sends captured). Every figure includes one pair of `time.thread_time_ns`
 reads (~0.5 µs here); best of `--repeats` runs of `--n` lifecycles after 2,000 warm-up ones.
 
 With `--baseline REV` the `kvsched/` package of git revision REV runs in a subprocess, alternating
@@ -170,9 +170,11 @@ def _translator(sched):
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     actor = Actor(asyncio.new_event_loop(), sched, sock, None, DaemonConfig(), Metrics(), conns=conns)
     actor._send = lambda c, f, a=None: sent.append(f) or True  # noqa: SLF001 - the sends, captured
+    if hasattr(actor, "tr"):  # a `--baseline` revision whose Translator sent (before the actor owned the sends)
+        actor.tr.send = actor._send  # noqa: SLF001
     tr = SimpleNamespace(
         handle=actor._handle_frame,  # noqa: SLF001 - the dispatch, without the socket read
-        deliver=actor.deliver,
+        deliver=getattr(actor, "deliver", None) or actor._deliver,  # noqa: SLF001 - `_deliver` in a baseline
         scheduler=sched,
         tally=actor.tally,
     )

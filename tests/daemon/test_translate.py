@@ -23,7 +23,7 @@ def test_observe_many_equals_one_observe_per_value():
         one.observe(v)
     observe_many(many, values)
 
-    def samples(h):
+    def samples(h: Histogram) -> list:
         return [
             (s.name.split("_", 1)[1], s.labels.get("le"), s.value)
             for m in h.collect()
