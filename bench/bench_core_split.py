@@ -7,8 +7,9 @@ private progress / state words, as the daemon maps them): after the router's `di
 `fold_words` + `drain_cleanup`, after its `prefill_done` store the same, then one fold that finds
 nothing (the actor folds on every wake). Daemon frames: the same remote lifecycle as decoded frames
 through the actor's dispatch table (`Actor._handle_frame`: Enqueue, Update x2, Release) and the
-wake's `drain_cleanup` + `Actor.deliver`; no sockets, no decoding (sends captured). Every figure includes one pair of `time.thread_time_ns`
-reads (~0.5 µs here); best of `--repeats` runs of `--n` lifecycles after 2,000 warm-up ones.
+wake's `drain_cleanup` + `Actor.deliver`; no sockets, no decoding (sends captured). Every figure
+includes one pair of `time.thread_time_ns` reads (~0.5 µs here);
+best of `--repeats` runs of `--n` lifecycles after 2,000 warm-up ones.
 
 With `--baseline REV` the `kvsched/` package of git revision REV runs in a subprocess, alternating
 with this tree for `--rounds` rounds (the machine is shared: compare figures of one run only).

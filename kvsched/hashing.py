@@ -191,20 +191,21 @@ class BlockHashCache:
         capacity: blocks kept (default 65,536, a few MB); when full the oldest entry is dropped.
     Attributes:
         hits / misses: blocks found / computed so far.
+        memo: (parent hash bytes + the block's token bytes) -> (its hash bytes, its hash int), oldest first.
     """
 
-    __slots__ = ("_memo", "capacity", "hits", "misses")
+    __slots__ = ("capacity", "hits", "memo", "misses")
 
     def __init__(self, capacity: int = 65_536) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._memo: dict[bytes, tuple[bytes, int]] = {}
+        self.memo: dict[bytes, tuple[bytes, int]] = {}
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
-        return len(self._memo)
+        return len(self.memo)
 
 
 _U32_NATIVE = array("I").itemsize == 4
@@ -229,7 +230,7 @@ def _vllm_cached(
     data = _u32_bytes(token_ids, n * block_size)
     if data is None or not _U32_NATIVE:  # what the general path handles (or rejects)
         return _vllm(token_ids, block_size, n, hash_seed, extra)
-    memo, step = cache._memo, 4 * block_size
+    memo, step = cache.memo, 4 * block_size
     parent = vllm_none_hash(hash_seed)
     head = b"\x83\x58\x20", _head(4, block_size)
     sha256, join, from_bytes, get = hashlib.sha256, b"".join, int.from_bytes, _CBOR_UINT.get

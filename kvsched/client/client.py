@@ -510,7 +510,7 @@ class SchedulerClient:
         self._pending.origins.pop(request_id, None)  # a single dict operation: safe from any thread (GIL)
         self._dropped.push(request_id, slot, generation)
 
-    def _revoke(self, request_id: str, why: str, outcome: str = "revoked") -> bool:
+    def _revoke(self, request_id: str, why: str, outcome: Literal["lost", "revoked"] = "revoked") -> bool:
         """The daemon no longer holds this lease: close it locally and run its `on_dropped` callback.
         "revoked" (operator cancel): its progress calls raise `LeaseRevoked(why)`; "lost" (reaped as
         silent, a restart, or its worker removed: a revocation notice whose reason is not
@@ -522,10 +522,8 @@ class SchedulerClient:
         lease = ref() if ref is not None else None
         if lease is None or lease.outcome is not None:
             return False
-        lease.outcome = outcome
-        lease.lost_reason = why
         log.warning("lease %s request_id=%s reason=%s", outcome, request_id, why)
-        lease._notify_dropped()
+        lease.mark_dropped(outcome, why)
         return True
 
     # ------------------------------------------------------------------ incoming

@@ -198,6 +198,14 @@ class Lease:
         if callback is not None and self.outcome in _DROPPED:
             self._notify_dropped()
 
+    def mark_dropped(self, outcome: Literal["lost", "revoked"], reason: str) -> None:
+        """The client's call when the daemon drops this open lease (a revocation notice, a restart it
+        did not survive, its worker removed): `outcome` and `lost_reason` are set and the `on_dropped`
+        callback runs. Not a router's verb: a router ends a lease with `release` / `async with`."""
+        self.outcome = outcome
+        self.lost_reason = reason
+        self._notify_dropped()
+
     def _notify_dropped(self) -> None:
         callback, self._on_dropped = self._on_dropped, None
         if callback is None:

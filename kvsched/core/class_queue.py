@@ -365,7 +365,7 @@ class PolicyClassQueue:
     def _best_lane_head(self, worker_ready: WorkerReady) -> QueueEntry | None:
         heads = self._heads
         while heads:
-            key, seq, worker = heads[0]
+            _key, seq, worker = heads[0]
             if self._head_of.get(worker) != seq:
                 heapq.heappop(heads)  # superseded by a newer head of the same lane
                 continue

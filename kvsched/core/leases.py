@@ -256,7 +256,7 @@ class LeaseTable:
         or is owned by the daemon, the claimant itself, an owner known gone or an earlier connection
         of the claimant's process (module docstring)."""
         owner = self.owner_of(request_id)
-        if owner is None or owner == DAEMON_OWNER or owner == claimant:
+        if owner is None or owner in (DAEMON_OWNER, claimant):
             return True
         return not self.owner_alive(owner) or self.same_process(owner, claimant)
 

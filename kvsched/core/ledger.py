@@ -1,4 +1,5 @@
-"""Ledger: bookings (slot, generation) over the shared-memory arrays and their per-worker load (docs/DESIGN.md §3.1, §4.2).
+"""Ledger: bookings (slot, generation) over the shared-memory arrays and their per-worker load
+(docs/DESIGN.md §3.1, §4.2).
 
 The worker-row table (which worker holds which row, its flags, eligibility) is `worker_rows.WorkerRows`,
 reached as `Ledger.rows`; `Ledger` keeps the worker methods its callers use and delegates them.
@@ -234,7 +235,7 @@ class Ledger:
         got = self.take_slot(request_id)
         if got is None:
             return None
-        slot, rid = got
+        slot, _rid = got
         a = self.arrays
         gen = reserve_slot(
             slot,

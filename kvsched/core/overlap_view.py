@@ -193,7 +193,7 @@ class OverlapView:
         # floored (one kernel call)
         flags = self.ledger.arrays.w_flags
         got = self._credited
-        if got is None or not all(x is y for x, y in zip(got[0], (ap, dev, off, sp, flags, out))):
+        if got is None or not all(x is y for x, y in zip(got[0], (ap, dev, off, sp, flags, out), strict=True)):
             arrays = (
                 ap.keys,
                 ap.used,

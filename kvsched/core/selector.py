@@ -79,7 +79,7 @@ class TermTable:
 
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
         """(name, float64[W] row) pairs, in order."""
-        return zip(self.names, self.rows)
+        return zip(self.names, self.rows, strict=True)
 
 
 class WorkerSelector(ABC):
@@ -152,6 +152,7 @@ class WorkerSelector(ABC):
     def admitted(self, row: int, uncached_tokens: int, now_us: int, isl_tokens: int | None = None) -> None:
         """Learn from an admission that succeeded on `row` (`uncached_tokens` = isl - cached; `isl_tokens`
         the request's prompt tokens when known). Default: nothing."""
+        return None
 
     def terms(
         self, costs: np.ndarray, eligible: np.ndarray, overlap_blocks: np.ndarray, view: SelectionView
@@ -167,6 +168,7 @@ class WorkerSelector(ABC):
     def note_admitted(self, row: int, overlap_blocks: int, request_blocks: int) -> None:
         """The dispatcher reserved `row` for a request with `request_blocks` hashed prompt blocks, of
         which `overlap_blocks` were credited as cached there. Default: nothing to record."""
+        return None
 
     def _pick(self, rows: np.ndarray) -> int:
         """Uniformly random element of a non-empty row array."""

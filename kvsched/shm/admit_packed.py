@@ -169,7 +169,8 @@ _INDEX_ARRAYS = (
 )
 # `credited_depth`'s arguments from `a_keys` to `out`, as (name, dtype, ndim): the table
 # `credited_depth_packed` takes instead of them (`pack_credited_arrays`).
-CREDITED_ARRAYS = tuple((f"{tier}_{name}", dt, nd) for tier in "ados" for name, dt, nd in _INDEX_ARRAYS) + (
+CREDITED_ARRAYS = (
+    *((f"{tier}_{name}", dt, nd) for tier in "ados" for name, dt, nd in _INDEX_ARRAYS),
     ("scratch", np.uint64, 1),
     ("approx_depth", np.int32, 1),
     ("dev_depth", np.int32, 1),

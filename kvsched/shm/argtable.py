@@ -78,7 +78,7 @@ def pack_table(arrays: tuple, spec: tuple) -> np.ndarray:
     if len(arrays) != len(spec):
         raise ValueError(f"{len(arrays)} arrays for a table of {len(spec)}")
     table = np.ones(ENTRY * len(spec), np.int64)
-    for k, (arr, (name, dtype, ndim)) in enumerate(zip(arrays, spec)):
+    for k, (arr, (name, dtype, ndim)) in enumerate(zip(arrays, spec, strict=True)):
         if not isinstance(arr, np.ndarray) or arr.dtype != np.dtype(dtype) or arr.ndim != ndim:
             got = f"{arr.dtype}, {arr.ndim}-D" if isinstance(arr, np.ndarray) else type(arr).__name__
             raise ValueError(f"{name}: {got}, expected {np.dtype(dtype)}, {ndim}-D")

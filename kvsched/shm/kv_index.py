@@ -114,7 +114,7 @@ class KvIndexSegment:
 
     def close(self) -> None:
         """Drop the views and unmap (the segment itself stays)."""
-        for attr in ("header", "device", "offload") + tuple(n for n, _, _ in _ROW_FIELDS):
+        for attr in ("header", "device", "offload", *(n for n, _, _ in _ROW_FIELDS)):
             setattr(self, attr, None)
         self._shm.close()  # views still alive elsewhere (the scheduler's) keep the mapping until they go
 

@@ -28,6 +28,7 @@ file descriptor (`PROT_READ`), so its arrays are read-only numpy views; a write 
 from __future__ import annotations
 
 import _posixshmem  # the stdlib's shm_open/shm_unlink, what SharedMemory itself calls
+import contextlib
 import grp
 import mmap
 import os
@@ -252,10 +253,8 @@ class _FileMap:
 
     def close(self) -> None:
         """Unmap; a mapping numpy views still export stays until they go (BufferError swallowed)."""
-        try:
+        with contextlib.suppress(BufferError):
             self.mm.close()
-        except BufferError:
-            pass
 
 
 def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writable_ledger: bool = False) -> Segments:
@@ -299,10 +298,8 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
     except BaseException:
         arrays = progress = state = None  # drop views before closing
         for handle in handles:
-            try:
+            with contextlib.suppress(BufferError):
                 handle.close()
-            except BufferError:
-                pass
         raise
     return Segments(instance, arrays, progress, handles, state=state)
 
@@ -349,10 +346,8 @@ def unlink_segment(name: str) -> None:
     except FileNotFoundError:
         return
     except ValueError:  # "cannot mmap an empty file"
-        try:
+        with contextlib.suppress(FileNotFoundError):
             _posixshmem.shm_unlink("/" + name)
-        except FileNotFoundError:
-            pass
         return
     _untrack(shm)
     shm.close()

@@ -9,6 +9,7 @@ lease and refuses to start over ones that do (their routers still write version-
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
 
@@ -75,7 +76,5 @@ def inspect_ledger(instance: str) -> FoundLayout | None:
         del arrays
         return FoundLayout(version, live)
     finally:
-        try:
+        with contextlib.suppress(BufferError):
             shm.close()
-        except BufferError:
-            pass
