@@ -13,17 +13,39 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from .tally import now_us
+from .connections import ConnectionTable
+from .metrics import Metrics
+from .ratelimit import RateLimitedLog
+from .tally import WakeTally, now_us
 
 if TYPE_CHECKING:
-    from .actor import Actor
+    from ..config import DaemonConfig
+    from ..core.scheduler import Scheduler
 
 log = logging.getLogger("kvsched.daemon.actor")  # the actor's log lines, under the actor's logger name
 
 LIVENESS_EVERY_US = 100_000  # dead-router check and the metric tally's flush (µs)
 GAUGES_EVERY_US = 1_000_000  # gauges + `on_second` callbacks (µs)
+
+
+class TickedActor(Protocol):
+    """What a `Ticker` uses of the actor that owns it (`daemon.actor.Actor` is the one implementation;
+    stated here so that this module does not import the actor, which imports it)."""
+
+    loop: asyncio.AbstractEventLoop
+    cfg: DaemonConfig
+    scheduler: Scheduler
+    conns: ConnectionTable
+    metrics: Metrics
+    tally: WakeTally
+    warn: RateLimitedLog
+    stopped: bool
+
+    def fold_words(self) -> bool: ...
+    def deliver(self, outcomes: list, t: int) -> None: ...
+    def after_tick(self) -> None: ...
 
 
 class Ticker:
@@ -37,7 +59,7 @@ class Ticker:
         on_second: callbacks run once a second, with the gauges (e.g. kv-event counters).
     """
 
-    def __init__(self, actor: Actor) -> None:
+    def __init__(self, actor: TickedActor) -> None:
         self.actor = actor
         self.period_s = actor.cfg.progress_fold_ms / 1000
         self.on_tick: list[Callable[[], None]] = []

@@ -10,7 +10,7 @@ import operator
 import sys
 from array import array
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Annotated, SupportsIndex, TypeAlias, get_args
+from typing import Annotated, SupportsIndex, TypeAlias, get_args
 
 import msgspec
 from msgspec import Meta
@@ -34,12 +34,9 @@ from .frames import (
 from .limits import RequestId
 from .walk import array_elements
 
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
-
-# What `hashes_to_bytes` accepts: the wire bytes themselves, ints (Python or numpy), or an integer array.
-BlockHashesLike: TypeAlias = "bytes | bytearray | memoryview | Iterable[SupportsIndex] | npt.NDArray[np.integer]"
+# What `hashes_to_bytes` accepts: the wire bytes themselves, ints (Python or numpy), or an integer array
+# (a numpy integer array is an iterable of `SupportsIndex`: the ground floor names no numpy type).
+BlockHashesLike: TypeAlias = "bytes | bytearray | memoryview | Iterable[SupportsIndex]"
 
 RouterFrame = Hello | Enqueue | Update | Release | Heartbeat | Reattach | Batch
 BatchedRouterFrame = Enqueue | Update | Release | Heartbeat | Reattach  # what a `Batch` may carry
