@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import ClassConfig, SelectorConfig
+from ..protocol import RejectReason
 from ..shm.admit_kernels import (
     OUT_CACHED,
     OUT_EVICTED,
@@ -64,7 +65,7 @@ from .explain_ring import ExplainRing
 from .kv_cost import KvSelector
 from .live import LEASED, READY, Live
 from .ordering import QueueEntry
-from .selector import SelectionView
+from .selector import SelectionView, Terms
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class Admitter:
         self._key: tuple | None = None  # the objects the kernel's table describes (`kernel_arrays`)
         self._arrays: tuple = ()  # the arrays themselves, kept alive beside their table
         self._args: tuple = ()  # (block_size, stride, table)
-        self._kernel = None  # `_admit_entry()`, bound on first use
+        self._kernel: Callable[..., int] | None = None  # `_admit_entry()`, bound on first use
         self._view = SelectionView(
             ledger.out_prefill,
             ledger.out_blocks,
@@ -163,11 +164,11 @@ class Admitter:
         """Decide with `selector` from now on (start; a profile reload that rebuilt it): the fused path
         is on for a kernel-decidable `KvSelector` over an `OverlapIndex`; kernel parameters are re-packed."""
         self.selector = selector
-        self.fused = (
-            type(selector) is KvSelector and selector.decides_by_kernel() and isinstance(self.view.approx, OverlapIndex)
-        )
-        if self.fused:
-            selector.reserve_rows(self.ledger.arrays.max_workers)
+        kv = selector if type(selector) is KvSelector else None
+        self.fused = kv is not None and kv.decides_by_kernel() and isinstance(self.view.approx, OverlapIndex)
+        self.kv = kv if self.fused else None  # the selector the kernel decides for
+        if kv is not None and self.fused:
+            kv.reserve_rows(self.ledger.arrays.max_workers)
         self.params = {}
 
     def __getstate__(self) -> dict:
@@ -186,7 +187,9 @@ class Admitter:
 
     def _objects(self) -> tuple:
         view = self.view
-        return self.explain, self.selector.recent, self.ledger.arrays, view.approx, view.depth_out, self.elig
+        sel = self.selector
+        recent = sel.recent if isinstance(sel, KvSelector) else None  # the kernel's selector's recent work
+        return self.explain, recent, self.ledger.arrays, view.approx, view.depth_out, self.elig
 
     def kernel_arrays(self) -> tuple:
         """`admit_kv_packed`'s last arguments: (block_size, stride, the table of `admit_kv`'s 41 fixed
@@ -284,10 +287,11 @@ class Admitter:
         busy or the decision is not a unique finite minimum. `enqueue_us` is the booking's enqueue time.
         """
         hashes, isl = spec.block_hashes, spec.isl_tokens
-        sel = self.selector
+        sel = self.kv
         dt = hashes.dtype
         if (
             not self.fused
+            or sel is None
             or (dt is not _U64 and dt != _U64)
             or not sel.kernel_may_decide(isl)
             or not self.leases.owner_alive(spec.owner)
@@ -295,18 +299,18 @@ class Admitter:
             return None
         ledger, view, ring, rid = self.ledger, self.view, self.explain, spec.request_id
         try:
-            slot = ledger.take_slot(rid)
+            taken = ledger.take_slot(rid)
         except ValueError:  # the Python path raises it
             return None
-        if slot is None:  # slot table full: the Python path rejects
+        if taken is None:  # slot table full: the Python path rejects
             return None
-        slot = slot[0]
+        slot = taken[0]
         self.placeable_mask(None, spec.allowed_workers)  # memoised: usually a hit
         own_depth = view.approx_only()
         if not own_depth:
             view.depth(hashes, now_us)
-        params = self.params.get(cq.index)  # `params_of`, its memo checked here
-        params = params[1] if params is not None and params[0] is cq.config else self.params_of(cq)
+        memo = self.params.get(cq.index)  # `params_of`, its memo checked here
+        params = memo[1] if memo is not None and memo[0] is cq.config else self.params_of(cq)
         k = self._key  # `kernel_arrays`, its memo checked here
         if (
             k is not None
@@ -520,7 +524,7 @@ class Admitter:
 
     def _select(
         self, pin: WorkerKey | None, costs: np.ndarray, request_blocks: int, view: SelectionView
-    ) -> tuple[int, dict | None]:
+    ) -> tuple[int, Terms | None]:
         """(row or -1, the selector's cost terms if it computed them on the way)."""
         if pin is not None:
             row = self.ledger.row_of(pin)
@@ -544,7 +548,7 @@ class Admitter:
         costs: np.ndarray,
         now_us: int,
         view: SelectionView,
-        terms: dict | None,
+        terms: Terms | None,
     ) -> Admit | Reject:
         spec, entry, depth = live.spec, live.entry, self.view.depth_out
         ledger = self.ledger
@@ -599,11 +603,20 @@ class Admitter:
         return self._ids
 
     def reject(
-        self, spec: RequestSpec, reason: str, detail: str, cls_name: str, **figures: int | str | bool | None
+        self,
+        spec: RequestSpec,
+        reason: RejectReason,
+        detail: str,
+        cls_name: str,
+        *,
+        limit_kind: str | None = None,
+        current: int | None = None,
+        limit: int | None = None,
+        revoked: bool = False,
     ) -> Reject:
         """A `Reject` record for `spec` (counted in `decisions_total`)."""
         self.decisions_total += 1
-        return Reject(spec.request_id, spec.owner, reason, detail, cls_name, **figures)
+        return Reject(spec.request_id, spec.owner, reason, detail, cls_name, limit_kind, current, limit, revoked)
 
     # ---- the dispatch pass -------------------------------------------------------------------
     def dispatch(self, now_us: int) -> list[Admit | Reject]:

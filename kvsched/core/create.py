@@ -7,6 +7,7 @@ Pure: it allocates private arrays when no ledger is given, never a segment or a 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ..config import Config
 from ..shm.layout import LedgerArrays
@@ -60,7 +61,7 @@ def create_scheduler(
         overlap = OverlapIndex(w, overlap_capacity(w))
     if events and event_device is None:
         event_device = OverlapIndex(w, overlap_capacity(w))
-    kwargs = {}
+    kwargs: dict[str, Any] = {}  # only the callbacks given: the Scheduler's defaults otherwise
     if owner_alive is not None:
         kwargs["owner_alive"] = owner_alive
     if same_process is not None:

@@ -72,10 +72,17 @@ class ExplainRing:
         self.depth[i] = depth
         self.blocks[i] = blocks
         self.prefill[i] = prefill
-        kv = isinstance(terms, TermTable) and terms.names == KV_TERMS
-        if kv:
-            self.terms[i] = terms.rows
-        self._meta[i] = (request_id, row, now_us, ids, None if kv or terms else costs.copy(), None if kv else terms)
+        table = terms if isinstance(terms, TermTable) and terms.names == KV_TERMS else None
+        kv = table is not None
+        if table is not None:
+            self.terms[i] = table.rows
+        if kv or terms:
+            kept = None
+        elif costs is None:
+            raise ValueError("an admission recorded without terms needs its costs")
+        else:
+            kept = costs.copy()
+        self._meta[i] = (request_id, row, now_us, ids, kept, None if kv else terms)
         self.head = (i + 1) % self.capacity
         if self._n < self.capacity:
             self._n += 1
@@ -89,7 +96,10 @@ class ExplainRing:
         return sum(1 for k in range(self._n) if self._meta[(self.head - 1 - k) % self.capacity] is not None)
 
     def _decode(self, i: int) -> tuple:
-        request_id, row, now_us, ids, costs, terms = self._meta[i]
+        meta = self._meta[i]
+        if meta is None:
+            raise IndexError("explain ring record lost")
+        request_id, row, now_us, ids, costs, terms = meta
         if terms is None and costs is None:
             terms = TermTable(KV_TERMS, self.terms[i])
         return (
@@ -109,10 +119,7 @@ class ExplainRing:
         """The k-th newest record for k < 0 (-1 = newest); IndexError past the records held."""
         if not -self._n <= k < 0:
             raise IndexError("explain ring index out of range")
-        i = (self.head + k) % self.capacity
-        if self._meta[i] is None:
-            raise IndexError("explain ring record lost")
-        return self._decode(i)
+        return self._decode((self.head + k) % self.capacity)
 
     def __iter__(self) -> Iterator[tuple]:
         """Decoded records, oldest first (as a deque iterates)."""

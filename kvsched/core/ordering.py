@@ -21,6 +21,7 @@ token snapshot); vLLM `request_queue.py` (`Request.__lt__`: priority, then arriv
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -64,7 +65,7 @@ class QueueEntry(msgspec.Struct, eq=False):
     isl_tokens: int = 1
     placement: WorkerKey | None = None
     class_idx: int = 0
-    payload: object = None
+    payload: Any = None  # the caller's record (the Scheduler's `Live`); never read here
     key: Key = ()
     requeued: bool = False
 

@@ -129,7 +129,9 @@ class OverlapView:
         self._credited: tuple | None = None  # (objects read, arrays, `credited_depth_packed`'s table)
         self._memo_of: np.ndarray | None = None  # the hashes array the memo is for (identity)
         self._memo_t = self._memo_v = -1  # its time (µs) and `_version()`
-        self._versioned = [ix for ix in (approx, device, offload, speculative) if hasattr(ix, "version")]
+        self._versioned = [
+            ix for ix in (approx, device, offload, speculative) if ix is not None and hasattr(ix, "version")
+        ]
 
         self._fused_depth = all(
             isinstance(ix, OverlapIndex) for ix in (approx, device, offload, speculative) if ix is not None
@@ -180,15 +182,15 @@ class OverlapView:
             return self.depth_out
         self._memo_of, self._memo_t, self._memo_v = hashes, now_us, v
         out = self.depth_out
-        dev = self.device
-        if dev is None or self._n_fed == 0 or not self._fused_depth:
+        dev, sp = self.device, self.speculative  # a device index always comes with a speculative one
+        if dev is None or sp is None or self._n_fed == 0 or not self._fused_depth:
             self.approx.depth(hashes, now_us, self.approx_depth)
             out[:] = self.approx_depth
-            if dev is None or self._n_fed == 0:
+            if dev is None or sp is None or self._n_fed == 0:
                 return out
-            return self._depth_by_index(hashes, now_us, out)
+            return self._depth_by_index(hashes, now_us, out, dev, sp)
         off = self.offload if self.offload is not None else dev
-        ap, sp = self.approx, self.speculative
+        ap = self.approx
         # every index's depth, then stale / unfed rows: approximate only; the others: credited_overlap,
         # floored (one kernel call)
         flags = self.ledger.arrays.w_flags
@@ -237,14 +239,16 @@ class OverlapView:
         )
         return out
 
-    def _depth_by_index(self, hashes: np.ndarray, now_us: int, out: np.ndarray) -> np.ndarray:
+    def _depth_by_index(
+        self, hashes: np.ndarray, now_us: int, out: np.ndarray, device: OverlapIndex, speculative: OverlapIndex
+    ) -> np.ndarray:
         """`depth` of event-fed rows index by index (an approximate index that is not an `OverlapIndex`)."""
-        self.device.depth(hashes, now_us, self._dev_depth)
+        device.depth(hashes, now_us, self._dev_depth)
         off = None
         if self.offload is not None:
             self.offload.depth(hashes, now_us, self._off_depth)
             off = self._off_depth
-        self.speculative.depth(hashes, now_us, self._spec_depth)
+        speculative.depth(hashes, now_us, self._spec_depth)
         credit_rows(
             self.approx_depth,
             self._dev_depth,

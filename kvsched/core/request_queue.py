@@ -246,7 +246,7 @@ class WSPTRequestQueue(HeapRequestQueue):
         super().__init__(wspt_key, head_prepend=False)
 
 
-_POLICIES: dict[str, type[HeapRequestQueue]] = {
+_POLICIES: dict[str, Callable[[], RequestQueue]] = {
     "fcfs": FCFSRequestQueue,
     "priority": PriorityRequestQueue,
     "wspt": WSPTRequestQueue,

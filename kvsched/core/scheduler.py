@@ -249,8 +249,8 @@ class Scheduler:
         if why is not None:
             return self._hold(live, cq, now_us, why, defer=False)
         self.lease_table.register(live)
-        got = adm.admit_one(live, now_us)
-        return [] if got is None else [got]
+        decided = adm.admit_one(live, now_us)
+        return [] if decided is None else [decided]
 
     def _hold(self, live: Live, cq: PolicyClassQueue, now_us: int, why: str, defer: bool) -> Outcomes:
         held = self.intake.hold(live, cq, now_us, why, defer)

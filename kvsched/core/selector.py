@@ -82,6 +82,10 @@ class TermTable:
         return zip(self.names, self.rows, strict=True)
 
 
+# A decision's cost terms as a selector hands them over: a dict of float64[W] arrays or a `TermTable`.
+Terms = dict[str, np.ndarray] | TermTable
+
+
 class WorkerSelector(ABC):
     """Choose one eligible worker row.
 
@@ -142,7 +146,7 @@ class WorkerSelector(ABC):
         overlap_blocks: np.ndarray | None = None,
         request_blocks: int = 0,
         view: SelectionView | None = None,
-    ) -> tuple[int, dict[str, np.ndarray] | None]:
+    ) -> tuple[int, Terms | None]:
         """`select` plus the decision's cost terms (`terms`), or None when they are not computed on the
         way (the dispatcher then asks `terms` itself). Pure, like `select`."""
         return self.select(

@@ -15,6 +15,8 @@ slots, or the whole table after a restart) comes from the caller.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..shm.bind import entry_point
@@ -43,7 +45,8 @@ class WordFold:
         self._rows = np.zeros(w, np.int64)  # fold_words output: rows changed
         self._prev_blocks = np.zeros(w, np.int64)  # aggregates before a progress-only fold
         self._prev_prefill = np.zeros(w, np.int64)
-        self._fold = self._test = None
+        self._fold: Callable[..., int] | None = None  # entry points, bound on the first fold (`_bind`)
+        self._test: Callable[..., bool] | None = None
         if progress is not None and state is not None:
             a = arrays
             args = (
@@ -67,13 +70,15 @@ class WordFold:
             self._fold_args = args
             self._test_args = (progress, state, self._seen_progress, self._seen_state)
 
-    def _bind(self) -> None:
-        """Resolve both kernels' entry points (first fold: the kernels load or compile then); the fold
+    def _bind(self) -> tuple[Callable[..., int], Callable[..., bool]]:
+        """Resolve both kernels' entry points (first fold: the kernels load or compile then) and return them
+        (fold, test); the fold
         takes its 15 arrays as one table (`shm.booking_packed.fold_words_packed`), built here once."""
         a = self._fold_args  # the arrays stay referenced here beside their table (`shm.argtable`)
         self._fold_call = (a[12], pack_fold_arrays((*a[:12], *a[13:])))  # (block_size, table)
-        self._fold = entry_point(fold_words_packed, (0, *self._fold_call))
-        self._test = entry_point(words_changed, (0, *self._test_args))
+        self._fold = fold = entry_point(fold_words_packed, (0, *self._fold_call))
+        self._test = test = entry_point(words_changed, (0, *self._test_args))
+        return fold, test
 
     def __getstate__(self) -> dict:
         """Copies and pickles drop the fold's argument table (`shm.argtable`: this process's addresses
@@ -91,9 +96,10 @@ class WordFold:
             return 0
         a = self.arrays
         if self.state is not None:
-            if self._fold is None:
-                self._bind()
-            changed = self._fold(n_slots, *self._fold_call)
+            fold = self._fold
+            if fold is None:
+                fold = self._bind()[0]
+            changed = fold(n_slots, *self._fold_call)
         else:
             changed = fold_progress(
                 self.progress,
@@ -120,11 +126,12 @@ class WordFold:
         With state words, a wake that finds no word changed costs one `words_changed` call."""
         if self.state is None or self.progress is None:
             return self.fold_progress_rows(n_slots), self.take_dispatched()
-        if self._fold is None:
-            self._bind()
-        if not self._test(n_slots, *self._test_args):
+        fold, test = self._fold, self._test
+        if fold is None or test is None:
+            fold, test = self._bind()
+        if not test(n_slots, *self._test_args):
             return [], []
-        changed = self._fold(n_slots, *self._fold_call)
+        changed = fold(n_slots, *self._fold_call)
         _, k, n_rows = self._counts.tolist()
         if changed and self.rows.overload_rules:
             self.rows.update_overload_all()

@@ -170,7 +170,8 @@ def hashes_to_bytes(block_hashes: BlockHashesLike) -> bytes:
         if block_hashes.ndim != 1:
             raise ValueError(f"block_hashes must be a 1-D array, not shape {block_hashes.shape}")
         # a signed array is taken mod 2**64, as KV events' i64 hashes are (docs/KV_EVENTS.md)
-        return block_hashes.astype("<u8", copy=False).tobytes()  # C order, as the wire wants
+        wire: bytes = block_hashes.astype("<u8", copy=False).tobytes()  # C order, as the wire wants
+        return wire
     if not hasattr(block_hashes, "__iter__"):
         raise TypeError(
             f"block_hashes must be bytes, a sequence of ints or a numpy integer array, "
