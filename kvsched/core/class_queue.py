@@ -28,6 +28,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import ClassConfig
 from ..protocol import ClassRow
@@ -85,7 +86,7 @@ class PolicyClassQueue:
         self.deficit = 0
         self.n_waiting = 0  # ready + deferred requests
         self.isl_waiting = 0  # ready + deferred prompt tokens
-        self._heads: list[tuple] = []  # (key, seq, worker) lazy heap of unblocked lane heads
+        self._heads: list[tuple[Any, ...]] = []  # (key, seq, worker) lazy heap of unblocked lane heads
         self._head_of: dict[WorkerKey, int] = {}  # worker -> seq of its valid heap item
         self._to_compact: dict[int, RequestQueue] = {}  # containers with removals since compact()
         self._unsettled: dict[WorkerKey, None] = {}  # lanes `discard` took from since `settle`

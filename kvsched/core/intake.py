@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .admission import MakeReady, Reconcile
 from .live import DEFERRED, READY, Live
@@ -296,7 +296,7 @@ class Intake:
         gone = list(gone)
         gone_set, names = set(gone), ", ".join(map(str, gone))
         adm, pq = self.admitter, self.admitter.pq
-        left: dict[tuple, int] = {}  # (pin, allowed) -> registered placeable workers
+        left: dict[tuple[Any, ...], int] = {}  # (pin, allowed) -> registered placeable workers
         out: list[Reject] = []
         for cq in pq.classes:
             stranded: list[QueueEntry] = []

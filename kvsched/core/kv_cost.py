@@ -304,7 +304,8 @@ class KvSelector(CostSelector):
         if recent_tokens is not None and self.lead_release_recent_ratio > 0.0 and rows.size > 1:
             mine = recent_tokens[row]
             mean_others = (float(recent_tokens[rows].sum()) - mine) / (rows.size - 1)
-            return mine > self.lead_release_recent_ratio * mean_others
+            saturated: bool = mine > self.lead_release_recent_ratio * mean_others
+            return saturated
         return False
 
     def select_explained(

@@ -32,7 +32,7 @@ BAND_PREPENDED = 0
 BAND_NORMAL = 1
 REQUEUED, ARRIVED = 0, 1  # FCFS sub-order inside a strict_priority tier
 
-Key = tuple
+Key = tuple[float, ...]  # compared ascending; ints and floats
 
 
 class QueueEntry(msgspec.Struct, eq=False):

@@ -41,7 +41,7 @@ from .intake import Intake
 from .leases import LeaseTable, OrphanCounts
 from .live import DEFERRED, LEASED, READY, Live
 from .ordering import QueueEntry
-from .overlap_view import OverlapView
+from .overlap_view import ApproxIndex, OverlapView
 from .policy_feed import PolicyFeed
 from .policy_queue import PolicyQueue
 from .reload import selector_keys_needing_rebuild
@@ -74,7 +74,7 @@ class Scheduler:
         self,
         config: Config,
         ledger: Ledger,
-        overlap: OverlapIndex,
+        overlap: OverlapIndex | ApproxIndex,
         selector: WorkerSelector,
         owner_alive: Callable[[int], bool] = lambda owner: True,
         *,

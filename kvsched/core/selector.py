@@ -64,7 +64,8 @@ class TermTable:
         self.names, self.rows = names, rows
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self.rows[self.names.index(name)]
+        row: np.ndarray = self.rows[self.names.index(name)]
+        return row
 
     def __len__(self) -> int:
         return len(self.names)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from ..protocol import RejectReason, WorkerKey
+from ..protocol import RejectReason
+from ..protocol import WorkerKey as WorkerKey  # re-exported: the core names workers by it
 
 EMPTY_HASHES = np.zeros(0, dtype=np.uint64)
 

@@ -16,6 +16,7 @@ slots, or the whole table after a restart) comes from the caller.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from ..shm.bind import entry_point
 from ..shm.booking_packed import fold_words_packed, pack_fold_arrays
 from ..shm.kernels import fold_progress, words_changed
 from ..shm.layout import LedgerArrays
+from .worker_rows import WorkerRows
 
 
 class WordFold:
@@ -35,7 +37,9 @@ class WordFold:
         state: uint64[max_slots] state words, or None (progress words only).
     """
 
-    def __init__(self, arrays: LedgerArrays, rows, progress: np.ndarray | None, state: np.ndarray | None) -> None:
+    def __init__(
+        self, arrays: LedgerArrays, rows: WorkerRows, progress: np.ndarray | None, state: np.ndarray | None
+    ) -> None:
         self.arrays, self.rows, self.progress, self.state = arrays, rows, progress, state
         s, w = arrays.max_slots, arrays.max_workers
         self._seen_state = np.zeros(s, np.uint64)  # state word last folded per slot
@@ -80,7 +84,7 @@ class WordFold:
         self._test = test = entry_point(words_changed, (0, *self._test_args))
         return fold, test
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles drop the fold's argument table (`shm.argtable`: this process's addresses
         of the original arrays); the copy binds its own on its first fold."""
         state = dict(self.__dict__)
@@ -150,7 +154,8 @@ class WordFold:
         if self.state is not None:
             if not self.fold_progress(n_slots):
                 return []
-            return self._rows[: int(self._counts[2])].tolist()
+            rows: list[int] = self._rows[: int(self._counts[2])].tolist()
+            return rows
         np.copyto(self._prev_blocks, a.w_active_blocks)
         np.copyto(self._prev_prefill, a.w_active_prefill)
         if not self.fold_progress(n_slots):
@@ -165,4 +170,5 @@ class WordFold:
         if k == 0:
             return []
         self._counts[1] = 0
-        return self._dispatched[:k].tolist()
+        slots: list[int] = self._dispatched[:k].tolist()
+        return slots
