@@ -65,7 +65,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-## mypy over the package ([tool.mypy] in pyproject.toml: strict on the wire contract and the router library).
+## mypy over the package ([tool.mypy] in pyproject.toml: strict on the wire contract, the router library and the core).
 typecheck: $(STAMP)
 	$(BIN)/mypy
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import AdmissionConfig
@@ -216,7 +217,8 @@ class KvPressurePolicy(AdmissionPolicy):
             self._deferred.pop(event.request_id, None)
         if not self._deferred or self._update(fleet):
             return []
-        out, booked = [], fleet.booked_blocks
+        out: list[MakeReady] = []
+        booked = fleet.booked_blocks
         limit = self.high * fleet.total_kv_blocks
         while self._deferred:
             rid, blocks = next(iter(self._deferred.items()))
@@ -231,7 +233,10 @@ class KvPressurePolicy(AdmissionPolicy):
         return len(self._deferred)
 
 
-_POLICIES: dict[str, type[AdmissionPolicy]] = {"session_cap": SessionCapPolicy, "kv_pressure": KvPressurePolicy}
+_POLICIES: dict[str, Callable[[AdmissionConfig], AdmissionPolicy]] = {
+    "session_cap": SessionCapPolicy,
+    "kv_pressure": KvPressurePolicy,
+}
 
 
 def create_admission_policy(cfg: AdmissionConfig | None) -> AdmissionPolicy | None:

@@ -38,11 +38,12 @@ C-contiguous uint64 vector, the only layout that entry point reads correctly.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..config import ClassConfig, SelectorConfig
+from ..protocol import RejectReason
 from ..shm.admit_kernels import (
     OUT_CACHED,
     OUT_EVICTED,
@@ -57,14 +58,14 @@ from ..shm.admit_kernels import (
 from ..shm.admit_packed import admit_kv_packed, pack_admit_arrays
 from ..shm.bind import entry_point
 from ..shm.layout import FLAG_DRAINED
-from ..shm.overlap import INT64_MAX, OverlapIndex
+from ..shm.overlap import INT64_MAX
 from ..shm.select_kernels import count_busy
 from .admission import FleetView
 from .explain_ring import ExplainRing
 from .kv_cost import KvSelector
 from .live import LEASED, READY, Live
 from .ordering import QueueEntry
-from .selector import SelectionView
+from .selector import SelectionView, Terms
 from .types import EMPTY_HASHES, Admit, CostSnapshot, Reject, RequestSpec, WorkerKey
 
 if TYPE_CHECKING:
@@ -78,7 +79,8 @@ if TYPE_CHECKING:
 EXPLAIN_RING = 1024  # admissions kept for `kvsched explain`
 _U64 = np.dtype(np.uint64)  # the block hashes' dtype (an `is` test first: ~0.3 µs less than `!=`)
 _ONE_WORD = (_U64.itemsize,)  # the strides of a C-contiguous uint64 vector (1-D)
-_ENTRY: list = []  # admit_kv_packed's compiled entry point, resolved once per process (`_admit_entry`)
+# admit_kv_packed's compiled entry point, resolved once per process (`_admit_entry`)
+_ENTRY: list[Callable[..., int]] = []
 
 
 def _admit_entry() -> Callable[..., int]:
@@ -131,21 +133,21 @@ class Admitter:
         w = ledger.arrays.max_workers
         self.elig = ledger.elig_cache  # eligible rows of the last eligible_mask call (memo hits copy nothing)
         self.placeable = np.zeros(w, np.bool_)  # placeable rows of the last `placeable_mask`
-        self._placeable_key: tuple | None = None
+        self._placeable_key: tuple[Any, ...] | None = None
         self._placeable_n = 0
         self._placeable_rows: list[int] | None = None  # placeable rows, None when every row is
         self.explain = ExplainRing(EXPLAIN_RING, w)
         self._ids_key: int | None = None
-        self._ids: tuple = ()
+        self._ids: tuple[Any, ...] = ()
         self.decisions_total = 0
         a = ledger.arrays
-        self.params: dict[int, tuple] = {}
+        self.params: dict[int, tuple[Any, ...]] = {}
         self.scratch = np.zeros((4, w), np.float64)
         self.out = np.zeros(OUT_LEN, np.int64)
-        self._key: tuple | None = None  # the objects the kernel's table describes (`kernel_arrays`)
-        self._arrays: tuple = ()  # the arrays themselves, kept alive beside their table
-        self._args: tuple = ()  # (block_size, stride, table)
-        self._kernel = None  # `_admit_entry()`, bound on first use
+        self._key: tuple[Any, ...] | None = None  # the objects the kernel's table describes (`kernel_arrays`)
+        self._arrays: tuple[Any, ...] = ()  # the arrays themselves, kept alive beside their table
+        self._args: tuple[Any, ...] = ()  # (block_size, stride, table)
+        self._kernel: Callable[..., int] | None = None  # `_admit_entry()`, bound on first use
         self._view = SelectionView(
             ledger.out_prefill,
             ledger.out_blocks,
@@ -163,14 +165,14 @@ class Admitter:
         """Decide with `selector` from now on (start; a profile reload that rebuilt it): the fused path
         is on for a kernel-decidable `KvSelector` over an `OverlapIndex`; kernel parameters are re-packed."""
         self.selector = selector
-        self.fused = (
-            type(selector) is KvSelector and selector.decides_by_kernel() and isinstance(self.view.approx, OverlapIndex)
-        )
-        if self.fused:
-            selector.reserve_rows(self.ledger.arrays.max_workers)
+        kv = selector if type(selector) is KvSelector else None
+        self.fused = kv is not None and kv.decides_by_kernel() and self.view.fused_approx is not None
+        self.kv = kv if self.fused else None  # the selector the kernel decides for
+        if kv is not None and self.fused:
+            kv.reserve_rows(self.ledger.arrays.max_workers)
         self.params = {}
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles drop the admission kernel's argument table (`shm.argtable`: it holds this
         process's addresses of the original arrays) and its entry point; the copy builds its own on first use."""
         return {**self.__dict__, "_key": None, "_arrays": (), "_args": (), "_kernel": None}
@@ -182,13 +184,16 @@ class Admitter:
             p = pack_kv_params(self.selector, self.selector_cfg, cq.config)
             p[P["inv_bs"]] = 1.0 / float(self.ledger.block_size)
             got = self.params[cq.index] = (cq.config, p)
-        return got[1]
+        params: np.ndarray = got[1]
+        return params
 
-    def _objects(self) -> tuple:
+    def _objects(self) -> tuple[Any, ...]:
         view = self.view
-        return self.explain, self.selector.recent, self.ledger.arrays, view.approx, view.depth_out, self.elig
+        sel = self.selector
+        recent = sel.recent if isinstance(sel, KvSelector) else None  # the kernel's selector's recent work
+        return self.explain, recent, self.ledger.arrays, view.approx, view.depth_out, self.elig
 
-    def kernel_arrays(self) -> tuple:
+    def kernel_arrays(self) -> tuple[Any, ...]:
         """`admit_kv_packed`'s last arguments: (block_size, stride, the table of `admit_kv`'s 41 fixed
         arrays). Built once, again when one of the objects it reads is replaced (explain ring, the
         selector's recent-work array, ledger arrays, approximate index, depth or eligibility array);
@@ -272,7 +277,7 @@ class Admitter:
         self.leases.register(live)  # a lease already: indexed by slot too
         return Admit(rid, spec.owner, self.ledger.rows.key_of(row), slot, gen, ob, cached, 0, cq.name)
 
-    def book(self, spec: RequestSpec, cq: PolicyClassQueue, enqueue_us: int, now_us: int) -> tuple | None:
+    def book(self, spec: RequestSpec, cq: PolicyClassQueue, enqueue_us: int, now_us: int) -> tuple[Any, ...] | None:
         """The compiled decision: book `spec` (class `cq`, unpinned, `elig` written for its allowed set)
         with ONE `admit_kv` kernel call, then the Python half every booking needs (id maps, recent-work
         clock, home term, overlap versions and speculative record, explain record, decision count).
@@ -284,10 +289,12 @@ class Admitter:
         busy or the decision is not a unique finite minimum. `enqueue_us` is the booking's enqueue time.
         """
         hashes, isl = spec.block_hashes, spec.isl_tokens
-        sel = self.selector
+        sel, approx = self.kv, self.view.fused_approx
         dt = hashes.dtype
         if (
             not self.fused
+            or sel is None
+            or approx is None
             or (dt is not _U64 and dt != _U64)
             or not sel.kernel_may_decide(isl)
             or not self.leases.owner_alive(spec.owner)
@@ -295,18 +302,18 @@ class Admitter:
             return None
         ledger, view, ring, rid = self.ledger, self.view, self.explain, spec.request_id
         try:
-            slot = ledger.take_slot(rid)
+            taken = ledger.take_slot(rid)
         except ValueError:  # the Python path raises it
             return None
-        if slot is None:  # slot table full: the Python path rejects
+        if taken is None:  # slot table full: the Python path rejects
             return None
-        slot = slot[0]
+        slot = taken[0]
         self.placeable_mask(None, spec.allowed_workers)  # memoised: usually a hit
         own_depth = view.approx_only()
         if not own_depth:
             view.depth(hashes, now_us)
-        params = self.params.get(cq.index)  # `params_of`, its memo checked here
-        params = params[1] if params is not None and params[0] is cq.config else self.params_of(cq)
+        memo = self.params.get(cq.index)  # `params_of`, its memo checked here
+        params = memo[1] if memo is not None and memo[0] is cq.config else self.params_of(cq)
         k = self._key  # `kernel_arrays`, its memo checked here
         if (
             k is not None
@@ -363,7 +370,6 @@ class Admitter:
             sel.note_home(row, isl, isl - cached, now_us)  # what `admitted` counts (its condition, checked first)
         wrote = None
         if len(hashes):
-            approx = view.approx
             approx.version += 1
             approx.evictions += out[OUT_EVICTED]
             approx_d = ob if own_depth else int(view.approx_depth[row])
@@ -396,13 +402,14 @@ class Admitter:
         if thr is None and frac is None:
             return 0
         a = self.ledger.arrays
-        return count_busy(
+        busy: int = count_busy(
             a.w_active_prefill,
             a.w_max_batched_tokens,
             elig,
             -1 if thr is None else int(thr),
             -1.0 if frac is None else float(frac),
         )
+        return busy
 
     def class_busy(self, cls: ClassConfig, elig: np.ndarray, n_elig: int) -> bool:
         """True when at least busy_worker_ratio of the `n_elig` eligible rows (`elig`) are busy
@@ -475,7 +482,8 @@ class Admitter:
         if self.placeable_mask(None, spec.allowed_workers) == 0:
             return 0
         depth = self.view.depth(hashes, now_us)
-        rows, d = self._placeable_rows, depth.tolist()  # a list max: a few rows, no ufunc overhead
+        rows = self._placeable_rows
+        d: list[int] = depth.tolist()  # a list max: a few rows, no ufunc overhead
         return (max(d) if rows is None else max(d[r] for r in rows)) * self.ledger.block_size
 
     def fleet(self) -> FleetView:
@@ -520,7 +528,7 @@ class Admitter:
 
     def _select(
         self, pin: WorkerKey | None, costs: np.ndarray, request_blocks: int, view: SelectionView
-    ) -> tuple[int, dict | None]:
+    ) -> tuple[int, Terms | None]:
         """(row or -1, the selector's cost terms if it computed them on the way)."""
         if pin is not None:
             row = self.ledger.row_of(pin)
@@ -544,7 +552,7 @@ class Admitter:
         costs: np.ndarray,
         now_us: int,
         view: SelectionView,
-        terms: dict | None,
+        terms: Terms | None,
     ) -> Admit | Reject:
         spec, entry, depth = live.spec, live.entry, self.view.depth_out
         ledger = self.ledger
@@ -589,7 +597,7 @@ class Admitter:
             cls_name,
         )
 
-    def fleet_ids(self) -> tuple:
+    def fleet_ids(self) -> tuple[Any, ...]:
         """(worker ids, dp ranks, present) copies for the explain ring, shared by every decision
         until the ledger's worker table changes (its `version`)."""
         v = self.ledger.version
@@ -599,11 +607,20 @@ class Admitter:
         return self._ids
 
     def reject(
-        self, spec: RequestSpec, reason: str, detail: str, cls_name: str, **figures: int | str | bool | None
+        self,
+        spec: RequestSpec,
+        reason: RejectReason,
+        detail: str,
+        cls_name: str,
+        *,
+        limit_kind: str | None = None,
+        current: int | None = None,
+        limit: int | None = None,
+        revoked: bool = False,
     ) -> Reject:
         """A `Reject` record for `spec` (counted in `decisions_total`)."""
         self.decisions_total += 1
-        return Reject(spec.request_id, spec.owner, reason, detail, cls_name, **figures)
+        return Reject(spec.request_id, spec.owner, reason, detail, cls_name, limit_kind, current, limit, revoked)
 
     # ---- the dispatch pass -------------------------------------------------------------------
     def dispatch(self, now_us: int) -> list[Admit | Reject]:

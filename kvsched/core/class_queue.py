@@ -28,6 +28,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import ClassConfig
 from ..protocol import ClassRow
@@ -85,7 +86,7 @@ class PolicyClassQueue:
         self.deficit = 0
         self.n_waiting = 0  # ready + deferred requests
         self.isl_waiting = 0  # ready + deferred prompt tokens
-        self._heads: list[tuple] = []  # (key, seq, worker) lazy heap of unblocked lane heads
+        self._heads: list[tuple[Any, ...]] = []  # (key, seq, worker) lazy heap of unblocked lane heads
         self._head_of: dict[WorkerKey, int] = {}  # worker -> seq of its valid heap item
         self._to_compact: dict[int, RequestQueue] = {}  # containers with removals since compact()
         self._unsettled: dict[WorkerKey, None] = {}  # lanes `discard` took from since `settle`
@@ -134,9 +135,10 @@ class PolicyClassQueue:
         policy is reconfigured when the type is kept, replaced (or removed) otherwise; a new ordering
         re-keys every entry into a fresh queue (returned instead of this one); blocked lanes are checked
         again. The caller has refused a change that would lose a tracking policy's state."""
+        was = self.config.admission  # not None while the class has a policy
         if config.admission is None:
             self.admission = None
-        elif self.admission is not None and self.config.admission.type == config.admission.type:
+        elif self.admission is not None and was is not None and was.type == config.admission.type:
             self.admission.reconfigure(config.admission)
         else:
             self.admission = create_admission_policy(config.admission)
@@ -211,7 +213,9 @@ class PolicyClassQueue:
         """Move a ready entry from its worker lane back to `pending` (its worker was removed; the
         caller re-snapshots `entry.cost` first). Limits are not re-applied. False if not in a lane."""
         worker = entry.placement
-        lane = self.lanes.get(worker) if worker is not None else None
+        if worker is None:
+            return False
+        lane = self.lanes.get(worker)
         if lane is None or not lane.discard_entry(entry):
             return False
         self._to_compact[id(lane)] = lane
@@ -270,14 +274,10 @@ class PolicyClassQueue:
             del deferred[entry.request_id]
         else:
             worker = entry.placement
-            if worker is None:
-                lane = self.pending
-                if not lane.discard_entry(entry):
-                    return False
-            else:
-                lane = self.lanes.get(worker)
-                if lane is None or not lane.discard_entry(entry):
-                    return False
+            lane: RequestQueue | None = self.pending if worker is None else self.lanes.get(worker)
+            if lane is None or not lane.discard_entry(entry):
+                return False
+            if worker is not None:
                 self._unsettled[worker] = None
             self._to_compact[id(lane)] = lane
         self.n_waiting -= 1

@@ -7,28 +7,29 @@ Pure: it allocates private arrays when no ledger is given, never a segment or a 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ..config import Config
 from ..shm.layout import LedgerArrays
 from ..shm.overlap import OverlapIndex
 from .ledger import Ledger
-from .overlap_view import overlap_capacity
+from .overlap_view import ApproxIndex, overlap_capacity
 from .scheduler import Scheduler
-from .selector import create_selector
+from .selector import WorkerSelector, create_selector
 from .types import WorkerKey
 
 
 def create_scheduler(
     config: Config,
     *,
-    ledger=None,
-    overlap=None,
+    ledger: Ledger | None = None,
+    overlap: OverlapIndex | ApproxIndex | None = None,
     event_device: OverlapIndex | None = None,
     event_offload: OverlapIndex | None = None,
     events: bool = False,
     owner_alive: Callable[[int], bool] | None = None,
     same_process: Callable[[int, int], bool] | None = None,
-    selector=None,
+    selector: WorkerSelector | None = None,
     add_workers: bool = True,
     speculative_ttl_s: float | None = None,
 ) -> Scheduler:
@@ -60,7 +61,7 @@ def create_scheduler(
         overlap = OverlapIndex(w, overlap_capacity(w))
     if events and event_device is None:
         event_device = OverlapIndex(w, overlap_capacity(w))
-    kwargs = {}
+    kwargs: dict[str, Any] = {}  # only the callbacks given: the Scheduler's defaults otherwise
     if owner_alive is not None:
         kwargs["owner_alive"] = owner_alive
     if same_process is not None:

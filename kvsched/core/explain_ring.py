@@ -11,6 +11,7 @@ the terms when they are not the `kv` selector's). Records are decoded only when 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -39,11 +40,12 @@ class ExplainRing:
         self.blocks = np.zeros((capacity, n_workers), np.int64)
         self.prefill = np.zeros((capacity, n_workers), np.int64)
         self.terms = np.zeros((capacity, len(KV_TERMS), n_workers), np.float64)
-        self._meta: list[tuple | None] = [None] * capacity  # (request_id, row, now_us, ids, costs, terms | None)
+        # (request_id, row, now_us, ids, costs, terms | None)
+        self._meta: list[tuple[Any, ...] | None] = [None] * capacity
         self.head = 0
         self._n = 0
 
-    def commit(self, request_id: str, row: int, now_us: int, ids: tuple) -> None:
+    def commit(self, request_id: str, row: int, now_us: int, ids: tuple[Any, ...]) -> None:
         """Record the admission whose arrays the fused kernel wrote in row `head` (kv terms)."""
         i = self.head
         self._meta[i] = (request_id, row, now_us, ids, None, None)
@@ -61,7 +63,7 @@ class ExplainRing:
         blocks: np.ndarray,
         prefill: np.ndarray,
         costs: np.ndarray | None,
-        ids: tuple,
+        ids: tuple[Any, ...],
         terms: dict[str, np.ndarray] | TermTable | None,
     ) -> None:
         """Record an admission of the Python path: its arrays are copied in; `costs` (float64[W]) are
@@ -72,10 +74,17 @@ class ExplainRing:
         self.depth[i] = depth
         self.blocks[i] = blocks
         self.prefill[i] = prefill
-        kv = isinstance(terms, TermTable) and terms.names == KV_TERMS
-        if kv:
-            self.terms[i] = terms.rows
-        self._meta[i] = (request_id, row, now_us, ids, None if kv or terms else costs.copy(), None if kv else terms)
+        table = terms if isinstance(terms, TermTable) and terms.names == KV_TERMS else None
+        kv = table is not None
+        if table is not None:
+            self.terms[i] = table.rows
+        if kv or terms:
+            kept = None
+        elif costs is None:
+            raise ValueError("an admission recorded without terms needs its costs")
+        else:
+            kept = costs.copy()
+        self._meta[i] = (request_id, row, now_us, ids, kept, None if kv else terms)
         self.head = (i + 1) % self.capacity
         if self._n < self.capacity:
             self._n += 1
@@ -88,8 +97,11 @@ class ExplainRing:
     def __len__(self) -> int:
         return sum(1 for k in range(self._n) if self._meta[(self.head - 1 - k) % self.capacity] is not None)
 
-    def _decode(self, i: int) -> tuple:
-        request_id, row, now_us, ids, costs, terms = self._meta[i]
+    def _decode(self, i: int) -> tuple[Any, ...]:
+        meta = self._meta[i]
+        if meta is None:
+            raise IndexError("explain ring record lost")
+        request_id, row, now_us, ids, costs, terms = meta
         if terms is None and costs is None:
             terms = TermTable(KV_TERMS, self.terms[i])
         return (
@@ -105,30 +117,27 @@ class ExplainRing:
             terms,
         )
 
-    def __getitem__(self, k: int) -> tuple:
+    def __getitem__(self, k: int) -> tuple[Any, ...]:
         """The k-th newest record for k < 0 (-1 = newest); IndexError past the records held."""
         if not -self._n <= k < 0:
             raise IndexError("explain ring index out of range")
-        i = (self.head + k) % self.capacity
-        if self._meta[i] is None:
-            raise IndexError("explain ring record lost")
-        return self._decode(i)
+        return self._decode((self.head + k) % self.capacity)
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
         """Decoded records, oldest first (as a deque iterates)."""
         for k in range(self._n, 0, -1):
             i = (self.head - k) % self.capacity
             if self._meta[i] is not None:
                 yield self._decode(i)
 
-    def __reversed__(self) -> Iterator[tuple]:
+    def __reversed__(self) -> Iterator[tuple[Any, ...]]:
         """Decoded records, newest first."""
         for k in range(1, self._n + 1):
             i = (self.head - k) % self.capacity
             if self._meta[i] is not None:
                 yield self._decode(i)
 
-    def find(self, request_id: str) -> tuple | None:
+    def find(self, request_id: str) -> tuple[Any, ...] | None:
         """The newest record of `request_id`, decoded, or None."""
         for k in range(1, self._n + 1):
             i = (self.head - k) % self.capacity

@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .admission import MakeReady, Reconcile
 from .live import DEFERRED, READY, Live
@@ -70,14 +70,17 @@ class Intake:
     def fold_excluded(self, spec: RequestSpec) -> None:
         """excluded_workers -> allowed_workers: (allowed, else the pin's id or every registered id) minus
         the excluded ids. A pin inside the excluded set then fails as `pinned_not_allowed`; workers
-        registered after the enqueue are not eligible for this request."""
+        registered after the enqueue are not eligible for this request. No excluded ids: unchanged."""
+        excluded = spec.excluded_workers
+        if not excluded:
+            return
         if spec.allowed_workers is not None:
             base = spec.allowed_workers
         elif spec.pinned is not None:
             base = frozenset((spec.pinned.worker_id,))
         else:
             base = self.ledger.worker_ids()
-        spec.allowed_workers = base - spec.excluded_workers
+        spec.allowed_workers = base - excluded
         spec.excluded_workers = None
 
     def validate(self, spec: RequestSpec, cls_name: str) -> Reject | None:
@@ -118,7 +121,7 @@ class Intake:
         self.invalid_placements += 1
         if spec.pinned is not None and spec.pinned != worker:
             why = f"the request is pinned to {spec.pinned}"
-        elif self.ledger.row_of(worker) is None:
+        elif self.ledger.row_of(worker) is None or spec.allowed_workers is None:  # the latter: not reached
             why = "no such worker is registered"
         else:
             why = f"the request is allowed only on workers {sorted(spec.allowed_workers)}"
@@ -293,7 +296,7 @@ class Intake:
         gone = list(gone)
         gone_set, names = set(gone), ", ".join(map(str, gone))
         adm, pq = self.admitter, self.admitter.pq
-        left: dict[tuple, int] = {}  # (pin, allowed) -> registered placeable workers
+        left: dict[tuple[Any, ...], int] = {}  # (pin, allowed) -> registered placeable workers
         out: list[Reject] = []
         for cq in pq.classes:
             stranded: list[QueueEntry] = []

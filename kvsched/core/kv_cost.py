@@ -59,7 +59,7 @@ import numpy as np
 from ..config import SelectorConfig
 from ..shm.select_kernels import KV_TERMS, kv_cost_terms
 from .prefill_time import PrefillTimeModel
-from .selector import CostSelector, SelectionView, TermTable
+from .selector import CostSelector, SelectionView, Terms, TermTable
 
 
 class KvSelector(CostSelector):
@@ -175,7 +175,7 @@ class KvSelector(CostSelector):
         self,
         costs: np.ndarray,
         eligible: np.ndarray,
-        overlap_blocks: np.ndarray,
+        overlap_blocks: np.ndarray | None,
         view: SelectionView,
         active_requests: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
@@ -210,7 +210,7 @@ class KvSelector(CostSelector):
         if rows.size == 0:
             return out()
         ttft = self.ttft_model.predicted_ttft_us(view) if self.ttft_model is not None else None
-        if self.prefill_seconds_ref_us > 0.0:  # predicted µs as tokens at the reference rate
+        if ttft is not None and self.prefill_seconds_ref_us > 0.0:  # predicted µs as tokens at the reference rate
             prefill[rows] = ttft[rows] / self.prefill_seconds_ref_us * (self.prefill_weight * inv_bs)
         else:
             prefill[rows] = view.prefill_tokens[rows] * (self.prefill_weight * inv_bs)
@@ -247,6 +247,7 @@ class KvSelector(CostSelector):
                     others = rows[rows != top]
                     if (
                         self.lead_max_extra_ttft_s > 0.0
+                        and ttft is not None
                         and others.size
                         and (ttft[top] <= ttft[others].min() + self.lead_max_extra_ttft_s * 1e6)
                     ):
@@ -303,7 +304,8 @@ class KvSelector(CostSelector):
         if recent_tokens is not None and self.lead_release_recent_ratio > 0.0 and rows.size > 1:
             mine = recent_tokens[row]
             mean_others = (float(recent_tokens[rows].sum()) - mine) / (rows.size - 1)
-            return mine > self.lead_release_recent_ratio * mean_others
+            saturated: bool = mine > self.lead_release_recent_ratio * mean_others
+            return saturated
         return False
 
     def select_explained(
@@ -315,7 +317,7 @@ class KvSelector(CostSelector):
         overlap_blocks: np.ndarray | None = None,
         request_blocks: int = 0,
         view: SelectionView | None = None,
-    ) -> tuple[int, TermTable | None]:
+    ) -> tuple[int, Terms | None]:
         """The row of least total cost and the decision's terms (a `TermTable` of `KV_TERMS`).
 
         One `kv_cost_terms` kernel call computes the terms (extra-wait cap, requests release rule and

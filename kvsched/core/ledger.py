@@ -27,6 +27,7 @@ pair names at most one booking, so stale releases and stale progress words are n
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -321,7 +322,7 @@ class Ledger:
         if not 0 <= slot < self._max_slots:
             return -1
         fn, table, _ = self._k_release
-        row = fn(slot, generation, table)
+        row: int = fn(slot, generation, table)
         if row < 0:
             return -1
         rid = self._rid_of[slot]
@@ -337,7 +338,8 @@ class Ledger:
         if not 0 <= slot < self._max_slots:
             return False
         fn, state, gens = self._k_dispatched  # the arrays named, not `*args`: no tuple built per call
-        return fn(slot, generation, state, gens)
+        ok: bool = fn(slot, generation, state, gens)
+        return ok
 
     def prefill_done(self, slot: int, generation: int) -> bool:
         """First output token seen: the booking's outstanding prefill leaves its worker. False if stale."""
@@ -349,7 +351,7 @@ class Ledger:
         if not 0 <= slot < self._max_slots:
             return -1
         fn, st, gens, rows, prefill, w_prefill = self._k_prefill_done
-        row = fn(slot, generation, st, gens, rows, prefill, w_prefill)
+        row: int = fn(slot, generation, st, gens, rows, prefill, w_prefill)
         if row >= 0 and self.rows.overload_rules:
             self.rows.update_overload(row)
         return row
@@ -365,7 +367,7 @@ class Ledger:
         if not 0 <= slot < self._max_slots:
             return -1
         fn, args = self._k_output_tokens
-        row = fn(slot, generation, int(n), *args)
+        row: int = fn(slot, generation, int(n), *args)
         if row >= 0 and self.rows.overload_rules:
             self.rows.update_overload(row)
         return row
@@ -390,14 +392,14 @@ class Ledger:
 
     # -- the one-event kernels, bound to this ledger's arrays (`shm.bind.entry_point`) -------------
     @cached_property
-    def _k_release(self) -> tuple:
+    def _k_release(self) -> tuple[Any, ...]:
         """`release_booking_packed` with the table of this ledger's 13 arrays (`shm.booking_packed`);
         the arrays stay referenced beside the table (`shm.argtable`)."""
         a = self.arrays
         table = pack_release_arrays(a)
         return entry_point(release_booking_packed, (0, 0, table)), table, a
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles drop the release kernel's argument table (`shm.argtable`: it holds this
         process's addresses of the original arrays); the copy builds its own on first use."""
         state = dict(self.__dict__)
@@ -405,18 +407,18 @@ class Ledger:
         return state
 
     @cached_property
-    def _k_dispatched(self) -> tuple:
+    def _k_dispatched(self) -> tuple[Any, ...]:
         args = (self.arrays.s_state, self.arrays.s_generation)
         return entry_point(slot_dispatched, (0, 0, *args)), *args
 
     @cached_property
-    def _k_prefill_done(self) -> tuple:
+    def _k_prefill_done(self) -> tuple[Any, ...]:
         a = self.arrays
         args = (a.s_state, a.s_generation, a.s_worker_row, a.s_prefill, a.w_active_prefill)
         return entry_point(slot_prefill_done, (0, 0, *args)), *args
 
     @cached_property
-    def _k_output_tokens(self) -> tuple:
+    def _k_output_tokens(self) -> tuple[Any, ...]:
         a = self.arrays
         args = (
             a.s_state,

@@ -4,6 +4,8 @@ shares read them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from .ordering import QueueEntry
@@ -40,5 +42,5 @@ class Live(msgspec.Struct, eq=False):
     told_dispatched: bool = False
     deadline_us: int | None = None
     wait_token: int = 0
-    wrote: tuple | None = None
+    wrote: tuple[Any, ...] | None = None
     share_key: tuple[int, int] | None = None

@@ -21,6 +21,7 @@ token snapshot); vLLM `request_queue.py` (`Request.__lt__`: priority, then arriv
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -31,7 +32,7 @@ BAND_PREPENDED = 0
 BAND_NORMAL = 1
 REQUEUED, ARRIVED = 0, 1  # FCFS sub-order inside a strict_priority tier
 
-Key = tuple
+Key = tuple[float, ...]  # compared ascending; ints and floats
 
 
 class QueueEntry(msgspec.Struct, eq=False):
@@ -64,7 +65,7 @@ class QueueEntry(msgspec.Struct, eq=False):
     isl_tokens: int = 1
     placement: WorkerKey | None = None
     class_idx: int = 0
-    payload: object = None
+    payload: Any = None  # the caller's record (the Scheduler's `Live`); never read here
     key: Key = ()
     requeued: bool = False
 

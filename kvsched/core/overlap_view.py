@@ -31,6 +31,8 @@ KV events when the engines publish them).
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 
 from ..config import SelectorConfig
@@ -38,6 +40,7 @@ from ..shm.admit_packed import credited_depth_packed, pack_credited_arrays
 from ..shm.layout import FLAG_STALE
 from ..shm.overlap import OverlapIndex
 from ..shm.select_kernels import credit_rows
+from .ledger import Ledger
 
 SPECULATIVE_CAPACITY = 1 << 16  # entries of the speculative index (short-lived; few are live at once)
 SPECULATIVE_TTL_FRACTION = 1 / 24  # speculative TTL = approx_ttl_s * this (5 s at the default 120 s)
@@ -83,12 +86,22 @@ def credited_overlap(
     return out
 
 
+class ApproxIndex(Protocol):
+    """What `OverlapView` asks of an approximate index that is not an `OverlapIndex` (a stand-in such
+    as the simulator's index that learns nothing): the compiled paths run only over `OverlapIndex`es."""
+
+    def insert(self, hashes: np.ndarray, row: int, now_us: int, ttl_us: int) -> None: ...
+    def remove(self, hashes: np.ndarray, row: int) -> None: ...
+    def clear_row(self, row: int) -> None: ...
+    def depth(self, hashes: np.ndarray, now_us: int, out: np.ndarray) -> None: ...
+
+
 class OverlapView:
     """The overlap indexes of one scheduler and the rule that credits them (module docstring).
 
     Args:
         ledger: the `Ledger` (its worker flags say which rows are stale; its `version` keys the memo).
-        approx: the approximate index (routing decisions), or a stand-in with the same methods.
+        approx: the approximate index (routing decisions), or a stand-in with the `ApproxIndex` methods.
         device / offload: KV-event-fed indexes, or None when no worker publishes events.
         speculative: short-TTL index of decisions on event-fed rows (created when `device` is given
             and this is None).
@@ -96,14 +109,15 @@ class OverlapView:
         speculative_ttl_s: TTL of the speculative entries (s); None = approx_ttl_s / 24.
     Attributes:
         depth_out: int32[max_workers], the credited depths of the last `depth` call (blocks).
+        fused_approx: `approx` when it is an `OverlapIndex` (the compiled paths read its arrays), else None.
     Invariant: `depth(h, t)` twice with the same array object, time and unchanged indexes returns
     the same values without a second lookup (memo on identity, time and every index's version).
     """
 
     def __init__(
         self,
-        ledger,
-        approx: OverlapIndex,
+        ledger: Ledger,
+        approx: OverlapIndex | ApproxIndex,
         *,
         device: OverlapIndex | None = None,
         offload: OverlapIndex | None = None,
@@ -126,10 +140,12 @@ class OverlapView:
         self._dev_depth = np.zeros(w, np.int32)
         self._off_depth = np.zeros(w, np.int32)
         self._spec_depth = np.zeros(w, np.int32)
-        self._credited: tuple | None = None  # (objects read, arrays, `credited_depth_packed`'s table)
+        self._credited: tuple[Any, ...] | None = None  # (objects read, arrays, `credited_depth_packed`'s table)
         self._memo_of: np.ndarray | None = None  # the hashes array the memo is for (identity)
         self._memo_t = self._memo_v = -1  # its time (µs) and `_version()`
-        self._versioned = [ix for ix in (approx, device, offload, speculative) if hasattr(ix, "version")]
+        # the approximate index when it is an `OverlapIndex` (the compiled paths read its arrays), else None
+        self.fused_approx = approx if isinstance(approx, OverlapIndex) else None
+        self._versioned = [ix for ix in (approx, device, offload, speculative) if isinstance(ix, OverlapIndex)]
 
         self._fused_depth = all(
             isinstance(ix, OverlapIndex) for ix in (approx, device, offload, speculative) if ix is not None
@@ -161,12 +177,12 @@ class OverlapView:
     def _version(self) -> int:
         """Sum of the ledger's and every index's version. Each only ever grows, so an equal sum
         means no index and no worker flag changed since the memo was taken."""
-        v = self.ledger.version
+        v: int = self.ledger.version
         for idx in self._versioned:
             v += idx.version
         return v
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles drop the argument tables (`shm.argtable`): they hold this process's
         addresses of the original arrays; the copy builds its own on first use."""
         return {**self.__dict__, "_credited": None}
@@ -180,15 +196,15 @@ class OverlapView:
             return self.depth_out
         self._memo_of, self._memo_t, self._memo_v = hashes, now_us, v
         out = self.depth_out
-        dev = self.device
-        if dev is None or self._n_fed == 0 or not self._fused_depth:
+        dev, sp = self.device, self.speculative  # a device index always comes with a speculative one
+        ap = self.fused_approx
+        if dev is None or sp is None or ap is None or self._n_fed == 0 or not self._fused_depth:
             self.approx.depth(hashes, now_us, self.approx_depth)
             out[:] = self.approx_depth
-            if dev is None or self._n_fed == 0:
+            if dev is None or sp is None or self._n_fed == 0:
                 return out
-            return self._depth_by_index(hashes, now_us, out)
+            return self._depth_by_index(hashes, now_us, out, dev, sp)
         off = self.offload if self.offload is not None else dev
-        ap, sp = self.approx, self.speculative
         # every index's depth, then stale / unfed rows: approximate only; the others: credited_overlap,
         # floored (one kernel call)
         flags = self.ledger.arrays.w_flags
@@ -237,14 +253,16 @@ class OverlapView:
         )
         return out
 
-    def _depth_by_index(self, hashes: np.ndarray, now_us: int, out: np.ndarray) -> np.ndarray:
+    def _depth_by_index(
+        self, hashes: np.ndarray, now_us: int, out: np.ndarray, device: OverlapIndex, speculative: OverlapIndex
+    ) -> np.ndarray:
         """`depth` of event-fed rows index by index (an approximate index that is not an `OverlapIndex`)."""
-        self.device.depth(hashes, now_us, self._dev_depth)
+        device.depth(hashes, now_us, self._dev_depth)
         off = None
         if self.offload is not None:
             self.offload.depth(hashes, now_us, self._off_depth)
             off = self._off_depth
-        self.speculative.depth(hashes, now_us, self._spec_depth)
+        speculative.depth(hashes, now_us, self._spec_depth)
         credit_rows(
             self.approx_depth,
             self._dev_depth,
@@ -274,7 +292,7 @@ class OverlapView:
         """Forget the memo (a caller wrote `depth_out` itself: the fused admission kernel)."""
         self._memo_of = None
 
-    def record(self, hashes: np.ndarray, row: int, now_us: int) -> tuple:
+    def record(self, hashes: np.ndarray, row: int, now_us: int) -> tuple[Any, ...]:
         """Write an admission's hashes to the approximate index (and the speculative one for an
         event-fed row). Returns what `withdraw` removes on requeue: (row, hashes, approximate
         depth, speculative depth or -1) — the hashes past the row's prefix depth in each index,
@@ -284,7 +302,7 @@ class OverlapView:
         self.approx.insert(hashes, row, now_us, self.ttl_us)
         return self.record_speculative(hashes, row, now_us, approx_d)
 
-    def record_speculative(self, hashes: np.ndarray, row: int, now_us: int, approx_d: int) -> tuple:
+    def record_speculative(self, hashes: np.ndarray, row: int, now_us: int, approx_d: int) -> tuple[Any, ...]:
         """`record` after the approximate insert was done (by `record`, or by the fused admission
         kernel, whose caller passes the row's approximate depth `approx_d` and bumps the index's
         version): the speculative index's part. Returns `record`'s value."""
@@ -296,7 +314,7 @@ class OverlapView:
             self.speculative.insert(hashes, row, now_us, self.spec_ttl_us)
         return row, hashes, approx_d, spec_d
 
-    def withdraw(self, wrote: tuple) -> None:
+    def withdraw(self, wrote: tuple[Any, ...]) -> None:
         """A requeue: remove what one admission added (`record`'s value)."""
         row, hashes, approx_d, spec_d = wrote
         if len(hashes) > approx_d:

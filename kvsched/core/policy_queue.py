@@ -22,7 +22,7 @@ docs/DESIGN.md §4.7 DRR across classes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..config import ClassConfig
 from .admission import create_admission_policy
@@ -43,7 +43,7 @@ class PolicyQueue:
 
     __slots__ = ("carry", "classes", "cursor")
 
-    def __init__(self, classes: list[ClassConfig] | list[PolicyClassQueue]) -> None:
+    def __init__(self, classes: Sequence[ClassConfig | PolicyClassQueue]) -> None:
         self.classes: list[PolicyClassQueue] = [
             c if isinstance(c, PolicyClassQueue) else PolicyClassQueue(c, i) for i, c in enumerate(classes)
         ]
@@ -132,11 +132,12 @@ class PolicyQueue:
             if name not in new_names and (cq.n_waiting or cq.index in leased):
                 raise ValueError(f"reload refused: class {name!r} holds requests and is not in the new profile")
         for c in classes:
-            cq = old.get(c.name)
-            if cq is None or cq.admission is None:
+            was = old.get(c.name)
+            if was is None or was.admission is None:
                 continue
-            same = c.admission is not None and c.admission.type == cq.config.admission.type
-            if not same and cq.admission.tracked():
+            was_cfg = was.config.admission  # not None: the class has a policy
+            same = c.admission is not None and was_cfg is not None and c.admission.type == was_cfg.type
+            if not same and was.admission.tracked():
                 raise ValueError(f"reload refused: class {c.name!r} admission policy tracks requests")
 
     def reconfigured(self, classes: list[ClassConfig]) -> tuple[PolicyQueue, dict[int, int]]:

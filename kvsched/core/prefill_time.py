@@ -20,6 +20,7 @@ before the model saw the row) are charged at `us_per_token`. No hook beyond the 
 from __future__ import annotations
 
 from collections import deque
+from typing import Any, overload
 
 import numpy as np
 
@@ -37,11 +38,15 @@ class PrefillTimeModel:
     def __init__(self, us_per_token: float = 30.0, attn_us_per_token_ktoken: float = 1.33) -> None:
         self.a = float(us_per_token)
         self.b = float(attn_us_per_token_ktoken)
-        self.fifo: list[deque] = []  # per row: (tokens, µs) of admitted bookings, oldest first
+        self.fifo: list[deque[tuple[float, float]]] = []  # per row: (tokens, µs) of admitted bookings, oldest first
         self.q_tokens: list[float] = []  # per row: tokens in its FIFO
         self.q_us: list[float] = []  # per row: µs in its FIFO
 
-    def own_us(self, tokens, context):
+    @overload
+    def own_us(self, tokens: float, context: float) -> float: ...
+    @overload
+    def own_us(self, tokens: np.ndarray, context: np.ndarray) -> np.ndarray: ...
+    def own_us(self, tokens: Any, context: Any) -> Any:
         """µs to prefill `tokens` after `context` cached tokens (scalars or float64 arrays, same shape)."""
         return tokens * (self.a + self.b * (context + tokens / 2.0) / 1000.0)
 
@@ -87,4 +92,5 @@ class PrefillTimeModel:
         carry the view's -1 projection and must be ignored by the caller)."""
         own = np.maximum(view.prefill_tokens - view.active_prefill, 0).astype(np.float64)
         ctx = np.maximum(float(view.isl_tokens) - own, 0.0)
-        return self.queue_us(view.active_prefill) + self.own_us(own, ctx)
+        ttft: np.ndarray = self.queue_us(view.active_prefill) + self.own_us(own, ctx)
+        return ttft

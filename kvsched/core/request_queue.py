@@ -31,6 +31,7 @@ import heapq
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from .ordering import BAND_PREPENDED, Key, QueueEntry, fcfs_key, priority_key, wspt_key
 
@@ -106,7 +107,7 @@ class RequestQueue(ABC):
         queued here. True when it was removed."""
 
     @abstractmethod
-    def _live_index(self) -> dict[str, list]: ...
+    def _live_index(self) -> dict[str, list[Any]]: ...
 
 
 def _rid(request: QueueEntry | str) -> str:
@@ -121,11 +122,11 @@ class HeapRequestQueue(RequestQueue):
 
     def __init__(self, key_fn: Callable[[QueueEntry], Key], head_prepend: bool) -> None:
         self._key_fn = key_fn
-        self._heap: list[list] = []  # [key, uid, entry]; dead items stay until skipped/compacted
-        self._index: dict[str, list] = {}  # request_id -> its live heap item
+        self._heap: list[list[Any]] = []  # [key, uid, entry]; dead items stay until skipped/compacted
+        self._index: dict[str, list[Any]] = {}  # request_id -> its live heap item
         self._head_prepend = head_prepend
 
-    def _live_index(self) -> dict[str, list]:
+    def _live_index(self) -> dict[str, list[Any]]:
         return self._index
 
     def _push(self, entry: QueueEntry, key: Key) -> None:
@@ -160,13 +161,15 @@ class HeapRequestQueue(RequestQueue):
             raise IndexError("pop from an empty queue")
         item = heapq.heappop(self._heap)
         del self._index[item[2].request_id]
-        return item[2]
+        entry: QueueEntry = item[2]
+        return entry
 
     def peek_request(self) -> QueueEntry:
         self._clean_root()
         if not self._heap:
             raise IndexError("peek from an empty queue")
-        return self._heap[0][2]
+        entry: QueueEntry = self._heap[0][2]
+        return entry
 
     def prepend_request(self, request: QueueEntry) -> None:
         if self._head_prepend:
@@ -183,7 +186,8 @@ class HeapRequestQueue(RequestQueue):
         if item is None:
             raise ValueError(f"request {_rid(request)!r} is not in the queue")
         self._maybe_compact()
-        return item[2]
+        entry: QueueEntry = item[2]
+        return entry
 
     def remove_requests(self, requests: Iterable[QueueEntry | str]) -> list[QueueEntry]:
         removed = self.discard_requests(requests)
@@ -246,7 +250,7 @@ class WSPTRequestQueue(HeapRequestQueue):
         super().__init__(wspt_key, head_prepend=False)
 
 
-_POLICIES: dict[str, type[HeapRequestQueue]] = {
+_POLICIES: dict[str, Callable[[], RequestQueue]] = {
     "fcfs": FCFSRequestQueue,
     "priority": PriorityRequestQueue,
     "wspt": WSPTRequestQueue,

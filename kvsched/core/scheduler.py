@@ -41,7 +41,7 @@ from .intake import Intake
 from .leases import LeaseTable, OrphanCounts
 from .live import DEFERRED, LEASED, READY, Live
 from .ordering import QueueEntry
-from .overlap_view import OverlapView
+from .overlap_view import ApproxIndex, OverlapView
 from .policy_feed import PolicyFeed
 from .policy_queue import PolicyQueue
 from .reload import selector_keys_needing_rebuild
@@ -74,7 +74,7 @@ class Scheduler:
         self,
         config: Config,
         ledger: Ledger,
-        overlap: OverlapIndex,
+        overlap: OverlapIndex | ApproxIndex,
         selector: WorkerSelector,
         owner_alive: Callable[[int], bool] = lambda owner: True,
         *,
@@ -249,8 +249,8 @@ class Scheduler:
         if why is not None:
             return self._hold(live, cq, now_us, why, defer=False)
         self.lease_table.register(live)
-        got = adm.admit_one(live, now_us)
-        return [] if got is None else [got]
+        decided = adm.admit_one(live, now_us)
+        return [] if decided is None else [decided]
 
     def _hold(self, live: Live, cq: PolicyClassQueue, now_us: int, why: str, defer: bool) -> Outcomes:
         held = self.intake.hold(live, cq, now_us, why, defer)

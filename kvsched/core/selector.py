@@ -64,7 +64,8 @@ class TermTable:
         self.names, self.rows = names, rows
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self.rows[self.names.index(name)]
+        row: np.ndarray = self.rows[self.names.index(name)]
+        return row
 
     def __len__(self) -> int:
         return len(self.names)
@@ -80,6 +81,10 @@ class TermTable:
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
         """(name, float64[W] row) pairs, in order."""
         return zip(self.names, self.rows, strict=True)
+
+
+# A decision's cost terms as a selector hands them over: a dict of float64[W] arrays or a `TermTable`.
+Terms = dict[str, np.ndarray] | TermTable
 
 
 class WorkerSelector(ABC):
@@ -142,7 +147,7 @@ class WorkerSelector(ABC):
         overlap_blocks: np.ndarray | None = None,
         request_blocks: int = 0,
         view: SelectionView | None = None,
-    ) -> tuple[int, dict[str, np.ndarray] | None]:
+    ) -> tuple[int, Terms | None]:
         """`select` plus the decision's cost terms (`terms`), or None when they are not computed on the
         way (the dispatcher then asks `terms` itself). Pure, like `select`."""
         return self.select(

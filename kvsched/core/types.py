@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from ..protocol import WorkerKey
+from ..protocol import RejectReason
+from ..protocol import WorkerKey as WorkerKey  # re-exported: the core names workers by it
 
 EMPTY_HASHES = np.zeros(0, dtype=np.uint64)
 
@@ -114,7 +115,7 @@ class Reject(msgspec.Struct, frozen=True, gc=False):
 
     request_id: str
     owner: int
-    reason: str
+    reason: RejectReason
     detail: str = ""
     policy_class: str = ""
     limit_kind: str | None = None

@@ -114,7 +114,9 @@ class WaitingShares:
         live.share_key = None
         owner, class_idx = key
         rows = self._counts.get(class_idx)
-        row = None if rows is None else rows.get(owner)
+        if rows is None:
+            return
+        row = rows.get(owner)
         if row is None:
             return
         row[0] -= 1

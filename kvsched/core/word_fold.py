@@ -15,12 +15,16 @@ slots, or the whole table after a restart) comes from the caller.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from ..shm.bind import entry_point
 from ..shm.booking_packed import fold_words_packed, pack_fold_arrays
 from ..shm.kernels import fold_progress, words_changed
 from ..shm.layout import LedgerArrays
+from .worker_rows import WorkerRows
 
 
 class WordFold:
@@ -33,7 +37,9 @@ class WordFold:
         state: uint64[max_slots] state words, or None (progress words only).
     """
 
-    def __init__(self, arrays: LedgerArrays, rows, progress: np.ndarray | None, state: np.ndarray | None) -> None:
+    def __init__(
+        self, arrays: LedgerArrays, rows: WorkerRows, progress: np.ndarray | None, state: np.ndarray | None
+    ) -> None:
         self.arrays, self.rows, self.progress, self.state = arrays, rows, progress, state
         s, w = arrays.max_slots, arrays.max_workers
         self._seen_state = np.zeros(s, np.uint64)  # state word last folded per slot
@@ -43,7 +49,8 @@ class WordFold:
         self._rows = np.zeros(w, np.int64)  # fold_words output: rows changed
         self._prev_blocks = np.zeros(w, np.int64)  # aggregates before a progress-only fold
         self._prev_prefill = np.zeros(w, np.int64)
-        self._fold = self._test = None
+        self._fold: Callable[..., int] | None = None  # entry points, bound on the first fold (`_bind`)
+        self._test: Callable[..., bool] | None = None
         if progress is not None and state is not None:
             a = arrays
             args = (
@@ -67,15 +74,17 @@ class WordFold:
             self._fold_args = args
             self._test_args = (progress, state, self._seen_progress, self._seen_state)
 
-    def _bind(self) -> None:
-        """Resolve both kernels' entry points (first fold: the kernels load or compile then); the fold
+    def _bind(self) -> tuple[Callable[..., int], Callable[..., bool]]:
+        """Resolve both kernels' entry points (first fold: the kernels load or compile then) and return them
+        (fold, test); the fold
         takes its 15 arrays as one table (`shm.booking_packed.fold_words_packed`), built here once."""
         a = self._fold_args  # the arrays stay referenced here beside their table (`shm.argtable`)
         self._fold_call = (a[12], pack_fold_arrays((*a[:12], *a[13:])))  # (block_size, table)
-        self._fold = entry_point(fold_words_packed, (0, *self._fold_call))
-        self._test = entry_point(words_changed, (0, *self._test_args))
+        self._fold = fold = entry_point(fold_words_packed, (0, *self._fold_call))
+        self._test = test = entry_point(words_changed, (0, *self._test_args))
+        return fold, test
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles drop the fold's argument table (`shm.argtable`: this process's addresses
         of the original arrays); the copy binds its own on its first fold."""
         state = dict(self.__dict__)
@@ -91,9 +100,10 @@ class WordFold:
             return 0
         a = self.arrays
         if self.state is not None:
-            if self._fold is None:
-                self._bind()
-            changed = self._fold(n_slots, *self._fold_call)
+            fold = self._fold
+            if fold is None:
+                fold = self._bind()[0]
+            changed = fold(n_slots, *self._fold_call)
         else:
             changed = fold_progress(
                 self.progress,
@@ -120,11 +130,12 @@ class WordFold:
         With state words, a wake that finds no word changed costs one `words_changed` call."""
         if self.state is None or self.progress is None:
             return self.fold_progress_rows(n_slots), self.take_dispatched()
-        if self._fold is None:
-            self._bind()
-        if not self._test(n_slots, *self._test_args):
+        fold, test = self._fold, self._test
+        if fold is None or test is None:
+            fold, test = self._bind()
+        if not test(n_slots, *self._test_args):
             return [], []
-        changed = self._fold(n_slots, *self._fold_call)
+        changed = fold(n_slots, *self._fold_call)
         _, k, n_rows = self._counts.tolist()
         if changed and self.rows.overload_rules:
             self.rows.update_overload_all()
@@ -143,7 +154,8 @@ class WordFold:
         if self.state is not None:
             if not self.fold_progress(n_slots):
                 return []
-            return self._rows[: int(self._counts[2])].tolist()
+            rows: list[int] = self._rows[: int(self._counts[2])].tolist()
+            return rows
         np.copyto(self._prev_blocks, a.w_active_blocks)
         np.copyto(self._prev_prefill, a.w_active_prefill)
         if not self.fold_progress(n_slots):
@@ -158,4 +170,5 @@ class WordFold:
         if k == 0:
             return []
         self._counts[1] = 0
-        return self._dispatched[:k].tolist()
+        slots: list[int] = self._dispatched[:k].tolist()
+        return slots

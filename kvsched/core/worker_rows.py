@@ -12,6 +12,8 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..config import OverloadConfig
@@ -34,7 +36,7 @@ class WorkerRows:
         self.overload = overload
         w = arrays.max_workers
         self.version = 0
-        self._elig_key: tuple | None = None  # eligible_mask memo: (pinned, allowed, version)
+        self._elig_key: tuple[Any, ...] | None = None  # eligible_mask memo: (pinned, allowed, version)
         self._elig_cache = np.zeros(w, np.uint8)
         self._elig_n = 0
         self.adopt()

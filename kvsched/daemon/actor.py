@@ -298,7 +298,9 @@ class Actor:
             if frames is None:
                 self._undecodable(conn, payload, exc)
                 return None
-            frame = p.Batch(frames)  # one frame nested too deep fails alone, the others are handled
+            frame = p.Batch(
+                [msgspec.Raw(f) for f in frames]
+            )  # one frame nested too deep fails alone, the others are handled
         if conn.protocol_version == 0 and not isinstance(frame, p.Hello):
             self._error(
                 conn,

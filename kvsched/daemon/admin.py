@@ -78,13 +78,13 @@ def handle(req: p.AdminRequest, ctx: AdminContext, now_us: int) -> tuple[p.Admin
             if req.worker_id is not None and all(w.worker_id != req.worker_id for w in s.workers()):
                 return admin_error(p.ErrorCode.NOT_FOUND, f"no worker {req.worker_id} is registered"), []
             if req.worker_id is None and req.policy_class is None:
-                rows, total = s.leases(now_us, limit=req.limit), s.active_leases
+                leases, total = s.leases(now_us, limit=req.limit), s.active_leases
             else:  # total counts the leases that match the filter (bounded by max_slots)
                 matching = s.leases(
                     now_us, worker_id=req.worker_id, policy_class=req.policy_class, limit=max(1, s.active_leases)
                 )
-                rows, total = matching[: req.limit], len(matching)
-            return p.LeasesReply(leases=rows, total=total), []
+                leases, total = matching[: req.limit], len(matching)
+            return p.LeasesReply(leases=leases, total=total), []
         case p.Drain() | p.Undrain():
             drained = isinstance(req, p.Drain)
             try:

@@ -20,18 +20,20 @@ from typing import Annotated
 
 import typer
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from .. import protocol as p
 from ..config import Config, check_endpoints, env_hint, ignored_env, load_config
 from ..endpoints import daemon_endpoints
 from ..errors import ConfigError, KvschedError, ShmLayoutError
-from ..shm.segments import ledger_name, progress_name
+from ..shm.segments import Segments, ledger_name, progress_name
 from ..shm.warm import warm_kernels
 from .actor import Actor
 from .admin import AdminContext, handle
 from .connections import ConnectionTable
 from .health import Health, HttpServer, available_workers, metrics_host_problem
 from .instance_lock import InstanceLock, purge_instance
+from .kv_events import KvEventSubscriber
 from .logging_setup import setup_logging
 from .metrics import Metrics
 from .notify import Notifier
@@ -81,15 +83,17 @@ class Daemon:
         self.should_exit = False
         self.force_exit = False
         self.ctx: zmq.Context | None = None
-        self.data_sock = self.admin_sock = None
-        self.segments = None
+        self.auth: ThreadAuthenticator | None = None
+        self.data_sock: zmq.Socket | None = None
+        self.admin_sock: zmq.Socket | None = None
+        self.segments: Segments | None = None
         self.restarted = False
-        self.lock = None
-        self.actor = None
-        self.kv_events = None
-        self.notifier = None
-        self.health = None
-        self.http = None
+        self.lock: InstanceLock | None = None
+        self.actor: Actor | None = None
+        self.kv_events: KvEventSubscriber | None = None
+        self.notifier: Notifier | None = None
+        self.health: Health | None = None
+        self.http: HttpServer | None = None
 
     async def run(self) -> None:
         """start → serve → stop; stop also runs when start fails half-way (nothing left behind)."""
@@ -174,7 +178,7 @@ class Daemon:
             workers=self.workers,
             running=cfg,
         )
-        self.actor = Actor(
+        self.actor = actor = Actor(
             loop,
             self.scheduler,
             self.data_sock,
@@ -186,7 +190,7 @@ class Daemon:
             worker_urls=self.workers.urls,
             conns=self.conns,
         )
-        self.admin_ctx.connections = lambda: len(self.actor.conns)
+        self.admin_ctx.connections = lambda: len(actor.conns)
         self.actor.ticker.on_tick.append(self.notifier.watchdog_tick)
         arrays = self.scheduler.ledger.arrays
         self.health.watch_workers(lambda: available_workers(arrays.w_present, arrays.w_flags))
@@ -278,7 +282,7 @@ class Daemon:
                 sock = getattr(self, attr, None)
                 if sock is not None:
                     step(attr, close_socket, sock, endpoint)
-            if getattr(self, "auth", None) is not None:
+            if self.auth is not None:
                 step("curve auth", self.auth.stop)
             step("zmq context", self.ctx.destroy, 0)  # closes any socket left open (linger 0): never hangs
             self.ctx = None
@@ -298,7 +302,7 @@ class Daemon:
         if self.http is not None:
             step("http", self.http.close)
             self.http = None
-        if getattr(self, "lock", None) is not None:
+        if self.lock is not None:
             step("instance lock", self.lock.release)
             self.lock = None
 
@@ -500,4 +504,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -124,7 +124,7 @@ class KvEventSubscriber:
         self.malformed_frames = 0  # multipart messages of the wrong shape
         self.disconnects = 0  # SUB disconnects seen by the socket monitor
         self.warn = RateLimitedLog(log)
-        self._timer = None
+        self._timer: asyncio.TimerHandle | None = None
         self._running = False
 
     # ------------------------------------------------------------------ lifecycle

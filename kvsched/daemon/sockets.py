@@ -12,6 +12,7 @@ import stat
 from pathlib import Path
 
 import zmq
+from zmq.auth import CURVE_ALLOW_ANY
 from zmq.auth.thread import ThreadAuthenticator
 
 from ..endpoints import is_loopback_endpoint
@@ -212,7 +213,9 @@ def load_curve_secret(path: str | None) -> bytes | None:
     raise ConfigError(f"daemon.curve_secret_key_file {path}: no z85 secret key found")
 
 
-def start_curve_auth(ctx: zmq.Context, secret_key: bytes | None, authorized_keys_dir: str | None):
+def start_curve_auth(
+    ctx: zmq.Context, secret_key: bytes | None, authorized_keys_dir: str | None
+) -> ThreadAuthenticator | None:
     """Start pyzmq's CURVE authenticator for this context when a server key is configured.
 
     Args:
@@ -230,7 +233,7 @@ def start_curve_auth(ctx: zmq.Context, secret_key: bytes | None, authorized_keys
     if authorized_keys_dir:
         auth.configure_curve(domain="*", location=authorized_keys_dir)
     else:
-        auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+        auth.configure_curve(domain="*", location=CURVE_ALLOW_ANY)
     log.info(
         "CURVE authentication on authorized_keys_dir=%s", authorized_keys_dir or "<any client with the server key>"
     )

@@ -16,7 +16,7 @@ from ..config import Config
 from ..core.create import add_config_workers, create_scheduler
 from ..core.ledger import Ledger
 from ..core.overlap_view import overlap_capacity
-from ..core.types import RequestSpec, WorkerKey
+from ..core.types import Admit, RequestSpec, WorkerKey
 from ..errors import ShmLayoutError
 from ..kvevents.hash_check import HashCheck
 from ..shm.kv_index import kv_index_nbytes, open_kv_index, reconcile_rows
@@ -334,7 +334,8 @@ def warm_decision_path(cfg: Config) -> None:
     arrays = LedgerArrays.private(
         max_workers=2, max_slots=4, max_blocks_per_request=8, ref_capacity=1024, block_size=bs
     )
-    ledger = Ledger(arrays, np.zeros(4, np.uint64), cfg.overload, state=np.zeros(4, np.uint64))
+    progress, state = np.zeros(4, np.uint64), np.zeros(4, np.uint64)
+    ledger = Ledger(arrays, progress, cfg.overload, state=state)
     warm_cfg = msgspec.structs.replace(cfg, workers=[])
     sched = create_scheduler(
         warm_cfg,
@@ -350,10 +351,12 @@ def warm_decision_path(cfg: Config) -> None:
         spec = RequestSpec(request_id=f"warm-{fed}", isl_tokens=2 * bs, block_hashes=hashes)
         out = sched.enqueue(spec, 1)
         admit = out[0]
+        if not isinstance(admit, Admit):
+            raise RuntimeError(f"the warm-up request was rejected: {admit.reason} {admit.detail}")
         for kind, tokens in (("dispatched", None), ("prefill_done", None), ("progress", 1)):
             sched.update(admit.request_id, admit.slot, admit.generation, kind, tokens, 2)
-        ledger.progress[admit.slot] = (admit.generation << 32) | 2
-        ledger.state[admit.slot] = (admit.generation << 32) | 3
+        progress[admit.slot] = (admit.generation << 32) | 2
+        state[admit.slot] = (admit.generation << 32) | 3
         sched.tick(3)
         sched.release(admit.request_id, admit.slot, admit.generation, "completed", 2 * bs + 2, 4)
         sched.drain_cleanup(4)

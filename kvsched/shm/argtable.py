@@ -24,17 +24,20 @@ or the copy's kernels would write the original's arrays.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
-from numba import carray, types
+from numba import types
 from numba.extending import intrinsic
+from numba.np.numpy_support import carray
 
 from .kernel_cache import njit
 
 ENTRY = 4  # table words per array: address, shape[0], shape[1], shape[2]
 
 
-@intrinsic
-def _pointer(typingctx, addr, dtype):
+def _pointer_typing(typingctx, addr, dtype):
     """An int64 address as a typed data pointer (`dtype` a numba number class such as np.int64)."""
     ty = dtype.instance_type if isinstance(dtype, types.NumberClass) else dtype.dtype
     sig = types.CPointer(ty)(types.int64, dtype)
@@ -43,6 +46,11 @@ def _pointer(typingctx, addr, dtype):
         return builder.inttoptr(args[0], context.get_value_type(types.CPointer(ty)))
 
     return sig, codegen
+
+
+# Called from kernels as `_pointer(addr, dtype)`: numba's stubs give an intrinsic the parameters of its
+# typing function, the typing context included, so the call is declared here without them.
+_pointer: Callable[..., Any] = intrinsic(_pointer_typing)
 
 
 @njit(cache=True, nogil=True, inline="always")

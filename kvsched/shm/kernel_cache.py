@@ -22,8 +22,12 @@ from pathlib import Path
 
 from numba import njit
 from numba.core import caching, config
+from numba.core.caching import _CacheLocator
 
 KERNEL_DIR = Path(__file__).resolve().parent
+# numba's `config` sets its options from the environment through `globals()`, so a type checker sees none
+# of them: this one is read and written by name
+_LOCATORS_OPTION = "CACHE_LOCATOR_CLASSES"
 # numba's own locators, in its order (numba `caching.CacheImpl`), named as NUMBA_CACHE_LOCATOR_CLASSES names them
 _NUMBA_LOCATORS = [
     "UserProvidedCacheLocator",
@@ -50,8 +54,9 @@ def _in_package(py_file: str) -> bool:
     return Path(py_file).resolve().parent == KERNEL_DIR
 
 
-class _PackageStamp:
-    """A numba locator restricted to this package's files, stamping them with `KERNEL_DIGEST`."""
+class _PackageStamp(_CacheLocator):
+    """A numba locator restricted to this package's files, stamping them with `KERNEL_DIGEST` (mixed in
+    before one of numba's locators, which `from_function` defers to)."""
 
     def get_source_stamp(self) -> str:
         return KERNEL_DIGEST
@@ -81,8 +86,9 @@ def install() -> None:
         f"{__name__}.{cls.__name__}"
         for cls in (PackageCacheLocator, PackageInTreeCacheLocator, PackageUserWideCacheLocator)
     ]
-    rest = [c.strip() for c in config.CACHE_LOCATOR_CLASSES.split(",") if c.strip()] or _NUMBA_LOCATORS
-    config.CACHE_LOCATOR_CLASSES = ",".join(ours + [c for c in rest if c not in ours])
+    current: str = getattr(config, _LOCATORS_OPTION, "")
+    rest = [c.strip() for c in current.split(",") if c.strip()] or _NUMBA_LOCATORS
+    setattr(config, _LOCATORS_OPTION, ",".join(ours + [c for c in rest if c not in ours]))
 
 
 install()  # on import: before any kernel module that takes `njit` from here decorates a kernel

@@ -24,13 +24,15 @@ worker table (`reconcile_rows`): a row whose worker changed is cleared. See docs
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import ShmLayoutError
+from .layout import array_fields
 from .overlap import OverlapIndex
-from .segments import SegmentHandle, _create, _untrack, kv_index_name, unlink_segment
+from .segments import SegmentHandle, _create, _untrack, kv_index_name, mapped_view, unlink_segment
 from .space import reserve_pages
 
 log = logging.getLogger(__name__)
@@ -42,16 +44,8 @@ _HEADER_WORDS = 16
 _ALIGN = 64
 K_MAGIC, K_VERSION, K_MAX_WORKERS, K_CAPACITY, K_WORDS, K_NBYTES = 0, 1, 2, 3, 4, 5
 
-# (name, dtype, kind): "W" = max_workers, "C" = capacity, "CW" = (capacity, words), "WM" = (max_workers, META_BYTES)
-_ROW_FIELDS = (
-    ("last_seq", np.int64, "W"),
-    ("worker_id", np.uint32, "W"),
-    ("dp_rank", np.uint32, "W"),
-    ("worker_generation", np.uint32, "W"),
-    ("present", np.uint8, "W"),
-    ("meta_len", np.uint32, "W"),
-    ("meta", np.uint8, "WM"),
-)
+# (name, dtype, kind) of each overlap-index table; the per-row fields are `KvIndexSegment`'s annotated
+# arrays. kind: "W" = max_workers, "C" = capacity, "CW" = (capacity, words), "WM" = (max_workers, META_BYTES)
 _INDEX_FIELDS = (
     ("keys", np.uint64, "C"),
     ("used", np.uint8, "C"),
@@ -65,7 +59,7 @@ _TIERS = ("device", "offload")
 def _layout(max_workers: int, capacity: int) -> tuple[dict[str, tuple[int, Any, tuple[int, ...]]], int]:
     words = (max_workers + 63) // 64
     shapes = {"W": (max_workers,), "C": (capacity,), "CW": (capacity, words), "WM": (max_workers, META_BYTES)}
-    fields = [(name, dt, kind) for name, dt, kind in _ROW_FIELDS]
+    fields: list[tuple[str, Any, str]] = list(_ROW_FIELDS)
     fields += [(f"{tier}_{name}", dt, kind) for tier in _TIERS for name, dt, kind in _INDEX_FIELDS]
     off = _HEADER_WORDS * 8
     out = {}
@@ -90,7 +84,21 @@ class KvIndexSegment:
         `worker_generation` uint32[max_workers]; `present` uint8[max_workers]; `meta_len`
         uint32[max_workers] and `meta` uint8[max_workers, META_BYTES] (`store_meta` / `load_meta`);
         `device` / `offload`: OverlapIndex over the segment's tables (their inserts write the segment).
+
+    The annotated arrays below are the per-row part of the layout, in segment order (read by
+    `kvsched.shm.layout.array_fields`); the two index tables follow them.
     """
+
+    header: npt.NDArray[np.uint64]
+    last_seq: Annotated[npt.NDArray[np.int64], "W"]
+    worker_id: Annotated[npt.NDArray[np.uint32], "W"]
+    dp_rank: Annotated[npt.NDArray[np.uint32], "W"]
+    worker_generation: Annotated[npt.NDArray[np.uint32], "W"]
+    present: Annotated[npt.NDArray[np.uint8], "W"]
+    meta_len: Annotated[npt.NDArray[np.uint32], "W"]
+    meta: Annotated[npt.NDArray[np.uint8], "WM"]
+    device: OverlapIndex
+    offload: OverlapIndex
 
     def __init__(self, shm: SegmentHandle, max_workers: int, capacity: int) -> None:
         self.name = shm.name
@@ -100,7 +108,7 @@ class KvIndexSegment:
         fields, total = _layout(max_workers, capacity)
         if shm.size < total:
             raise ShmLayoutError(f"{self.name}: {shm.size} bytes, layout needs {total}")
-        buf = shm.buf
+        buf = mapped_view(shm)
         self.header = np.frombuffer(buf, np.uint64, _HEADER_WORDS)
         arrays = {
             name: np.frombuffer(buf, dt, int(np.prod(shape)), off).reshape(shape)
@@ -144,6 +152,9 @@ class KvIndexSegment:
         self.present[row] = 0
 
 
+_ROW_FIELDS = array_fields(KvIndexSegment)
+
+
 def create_kv_index(
     instance: str, max_workers: int, capacity: int, *, mode: int = 0o640, group: int | str | None = None
 ) -> KvIndexSegment:
@@ -179,7 +190,7 @@ def attach_kv_index(instance: str, max_workers: int, capacity: int) -> KvIndexSe
     try:
         if shm.size < _HEADER_WORDS * 8:
             raise ShmLayoutError(f"{name}: {shm.size} bytes, too small for the header")
-        h = np.frombuffer(shm.buf, np.uint64, _HEADER_WORDS)
+        h = np.frombuffer(mapped_view(shm), np.uint64, _HEADER_WORDS)
         want = {
             K_MAGIC: KV_MAGIC,
             K_VERSION: KV_INDEX_VERSION,

@@ -17,9 +17,10 @@ the numba kernels read them as globals, frozen when a kernel compiles.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin, get_type_hints
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import ShmLayoutError
 from ..protocol import MAX_REQUEST_ID_BYTES
@@ -41,39 +42,20 @@ FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE = 1, 2, 4
 # slot states (s_state)
 SLOT_FREE, SLOT_ADMITTED, SLOT_DISPATCHED, SLOT_PREFILL_DONE = 0, 1, 2, 3
 
-# (name, dtype, length-kind); kind: "W" = max_workers, "S" = max_slots, "A" = arena, "R" = W x ref_capacity
-_FIELDS: tuple[tuple[str, Any, str], ...] = (
-    ("w_present", np.uint8, "W"),
-    ("w_worker_id", np.uint32, "W"),
-    ("w_dp_rank", np.uint32, "W"),
-    ("w_generation", np.uint32, "W"),
-    ("w_total_kv_blocks", np.int64, "W"),  # blocks
-    ("w_max_batched_tokens", np.int64, "W"),  # tokens
-    ("w_active_blocks", np.int64, "W"),  # unique live blocks: distinct hashes + unhashed + decode
-    ("w_active_prefill", np.int64, "W"),  # outstanding prefill tokens
-    ("w_active_requests", np.int64, "W"),  # requests
-    ("w_flags", np.uint8, "W"),  # bit0 drained, bit1 overloaded, bit2 stale
-    ("s_state", np.uint8, "S"),  # 0 free, 1 admitted, 2 dispatched, 3 prefill_done
-    ("s_generation", np.uint32, "S"),  # bumped at every reserve; 0 = never used
-    ("s_worker_row", np.int32, "S"),
-    ("s_worker_generation", np.uint32, "S"),
-    ("s_isl", np.int64, "S"),  # tokens
-    ("s_cached", np.int64, "S"),  # tokens
-    ("s_prefill", np.int64, "S"),  # outstanding prefill tokens booked on the worker
-    ("s_expected_osl", np.int64, "S"),  # tokens; -1 = unknown
-    ("s_output_tokens", np.int64, "S"),  # last folded output tokens
-    ("s_extra_blocks", np.int64, "S"),  # blocks booked outside the deduped hashes
-    ("s_class", np.int32, "S"),
-    ("s_enqueue_us", np.int64, "S"),
-    ("s_admit_us", np.int64, "S"),
-    ("s_arena_off", np.int64, "S"),  # index into arena
-    ("s_arena_len", np.int32, "S"),  # hashes stored
-    ("s_owner_pid", np.int64, "S"),
-    ("s_request_id", f"S{MAX_REQUEST_ID_BYTES}", "S"),  # the wire limit; changing it changes the layout
-    ("arena", np.uint64, "A"),
-    ("ref_keys", np.uint64, "R"),
-    ("ref_counts", np.int32, "R"),
-)
+
+def array_fields(cls: type) -> tuple[tuple[str, np.dtype[Any], str], ...]:
+    """(name, dtype, length kind) of each `Annotated[npt.NDArray[scalar], kind, *itemsize]` attribute of
+    `cls`, in declaration order: the class body states a segment's layout once, for numpy (the views
+    laid at run time) and for the type checker alike. A byte-string field (`np.bytes_`) names its item
+    size after the kind."""
+    out = []
+    for name, hint in get_type_hints(cls, include_extras=True).items():
+        if get_origin(hint) is not Annotated:
+            continue
+        array_type, kind, *itemsize = get_args(hint)
+        (scalar,) = get_args(get_args(array_type)[1])  # NDArray[s] = ndarray[shape, dtype[s]]
+        out.append((name, np.dtype((scalar, *itemsize)) if itemsize else np.dtype(scalar), kind))
+    return tuple(out)
 
 
 def default_ref_capacity(max_workers: int, max_slots: int, max_blocks_per_request: int) -> int:
@@ -104,8 +86,7 @@ def _offsets(
     }
     off = _align(HEADER_WORDS * 8)
     out: dict[str, tuple[int, Any, tuple[int, ...]]] = {}
-    for name, dtype, kind in _FIELDS:
-        dt = np.dtype(dtype)
+    for name, dt, kind in _FIELDS:
         shape = shapes[kind]
         out[name] = (off, dt, shape)
         off = _align(off + dt.itemsize * int(np.prod(shape)))
@@ -133,7 +114,7 @@ class LedgerArrays:
 
     Attributes (capacities): max_workers, max_slots, max_blocks_per_request (= arena stride),
     ref_capacity (entries per worker row of the refcount index, power of two), block_size (tokens).
-    Arrays: `header` uint64[16] plus one attribute per entry of `_FIELDS` (`w_*` length max_workers,
+    Arrays: `header` uint64[16] plus one attribute per annotated array field (`w_*` length max_workers,
     `s_*` length max_slots, `arena` uint64[max_slots*max_blocks_per_request],
     `ref_keys` uint64[max_workers, ref_capacity], `ref_counts` int32[max_workers, ref_capacity]).
 
@@ -143,9 +124,49 @@ class LedgerArrays:
     in the probe window the block is counted as unique and not stored (see `kernels.ref_add`).
 
     Invariant: slot i owns arena[i*stride : i*stride + s_arena_len[i]], stride = max_blocks_per_request.
+
+    The annotated array attributes below are the one statement of the layout, in buffer order:
+    `Annotated[npt.NDArray[scalar], kind]` (`array_fields` reads them; kind "W" = max_workers,
+    "S" = max_slots, "A" = arena, "R" = W x ref_capacity; a byte-string field adds its item size).
     """
 
-    header: np.ndarray
+    header: npt.NDArray[np.uint64]
+    max_workers: int
+    max_slots: int
+    max_blocks_per_request: int
+    ref_capacity: int
+    block_size: int
+    w_present: Annotated[npt.NDArray[np.uint8], "W"]
+    w_worker_id: Annotated[npt.NDArray[np.uint32], "W"]
+    w_dp_rank: Annotated[npt.NDArray[np.uint32], "W"]
+    w_generation: Annotated[npt.NDArray[np.uint32], "W"]
+    w_total_kv_blocks: Annotated[npt.NDArray[np.int64], "W"]  # blocks
+    w_max_batched_tokens: Annotated[npt.NDArray[np.int64], "W"]  # tokens
+    w_active_blocks: Annotated[npt.NDArray[np.int64], "W"]  # unique live blocks: distinct hashes + unhashed + decode
+    w_active_prefill: Annotated[npt.NDArray[np.int64], "W"]  # outstanding prefill tokens
+    w_active_requests: Annotated[npt.NDArray[np.int64], "W"]  # requests
+    w_flags: Annotated[npt.NDArray[np.uint8], "W"]  # bit0 drained, bit1 overloaded, bit2 stale
+    s_state: Annotated[npt.NDArray[np.uint8], "S"]  # 0 free, 1 admitted, 2 dispatched, 3 prefill_done
+    s_generation: Annotated[npt.NDArray[np.uint32], "S"]  # bumped at every reserve; 0 = never used
+    s_worker_row: Annotated[npt.NDArray[np.int32], "S"]
+    s_worker_generation: Annotated[npt.NDArray[np.uint32], "S"]
+    s_isl: Annotated[npt.NDArray[np.int64], "S"]  # tokens
+    s_cached: Annotated[npt.NDArray[np.int64], "S"]  # tokens
+    s_prefill: Annotated[npt.NDArray[np.int64], "S"]  # outstanding prefill tokens booked on the worker
+    s_expected_osl: Annotated[npt.NDArray[np.int64], "S"]  # tokens; -1 = unknown
+    s_output_tokens: Annotated[npt.NDArray[np.int64], "S"]  # last folded output tokens
+    s_extra_blocks: Annotated[npt.NDArray[np.int64], "S"]  # blocks booked outside the deduped hashes
+    s_class: Annotated[npt.NDArray[np.int32], "S"]
+    s_enqueue_us: Annotated[npt.NDArray[np.int64], "S"]
+    s_admit_us: Annotated[npt.NDArray[np.int64], "S"]
+    s_arena_off: Annotated[npt.NDArray[np.int64], "S"]  # index into arena
+    s_arena_len: Annotated[npt.NDArray[np.int32], "S"]  # hashes stored
+    s_owner_pid: Annotated[npt.NDArray[np.int64], "S"]
+    # the wire limit: changing MAX_REQUEST_ID_BYTES changes the layout
+    s_request_id: Annotated[npt.NDArray[np.bytes_], "S", MAX_REQUEST_ID_BYTES]
+    arena: Annotated[npt.NDArray[np.uint64], "A"]
+    ref_keys: Annotated[npt.NDArray[np.uint64], "R"]
+    ref_counts: Annotated[npt.NDArray[np.int32], "R"]
 
     def __init__(
         self,
@@ -275,6 +296,9 @@ class LedgerArrays:
             return cls(buffer, **found)
         except ValueError as exc:
             raise ShmLayoutError(f"{what}: {exc}") from exc
+
+
+_FIELDS = array_fields(LedgerArrays)
 
 
 def progress_nbytes(max_slots: int) -> int:

@@ -120,6 +120,9 @@ class SegmentHandle(SharedMemory):
     Build it as `SharedMemory` (`SegmentHandle(name=..., create=..., size=...)`); `_untrack` it at once.
     """
 
+    _fd: int  # SharedMemory's descriptor and mapping (set by its __init__, undeclared in its stubs)
+    _mmap: mmap.mmap | None
+
     @property
     def fd(self) -> int:
         """The segment's file descriptor (-1 once closed)."""
@@ -136,6 +139,14 @@ class SegmentHandle(SharedMemory):
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def mapped_view(shm: SharedMemory) -> memoryview:
+    """The bytes of an open segment (`SharedMemory.buf`). Raises ValueError once it is closed."""
+    buf = shm.buf
+    if buf is None:
+        raise ValueError(f"segment {shm.name} is closed")
+    return buf
 
 
 def _tracked_name(shm: SharedMemory) -> str:
@@ -215,7 +226,7 @@ def create_segments(
         _unlink(ledger_shm)
         raise
     arrays = LedgerArrays(
-        ledger_shm.buf,
+        mapped_view(ledger_shm),
         max_workers=max_workers,
         max_slots=max_slots,
         max_blocks_per_request=max_blocks_per_request,
@@ -223,7 +234,7 @@ def create_segments(
         block_size=block_size,
     )
     arrays.write_header(epoch)
-    progress, state = _word_views(progress_shm.buf, max_slots)
+    progress, state = _word_views(mapped_view(progress_shm), max_slots)
     return Segments(instance, arrays, progress, [ledger_shm, progress_shm], state=state)
 
 
@@ -268,6 +279,10 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
         ShmLayoutError: magic, layout version, size or a capacity does not match.
     """
     handles: list[Any] = []
+    arrays: LedgerArrays | None  # None in the error path: the views go before their mappings close
+    progress: np.ndarray | None
+    state: np.ndarray | None
+    words_buf: memoryview | mmap.mmap
     try:
         if writable_ledger or not os.path.isdir("/dev/shm"):
             ledger_shm = SegmentHandle(name=ledger_name(instance))
@@ -275,7 +290,7 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
             handles.append(ledger_shm)
             if writable_ledger:  # the daemon: a segment from an older start may still be sparse
                 reserve_pages(ledger_shm.fd, ledger_shm.size, ledger_name(instance))
-            buf: Any = ledger_shm.buf
+            buf: Any = mapped_view(ledger_shm)
         else:
             ro = _FileMap(ledger_name(instance))
             handles.append(ro)
@@ -287,7 +302,7 @@ def attach_segments(instance: str, *, expect: dict[str, int] | None = None, writ
             handles.append(progress_shm)
             if writable_ledger:
                 reserve_pages(progress_shm.fd, progress_shm.size, progress_name(instance))
-            size, words_buf = progress_shm.size, progress_shm.buf
+            size, words_buf = progress_shm.size, mapped_view(progress_shm)
         else:  # a router: its slot's words are written through a plain shared mapping
             rw = _FileMap(progress_name(instance), writable=True)
             handles.append(rw)
@@ -333,7 +348,7 @@ def ledger_uninitialised(instance: str) -> bool:
         except ValueError:  # an empty segment cannot be mapped: its size was never set
             return True
         _untrack(shm)
-        head = bytes(shm.buf[:8])
+        head = bytes(mapped_view(shm)[:8])
         shm.close()
     return len(head) < 8 or int.from_bytes(head, "little") == 0
 

@@ -27,7 +27,7 @@ from .layout import (
     MAGIC,
     LedgerArrays,
 )
-from .segments import _untrack, ledger_name
+from .segments import _untrack, ledger_name, mapped_view
 
 COMPATIBLE_LEDGER_VERSIONS = (1, 2)  # ledger fields unchanged between these versions
 
@@ -55,7 +55,7 @@ def inspect_ledger(instance: str) -> FoundLayout | None:
     try:
         if shm.size < HEADER_WORDS * 8:
             return FoundLayout(0, -1)
-        h = np.frombuffer(shm.buf, dtype=np.uint64, count=HEADER_WORDS).copy()
+        h = np.frombuffer(mapped_view(shm), dtype=np.uint64, count=HEADER_WORDS).copy()
         if int(h[H_MAGIC]) != MAGIC:
             return FoundLayout(0, -1)
         version = int(h[H_VERSION])
@@ -63,7 +63,7 @@ def inspect_ledger(instance: str) -> FoundLayout | None:
             return FoundLayout(version, -1)
         try:
             arrays = LedgerArrays(
-                shm.buf,
+                mapped_view(shm),
                 max_workers=int(h[H_MAX_WORKERS]),
                 max_slots=int(h[H_MAX_SLOTS]),
                 max_blocks_per_request=int(h[H_MAX_BLOCKS]),

@@ -35,14 +35,14 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import aiohttp
-
     from ..protocol import WorkerKey
 
 try:  # the HTTP client of `DynamoRoute`: the optional extra `kvsched[bench-dynamo]` (or `[gateway]`)
     import aiohttp
 except ImportError:  # a replay without Dynamo never opens a DynamoRoute
-    aiohttp = None
+    HAVE_AIOHTTP = False
+else:
+    HAVE_AIOHTTP = True
 
 
 def dynamo_unavailable_reason() -> str | None:
@@ -183,7 +183,7 @@ class DynamoRoute:
         self.session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
-        if aiohttp is None:
+        if not HAVE_AIOHTTP:
             raise RuntimeError("routing via Dynamo needs aiohttp: pip install -e '.[bench-dynamo]'")
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=60), timeout=aiohttp.ClientTimeout(total=30)

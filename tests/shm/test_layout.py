@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import stat
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from kvsched.errors import ShmLayoutError
+from kvsched.shm import kv_index, layout
 from kvsched.shm.layout import (
     H_MAGIC,
     H_VERSION,
@@ -128,6 +130,26 @@ def test_private_arrays_have_layout_dtypes_and_shapes():
         assert getattr(a, name).ctypes.data % 64 == 0
     with pytest.raises(ValueError):
         LedgerArrays.private(3, 5, 4, 12, 8)  # not a power of two
+
+
+def _layout_digest(offsets: dict) -> str:
+    fields = sorted((name, off, dt.str, shape) for name, (off, dt, shape) in offsets.items())
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
+
+
+def test_byte_layouts_are_the_ones_segments_already_hold():
+    """The ledger's and the KV-index segment's layouts are read from their classes' annotated arrays
+    (`array_fields`): every field's offset, dtype and shape, and the total size, are still the bytes of
+    the layout versions existing segments hold (the digests were taken from the field tables these
+    declarations replaced). A reordered, retyped, added or dropped field changes them: bump the layout
+    version with it."""
+    offsets, total = layout._offsets(3, 7, 5, 1024)
+    assert (total, _layout_digest(offsets)) == (39872, "a7ec544bb599bbca")
+    offsets, total = kv_index._layout(3, 100)
+    assert (total, _layout_digest(offsets)) == (19712, "4309d3b63a927e46")
+    assert LAYOUT_VERSION == 2 and kv_index.KV_INDEX_VERSION == 2
+    names = [name for name, _, _ in layout.array_fields(LedgerArrays)]
+    assert names[0] == "w_present" and names[-1] == "ref_counts" and len(names) == 30
 
 
 def test_segment_names_have_one_home_in_segments():
