@@ -192,8 +192,8 @@ class PolicyClassQueue:
         """Release a deferred entry into `pending` (placement None) or a worker lane; or move a
         ready shared entry into a lane. Limits are not re-applied. Returns the moved entry, or
         None when the id is unknown / already where asked (ignored). The caller re-snapshots the
-        cost of an exact placement before calling (entry.cost); a moved entry is re-keyed, except a
-        requeued FCFS head (prepend band), which keeps its key."""
+        cost of an exact placement before calling (entry.cost); a moved entry is re-keyed (a requeued
+        FCFS entry's key does not change: it is keyed by its enqueue order)."""
         entry = self.deferred.pop(request_id, None)
         if entry is not None:
             entry.placement = placement if placement is not None else entry.placement

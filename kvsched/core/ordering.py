@@ -1,10 +1,8 @@
 """Queue entries and the ordering keys of the three class orderings (docs/DESIGN.md §4.4).
 
 Every key is a tuple compared ascending (the smallest key runs first), shaped
-`(band, -strict_priority, score_part..., enqueue_seq)`:
+`(-strict_priority, score_part..., enqueue_seq)`:
 
-* `band` is 0 for entries put back with `prepend_request` on an FCFS queue (they go to the head,
-  most recently prepended first, as vLLM's `appendleft`), 1 otherwise;
 * `strict_priority` first (higher wins);
 * the score: FCFS = (0, enqueue_seq) for a *requeued* request — ahead of every not-yet-admitted
   request of its `strict_priority` tier, requeued ones in their original order — else
@@ -27,8 +25,6 @@ import msgspec
 from .types import WorkerKey
 
 US_PER_S = 1_000_000
-BAND_PREPENDED = 0
-BAND_NORMAL = 1
 REQUEUED, ARRIVED = 0, 1  # FCFS sub-order inside a strict_priority tier
 
 Key = tuple
@@ -78,18 +74,18 @@ def fcfs_key(e: QueueEntry) -> Key:
     """FCFS: score = jump - arrival offset; higher score first, i.e. smaller (arrival - jump) µs.
     A requeued entry goes ahead of every arrival of its strict_priority tier, by enqueue_seq."""
     if e.requeued:
-        return (BAND_NORMAL, -e.strict_priority, REQUEUED, e.enqueue_seq)
-    return (BAND_NORMAL, -e.strict_priority, ARRIVED, e.arrival_us - jump_s(e.priority) * US_PER_S, e.enqueue_seq)
+        return (-e.strict_priority, REQUEUED, e.enqueue_seq)
+    return (-e.strict_priority, ARRIVED, e.arrival_us - jump_s(e.priority) * US_PER_S, e.enqueue_seq)
 
 
 def priority_key(e: QueueEntry) -> Key:
     """vLLM's order: lower `priority` value first, then earlier arrival (vLLM `Request.__lt__`)."""
-    return (BAND_NORMAL, -e.strict_priority, e.priority, e.arrival_us, e.enqueue_seq)
+    return (-e.strict_priority, e.priority, e.arrival_us, e.enqueue_seq)
 
 
 def wspt_key(e: QueueEntry) -> Key:
     """WSPT: score = (1 + jump) / cost (cost = max(1, uncached tokens)); higher score first."""
-    return (BAND_NORMAL, -e.strict_priority, -(1 + jump_s(e.priority)) / max(1, e.cost), e.enqueue_seq)
+    return (-e.strict_priority, -(1 + jump_s(e.priority)) / max(1, e.cost), e.enqueue_seq)
 
 
 KEY_FUNCS: dict[str, Callable[[QueueEntry], Key]] = {
@@ -97,11 +93,3 @@ KEY_FUNCS: dict[str, Callable[[QueueEntry], Key]] = {
     "priority": priority_key,
     "wspt": wspt_key,
 }
-
-
-def key_func(ordering: str) -> Callable[[QueueEntry], Key]:
-    """The key function of an ordering name. Raises ValueError for an unknown ordering."""
-    try:
-        return KEY_FUNCS[ordering]
-    except KeyError:
-        raise ValueError(f"unknown queue ordering {ordering!r}; expected one of {sorted(KEY_FUNCS)}") from None

@@ -1,5 +1,5 @@
 """RequestQueue (vLLM's interface, docs/DESIGN.md §4.5): orderings vs a sorted-list model, edge cases,
-prepend order."""
+removal."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_order_matches_sorted_list_model_when_adding_removing_popping(policy, fi
     entries = [make_entry(priority=p, strict_priority=s, cost=c, arrival_us=a) for p, s, c, a in fields]
     for e in entries:
         q.add_request(e)
-    gone = q.remove_requests({entries[i].request_id for i in removals if i < len(entries)})
+    gone = q.discard_requests({entries[i].request_id for i in removals if i < len(entries)})
+    q.compact()
     live = [e for e in entries if e not in gone]
     expected = _model_order(policy, live)
     assert [e.request_id for e in q] == expected
@@ -71,14 +72,15 @@ def test_create_request_queue_raises_value_error_when_policy_unknown():
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_remove_request_raises_value_error_when_absent(policy):
+def test_discard_ignores_absent_ids_and_discard_entry_only_the_very_entry(policy):
     q = create_request_queue(policy)
-    q.add_request(make_entry("a"))
-    with pytest.raises(ValueError):
-        q.remove_request("b")
-    assert q.remove_request("a").request_id == "a"
-    with pytest.raises(ValueError):
-        q.remove_request("a")
+    a = make_entry("a")
+    q.add_request(a)
+    assert q.discard_requests(["b"]) == [] and len(q) == 1
+    assert not q.discard_entry(make_entry("a"))  # same id, another entry: it stays
+    assert q.get("a") is a and "a" in q
+    assert q.discard_entry(a) and "a" not in q and q.get("a") is None
+    assert not q.discard_entry(a) and q.discard_requests(["a"]) == []
 
 
 def test_add_request_raises_value_error_when_id_already_queued():
@@ -86,25 +88,6 @@ def test_add_request_raises_value_error_when_id_already_queued():
     q.add_request(make_entry("a"))
     with pytest.raises(ValueError):
         q.add_request(make_entry("a"))
-
-
-def test_prepend_requests_keeps_given_order_when_fcfs():
-    q = create_request_queue("fcfs")
-    for rid in ("x", "y"):
-        q.add_request(make_entry(rid))
-    q.prepend_requests([make_entry("a"), make_entry("b"), make_entry("c")])
-    assert [e.request_id for e in q] == ["a", "b", "c", "x", "y"]
-    q.prepend_request(make_entry("z"))
-    assert q.peek_request().request_id == "z"
-
-
-def test_prepend_goes_by_key_when_priority_or_wspt():
-    for policy in ("priority", "wspt"):
-        q = create_request_queue(policy)
-        first = make_entry("first")
-        q.add_request(first)
-        q.prepend_request(make_entry("late"))  # later seq, same score: not at the head
-        assert [e.request_id for e in q] == ["first", "late"]
 
 
 def test_iter_does_not_mutate_when_called_twice():
@@ -144,6 +127,7 @@ def test_heap_compacts_when_many_removed():
     for e in entries:
         q.add_request(e)
     for e in entries[:990]:
-        q.remove_request(e)
+        q.discard_requests([e])
+        q.compact()
     assert len(q._heap) <= 2 * len(q) + 33
     assert [e.request_id for e in q] == [e.request_id for e in entries[990:]]
