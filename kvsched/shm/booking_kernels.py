@@ -163,9 +163,6 @@ def release_booking(
     return row
 
 
-NAMES = ("slot_dispatched", "slot_prefill_done", "slot_output_tokens", "release_booking")
-
-
 def warm_booking_kernels() -> None:
     """Compile (or load from NUMBA_CACHE_DIR) the booking kernels for the ledger's dtypes."""
     a = LedgerArrays.private(2, 2, 4, 16, 4)
