@@ -133,31 +133,6 @@ def ref_remove(keys_row, counts_row, hashes):
 
 
 @njit(cache=True, nogil=True)
-def ref_live_count(keys_row, counts_row, hashes):
-    """Number of `hashes` (uint64[n]) live (count > 0) in one worker row. Returns int."""
-    mask = keys_row.shape[0] - 1
-    limit = min(keys_row.shape[0], MAX_PROBE)
-    live = 0
-    for k in range(hashes.shape[0]):
-        if _find(keys_row, counts_row, hashes[k], mask, limit) >= 0:
-            live += 1
-    return live
-
-
-@njit(cache=True, nogil=True)
-def ref_live_prefix(keys_row, counts_row, hashes):
-    """Number of leading `hashes` (uint64[n]) live in one worker row: stops at the first miss. Returns int."""
-    mask = keys_row.shape[0] - 1
-    limit = min(keys_row.shape[0], MAX_PROBE)
-    live = 0
-    for k in range(hashes.shape[0]):
-        if _find(keys_row, counts_row, hashes[k], mask, limit) < 0:
-            break
-        live += 1
-    return live
-
-
-@njit(cache=True, nogil=True)
 def project_and_cost(
     w_active_blocks,
     w_active_prefill,
@@ -458,8 +433,6 @@ def warm_ledger_kernels() -> None:
     ro_hashes = np.frombuffer(hashes.tobytes(), dtype="<u8")  # read-only, as decoded from frames
     for h in (hashes, ro_hashes):
         ref_add(a.ref_keys[0], a.ref_counts[0], h)
-        ref_live_count(a.ref_keys[0], a.ref_counts[0], h)
-        ref_live_prefix(a.ref_keys[0], a.ref_counts[0], h)
         ref_remove(a.ref_keys[0], a.ref_counts[0], h)
         elig = np.ones(2, np.uint8)
         ob = np.zeros(2, np.int32)

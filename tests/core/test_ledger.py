@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from kvsched.config import OverloadConfig
 from kvsched.core.ledger import Ledger
 from kvsched.core.types import WorkerKey
-from kvsched.shm.kernels import ref_live_count
 from kvsched.shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, LedgerArrays
+from tests.shm.reference import ref_live_count
 
 B = 4
 
