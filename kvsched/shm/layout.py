@@ -205,10 +205,8 @@ class LedgerArrays:
         return bool(self.header.flags.writeable)
 
     @staticmethod
-    def nbytes(
-        max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int, block_size: int = 1
-    ) -> int:
-        """Total bytes of the ledger buffer for these capacities (block_size does not matter)."""
+    def nbytes(max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int) -> int:
+        """Total bytes of the ledger buffer for these capacities."""
         return _offsets(max_workers, max_slots, max_blocks_per_request, ref_capacity)[1]
 
     @classmethod
