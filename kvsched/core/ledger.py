@@ -405,18 +405,7 @@ class Ledger:
     @cached_property
     def _k_output_tokens(self) -> tuple:
         a = self.arrays
-        args = (
-            a.s_state,
-            a.s_generation,
-            a.s_worker_row,
-            a.s_isl,
-            a.s_prefill,
-            a.s_output_tokens,
-            a.s_extra_blocks,
-            a.w_active_blocks,
-            a.w_active_prefill,
-            self.block_size,
-        )
+        args = (*a.load, self.block_size)
         return entry_point(slot_output_tokens, (0, 0, 0, *args)), args
 
     # -- decisions ----------------------------------------------------------------------------

@@ -168,21 +168,7 @@ def warm_booking_kernels() -> None:
     a = LedgerArrays.private(2, 2, 4, 16, 4)
     slot_dispatched(0, 1, a.s_state, a.s_generation)
     slot_prefill_done(0, 1, a.s_state, a.s_generation, a.s_worker_row, a.s_prefill, a.w_active_prefill)
-    slot_output_tokens(
-        0,
-        1,
-        1,
-        a.s_state,
-        a.s_generation,
-        a.s_worker_row,
-        a.s_isl,
-        a.s_prefill,
-        a.s_output_tokens,
-        a.s_extra_blocks,
-        a.w_active_blocks,
-        a.w_active_prefill,
-        4,
-    )
+    slot_output_tokens(0, 1, 1, *a.load, 4)
     release_booking(
         0,
         1,

@@ -441,33 +441,13 @@ def warm_ledger_kernels() -> None:
             a.w_active_blocks, a.w_active_prefill, elig, a.ref_keys, a.ref_counts, h, 5, 4, ob, 1.0, 1.0, ob_, op_, oc_
         )
     progress = np.zeros(2, np.uint64)
-    fold_progress(
-        progress,
-        a.s_state,
-        a.s_generation,
-        a.s_worker_row,
-        a.s_isl,
-        a.s_prefill,
-        a.s_output_tokens,
-        a.s_extra_blocks,
-        a.w_active_blocks,
-        a.w_active_prefill,
-        4,
-    )
+    fold_progress(progress, *a.load, 4)
     fold_words(
         2,
         progress,
         progress.copy(),
         progress.copy(),
-        a.s_state,
-        a.s_generation,
-        a.s_worker_row,
-        a.s_isl,
-        a.s_prefill,
-        a.s_output_tokens,
-        a.s_extra_blocks,
-        a.w_active_blocks,
-        a.w_active_prefill,
+        *a.load,
         4,
         np.zeros(2, np.int64),
         np.zeros(3, np.int64),
