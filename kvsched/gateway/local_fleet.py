@@ -54,11 +54,6 @@ def write_tiny_tokenizer(directory: str | Path, words: int = VOCAB_WORDS) -> Pat
     return d
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    return free_ports(1)[0]
-
-
 def free_ports(n: int) -> list[int]:
     """`n` distinct TCP ports on 127.0.0.1 that were free a moment ago (held together while chosen)."""
     socks = []
