@@ -285,13 +285,6 @@ class LocalFleet:
             )
         self.gateways.append(proc)
 
-    def kill_engine(self, index: int) -> None:
-        """SIGKILL one engine (fault injection)."""
-        e = self.engines[index]
-        if e.proc is not None and e.proc.poll() is None:
-            e.proc.send_signal(signal.SIGKILL)
-            e.proc.wait(10)
-
     def stop(self) -> None:
         """Stop gateways, engines and the daemon (SIGTERM, then SIGKILL after 5 s)."""
         procs = list(self.gateways) + [e.proc for e in self.engines if e.proc is not None]
