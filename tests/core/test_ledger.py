@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kvsched.config import OverloadConfig
 from kvsched.core.ledger import Ledger
 from kvsched.core.types import WorkerKey
-from kvsched.shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, LedgerArrays
+from kvsched.shm.layout import LedgerArrays
 from tests.shm.reference import ref_live_count
 
 B = 4
@@ -26,6 +26,13 @@ def make_ledger(*, workers=2, register=None, slots=8, max_blocks=8, ref_capacity
 
 def book(ledger, rid, row, isl, hashes, cached=0):
     return ledger.reserve(rid, row, isl, np.array(hashes, np.uint64), cached, None, 0, 0, 1)
+
+
+def info(ledger, row):
+    """The admin socket's row of worker row `row` (`Ledger.worker_rows`: flags, load)."""
+    a = ledger.arrays
+    key = (int(a.w_worker_id[row]), int(a.w_dp_rank[row]))
+    return next(w for w in ledger.worker_rows() if (w.worker_id, w.dp_rank) == key)
 
 
 def aggregates(ledger):
@@ -185,16 +192,12 @@ def test_eligible_mask_filters_drained_overloaded_allowed_and_pinned():
     out = np.zeros(3, np.uint8)
     assert ledger.eligible_mask(None, None, out) == 2 and out.tolist() == [1, 1, 0]
     ledger.set_drained(r0, True)
-    assert (
-        ledger.rows.has_flag(r0, FLAG_DRAINED)
-        and ledger.eligible_mask(None, None, out) == 1
-        and out.tolist() == [0, 1, 0]
-    )
+    assert info(ledger, r0).drained and ledger.eligible_mask(None, None, out) == 1 and out.tolist() == [0, 1, 0]
     ledger.set_drained(r0, False)
     slot, gen = book(ledger, "big", r1, 60, [])
-    assert ledger.rows.has_flag(r1, FLAG_OVERLOADED) and ledger.eligible_mask(None, None, out) == 1
+    assert info(ledger, r1).overloaded and ledger.eligible_mask(None, None, out) == 1
     ledger.prefill_done(slot, gen)
-    assert not ledger.rows.has_flag(r1, FLAG_OVERLOADED)
+    assert not info(ledger, r1).overloaded
     assert ledger.eligible_mask(None, frozenset({11}), out) == 1 and out.tolist() == [0, 1, 0]
     assert ledger.eligible_mask(WorkerKey(10, 0), None, out) == 1 and out.tolist() == [1, 0, 0]
     assert ledger.eligible_mask(WorkerKey(77, 0), None, out) == 0
@@ -203,11 +206,11 @@ def test_eligible_mask_filters_drained_overloaded_allowed_and_pinned():
 def test_overload_on_active_blocks_fraction():
     ledger, (r0, _) = make_ledger(overload=OverloadConfig(overload_active_blocks_frac=0.1))  # 10 of 100
     slot, gen = book(ledger, "a", r0, 40, [])
-    assert not ledger.rows.has_flag(r0, FLAG_OVERLOADED)
+    assert not info(ledger, r0).overloaded
     ledger.output_tokens_row(slot, gen, 4)
-    assert ledger.rows.has_flag(r0, FLAG_OVERLOADED)
+    assert info(ledger, r0).overloaded
     ledger.release(slot, gen)
-    assert not ledger.rows.has_flag(r0, FLAG_OVERLOADED)
+    assert not info(ledger, r0).overloaded
 
 
 def test_rebuild_aggregates_and_adoption_when_restarted():
