@@ -418,12 +418,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--log-level", type=log_level_arg, default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        import uvloop
+    import uvloop
 
-        uvloop.install()
-    except ImportError:
-        pass
+    uvloop.install()
     try:
         asyncio.run(_serve(args))
     except StartError as exc:
