@@ -120,7 +120,6 @@ class HttpSimEngine:
         self._t0 = time.monotonic()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.served = 0
 
     def now_us(self) -> int:
         return int((time.monotonic() - self._t0) * 1e6 * self.speedup)
@@ -205,7 +204,6 @@ class HttpSimEngine:
             return await self._respond(request, kind, body, live, request.headers.get("X-Request-Id", rid))
         finally:
             self.live.pop(rid, None)
-            self.served += 1
 
     async def _respond(self, request, kind, body, live: _Live, rid: str) -> web.StreamResponse:
         stream = bool(body.get("stream"))
