@@ -156,8 +156,8 @@ class OverlapView:
             return self._depth_by_index(hashes, now_us, out)
         off = self.offload if self.offload is not None else dev
         ap, sp = self.approx, self.speculative
-        # every index's depth, then stale / unfed rows: approximate only; the others: credited_overlap,
-        # floored (one kernel call)
+        # every index's depth, then stale / unfed rows: approximate only; the others: the credit of the
+        # module docstring, floored (one kernel call)
         flags = self.ledger.arrays.w_flags
         got = self._credited
         if got is None or not all(x is y for x, y in zip(got[0], (ap, dev, off, sp, flags, out), strict=True)):

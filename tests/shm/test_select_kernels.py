@@ -1,5 +1,5 @@
-"""Selection kernels == the plain-Python reference (tests/shm/reference.py) == the kv selector's array code
-and `credited_overlap`, bit for bit (decisions must not change when the kernel replaces the array code)."""
+"""Selection kernels == the plain-Python reference (tests/shm/reference.py) == the kv selector's array code,
+bit for bit (decisions must not change when the kernel replaces the array code)."""
 
 from __future__ import annotations
 
