@@ -197,7 +197,11 @@ class LedgerArrays:
         self.header[H_EPOCH] = value
 
     @property
-    def load(self) -> tuple[np.ndarray, ...]:
+    def load(
+        self,
+    ) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray
+    ]:
         """The arrays a booking's load change reads and writes, in the booking kernels' parameter order
         (`kernels.fold_progress` / `fold_words`, `booking_kernels.slot_output_tokens`): s_state,
         s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks,
