@@ -57,17 +57,14 @@ class DroppedLeases:
 
     Args:
         channel: the client's `LeaseChannel` (its loop and link are read at push / flush time).
-    Attributes:
-        wakes: loop wakes scheduled so far (one per batch).
     """
 
-    __slots__ = ("_channel", "_queue", "_wake_pending", "wakes")
+    __slots__ = ("_channel", "_queue", "_wake_pending")
 
     def __init__(self, channel: LeaseChannel) -> None:
         self._channel = channel
         self._queue: deque[tuple[str, int, int]] = deque()
         self._wake_pending = False
-        self.wakes = 0
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -81,7 +78,6 @@ class DroppedLeases:
         if self._wake_pending:
             return
         self._wake_pending = True
-        self.wakes += 1
         try:
             loop.call_soon_threadsafe(self._flush)
         except RuntimeError:  # loop closing: the daemon reaps the lease with the connection

@@ -156,7 +156,7 @@ class PolicyClassQueue:
         return cq
 
     # ---- limits ------------------------------------------------------------------------------
-    def check_limits(self, isl_tokens: int, n_worker_ids: int, room: tuple[int, int] = (0, 0)) -> LimitExceeded | None:
+    def check_limits(self, n_worker_ids: int, room: tuple[int, int] = (0, 0)) -> LimitExceeded | None:
         """Limits are checked BEFORE adding: the request that crosses a limit is accepted, the
         next one refused. Limits scale with the number of registered worker ids (docs/DESIGN.md §4.10).
         `room` (requests, ISL tokens) is how far past each limit this request may still be accepted

@@ -171,20 +171,11 @@ class Ledger:
         self.rows.check(row)
         self.rows.set_flag(row, FLAG_DRAINED, drained)
 
-    def is_drained(self, row: int) -> bool:
-        return self.rows.has_flag(row, FLAG_DRAINED)
-
     def set_stale(self, row: int, stale: bool) -> None:
         """KV-event stream of `row` untrusted: its publisher disconnected or a gap unfilled past its limit
         (kvevents/staleness.py); its overlap falls back to the approximate index."""
         self.rows.check(row)
         self.rows.set_flag(row, FLAG_STALE, stale)
-
-    def is_stale(self, row: int) -> bool:
-        return self.rows.has_flag(row, FLAG_STALE)
-
-    def is_overloaded(self, row: int) -> bool:
-        return self.rows.has_flag(row, FLAG_OVERLOADED)
 
     def update_overload(self, row: int) -> bool:
         """Recompute `row`'s overloaded flag from its CURRENT load (docs/DESIGN.md §4.2); returns the flag."""
@@ -356,14 +347,10 @@ class Ledger:
             self.rows.update_overload(row)
         return row
 
-    def set_output_tokens(self, slot: int, generation: int, n: int) -> bool:
-        """Output tokens so far (Update(progress)); same effect as a folded progress word. The count
-        only moves forward: a value <= the current one is ignored. False if stale or ignored."""
-        return self.output_tokens_row(slot, generation, n) >= 0
-
     def output_tokens_row(self, slot: int, generation: int, n: int) -> int:
-        """`set_output_tokens` (one `booking_kernels.slot_output_tokens` call); returns the booking's
-        worker row when the count moved forward, else -1 (stale or ignored)."""
+        """Output tokens so far (Update(progress)); same effect as a folded progress word. The count
+        only moves forward: a value <= the current one is ignored. One `booking_kernels.slot_output_tokens`
+        call; returns the booking's worker row when the count moved forward, else -1 (stale or ignored)."""
         if not 0 <= slot < self._max_slots:
             return -1
         fn, args = self._k_output_tokens
@@ -420,18 +407,7 @@ class Ledger:
     @cached_property
     def _k_output_tokens(self) -> tuple[Any, ...]:
         a = self.arrays
-        args = (
-            a.s_state,
-            a.s_generation,
-            a.s_worker_row,
-            a.s_isl,
-            a.s_prefill,
-            a.s_output_tokens,
-            a.s_extra_blocks,
-            a.w_active_blocks,
-            a.w_active_prefill,
-            self.block_size,
-        )
+        args = (*a.load, self.block_size)
         return entry_point(slot_output_tokens, (0, 0, 0, *args)), args
 
     # -- decisions ----------------------------------------------------------------------------
@@ -487,9 +463,6 @@ class Ledger:
             )
             for r in self.live_rows().tolist()
         ]
-
-    def slot_of(self, request_id: str) -> int | None:
-        return self._slot_of.get(request_id)
 
     def slot_info(self, slot: int) -> SlotInfo:
         """The booking in `slot` (`slot_table.read_slot`)."""

@@ -8,11 +8,10 @@ for `admit_one`:
 * the speculative index: routing decisions on event-fed rows, short TTL.
 
 Rows without a KV-event source, and rows whose stream is stale (`FLAG_STALE`), use the approximate
-index only. Event-fed rows that are fresh get `credited_overlap(device, offload, speculative)` =
-max(device, speculative) + `offload_overlap_credit` per offload-only block beyond it; the long-TTL
-approximate entries are NOT used for them (the events say what the engine really holds, evictions
-included; the approximate index only guesses). `credited_overlap` states the rule over arrays; the
-decision path computes it with the `credit_rows` kernel (the same operations, one call).
+index only. Event-fed rows that are fresh are credited max(device, speculative) +
+`offload_overlap_credit` per offload-only block beyond it, floored; the long-TTL approximate entries
+are NOT used for them (the events say what the engine really holds, evictions included; the
+approximate index only guesses). The `credit_rows` kernel (`shm/select_kernels.py`) states the rule.
 
 The speculative entry covers the time between the routing decision and the engine's BlockStored
 (engine queueing + prefill + transport). Its TTL is `approx_ttl_s / 24` (5 s at the default 120 s):
@@ -52,38 +51,6 @@ def overlap_capacity(max_workers: int) -> int:
     budget of 64), rounded up to a power of two as the open-addressing table requires."""
     want = OVERLAP_CAPACITY_PER_WORKER * max(1, min(max_workers, 64))
     return 1 << (want - 1).bit_length()
-
-
-def credited_overlap(
-    device_depth: np.ndarray,
-    offload_depth: np.ndarray | None,
-    approx_depth: np.ndarray,
-    stale: np.ndarray,
-    offload_credit: float,
-    out: np.ndarray,
-) -> np.ndarray:
-    """Overlap blocks to credit per worker row, combining the event-fed and approximate indexes.
-
-    Non-stale rows: base = max(device, approx) (approx holds the short-TTL speculative entries written
-    at routing time), plus `offload_credit` per block of the offload-tier prefix beyond base.
-    Stale rows (no live event stream): approx only; their event-fed entries may be outdated.
-    The offload prefix is measured from block 0 in the offload index alone, which is exact when the
-    offload tier keeps a copy of what the device holds (write-through offloading, as vLLM's CPU
-    offloading does) and an underestimate otherwise.
-
-    Args:
-        device_depth / offload_depth / approx_depth: int32[R], prefix depth (blocks) per row from
-            `OverlapIndex.depth`; offload_depth None = no offload index.
-        stale: bool[R], True where the row's event stream is stale or absent.
-        offload_credit: credit of an offload-only block relative to a device block (0..1).
-        out: float64[R], written and returned.
-    """
-    base = np.maximum(device_depth, approx_depth)
-    np.copyto(out, base)
-    if offload_depth is not None and offload_credit > 0:
-        out += offload_credit * np.maximum(0, offload_depth.astype(np.int64) - base)
-    np.copyto(out, approx_depth, where=stale)
-    return out
 
 
 class ApproxIndex(Protocol):
@@ -205,8 +172,8 @@ class OverlapView:
                 return out
             return self._depth_by_index(hashes, now_us, out, dev, sp)
         off = self.offload if self.offload is not None else dev
-        # every index's depth, then stale / unfed rows: approximate only; the others: credited_overlap,
-        # floored (one kernel call)
+        # every index's depth, then stale / unfed rows: approximate only; the others: the credit of the
+        # module docstring, floored (one kernel call)
         flags = self.ledger.arrays.w_flags
         got = self._credited
         if got is None or not all(x is y for x, y in zip(got[0], (ap, dev, off, sp, flags, out), strict=True)):

@@ -61,7 +61,7 @@ class PolicyQueue:
         """Limit-check then add a ready entry (`room`: see `PolicyClassQueue.check_limits`). Returns the
         exceeded limit (nothing added) or None."""
         cq = self.classes[class_idx]
-        over = cq.check_limits(entry.isl_tokens, n_worker_ids, room)
+        over = cq.check_limits(n_worker_ids, room)
         if over is None:
             cq.add(entry)
         return over
@@ -71,7 +71,7 @@ class PolicyQueue:
     ) -> LimitExceeded | None:
         """Limit-check then hold for the class's admission policy."""
         cq = self.classes[class_idx]
-        over = cq.check_limits(entry.isl_tokens, n_worker_ids, room)
+        over = cq.check_limits(n_worker_ids, room)
         if over is None:
             cq.defer(entry)
         return over

@@ -122,6 +122,3 @@ class Reject(msgspec.Struct, frozen=True, gc=False):
     current: int | None = None
     limit: int | None = None
     revoked: bool = False  # a notice to the holder of a lease (not the answer to an Enqueue)
-
-
-Outcome = Admit | Reject

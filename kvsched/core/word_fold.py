@@ -57,15 +57,7 @@ class WordFold:
                 progress,
                 state,
                 self._seen_state,
-                a.s_state,
-                a.s_generation,
-                a.s_worker_row,
-                a.s_isl,
-                a.s_prefill,
-                a.s_output_tokens,
-                a.s_extra_blocks,
-                a.w_active_blocks,
-                a.w_active_prefill,
+                *a.load,
                 arrays.block_size,
                 self._dispatched,
                 self._counts,
@@ -105,19 +97,7 @@ class WordFold:
                 fold = self._bind()[0]
             changed = fold(n_slots, *self._fold_call)
         else:
-            changed = fold_progress(
-                self.progress,
-                a.s_state,
-                a.s_generation,
-                a.s_worker_row,
-                a.s_isl,
-                a.s_prefill,
-                a.s_output_tokens,
-                a.s_extra_blocks,
-                a.w_active_blocks,
-                a.w_active_prefill,
-                a.block_size,
-            )
+            changed = fold_progress(self.progress, *a.load, a.block_size)
         if changed and self.rows.overload_rules:
             self.rows.update_overload_all()
         return int(changed)

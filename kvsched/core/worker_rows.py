@@ -149,9 +149,6 @@ class WorkerRows:
             a.w_flags[row] = new
             self.version += 1
 
-    def has_flag(self, row: int, flag: int) -> bool:
-        return bool(self.arrays.w_flags[row] & flag)
-
     @property
     def overload(self) -> OverloadConfig:
         """The overload thresholds; assigning them also sets `overload_rules`."""

@@ -110,7 +110,6 @@ class Actor:
         }
         self.beats = TokenHeartbeats(self.conns, metrics.unknown_token_heartbeats)
         self.stopped = False
-        self.started_us = now_us()
         self.ticker = Ticker(self)
         self._fold_timer: asyncio.TimerHandle | None = None
         self.data_reader = Reader(loop, data_sock, self._wake_data)

@@ -198,7 +198,6 @@ class Daemon:
         self.actor.ticker.on_second.append(self.health.tick)  # + available workers (readiness), once a second
         self.actor.start()
         self.kv_events = build_kv_subscriber(
-            cfg,
             self.scheduler,
             loop,
             self.ctx,

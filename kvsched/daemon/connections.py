@@ -18,7 +18,7 @@ import logging
 import os
 import secrets
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..core.types import DAEMON_OWNER
 
@@ -74,7 +74,6 @@ class Connection:
     last_seen_us: int = 0
     inflight: int = 0
     alive: bool = True
-    request_ids: set[str] = field(default_factory=set)
     conn_token: int = 0
 
 

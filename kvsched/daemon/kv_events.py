@@ -431,9 +431,6 @@ class KvEventSubscriber:
         st.retry_at_s = now + replay_backoff_s(st.replay_attempts)
 
     # ------------------------------------------------------------------ introspection
-    def stale_rows(self) -> list[int]:
-        return [st.src.row for st in self.streams if st.stale]
-
     def counters(self) -> dict[str, int]:
         """Counters for metrics: applied, replayed, unknown_types, unknown_fields, gaps, restarts,
         stale_workers (a gauge), plus the applier's other counters, malformed_frames, disconnects."""

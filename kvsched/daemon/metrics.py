@@ -13,7 +13,6 @@ from __future__ import annotations
 import platform
 from bisect import bisect_left
 from collections.abc import Sequence
-from importlib.metadata import version
 
 import numpy as np
 from prometheus_client import (
@@ -28,6 +27,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .. import __version__
 from ..protocol import PROTOCOL_MAX
 from ..shm.layout import FLAG_DRAINED, FLAG_OVERLOADED, FLAG_STALE
 
@@ -52,13 +52,6 @@ _LATENCY_BUCKETS = (
 _WAIT_BUCKETS = (1e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _LEASE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 _WORKER = ["worker_id", "dp_rank"]
-
-
-def _version() -> str:
-    try:
-        return version("kvsched")
-    except Exception:  # not installed (source tree on sys.path)
-        return "unknown"
 
 
 class _SchedulerCounters:
@@ -103,7 +96,7 @@ class Metrics:
         PlatformCollector(registry=r)
 
         Info("kvsched_build", "kvsched version, protocol and Python", registry=r).info(
-            {"version": _version(), "protocol_max": str(PROTOCOL_MAX), "python": platform.python_version()}
+            {"version": __version__, "protocol_max": str(PROTOCOL_MAX), "python": platform.python_version()}
         )
         self._counters = _SchedulerCounters()
         r.register(self._counters)

@@ -35,10 +35,6 @@ class Notifier:
         self._sock: socket.socket | None = None
         self._last_ping = 0.0
 
-    @property
-    def enabled(self) -> bool:
-        return self._addr is not None
-
     def send(self, state: str) -> None:
         """Send one notification (e.g. "READY=1\\nSTATUS=serving"); errors are logged, never raised."""
         if self._addr is None:

@@ -213,7 +213,7 @@ def build_scheduler(cfg: Config, segments, restarted: bool, conns=None):
     return scheduler
 
 
-def build_kv_subscriber(cfg: Config, scheduler, loop, ctx, sources: list, kv_index=None, restored_index: bool = False):
+def build_kv_subscriber(scheduler, loop, ctx, sources: list, kv_index=None, restored_index: bool = False):
     """The `KvEventSubscriber` feeding the scheduler's event indexes from `sources`
     (`WorkerRegistry.kv_sources`: the configured ranks' and the restored runtime ones').
 

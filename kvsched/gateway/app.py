@@ -464,12 +464,9 @@ def main(argv: list[str] | None = None) -> None:
                     args.config, sock, workers, args.ready_file, args.log_level, cfg.gateway.connect_timeout_s + 60.0
                 )
             )
-        try:
-            import uvloop
+        import uvloop
 
-            uvloop.install()
-        except ImportError:
-            pass
+        uvloop.install()
         asyncio.run(run(cfg, args.ready_file, link=args.worker_of))
     except ConfigError as exc:
         print(f"kvsched-gateway: {exc}", file=sys.stderr)

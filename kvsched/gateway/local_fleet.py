@@ -54,11 +54,6 @@ def write_tiny_tokenizer(directory: str | Path, words: int = VOCAB_WORDS) -> Pat
     return d
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    return free_ports(1)[0]
-
-
 def free_ports(n: int) -> list[int]:
     """`n` distinct TCP ports on 127.0.0.1 that were free a moment ago (held together while chosen)."""
     socks = []
@@ -289,13 +284,6 @@ class LocalFleet:
                 cwd=source_dir,
             )
         self.gateways.append(proc)
-
-    def kill_engine(self, index: int) -> None:
-        """SIGKILL one engine (fault injection)."""
-        e = self.engines[index]
-        if e.proc is not None and e.proc.poll() is None:
-            e.proc.send_signal(signal.SIGKILL)
-            e.proc.wait(10)
 
     def stop(self) -> None:
         """Stop gateways, engines and the daemon (SIGTERM, then SIGKILL after 5 s)."""

@@ -350,13 +350,3 @@ class Collector:
             "choices": choices,
             "usage": self.usage,
         }
-
-
-def chunk_tokens(chunk: dict, kind: str) -> int:
-    """Output tokens a chunk carries when the engine sends no usage: one per non-empty choice."""
-    n = 0
-    for ch in chunk.get("choices") or ():
-        text = (ch.get("delta") or {}).get("content") if kind == "chat" else ch.get("text")
-        if text:
-            n += 1
-    return n

@@ -194,16 +194,6 @@ def _fields(raw: Any) -> tuple[str | None, dict[str, Any], int]:
     return None, {}, 0
 
 
-def decode_event(raw: Any) -> tuple[Event | None, str]:
-    """One raw (already MessagePack-decoded) event -> (record, status).
-
-    status: "ok", "unknown_type" or "malformed" (record None for the last two). Unknown fields are
-    not reported here; `decode_batch` counts them.
-    """
-    tag, f, _ = _fields(raw)
-    return _decode(tag, f)
-
-
 def _first_list(v: Any, parent: Any) -> list[Any] | None:
     """`v` when it is a non-empty list on a first-of-chain event (parent None), else None."""
     return v if parent is None and isinstance(v, list) and v else None

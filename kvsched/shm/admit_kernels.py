@@ -14,8 +14,8 @@ from the same (unchanged) state.
 `shm/admit_packed.py` has `admit_kv_packed` / `credited_depth_packed`: the same kernels with their
 fixed arrays given as one int64 table (`shm/argtable.py`); the core calls those.
 
-Twins with the same names and signatures: `numpy_twin` / `python_twin` in `shm/reference.py`
-(implemented in `shm/reference_admit.py`, composing the component kernels' twins); property tests
+The plain-Python reference with the same names and signatures is tests/shm/reference.py (composing
+the component kernels' references); property tests
 in tests/shm/test_admit_kernels.py.
 
 Cache key: `shm.kernel_cache` (a digest of the whole package: editing a composed kernel recompiles these).
@@ -204,7 +204,7 @@ def credited_depth(
             (off_depth only with `has_offload`).
         event_fed: uint8[W]; w_flags: uint8[W]; spec_raw: int32[W], written (a copy of spec_depth).
         out: int32[W], written: the credited overlap (`credit_rows`).
-    Source: docs/DESIGN.md §6.4; the credit rule is `core.overlap_view.credited_overlap`.
+    Source: docs/DESIGN.md §6.4; the credit rule is `select_kernels.credit_rows`.
     """
     overlap_depth(a_keys, a_used, a_perm, a_ttlm, a_ttl_exp, hashes, now_us, scratch, approx_depth)
     overlap_depth(d_keys, d_used, d_perm, d_ttlm, d_ttl_exp, hashes, now_us, scratch, dev_depth)

@@ -10,7 +10,7 @@ referenced beside it, and rebuilds it when one of them is replaced. Measured wit
 kernel's work, the whole `admit_kv` call ~37 -> ~31 µs (medians, noisy shared machine).
 
 Results and writes are those of the unpacked kernels (they call them): tests/shm/test_admit_kernels.py
-runs both forms against the numpy and pure-Python twins. Cache key: `shm.kernel_cache`.
+runs both forms against the plain-Python reference (tests/shm/reference.py). Cache key: `shm.kernel_cache`.
 """
 
 from __future__ import annotations

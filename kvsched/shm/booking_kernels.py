@@ -7,8 +7,8 @@ free, same generation; for the kernels that touch a worker's aggregates also a w
 range, which `Ledger.reserve` guarantees) and does nothing otherwise, so stale or repeated events
 are no-ops: a late release can never free a reused slot's new booking. Like `kernels.py`, each is
 `@njit(cache=True, nogil=True)`, takes arrays (dtypes of `layout.py`) and scalars, allocates
-nothing, and has twins of the same name and signature in `reference_booking.py` (`numpy_twin`,
-`python_twin` of `reference.py`); tests/shm/test_booking_kernels.py requires equal results.
+nothing, and has a counterpart of the same name and signature in the plain-Python reference
+(tests/shm/reference.py); tests/shm/test_booking_kernels.py requires equal results.
 """
 
 from __future__ import annotations
@@ -163,29 +163,12 @@ def release_booking(
     return row
 
 
-NAMES = ("slot_dispatched", "slot_prefill_done", "slot_output_tokens", "release_booking")
-
-
 def warm_booking_kernels() -> None:
     """Compile (or load from NUMBA_CACHE_DIR) the booking kernels for the ledger's dtypes."""
     a = LedgerArrays.private(2, 2, 4, 16, 4)
     slot_dispatched(0, 1, a.s_state, a.s_generation)
     slot_prefill_done(0, 1, a.s_state, a.s_generation, a.s_worker_row, a.s_prefill, a.w_active_prefill)
-    slot_output_tokens(
-        0,
-        1,
-        1,
-        a.s_state,
-        a.s_generation,
-        a.s_worker_row,
-        a.s_isl,
-        a.s_prefill,
-        a.s_output_tokens,
-        a.s_extra_blocks,
-        a.w_active_blocks,
-        a.w_active_prefill,
-        4,
-    )
+    slot_output_tokens(0, 1, 1, *a.load, 4)
     release_booking(
         0,
         1,

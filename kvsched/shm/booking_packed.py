@@ -132,21 +132,5 @@ def warm_booking_packed() -> None:
     fold_words_packed(
         2,
         4,
-        pack_fold_arrays(
-            (
-                *words,
-                a.s_state,
-                a.s_generation,
-                a.s_worker_row,
-                a.s_isl,
-                a.s_prefill,
-                a.s_output_tokens,
-                a.s_extra_blocks,
-                a.w_active_blocks,
-                a.w_active_prefill,
-                np.zeros(2, np.int64),
-                np.zeros(3, np.int64),
-                np.zeros(2, np.int64),
-            )
-        ),
+        pack_fold_arrays((*words, *a.load, np.zeros(2, np.int64), np.zeros(3, np.int64), np.zeros(2, np.int64))),
     )

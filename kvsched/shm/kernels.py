@@ -1,8 +1,8 @@
 """Numba kernels over the ledger arrays (docs/DESIGN.md §3.5): refcount index, projection + cost, progress fold.
 
 Every kernel is `@njit(cache=True, nogil=True)`, takes arrays and scalars only (dtypes fixed in
-`layout.py`), writes results into caller-owned `out` arrays and allocates nothing. Each has twins
-with the same name and signature in `reference.py` (`numpy_twin.<name>`, `python_twin.<name>`);
+`layout.py`), writes results into caller-owned `out` arrays and allocates nothing. Each has a
+counterpart with the same name and signature in the plain-Python reference, tests/shm/reference.py;
 property tests require equal outputs. `shm.warm.warm_kernels()` compiles them all before READY.
 
 Refcount index (one row per worker, `C` entries, C a power of two): open addressing with linear
@@ -130,31 +130,6 @@ def ref_remove(keys_row, counts_row, hashes):
             _delete(keys_row, counts_row, i, mask)
             died += 1
     return died
-
-
-@njit(cache=True, nogil=True)
-def ref_live_count(keys_row, counts_row, hashes):
-    """Number of `hashes` (uint64[n]) live (count > 0) in one worker row. Returns int."""
-    mask = keys_row.shape[0] - 1
-    limit = min(keys_row.shape[0], MAX_PROBE)
-    live = 0
-    for k in range(hashes.shape[0]):
-        if _find(keys_row, counts_row, hashes[k], mask, limit) >= 0:
-            live += 1
-    return live
-
-
-@njit(cache=True, nogil=True)
-def ref_live_prefix(keys_row, counts_row, hashes):
-    """Number of leading `hashes` (uint64[n]) live in one worker row: stops at the first miss. Returns int."""
-    mask = keys_row.shape[0] - 1
-    limit = min(keys_row.shape[0], MAX_PROBE)
-    live = 0
-    for k in range(hashes.shape[0]):
-        if _find(keys_row, counts_row, hashes[k], mask, limit) < 0:
-            break
-        live += 1
-    return live
 
 
 @njit(cache=True, nogil=True)
@@ -458,8 +433,6 @@ def warm_ledger_kernels() -> None:
     ro_hashes = np.frombuffer(hashes.tobytes(), dtype="<u8")  # read-only, as decoded from frames
     for h in (hashes, ro_hashes):
         ref_add(a.ref_keys[0], a.ref_counts[0], h)
-        ref_live_count(a.ref_keys[0], a.ref_counts[0], h)
-        ref_live_prefix(a.ref_keys[0], a.ref_counts[0], h)
         ref_remove(a.ref_keys[0], a.ref_counts[0], h)
         elig = np.ones(2, np.uint8)
         ob = np.zeros(2, np.int32)
@@ -468,33 +441,13 @@ def warm_ledger_kernels() -> None:
             a.w_active_blocks, a.w_active_prefill, elig, a.ref_keys, a.ref_counts, h, 5, 4, ob, 1.0, 1.0, ob_, op_, oc_
         )
     progress = np.zeros(2, np.uint64)
-    fold_progress(
-        progress,
-        a.s_state,
-        a.s_generation,
-        a.s_worker_row,
-        a.s_isl,
-        a.s_prefill,
-        a.s_output_tokens,
-        a.s_extra_blocks,
-        a.w_active_blocks,
-        a.w_active_prefill,
-        4,
-    )
+    fold_progress(progress, *a.load, 4)
     fold_words(
         2,
         progress,
         progress.copy(),
         progress.copy(),
-        a.s_state,
-        a.s_generation,
-        a.s_worker_row,
-        a.s_isl,
-        a.s_prefill,
-        a.s_output_tokens,
-        a.s_extra_blocks,
-        a.w_active_blocks,
-        a.w_active_prefill,
+        *a.load,
         4,
         np.zeros(2, np.int64),
         np.zeros(3, np.int64),

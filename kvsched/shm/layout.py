@@ -218,6 +218,28 @@ class LedgerArrays:
         self.header[H_EPOCH] = value
 
     @property
+    def load(
+        self,
+    ) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray
+    ]:
+        """The arrays a booking's load change reads and writes, in the booking kernels' parameter order
+        (`kernels.fold_progress` / `fold_words`, `booking_kernels.slot_output_tokens`): s_state,
+        s_generation, s_worker_row, s_isl, s_prefill, s_output_tokens, s_extra_blocks, w_active_blocks,
+        w_active_prefill."""
+        return (
+            self.s_state,
+            self.s_generation,
+            self.s_worker_row,
+            self.s_isl,
+            self.s_prefill,
+            self.s_output_tokens,
+            self.s_extra_blocks,
+            self.w_active_blocks,
+            self.w_active_prefill,
+        )
+
+    @property
     def capacities(self) -> dict[str, int]:
         return {k: int(getattr(self, k)) for k in CAPACITY_KEYS}
 
@@ -226,10 +248,8 @@ class LedgerArrays:
         return bool(self.header.flags.writeable)
 
     @staticmethod
-    def nbytes(
-        max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int, block_size: int = 1
-    ) -> int:
-        """Total bytes of the ledger buffer for these capacities (block_size does not matter)."""
+    def nbytes(max_workers: int, max_slots: int, max_blocks_per_request: int, ref_capacity: int) -> int:
+        """Total bytes of the ledger buffer for these capacities."""
         return _offsets(max_workers, max_slots, max_blocks_per_request, ref_capacity)[1]
 
     @classmethod

@@ -1,7 +1,7 @@
 """The splitmix64 finalizer, defined once: u64 -> well-mixed u64, a bijection.
 
 Used to place hashes in the open-addressing tables (`kernels.mix64`, compiled with numba from
-these constants, and its twins in `reference.py`), to key KV-event blocks of a non-zero group
+these constants), to key KV-event blocks of a non-zero group
 (`kvsched.kvevents.format.block_key`), and to derive trace block hashes and synthetic token ids in
 the simulator. Constants from Vigna's public-domain `splitmix64.c` (the finalizer of Steele, Lea and
 Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014).

@@ -21,12 +21,6 @@ def pack_progress(generation: int, output_tokens: int) -> int:
     return (generation << 32) | min(output_tokens, _U32)
 
 
-def unpack_progress(word: int) -> tuple[int, int]:
-    """(generation, output_tokens) of a progress word."""
-    word = int(word)
-    return word >> 32, word & _U32
-
-
 def write_progress(progress: np.ndarray, slot: int, generation: int, output_tokens: int) -> None:
     """Publish a slot's output tokens with one aligned 8-byte store.
 

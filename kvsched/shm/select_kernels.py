@@ -4,10 +4,10 @@ of event-fed rows, one call each.
 They compute exactly what the numpy code of `core/kv_cost.py` (`KvSelector.terms` + the total,
 extra-wait cap, requests release rule and capped interference included),
 `core/admitter.py` (`Admitter.busy_count`) and `core/overlap_view.py`
-(`credited_overlap`) compute — same float operations in the same
-order, so decisions are bit-identical — without the dozen small numpy calls per decision. Twins with
-the same names and signatures: `numpy_twin` / `python_twin` in `shm/reference.py` (implemented in
-`shm/reference_select.py`); property tests in tests/shm/test_select_kernels.py.
+(the credit rule of docs/DESIGN.md §6.4) compute — same float operations in the same
+order, so decisions are bit-identical — without the dozen small numpy calls per decision. The plain-Python
+reference with the same names and signatures is tests/shm/reference.py; property tests in
+tests/shm/test_select_kernels.py.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def count_busy(active_prefill, max_batched, eligible, threshold, threshold_frac)
 def credit_rows(
     approx, device, offload, spec, event_fed, w_flags, stale_flag, offload_credit, has_offload, spec_raw, out
 ):
-    """The credited overlap of every row (`core.overlap_view.credited_overlap`, floored), in place.
+    """The credited overlap of every row (docs/DESIGN.md §6.4: the credit rule, floored), in place.
 
     Args:
         approx / device / offload / spec: int32[W], raw prefix depths (blocks) in the approximate,

@@ -151,16 +151,6 @@ class DynamoService:
                 },
             )
 
-    def select_and_reserve(self, token_ids: list[int]) -> dict:
-        """Pick and book a worker: {selection_id, worker_id, dp_rank, overlap{gpu}, effective_prefill_tokens, ...}."""
-        return self._call("POST", "/select_and_reserve", {"token_ids": token_ids})
-
-    def prefill_complete(self, selection_id: str) -> None:
-        self._call("POST", f"/reservations/{selection_id}/prefill_complete", {})
-
-    def release(self, selection_id: str) -> None:
-        self._call("DELETE", f"/reservations/{selection_id}")
-
     def overlap_blocks(self, token_ids: list[int]) -> dict[tuple[int, int], int]:
         """(worker_id, dp_rank) -> cached leading blocks of `token_ids`, as the service sees them."""
         rep = self._call("POST", "/overlap_scores", {"token_ids": token_ids})

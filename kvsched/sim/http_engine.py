@@ -120,7 +120,6 @@ class HttpSimEngine:
         self._t0 = time.monotonic()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.served = 0
 
     def now_us(self) -> int:
         return int((time.monotonic() - self._t0) * 1e6 * self.speedup)
@@ -205,7 +204,6 @@ class HttpSimEngine:
             return await self._respond(request, kind, body, live, request.headers.get("X-Request-Id", rid))
         finally:
             self.live.pop(rid, None)
-            self.served += 1
 
     async def _respond(self, request, kind, body, live: _Live, rid: str) -> web.StreamResponse:
         stream = bool(body.get("stream"))
@@ -418,12 +416,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--log-level", type=log_level_arg, default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        import uvloop
+    import uvloop
 
-        uvloop.install()
-    except ImportError:
-        pass
+    uvloop.install()
     try:
         asyncio.run(_serve(args))
     except StartError as exc:

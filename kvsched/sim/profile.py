@@ -38,13 +38,6 @@ class EngineProfile:
 DEFAULT_PROFILE = EngineProfile()  # the engines' default (immutable, so one shared instance)
 
 
-def decode_step_us(profile: EngineProfile, batch: int, ctx_tokens: int) -> float:
-    """Duration (µs) of one decode-only step with `batch` requests holding `ctx_tokens` context."""
-    if batch <= 0:
-        return 0.0
-    return profile.step_base_us + batch * profile.decode_us_per_seq + profile.decode_us_per_ctx_token * ctx_tokens
-
-
 def decode_us(profile: EngineProfile, batch: int, ctx_tokens: int) -> float:
     """The decode share (µs) of one engine step: `batch` decoding requests holding `ctx_tokens` tokens
     of context (0.0 without any). `sim/engine.py`'s step time is `step_base_us` + this + its prefill
@@ -59,14 +52,6 @@ def decode_steps_us(profile: EngineProfile, batch: int, ctx_tokens: int, steps: 
     `batch` tokens per step (an arithmetic series: `sim/engine.py`'s macro step)."""
     d0 = profile.step_base_us + decode_us(profile, batch, ctx_tokens)
     return steps * d0 + profile.decode_us_per_ctx_token * batch * steps * (steps - 1) / 2.0
-
-
-def prefill_time_us(profile: EngineProfile, tokens: int, context: int = 0) -> float:
-    """Duration (µs) of a step computing `tokens` prompt tokens after `context` cached ones, alone."""
-    ctx = context + (tokens - 1) / 2.0
-    return profile.step_base_us + tokens * (
-        profile.prefill_us_per_token + profile.prefill_attn_us_per_token_ktoken * ctx / 1000.0
-    )
 
 
 def kv_blocks_for(block_size: int, kv_tokens: int = DEFAULT_KV_TOKENS) -> int:

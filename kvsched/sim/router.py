@@ -177,19 +177,23 @@ class Router:
             await asyncio.gather(*list(tasks), *list(self._sampling))
         return self.results
 
-    async def _one(self, i: int) -> None:
-        if self.p.route_via_dynamo:
-            return await self._one_dynamo(i)
-
-        rid = f"{self.p.run_tag}-{i}"
-        r = RequestResult(
+    def _result(self, i: int) -> RequestResult:
+        """The result record of trace row i, before it is routed."""
+        return RequestResult(
             index=i,
-            request_id=rid,
+            request_id=f"{self.p.run_tag}-{i}",
             arrival_us=int(self.arrivals[i]),
             isl=int(self.trace.isl[i]),
             osl=int(self.trace.osl[i]),
             policy_class=self.p.class_names[self.classes[i]] if self.classes is not None else "",
         )
+
+    async def _one(self, i: int) -> None:
+        if self.p.route_via_dynamo:
+            return await self._one_dynamo(i)
+
+        r = self._result(i)
+        rid = r.request_id
         hashes = self.trace.hashes_of(i)
         t_a = time.perf_counter_ns()
         assert self.client is not None and self.loop is not None, "connect() first"
@@ -234,15 +238,8 @@ class Router:
     async def _one_dynamo(self, i: int) -> None:
         """Route row i with Dynamo: select_and_reserve on its token ids, run it, prefill_complete at
         the first token (`_on_event`), DELETE the reservation at the end (or on any failure)."""
-        rid = f"{self.p.run_tag}-{i}"
-        r = RequestResult(
-            index=i,
-            request_id=rid,
-            arrival_us=int(self.arrivals[i]),
-            isl=int(self.trace.isl[i]),
-            osl=int(self.trace.osl[i]),
-            policy_class=self.p.class_names[self.classes[i]] if self.classes is not None else "",
-        )
+        r = self._result(i)
+        rid = r.request_id
         hashes = self.trace.hashes_of(i)
         tokens = token_ids_for(hashes.tolist(), self.trace.block_size)
         t_a = time.perf_counter_ns()

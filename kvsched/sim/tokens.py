@@ -2,7 +2,7 @@
 
 Routers that identify blocks by token ids (NVIDIA Dynamo's selector hashes the `token_ids` of each
 `BlockStored` event and drops events without them) need the same ids from the engines' KV events and
-from the requests. Block i of any request gets `block_token_ids(hash_i, B)`: B ids drawn from the
+from the requests. Block i of any request gets `token_ids_for([hash_i], B)`: B ids drawn from the
 block's hash alone, so every request sharing a block sends the same ids for it.
 """
 
@@ -18,24 +18,14 @@ VOCAB = 32_000  # ids are in [0, VOCAB)
 _U64 = np.uint64
 
 
-def block_token_ids(block_hash: int, block_size: int) -> np.ndarray:
-    """int64[block_size] token ids of one block: SplitMix64 of hash + k·golden, modulo VOCAB."""
-    with np.errstate(over="ignore"):
-        z = mix64_array(_U64(int(block_hash) & U64_MASK) + np.arange(1, block_size + 1, dtype=_U64) * _U64(GOLDEN))
-    return (z % _U64(VOCAB)).astype(np.int64)
-
-
 def token_ids_for(block_hashes: Iterable[int], block_size: int) -> list[int]:
     """The concatenated token ids of consecutive blocks (a request's prompt, or a BlockStored run):
-    `block_token_ids` of each block, computed for all blocks at once."""
-    h = np.fromiter((int(x) & 0xFFFF_FFFF_FFFF_FFFF for x in block_hashes), dtype=_U64)
+    block i's `block_size` ids are SplitMix64 of hash_i + k·golden (k = 1..block_size), modulo VOCAB."""
+    h = np.fromiter((int(x) & U64_MASK for x in block_hashes), dtype=_U64)
     if h.size == 0:
         return []
     with np.errstate(over="ignore"):
-        z = h[:, None] + (np.arange(1, block_size + 1, dtype=_U64) * _U64(0x9E3779B97F4A7C15))[None, :]
-        z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
-        z = z ^ (z >> _U64(31))
+        z = mix64_array(h[:, None] + (np.arange(1, block_size + 1, dtype=_U64) * _U64(GOLDEN))[None, :])
     return (z % _U64(VOCAB)).astype(np.int64).ravel().tolist()
 
 

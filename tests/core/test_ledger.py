@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from kvsched.config import OverloadConfig
 from kvsched.core.ledger import Ledger
 from kvsched.core.types import WorkerKey
-from kvsched.shm.kernels import ref_live_count
 from kvsched.shm.layout import LedgerArrays
+from tests.shm.reference import ref_live_count
 
 B = 4
 
@@ -26,6 +26,13 @@ def make_ledger(*, workers=2, register=None, slots=8, max_blocks=8, ref_capacity
 
 def book(ledger, rid, row, isl, hashes, cached=0):
     return ledger.reserve(rid, row, isl, np.array(hashes, np.uint64), cached, None, 0, 0, 1)
+
+
+def info(ledger, row):
+    """The admin socket's row of worker row `row` (`Ledger.worker_rows`: flags, load)."""
+    a = ledger.arrays
+    key = (int(a.w_worker_id[row]), int(a.w_dp_rank[row]))
+    return next(w for w in ledger.worker_rows() if (w.worker_id, w.dp_rank) == key)
 
 
 def aggregates(ledger):
@@ -63,7 +70,7 @@ def test_random_reserve_release_returns_aggregates_to_zero(ref_capacity, ops):
             continue
         live.append(res)
         if action == 1:
-            ledger.set_output_tokens(*res, out)
+            ledger.output_tokens_row(*res, out)
         elif action == 2:
             ledger.prefill_done(*res)
         blocks = ledger.arrays.w_active_blocks
@@ -99,21 +106,21 @@ def test_shared_prefix_counts_once_when_two_requests_on_one_worker():
 
 def test_unhashed_prompt_blocks_count_as_unique_when_hashes_short_or_truncated():
     ledger, (r0, _) = make_ledger(max_blocks=2)
-    book(ledger, "a", r0, 20, [1, 2, 3])  # 5 prompt blocks, only 2 hashes stored (max_blocks=2)
+    slot, _ = book(ledger, "a", r0, 20, [1, 2, 3])  # 5 prompt blocks, only 2 hashes stored (max_blocks=2)
     book(ledger, "b", r0, 20, [1, 2, 3])
     assert ledger.arrays.w_active_blocks[r0] == 2 + 3 + 3
-    assert ledger.slot_info(ledger.slot_of("a")).request_id == "a"
+    assert ledger.slot_info(slot).request_id == "a"
 
 
 def test_decode_blocks_grow_when_output_tokens_grow():
     ledger, (r0, _) = make_ledger()
     slot, gen = book(ledger, "a", r0, 6, [1])  # 2 prompt blocks (1 hashed, 1 partial)
     assert ledger.arrays.w_active_blocks[r0] == 2
-    ledger.set_output_tokens(slot, gen, 2)  # 8 tokens -> 2 blocks
+    ledger.output_tokens_row(slot, gen, 2)  # 8 tokens -> 2 blocks
     assert ledger.arrays.w_active_blocks[r0] == 2
-    ledger.set_output_tokens(slot, gen, 3)  # 9 tokens -> 3 blocks
+    ledger.output_tokens_row(slot, gen, 3)  # 9 tokens -> 3 blocks
     assert ledger.arrays.w_active_blocks[r0] == 3
-    ledger.set_output_tokens(slot, gen, 30)  # 36 tokens -> 9 blocks
+    ledger.output_tokens_row(slot, gen, 30)  # 36 tokens -> 9 blocks
     assert ledger.arrays.w_active_blocks[r0] == 9
     assert ledger.release(slot, gen)
     assert_zero(ledger)
@@ -127,7 +134,7 @@ def test_prefill_cleared_when_prefill_done_or_first_token():
     assert ledger.prefill_done(*s1)
     assert ledger.arrays.w_active_prefill[r0] == 10
     assert ledger.slot_info(s1[0]).state == 3
-    ledger.set_output_tokens(*s2, 1)
+    ledger.output_tokens_row(*s2, 1)
     assert ledger.arrays.w_active_prefill[r0] == 0
     assert ledger.dispatched(*s1)  # no state regression after prefill_done
     assert ledger.slot_info(s1[0]).state == 3
@@ -155,7 +162,7 @@ def test_release_is_noop_when_generation_is_stale():
     ledger, (r0, _) = make_ledger()
     slot, gen = book(ledger, "a", r0, 16, [1])
     assert not ledger.release(slot, gen + 1)
-    assert not ledger.set_output_tokens(slot, gen + 1, 5)
+    assert ledger.output_tokens_row(slot, gen + 1, 5) == -1
     assert not ledger.prefill_done(slot, gen + 1)
     assert ledger.arrays.w_active_requests[r0] == 1
     assert ledger.release(slot, gen)
@@ -185,12 +192,12 @@ def test_eligible_mask_filters_drained_overloaded_allowed_and_pinned():
     out = np.zeros(3, np.uint8)
     assert ledger.eligible_mask(None, None, out) == 2 and out.tolist() == [1, 1, 0]
     ledger.set_drained(r0, True)
-    assert ledger.is_drained(r0) and ledger.eligible_mask(None, None, out) == 1 and out.tolist() == [0, 1, 0]
+    assert info(ledger, r0).drained and ledger.eligible_mask(None, None, out) == 1 and out.tolist() == [0, 1, 0]
     ledger.set_drained(r0, False)
     slot, gen = book(ledger, "big", r1, 60, [])
-    assert ledger.is_overloaded(r1) and ledger.eligible_mask(None, None, out) == 1
+    assert info(ledger, r1).overloaded and ledger.eligible_mask(None, None, out) == 1
     ledger.prefill_done(slot, gen)
-    assert not ledger.is_overloaded(r1)
+    assert not info(ledger, r1).overloaded
     assert ledger.eligible_mask(None, frozenset({11}), out) == 1 and out.tolist() == [0, 1, 0]
     assert ledger.eligible_mask(WorkerKey(10, 0), None, out) == 1 and out.tolist() == [1, 0, 0]
     assert ledger.eligible_mask(WorkerKey(77, 0), None, out) == 0
@@ -199,11 +206,11 @@ def test_eligible_mask_filters_drained_overloaded_allowed_and_pinned():
 def test_overload_on_active_blocks_fraction():
     ledger, (r0, _) = make_ledger(overload=OverloadConfig(overload_active_blocks_frac=0.1))  # 10 of 100
     slot, gen = book(ledger, "a", r0, 40, [])
-    assert not ledger.is_overloaded(r0)
-    ledger.set_output_tokens(slot, gen, 4)
-    assert ledger.is_overloaded(r0)
+    assert not info(ledger, r0).overloaded
+    ledger.output_tokens_row(slot, gen, 4)
+    assert info(ledger, r0).overloaded
     ledger.release(slot, gen)
-    assert not ledger.is_overloaded(r0)
+    assert not info(ledger, r0).overloaded
 
 
 def test_rebuild_aggregates_and_adoption_when_restarted():
@@ -211,7 +218,7 @@ def test_rebuild_aggregates_and_adoption_when_restarted():
     book(ledger, "a", r0, 16, [1, 2, 3])
     s2 = book(ledger, "b", r0, 16, [1, 2, 9])
     book(ledger, "c", r1, 8, [4])
-    ledger.set_output_tokens(*s2, 7)
+    ledger.output_tokens_row(*s2, 7)
     want = aggregates(ledger)
     keys, counts = ledger.arrays.ref_keys.copy(), ledger.arrays.ref_counts.copy()
     ledger.arrays.w_active_blocks[:] = 999
@@ -220,7 +227,9 @@ def test_rebuild_aggregates_and_adoption_when_restarted():
     fresh.rebuild_aggregates()
     for got, exp in zip(aggregates(fresh), want, strict=True):
         assert np.array_equal(got, exp)
-    assert fresh.row_of(WorkerKey(11, 0)) == r1 and fresh.slot_of("b") == s2[0]
+    assert fresh.row_of(WorkerKey(11, 0)) == r1 and fresh.slot_info(s2[0]).request_id == "b"
+    with pytest.raises(ValueError):  # the adopted bookings' ids are known again
+        book(fresh, "b", r0, 4, [1])
     assert fresh.n_free_slots() == 8 - 3
     for row in (r0, r1):
         live = np.sort(keys[row][counts[row] > 0])

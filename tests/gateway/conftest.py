@@ -38,8 +38,7 @@ def scripted_daemon_fixture(dp_sizes: dict[int, int], scope: str = "function", d
 
     @pytest.fixture(scope=scope, name="daemon")
     def daemon(tmp_path_factory):
-        from kvsched.gateway.local_fleet import free_port
-        from tests.conftest import purge, start_daemon
+        from tests.conftest import free_port, purge, start_daemon
 
         ports = {w: free_port() for w in dp_sizes}
         workers = "".join(

@@ -13,7 +13,8 @@ from kvsched import protocol as p
 from kvsched.client import AdminClient
 from kvsched.gateway.app import Gateway, make_app
 from kvsched.gateway.config import GatewayConfig, GatewaySection, ModelSection
-from kvsched.gateway.local_fleet import free_port, write_tiny_tokenizer
+from kvsched.gateway.local_fleet import write_tiny_tokenizer
+from tests.conftest import free_port
 
 
 def words(start: int, n: int) -> str:

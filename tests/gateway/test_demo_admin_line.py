@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsched.gateway.local_fleet import free_port
-from tests.conftest import ROOT, kill_instance, running_instance
+from tests.conftest import ROOT, free_port, kill_instance, running_instance
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -190,7 +190,9 @@ async def test_engine_killed_mid_run_leaks_nothing_and_later_requests_avoid_it(f
             held = Counter(row.worker_id for row in a.call(p.Leases()).leases)
         victim, victim_leases = held.most_common(1)[0]
         assert victim_leases >= 3  # the kill hits requests in flight (>= 9 leases over 3 engines)
-        fleet.kill_engine(victim - 1)  # engine i has worker id i + 1
+        engine = fleet.engines[victim - 1].proc  # engine i has worker id i + 1
+        engine.kill()
+        engine.wait(10)
         got = await asyncio.gather(*tasks)
         for r in got:  # complete, or a clear failure: never a silent truncation
             assert (

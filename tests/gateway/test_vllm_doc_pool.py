@@ -29,8 +29,8 @@ import pytest
 from kvsched.config import SelectorConfig
 from kvsched.core.overlap_view import SPECULATIVE_TTL_FRACTION
 from kvsched.daemon.process import DaemonProcess
-from kvsched.gateway.local_fleet import free_port, write_tiny_tokenizer
-from tests.conftest import purge, unique_instance, wait_until
+from kvsched.gateway.local_fleet import write_tiny_tokenizer
+from tests.conftest import free_port, purge, unique_instance, wait_until
 
 from .helpers import words
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from kvsched.core.overlap_view import credited_overlap
 from kvsched.kvevents.apply import KvEventApplier
+from kvsched.shm.layout import FLAG_STALE
 from kvsched.shm.overlap import OverlapIndex
+from kvsched.shm.select_kernels import credit_rows
 
 enc = msgspec.msgpack.encode
 ROWS = 4
@@ -186,13 +187,18 @@ def test_offload_events_ignored_without_offload_index():
     assert depth(dev, 1)[0] == 0 and depth(dev, 2)[0] == 1
 
 
-def test_credited_overlap_combines_indexes():
+def test_credit_rows_combines_indexes():
     device = np.array([4, 0, 2, 5], np.int32)
     offload = np.array([6, 3, 0, 9], np.int32)
-    approx = np.array([1, 2, 3, 7], np.int32)
-    stale = np.array([False, False, False, True])
-    out = np.zeros(4)
-    credited_overlap(device, offload, approx, stale, 0.5, out)
-    assert out.tolist() == [4 + 1.0, 2 + 0.5, 3.0, 7.0]
-    credited_overlap(device, None, approx, stale, 0.5, out)
-    assert out.tolist() == [4.0, 2.0, 3.0, 7.0]
+    spec = np.array([1, 2, 3, 8], np.int32)
+    approx = np.array([0, 0, 0, 7], np.int32)
+    fed = np.ones(4, np.uint8)
+    flags = np.array([0, 0, 0, FLAG_STALE], np.uint8)  # the last row's stream is stale: approximate only
+    raw, out = np.zeros(4, np.int32), np.zeros(4, np.int32)
+    credit_rows(approx, device, offload, spec, fed, flags, FLAG_STALE, 0.5, True, raw, out)
+    assert out.tolist() == [4 + 1, 2 + 0, 3, 7]  # 2 + 0.5 floored
+    credit_rows(approx, device, offload, spec, fed, flags, FLAG_STALE, 0.5, False, raw, out)
+    assert out.tolist() == [4, 2, 3, 7]
+    fed[0] = 0  # a row without an event source: approximate only
+    credit_rows(approx, device, offload, spec, fed, flags, FLAG_STALE, 1.0, True, raw, out)
+    assert out.tolist() == [0, 3, 3, 7]

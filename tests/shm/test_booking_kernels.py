@@ -190,7 +190,7 @@ def test_release_booking_is_idempotent_and_spares_a_reused_slot():
     assert ledger.release_booking(slot, gen) == -1  # the late release of the first booking
     assert np.array_equal(a.w_active_blocks, snapshot[0]) and np.array_equal(a.w_active_requests, snapshot[1])
     assert np.array_equal(a.ref_counts, snapshot[2]) and a.s_state[slot] != SLOT_FREE
-    assert ledger.slot_of("again") == slot
+    assert ledger.slot_info(slot).request_id == "again"
 
 
 def test_output_tokens_only_move_forward():

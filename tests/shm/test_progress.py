@@ -9,7 +9,7 @@ import pytest
 from kvsched.core.ledger import Ledger
 from kvsched.core.types import WorkerKey
 from kvsched.shm.layout import LedgerArrays
-from kvsched.shm.progress import pack_progress, unpack_progress, write_progress
+from kvsched.shm.progress import pack_progress, write_progress
 
 
 def _ledger(block_size=4):
@@ -20,10 +20,14 @@ def _ledger(block_size=4):
     return ledger, progress, row
 
 
-def test_pack_unpack_round_trip_when_values_in_range():
+def _unpack(word: int) -> tuple[int, int]:
+    return word >> 32, word & (2**32 - 1)
+
+
+def test_pack_round_trips_when_values_in_range():
     for gen, tok in [(0, 0), (1, 5), (2**32 - 1, 2**32 - 1), (7, 123456)]:
-        assert unpack_progress(pack_progress(gen, tok)) == (gen, tok)
-    assert unpack_progress(pack_progress(3, 2**40)) == (3, 2**32 - 1)
+        assert _unpack(pack_progress(gen, tok)) == (gen, tok)
+    assert _unpack(pack_progress(3, 2**40)) == (3, 2**32 - 1)
     with pytest.raises(ValueError):
         pack_progress(2**32, 0)
 

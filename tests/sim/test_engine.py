@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvsched.sim.engine import DONE, FIRST_TOKEN, SimEngine, SimRequest
-from kvsched.sim.profile import EngineProfile, decode_step_us, prefill_time_us
+from kvsched.sim.profile import EngineProfile, decode_steps_us
 
 BS = 4
 
@@ -107,8 +107,7 @@ def test_ttft_grows_with_uncached_tokens():
 
 def test_decode_step_grows_with_batch_size():
     p = EngineProfile()
-    assert decode_step_us(p, 8, 8000) > decode_step_us(p, 1, 1000)
-    assert prefill_time_us(p, 4000) > prefill_time_us(p, 1000)
+    assert decode_steps_us(p, 8, 8000, 1) > decode_steps_us(p, 1, 1000, 1)
 
     def tpot(n: int) -> float:
         e = make_engine(kv_blocks=4096, max_num_batched_tokens=4096)

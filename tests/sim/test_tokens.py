@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsched.sim.tokens import VOCAB, TokenIdPublisher, block_token_ids, token_ids_for
+from kvsched.shm.mix import GOLDEN, U64_MASK, mix64_array
+from kvsched.sim.tokens import VOCAB, TokenIdPublisher, token_ids_for
+
+
+def block_token_ids(block_hash: int, block_size: int) -> np.ndarray:
+    """The ids of one block, block by block (the statement `token_ids_for` computes for all blocks at
+    once): int64[block_size], SplitMix64 of hash + k·golden, modulo VOCAB."""
+    with np.errstate(over="ignore"):
+        z = mix64_array(
+            np.uint64(int(block_hash) & U64_MASK) + np.arange(1, block_size + 1, dtype=np.uint64) * np.uint64(GOLDEN)
+        )
+    return (z % np.uint64(VOCAB)).astype(np.int64)
 
 
 def test_block_ids_depend_only_on_the_block_hash():
