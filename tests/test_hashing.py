@@ -216,3 +216,15 @@ def test_a_2d_token_array_is_refused_not_hashed_as_zero_blocks(mode):
     """Found from outside: a tokenizer's (1, n) batch gave 0 hashes, silently (len() is 1)."""
     with pytest.raises(ValueError, match="1-D"):
         block_hashes(np.array([list(range(32))]), 16, mode=mode)
+
+
+def test_the_earlier_import_path_names_the_same_functions():
+    """`kvsched.client.hashing` (the path README and docs named before the hashing moved to the ground
+    floor) still imports, and its names are the ground floor's objects, not copies."""
+    import kvsched.client.hashing as old
+    import kvsched.hashing as new
+
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(new, name), name
+    tokens = list(range(40))
+    assert old.block_hashes(tokens, 16).tolist() == new.block_hashes(tokens, 16).tolist()
