@@ -37,6 +37,9 @@ from ..shm.select_kernels import KV_TERMS, KV_TERMS_HOME, P, kv_cost_terms, pack
 from .prefill_time import PrefillTimeModel
 from .selector import CostSelector, SelectionView, TermTable
 
+_BLOCK_SIZE, _INV_BS = P["block_size"], P["inv_bs"]
+_U8, _I4, _I8 = np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64)
+
 
 class KvSelector(CostSelector):
     """kvsched's default selector (module docstring). temperature as in `CostSelector`.
@@ -108,6 +111,7 @@ class KvSelector(CostSelector):
         self.recent = np.zeros(0, np.float64)
         self.recent_at_us = 0
         self.params = pack_selector_params(self)  # the kernel's params: the keys above, packed once
+        self._block_size = 0  # the block size the params' inv_bs / block_size slots hold (0 = not yet)
         self._buffers(0)
         self._pick_out = np.zeros(2, np.int64)
 
@@ -169,9 +173,9 @@ class KvSelector(CostSelector):
         if self._total.shape[0] != n:
             self._buffers(n)
         p = self.params
-        bs = float(view.block_size)
-        if p[P["block_size"]] != bs:
-            p[P["block_size"]], p[P["inv_bs"]] = bs, 1.0 / bs
+        if view.block_size != self._block_size:  # the kernel's inv_bs / block_size slots
+            self._block_size = bs = view.block_size
+            p[_BLOCK_SIZE], p[_INV_BS] = float(bs), 1.0 / float(bs)
         extra = self._extra
         if home:  # the home counts decayed to now (0 past the end of `home`)
             m = min(self.home.size, n)
@@ -183,16 +187,26 @@ class KvSelector(CostSelector):
             extra[1] = self.ttft_model.predicted_ttft_us(view)
         recent = self.recent
         terms = np.zeros((6 if home else 5, n))
+        if eligible.dtype is not _U8:  # the dtypes the kernel is compiled for (the view's are int64)
+            eligible = eligible.astype(np.uint8)
+        if overlap_blocks is None:
+            overlap_blocks = self._no_overlap
+        elif overlap_blocks.dtype is not _I4:
+            overlap_blocks = overlap_blocks.astype(np.int32)
+        if active_requests is None:
+            active_requests = self._no_requests
+        elif active_requests.dtype is not _I8:
+            active_requests = active_requests.astype(np.int64)
         i = kv_cost_terms(
-            _int(view.prefill_tokens, np.int64),
-            _int(view.blocks, np.int64),
-            _int(view.active_prefill, np.int64),
-            _int(view.max_batched_tokens, np.int64),
-            _int(eligible, np.uint8),
-            self._no_overlap if overlap_blocks is None else _int(overlap_blocks, np.int32),
+            view.prefill_tokens,
+            view.blocks,
+            view.active_prefill,
+            view.max_batched_tokens,
+            eligible,
+            overlap_blocks,
             recent,
             self.decay(view.now_us) if recent.size and n else 1.0,
-            self._no_requests if active_requests is None else _int(active_requests, np.int64),
+            active_requests,
             int(view.isl_tokens),
             p,
             extra,
@@ -323,8 +337,3 @@ class KvSelector(CostSelector):
             self.home *= math.exp2(-(now_us - self.home_at_us) / self.home_half_life_us)
             self.home_at_us = now_us
         self.home[row] += 1.0
-
-
-def _int(a: np.ndarray, dtype: type) -> np.ndarray:
-    """`a` as the kernel's integer dtype (the same array when it already is)."""
-    return a if a.dtype == dtype else a.astype(dtype)
