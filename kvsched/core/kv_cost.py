@@ -30,14 +30,25 @@ from __future__ import annotations
 import math
 from math import exp2
 
+import msgspec
 import numpy as np
 
 from ..config import SelectorConfig
-from ..shm.select_kernels import KV_TERMS, KV_TERMS_HOME, P, kv_cost_terms, pack_selector_params
+from ..shm.select_kernels import KV_TERMS, KV_TERMS_HOME, SELECTOR_PARAMS, P, kv_cost_terms, pack_selector_params
 from .prefill_time import PrefillTimeModel
 from .selector import CostSelector, SelectionView, TermTable
 
 _BLOCK_SIZE, _INV_BS = P["block_size"], P["inv_bs"]
+# the `[selector]` keys of the kv selector with their defaults, stated once by `SelectorConfig`: the
+# kernel's (`SELECTOR_PARAMS`) and those of the learnt state and the predicted-seconds model
+_OWN_KEYS = (
+    "recent_half_life_s",
+    "home_half_life_s",
+    "home_min_cached_share",
+    "prefill_us_per_token",
+    "prefill_attn_us_per_token_ktoken",
+)
+KV_KEYS = {f.name: f.default for f in msgspec.structs.fields(SelectorConfig) if f.name in SELECTOR_PARAMS + _OWN_KEYS}
 _U8, _I4, _I8 = np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64)
 
 
@@ -52,60 +63,33 @@ class KvSelector(CostSelector):
     name = "kv"
     learnt = ("recent", "recent_at_us", "home", "home_at_us")  # decayed recent work and home counts
 
-    def __init__(
-        self,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        *,
-        prefill_weight: float = 16.0,
-        active_blocks_weight: float = 0.1,
-        lead_bonus: float = 400.0,
-        lead_cap_blocks: float = 64.0,
-        lead_release_steps: float = 16.0,
-        lead_release_recent_ratio: float = 2.0,
-        lead_max_wait_steps: float = 10.0,
-        lead_max_wait_per_lead: float = 3.0,
-        recent_weight: float = 1.0,
-        recent_half_life_s: float = 30.0,
-        interference_weight: float = 1.0,
-        interference_cap_prompts: float = 0.1,
-        lead_release_requests_ratio: float = 2.0,
-        lead_max_extra_ttft_s: float = 0.0,
-        prefill_seconds_ref_us: float = 0.0,
-        prefill_us_per_token: float = 30.0,
-        prefill_attn_us_per_token_ktoken: float = 1.33,
-        home_weight: float = 0.08,
-        home_half_life_s: float = 30.0,
-        home_min_cached_share: float = 0.5,
-        home_min_prefill_tokens: int = 16384,
-    ) -> None:
+    # the keys Python reads (every key of KV_KEYS is an attribute; these are annotated for readers and mypy)
+    recent_weight: float
+    home_weight: float
+    home_min_prefill_tokens: int
+    lead_max_extra_ttft_s: float
+    prefill_seconds_ref_us: float
+
+    def __init__(self, temperature: float = 0.0, seed: int | None = None, **keys: float) -> None:
+        """`keys`: `[selector]` keys of the kv selector (`KV_KEYS`, docs/ROUTING.md), each defaulting to
+        `SelectorConfig`'s value; each is an attribute of the same name. Raises TypeError on another name."""
         super().__init__(temperature, seed)
-        self.prefill_weight = float(prefill_weight)
-        self.active_blocks_weight = float(active_blocks_weight)
-        self.lead_bonus = float(lead_bonus)
-        self.lead_cap_blocks = float(lead_cap_blocks)
-        self.lead_release_steps = float(lead_release_steps)
-        self.lead_release_recent_ratio = float(lead_release_recent_ratio)
-        self.lead_max_wait_steps = float(lead_max_wait_steps)
-        self.lead_max_wait_per_lead = float(lead_max_wait_per_lead)
-        self.recent_weight = float(recent_weight)
-        self.recent_half_life_us = float(recent_half_life_s) * 1e6
-        self.interference_weight = float(interference_weight)
-        self.interference_cap_prompts = float(interference_cap_prompts)
-        self.lead_release_requests_ratio = float(lead_release_requests_ratio)
-        self.lead_max_extra_ttft_s = float(lead_max_extra_ttft_s)
-        self.prefill_seconds_ref_us = float(prefill_seconds_ref_us)
+        unknown = keys.keys() - KV_KEYS.keys()
+        if unknown:
+            raise TypeError(f"KvSelector: unknown [selector] keys {sorted(unknown)}")
+        k = {**KV_KEYS, **keys}
+        for name, value in k.items():
+            setattr(self, name, float(value))
+        self.home_min_prefill_tokens = int(k["home_min_prefill_tokens"])
+        self.recent_half_life_us = float(k["recent_half_life_s"]) * 1e6
+        self.home_half_life_us = float(k["home_half_life_s"]) * 1e6
         # the predicted-seconds model (module prefill_time), only when a key that reads it is on
         self.ttft_model = (
-            PrefillTimeModel(prefill_us_per_token, prefill_attn_us_per_token_ktoken)
+            PrefillTimeModel(k["prefill_us_per_token"], k["prefill_attn_us_per_token_ktoken"])
             if self.lead_max_extra_ttft_s > 0.0 or self.prefill_seconds_ref_us > 0.0
             else None
         )
         self._last_isl = 0  # the last decision's prompt tokens (its `admitted` follows)
-        self.home_weight = float(home_weight)
-        self.home_half_life_us = float(home_half_life_s) * 1e6
-        self.home_min_cached_share = float(home_min_cached_share)
-        self.home_min_prefill_tokens = int(home_min_prefill_tokens)
         self.home = np.zeros(0, np.float64)  # decayed count of cache-reusing admissions per row
         self.home_at_us = 0
         self.recent = np.zeros(0, np.float64)
@@ -124,31 +108,7 @@ class KvSelector(CostSelector):
     @classmethod
     def from_config(cls, cfg: SelectorConfig) -> KvSelector:
         """The selector with the `[selector]` table's `kv` keys (docs/ROUTING.md)."""
-        return cls(
-            cfg.temperature,
-            cfg.seed,
-            prefill_weight=cfg.prefill_weight,
-            active_blocks_weight=cfg.active_blocks_weight,
-            lead_bonus=cfg.lead_bonus,
-            lead_cap_blocks=cfg.lead_cap_blocks,
-            lead_release_steps=cfg.lead_release_steps,
-            lead_release_recent_ratio=cfg.lead_release_recent_ratio,
-            lead_max_wait_steps=cfg.lead_max_wait_steps,
-            lead_max_wait_per_lead=cfg.lead_max_wait_per_lead,
-            recent_weight=cfg.recent_weight,
-            recent_half_life_s=cfg.recent_half_life_s,
-            interference_weight=cfg.interference_weight,
-            interference_cap_prompts=cfg.interference_cap_prompts,
-            lead_release_requests_ratio=cfg.lead_release_requests_ratio,
-            lead_max_extra_ttft_s=cfg.lead_max_extra_ttft_s,
-            prefill_seconds_ref_us=cfg.prefill_seconds_ref_us,
-            prefill_us_per_token=cfg.prefill_us_per_token,
-            prefill_attn_us_per_token_ktoken=cfg.prefill_attn_us_per_token_ktoken,
-            home_weight=cfg.home_weight,
-            home_half_life_s=cfg.home_half_life_s,
-            home_min_cached_share=cfg.home_min_cached_share,
-            home_min_prefill_tokens=cfg.home_min_prefill_tokens,
-        )
+        return cls(cfg.temperature, cfg.seed, **{name: getattr(cfg, name) for name in KV_KEYS})
 
     # ---- terms (pure) ----------------------------------------------------------------------------
     def decay(self, now_us: int) -> float:
