@@ -42,7 +42,7 @@ OUT_LEN = 8
 
 # `admit_kv`'s return value when it did not admit (the caller runs the Python path).
 BUSY = -3  # the class is busy: the request waits (nothing computed past the busy count)
-UNDECIDED = -4  # a tie, a NaN, an ineligible minimum or the kv kernel's numpy fallback: no booking made
+UNDECIDED = -4  # a tie, a NaN or an ineligible minimum: no booking made
 
 
 @njit(cache=True, nogil=True)
