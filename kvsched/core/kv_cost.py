@@ -67,6 +67,7 @@ class KvSelector(CostSelector):
     recent_weight: float
     home_weight: float
     home_min_prefill_tokens: int
+    home_min_cached_share: float
     lead_max_extra_ttft_s: float
     prefill_seconds_ref_us: float
 

@@ -65,7 +65,7 @@ _BLOCK_SIZE, _HOME_W, _HOME_MIN = P["block_size"], P["home_weight"], P["home_min
 _EXTRA_TTFT, _SECONDS_REF = P["lead_max_extra_ttft_s"], P["prefill_seconds_ref_us"]
 
 
-def pack_selector_params(selector, p: np.ndarray | None = None) -> np.ndarray:
+def pack_selector_params(selector: object, p: np.ndarray | None = None) -> np.ndarray:
     """float64[len(ADMIT_PARAMS)]: `p` (a new zero array if None) with the `SELECTOR_PARAMS` slots set
     from the same-named attributes of `selector` (a `core.kv_cost.KvSelector`). The other slots are the
     caller's (`inv_bs` and `block_size` from the block size; `admit_kernels.pack_kv_params` the rest)."""
