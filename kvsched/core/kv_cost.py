@@ -1,52 +1,28 @@
 """The default `kv` selector: Dynamo's load terms re-weighted for prefix locality, plus a capped
-exclusive-lead bonus, decayed recently admitted work and LMetric's prefill x batch product
-(docs/ROUTING.md has each term's source and measured effect).
+exclusive-lead bonus, decayed recently admitted work, LMetric's prefill x batch product and the opt-in
+home and predicted-seconds keys (docs/ROUTING.md has each term's source and measured effect).
 
-Cost per eligible row w, in blocks (B tokens per block; lower wins):
+The rule itself is stated once, by the compiled `shm.select_kernels.kv_cost_terms` (its docstring
+has the formula); the fused admission kernel calls it too. `KvSelector` keeps what the kernel does
+not: its keys (packed once into the kernel's `params`), the learnt state (decayed recent work, the
+home counts, the predicted-seconds model's bookings) and, through `CostSelector.select`, the
+tie-break and softmax draws with its RNG.
 
-    prefill_weight       x (active prefill_w + isl - cached_w) / B        "prefill"
-  + active_blocks_weight x projected active blocks_w                      "active_blocks"
-  - min(lead_bonus x min(lead_w, lead_cap_blocks),                        "lead"
-        prefill_weight x max(lead_max_wait_steps x max_num_batched_tokens_w / B,
-                             lead_max_wait_per_lead x lead_w))
-      (released while w's active prefill > lead_release_steps x max_num_batched_tokens_w, or its
-       recent work > lead_release_recent_ratio x the other eligible rows' mean, or its active
-       requests > lead_release_requests_ratio x the other eligible rows' mean, at least 1)
-  + recent_weight        x recent_w / B                                   "recent"
-  + interference_weight  x (isl - cached_w) / B x active_requests_w       "interference"
-      (with interference_cap_prompts = c > 0: measured from the eligible row with the least, and at
-       most c x prefill_weight x isl / B, c of the request's own full-prompt prefill costs)
-
-cached_w = min(isl, overlap_w x B), so a deeper overlap always costs less (no clamp: a shallow and a
-deep overlap never tie, unlike raising Dynamo's `overlap_credit`). lead_w = overlap_w minus the deepest
-overlap on any other eligible row (> 0 only on the unique deepest row). The bonus is worth at most
-max(lead_max_wait_steps steps of prefill, lead_max_wait_per_lead x the lead's own tokens) of extra
-queued prefill: affinity may make a request wait that much longer than on the best other row, never
-more (llm-d's "sticky until saturated" with τ = prefill throughput x the largest TTFT penalty accepted,
-applied to the extra wait); like that filter it is also released once the row's queued prefill passes
-a threshold, so a popular prefix cached on one row cannot pile work onto it without bound.
-recent_w = uncached prompt tokens admitted to w, each decayed by 2^(-age / recent_half_life_s): an idle
-fleet (no leases, every load term 0) still spreads new sessions, while a later turn's overlap keeps its
-affinity. The interference term (docs/ROUTING.md) is LMetric's score (new prefill
-tokens x batch size): a chunked prefill slows every request decoding on the same engine, so new prefill
-goes where it slows the fewest. Its cap bounds what the term may spend: it can only choose among rows
-whose other terms are within c prompt prefills of the best, so it cannot pull a request whose prompt
-is cached on one busy row onto that row against the queue (the Azure failure of the uncapped term,
-docs/ROUTING.md).
-
-Opt-in, off by default (docs/ROUTING.md, "Predicted seconds"): with `lead_max_extra_ttft_s` > 0 the lead
-row wins outright while its predicted TTFT (`prefill_time.PrefillTimeModel`: queued prefill + own
-uncached prefill, priced with the attention term) is within that many seconds of the best other row's;
-with `prefill_seconds_ref_us` > 0 the prefill term is that predicted TTFT / the reference µs per token.
-Either key makes the numpy `terms` decide (the kernel does not compute them).
-
-"home" (`home_weight` > 0; docs/ROUTING.md, "Home"): a request whose own uncached prefill on w is at
-least `home_min_prefill_tokens` pays home_weight x prefill_weight x that prefill / B x (h_w - min h) /
-mean h, with h_w the decayed count of admissions to w that reused at least `home_min_cached_share` of
-their prompt (learnt in `admitted`): long prompts go where few conversations return, instead of
-queueing in front of their short turns. Computed by the numpy `terms` only: it is 0 on every row for
-a prompt shorter than `home_min_prefill_tokens`, which the fused admission kernel still decides
-(`kernel_may_decide`); a longer one takes the numpy path while the term is on.
+Why the terms look as they do: cached_w = min(isl, overlap_w x B), so a deeper overlap always costs
+less (no clamp: a shallow and a deep overlap never tie, unlike raising Dynamo's `overlap_credit`). The
+lead bonus is worth at most max(lead_max_wait_steps steps of prefill, lead_max_wait_per_lead x the
+lead's own tokens) of extra queued prefill: affinity may make a request wait that much longer than on
+the best other row, never more (llm-d's "sticky until saturated" with τ = prefill throughput x the
+largest TTFT penalty accepted); like that filter it is released once the row's queued prefill passes a
+threshold, so a popular prefix cached on one row cannot pile work onto it without bound. Recent work
+(uncached prompt tokens admitted to w, each decayed by 2^(-age / recent_half_life_s)) spreads new
+sessions over an idle fleet, while a later turn's overlap keeps its affinity. The interference term
+is LMetric's score (new prefill tokens x batch size): a chunked prefill slows every request decoding on
+the same engine; its cap keeps it from pulling a request whose prompt is cached on one busy row onto
+that row against the queue (the Azure failure of the uncapped term, docs/ROUTING.md). "home"
+(docs/ROUTING.md, "Home") sends long prompts where few conversations return, h_w being the decayed
+count of admissions to w that reused at least `home_min_cached_share` of their prompt (learnt in
+`admitted`). "Predicted seconds" (docs/ROUTING.md) prices prefill with `prefill_time.PrefillTimeModel`.
 """
 
 from __future__ import annotations
@@ -54,114 +30,86 @@ from __future__ import annotations
 import math
 from math import exp2
 
+import msgspec
 import numpy as np
 
 from ..config import SelectorConfig
-from ..shm.select_kernels import KV_TERMS, kv_cost_terms
+from ..shm.select_kernels import KV_TERMS, KV_TERMS_HOME, SELECTOR_PARAMS, P, kv_cost_terms, pack_selector_params
 from .prefill_time import PrefillTimeModel
 from .selector import CostSelector, SelectionView, Terms, TermTable
+
+_BLOCK_SIZE, _INV_BS = P["block_size"], P["inv_bs"]
+# the `[selector]` keys of the kv selector with their defaults, stated once by `SelectorConfig`: the
+# kernel's (`SELECTOR_PARAMS`) and those of the learnt state and the predicted-seconds model
+_OWN_KEYS = (
+    "recent_half_life_s",
+    "home_half_life_s",
+    "home_min_cached_share",
+    "prefill_us_per_token",
+    "prefill_attn_us_per_token_ktoken",
+)
+KV_KEYS = {f.name: f.default for f in msgspec.structs.fields(SelectorConfig) if f.name in SELECTOR_PARAMS + _OWN_KEYS}
+_U8, _I4, _I8 = np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64)
 
 
 class KvSelector(CostSelector):
     """kvsched's default selector (module docstring). temperature as in `CostSelector`.
 
-    State: `recent` float64[W] (tokens, decayed to `recent_at_us`), changed only by `admitted`.
+    State: `recent` float64[W] (tokens, decayed to `recent_at_us`) and `home` float64[W] (counts, decayed
+    to `home_at_us`), changed only by `admitted` / `note_home` (and the fused kernel's `recent` update).
     Without a `SelectionView` (callers outside the dispatcher) it falls back to the given costs.
     """
 
     name = "kv"
     learnt = ("recent", "recent_at_us", "home", "home_at_us")  # decayed recent work and home counts
 
-    def __init__(
-        self,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        *,
-        prefill_weight: float = 16.0,
-        active_blocks_weight: float = 0.1,
-        lead_bonus: float = 400.0,
-        lead_cap_blocks: float = 64.0,
-        lead_release_steps: float = 16.0,
-        lead_release_recent_ratio: float = 2.0,
-        lead_max_wait_steps: float = 10.0,
-        lead_max_wait_per_lead: float = 3.0,
-        recent_weight: float = 1.0,
-        recent_half_life_s: float = 30.0,
-        interference_weight: float = 1.0,
-        interference_cap_prompts: float = 0.1,
-        lead_release_requests_ratio: float = 2.0,
-        lead_max_extra_ttft_s: float = 0.0,
-        prefill_seconds_ref_us: float = 0.0,
-        prefill_us_per_token: float = 30.0,
-        prefill_attn_us_per_token_ktoken: float = 1.33,
-        home_weight: float = 0.08,
-        home_half_life_s: float = 30.0,
-        home_min_cached_share: float = 0.5,
-        home_min_prefill_tokens: int = 16384,
-    ) -> None:
+    # the keys Python reads (every key of KV_KEYS is an attribute; these are annotated for readers and mypy)
+    recent_weight: float
+    home_weight: float
+    home_min_prefill_tokens: int
+    home_min_cached_share: float
+    lead_max_extra_ttft_s: float
+    prefill_seconds_ref_us: float
+
+    def __init__(self, temperature: float = 0.0, seed: int | None = None, **keys: float) -> None:
+        """`keys`: `[selector]` keys of the kv selector (`KV_KEYS`, docs/ROUTING.md), each defaulting to
+        `SelectorConfig`'s value; each is an attribute of the same name. Raises TypeError on another name."""
         super().__init__(temperature, seed)
-        self.prefill_weight = float(prefill_weight)
-        self.active_blocks_weight = float(active_blocks_weight)
-        self.lead_bonus = float(lead_bonus)
-        self.lead_cap_blocks = float(lead_cap_blocks)
-        self.lead_release_steps = float(lead_release_steps)
-        self.lead_release_recent_ratio = float(lead_release_recent_ratio)
-        self.lead_max_wait_steps = float(lead_max_wait_steps)
-        self.lead_max_wait_per_lead = float(lead_max_wait_per_lead)
-        self.recent_weight = float(recent_weight)
-        self.recent_half_life_us = float(recent_half_life_s) * 1e6
-        self.interference_weight = float(interference_weight)
-        self.interference_cap_prompts = float(interference_cap_prompts)
-        self.lead_release_requests_ratio = float(lead_release_requests_ratio)
-        self.lead_max_extra_ttft_s = float(lead_max_extra_ttft_s)
-        self.prefill_seconds_ref_us = float(prefill_seconds_ref_us)
+        unknown = keys.keys() - KV_KEYS.keys()
+        if unknown:
+            raise TypeError(f"KvSelector: unknown [selector] keys {sorted(unknown)}")
+        k = {**KV_KEYS, **keys}
+        for name, value in k.items():
+            setattr(self, name, float(value))
+        self.home_min_prefill_tokens = int(k["home_min_prefill_tokens"])
+        self.recent_half_life_us = float(k["recent_half_life_s"]) * 1e6
+        self.home_half_life_us = float(k["home_half_life_s"]) * 1e6
         # the predicted-seconds model (module prefill_time), only when a key that reads it is on
         self.ttft_model = (
-            PrefillTimeModel(prefill_us_per_token, prefill_attn_us_per_token_ktoken)
+            PrefillTimeModel(k["prefill_us_per_token"], k["prefill_attn_us_per_token_ktoken"])
             if self.lead_max_extra_ttft_s > 0.0 or self.prefill_seconds_ref_us > 0.0
             else None
         )
         self._last_isl = 0  # the last decision's prompt tokens (its `admitted` follows)
-        self.home_weight = float(home_weight)
-        self.home_half_life_us = float(home_half_life_s) * 1e6
-        self.home_min_cached_share = float(home_min_cached_share)
-        self.home_min_prefill_tokens = int(home_min_prefill_tokens)
         self.home = np.zeros(0, np.float64)  # decayed count of cache-reusing admissions per row
         self.home_at_us = 0
         self.recent = np.zeros(0, np.float64)
         self.recent_at_us = 0
-        self._total = np.zeros(0)  # scratch of select_explained (float64[W])
-        self._scratch = np.zeros((2, 0))
+        self.params = pack_selector_params(self)  # the kernel's params: the keys above, packed once
+        self._block_size = 0  # the block size the params' inv_bs / block_size slots hold (0 = not yet)
+        self._buffers(0)
         self._pick_out = np.zeros(2, np.int64)
+
+    def _buffers(self, n: int) -> None:
+        """The kernel's work arrays for `n` rows (float64 unless named): total [W], scratch [2, W],
+        extra [2, W] (home counts, predicted TTFT), zero overlap int32[W] and requests int64[W]."""
+        self._total, self._scratch, self._extra = np.zeros(n), np.zeros((2, n)), np.zeros((2, n))
+        self._no_overlap, self._no_requests = np.zeros(n, np.int32), np.zeros(n, np.int64)
 
     @classmethod
     def from_config(cls, cfg: SelectorConfig) -> KvSelector:
         """The selector with the `[selector]` table's `kv` keys (docs/ROUTING.md)."""
-        return cls(
-            cfg.temperature,
-            cfg.seed,
-            prefill_weight=cfg.prefill_weight,
-            active_blocks_weight=cfg.active_blocks_weight,
-            lead_bonus=cfg.lead_bonus,
-            lead_cap_blocks=cfg.lead_cap_blocks,
-            lead_release_steps=cfg.lead_release_steps,
-            lead_release_recent_ratio=cfg.lead_release_recent_ratio,
-            lead_max_wait_steps=cfg.lead_max_wait_steps,
-            lead_max_wait_per_lead=cfg.lead_max_wait_per_lead,
-            recent_weight=cfg.recent_weight,
-            recent_half_life_s=cfg.recent_half_life_s,
-            interference_weight=cfg.interference_weight,
-            interference_cap_prompts=cfg.interference_cap_prompts,
-            lead_release_requests_ratio=cfg.lead_release_requests_ratio,
-            lead_max_extra_ttft_s=cfg.lead_max_extra_ttft_s,
-            prefill_seconds_ref_us=cfg.prefill_seconds_ref_us,
-            prefill_us_per_token=cfg.prefill_us_per_token,
-            prefill_attn_us_per_token_ktoken=cfg.prefill_attn_us_per_token_ktoken,
-            home_weight=cfg.home_weight,
-            home_half_life_s=cfg.home_half_life_s,
-            home_min_cached_share=cfg.home_min_cached_share,
-            home_min_prefill_tokens=cfg.home_min_prefill_tokens,
-        )
+        return cls(cfg.temperature, cfg.seed, **{name: getattr(cfg, name) for name in KV_KEYS})
 
     # ---- terms (pure) ----------------------------------------------------------------------------
     def decay(self, now_us: int) -> float:
@@ -171,6 +119,65 @@ class KvSelector(CostSelector):
         hl = self.recent_half_life_us
         return exp2(-(dt if dt > 0 else 0) / hl) if hl > 0 else 0.0
 
+    def _kernel(
+        self,
+        eligible: np.ndarray,
+        overlap_blocks: np.ndarray | None,
+        view: SelectionView,
+        active_requests: np.ndarray | None,
+        home: bool,
+    ) -> tuple[int, np.ndarray]:
+        """One `kv_cost_terms` call: (its argmin or -1 on a NaN, float64[5 or 6 (`home`), W] terms);
+        the total is left in `self._total`, the tie count in `self._pick_out[1]`. None for the overlap
+        or the requests reads as zeros (no lead, no interference, no requests release)."""
+        n = eligible.shape[0]
+        if self._total.shape[0] != n:
+            self._buffers(n)
+        p = self.params
+        if view.block_size != self._block_size:  # the kernel's inv_bs / block_size slots
+            self._block_size = bs = view.block_size
+            p[_BLOCK_SIZE], p[_INV_BS] = float(bs), 1.0 / float(bs)
+        extra = self._extra
+        if home:  # the home counts decayed to now (0 past the end of `home`)
+            m = min(self.home.size, n)
+            extra[0, m:] = 0.0
+            if m:
+                dt = max(0, view.now_us - self.home_at_us)
+                extra[0, :m] = self.home[:m] * math.exp2(-dt / self.home_half_life_us)
+        if self.ttft_model is not None and eligible.any():  # the bookings whose prefill the view shows done are dropped
+            extra[1] = self.ttft_model.predicted_ttft_us(view)
+        recent = self.recent
+        terms = np.zeros((6 if home else 5, n))
+        if eligible.dtype is not _U8:  # the dtypes the kernel is compiled for (the view's are int64)
+            eligible = eligible.astype(np.uint8)
+        if overlap_blocks is None:
+            overlap_blocks = self._no_overlap
+        elif overlap_blocks.dtype is not _I4:
+            overlap_blocks = overlap_blocks.astype(np.int32)
+        if active_requests is None:
+            active_requests = self._no_requests
+        elif active_requests.dtype is not _I8:
+            active_requests = active_requests.astype(np.int64)
+        i = kv_cost_terms(
+            view.prefill_tokens,
+            view.blocks,
+            view.active_prefill,
+            view.max_batched_tokens,
+            eligible,
+            overlap_blocks,
+            recent,
+            self.decay(view.now_us) if recent.size and n else 1.0,
+            active_requests,
+            int(view.isl_tokens),
+            p,
+            extra,
+            self._scratch,
+            terms,
+            self._total,
+            self._pick_out,
+        )
+        return i, terms
+
     def terms(
         self,
         costs: np.ndarray,
@@ -179,134 +186,14 @@ class KvSelector(CostSelector):
         view: SelectionView,
         active_requests: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
-        """float64[W] per term (module docstring); ineligible rows: +inf in "prefill", 0 elsewhere. Pure.
-
-        `active_requests` (int64[W], live bookings per row) feeds "interference"; None (the dispatcher's
-        explain path for a pinned request) leaves that term 0. With the predicted-seconds keys on, the
-        model drops the bookings whose prefill the view shows done (same result on a repeated call).
-        """
-        n = eligible.shape[0]
-        rows = np.flatnonzero(eligible)
-        inv_bs = 1.0 / float(view.block_size)
-        prefill = np.full(n, np.inf)
-        active = np.zeros(n)
-        lead = np.zeros(n)
-        recent = np.zeros(n)
-        interference = np.zeros(n)
-        home = np.zeros(n) if self.home_weight > 0.0 else None
-
-        def out() -> dict[str, np.ndarray]:
-            t = {
-                "prefill": prefill,
-                "active_blocks": active,
-                "lead": lead,
-                "recent": recent,
-                "interference": interference,
-            }
-            if home is not None:
-                t["home"] = home
-            return t
-
-        if rows.size == 0:
-            return out()
-        ttft = self.ttft_model.predicted_ttft_us(view) if self.ttft_model is not None else None
-        if ttft is not None and self.prefill_seconds_ref_us > 0.0:  # predicted µs as tokens at the reference rate
-            prefill[rows] = ttft[rows] / self.prefill_seconds_ref_us * (self.prefill_weight * inv_bs)
-        else:
-            prefill[rows] = view.prefill_tokens[rows] * (self.prefill_weight * inv_bs)
-        if self.active_blocks_weight:
-            active[rows] = view.blocks[rows] * self.active_blocks_weight
-        if self.interference_weight and active_requests is not None:  # own uncached prefill x requests it slows
-            own = np.maximum(view.prefill_tokens[rows] - view.active_prefill[rows], 0)
-            interference[rows] = own * active_requests[rows] * (self.interference_weight * inv_bs)
-            if self.interference_cap_prompts > 0.0:  # never more than this above the least, in prompt prefills
-                cap = self.interference_cap_prompts * self.prefill_weight * float(view.isl_tokens) * inv_bs
-                low = interference[rows].min()
-                interference[rows] = np.minimum(interference[rows] - low, cap)
-        if home is not None:
-            home[rows] = self.home_term(rows, view)
-        m = min(n, self.recent.size)
-        rt = None
-        if m:
-            decay = self.decay(view.now_us)
-            rt = np.zeros(n)
-            sel = rows[rows < m]
-            rt[sel] = self.recent[sel] * decay
-            if self.recent_weight:
-                recent[sel] = rt[sel] * (self.recent_weight * inv_bs)
-        if self.lead_bonus > 0.0 and overlap_blocks is not None:
-            depth = overlap_blocks[rows]
-            k = int(depth.argmax())
-            first = int(depth[k])
-            if first > 0:
-                top = int(rows[k])
-                second = int(np.partition(depth, -2)[-2]) if rows.size > 1 else 0
-                if first > second and not self._saturated(top, rt, rows, view, active_requests):
-                    gap = float(first - max(0, second))
-                    bonus = self.lead_bonus * min(gap, self.lead_cap_blocks)
-                    others = rows[rows != top]
-                    if (
-                        self.lead_max_extra_ttft_s > 0.0
-                        and ttft is not None
-                        and others.size
-                        and (ttft[top] <= ttft[others].min() + self.lead_max_extra_ttft_s * 1e6)
-                    ):
-                        base = prefill + active + recent + interference  # the lead row wins by `bonus`
-                        if home is not None:
-                            base = base + home
-                        lead[top] = -(max(0.0, base[top] - base[others].min()) + bonus)
-                        return out()
-                    if self.lead_max_wait_steps > 0.0:  # at most this much extra queued prefill for affinity
-                        wait_blocks = max(
-                            self.lead_max_wait_steps * float(view.max_batched_tokens[top]) * inv_bs,
-                            self.lead_max_wait_per_lead * gap,
-                        )
-                        bonus = min(bonus, self.prefill_weight * wait_blocks)
-                    lead[top] = -bonus
-        return out()
-
-    def home_term(self, rows: np.ndarray, view: SelectionView) -> np.ndarray:
-        """float64[len(rows)], the "home" term at eligible `rows` (blocks; docs/ROUTING.md): with h_w the
-        decayed count of cache-reusing admissions on w (`admitted`) and u_w the request's own uncached
-        prefill there (tokens), home_weight x prefill_weight x u_w / B x (h_w - min h) / mean h over
-        `rows`, and 0 where u_w < home_min_prefill_tokens or while no row has any h. Pure."""
-        h = np.zeros(rows.size)
-        m = min(self.home.size, int(rows.max()) + 1) if rows.size else 0
-        if m:
-            sel = rows < m
-            dt = max(0, view.now_us - self.home_at_us)
-            h[sel] = self.home[rows[sel]] * math.exp2(-dt / self.home_half_life_us)
-        mean = float(h.mean()) if rows.size else 0.0
-        if mean <= 0.0:
-            return np.zeros(rows.size)
-        own = np.maximum(view.prefill_tokens[rows] - view.active_prefill[rows], 0).astype(np.float64)
-        scale = self.home_weight * self.prefill_weight / float(view.block_size) / mean
-        return np.where(own >= self.home_min_prefill_tokens, own * (h - h.min()) * scale, 0.0)
-
-    def _saturated(
-        self,
-        row: int,
-        recent_tokens: np.ndarray | None,
-        rows: np.ndarray,
-        view: SelectionView,
-        active_requests: np.ndarray | None = None,
-    ) -> bool:
-        """The lead bonus is released on `row`: queued prefill > lead_release_steps x its step budget, or
-        (with more than one eligible row) its active requests > lead_release_requests_ratio x the other
-        eligible rows' mean (at least 1; key > 0 and `active_requests` given), or its recent work >
-        lead_release_recent_ratio x the mean recent work of the other eligible rows."""
-        if view.active_prefill[row] > self.lead_release_steps * view.max_batched_tokens[row]:
-            return True
-        if self.lead_release_requests_ratio > 0.0 and active_requests is not None and rows.size > 1:
-            mean_others = (float(active_requests[rows].sum()) - float(active_requests[row])) / (rows.size - 1)
-            if active_requests[row] > self.lead_release_requests_ratio * max(mean_others, 1.0):
-                return True
-        if recent_tokens is not None and self.lead_release_recent_ratio > 0.0 and rows.size > 1:
-            mine = recent_tokens[row]
-            mean_others = (float(recent_tokens[rows].sum()) - mine) / (rows.size - 1)
-            saturated: bool = mine > self.lead_release_recent_ratio * mean_others
-            return saturated
-        return False
+        """float64[W] per term (`kv_cost_terms`; "home" while `home_weight` > 0); ineligible rows: +inf in
+        "prefill", 0 elsewhere. `active_requests` (int64[W], live bookings per row) feeds "interference"
+        and the requests release rule; None (the dispatcher's explain path for a pinned request) leaves
+        both out. With the predicted-seconds keys on, the model drops the bookings whose prefill the view
+        shows done (same result on a repeated call)."""
+        home = self.home_weight > 0.0
+        _, rows = self._kernel(eligible, overlap_blocks, view, active_requests, home)
+        return dict(zip(KV_TERMS_HOME if home else KV_TERMS, rows, strict=True))
 
     def select_explained(
         self,
@@ -318,77 +205,29 @@ class KvSelector(CostSelector):
         request_blocks: int = 0,
         view: SelectionView | None = None,
     ) -> tuple[int, Terms | None]:
-        """The row of least total cost and the decision's terms (a `TermTable` of `KV_TERMS`).
+        """The row of least total cost and the decision's terms (a `TermTable` of `KV_TERMS`, with
+        "home" for a prompt the home term may price: `kernel_may_decide` False, or with the
+        predicted-seconds model on).
 
-        One `kv_cost_terms` kernel call computes the terms (extra-wait cap, requests release rule and
-        capped interference included), their total and its argmin with the same float operations as
-        `terms`; ties, a temperature, a NaN or an ineligible minimum go through
-        `CostSelector.select` on the total, as before. Without an overlap, with row arrays of
-        other dtypes than the kernel is proven for, or when the release rule must sum more rows than
-        the kernel sums in numpy's order, the array code (`terms`) decides."""
+        One `kv_cost_terms` call computes the terms, their total and its argmin; a unique finite
+        minimum on an eligible row at temperature 0 is the decision, anything else (ties, a
+        temperature, a NaN, an ineligible minimum) goes through `CostSelector.select` on the total.
+        Without a view (callers outside the dispatcher) it falls back to the given costs."""
         if view is None:
             return super().select(costs, eligible, active_requests), None
-        self._last_isl = int(view.isl_tokens)
-        if self.ttft_model is not None or not self.kernel_may_decide(int(view.isl_tokens)):  # array code only
-            return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
-        if overlap_blocks is None or active_requests.dtype != np.int64 or view.prefill_tokens.dtype != np.int64:
-            return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
-        n = eligible.shape[0]
-        if self._total.shape[0] != n:
-            self._total, self._scratch = np.zeros(n), np.zeros((2, n))
-        recent = self.recent
-        decay = self.decay(view.now_us) if recent.size and n else 1.0
-        all_terms, total, pick = np.zeros((5, n)), self._total, self._pick_out
-        i = kv_cost_terms(
-            view.prefill_tokens,
-            view.blocks,
-            view.active_prefill,
-            view.max_batched_tokens,
-            eligible,
-            overlap_blocks,
-            recent,
-            decay,
-            active_requests,
-            int(view.isl_tokens),
-            1.0 / float(view.block_size),
-            self.prefill_weight,
-            self.active_blocks_weight,
-            self.recent_weight,
-            self.lead_bonus,
-            self.lead_cap_blocks,
-            self.lead_release_steps,
-            self.lead_release_recent_ratio,
-            self.lead_release_requests_ratio,
-            self.lead_max_wait_steps,
-            self.lead_max_wait_per_lead,
-            self.interference_weight,
-            self.interference_cap_prompts,
-            self._scratch,
-            all_terms,
-            total,
-            pick,
-        )
-        if i == -2:  # more eligible rows than the kernel sums in numpy's order: the array path decides
-            return self._array_select(costs, eligible, active_requests, overlap_blocks, view)
-        table = TermTable(KV_TERMS, all_terms)
-        if self.temperature <= 0.0 and i >= 0 and pick[1] == 1 and eligible[i] and -np.inf < total[i] < np.inf:
+        isl = self._last_isl = int(view.isl_tokens)
+        home = self.home_weight > 0.0 and (self.ttft_model is not None or not self.kernel_may_decide(isl))
+        i, rows = self._kernel(eligible, overlap_blocks, view, active_requests, home)
+        table, total = TermTable(KV_TERMS_HOME if home else KV_TERMS, rows), self._total
+        if (
+            self.temperature <= 0.0
+            and i >= 0
+            and self._pick_out[1] == 1
+            and eligible[i]
+            and -np.inf < total[i] < np.inf
+        ):
             return i, table  # the unique finite minimum on an eligible row: what `select` returns
         return super().select(total, eligible, active_requests), table
-
-    def _array_select(
-        self,
-        costs: np.ndarray,
-        eligible: np.ndarray,
-        active_requests: np.ndarray,
-        overlap_blocks: np.ndarray | None,
-        view: SelectionView,
-    ) -> tuple[int, dict[str, np.ndarray]]:
-        """`select_explained` by the array code: `terms`, their total, `CostSelector.select`."""
-        t = self.terms(costs, eligible, overlap_blocks, view, active_requests)
-        total = t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"]
-        if "home" in t:
-            total = total + t["home"]
-        return super().select(total, eligible, active_requests), t
 
     def select(
         self,
@@ -406,18 +245,17 @@ class KvSelector(CostSelector):
 
     # ---- learning (after admission) -------------------------------------------------------------
     def decides_by_kernel(self) -> bool:
-        """True when every decision of `select_explained` with a view is the `kv_cost_terms` kernel's
-        (its unique minimum; ties go through `CostSelector.select`) and `admitted` only updates
-        `recent`: temperature 0 and no key that only the array code computes. The fused admission
-        kernel (`shm.admit_kernels.admit_kv`) may then decide in the selector's place. A new key the
-        kernel does not compute must make this False."""
+        """True when the fused admission kernel (`shm.admit_kernels.admit_kv`) may decide in the
+        selector's place: temperature 0 (no draw but on ties, which it leaves UNDECIDED) and no
+        predicted-seconds key (the model's TTFT and its bookings are Python's), so that `admitted`
+        only updates `recent`. A new key the fused kernel is not given must make this False."""
         return self.temperature <= 0.0 and self.ttft_model is None
 
     def kernel_may_decide(self, isl_tokens: int) -> bool:
         """May the fused kernel decide a request of `isl_tokens` prompt tokens (with `decides_by_kernel`)?
-        The kernel does not compute the home term, which is 0 on every row for a prompt shorter than
-        `home_min_prefill_tokens` (a row's uncached prefill is at most the prompt): such a request is
-        decided alike by both paths; a longer one takes the array code while the term is on."""
+        The fused kernel is not given the home counts; the home term is 0 on every row for a prompt
+        shorter than `home_min_prefill_tokens` (a row's uncached prefill is at most the prompt): such a
+        request is decided alike by both paths; a longer one takes `select_explained` while the term is on."""
         return self.home_weight <= 0.0 or isl_tokens < self.home_min_prefill_tokens
 
     def reserve_rows(self, n: int) -> None:

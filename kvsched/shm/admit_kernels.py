@@ -29,32 +29,12 @@ from .kernel_cache import njit
 from .kernels import project_and_cost, ref_add
 from .layout import SLOT_ADMITTED, LedgerArrays
 from .overlap import OverlapIndex, overlap_depth, overlap_insert
-from .select_kernels import count_busy, credit_rows, kv_cost_terms
+from .select_kernels import ADMIT_PARAMS, P, count_busy, credit_rows, kv_cost_terms, pack_selector_params
 
 _U32_MAX = 0xFFFF_FFFF
 
-# `admit_kv`'s float parameters, in the order of its `params` array (`pack_kv_params` fills it).
-ADMIT_PARAMS = (
-    "prefill_load_scale",
-    "overlap_credit",
-    "inv_bs",
-    "prefill_weight",
-    "active_blocks_weight",
-    "recent_weight",
-    "lead_bonus",
-    "lead_cap_blocks",
-    "lead_release_steps",
-    "lead_release_recent_ratio",
-    "lead_release_requests_ratio",
-    "lead_max_wait_steps",
-    "lead_max_wait_per_lead",
-    "interference_weight",
-    "interference_cap_prompts",
-    "busy_threshold",
-    "busy_threshold_frac",
-    "busy_worker_ratio",
-)
-P = {name: i for i, name in enumerate(ADMIT_PARAMS)}
+# `admit_kv`'s float parameters: the `params` array of `kv_cost_terms` (`ADMIT_PARAMS`, `P`), filled
+# by `pack_kv_params`.
 
 # `admit_kv`'s int64 `out` array: what the caller reads back.
 OUT_PICK0, OUT_TIES, OUT_ROW, OUT_GENERATION, OUT_EVICTED, OUT_OVERLAP, OUT_CACHED, OUT_SNAPSHOT = range(8)
@@ -62,7 +42,7 @@ OUT_LEN = 8
 
 # `admit_kv`'s return value when it did not admit (the caller runs the Python path).
 BUSY = -3  # the class is busy: the request waits (nothing computed past the busy count)
-UNDECIDED = -4  # a tie, a NaN, an ineligible minimum or the kv kernel's numpy fallback: no booking made
+UNDECIDED = -4  # a tie, a NaN or an ineligible minimum: no booking made
 
 
 @njit(cache=True, nogil=True)
@@ -373,19 +353,8 @@ def admit_kv(
         decay,
         w_active_requests,
         isl_tokens,
-        params[2],
-        params[3],
-        params[4],
-        params[5],
-        params[6],
-        params[7],
-        params[8],
-        params[9],
-        params[10],
-        params[11],
-        params[12],
-        params[13],
-        params[14],
+        params,
+        scratch,  # `extra`: not read (five terms, predicted-seconds keys off: `KvSelector.decides_by_kernel`)
         scratch,
         terms,
         total,
@@ -459,8 +428,7 @@ def pack_kv_params(selector, selector_cfg, cls) -> np.ndarray:
     p = np.zeros(len(ADMIT_PARAMS), np.float64)
     p[P["prefill_load_scale"]] = float(selector_cfg.prefill_load_scale)
     p[P["overlap_credit"]] = float(selector_cfg.overlap_credit)
-    for name in ADMIT_PARAMS[3:15]:
-        p[P[name]] = float(getattr(selector, name))
+    pack_selector_params(selector, p)
     thr, frac = cls.prefill_busy_threshold, cls.prefill_busy_threshold_frac
     p[P["busy_threshold"]] = -1.0 if thr is None else float(thr)
     p[P["busy_threshold_frac"]] = -1.0 if frac is None else float(frac)

@@ -240,9 +240,9 @@ def test_explain_ring_keeps_the_newest_records_when_it_wraps(n):
 
 
 @pytest.mark.parametrize("key,value", [("lead_max_extra_ttft_s", 3.0), ("prefill_seconds_ref_us", 30.0)])
-def test_fused_path_is_off_when_a_key_only_the_array_code_computes_is_on(key, value):
-    """The predicted-seconds keys and the home term are computed by the kv selector's array code only
-    (and its `admitted` feeds their state): with one on, every request takes the Python path, and two
+def test_fused_path_is_off_when_a_key_the_fused_kernel_is_not_given_is_on(key, value):
+    """The predicted-seconds keys read a model the fused kernel is not given (the kv selector's
+    `admitted` feeds its state): with one on, every request takes the Python path, and two
     schedulers, one forced onto the Python path, decide alike."""
     from kvsched.core.ledger import Ledger as _Ledger
 
@@ -269,7 +269,7 @@ def test_fused_path_is_off_when_a_key_only_the_array_code_computes_is_on(key, va
     _same_state(auto, slow, [f"q{i}" for i in range(40)])
 
 
-def test_with_the_home_term_on_the_kernel_decides_short_prompts_and_the_array_code_long_ones():
+def test_with_the_home_term_on_the_fused_kernel_decides_short_prompts_and_the_python_path_long_ones():
     """The home term is 0 on every row for a prompt shorter than `home_min_prefill_tokens`: the fused
     kernel decides those; longer ones take the Python path. Both schedulers (one forced onto the
     Python path) decide alike and count the same cache-reusing admissions."""

@@ -87,8 +87,8 @@ def test_only_admissions_that_reuse_enough_of_their_prompt_count():
 
 
 def test_on_by_default_and_switchable_off():
-    """On by default (docs/ROUTING.md): the term is computed by the array code only, so the fused kernel
-    decides only prompts shorter than home_min_prefill_tokens (the term is 0 on every row for them).
+    """On by default (docs/ROUTING.md): the fused kernel is not given the home counts, so it decides only
+    prompts shorter than home_min_prefill_tokens (the term is 0 on every row for them).
     home_weight 0: no state, no "home" term, the fused kernel may decide any prompt."""
     assert KvSelector(seed=0).home_weight == SelectorConfig().home_weight == 0.08
     on = KvSelector(seed=0)

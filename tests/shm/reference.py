@@ -350,8 +350,11 @@ def overlap_depth(keys, used, perm, ttlm, ttl_exp, hashes, now_us, scratch, out)
 
 
 def pairwise_sum(a, lo: int, n: int) -> float:
-    """a[lo:lo+n].sum() for n <= 128 in numpy's order: 8 running sums, combined as a tree, then the rest."""
-    assert n <= PAIRWISE_BLOCK
+    """a[lo:lo+n].sum() in numpy's order: up to PAIRWISE_BLOCK values, 8 running sums combined as a tree,
+    then the rest (one running sum below 8 values); above it, the two halves (split at a multiple of 8)."""
+    if n > PAIRWISE_BLOCK:
+        half = n // 2 - (n // 2) % 8
+        return pairwise_sum(a, lo, half) + pairwise_sum(a, lo + half, n - half)
     if n < 8:
         total = 0.0
         for i in range(n):
@@ -390,84 +393,100 @@ def kv_cost_terms(
     decay,
     active_requests,
     isl_tokens,
-    inv_bs,
-    prefill_weight,
-    active_blocks_weight,
-    recent_weight,
-    lead_bonus,
-    lead_cap_blocks,
-    lead_release_steps,
-    lead_release_recent_ratio,
-    lead_release_requests_ratio,
-    lead_max_wait_steps,
-    lead_max_wait_per_lead,
-    interference_weight,
-    interference_cap_prompts,
+    params,
+    extra,
     scratch,
     terms,
     total,
     pick,
 ) -> int:
-    """The five terms per row (prefill, active blocks, lead, recent, interference), their total and
-    its argmin (`_pick`); -2 when the lead's recent-work release rule would average more than
-    PAIRWISE_BLOCK rows (the caller decides with numpy). Ineligible rows: +inf, 0, 0, 0, 0."""
+    """The `kv` rule: per row the terms prefill, active blocks, lead, recent, interference (and home when
+    `terms` has a sixth row), their total and its argmin (`_pick`). Ineligible rows: +inf, then 0s.
+    `params` holds the selector's keys by name (`P`); `extra` row 0 the decayed home counts, row 1 the
+    predicted TTFT (µs). `scratch` is the kernel's work space, unused here."""
+    k = {name: float(params[i]) for name, i in P.items()}
     n = len(eligible)
     rows = [w for w in range(n) if eligible[w]]
+    with_home = len(terms) > 5
     for w in range(n):
-        terms[0, w], terms[1, w], terms[2, w], terms[3, w], terms[4, w] = math.inf, 0.0, 0.0, 0.0, 0.0
+        terms[0, w] = math.inf
+        for t in range(1, len(terms)):
+            terms[t, w] = 0.0
+    inv_bs, prefill_weight = k["inv_bs"], k["prefill_weight"]
+    ttft = [float(extra[1, w]) for w in range(n)]
     # recent work per row, decayed to now (rows past the end of `recent` have none)
     recent_now = {w: float(recent[w]) * decay for w in rows if w < len(recent)}
+    # the request's own uncached prefill on each row
+    own = {w: max(int(prefill_tokens[w]) - int(active_prefill[w]), 0) for w in rows}
 
     for w in rows:
-        terms[0, w] = float(prefill_tokens[w]) * (prefill_weight * inv_bs)
-        if active_blocks_weight != 0.0:
-            terms[1, w] = float(blocks[w]) * active_blocks_weight
-        if w in recent_now and recent_weight != 0.0:
-            terms[3, w] = recent_now[w] * (recent_weight * inv_bs)
+        if k["prefill_seconds_ref_us"] > 0.0:  # predicted seconds, as tokens at the reference rate
+            terms[0, w] = ttft[w] / k["prefill_seconds_ref_us"] * (prefill_weight * inv_bs)
+        else:
+            terms[0, w] = float(prefill_tokens[w]) * (prefill_weight * inv_bs)
+        if k["active_blocks_weight"] != 0.0:
+            terms[1, w] = float(blocks[w]) * k["active_blocks_weight"]
+        if w in recent_now and k["recent_weight"] != 0.0:
+            terms[3, w] = recent_now[w] * (k["recent_weight"] * inv_bs)
 
-    if rows and interference_weight != 0.0:
+    if rows and k["interference_weight"] != 0.0:
         # the request's own uncached prefill times the requests already running there ...
-        own = {w: max(int(prefill_tokens[w]) - int(active_prefill[w]), 0) for w in rows}
-        slows = {w: float(own[w] * int(active_requests[w])) * (interference_weight * inv_bs) for w in rows}
-        if interference_cap_prompts > 0.0:  # ... measured from the least, and capped
-            cap = interference_cap_prompts * prefill_weight * float(isl_tokens) * inv_bs
+        slows = {w: float(own[w] * int(active_requests[w])) * (k["interference_weight"] * inv_bs) for w in rows}
+        if k["interference_cap_prompts"] > 0.0:  # ... measured from the least, and capped
+            cap = k["interference_cap_prompts"] * prefill_weight * float(isl_tokens) * inv_bs
             least = min(slows.values())
             slows = {w: min(v - least, cap) for w, v in slows.items()}
         for w, v in slows.items():
             terms[4, w] = v
 
-    if rows and lead_bonus > 0.0:
+    if rows and with_home:  # long prompts go where few conversations return
+        h = {w: float(extra[0, w]) for w in rows}
+        mean = pairwise_sum([h[w] for w in rows], 0, len(rows)) / len(rows)
+        if mean > 0.0:
+            least = min(h.values())
+            scale = k["home_weight"] * prefill_weight / k["block_size"] / mean
+            for w in rows:
+                if own[w] >= k["home_min_prefill_tokens"]:
+                    terms[5, w] = float(own[w]) * (h[w] - least) * scale
+
+    if rows and k["lead_bonus"] > 0.0:
         depths = [int(overlap[w]) for w in rows]
         first = max(depths)
         top = rows[depths.index(first)]
         second = sorted(depths)[-2] if len(rows) > 1 else 0
         if first > 0 and first > second:  # one row leads on cached prefix: a bonus unless it is saturated
-            others = len(rows) - 1
-            saturated = float(active_prefill[top]) > lead_release_steps * float(max_batched[top])
-            if not saturated and lead_release_requests_ratio > 0.0 and others:
-                mean_requests = (
-                    float(sum(int(active_requests[w]) for w in rows)) - float(active_requests[top])
-                ) / others
-                saturated = float(active_requests[top]) > lead_release_requests_ratio * max(mean_requests, 1.0)
-            if not saturated and len(recent) and lead_release_recent_ratio > 0.0 and others:
-                if len(rows) > PAIRWISE_BLOCK:
-                    pick[0], pick[1] = -2, 0
-                    return -2
+            others = [w for w in rows if w != top]
+            saturated = float(active_prefill[top]) > k["lead_release_steps"] * float(max_batched[top])
+            if not saturated and k["lead_release_requests_ratio"] > 0.0 and others:
+                mean_requests = (float(sum(int(active_requests[w]) for w in rows)) - float(active_requests[top])) / len(
+                    others
+                )
+                saturated = float(active_requests[top]) > k["lead_release_requests_ratio"] * max(mean_requests, 1.0)
+            if not saturated and len(recent) and k["lead_release_recent_ratio"] > 0.0 and others:
                 recent_rows = [recent_now.get(w, 0.0) for w in rows]
-                mean_recent = (pairwise_sum(recent_rows, 0, len(rows)) - recent_now.get(top, 0.0)) / others
-                saturated = recent_now.get(top, 0.0) > lead_release_recent_ratio * mean_recent
+                mean_recent = (pairwise_sum(recent_rows, 0, len(rows)) - recent_now.get(top, 0.0)) / len(others)
+                saturated = recent_now.get(top, 0.0) > k["lead_release_recent_ratio"] * mean_recent
             if not saturated:
                 gap = float(first - max(0, second))
-                bonus = lead_bonus * min(gap, lead_cap_blocks)
-                if lead_max_wait_steps > 0.0:  # never more than the extra wait the lead may cost
-                    steps_wait = lead_max_wait_steps * float(max_batched[top]) * inv_bs
-                    bonus = min(bonus, prefill_weight * max(steps_wait, lead_max_wait_per_lead * gap))
-                terms[2, top] = -bonus
+                bonus = k["lead_bonus"] * min(gap, k["lead_cap_blocks"])
+                extra_us = k["lead_max_extra_ttft_s"] * 1e6
+                if k["lead_max_extra_ttft_s"] > 0.0 and others and ttft[top] <= min(ttft[w] for w in others) + extra_us:
+                    # predicted TTFT close enough to the best other row's: the lead row wins by `bonus`
+                    def base(w: int) -> float:
+                        b = float(terms[0, w]) + float(terms[1, w]) + float(terms[3, w]) + float(terms[4, w])
+                        return b + float(terms[5, w]) if with_home else b
+
+                    terms[2, top] = -(max(0.0, base(top) - min(base(w) for w in others)) + bonus)
+                else:
+                    if k["lead_max_wait_steps"] > 0.0:  # never more than the extra wait the lead may cost
+                        steps_wait = k["lead_max_wait_steps"] * float(max_batched[top]) * inv_bs
+                        wait = max(steps_wait, k["lead_max_wait_per_lead"] * gap)
+                        bonus = min(bonus, prefill_weight * wait)
+                    terms[2, top] = -bonus
 
     for w in range(n):
-        total[w] = (
-            float(terms[0, w]) + float(terms[1, w]) + float(terms[2, w]) + float(terms[3, w]) + float(terms[4, w])
-        )
+        t = float(terms[0, w]) + float(terms[1, w]) + float(terms[2, w]) + float(terms[3, w]) + float(terms[4, w])
+        total[w] = t + float(terms[5, w]) if with_home else t
     return _pick([float(t) for t in total], pick)
 
 
@@ -768,7 +787,6 @@ def admit_kv(
         prefill,
         scratch[3],
     )
-    kv_params = [float(params[P[name]]) for name in KV_PARAM_NAMES]
     best = kv_cost_terms(
         prefill,
         blocks,
@@ -780,7 +798,8 @@ def admit_kv(
         decay,
         w_active_requests,
         isl_tokens,
-        *kv_params,
+        params,
+        scratch,
         scratch,
         terms,
         total,
@@ -841,23 +860,6 @@ def admit_kv(
     out[OUT_ROW], out[OUT_GENERATION], out[OUT_EVICTED] = row, generation, evicted
     out[OUT_OVERLAP], out[OUT_CACHED] = overlap, cached
     return row
-
-
-KV_PARAM_NAMES = (  # `kv_cost_terms`' parameters after `isl_tokens`, in its order
-    "inv_bs",
-    "prefill_weight",
-    "active_blocks_weight",
-    "recent_weight",
-    "lead_bonus",
-    "lead_cap_blocks",
-    "lead_release_steps",
-    "lead_release_recent_ratio",
-    "lead_release_requests_ratio",
-    "lead_max_wait_steps",
-    "lead_max_wait_per_lead",
-    "interference_weight",
-    "interference_cap_prompts",
-)
 
 
 def credited_depth(

@@ -1,5 +1,5 @@
-"""Selection kernels == the plain-Python reference (tests/shm/reference.py) == the kv selector's array code,
-bit for bit (decisions must not change when the kernel replaces the array code)."""
+"""Selection kernels == the plain-Python reference (tests/shm/reference.py), bit for bit; the kv selector's
+decisions == the reference's rule (its argmin, ties drawn by `CostSelector.select`)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,21 @@ from hypothesis import strategies as st
 
 from kvsched.core.kv_cost import KvSelector
 from kvsched.core.selector import CostSelector, SelectionView, TermTable
-from kvsched.shm.select_kernels import KV_TERMS, count_busy, credit_rows, kv_cost_terms, pairwise_sum
+from kvsched.shm.select_kernels import (
+    ADMIT_PARAMS,
+    KV_TERMS,
+    KV_TERMS_HOME,
+    P,
+    count_busy,
+    credit_rows,
+    kv_cost_terms,
+    pairwise_sum,
+)
 from tests.shm import reference
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(0, 128), seed=st.integers(0, 2**31))
+@given(n=st.one_of(st.integers(0, 130), st.integers(131, 1100)), seed=st.integers(0, 2**31))
 def test_pairwise_sum_equals_numpy_sum_bit_for_bit(n, seed):
     rng = np.random.default_rng(seed)
     a = rng.random(n + 3) * 10.0 ** rng.integers(-6, 9, n + 3)
@@ -51,21 +60,6 @@ PARAMS = dict(
     interference_weight=1.0,
     interference_cap_prompts=0.1,
 )
-KERNEL_ORDER = (
-    "prefill_weight",
-    "active_blocks_weight",
-    "recent_weight",
-    "lead_bonus",
-    "lead_cap_blocks",
-    "lead_release_steps",
-    "lead_release_recent_ratio",
-    "lead_release_requests_ratio",
-    "lead_max_wait_steps",
-    "lead_max_wait_per_lead",
-    "interference_weight",
-    "interference_cap_prompts",
-)
-
 # values that switch each term on, off and to edges where it binds or not (interference cap 0.0 = uncapped)
 TERM_KNOBS = dict(
     lead_release_requests_ratio=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
@@ -73,6 +67,13 @@ TERM_KNOBS = dict(
     lead_max_wait_per_lead=st.sampled_from([0.0, 1.0, 3.0]),
     interference_weight=st.sampled_from([0.0, 1.0, 0.37]),
     interference_cap_prompts=st.sampled_from([0.0, 0.01, 0.1, 5.0]),
+)
+# the opt-in keys: the home term and the predicted-seconds prefill / outright lead
+OPT_IN_KNOBS = dict(
+    home=st.sampled_from([0.0, 0.08, 0.5]),
+    home_min=st.sampled_from([0, 2000, 16384]),
+    ref_us=st.sampled_from([0.0, 0.0, 30.0]),
+    extra_ttft_s=st.sampled_from([0.0, 0.0, 0.05, 5.0]),
 )
 
 
@@ -86,76 +87,140 @@ def _requests(seed: int, n: int) -> np.ndarray:
     return active
 
 
-@settings(max_examples=300, deadline=None)
+def _params(p: dict, block_size: int = 16) -> np.ndarray:
+    """The kernel's params array from keyword values (`ADMIT_PARAMS` names)."""
+    params = np.zeros(len(ADMIT_PARAMS))
+    params[P["inv_bs"]], params[P["block_size"]] = 1.0 / block_size, float(block_size)
+    for name, v in p.items():
+        params[P[name]] = v
+    return params
+
+
+@settings(max_examples=400, deadline=None)
 @given(
     seed=st.integers(0, 2**31),
-    n=st.integers(1, 40),
+    n=st.one_of(st.integers(1, 40), st.integers(129, 300)),
     recent_short=st.integers(0, 5),
     zero_weights=st.booleans(),
     decay=st.sampled_from([1.0, 0.5, 0.013]),
     isl=st.integers(0, 20000),
     **TERM_KNOBS,
+    **OPT_IN_KNOBS,
 )
-def test_kv_cost_terms_agree_with_reference_and_the_selector(seed, n, recent_short, zero_weights, decay, isl, **knobs):
+def test_kv_cost_terms_agree_with_reference(
+    seed, n, recent_short, zero_weights, decay, isl, home, home_min, ref_us, extra_ttft_s, **knobs
+):
+    """Terms, total, argmin and tie count equal the reference's, bit for bit, with every term on or off,
+    the home term given or not, the predicted-seconds keys on or off and more rows than one pairwise
+    block (the recent-work release rule's mean)."""
     elig, overlap, prefill, blocks, ap, mb, recent = _state(seed, n, max(0, n - recent_short))
     active = _requests(seed, n)
     p = dict(PARAMS, **knobs)
     if zero_weights:
         p.update(active_blocks_weight=0.0, recent_weight=0.0)
-    head = (prefill, blocks, ap, mb, elig, overlap, recent)
-    tail = (active, isl, 1.0 / 16, *(p[k] for k in KERNEL_ORDER))
+    p.update(home_weight=home, home_min_prefill_tokens=home_min, prefill_seconds_ref_us=ref_us)
+    p.update(lead_max_extra_ttft_s=extra_ttft_s)
+    rng = np.random.default_rng(seed + 2)
+    extra = np.stack([rng.random(n) * rng.choice([0.0, 1.0, 30.0]), rng.integers(0, 4, n) * 1e5 + 7.0])
+    n_terms = 6 if home > 0.0 else 5
     outs = []
     for fn in (kv_cost_terms, reference.kv_cost_terms):
-        terms, total, pick = np.zeros((5, n)), np.zeros(n), np.zeros(2, np.int64)
-        i = fn(*head, decay, *tail, np.zeros((2, n)), terms, total, pick)
-        outs.append((i, terms, total, pick))
-    for i, terms, total, pick in outs[1:]:
-        assert i == outs[0][0] and (pick == outs[0][3]).all()
-        np.testing.assert_array_equal(terms, outs[0][1])
-        np.testing.assert_array_equal(total, outs[0][2])
-    # the selector's array code (`terms`), which the kernel replaces in `select_explained`
-    sel = KvSelector(**p)
-    sel.recent, sel.recent_at_us = recent, 0
-    half = sel.recent_half_life_us
-    now = 0 if decay == 1.0 else int(-np.log2(decay) * half)
-    view = SelectionView(prefill, blocks, ap, blocks, blocks, mb, isl, 16, now)
-    want = sel.terms(None, elig, overlap, view, active)
-    if outs[0][0] != -2:
-        dec = sel.decay(now)  # the same decay factor for both
-        terms, total, pick = np.zeros((5, n)), np.zeros(n), np.zeros(2, np.int64)
-        kv_cost_terms(*head, dec, *tail, np.zeros((2, n)), terms, total, pick)
-        for k, name in enumerate(KV_TERMS):
-            np.testing.assert_array_equal(terms[k], want[name])
-        np.testing.assert_array_equal(
-            total, want["prefill"] + want["active_blocks"] + want["lead"] + want["recent"] + want["interference"]
+        terms, total, pick = np.zeros((n_terms, n)), np.zeros(n), np.zeros(2, np.int64)
+        i = fn(
+            prefill,
+            blocks,
+            ap,
+            mb,
+            elig,
+            overlap,
+            recent,
+            decay,
+            active,
+            isl,
+            _params(p),
+            extra.copy(),
+            np.zeros((2, n)),
+            terms,
+            total,
+            pick,
         )
+        outs.append((i, terms, total, pick))
+    (i, terms, total, pick), (ri, rterms, rtotal, rpick) = outs
+    assert i == ri and (pick == rpick).all()
+    np.testing.assert_array_equal(terms, rterms)
+    np.testing.assert_array_equal(total, rtotal)
 
 
-@settings(max_examples=400, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(1, 24), isl=st.integers(0, 20000), **TERM_KNOBS)
-def test_kv_select_explained_picks_what_the_array_code_picks(seed, n, isl, **knobs):
-    """Same row, terms (and the same RNG draws on ties) as `CostSelector.select` on the array
-    total, with the extra-wait cap binding or not, the requests release rule on or off and the
-    (capped or uncapped) interference term on or off."""
+def _decayed_home(sel: KvSelector, n: int, now_us: int) -> np.ndarray:
+    """The selector's home counts brought to `now_us` (what it gives the kernel as `extra[0]`)."""
+    h = np.zeros(n)
+    m = min(n, sel.home.size)
+    h[:m] = sel.home[:m] * 2.0 ** (-max(0, now_us - sel.home_at_us) / sel.home_half_life_us)
+    return h
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(1, 24),
+    isl=st.integers(0, 40000),
+    temperature=st.sampled_from([0.0, 0.0, 0.5]),
+    **TERM_KNOBS,
+    **OPT_IN_KNOBS,
+)
+def test_kv_select_explained_decides_the_reference_rule(
+    seed, n, isl, temperature, home, home_min, ref_us, extra_ttft_s, **knobs
+):
+    """`KvSelector.select_explained` (the Python path: its packed keys, learnt recent work and home
+    counts, the predicted-seconds model, ties and softmax drawn from its RNG) picks what
+    `CostSelector.select` picks on the reference's total, with the reference's terms ("home" shown
+    for a prompt the home term may price); `terms` gives the same rows by name."""
     elig, overlap, prefill, blocks, ap, mb, recent = _state(seed, n, n)
     if not elig.any():
         elig[0] = 1
-    kw = dict(seed=seed % 97, home_weight=0.0, **knobs)  # the kernel's configuration (no home term)
-    fast, slow = KvSelector(**kw), KvSelector(**kw)
-    for s in (fast, slow):
+    kw = dict(seed=seed % 97, temperature=temperature, home_weight=home, home_min_prefill_tokens=home_min)
+    kw.update(prefill_seconds_ref_us=ref_us, lead_max_extra_ttft_s=extra_ttft_s, **knobs)
+    sel, twin = KvSelector(**kw), KvSelector(**kw)  # twin: its RNG and model stand in for the reference's
+    now = 5_000_000
+    for s in (sel, twin):
         s.recent = recent.copy()
-    view = SelectionView(prefill, blocks, ap, blocks, blocks, mb, isl, 16, 5_000_000)
+        for r in range(0, n, 3):  # cache-reusing admissions: home counts on some rows
+            s.note_home(r, 1000, 100 * (r % 4), now - 1_000_000 * (r % 5))
+    view = SelectionView(prefill, blocks, ap, blocks, blocks, mb, isl, 16, now)
     costs = np.zeros(n)
     active = _requests(seed, n)
-    for _ in range(3):  # repeated: tie-breaks draw from each selector's RNG the same way
-        row, table = fast.select_explained(costs, elig, active, overlap_blocks=overlap, view=view)
-        assert isinstance(table, TermTable)  # decided by the kernel, not the array fallback
-        t = slow.terms(costs, elig, overlap, view, active)
-        want = CostSelector.select(
-            slow, t["prefill"] + t["active_blocks"] + t["lead"] + t["recent"] + t["interference"], elig, active
+    with_home = home > 0.0 and (twin.ttft_model is not None or isl >= home_min)
+    for _ in range(3):  # repeated: tie-breaks and softmax draw from each selector's RNG the same way
+        row, table = sel.select_explained(costs, elig, active, overlap_blocks=overlap, view=view)
+        ttft = twin.ttft_model.predicted_ttft_us(view) if twin.ttft_model is not None else np.zeros(n)
+        extra = np.stack([_decayed_home(twin, n, now), ttft])
+        terms, total = np.zeros((6 if with_home else 5, n)), np.zeros(n)
+        params = _params({name: getattr(twin, name) for name in ADMIT_PARAMS[3:15] + ADMIT_PARAMS[19:]})
+        reference.kv_cost_terms(
+            prefill,
+            blocks,
+            ap,
+            mb,
+            elig,
+            overlap,
+            twin.recent,
+            twin.decay(now),
+            active,
+            isl,
+            params,
+            extra,
+            None,
+            terms,
+            total,
+            np.zeros(2, np.int64),
         )
-        assert row == want
-        assert dict((k, v.tolist()) for k, v in table.items()) == {k: v.tolist() for k, v in t.items()}
+        assert row == CostSelector.select(twin, total, elig, active)
+        assert isinstance(table, TermTable) and table.names == (KV_TERMS_HOME if with_home else KV_TERMS)
+        np.testing.assert_array_equal(table.rows, terms)
+        by_name = sel.terms(costs, elig, overlap, view, active)
+        assert list(by_name) == list(KV_TERMS_HOME if home > 0.0 else KV_TERMS)
+        for k, name in enumerate(KV_TERMS):
+            np.testing.assert_array_equal(by_name[name], terms[k])
 
 
 @settings(max_examples=200, deadline=None)
